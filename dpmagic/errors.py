@@ -1,0 +1,51 @@
+"""Errors the notebook side raises for gate replies.
+
+They live outside ``gate/`` because the kernel process needs them and must not
+import the trusted side.
+"""
+
+from __future__ import annotations
+
+
+class DPError(Exception):
+    """Any failure reported by the gate or on the way to it."""
+
+    kind = "failed"
+
+    def __init__(self, message: str, *, kind: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if kind is not None:
+            self.kind = kind
+
+
+class QueryRefused(DPError):
+    """The gate would not run the query; nothing was charged."""
+
+    kind = "refused"
+
+
+class BudgetExhausted(DPError):
+    """The query costs more than the budget left; nothing was charged."""
+
+    kind = "budget"
+
+
+class AuthError(DPError):
+    """The gate did not accept who we are."""
+
+    kind = "auth"
+
+
+class GateUnavailable(DPError):
+    """No gate answered at the configured address."""
+
+    kind = "unavailable"
+
+
+ERROR_KINDS: dict[str, type[DPError]] = {
+    "refused": QueryRefused,
+    "budget": BudgetExhausted,
+    "auth": AuthError,
+    "unavailable": GateUnavailable,
+}

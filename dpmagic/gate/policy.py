@@ -1,0 +1,334 @@
+"""The data owner's policy: which tables exist, what is public, the bounds.
+
+The policy file is the only source of facts the analysis passes may use.
+Everything here is public by definition: it is written by the owner, shown to
+users by ``/v1/schema``, and never derived from the data.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+ColumnType = Literal["int", "float", "str", "bool", "date"]
+COLUMN_TYPES: tuple[str, ...] = ("int", "float", "str", "bool", "date")
+ACCOUNTANTS: tuple[str, ...] = ("pure", "approx", "zcdp")
+NEIGHBOURING: tuple[str, ...] = ("add_remove", "substitute")
+
+
+class PolicyError(ValueError):
+    """The policy file is malformed; the message names the key at fault."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A privacy amount in (ε, δ) terms: a limit, a spend or a default."""
+
+    epsilon: float
+    delta: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {"epsilon": self.epsilon, "delta": self.delta}
+
+
+@dataclass(frozen=True)
+class Column:
+    """A column as the owner declared it; bounds and keys are public facts."""
+
+    name: str
+    type: ColumnType
+    lower: float | None = None
+    upper: float | None = None
+    public_values: tuple[object, ...] | None = None
+
+    @property
+    def bounded(self) -> bool:
+        return self.lower is not None and self.upper is not None
+
+    def as_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {"type": self.type}
+        if self.lower is not None:
+            out["lower"] = self.lower
+        if self.upper is not None:
+            out["upper"] = self.upper
+        if self.public_values is not None:
+            out["public_values"] = list(self.public_values)
+        return out
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    public: bool
+    columns: dict[str, Column]
+
+
+@dataclass(frozen=True)
+class Dataset:
+    name: str
+    database: Path | None
+    sources: dict[str, Path]
+    privacy_unit: str | None
+    neighbouring: str
+    max_partitions: int
+    max_rows_per_partition: int
+    user_budget: Budget
+    notebook_budget: Budget
+    query_default: Budget
+    tables: dict[str, Table]
+
+    def table(self, name: str) -> Table | None:
+        return self.tables.get(name.lower())
+
+    def as_dict(self) -> dict[str, object]:
+        """The public schema and policy facts served by ``/v1/schema``."""
+        return {
+            "dataset": self.name,
+            "privacy_unit": self.privacy_unit,
+            "neighbouring": self.neighbouring,
+            "max_partitions": self.max_partitions,
+            "max_rows_per_partition": self.max_rows_per_partition,
+            "user_budget": self.user_budget.as_dict(),
+            "notebook_budget": self.notebook_budget.as_dict(),
+            "query_default": self.query_default.as_dict(),
+            "tables": {
+                t.name: {
+                    "public": t.public,
+                    "columns": {c.name: c.as_dict() for c in t.columns.values()},
+                }
+                for t in self.tables.values()
+            },
+        }
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    listen: str
+    state_dir: Path
+    accountant: str = "pure"
+    tokens_file: Path | None = None
+    response_quantum_ms: float = 0.0
+    query_timeout_s: float = 30.0
+    memory_limit: str = "2GB"
+    threads: int = 2
+
+
+@dataclass(frozen=True)
+class Policy:
+    path: Path
+    gate: GateConfig
+    datasets: dict[str, Dataset] = field(default_factory=dict)
+
+    def dataset(self, name: str | None) -> Dataset:
+        """The named dataset, or the only one when no name is given."""
+        if name is None:
+            if len(self.datasets) == 1:
+                return next(iter(self.datasets.values()))
+            raise PolicyError(
+                "name a dataset: this gate serves " + ", ".join(sorted(self.datasets))
+            )
+        try:
+            return self.datasets[name]
+        except KeyError:
+            raise PolicyError(
+                f"unknown dataset {name!r}; this gate serves " + ", ".join(sorted(self.datasets))
+            ) from None
+
+
+def load_policy(path: str | Path) -> Policy:
+    """Read and validate a policy TOML file; relative paths are resolved
+    against the file's folder so a policy can travel with its data."""
+    path = Path(path).resolve()
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise PolicyError(f"policy file not found: {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise PolicyError(f"{path.name}: not valid TOML: {exc}") from None
+    return parse_policy(raw, path)
+
+
+def parse_policy(raw: dict, path: Path) -> Policy:
+    base = path.parent
+    gate_raw = _table(raw, "gate", "gate", required=False)
+    gate = _gate(gate_raw, base)
+    datasets_raw = _table(raw, "datasets", "datasets")
+    if not datasets_raw:
+        raise PolicyError("[datasets] declares no dataset")
+    datasets = {
+        name: _dataset(name, _table(datasets_raw, name, f"datasets.{name}"), base)
+        for name in datasets_raw
+    }
+    return Policy(path=path, gate=gate, datasets=datasets)
+
+
+def _gate(raw: dict, base: Path) -> GateConfig:
+    _only(raw, "gate", {
+        "listen", "state_dir", "accountant", "tokens_file", "response_quantum_ms",
+        "query_timeout_s", "memory_limit", "threads",
+    })
+    accountant = raw.get("accountant", "pure")
+    if accountant not in ACCOUNTANTS:
+        raise PolicyError(f"gate.accountant must be one of {', '.join(ACCOUNTANTS)}")
+    tokens = raw.get("tokens_file")
+    return GateConfig(
+        listen=str(raw.get("listen", "unix:" + str(base / "gate.sock"))),
+        state_dir=_path(raw.get("state_dir", "state"), base),
+        accountant=accountant,
+        tokens_file=_path(tokens, base) if tokens else None,
+        response_quantum_ms=_number(raw, "response_quantum_ms", "gate", 0.0, minimum=0.0),
+        query_timeout_s=_number(raw, "query_timeout_s", "gate", 30.0, minimum=0.001),
+        memory_limit=str(raw.get("memory_limit", "2GB")),
+        threads=int(_number(raw, "threads", "gate", 2, minimum=1)),
+    )
+
+
+def _dataset(name: str, raw: dict, base: Path) -> Dataset:
+    where = f"datasets.{name}"
+    _only(raw, where, {
+        "database", "sources", "privacy_unit", "neighbouring", "max_partitions",
+        "max_rows_per_partition", "user_budget", "notebook_budget", "query_default", "tables",
+    })
+    database = raw.get("database")
+    sources = raw.get("sources", {})
+    if (database is None) == (not sources):
+        raise PolicyError(f"{where}: declare exactly one of `database` or `sources`")
+    neighbouring = raw.get("neighbouring", "add_remove")
+    if neighbouring not in NEIGHBOURING:
+        raise PolicyError(f"{where}.neighbouring must be one of {', '.join(NEIGHBOURING)}")
+    unit = raw.get("privacy_unit")
+    tables = {
+        tname.lower(): _table_decl(tname, traw, f"{where}.tables.{tname}")
+        for tname, traw in _table(raw, "tables", where + ".tables").items()
+    }
+    if not tables:
+        raise PolicyError(f"{where}: declare at least one table under [{where}.tables]")
+    for t in tables.values():
+        if not t.public and unit is not None and unit.lower() not in t.columns:
+            raise PolicyError(
+                f"{where}.tables.{t.name}: a private table must declare the privacy unit "
+                f"column {unit!r}"
+            )
+    for tname in sources:
+        if tname.lower() not in tables:
+            raise PolicyError(f"{where}.sources.{tname}: no such table is declared")
+    user_budget = _budget(raw, "user_budget", where, None)
+    notebook_budget = _budget(raw, "notebook_budget", where, user_budget)
+    return Dataset(
+        name=name,
+        database=_path(database, base) if database else None,
+        sources={t.lower(): _path(p, base) for t, p in sources.items()},
+        privacy_unit=unit.lower() if unit else None,
+        neighbouring=neighbouring,
+        max_partitions=int(_number(raw, "max_partitions", where, 1, minimum=1)),
+        max_rows_per_partition=int(_number(raw, "max_rows_per_partition", where, 1, minimum=1)),
+        user_budget=user_budget,
+        notebook_budget=notebook_budget,
+        query_default=_budget(raw, "query_default", where, Budget(0.1)),
+        tables=tables,
+    )
+
+
+def _table_decl(name: str, raw: dict, where: str) -> Table:
+    _only(raw, where, {"public", "columns"})
+    public = bool(raw.get("public", False))
+    columns = {
+        cname.lower(): _column(cname, craw, f"{where}.columns.{cname}")
+        for cname, craw in _table(raw, "columns", where + ".columns", required=False).items()
+    }
+    if not public and not columns:
+        raise PolicyError(f"{where}: a private table must declare its columns")
+    return Table(name=name.lower(), public=public, columns=columns)
+
+
+def _column(name: str, raw: dict, where: str) -> Column:
+    if not isinstance(raw, dict):
+        raise PolicyError(f"{where}: expected a table such as {{ type = \"int\" }}")
+    _only(raw, where, {"type", "lower", "upper", "public_values"})
+    ctype = raw.get("type")
+    if ctype not in COLUMN_TYPES:
+        raise PolicyError(f"{where}.type must be one of {', '.join(COLUMN_TYPES)}")
+    lower, upper = raw.get("lower"), raw.get("upper")
+    for key, value in (("lower", lower), ("upper", upper)):
+        if value is not None and (
+            not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value)
+        ):
+            raise PolicyError(f"{where}.{key} must be a finite number")
+    if (lower is None) != (upper is None):
+        raise PolicyError(f"{where}: declare both `lower` and `upper`, or neither")
+    if lower is not None and lower > upper:
+        raise PolicyError(f"{where}: lower ({lower}) is above upper ({upper})")
+    if lower is not None and ctype not in ("int", "float"):
+        raise PolicyError(f"{where}: bounds apply to int and float columns only")
+    values = raw.get("public_values")
+    if values is not None:
+        if not isinstance(values, list) or not values:
+            raise PolicyError(f"{where}.public_values must be a non-empty list")
+        if len(set(values)) != len(values):
+            raise PolicyError(f"{where}.public_values has duplicates")
+        values = tuple(values)
+        if lower is None and ctype in ("int", "float") and all(
+            isinstance(v, int | float) and not isinstance(v, bool) for v in values
+        ):
+            lower, upper = min(values), max(values)
+    if ctype == "bool" and lower is None:
+        lower, upper = 0, 1
+    if ctype == "int" and lower is not None:
+        if lower != int(lower) or upper != int(upper):
+            raise PolicyError(f"{where}: an int column needs whole-number bounds")
+        lower, upper = int(lower), int(upper)
+    if ctype == "float" and lower is not None:
+        lower, upper = float(lower), float(upper)
+    return Column(name=name.lower(), type=ctype, lower=lower, upper=upper, public_values=values)
+
+
+def _budget(raw: dict, key: str, where: str, default: Budget | None) -> Budget:
+    value = raw.get(key)
+    if value is None:
+        if default is None:
+            raise PolicyError(f"{where}.{key} is required, e.g. {{ epsilon = 10.0 }}")
+        return default
+    if not isinstance(value, dict):
+        raise PolicyError(f"{where}.{key} must be a table such as {{ epsilon = 1.0 }}")
+    _only(value, f"{where}.{key}", {"epsilon", "delta"})
+    eps = _number(value, "epsilon", f"{where}.{key}", None, minimum=0.0)
+    delta = _number(value, "delta", f"{where}.{key}", 0.0, minimum=0.0)
+    if delta >= 1:
+        raise PolicyError(f"{where}.{key}.delta must be below 1")
+    return Budget(epsilon=eps, delta=delta)
+
+
+def _table(raw: dict, key: str, where: str, *, required: bool = True) -> dict:
+    value = raw.get(key)
+    if value is None:
+        if required:
+            raise PolicyError(f"[{where}] is missing")
+        return {}
+    if not isinstance(value, dict):
+        raise PolicyError(f"{where} must be a table")
+    return value
+
+
+def _number(raw: dict, key: str, where: str, default, *, minimum: float) -> float:
+    value = raw.get(key, default)
+    if value is None:
+        raise PolicyError(f"{where}.{key} is required")
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+        raise PolicyError(f"{where}.{key} must be a finite number")
+    if value < minimum:
+        raise PolicyError(f"{where}.{key} must be at least {minimum}")
+    return value
+
+
+def _only(raw: dict, where: str, allowed: set[str]) -> None:
+    unknown = sorted(set(raw) - allowed)
+    if unknown:
+        raise PolicyError(f"{where}: unknown key {unknown[0]!r}")
+
+
+def _path(value: str, base: Path) -> Path:
+    p = Path(value).expanduser()
+    return p if p.is_absolute() else (base / p)

@@ -1,0 +1,1 @@
+"""The query analysis pipeline, one module per pass (DESIGN.md §3)."""
