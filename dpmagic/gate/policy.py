@@ -166,10 +166,20 @@ def parse_policy(raw: dict, path: Path) -> Policy:
 
 
 def _gate(raw: dict, base: Path) -> GateConfig:
-    _only(raw, "gate", {
-        "listen", "state_dir", "accountant", "tokens_file", "response_quantum_ms",
-        "query_timeout_s", "memory_limit", "threads",
-    })
+    _only(
+        raw,
+        "gate",
+        {
+            "listen",
+            "state_dir",
+            "accountant",
+            "tokens_file",
+            "response_quantum_ms",
+            "query_timeout_s",
+            "memory_limit",
+            "threads",
+        },
+    )
     accountant = raw.get("accountant", "pure")
     if accountant not in ACCOUNTANTS:
         raise PolicyError(f"gate.accountant must be one of {', '.join(ACCOUNTANTS)}")
@@ -188,10 +198,22 @@ def _gate(raw: dict, base: Path) -> GateConfig:
 
 def _dataset(name: str, raw: dict, base: Path) -> Dataset:
     where = f"datasets.{name}"
-    _only(raw, where, {
-        "database", "sources", "privacy_unit", "neighbouring", "max_partitions",
-        "max_rows_per_partition", "user_budget", "notebook_budget", "query_default", "tables",
-    })
+    _only(
+        raw,
+        where,
+        {
+            "database",
+            "sources",
+            "privacy_unit",
+            "neighbouring",
+            "max_partitions",
+            "max_rows_per_partition",
+            "user_budget",
+            "notebook_budget",
+            "query_default",
+            "tables",
+        },
+    )
     database = raw.get("database")
     sources = raw.get("sources", {})
     if (database is None) == (not sources):
@@ -246,7 +268,7 @@ def _table_decl(name: str, raw: dict, where: str) -> Table:
 
 def _column(name: str, raw: dict, where: str) -> Column:
     if not isinstance(raw, dict):
-        raise PolicyError(f"{where}: expected a table such as {{ type = \"int\" }}")
+        raise PolicyError(f'{where}: expected a table such as {{ type = "int" }}')
     _only(raw, where, {"type", "lower", "upper", "public_values"})
     ctype = raw.get("type")
     if ctype not in COLUMN_TYPES:
@@ -254,7 +276,9 @@ def _column(name: str, raw: dict, where: str) -> Column:
     lower, upper = raw.get("lower"), raw.get("upper")
     for key, value in (("lower", lower), ("upper", upper)):
         if value is not None and (
-            not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value)
+            not isinstance(value, int | float)
+            or isinstance(value, bool)
+            or not math.isfinite(value)
         ):
             raise PolicyError(f"{where}.{key} must be a finite number")
     if (lower is None) != (upper is None):
@@ -270,8 +294,10 @@ def _column(name: str, raw: dict, where: str) -> Column:
         if len(set(values)) != len(values):
             raise PolicyError(f"{where}.public_values has duplicates")
         values = tuple(values)
-        if lower is None and ctype in ("int", "float") and all(
-            isinstance(v, int | float) and not isinstance(v, bool) for v in values
+        if (
+            lower is None
+            and ctype in ("int", "float")
+            and all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
         ):
             lower, upper = min(values), max(values)
     if ctype == "bool" and lower is None:

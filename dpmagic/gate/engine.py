@@ -1,0 +1,258 @@
+"""The gate's request handling: analyse, charge, run, noise, release.
+
+Order matters for privacy. Everything that can refuse a query (parsing,
+names, the allow-list, bounds, the plan, the budget) happens before the data
+is touched and costs nothing. The debit is committed before the query runs,
+so neither an error nor a timeout after it can be used to learn something
+for free; such failures are answered with a fixed message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+from dataclasses import dataclass
+
+from dpmagic.gate.accounting import AccountantError, make_accountant, remaining
+from dpmagic.gate.errors import BadRequest, Failed, GateError
+from dpmagic.gate.ledger import Ledger
+from dpmagic.gate.policy import Dataset, Policy, PolicyError
+from dpmagic.gate.sql.bound import bound
+from dpmagic.gate.sql.check import check
+from dpmagic.gate.sql.execute import Database
+from dpmagic.gate.sql.noise import noise
+from dpmagic.gate.sql.parse import parse
+from dpmagic.gate.sql.plan import Plan, plan
+from dpmagic.gate.sql.release import release
+from dpmagic.gate.sql.resolve import resolve
+from dpmagic.gate.sql.rewrite import rewrite
+
+log = logging.getLogger("dpmagic.gate")
+
+# Part of every replay key: a change to how answers are computed must not
+# replay answers computed the old way.
+ANSWER_VERSION = "1"
+MAX_NOTEBOOK_CHARS = 512
+
+
+@dataclass(frozen=True)
+class QueryRequest:
+    sql: str
+    dataset: str | None
+    epsilon: float | None
+    delta: float | None
+    notebook: str
+    dry_run: bool
+    fresh: bool
+    params: dict[str, object]
+
+    @classmethod
+    def from_body(cls, body: object) -> QueryRequest:
+        if not isinstance(body, dict):
+            raise BadRequest("the request body must be a JSON object")
+        unknown = set(body) - {
+            "sql",
+            "dataset",
+            "epsilon",
+            "delta",
+            "notebook",
+            "dry_run",
+            "fresh",
+            "params",
+        }
+        if unknown:
+            raise BadRequest(f"unknown field {sorted(unknown)[0]!r}")
+        sql = body.get("sql")
+        if not isinstance(sql, str):
+            raise BadRequest("`sql` must be a string")
+        notebook = body.get("notebook") or "unnamed"
+        if not isinstance(notebook, str) or len(notebook) > MAX_NOTEBOOK_CHARS:
+            raise BadRequest("`notebook` must be a short string")
+        dataset = body.get("dataset")
+        if dataset is not None and not isinstance(dataset, str):
+            raise BadRequest("`dataset` must be a string")
+        params = body.get("params") or {}
+        if not isinstance(params, dict):
+            raise BadRequest("`params` must be an object")
+        return cls(
+            sql=sql,
+            dataset=dataset,
+            epsilon=_number(body, "epsilon"),
+            delta=_number(body, "delta"),
+            notebook=notebook,
+            dry_run=_flag(body, "dry_run"),
+            fresh=_flag(body, "fresh"),
+            params=params,
+        )
+
+
+class Engine:
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.accountant = make_accountant(policy.gate.accountant)
+        self.ledger = Ledger(policy.gate.state_dir / "ledger.sqlite3", self.accountant)
+        self.databases = {name: Database(ds, policy.gate) for name, ds in policy.datasets.items()}
+
+    def close(self) -> None:
+        for db in self.databases.values():
+            db.close()
+        self.ledger.close()
+
+    def analyse(self, dataset: Dataset, request: QueryRequest) -> Plan:
+        """Every check that can refuse a query; touches no data, costs nothing."""
+        epsilon = request.epsilon if request.epsilon is not None else dataset.query_default.epsilon
+        delta = request.delta if request.delta is not None else 0.0
+        parsed = parse(request.sql, request.params)  # type: ignore[arg-type]
+        checked = check(resolve(parsed, dataset))
+        try:
+            return plan(bound(checked), epsilon, delta, self.accountant)
+        except AccountantError as exc:
+            raise BadRequest(str(exc)) from None
+
+    def query(self, user: str, body: object) -> dict[str, object]:
+        request = QueryRequest.from_body(body)
+        dataset = self._dataset(request.dataset)
+        the_plan = self.analyse(dataset, request)
+        key = self._replay_key(dataset, the_plan, request)
+        reply: dict[str, object] = {
+            "dataset": dataset.name,
+            "cost": the_plan.cost.as_dict(),
+            "plan": _plan_summary(the_plan),
+            "dry_run": request.dry_run,
+            "replayed": False,
+        }
+        if request.dry_run:
+            reply.update(
+                columns=[o.name for o in the_plan.checked.outputs],
+                rows=[],
+                accuracy={"alpha": 0.05, "columns": []},
+            )
+            return self._with_budget(reply, user, dataset, request.notebook)
+        if not request.fresh:
+            stored = self.ledger.find_release(user, dataset.name, key)
+            if stored is not None:
+                self.ledger.record_replay(
+                    user=user,
+                    dataset=dataset.name,
+                    notebook=request.notebook,
+                    sql=request.sql,
+                    replay_key=key,
+                )
+                stored = dict(stored)
+                stored.update(replayed=True, cost={"epsilon": 0.0, "delta": 0.0})
+                return self._with_budget(stored, user, dataset, request.notebook)
+
+        charge = self.ledger.debit(
+            user=user,
+            dataset=dataset.name,
+            notebook=request.notebook,
+            cost=the_plan.cost,
+            user_limit=dataset.user_budget,
+            notebook_limit=dataset.notebook_budget,
+            sql=request.sql,
+            replay_key=key,
+        )
+        try:
+            rewritten = rewrite(the_plan)
+            exact = self.databases[dataset.name].run(rewritten.sql)
+            released = release(noise(the_plan, rewritten, exact))
+        except GateError as exc:
+            self.ledger.record_failure(charge)
+            raise Failed(exc.message) if not isinstance(exc, Failed) else exc from None
+        except Exception as exc:
+            # The text of a DuckDB error may quote data; only its type is logged.
+            log.error("query failed after the debit: %s", type(exc).__name__)
+            self.ledger.record_failure(charge)
+            raise Failed() from None
+        reply.update(columns=released.columns, rows=released.rows, accuracy=released.accuracy)
+        self.ledger.record_release(charge, reply)
+        return self._with_budget(reply, user, dataset, request.notebook)
+
+    def budget(self, user: str, dataset: str | None, notebook: str | None) -> dict[str, object]:
+        ds = self._dataset(dataset)
+        return self._with_budget({"dataset": ds.name}, user, ds, notebook or "unnamed")
+
+    def schema(self, dataset: str | None) -> dict[str, object]:
+        ds = self._dataset(dataset)
+        out = ds.as_dict()
+        out["accountant"] = self.accountant.name
+        out["datasets"] = sorted(self.policy.datasets)
+        return out
+
+    def _dataset(self, name: str | None) -> Dataset:
+        try:
+            return self.policy.dataset(name)
+        except PolicyError as exc:
+            raise BadRequest(str(exc)) from None
+
+    def _with_budget(
+        self, reply: dict[str, object], user: str, dataset: Dataset, notebook: str
+    ) -> dict[str, object]:
+        views = {}
+        for scope, limit, nb in (
+            ("user", dataset.user_budget, None),
+            ("notebook", dataset.notebook_budget, notebook),
+        ):
+            spent = self.ledger.spent(user, dataset.name, nb)
+            views[scope] = {
+                "spent": self.accountant.as_budget(spent).as_dict(),
+                "limit": limit.as_dict(),
+                "remaining": remaining(self.accountant, spent, limit).as_dict(),
+            }
+        user_left = views["user"]["remaining"]
+        nb_view = views["notebook"]
+        # A notebook draws on the user's budget: it can never have more left than the user.
+        nb_view["remaining"] = {k: min(v, user_left[k]) for k, v in nb_view["remaining"].items()}
+        reply["budget"] = views
+        return reply
+
+    def _replay_key(self, dataset: Dataset, the_plan: Plan, request: QueryRequest) -> str:
+        identity = {
+            "v": ANSWER_VERSION,
+            "dataset": dataset.name,
+            "sql": the_plan.checked.resolved.canonical,
+            "params": request.params,
+            "cost": the_plan.cost.as_dict(),
+            "mechanisms": [m.noise.mechanism for m in the_plan.measurements],
+        }
+        text = json.dumps(identity, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _plan_summary(the_plan: Plan) -> list[dict[str, object]]:
+    return [
+        {
+            "aggregate": m.label,
+            "sensitivity": m.sensitivity,
+            "mechanism": m.noise.mechanism,
+            "scale": m.scale,
+            "epsilon": m.epsilon,
+            "accuracy": m.noise.half_width(0.05) if m.noise.sensitivity else 0.0,
+            "partitions": len(the_plan.partitions),
+            "contribution": {
+                "groups": the_plan.contribution.groups,
+                "rows": the_plan.contribution.rows,
+            },
+        }
+        for m in the_plan.measurements
+    ]
+
+
+def _number(body: dict, key: str) -> float | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise BadRequest(f"`{key}` must be a finite number")
+    if value < 0 or (key == "epsilon" and value == 0):
+        raise BadRequest(f"`{key}` must be positive")
+    return float(value)
+
+
+def _flag(body: dict, key: str) -> bool:
+    value = body.get(key, False)
+    if not isinstance(value, bool):
+        raise BadRequest(f"`{key}` must be true or false")
+    return value

@@ -1,0 +1,227 @@
+"""Pass 4: interval arithmetic over row expressions, from declared bounds.
+
+The rewrite clamps every declared column to its bounds as it is read, so the
+intervals computed here hold for every row whatever the data: they bound the
+values summed (and so the sensitivity) and prove that integer arithmetic in
+the generated SQL cannot overflow, which would otherwise turn into a
+data-dependent error.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from sqlglot import exp
+
+from dpmagic.gate.errors import Refused
+from dpmagic.gate.sql.check import AggregateCall, Checked
+from dpmagic.gate.sql.parse import DIALECT
+from dpmagic.gate.sql.resolve import Resolved
+
+INT_LIMIT = 2**62  # integer expressions must stay well inside BIGINT
+FLOAT_LIMIT = 1e300
+INT_TYPES = {
+    exp.DataType.Type.TINYINT, exp.DataType.Type.SMALLINT, exp.DataType.Type.INT,
+    exp.DataType.Type.BIGINT,
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Interval:
+    """Every non-NULL value of an expression lies in ``[lo, hi]``.
+
+    ``integral`` says the SQL type is an integer (summed exactly) rather than
+    a float (summed in fixed point).
+    """
+
+    lo: float
+    hi: float
+    integral: bool
+
+    def hull(self, other: Interval) -> Interval:
+        return Interval(
+            min(self.lo, other.lo), max(self.hi, other.hi), self.integral and other.integral
+        )
+
+    @property
+    def finite(self) -> bool:
+        return math.isfinite(self.lo) and math.isfinite(self.hi)
+
+
+BOOL = Interval(0, 1, True)
+UNBOUNDED = Interval(-math.inf, math.inf, False)
+
+
+@dataclass(frozen=True)
+class Bounded:
+    checked: Checked
+    bounds: dict[str, Interval]  # aggregate label -> bound of its summed argument
+
+
+def bound(checked: Checked) -> Bounded:
+    resolved = checked.resolved
+    if checked.where is not None:
+        interval(checked.where, resolved)
+    bounds = {}
+    for agg in checked.aggregates:
+        if agg.arg is None:
+            continue
+        iv = interval(agg.arg, resolved)
+        if agg.func == "count":
+            continue
+        if iv is None or not iv.finite:
+            raise Refused(_unbounded_reason(agg, resolved))
+        bounds[agg.label] = iv
+    return Bounded(checked=checked, bounds=bounds)
+
+
+def interval(node: exp.Expression, resolved: Resolved) -> Interval | None:
+    """The interval of a row expression; ``None`` for non-numeric or always-NULL ones."""
+    iv = _interval(node, resolved)
+    if iv is not None and iv.finite:
+        limit = INT_LIMIT if iv.integral else FLOAT_LIMIT
+        if max(abs(iv.lo), abs(iv.hi)) > limit:
+            raise Refused(
+                f"{node.sql(dialect=DIALECT)} could overflow: its values may reach "
+                f"{max(abs(iv.lo), abs(iv.hi)):.3g} under the declared bounds"
+            )
+    return iv
+
+
+def _interval(node: exp.Expression, r: Resolved) -> Interval | None:
+    if isinstance(node, exp.Paren):
+        return interval(node.this, r)
+    if isinstance(node, exp.Column):
+        col = r.columns[id(node)]
+        if col.type == "bool":
+            return BOOL
+        if col.lower is None or col.type not in ("int", "float"):
+            return UNBOUNDED if col.type in ("int", "float") else None
+        return Interval(col.lower, col.upper, col.type == "int")
+    if isinstance(node, exp.Boolean):
+        return BOOL
+    if isinstance(node, exp.Null):
+        return None
+    if isinstance(node, exp.Literal):
+        if node.is_string:
+            return None
+        value = float(node.this)
+        return Interval(value, value, node.is_int)
+    if isinstance(node, exp.Neg):
+        a = interval(node.this, r)
+        return None if a is None else Interval(-a.hi, -a.lo, a.integral)
+    if isinstance(node, exp.Add | exp.Sub | exp.Mul | exp.Div | exp.IntDiv | exp.Mod):
+        return _arith(node, interval(node.this, r), interval(node.expression, r))
+    if isinstance(node, exp.Predicate | exp.Connector | exp.Not | exp.Like | exp.ILike):
+        for child in node.iter_expressions():
+            interval(child, r)
+        return BOOL
+    if isinstance(node, exp.Case):
+        branches = [i.args.get("true") for i in node.args.get("ifs", [])]
+        for i in node.args.get("ifs", []):
+            interval(i.this, r)
+        return _hull([*branches, node.args.get("default")], r)
+    if isinstance(node, exp.If):
+        interval(node.this, r)
+        return _hull([node.args.get("true"), node.args.get("false")], r)
+    if isinstance(node, exp.Coalesce | exp.Greatest | exp.Least):
+        return _hull([node.this, *node.expressions], r)
+    if isinstance(node, exp.Nullif):
+        interval(node.expression, r)
+        return interval(node.this, r)
+    if isinstance(node, exp.Abs):
+        a = interval(node.this, r)
+        if a is None:
+            return None
+        low = 0.0 if a.lo <= 0 <= a.hi else min(abs(a.lo), abs(a.hi))
+        return Interval(low, max(abs(a.lo), abs(a.hi)), a.integral)
+    if isinstance(node, exp.Round | exp.Floor | exp.Ceil):
+        a = interval(node.this, r)
+        if a is None or a.integral:
+            return a
+        # ROUND(x, n) may land up to half a unit beyond the interval's ends.
+        return Interval(math.floor(a.lo) - 1, math.ceil(a.hi) + 1, False)
+    if isinstance(node, exp.TryCast):
+        a = interval(node.this, r)
+        to = node.to.this
+        if to == exp.DataType.Type.BOOLEAN:
+            return BOOL
+        if a is None:
+            return UNBOUNDED if to in INT_TYPES or to != exp.DataType.Type.BOOLEAN else None
+        if to in INT_TYPES:
+            return Interval(math.floor(a.lo), math.ceil(a.hi), True)
+        return Interval(a.lo, a.hi, False)
+    return UNBOUNDED
+
+
+def _arith(node: exp.Expression, a: Interval | None, b: Interval | None) -> Interval | None:
+    if a is None or b is None:
+        return None
+    if not (a.finite and b.finite):
+        return UNBOUNDED
+    integral = a.integral and b.integral
+    if isinstance(node, exp.Add):
+        return Interval(a.lo + b.lo, a.hi + b.hi, integral)
+    if isinstance(node, exp.Sub):
+        return Interval(a.lo - b.hi, a.hi - b.lo, integral)
+    if isinstance(node, exp.Mul):
+        corners = [a.lo * b.lo, a.lo * b.hi, a.hi * b.lo, a.hi * b.hi]
+        return Interval(min(corners), max(corners), integral)
+    if isinstance(node, exp.Mod):
+        # The remainder is smaller than the divisor and takes the dividend's sign.
+        m = max(abs(b.lo), abs(b.hi))
+        return Interval(-m if a.lo < 0 else 0, m if a.hi > 0 else 0, integral)
+    # Division: the rewrite turns a zero divisor into NULL. An integer divisor is
+    # then at least 1 away from zero; a float one can come arbitrarily close.
+    if b.lo > 0 or b.hi < 0:
+        small = b
+    elif b.integral:
+        small = (
+            Interval(-1, 1, True)
+            if b.lo < 0 < b.hi
+            else Interval(1 if b.lo == 0 else b.lo, b.hi if b.lo == 0 else -1, True)
+        )
+        if b.lo == 0 and b.hi == 0:
+            return None
+    else:
+        return UNBOUNDED
+    quotients = [x / y for x in (a.lo, a.hi) for y in (small.lo, small.hi) if y != 0]
+    lo, hi = min(quotients), max(quotients)
+    if small.lo < 0 < small.hi:  # divisor of either sign: |q| <= |a| / 1
+        m = max(abs(a.lo), abs(a.hi))
+        lo, hi = -m, m
+    if isinstance(node, exp.IntDiv):
+        return Interval(math.floor(lo), math.ceil(hi), integral)
+    return Interval(lo, hi, False)
+
+
+def _hull(nodes: list[exp.Expression | None], r: Resolved) -> Interval | None:
+    out = None
+    for node in nodes:
+        if node is None:
+            continue
+        iv = interval(node, r)
+        if iv is None:
+            continue
+        out = iv if out is None else out.hull(iv)
+    return out
+
+
+def _unbounded_reason(agg: AggregateCall, r: Resolved) -> str:
+    unbounded = sorted(
+        {
+            r.columns[id(c)].name
+            for c in agg.arg.find_all(exp.Column)
+            if id(c) in r.columns and r.columns[id(c)].lower is None
+        }
+    )
+    if unbounded:
+        return (
+            f"{agg.label} has no finite bound: declare lower and upper for "
+            + ", ".join(repr(c) for c in unbounded)
+            + " in the policy"
+        )
+    if _interval(agg.arg, r) is None:
+        return f"{agg.label} sums a value that is not a number"
+    return f"{agg.label} has no finite bound: a divisor can come arbitrarily close to zero"

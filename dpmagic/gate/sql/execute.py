@@ -1,0 +1,101 @@
+"""Pass 7: run generated SQL on a locked, read-only DuckDB.
+
+The database is opened once per dataset, read-only, with external access,
+extension loading and configuration changes switched off; each query gets a
+fresh connection (cursor) of its own, so no temporary object or setting
+survives it, and a timer interrupts it at the policy's timeout. Datasets
+declared by ``sources`` are first copied into a DuckDB file in the gate's
+state directory, readable by the gate's user only.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+
+from dpmagic.gate.errors import Failed
+from dpmagic.gate.policy import Dataset, GateConfig
+
+
+class QueryTimeout(Failed):
+    def __init__(self) -> None:
+        super().__init__(
+            "the query ran past the gate's time limit and was stopped (it stays charged)"
+        )
+
+
+@dataclass(frozen=True)
+class ExactResult:
+    """Exact aggregates by partition: never leaves the gate un-noised."""
+
+    rows: list[tuple]
+
+
+class Database:
+    def __init__(self, dataset: Dataset, gate: GateConfig) -> None:
+        path = dataset.database
+        if path is None:
+            path = _materialise(dataset, gate.state_dir)
+        elif not path.exists():
+            raise FileNotFoundError(f"dataset {dataset.name!r}: database {path} not found")
+        self.timeout_s = gate.query_timeout_s
+        self._db = duckdb.connect(
+            str(path),
+            read_only=True,
+            config={
+                "enable_external_access": False,
+                "autoinstall_known_extensions": False,
+                "autoload_known_extensions": False,
+                "allow_community_extensions": False,
+                "memory_limit": gate.memory_limit,
+                "threads": gate.threads,
+                "lock_configuration": True,
+            },
+        )
+
+    def run(self, sql: str) -> ExactResult:
+        con = self._db.cursor()
+        timer = threading.Timer(self.timeout_s, con.interrupt)
+        timer.start()
+        try:
+            rows = con.execute(sql).fetchall()
+        except duckdb.InterruptException:
+            raise QueryTimeout() from None
+        finally:
+            timer.cancel()
+            con.close()
+        return ExactResult(rows=rows)
+
+    def close(self) -> None:
+        self._db.close()
+
+
+def _materialise(dataset: Dataset, state_dir: Path) -> Path:
+    """Copy CSV/Parquet sources into a private DuckDB file, replaced at each start."""
+    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(state_dir, 0o700)
+    target = state_dir / f"{dataset.name}.duckdb"
+    partial = target.with_suffix(".loading")
+    for p in (partial, partial.with_suffix(".loading.wal")):
+        p.unlink(missing_ok=True)
+    old = os.umask(0o077)
+    try:
+        con = duckdb.connect(str(partial))
+        try:
+            for table, source in dataset.sources.items():
+                if not source.exists():
+                    raise FileNotFoundError(f"dataset {dataset.name!r}: source {source} not found")
+                reader = "read_parquet" if source.suffix.lower() == ".parquet" else "read_csv_auto"
+                con.execute(f'CREATE TABLE "{table}" AS SELECT * FROM {reader}(?)', [str(source)])
+            con.execute("CHECKPOINT")
+        finally:
+            con.close()
+    finally:
+        os.umask(old)
+    os.chmod(partial, 0o600)
+    os.replace(partial, target)
+    return target
