@@ -10,10 +10,14 @@ bounds, NULL staying NULL.
 Contribution bounding, for a dataset with a privacy unit:
 1. rows with no unit are dropped (they belong to no one we can bound);
 2. each unit keeps at most ``max_rows_per_partition`` rows per partition,
-   chosen by a keyed hash of the row id under a fresh secret seed;
-3. each unit keeps at most ``max_partitions`` partitions, chosen the same way.
-Each step looks at one unit's rows only, so adding or removing a unit changes
-only that unit's kept rows: this is what ``sensitivity`` assumes.
+   those whose content hashes lowest under a fresh secret seed;
+3. each unit keeps at most ``max_partitions`` partitions, chosen by a keyed
+   hash of the unit and the key under the same seed.
+Each choice is a function of one unit's own rows and the seed, never of row
+positions or of other units, so for any seed, adding, removing or replacing
+a unit changes only that unit's kept rows: this is what ``sensitivity``
+assumes, and what the brute-force tests check seed by seed. Rows with equal
+content are interchangeable, so ties cannot matter.
 
 Sums are exact: each clamped value is rounded to its integer grid and summed
 as HUGEINT, whose overflow the plan has ruled out.
@@ -32,7 +36,6 @@ from dpmagic.gate.sql.parse import DIALECT
 from dpmagic.gate.sql.plan import Measurement, Plan
 
 UNIT = "__unit"
-ROW_ID = "__rid"
 SQL_TYPES = {
     "int": "BIGINT",
     "float": "DOUBLE",
@@ -56,10 +59,12 @@ def rewrite(plan: Plan, seed: int | None = None) -> Rewritten:
     used = _used_columns(plan)
     keys = [_q(f"__k{i}") for i in range(len(plan.keys))]
 
-    source = [f"rowid AS {_q(ROW_ID)}"]
+    source = []
     if unit is not None:
         source.append(f"{_project(plan.table.columns[unit])} AS {_q(UNIT)}")
     source += [f"{_project(c)} AS {_q(c.name)}" for c in used]
+    if not source:
+        source = ["1 AS __one"]
 
     filters = [f"{_q(UNIT)} IS NOT NULL"] if unit is not None else []
     if checked.where is not None:
@@ -67,11 +72,14 @@ def rewrite(plan: Plan, seed: int | None = None) -> Rewritten:
     for key, col in zip(keys, plan.keys, strict=True):
         values = ", ".join(exp.convert(v).sql(dialect=DIALECT) for v in col.public_values or ())
         filters.append(f"{key} IN ({values})")
-    row_cols = [_q(ROW_ID)] + ([_q(UNIT)] if unit is not None else [])
+    row_cols = [_q(UNIT)] if unit is not None else []
     row_cols += [f"{_q(c.name)} AS {k}" for c, k in zip(plan.keys, keys, strict=True)]
+    values = [_q("__v_" + m.name) for m in plan.measurements if m.arg is not None]
     row_cols += [
         f"{_total(m.arg)} AS {_q('__v_' + m.name)}" for m in plan.measurements if m.arg is not None
     ]
+    if not row_cols:
+        row_cols = ["1 AS __one"]
     ctes = [
         f"src AS (SELECT {', '.join(source)} FROM {_q(plan.table.name)})",
         f"kept_rows AS (SELECT {', '.join(row_cols)} FROM src"
@@ -82,16 +90,17 @@ def rewrite(plan: Plan, seed: int | None = None) -> Rewritten:
     if unit is not None:
         c = plan.contribution
         by_row = ", ".join([_q(UNIT), *keys])
+        content = ", ".join([_q(UNIT), *keys, *values, str(seed)])
         ctes.append(
             f"ranked AS (SELECT *, row_number() OVER (PARTITION BY {by_row} "
-            f"ORDER BY hash({_q(ROW_ID)}, {seed}), {_q(ROW_ID)}) AS __row FROM kept_rows)"
+            f"ORDER BY hash({content})) AS __row FROM kept_rows)"
         )
         final_source = f"ranked WHERE __row <= {c.rows}"
         if keys:
             key_list = ", ".join(keys)
             ctes.append(
                 f"grouped AS (SELECT *, dense_rank() OVER (PARTITION BY {_q(UNIT)} "
-                f"ORDER BY hash({key_list}, {seed ^ 0x5DEECE66D}), {key_list}) AS __group "
+                f"ORDER BY hash({_q(UNIT)}, {key_list}, {seed}), {key_list}) AS __group "
                 f"FROM ranked WHERE __row <= {c.rows})"
             )
             final_source = f"grouped WHERE __group <= {c.groups}"

@@ -1,0 +1,70 @@
+"""Building blocks for tests of the gate's passes: a policy in memory and
+the analysis pipeline run pass by pass, on DuckDB tables the test creates."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+
+from dpmagic.gate.accounting import PureAccountant
+from dpmagic.gate.policy import Dataset, parse_policy
+from dpmagic.gate.sql.bound import bound
+from dpmagic.gate.sql.check import check
+from dpmagic.gate.sql.execute import ExactResult
+from dpmagic.gate.sql.parse import parse
+from dpmagic.gate.sql.plan import Plan, plan
+from dpmagic.gate.sql.resolve import resolve
+from dpmagic.gate.sql.rewrite import rewrite
+
+
+def dataset(
+    columns: dict[str, dict],
+    *,
+    unit: str | None = "pid",
+    neighbouring: str = "add_remove",
+    max_partitions: int = 2,
+    max_rows: int = 2,
+    table: str = "t",
+) -> Dataset:
+    raw = {
+        "datasets": {
+            "d": {
+                "sources": {table: "unused.csv"},
+                "neighbouring": neighbouring,
+                "max_partitions": max_partitions,
+                "max_rows_per_partition": max_rows,
+                "user_budget": {"epsilon": 10.0},
+                "tables": {table: {"columns": columns}},
+                **({"privacy_unit": unit} if unit else {}),
+            }
+        }
+    }
+    return parse_policy(raw, Path("policy.toml")).dataset("d")
+
+
+def make_plan(sql: str, ds: Dataset, epsilon: float = 1.0) -> Plan:
+    return plan(bound(check(resolve(parse(sql), ds))), epsilon, 0.0, PureAccountant())
+
+
+def exact_vectors(p: Plan, con: duckdb.DuckDBPyConnection, seed: int) -> dict[str, list[int]]:
+    """Exact per-partition values of each measurement, in grid units."""
+    rw = rewrite(p, seed=seed)
+    rows = ExactResult(con.execute(rw.sql).fetchall()).rows
+    index = {part: i for i, part in enumerate(p.partitions)}
+    out = {name: [0] * len(p.partitions) for name in rw.measurements}
+    for row in rows:
+        i = index[tuple(row[: rw.keys])]
+        for name, value in zip(rw.measurements, row[rw.keys :], strict=True):
+            out[name][i] = int(value or 0)
+    return out
+
+
+def load_table(con: duckdb.DuckDBPyConnection, name: str, columns: list[str], rows: list[tuple]):
+    con.execute(f'DROP TABLE IF EXISTS "{name}"')
+    types = {"pid": "BIGINT", "g": "BIGINT", "x": "BIGINT", "y": "DOUBLE", "s": "VARCHAR"}
+    cols = ", ".join(f'"{c}" {types.get(c, "DOUBLE")}' for c in columns)
+    con.execute(f'CREATE TABLE "{name}" ({cols})')
+    if rows:
+        marks = ", ".join("?" for _ in columns)
+        con.executemany(f'INSERT INTO "{name}" VALUES ({marks})', rows)

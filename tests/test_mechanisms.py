@@ -1,0 +1,116 @@
+"""Statistical tests of the noise: the released noise has the stated scale.
+
+Each goodness-of-fit test compares draws with the exact discrete Laplace pmf
+(P(k) ∝ exp(-|k|/scale)) by a chi-square test at significance 1e-4: a correct
+mechanism fails it once in ten thousand runs. The same test is shown to
+reject a mechanism whose scale is off by a factor of two, so it has teeth.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+
+import duckdb
+import pytest
+from scipy import stats
+
+from dpmagic.gate.mechanisms import LaplaceNoise, calibrate
+from dpmagic.gate.sql.execute import ExactResult
+from dpmagic.gate.sql.noise import noise
+from dpmagic.gate.sql.rewrite import rewrite
+from tests.gate_helpers import dataset, load_table, make_plan
+
+SIGNIFICANCE = 1e-4
+
+
+def discrete_laplace_fits(draws: list[int], scale: float) -> bool:
+    """Chi-square goodness of fit of integer draws to discrete Laplace(scale).
+
+    Bins are integer ranges cut at multiples of the scale (so the test works
+    for a scale of 0.7 grid units as for one of 10**7), the tails pooled.
+    """
+    p = math.exp(-1 / scale)
+
+    def cdf(k: float) -> float:  # P(X <= k) for integer k
+        return 1 - p ** (k + 1) / (1 + p) if k >= 0 else p ** (-k) / (1 + p)
+
+    cuts = sorted({math.floor(scale * t / 4) for t in range(-16, 17)})
+    edges = [-math.inf, *cuts, math.inf]
+    expected = [
+        len(draws) * ((1.0 if hi == math.inf else cdf(hi)) - (0.0 if lo == -math.inf else cdf(lo)))
+        for lo, hi in zip(edges, edges[1:])
+    ]
+    observed = [0] * len(expected)
+    for d in draws:
+        observed[bisect.bisect_left(cuts, d)] += 1
+    keep = [i for i, e in enumerate(expected) if e >= 5]
+    rest = [i for i in range(len(expected)) if i not in keep]
+    obs = [observed[i] for i in keep] + ([sum(observed[i] for i in rest)] if rest else [])
+    exp_ = [expected[i] for i in keep] + ([sum(expected[i] for i in rest)] if rest else [])
+    _, pvalue = stats.chisquare(obs, exp_, sum_check=False)
+    return pvalue > SIGNIFICANCE
+
+
+@pytest.mark.parametrize("scale", [0.7, 3.0, 12.5])
+def test_opendp_draws_follow_the_stated_scale(scale):
+    draws = LaplaceNoise(sensitivity=1, scale=scale).sample(20_000)
+    assert discrete_laplace_fits(draws, scale)
+
+
+@pytest.mark.parametrize("scale", [3.0, 12.5])
+def test_the_fit_rejects_a_mis_scaled_mechanism(scale):
+    """A broken mechanism that adds half the noise it claims is caught."""
+    draws = LaplaceNoise(sensitivity=1, scale=scale / 2).sample(20_000)
+    assert not discrete_laplace_fits(draws, scale)
+
+
+def test_calibration_follows_opendp_privacy_map():
+    noise_ = calibrate(sensitivity=8, epsilon=0.5)
+    assert noise_.epsilon <= 0.5
+    assert noise_.scale == pytest.approx(16.0)
+    assert calibrate(sensitivity=8, epsilon=0.5, granularity=0.25).half_width(0.05) == (
+        pytest.approx(math.floor(noise_.half_width(0.05)) * 0.25)
+    )
+
+
+def test_interval_covers_95_percent():
+    noise_ = calibrate(sensitivity=3, epsilon=0.4)
+    half = noise_.half_width(0.05)
+    draws = noise_.sample(20_000)
+    inside = sum(abs(d) <= half for d in draws) / len(draws)
+    # Binomial(20000, ≥0.95): below 0.94 has probability < 1e-9 for a correct interval.
+    assert inside >= 0.94
+
+
+COLUMNS = {
+    "pid": {"type": "int"},
+    "g": {"type": "int", "public_values": list(range(500))},
+    "y": {"type": "float", "lower": 0.0, "upper": 3.0},
+}
+
+
+@pytest.mark.parametrize(
+    ("sql", "label"),
+    [
+        ("SELECT g, COUNT(*) FROM t GROUP BY g", "COUNT(*)"),
+        ("SELECT g, SUM(y) FROM t GROUP BY g", "SUM(y)"),
+    ],
+)
+def test_released_noise_through_the_pipeline_has_the_planned_scale(sql, label):
+    """On an empty table every released cell is pure noise: over 40 queries of 500
+    partitions the noise must fit the scale the plan states (in grid units)."""
+    ds = dataset(COLUMNS, max_partitions=1, max_rows=3)
+    p = make_plan(sql, ds, epsilon=0.7)
+    (m,) = [m for m in p.measurements if m.label == label]
+    con = duckdb.connect()
+    load_table(con, "t", ["pid", "g", "y"], [])
+    rw = rewrite(p)
+    exact = ExactResult(con.execute(rw.sql).fetchall())
+    draws: list[int] = []
+    for _ in range(40):
+        values = noise(p, rw, exact).values[m.name]
+        draws += [round(v / m.noise.granularity) for v in values]
+    assert m.noise.scale == pytest.approx(m.noise.sensitivity / 0.7)
+    assert discrete_laplace_fits(draws, m.noise.scale)
+    assert not discrete_laplace_fits(draws, m.noise.scale * 2)
