@@ -9,6 +9,7 @@ reject a mechanism whose scale is off by a factor of two, so it has teeth.
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 
 import duckdb
@@ -39,7 +40,7 @@ def discrete_laplace_fits(draws: list[int], scale: float) -> bool:
     edges = [-math.inf, *cuts, math.inf]
     expected = [
         len(draws) * ((1.0 if hi == math.inf else cdf(hi)) - (0.0 if lo == -math.inf else cdf(lo)))
-        for lo, hi in zip(edges, edges[1:])
+        for lo, hi in itertools.pairwise(edges)
     ]
     observed = [0] * len(expected)
     for d in draws:
