@@ -174,23 +174,17 @@ def _arith(node: exp.Expression, a: Interval | None, b: Interval | None) -> Inte
         return Interval(-m if a.lo < 0 else 0, m if a.hi > 0 else 0, integral)
     # Division: the rewrite turns a zero divisor into NULL. An integer divisor is
     # then at least 1 away from zero; a float one can come arbitrarily close.
-    if b.lo > 0 or b.hi < 0:
-        small = b
-    elif b.integral:
-        small = (
-            Interval(-1, 1, True)
-            if b.lo < 0 < b.hi
-            else Interval(1 if b.lo == 0 else b.lo, b.hi if b.lo == 0 else -1, True)
-        )
-        if b.lo == 0 and b.hi == 0:
-            return None
-    else:
+    if b.lo == b.hi == 0:
+        return None
+    if b.lo <= 0 <= b.hi and not b.integral:
         return UNBOUNDED
-    quotients = [x / y for x in (a.lo, a.hi) for y in (small.lo, small.hi) if y != 0]
-    lo, hi = min(quotients), max(quotients)
-    if small.lo < 0 < small.hi:  # divisor of either sign: |q| <= |a| / 1
+    if b.lo < 0 < b.hi:  # an integer divisor of either sign: |q| <= |a| / 1
         m = max(abs(a.lo), abs(a.hi))
         lo, hi = -m, m
+    else:
+        d_lo, d_hi = (1 if b.lo == 0 else b.lo), (-1 if b.hi == 0 else b.hi)
+        quotients = [x / y for x in (a.lo, a.hi) for y in (d_lo, d_hi)]
+        lo, hi = min(quotients), max(quotients)
     if isinstance(node, exp.IntDiv):
         return Interval(math.floor(lo), math.ceil(hi), integral)
     return Interval(lo, hi, False)
@@ -209,11 +203,15 @@ def _hull(nodes: list[exp.Expression | None], r: Resolved) -> Interval | None:
 
 
 def _unbounded_reason(agg: AggregateCall, r: Resolved) -> str:
+    if _interval(agg.arg, r) is None:
+        return f"{agg.label} sums a value that is not a number"
     unbounded = sorted(
         {
             r.columns[id(c)].name
             for c in agg.arg.find_all(exp.Column)
-            if id(c) in r.columns and r.columns[id(c)].lower is None
+            if id(c) in r.columns
+            and r.columns[id(c)].lower is None
+            and r.columns[id(c)].type in ("int", "float")
         }
     )
     if unbounded:
@@ -222,6 +220,4 @@ def _unbounded_reason(agg: AggregateCall, r: Resolved) -> str:
             + ", ".join(repr(c) for c in unbounded)
             + " in the policy"
         )
-    if _interval(agg.arg, r) is None:
-        return f"{agg.label} sums a value that is not a number"
     return f"{agg.label} has no finite bound: a divisor can come arbitrarily close to zero"

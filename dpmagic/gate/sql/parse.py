@@ -53,6 +53,8 @@ def parse(sql: str, params: dict[str, Param] | None = None) -> Parsed:
     if not isinstance(tree, exp.Select):
         raise Refused(f"only SELECT queries are allowed, not {_statement_name(tree, sql)}")
     tree = _bind(tree, params or {})
+    for node in tree.walk():  # comments are the user's text: none is carried on
+        node.comments = None
     return Parsed(tree=tree, canonical=tree.sql(dialect=DIALECT, normalize=True))
 
 

@@ -1,0 +1,215 @@
+"""The generated SQL on real DuckDB: clamping, NULLs, exact sums, the locked
+connection, and post-processing of noisy values."""
+
+from __future__ import annotations
+
+import os
+import stat
+from fractions import Fraction
+
+import duckdb
+import pytest
+
+from dpmagic.gate.policy import GateConfig, parse_policy
+from dpmagic.gate.sql.execute import Database, QueryTimeout
+from dpmagic.gate.sql.noise import Noisy
+from dpmagic.gate.sql.release import release
+from dpmagic.gate.sql.rewrite import rewrite
+from tests.gate_helpers import dataset, exact_vectors, load_table, make_plan
+
+COLUMNS = {
+    "pid": {"type": "int"},
+    "g": {"type": "int", "public_values": [0, 1, 2]},
+    "x": {"type": "int", "lower": -3, "upper": 5},
+    "y": {"type": "float", "lower": 0.0, "upper": 2.5},
+}
+ORDER = ["pid", "g", "x", "y"]
+ROW_LEVEL = dataset(COLUMNS, unit=None)
+
+
+def run(sql: str, rows: list[tuple], ds=ROW_LEVEL) -> dict[str, list[int]]:
+    p = make_plan(sql, ds)
+    con = duckdb.connect()
+    load_table(con, "t", ORDER, rows)
+    vectors = exact_vectors(p, con, seed=1)
+    return {m.label: vectors[m.name] for m in p.measurements}
+
+
+def test_values_are_clamped_after_the_expression():
+    # x is clamped to [-3, 5] as read; x * 10 lies in [-30, 50]; a sum of x*10 - 100
+    # of a row with x = 99 counts as 5*10 - 100 = -50, not as 99*10 - 100.
+    out = run("SELECT SUM(x * 10 - 100) FROM t", [(1, 0, 99, 1.0), (2, 0, -99, 1.0)])
+    assert out["SUM(x * 10 - 100)"] == [(5 * 10 - 100) + (-3 * 10 - 100)]
+
+
+def test_nulls_are_never_clamped_into_a_bound():
+    rows = [(1, 0, None, None), (2, 0, 4, 2.0), (3, 1, None, 1.0)]
+    out = run("SELECT g, SUM(x), COUNT(x), COUNT(*), SUM(y) FROM t GROUP BY g", rows)
+    assert out["SUM(x)"] == [4, 0, 0]
+    assert out["COUNT(x)"] == [1, 0, 0]
+    assert out["COUNT(*)"] == [2, 1, 0]
+
+
+def test_fixed_point_sums_are_exact():
+    p = make_plan("SELECT SUM(y) FROM t", ROW_LEVEL)
+    (m,) = p.measurements
+    rows = [(i, 0, 0, 0.1) for i in range(3000)] + [(9999, 0, 0, 2.5)]
+    con = duckdb.connect()
+    load_table(con, "t", ORDER, rows)
+    units = exact_vectors(p, con, seed=3)[m.name][0]
+    step = Fraction(2) ** m.grid_exp
+    expected = sum(round(Fraction(r[3]) / step) for r in rows)
+    assert units == expected
+    # A float SUM would differ in the last bits; ours is an integer count of grid steps.
+    assert abs(units * step - Fraction(3000 * 0.1 + 2.5)) <= len(rows) * step
+
+
+@pytest.mark.parametrize(
+    ("value", "counted"),
+    [(float("nan"), 2.5), (float("inf"), 2.5), (float("-inf"), 0.0), (-0.0, 0.0), (1e308, 2.5)],
+)
+def test_special_floats_are_clamped(value, counted):
+    p = make_plan("SELECT SUM(y) FROM t", ROW_LEVEL)
+    (m,) = p.measurements
+    con = duckdb.connect()
+    load_table(con, "t", ORDER, [(1, 0, 0, value)])
+    units = exact_vectors(p, con, seed=3)[m.name][0]
+    assert units * 2.0**m.grid_exp == pytest.approx(counted)
+
+
+def test_user_level_bounding_keeps_at_most_k_groups_of_m_rows():
+    ds = dataset(COLUMNS, max_partitions=2, max_rows=3)
+    rows = [(1, g, 1, 0.0) for g in (0, 1, 2) for _ in range(10)]
+    out = run("SELECT g, COUNT(*) FROM t GROUP BY g", rows, ds)
+    counts = out["COUNT(*)"]
+    assert sum(counts) == 6 and sorted(counts) == [0, 3, 3]
+
+
+def test_rows_without_a_unit_are_dropped():
+    ds = dataset(COLUMNS, max_partitions=1, max_rows=5)
+    out = run("SELECT COUNT(*) FROM t", [(None, 0, 1, 0.0), (None, 1, 1, 0.0), (1, 0, 1, 0.0)], ds)
+    assert out["COUNT(*)"] == [1]
+
+
+def test_user_text_never_reaches_duckdb():
+    p = make_plan("select   Count(*)  from T where x > 1 -- a comment", ROW_LEVEL)
+    sql = rewrite(p, seed=7).sql
+    assert "comment" not in sql and "Count(*)" not in sql
+    assert "NULLIF" in make_rewritten("SELECT SUM(y / x) FROM t")
+
+
+def make_rewritten(sql: str) -> str:
+    return rewrite(make_plan(sql, ROW_LEVEL), seed=7).sql
+
+
+# -- the locked database ---------------------------------------------------------
+
+
+@pytest.fixture
+def locked(tmp_path):
+    csv = tmp_path / "t.csv"
+    csv.write_text("pid,g,x,y\n1,0,1,0.5\n2,1,2,1.5\n")
+    raw = {
+        "gate": {"state_dir": "state", "query_timeout_s": 0.5},
+        "datasets": {
+            "d": {
+                "sources": {"t": "t.csv"},
+                "user_budget": {"epsilon": 1.0},
+                "tables": {"t": {"columns": COLUMNS}},
+            }
+        },
+    }
+    policy = parse_policy(raw, tmp_path / "policy.toml")
+    db = Database(policy.dataset("d"), policy.gate)
+    yield db, policy.gate
+    db.close()
+
+
+def test_materialised_data_is_private_to_the_gate(locked):
+    _, gate = locked
+    assert stat.S_IMODE(os.stat(gate.state_dir).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(gate.state_dir / "d.duckdb").st_mode) == 0o600
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT * FROM read_csv('/etc/passwd')",
+        "SET threads = 1",
+        "ATTACH '/tmp/x.duckdb' AS x",
+        "COPY t TO 'out.csv'",
+        "INSTALL httpfs",
+        "CREATE TABLE u AS SELECT 1",
+        "SELECT * FROM 'policy.toml'",
+    ],
+)
+def test_locked_connection_refuses_escape_hatches(locked, sql):
+    db, _ = locked
+    with pytest.raises(duckdb.Error):
+        db.run(sql)
+
+
+def test_state_does_not_survive_between_queries(locked):
+    db, _ = locked
+    db.run("CREATE TEMP TABLE scratch AS SELECT 1 AS a")
+    with pytest.raises(duckdb.CatalogException):
+        db.run("SELECT * FROM scratch")
+
+
+def test_long_queries_are_interrupted(locked):
+    db, _ = locked
+    with pytest.raises(QueryTimeout):
+        db.run(
+            "SELECT COUNT(*) FROM range(100000000) a, range(100000) b WHERE a.range % 7 = b.range"
+        )
+
+
+def test_gate_config_defaults_are_sane():
+    assert GateConfig(listen="unix:x", state_dir=None).query_timeout_s > 0  # type: ignore[arg-type]
+
+
+# -- release: post-processing of noisy values ------------------------------------
+
+
+def _released(sql: str, values: dict[str, list], ds=ROW_LEVEL):
+    p = make_plan(sql, ds)
+    by_label = {m.label: m.name for m in p.measurements}
+    noisy = Noisy(plan=p, values={by_label[k]: v for k, v in values.items()})
+    return release(noisy)
+
+
+def test_having_order_limit_run_on_noisy_values():
+    r = _released(
+        "SELECT g, COUNT(*) AS n FROM t GROUP BY g HAVING COUNT(*) > 10 ORDER BY n DESC LIMIT 1",
+        {"COUNT(*)": [12, 50, 3]},
+    )
+    assert r.columns == ["g", "n"]
+    assert r.rows == [[1, 50]]
+    (key, count) = r.accuracy["columns"]
+    assert key is None
+    lo, hi = count["intervals"][0]
+    assert lo < 50 < hi
+
+
+def test_counts_are_floored_at_zero_and_averages_clamped():
+    r = _released(
+        "SELECT g, COUNT(*), AVG(y) FROM t GROUP BY g",
+        {"COUNT(*)": [-4, 7, 2], "SUM(y)": [100.0, -3.0, 2.0], "COUNT(y)": [1, 4, 0]},
+    )
+    assert [row[1] for row in r.rows] == [0, 7, 2]
+    # 100/1 is clamped to the upper bound 2.5; -3/4 to 0; 2/max(0,1) = 2.
+    assert [row[2] for row in r.rows] == [2.5, 0.0, 2.0]
+    avg_intervals = r.accuracy["columns"][2]["intervals"]
+    assert all(0.0 <= lo <= hi <= 2.5 for lo, hi in avg_intervals)
+
+
+def test_arithmetic_over_aggregates_carries_an_interval():
+    r = _released(
+        "SELECT ROUND(SUM(x) / COUNT(*), 1) AS mean FROM t",
+        {"SUM(x)": [30], "COUNT(*)": [10]},
+    )
+    assert r.rows == [[3.0]]
+    col = r.accuracy["columns"][0]
+    assert col["mechanism"] == "post-processing"
+    lo, hi = col["intervals"][0]
+    assert lo <= 3.0 <= hi
