@@ -115,3 +115,19 @@ def test_released_noise_through_the_pipeline_has_the_planned_scale(sql, label):
     assert m.noise.scale == pytest.approx(m.noise.sensitivity / 0.7)
     assert discrete_laplace_fits(draws, m.noise.scale)
     assert not discrete_laplace_fits(draws, m.noise.scale * 2)
+
+
+def test_granular_noise_equals_opendps_float_laplace():
+    """OpenDP's float Laplace with granularity 2**k draws integers on the 2**k grid
+    from discrete Laplace(scale / 2**k): the distribution our fixed-point sums use."""
+    import opendp.prelude as dp
+
+    k, scale = -3, 2.5
+    float_laplace = dp.m.make_laplace(
+        dp.atom_domain(T=float, nan=False), dp.absolute_distance(T=float), scale=scale, k=k
+    )
+    draws = [float_laplace(0.0) / 2.0**k for _ in range(20_000)]
+    assert all(d == int(d) for d in draws)
+    assert discrete_laplace_fits([int(d) for d in draws], scale / 2.0**k)
+    ours = LaplaceNoise(sensitivity=1, scale=scale / 2.0**k, granularity=2.0**k).sample(20_000)
+    assert discrete_laplace_fits(ours, scale / 2.0**k)
