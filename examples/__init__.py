@@ -1,0 +1,1 @@
+"""The bundled example: a synthetic clinic, its policy and a quickstart notebook."""
