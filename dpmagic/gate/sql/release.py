@@ -31,6 +31,9 @@ from dpmagic.gate.sql.plan import Measurement, Plan
 
 ALPHA = 0.05
 PID = "__pid"
+# An empty in-memory database that only ever sees noisy values; each release
+# works in a connection of its own, whose registered table dies with it.
+_POST_DB = duckdb.connect(config={"enable_external_access": False, "threads": 1})
 
 Bounds = tuple[float, float]
 
@@ -57,7 +60,7 @@ def release(noisy: Noisy, alpha: float = ALPHA) -> Released:
         sql += f" LIMIT {checked.limit}"
     if checked.offset is not None:
         sql += f" OFFSET {checked.offset}"
-    con = duckdb.connect(config={"enable_external_access": False})
+    con = _POST_DB.cursor()
     try:
         con.register("noisy", table)
         result = con.execute(sql).fetchall()
