@@ -1,0 +1,5 @@
+"""``python -m dpmagic``: the same as the ``dpmagic`` command."""
+
+from dpmagic.cli import main
+
+raise SystemExit(main())

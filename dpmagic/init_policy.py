@@ -1,0 +1,153 @@
+"""``dpmagic init``: a policy skeleton from the schema of data files.
+
+Only the *schema* is read (names and types, as DuckDB infers them); no data
+value goes into the policy. Bounds and public key lists are facts the data
+owner must declare from knowledge of the domain: copying the observed minimum,
+maximum or distinct values into a public file would itself leak the data.
+The skeleton therefore leaves them as commented placeholders to fill in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tomllib
+from pathlib import Path
+
+import duckdb
+
+from dpmagic.gate.policy import PolicyError, parse_policy
+
+# DuckDB type names (without precision) -> the policy's column types.
+_TYPES: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT",
+            "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT", "UHUGEINT",
+        ),
+        "int",
+    ),
+    **dict.fromkeys(("FLOAT", "DOUBLE", "DECIMAL"), "float"),
+    "BOOLEAN": "bool",
+    "DATE": "date",
+    "VARCHAR": "str",
+}  # fmt: skip
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+class InitError(ValueError):
+    """The skeleton cannot be written; the message says why in one line."""
+
+
+def describe(path: Path) -> list[tuple[str, str]]:
+    """(column, DuckDB type) for a CSV or Parquet file, from its schema only."""
+    reader = "read_parquet" if path.suffix.lower() == ".parquet" else "read_csv_auto"
+    con = duckdb.connect()
+    try:
+        rows = con.execute(f"DESCRIBE SELECT * FROM {reader}(?)", [str(path)]).fetchall()
+    except duckdb.Error as exc:
+        raise InitError(f"{path}: cannot read its schema: {str(exc).splitlines()[0]}") from None
+    finally:
+        con.close()
+    return [(str(name), str(dtype)) for name, dtype, *_ in rows]
+
+
+def skeleton(files: list[Path], privacy_unit: str, dataset: str, out: Path) -> str:
+    """The TOML text of a policy for ``files``, written to live at ``out``."""
+    tables: dict[str, tuple[Path, list[tuple[str, str]]]] = {}
+    for path in files:
+        if not path.is_file():
+            raise InitError(f"{path}: no such file")
+        name = path.name.split(".")[0].lower()
+        if name in tables:
+            raise InitError(f"two files would both become table {name!r}: rename one")
+        columns = describe(path)
+        if privacy_unit.lower() not in {c.lower() for c, _ in columns}:
+            raise InitError(f"{path.name}: has no privacy unit column {privacy_unit!r}")
+        tables[name] = (path, columns)
+
+    base = out.resolve().parent
+    sources = ", ".join(
+        f"{_key(t)} = {_string(os.path.relpath(p.resolve(), base))}" for t, (p, _) in tables.items()
+    )
+    lines = [
+        "# Policy skeleton written by `dpmagic init` from the files' schemas only.",
+        "# Before serving it: declare public bounds for the numeric columns you will",
+        "# aggregate and public_values for the columns you will GROUP BY, from what",
+        "# you know of the domain, never from the data. Then review the budgets.",
+        "",
+        "[gate]",
+        'state_dir = "state"          # ledger and audit log, next to this file',
+        'accountant = "pure"',
+        "",
+        f"[datasets.{_key(dataset)}]",
+        f"sources = {{ {sources} }}",
+        f"privacy_unit = {_string(privacy_unit)}",
+        'neighbouring = "add_remove"',
+        "max_partitions = 4           # groups one unit may touch",
+        "max_rows_per_partition = 4   # rows one unit may add to each group",
+        "user_budget = { epsilon = 10.0 }",
+        "notebook_budget = { epsilon = 3.0 }",
+        "query_default = { epsilon = 0.1 }",
+    ]
+    for table, (_, columns) in tables.items():
+        lines += ["", f"[datasets.{_key(dataset)}.tables.{_key(table)}.columns]"]
+        lines += [_column(name, dtype, privacy_unit) for name, dtype in columns]
+    text = "\n".join(lines) + "\n"
+    # The skeleton must load as it is, so the owner starts from a valid file.
+    parse_policy(tomllib.loads(text), out.resolve())
+    return text
+
+
+def write_skeleton(
+    files: list[Path],
+    privacy_unit: str,
+    out: Path,
+    *,
+    dataset: str | None = None,
+    force: bool = False,
+) -> Path:
+    """Write the skeleton to ``out``; refuses to replace a file unless ``force``."""
+    name = dataset or _dataset_name(out)
+    try:
+        text = skeleton(files, privacy_unit, name, out)
+    except PolicyError as exc:
+        raise InitError(str(exc)) from None
+    try:
+        with out.open("w" if force else "x") as fh:
+            fh.write(text)
+    except FileExistsError:
+        raise InitError(f"{out} exists; pass --force to replace it") from None
+    except OSError as exc:
+        raise InitError(f"{out}: {exc.strerror}") from None
+    return out
+
+
+def _column(name: str, dtype: str, privacy_unit: str) -> str:
+    base_type = dtype.split("(")[0].upper()
+    ctype = _TYPES.get(base_type)
+    if ctype is None:
+        return f"# {_key(name)}: {dtype} has no policy type yet; left undeclared (not queryable)"
+    decl = f"{_key(name)} = {{ type = {_string(ctype)} }}"
+    if name.lower() == privacy_unit.lower():
+        return decl
+    if ctype in ("int", "float"):
+        return f"{decl}  # lower = ?, upper = ?  (declare public bounds)"
+    if ctype == "str":
+        return f"{decl}  # public_values = [...]  (to GROUP BY it)"
+    return decl
+
+
+def _dataset_name(out: Path) -> str:
+    stem = re.sub(r"[^a-z0-9_]+", "_", out.stem.lower()).strip("_")
+    return stem or "data"
+
+
+def _key(name: str) -> str:
+    return name if _BARE_KEY.match(name) else _string(name)
+
+
+def _string(value: str) -> str:
+    # A JSON string with ASCII escapes is a valid TOML basic string.
+    return json.dumps(value)

@@ -1,0 +1,92 @@
+"""``dpmagic lab``: JupyterLab wired to a gate, for trying dpmagic by hand.
+
+The gate runs as a separate process, exactly as in a deployment; the lab gets
+the gated kernelspec in a private Jupyter data folder (nothing is installed
+into the user's or the environment's Jupyter paths) and ``DPMAGIC_GATE`` in
+its environment, so every kernel it starts can reach the gate and nothing
+else. Without ``--policy`` the bundled clinic example is generated first and
+the quickstart notebook is put in the lab's root folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import TextIO
+
+from dpmagic.demo import (
+    NOTEBOOK,
+    GateProcess,
+    GateStartError,
+    example_file,
+    prepare_example,
+    socket_path,
+)
+from dpmagic.gate.policy import load_policy
+
+LAB_MISSING = "JupyterLab is not installed: pip install 'dpmagic[lab]'"
+
+
+class LabUnavailable(RuntimeError):
+    """JupyterLab is not importable here."""
+
+
+def run_lab(
+    policy: Path | None = None,
+    port: int | None = None,
+    patients: int = 5000,
+    out: TextIO = sys.stdout,
+) -> int:
+    """The ``dpmagic lab`` command: returns JupyterLab's exit code.
+
+    Raises LabUnavailable before doing anything if JupyterLab is missing, and
+    PolicyError for a bad ``--policy``.
+    """
+    if importlib.util.find_spec("jupyterlab") is None:
+        raise LabUnavailable(LAB_MISSING)
+    if policy is not None:
+        policy = load_policy(policy).path
+    from dpmagic.kernel import install
+
+    with contextlib.ExitStack() as stack:
+        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dpmagic-lab-")))
+        root = workdir / "notebooks"
+        root.mkdir()
+        if policy is None:
+            print(f"generating the clinic example ({patients} patients) in {workdir}", file=out)
+            policy = prepare_example(workdir / "data", patients)
+            shutil.copyfile(example_file(NOTEBOOK), root / NOTEBOOK)
+        gate = GateProcess(policy, socket_path(workdir, stack), workdir / "gate.log")
+        try:
+            gate.start()
+        except GateStartError as exc:
+            print(f"dpmagic: error: {exc}", file=out)
+            return 1
+        stack.callback(gate.stop)
+        print(f"gate listening on {gate.address}", file=out)
+        prefix = workdir / "jupyter"
+        where = install(prefix=str(prefix), gate=gate.address)
+        print(f"gated kernel installed in {where}", file=out)
+        env = {
+            **os.environ,
+            "DPMAGIC_GATE": gate.address,
+            "JUPYTER_PATH": os.pathsep.join(
+                p for p in (str(prefix / "share" / "jupyter"), os.environ.get("JUPYTER_PATH")) if p
+            ),
+        }
+        cmd = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={root}"]
+        if port is not None:
+            cmd.append(f"--port={port}")
+        out.flush()
+        lab = subprocess.Popen(cmd, env=env)
+        try:
+            return lab.wait()
+        except KeyboardInterrupt:
+            # JupyterLab got the same Ctrl-C and shuts down on its own terms.
+            return lab.wait()
