@@ -1,0 +1,200 @@
+"""The kernel's only way to the data: HTTP/JSON requests to the gate.
+
+This module runs in the untrusted kernel, so it imports nothing from
+``dpmagic.gate``. It speaks the contract of DESIGN.md §6 over a unix socket
+(``unix:/path``; the gate learns who we are from the socket's peer
+credentials) or over TCP (``http://host:port`` with a bearer token).
+
+A query is sent exactly once. Retrying a request whose reply was lost could
+charge the budget twice, so a lost reply is reported, never retried.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+from typing import Any
+from urllib.parse import urlencode, urlsplit
+
+from dpmagic.errors import ERROR_KINDS, DPError, GateUnavailable
+from dpmagic.result import DPResult
+
+ENV_GATE = "DPMAGIC_GATE"
+ENV_TOKEN = "DPMAGIC_TOKEN"
+DEFAULT_TIMEOUT = 120.0
+HOW_TO_SET = (
+    f"start a gate (`dpmagic serve --policy …`) and point the notebook at it with "
+    f"`%dpconnect unix:/path/to/gate.sock` or the {ENV_GATE} environment variable"
+)
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    """``http.client`` over a unix socket: the gate's default transport."""
+
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self._path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+class Gate:
+    """A client for one gate address.
+
+    ``address`` defaults to ``$DPMAGIC_GATE`` and ``token`` to
+    ``$DPMAGIC_TOKEN``. Each request opens its own connection: requests are
+    rare and slow next to a connect, and a fresh connection never resends a
+    request on a stale keep-alive socket.
+    """
+
+    def __init__(
+        self,
+        address: str | None = None,
+        token: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> None:
+        address = address or os.environ.get(ENV_GATE) or ""
+        if not address:
+            raise GateUnavailable(f"no gate address is set: {HOW_TO_SET}")
+        self.address = address
+        self.token = token if token is not None else os.environ.get(ENV_TOKEN) or None
+        self.timeout = timeout
+        self._target = _parse_address(address)
+
+    def __repr__(self) -> str:
+        return f"Gate({self.address!r})"
+
+    def query(
+        self,
+        sql: str,
+        *,
+        epsilon: float | None = None,
+        delta: float | None = None,
+        dataset: str | None = None,
+        notebook: str | None = None,
+        dry_run: bool = False,
+        fresh: bool = False,
+        params: dict[str, Any] | None = None,
+    ) -> DPResult:
+        """Run ``sql`` through the gate; the reply's cost is already charged."""
+        body: dict[str, Any] = {"sql": sql, "dry_run": dry_run, "fresh": fresh}
+        optional = {
+            "epsilon": epsilon,
+            "delta": delta,
+            "dataset": dataset,
+            "notebook": notebook,
+            "params": params,
+        }
+        body.update({k: v for k, v in optional.items() if v is not None})
+        return DPResult(self._request("POST", "/v1/query", body))
+
+    def budget(self, dataset: str | None = None, notebook: str | None = None) -> dict[str, Any]:
+        """What the user and the notebook have spent and have left."""
+        return self._request("GET", _path("/v1/budget", dataset=dataset, notebook=notebook))
+
+    def schema(self, dataset: str | None = None) -> dict[str, Any]:
+        """The public schema and policy facts: everything a user may know."""
+        return self._request("GET", _path("/v1/schema", dataset=dataset))
+
+    def health(self) -> bool:
+        """Whether a gate answers at the address; other failures still raise."""
+        try:
+            return self._request("GET", "/v1/health").get("ok") is True
+        except GateUnavailable:
+            return False
+
+    def _connection(self) -> http.client.HTTPConnection:
+        kind, where = self._target
+        if kind == "unix":
+            return _UnixConnection(where, self.timeout)
+        host, _, port = where.rpartition(":")
+        return http.client.HTTPConnection(host.strip("[]"), int(port), timeout=self.timeout)
+
+    def _request(self, method: str, path: str, body: object = None) -> dict[str, Any]:
+        headers = {"Accept": "application/json"}
+        payload = None
+        if body is not None:
+            payload = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        conn = self._connection()
+        try:
+            try:
+                conn.connect()
+            except OSError as exc:
+                raise GateUnavailable(
+                    f"no gate answers at {self.address} ({_reason(exc)}): {HOW_TO_SET}"
+                ) from None
+            try:
+                conn.request(method, path, body=payload, headers=headers)
+                response = conn.getresponse()
+                status, raw = response.status, response.read()
+            except (OSError, http.client.HTTPException) as exc:
+                # The request may have reached the gate and been charged.
+                raise DPError(
+                    f"the gate at {self.address} did not reply ({_reason(exc)}); "
+                    "a query may have been charged — re-running it replays the stored answer"
+                ) from None
+        finally:
+            conn.close()
+        return _decode(status, raw)
+
+
+def _parse_address(address: str) -> tuple[str, str]:
+    """``unix:/path`` → ("unix", path); ``http://h:p`` or ``tcp:h:p`` → ("tcp", "h:p")."""
+    if address.startswith("unix:"):
+        path = address.removeprefix("unix:")
+        if path.startswith("//"):
+            path = path[2:]
+        if not path:
+            raise GateUnavailable(f"gate address {address!r} names no socket path")
+        return "unix", path
+    if address.startswith("tcp:"):
+        address = "http://" + address.removeprefix("tcp:")
+    parts = urlsplit(address)
+    if parts.scheme == "http" and parts.hostname and parts.port:
+        host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+        return "tcp", f"{host}:{parts.port}"
+    raise GateUnavailable(
+        f"gate address {address!r} is not `unix:/path/to/gate.sock` or `http://host:port`"
+    )
+
+
+def _path(base: str, **query: str | None) -> str:
+    present = {k: v for k, v in query.items() if v is not None}
+    return f"{base}?{urlencode(present)}" if present else base
+
+
+def _decode(status: int, raw: bytes) -> dict[str, Any]:
+    """The reply's JSON object, or the error it reports raised as its class."""
+    try:
+        reply = json.loads(raw)
+    except ValueError:
+        reply = None
+    if status >= 400:
+        error = reply.get("error") if isinstance(reply, dict) else None
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            kind = str(error.get("kind") or "failed")
+            message = " ".join(error["message"].split())
+            raise ERROR_KINDS.get(kind, DPError)(message, kind=kind)
+        raise DPError(f"the gate replied with HTTP {status}")
+    if not isinstance(reply, dict):
+        raise DPError("the gate's reply was not a JSON object")
+    return reply
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError | socket.timeout):
+        return "timed out"
+    return getattr(exc, "strerror", None) or type(exc).__name__
