@@ -1,0 +1,142 @@
+"""Shared fixtures: a real gate process on a unix socket, over a small dataset.
+
+The kernel-side tests talk to the same server the notebook would, started as
+a subprocess (``python -m dpmagic.gate.server``), so what they check is the
+HTTP contract of DESIGN.md §6 rather than a stand-in for it.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# The small dataset behind `gate`: 200 people, one row each.
+POLICY = """\
+[gate]
+state_dir = "state"
+
+[datasets.d]
+sources = { t = "t.csv" }
+privacy_unit = "pid"
+max_partitions = 1
+max_rows_per_partition = 1
+user_budget = { epsilon = 5.0 }
+notebook_budget = { epsilon = 2.0 }
+query_default = { epsilon = 0.1 }
+
+[datasets.d.tables.t.columns]
+pid = { type = "int" }
+age = { type = "int", lower = 0, upper = 100 }
+sex = { type = "int", public_values = [0, 1] }
+"""
+PEOPLE = 200
+START_TIMEOUT_S = 60.0
+# sun_path holds 108 bytes; pytest's tmp_path can be longer than that.
+MAX_SOCKET_PATH = 100
+
+
+def write_dataset(folder: Path) -> Path:
+    """Write the policy and its CSV into ``folder``; return the policy's path."""
+    rows = [f"{pid},{20 + pid % 60},{pid % 2}" for pid in range(PEOPLE)]
+    (folder / "t.csv").write_text("pid,age,sex\n" + "\n".join(rows) + "\n")
+    policy = folder / "policy.toml"
+    policy.write_text(POLICY)
+    return policy
+
+
+class GateProcess:
+    """A gate subprocess that can be stopped and started again on the same state."""
+
+    def __init__(self, policy: Path, socket_path: Path) -> None:
+        self.policy = policy
+        self.socket_path = socket_path
+        self.address = f"unix:{socket_path}"
+        self.proc: subprocess.Popen[str] | None = None
+
+    @property
+    def state_dir(self) -> Path:
+        return self.policy.parent / "state"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "dpmagic.gate.server",
+                "--policy",
+                str(self.policy),
+                "--listen",
+                self.address,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={k: v for k, v in os.environ.items() if not k.startswith("DPMAGIC_")},
+        )
+        line = self._first_line()
+        if "listening on" not in line:
+            self.stop()
+            raise RuntimeError(f"the gate did not start: {line!r}")
+
+    def _first_line(self) -> str:
+        assert self.proc is not None and self.proc.stdout is not None
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([self.proc.stdout], [], [], 0.2)
+            line = self.proc.stdout.readline() if ready else ""
+            if line:
+                return line
+            if ready or self.proc.poll() is not None:  # end of output: it exited
+                self.proc.wait(timeout=10)
+                return self.proc.stderr.read() if self.proc.stderr else ""
+        return ""
+
+    def stop(self) -> None:
+        """SIGTERM, as a service manager would; the gate must exit cleanly."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
+        self.proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+@pytest.fixture
+def short_dir(tmp_path: Path) -> Iterator[Path]:
+    """``tmp_path``, or a shorter temporary folder when a socket path would not fit."""
+    if len(str(tmp_path / "gate.sock")) <= MAX_SOCKET_PATH:
+        yield tmp_path
+        return
+    with tempfile.TemporaryDirectory(prefix="dpm-") as short:
+        yield Path(short)
+
+
+@pytest.fixture
+def gate(tmp_path: Path, short_dir: Path) -> Iterator[GateProcess]:
+    """A running gate over `POLICY` with fresh budgets, stopped after the test."""
+    process = GateProcess(write_dataset(tmp_path), short_dir / "gate.sock")
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()

@@ -1,0 +1,182 @@
+"""The client against a real gate process: answers, replay, refusals, budget, outages."""
+
+from __future__ import annotations
+
+import re
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+
+from dpmagic.client import Gate
+from dpmagic.errors import BudgetExhausted, DPError, GateUnavailable, QueryRefused
+
+COUNT_BY_SEX = "SELECT sex, COUNT(*) AS n FROM t GROUP BY sex ORDER BY sex"
+
+
+def test_health_schema_and_fresh_budget(gate):
+    client = Gate(gate.address)
+    assert client.health() is True
+    schema = client.schema()
+    assert schema["dataset"] == "d"
+    assert schema["privacy_unit"] == "pid"
+    assert schema["tables"]["t"]["columns"]["age"] == {"type": "int", "lower": 0, "upper": 100}
+    budget = client.budget(notebook="nb.ipynb")
+    assert budget["user"]["spent"]["epsilon"] == 0
+    assert budget["user"]["remaining"]["epsilon"] == 5.0
+    assert budget["notebook"]["remaining"]["epsilon"] == 2.0
+
+
+def test_query_returns_noisy_rows_cost_and_budget(gate):
+    result = Gate(gate.address).query(COUNT_BY_SEX, epsilon=0.5, notebook="nb.ipynb")
+    assert result.columns == ["sex", "n"]
+    assert [row[0] for row in result.rows] == [0, 1]
+    assert result.cost["epsilon"] == pytest.approx(0.5)
+    assert not result.replayed and not result.dry_run
+    assert result.budget["notebook"]["remaining"]["epsilon"] == pytest.approx(1.5)
+    assert result.budget["user"]["remaining"]["epsilon"] == pytest.approx(4.5)
+    assert result.accuracy["columns"][0] is None
+    lo, hi = result.interval("n").iloc[0]
+    assert lo < hi
+    # 100 people of each sex; the noise at ε 0.5 is far smaller than 100
+    assert all(0 < n < 200 for n in result.df["n"])
+
+
+def test_same_query_is_replayed_at_no_cost_and_fresh_spends(gate):
+    client = Gate(gate.address)
+    first = client.query(COUNT_BY_SEX, epsilon=0.5, notebook="nb.ipynb")
+    again = client.query(COUNT_BY_SEX, epsilon=0.5, notebook="nb.ipynb")
+    assert again.replayed
+    assert again.cost["epsilon"] == 0
+    assert again.rows == first.rows
+    assert again.budget["user"]["remaining"]["epsilon"] == pytest.approx(4.5)
+    fresh = client.query(COUNT_BY_SEX, epsilon=0.5, notebook="nb.ipynb", fresh=True)
+    assert not fresh.replayed
+    assert fresh.budget["user"]["remaining"]["epsilon"] == pytest.approx(4.0)
+
+
+def test_dry_run_shows_the_plan_and_charges_nothing(gate):
+    client = Gate(gate.address)
+    result = client.query("SELECT COUNT(*) AS n, SUM(age) AS s FROM t", epsilon=1.0, dry_run=True)
+    assert result.dry_run and result.rows == []
+    assert result.cost["epsilon"] == pytest.approx(1.0)
+    assert len(result.plan) == 2
+    assert {"aggregate", "sensitivity", "mechanism", "scale", "epsilon"} <= set(result.plan[0])
+    assert client.budget()["user"]["spent"]["epsilon"] == 0
+
+
+def test_parameters_are_bound_by_the_gate(gate):
+    result = Gate(gate.address).query(
+        "SELECT COUNT(*) AS n FROM t WHERE age >= $min_age", epsilon=1.0, params={"min_age": 70}
+    )
+    # ages 70..79: 10 of every 60 people
+    assert result.columns == ["n"]
+    assert 0 <= result.rows[0][0] < 120
+
+
+def test_refusal_raises_query_refused_with_the_reason_and_costs_nothing(gate):
+    client = Gate(gate.address)
+    with pytest.raises(QueryRefused) as refused:
+        client.query("SELECT pid FROM t", epsilon=0.5)
+    assert refused.value.kind == "refused"
+    assert "pid" in refused.value.message
+    assert "\n" not in refused.value.message
+    assert client.budget()["user"]["spent"]["epsilon"] == 0
+
+
+def test_budget_exhaustion_says_what_is_needed_and_left(gate):
+    client = Gate(gate.address)
+    client.query(COUNT_BY_SEX, epsilon=1.5, notebook="a.ipynb")
+    with pytest.raises(BudgetExhausted) as exhausted:
+        client.query("SELECT COUNT(*) AS n FROM t", epsilon=1.0, notebook="a.ipynb")
+    message = exhausted.value.message
+    assert exhausted.value.kind == "budget"
+    assert re.search(r"\b1(\.0+)?\b", message), message
+    assert re.search(r"\b0\.50*\b", message), message
+    # the refused query cost nothing
+    assert client.budget(notebook="a.ipynb")["notebook"]["spent"]["epsilon"] == 1.5
+
+
+def test_notebooks_draw_on_one_user_budget(gate):
+    client = Gate(gate.address)
+    client.query(COUNT_BY_SEX, epsilon=2.0, notebook="a.ipynb")
+    client.query(COUNT_BY_SEX, epsilon=2.0, notebook="b.ipynb")
+    with pytest.raises(BudgetExhausted):
+        client.query(COUNT_BY_SEX, epsilon=1.5, notebook="c.ipynb")
+    left = client.budget(notebook="c.ipynb")
+    assert left["user"]["remaining"]["epsilon"] == pytest.approx(1.0)
+    assert left["notebook"]["remaining"]["epsilon"] == pytest.approx(1.0)
+
+
+def test_bad_request_keeps_its_kind(gate):
+    with pytest.raises(DPError) as bad:
+        Gate(gate.address).query(COUNT_BY_SEX, epsilon=-1.0)
+    assert bad.value.kind == "bad_request"
+    assert not isinstance(bad.value, QueryRefused | BudgetExhausted)
+
+
+def test_missing_socket_is_gate_unavailable(short_dir: Path):
+    address = f"unix:{short_dir / 'nobody.sock'}"
+    client = Gate(address)
+    assert client.health() is False
+    with pytest.raises(GateUnavailable) as down:
+        client.query(COUNT_BY_SEX)
+    assert address in down.value.message
+    assert "DPMAGIC_GATE" in down.value.message
+
+
+def test_refused_tcp_connection_is_gate_unavailable():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with pytest.raises(GateUnavailable, match=f"127.0.0.1:{port}"):
+        Gate(f"http://127.0.0.1:{port}").budget()
+
+
+def test_no_address_says_how_to_set_one(monkeypatch):
+    monkeypatch.delenv("DPMAGIC_GATE", raising=False)
+    with pytest.raises(GateUnavailable, match="DPMAGIC_GATE"):
+        Gate()
+
+
+def test_address_comes_from_the_environment(gate, monkeypatch):
+    monkeypatch.setenv("DPMAGIC_GATE", gate.address)
+    assert Gate().health() is True
+
+
+@pytest.mark.parametrize("address", ["ftp://host:1", "http://host", "unix:", "gate.sock"])
+def test_malformed_addresses_are_refused(address):
+    with pytest.raises(GateUnavailable, match="address"):
+        Gate(address)
+
+
+def test_a_lost_reply_is_reported_once_and_never_retried(short_dir: Path):
+    """A gate that takes the request and dies must not see it twice: it may have charged."""
+    path = short_dir / "mute.sock"
+    requests: list[bytes] = []
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen()
+    listener.settimeout(1)
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                requests.append(conn.recv(65536))
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(DPError, match="did not reply") as lost:
+            Gate(f"unix:{path}").query(COUNT_BY_SEX, epsilon=0.5)
+        assert not isinstance(lost.value, GateUnavailable)
+    finally:
+        listener.close()
+        thread.join(timeout=5)
+    assert len(requests) == 1
+    assert requests[0].startswith(b"POST /v1/query ")

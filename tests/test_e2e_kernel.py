@@ -1,0 +1,154 @@
+"""End to end: real Jupyter kernels, started by jupyter_client, against a real gate.
+
+These follow a notebook's life: run cells, "Restart Kernel" and run them
+again, restart the gate itself, and use the gated kernelspec that needs no
+``%load_ext`` line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from jupyter_client.blocking.client import BlockingKernelClient
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import KernelManager
+
+from dpmagic.kernel import install
+
+CELL = "%%dpsql -e 0.5\nSELECT sex, COUNT(*) AS n, AVG(age) AS mean_age FROM t GROUP BY sex\n"
+TIMEOUT = 60
+
+
+@dataclass
+class Outcome:
+    """What one executed cell sent back."""
+
+    status: str = ""
+    html: list[str] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)
+    stdout: str = ""
+    error: dict = field(default_factory=dict)
+
+
+def execute(client: BlockingKernelClient, code: str) -> Outcome:
+    msg_id = client.execute(code)
+    outcome = Outcome()
+    while True:
+        msg = client.get_iopub_msg(timeout=TIMEOUT)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        kind, content = msg["msg_type"], msg["content"]
+        if kind in ("execute_result", "display_data"):
+            outcome.html.append(content["data"].get("text/html", ""))
+            outcome.text.append(content["data"].get("text/plain", ""))
+        elif kind == "stream":
+            outcome.stdout += content["text"]
+        elif kind == "error":
+            outcome.error = content
+        elif kind == "status" and content["execution_state"] == "idle":
+            break
+    reply = client.get_shell_msg(timeout=TIMEOUT)
+    outcome.status = reply["content"]["status"]
+    return outcome
+
+
+def kernel_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DPMAGIC_", "JPY_"))}
+    env.update(extra)
+    return env
+
+
+@contextmanager
+def running_kernel(manager: KernelManager, env: dict[str, str]) -> Iterator[BlockingKernelClient]:
+    manager.start_kernel(env=env)
+    client = manager.client()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=TIMEOUT)
+        yield client
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+
+
+def table_of(html: str) -> str:
+    match = re.search(r"<table>.*</table>", html)
+    assert match, html
+    return match.group(0)
+
+
+def footer_of(html: str) -> str:
+    match = re.search(r'class="dpmagic-footer"[^>]*>(.*?)</div>', html)
+    assert match, html
+    return match.group(1)
+
+
+def test_notebook_life_across_kernel_and_gate_restarts(gate):
+    manager = KernelManager(kernel_name="python3")
+    env = kernel_env(DPMAGIC_GATE=gate.address, JPY_SESSION_NAME="course/hw1.ipynb")
+    with running_kernel(manager, env) as kc:
+        assert execute(kc, "%load_ext dpmagic").status == "ok"
+        first = execute(kc, CELL)
+        assert first.status == "ok", first.error
+        (html,) = first.html
+        assert "<th>sex</th><th>n</th><th>mean_age</th>" in table_of(html)
+        assert 'title="95% interval [' in html
+        assert footer_of(html) == (
+            "ε 0.5 spent · ε 1.5 left for the notebook, ε 4.5 left for the user"
+        )
+        assert first.text[0].endswith("ε 4.5 left for the user")
+
+        # A refused cell fails with one line, and no traceback from the gate.
+        refused = execute(kc, "%%dpsql -e 0.5\nSELECT pid FROM t\n")
+        assert refused.status == "error"
+        assert refused.error["ename"] == "UsageError"
+        assert refused.error["evalue"].startswith("query refused: ")
+        assert "Traceback" not in "\n".join(refused.error["traceback"])
+
+        # Restart Kernel, run again: the same numbers, at no cost.
+        manager.restart_kernel(now=True)
+        kc.wait_for_ready(timeout=TIMEOUT)
+        assert execute(kc, "%load_ext dpmagic").status == "ok"
+        (replayed,) = execute(kc, CELL).html
+        assert table_of(replayed) == table_of(html)
+        assert footer_of(replayed) == (
+            "replayed (no cost) · ε 1.5 left for the notebook, ε 4.5 left for the user"
+        )
+
+        # Restart the gate on the same state: the ledger and the stored answer persist.
+        gate.restart()
+        (after_gate_restart,) = execute(kc, CELL).html
+        assert table_of(after_gate_restart) == table_of(html)
+        assert footer_of(after_gate_restart).startswith("replayed (no cost)")
+        budget = execute(kc, "b = %dpbudget\nprint(b.reply['user']['spent']['epsilon'])")
+        assert budget.stdout.strip() == "0.5"
+        assert "notebook course/hw1.ipynb" in execute(kc, "%dpbudget").html[0]
+
+
+def test_gated_kernelspec_needs_no_load_ext(gate, tmp_path: Path):
+    spec_dir = Path(
+        install(prefix=str(tmp_path / "prefix"), name="dpmagic-test", gate=gate.address)
+    )
+    assert spec_dir == tmp_path / "prefix" / "share" / "jupyter" / "kernels" / "dpmagic-test"
+    spec = json.loads((spec_dir / "kernel.json").read_text())
+    assert spec["display_name"] == "Python 3 (dpmagic)"
+    assert spec["argv"][1:] == ["-m", "dpmagic.kernel", "-f", "{connection_file}"]
+    assert spec["env"] == {"DPMAGIC_GATE": gate.address}
+    for logo in ("logo-32x32.png", "logo-64x64.png"):
+        assert (spec_dir / logo).read_bytes().startswith(b"\x89PNG")
+
+    specs = KernelSpecManager(kernel_dirs=[str(spec_dir.parent)])
+    manager = KernelManager(kernel_name="dpmagic-test", kernel_spec_manager=specs)
+    with running_kernel(manager, kernel_env()) as kc:
+        outcome = execute(kc, CELL)
+        assert outcome.status == "ok", outcome.error
+        assert footer_of(outcome.html[0]).startswith("ε 0.5 spent")
+        assert execute(kc, "print(type(get_ipython()).__name__)").stdout.strip() == (
+            "ZMQInteractiveShell"
+        )

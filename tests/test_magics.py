@@ -1,0 +1,189 @@
+"""The magics in a real IPython shell, against a real gate process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+from traitlets.config import Config
+
+from dpmagic.magics import DpSql, parameter_names, parse_line, register, split_assignment
+from dpmagic.result import BudgetView, DPResult, SchemaView
+
+COUNT_BY_SEX = "SELECT sex, COUNT(*) AS n FROM t GROUP BY sex ORDER BY sex"
+
+
+@pytest.fixture(scope="module")
+def ipython() -> InteractiveShell:
+    config = Config()
+    config.HistoryManager.hist_file = ":memory:"
+    return InteractiveShell.instance(config=config)
+
+
+@pytest.fixture
+def shell(ipython: InteractiveShell, monkeypatch) -> InteractiveShell:
+    """The shell with the extension loaded afresh and no gate configured."""
+    monkeypatch.delenv("DPMAGIC_GATE", raising=False)
+    monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
+    ipython.user_ns.pop("__session__", None)
+    ipython.configurables[:] = [c for c in ipython.configurables if not isinstance(c, DpSql)]
+    register(ipython)
+    return ipython
+
+
+@pytest.fixture
+def connected(shell: InteractiveShell, gate) -> InteractiveShell:
+    shell.run_line_magic("config", f"DpSql.gate = {gate.address!r}")
+    return shell
+
+
+def test_cell_magic_returns_a_result_with_its_footer(connected):
+    result = connected.run_cell_magic("dpsql", "-e 0.5", COUNT_BY_SEX)
+    assert isinstance(result, DPResult)
+    assert result.columns == ["sex", "n"]
+    assert result.footer() == "ε 0.5 spent · ε 1.5 left for the notebook, ε 4.5 left for the user"
+    assert "<table>" in result._repr_html_()
+
+
+def test_running_the_same_cell_again_is_replayed(connected):
+    first = connected.run_cell_magic("dpsql", "-e 0.5", COUNT_BY_SEX)
+    again = connected.run_cell_magic("dpsql", "-e 0.5", COUNT_BY_SEX)
+    assert again.replayed and again.rows == first.rows
+    assert again.footer().startswith("replayed (no cost)")
+    fresh = connected.run_cell_magic("dpsql", "-e 0.5 --fresh", COUNT_BY_SEX)
+    assert not fresh.replayed and fresh.cost["epsilon"] == pytest.approx(0.5)
+
+
+def test_results_are_stored_in_the_named_variable(connected, capsys):
+    connected.run_cell_magic("dpsql", "-e 0.5 a <<", COUNT_BY_SEX)
+    connected.run_cell_magic("dpsql", "-e 0.5", f"b << {COUNT_BY_SEX}")
+    connected.run_cell_magic("dpsql", "-e 0.5 -o c", COUNT_BY_SEX)
+    ns = connected.user_ns
+    assert ns["a"].rows == ns["b"].rows == ns["c"].rows
+    assert ns["c"].df["n"].tolist() == [row[1] for row in ns["a"].rows]
+    assert "stored in c" in capsys.readouterr().out
+
+
+def test_a_whole_cell_runs_through_the_shell(connected):
+    outcome = connected.run_cell(f"%%dpsql -e 0.5 x <<\n{COUNT_BY_SEX}\n")
+    assert outcome.success
+    assert outcome.result is connected.user_ns["x"]
+
+
+def test_line_form_keeps_the_sql_verbatim(connected):
+    connected.user_ns["min_age"] = 70
+    result = connected.run_line_magic(
+        "dpsql", "-e 0.5 y << SELECT COUNT(*) AS n FROM t WHERE age >= $min_age AND sex <> -1"
+    )
+    assert result.columns == ["n"]
+    assert connected.user_ns["y"] is result
+
+
+def test_dry_run_charges_nothing(connected):
+    result = connected.run_cell_magic("dpsql", "--dry-run -e 1", "SELECT AVG(age) AS a FROM t")
+    assert result.dry_run and result.plan
+    assert "dry run: nothing charged" in result._repr_html_()
+    budget = connected.run_line_magic("dpbudget", "")
+    assert budget.reply["user"]["spent"]["epsilon"] == 0
+
+
+def test_config_supplies_defaults(connected):
+    connected.run_line_magic("config", "DpSql.epsilon = 0.25")
+    connected.run_line_magic("config", "DpSql.dataset = 'd'")
+    connected.run_line_magic("config", "DpSql.displaylimit = 1")
+    result = connected.run_cell_magic("dpsql", "", COUNT_BY_SEX)
+    assert result.cost["epsilon"] == pytest.approx(0.25)
+    assert result.footer().endswith("showing 1 of 2 rows")
+
+
+def test_refusal_is_a_one_line_usage_error(connected):
+    with pytest.raises(UsageError) as refused:
+        connected.run_cell_magic("dpsql", "-e 0.5", "SELECT pid FROM t")
+    message = str(refused.value)
+    assert message.startswith("query refused: ")
+    assert "pid" in message and "\n" not in message
+    outcome = connected.run_cell("%%dpsql -e 0.5\nSELECT pid FROM t\n")
+    assert isinstance(outcome.error_in_exec, UsageError)
+
+
+def test_budget_exhaustion_is_a_usage_error_with_numbers(connected):
+    connected.run_cell_magic("dpsql", "-e 1.5", COUNT_BY_SEX)
+    with pytest.raises(UsageError, match=r"^not enough privacy budget: .*0\.5"):
+        connected.run_cell_magic("dpsql", "-e 1", "SELECT COUNT(*) AS n FROM t")
+
+
+def test_unreachable_gate_is_a_usage_error_naming_it(shell, short_dir: Path):
+    address = f"unix:{short_dir / 'nobody.sock'}"
+    shell.run_line_magic("config", f"DpSql.gate = {address!r}")
+    with pytest.raises(UsageError, match=f"no gate answers at {address}"):
+        shell.run_cell_magic("dpsql", "", COUNT_BY_SEX)
+
+
+def test_no_gate_configured_says_how_to_set_one(shell):
+    with pytest.raises(UsageError, match="DPMAGIC_GATE"):
+        shell.run_line_magic("dpbudget", "")
+
+
+def test_bad_options_are_usage_errors(shell):
+    for line, reason in [
+        ("-e", "needs a value"),
+        ("-e zero", "needs a number"),
+        ("-e -1", "positive"),
+        ("--nope", "unknown option --nope"),
+        ("-o 1x", "variable name"),
+        ("-o a b <<", "name different variables"),
+    ]:
+        with pytest.raises(UsageError, match=reason):
+            shell.run_cell_magic("dpsql", line, COUNT_BY_SEX)
+    with pytest.raises(UsageError, match="no SQL"):
+        shell.run_cell_magic("dpsql", "-e 0.5", "\n")
+
+
+def test_notebook_identity_from_the_session(connected, monkeypatch):
+    connected.user_ns["__session__"] = "from-namespace.ipynb"
+    assert connected.run_line_magic("dpbudget", "").notebook == "from-namespace.ipynb"
+    monkeypatch.setenv("JPY_SESSION_NAME", "/home/u/course/hw1.ipynb")
+    connected.run_cell_magic("dpsql", "-e 0.5", COUNT_BY_SEX)
+    view = connected.run_line_magic("dpbudget", "--dataset d")
+    assert isinstance(view, BudgetView)
+    assert view.notebook == "/home/u/course/hw1.ipynb"
+    assert view.reply["notebook"]["spent"]["epsilon"] == pytest.approx(0.5)
+    assert "notebook /home/u/course/hw1.ipynb" in repr(view)
+
+
+def test_unnamed_notebook(connected):
+    assert connected.run_line_magic("dpbudget", "").notebook == "unnamed"
+
+
+def test_schema_magic(connected):
+    view = connected.run_line_magic("dpschema", "")
+    assert isinstance(view, SchemaView)
+    assert "privacy unit pid" in view.summary()
+    assert "<td>age</td><td>int</td><td>[0, 100]</td>" in view._repr_html_()
+    assert "<td>sex</td><td>int</td><td></td><td>0, 1</td>" in view._repr_html_()
+
+
+def test_connect_magic(shell, gate, short_dir: Path, capsys):
+    shell.run_line_magic("dpconnect", gate.address)
+    assert f"connected to the gate at {gate.address}" in capsys.readouterr().out
+    assert shell.run_cell_magic("dpsql", "-e 0.5", COUNT_BY_SEX).columns == ["sex", "n"]
+    with pytest.raises(UsageError, match="no gate answers"):
+        shell.run_line_magic("dpconnect", f"unix:{short_dir / 'nobody.sock'}")
+    with pytest.raises(UsageError, match="usage"):
+        shell.run_line_magic("dpconnect", "")
+
+
+def test_parse_line_stops_at_the_sql_and_keeps_it_verbatim():
+    opts, rest = parse_line("-e 0.5 --dataset=d --fresh SELECT 'a  b' AS \"x\" WHERE y > -1")
+    assert (opts.epsilon, opts.dataset, opts.fresh, opts.dry_run) == (0.5, "d", True, False)
+    assert rest == "SELECT 'a  b' AS \"x\" WHERE y > -1"
+    assert parse_line("-- SELECT 1")[1] == "SELECT 1"
+
+
+def test_split_assignment_and_parameters():
+    assert split_assignment("  x << SELECT 1") == ("x", " SELECT 1")
+    assert split_assignment("SELECT 1 << 2") == (None, "SELECT 1 << 2")
+    sql = "SELECT COUNT(*) FROM t WHERE a > $lo AND b = '$not' AND a < $hi AND c = $lo"
+    assert parameter_names(sql) == ["lo", "hi"]
