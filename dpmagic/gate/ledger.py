@@ -1,0 +1,256 @@
+"""The durable privacy ledger: every charge, release, failure and replay.
+
+The ledger is the one place where budget is decided, so it must hold under
+concurrency and crashes. A debit reads what was spent and writes the new
+charge inside a single ``BEGIN IMMEDIATE`` transaction: SQLite takes the
+database's write lock before the read, so two gate threads (or two gate
+processes on the same state directory) can never both see the same
+remaining budget and both spend it. ``synchronous=FULL`` makes the commit
+reach the disk before the debit returns, so a result is never released on a
+charge a crash could forget.
+
+Costs are stored in the accountant's units (ε, δ and ρ) and only the
+accountant adds them up, so a new accountant needs no change here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
+
+from dpmagic.gate.accounting import Accountant, Cost, remaining
+from dpmagic.gate.errors import OverBudget
+from dpmagic.gate.policy import Budget
+
+# Long enough that a burst of debits from many processes queues rather than
+# fails; each transaction holds the lock for well under a millisecond.
+BUSY_TIMEOUT_S = 30.0
+SCHEMA_VERSION = 1
+
+CHARGED, RELEASED, FAILED, REPLAYED = "charged", "released", "failed", "replayed"
+# Statuses whose cost counts against the budget; a replay costs nothing.
+_SPENDING = (CHARGED, RELEASED, FAILED)
+
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS entries (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    time TEXT NOT NULL,
+    user TEXT NOT NULL,
+    dataset TEXT NOT NULL,
+    notebook TEXT NOT NULL,
+    epsilon REAL NOT NULL,
+    delta REAL NOT NULL,
+    rho REAL NOT NULL,
+    sql TEXT NOT NULL,
+    replay_key TEXT,
+    status TEXT NOT NULL,
+    reply TEXT
+)""",
+    "CREATE INDEX IF NOT EXISTS entries_scope ON entries (user, dataset, notebook)",
+    "CREATE INDEX IF NOT EXISTS entries_replay ON entries (user, dataset, replay_key)",
+    f"PRAGMA user_version = {SCHEMA_VERSION}",
+)
+
+
+class Ledger:
+    """One SQLite file; safe to share between the gate's request threads.
+
+    A single connection is serialised by a lock: request threads are
+    short-lived, so a connection per thread would be opened and leaked per
+    request. Other processes (a second gate, ``dpmagic budget``) are kept
+    consistent by SQLite's own file locks.
+    """
+
+    def __init__(self, path: Path, accountant: Accountant) -> None:
+        self.path = Path(path)
+        self.accountant = accountant
+        _private_file(self.path)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(
+            self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+        )
+        self._db.row_factory = sqlite3.Row
+        self._db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        self._db.execute("PRAGMA journal_mode = WAL")
+        self._db.execute("PRAGMA synchronous = FULL")
+        with self._transaction():
+            for statement in _SCHEMA:
+                self._db.execute(statement)
+        # SQLite gives the -wal and -shm files the database file's mode; this
+        # only tightens them if an older file was created more openly.
+        for suffix in ("-wal", "-shm"):
+            sidecar = self.path.with_name(self.path.name + suffix)
+            if sidecar.exists() and sidecar.stat().st_uid == os.getuid():
+                os.chmod(sidecar, 0o600)
+
+    def debit(
+        self,
+        *,
+        user: str,
+        dataset: str,
+        notebook: str,
+        cost: Cost,
+        user_limit: Budget,
+        notebook_limit: Budget,
+        sql: str,
+        replay_key: str | None,
+    ) -> int:
+        """Charge ``cost`` durably, or raise OverBudget having written nothing."""
+        with self._lock, self._transaction():
+            spent_user = self._spent(user, dataset, None)
+            spent_nb = self._spent(user, dataset, notebook)
+            need = self.accountant.as_budget(cost)
+            show_delta = bool(need.delta or user_limit.delta or notebook_limit.delta)
+            user_left = _text(remaining(self.accountant, spent_user, user_limit), show_delta)
+            if not self.accountant.fits(spent_user, cost, user_limit):
+                raise OverBudget(
+                    f"needs {_text(need, show_delta)} but only {user_left} is left "
+                    f"for user {user} on dataset {dataset!r}"
+                )
+            if not self.accountant.fits(spent_nb, cost, notebook_limit):
+                nb_left = _text(remaining(self.accountant, spent_nb, notebook_limit), show_delta)
+                raise OverBudget(
+                    f"needs {_text(need, show_delta)} but only {nb_left} is left "
+                    f"for notebook {notebook!r} ({user_left} left for user {user})"
+                )
+            cursor = self._db.execute(
+                "INSERT INTO entries (time, user, dataset, notebook, epsilon, delta, rho, sql,"
+                " replay_key, status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    _now(),
+                    user,
+                    dataset,
+                    notebook,
+                    cost.epsilon,
+                    cost.delta,
+                    cost.rho,
+                    sql,
+                    replay_key,
+                    CHARGED,
+                ),
+            )
+            charge_id = cursor.lastrowid
+        assert charge_id is not None
+        return charge_id
+
+    def record_release(self, charge_id: int, reply: dict) -> None:
+        """Keep the released reply so the same query can be replayed for free."""
+        text = json.dumps(reply, sort_keys=True)
+        with self._lock, self._transaction():
+            self._db.execute(
+                "UPDATE entries SET status = ?, reply = ? WHERE id = ?",
+                (RELEASED, text, charge_id),
+            )
+
+    def record_failure(self, charge_id: int) -> None:
+        """Mark a charge whose query failed; its cost stays spent."""
+        with self._lock, self._transaction():
+            self._db.execute("UPDATE entries SET status = ? WHERE id = ?", (FAILED, charge_id))
+
+    def find_release(self, user: str, dataset: str, replay_key: str) -> dict | None:
+        """The latest reply released to ``user`` for this replay key, if any."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT reply FROM entries WHERE user = ? AND dataset = ? AND replay_key = ?"
+                " AND status = ? ORDER BY id DESC LIMIT 1",
+                (user, dataset, replay_key, RELEASED),
+            ).fetchone()
+        return None if row is None else json.loads(row["reply"])
+
+    def record_replay(
+        self, *, user: str, dataset: str, notebook: str, sql: str, replay_key: str
+    ) -> None:
+        """An audit line for an answer served again; it costs nothing."""
+        with self._lock, self._transaction():
+            self._db.execute(
+                "INSERT INTO entries (time, user, dataset, notebook, epsilon, delta, rho, sql,"
+                " replay_key, status) VALUES (?, ?, ?, ?, 0, 0, 0, ?, ?, ?)",
+                (_now(), user, dataset, notebook, sql, replay_key, REPLAYED),
+            )
+
+    def spent(self, user: str, dataset: str, notebook: str | None = None) -> Cost:
+        """What ``user`` spent on ``dataset``, in all notebooks or in one."""
+        with self._lock:
+            return self._spent(user, dataset, notebook)
+
+    def history(
+        self,
+        *,
+        user: str | None = None,
+        dataset: str | None = None,
+        notebook: str | None = None,
+        limit: int | None = None,
+    ) -> list[dict[str, object]]:
+        """Audit rows, newest first; the stored replies are not part of them."""
+        where, args = [], []
+        for column, value in (("user", user), ("dataset", dataset), ("notebook", notebook)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                args.append(value)
+        sql = (
+            "SELECT id, time, user, dataset, notebook, sql, epsilon, delta, status FROM entries"
+            + (" WHERE " + " AND ".join(where) if where else "")
+            + " ORDER BY id DESC"
+        )
+        if limit is not None:
+            sql += " LIMIT ?"
+            args.append(int(limit))
+        with self._lock:
+            rows = self._db.execute(sql, args).fetchall()
+        return [{**dict(row), "replayed": row["status"] == REPLAYED} for row in rows]
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def _spent(self, user: str, dataset: str, notebook: str | None) -> Cost:
+        sql = "SELECT epsilon, delta, rho FROM entries WHERE user = ? AND dataset = ?"
+        args: list[object] = [user, dataset]
+        if notebook is not None:
+            sql += " AND notebook = ?"
+            args.append(notebook)
+        sql += f" AND status IN ({', '.join('?' for _ in _SPENDING)})"
+        args.extend(_SPENDING)
+        rows = self._db.execute(sql, args).fetchall()
+        return self.accountant.compose(Cost(r["epsilon"], r["delta"], r["rho"]) for r in rows)
+
+    def _transaction(self) -> _Immediate:
+        return _Immediate(self._db)
+
+
+class _Immediate:
+    """``BEGIN IMMEDIATE`` … ``COMMIT``, rolled back on any exception."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def __enter__(self) -> None:
+        self._db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        self._db.execute("COMMIT" if kind is None else "ROLLBACK")
+
+
+def _private_file(path: Path) -> None:
+    """Create the ledger 0600 in a 0700 folder before SQLite opens it, so no
+    other user can read the audit log (it holds every user's SQL)."""
+    parent = path.parent
+    if not parent.exists():
+        parent.mkdir(mode=0o700, parents=True)
+        os.chmod(parent, 0o700)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    os.close(fd)
+
+
+def _text(amount: Budget, show_delta: bool) -> str:
+    """``ε=0.5`` (and ``, δ=1e-06`` where δ is in play) for refusal messages."""
+    text = f"ε={amount.epsilon:.6g}"
+    return text + f", δ={amount.delta:.3g}" if show_delta else text
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds")

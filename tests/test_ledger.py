@@ -1,0 +1,226 @@
+"""The budget ledger on real SQLite files: caps, refusals that write nothing,
+races between threads and between processes, durability, replay, modes."""
+
+from __future__ import annotations
+
+import multiprocessing
+import stat
+import threading
+from pathlib import Path
+
+import pytest
+
+from dpmagic.gate.accounting import Cost, PureAccountant
+from dpmagic.gate.errors import OverBudget
+from dpmagic.gate.ledger import Ledger
+from dpmagic.gate.policy import Budget
+
+USER_CAP = Budget(1.0)
+NOTEBOOK_CAP = Budget(0.6)
+
+
+def open_ledger(path: Path) -> Ledger:
+    return Ledger(path, PureAccountant())
+
+
+def charge(
+    ledger: Ledger,
+    epsilon: float,
+    *,
+    notebook: str = "a.ipynb",
+    user: str = "alice",
+    user_cap: Budget = USER_CAP,
+    notebook_cap: Budget = NOTEBOOK_CAP,
+    key: str | None = None,
+) -> int:
+    return ledger.debit(
+        user=user,
+        dataset="d",
+        notebook=notebook,
+        cost=Cost(epsilon),
+        user_limit=user_cap,
+        notebook_limit=notebook_cap,
+        sql=f"SELECT COUNT(*) -- {epsilon}",
+        replay_key=key,
+    )
+
+
+@pytest.fixture
+def ledger(tmp_path: Path):
+    led = open_ledger(tmp_path / "state" / "ledger.sqlite3")
+    yield led
+    led.close()
+
+
+def test_a_debit_within_budget_is_recorded(ledger: Ledger) -> None:
+    charge_id = charge(ledger, 0.25)
+    assert ledger.spent("alice", "d") == Cost(0.25)
+    assert ledger.spent("alice", "d", "a.ipynb") == Cost(0.25)
+    assert ledger.spent("alice", "d", "other.ipynb") == Cost(0.0)
+    assert ledger.spent("bob", "d") == Cost(0.0)
+    [row] = ledger.history()
+    assert row["id"] == charge_id
+    assert row["status"] == "charged" and row["replayed"] is False
+    assert (row["user"], row["dataset"], row["notebook"]) == ("alice", "d", "a.ipynb")
+    assert row["epsilon"] == 0.25 and row["delta"] == 0.0
+    assert row["sql"] == "SELECT COUNT(*) -- 0.25"
+
+
+def test_the_notebook_cap_refuses_and_writes_nothing(ledger: Ledger) -> None:
+    charge(ledger, 0.5)
+    with pytest.raises(OverBudget) as refused:
+        charge(ledger, 0.2)
+    assert str(refused.value) == (
+        "needs ε=0.2 but only ε=0.1 is left for notebook 'a.ipynb' (ε=0.5 left for user alice)"
+    )
+    assert refused.value.kind == "budget"
+    assert len(ledger.history()) == 1
+    assert ledger.spent("alice", "d") == Cost(0.5)
+
+
+def test_new_notebooks_cannot_mint_budget_beyond_the_user_cap(ledger: Ledger) -> None:
+    charge(ledger, 0.6, notebook="a.ipynb")
+    charge(ledger, 0.3, notebook="b.ipynb")
+    with pytest.raises(OverBudget) as refused:
+        charge(ledger, 0.2, notebook="c.ipynb")
+    assert str(refused.value) == "needs ε=0.2 but only ε=0.1 is left for user alice on dataset 'd'"
+    assert ledger.spent("alice", "d", "c.ipynb") == Cost(0.0)
+    charge(ledger, 0.1, notebook="c.ipynb")
+    assert ledger.spent("alice", "d").epsilon == pytest.approx(1.0)
+    # Users do not share a budget.
+    charge(ledger, 0.6, user="bob")
+
+
+def test_exactly_ten_debits_of_a_tenth_fit_one(ledger: Ledger) -> None:
+    for _ in range(10):
+        charge(ledger, 0.1, notebook_cap=USER_CAP)
+    with pytest.raises(OverBudget):
+        charge(ledger, 0.1, notebook_cap=USER_CAP)
+    assert len(ledger.history()) == 10
+
+
+def test_a_failure_stays_charged(ledger: Ledger) -> None:
+    charge_id = charge(ledger, 0.4, key="k")
+    ledger.record_failure(charge_id)
+    assert ledger.spent("alice", "d", "a.ipynb") == Cost(0.4)
+    assert ledger.history()[0]["status"] == "failed"
+    assert ledger.find_release("alice", "d", "k") is None
+
+
+def test_replay_lookup_and_audit(ledger: Ledger) -> None:
+    first = charge(ledger, 0.1, key="k1")
+    ledger.record_release(first, {"rows": [[1]], "n": 1})
+    second = charge(ledger, 0.1, key="k1", notebook="b.ipynb")
+    ledger.record_release(second, {"rows": [[2]], "n": 2})
+    assert ledger.find_release("alice", "d", "k1") == {"rows": [[2]], "n": 2}
+    assert ledger.find_release("alice", "d", "k2") is None
+    assert ledger.find_release("bob", "d", "k1") is None
+    assert ledger.find_release("alice", "other", "k1") is None
+
+    ledger.record_replay(user="alice", dataset="d", notebook="c.ipynb", sql="again", replay_key="k1")
+    assert ledger.spent("alice", "d").epsilon == pytest.approx(0.2)
+    assert ledger.spent("alice", "d", "c.ipynb") == Cost(0.0)
+    newest = ledger.history()[0]
+    assert newest["replayed"] is True and newest["status"] == "replayed"
+    assert newest["sql"] == "again" and newest["epsilon"] == 0.0
+    assert [r["status"] for r in ledger.history()] == ["replayed", "released", "released"]
+    assert [r["notebook"] for r in ledger.history(notebook="b.ipynb")] == ["b.ipynb"]
+    assert len(ledger.history(user="alice", dataset="d", limit=2)) == 2
+    assert ledger.history(user="bob") == []
+
+
+def test_charges_survive_reopening(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    first = open_ledger(path)
+    released = charge(first, 0.3, key="k")
+    first.record_release(released, {"rows": [[7]]})
+    charge(first, 0.2, notebook="b.ipynb")
+    first.close()
+
+    again = open_ledger(path)
+    try:
+        assert again.spent("alice", "d").epsilon == pytest.approx(0.5)
+        assert again.find_release("alice", "d", "k") == {"rows": [[7]]}
+        with pytest.raises(OverBudget):
+            charge(again, 0.6)
+    finally:
+        again.close()
+
+
+def test_files_are_private(tmp_path: Path) -> None:
+    path = tmp_path / "state" / "ledger.sqlite3"
+    led = open_ledger(path)
+    try:
+        charge(led, 0.1)
+        assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        sidecars = [path.with_name(path.name + s) for s in ("-wal", "-shm")]
+        assert all(p.exists() for p in sidecars)  # WAL mode is on
+        assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in sidecars)
+    finally:
+        led.close()
+
+
+def _race(ledger: Ledger, barrier, attempts: int) -> int:
+    """Debit 0.1 ``attempts`` times after everyone is ready; count successes."""
+    barrier.wait()
+    wins = 0
+    for _ in range(attempts):
+        try:
+            charge(ledger, 0.1, notebook_cap=USER_CAP)
+            wins += 1
+        except OverBudget:
+            pass
+    return wins
+
+
+def test_racing_threads_never_overspend(ledger: Ledger) -> None:
+    threads, attempts = 12, 3
+    barrier = threading.Barrier(threads)
+    wins: list[int] = []
+    workers = [
+        threading.Thread(target=lambda: wins.append(_race(ledger, barrier, attempts)))
+        for _ in range(threads)
+    ]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert sum(wins) == 10
+    assert ledger.spent("alice", "d").epsilon <= USER_CAP.epsilon + 1e-9
+    assert len(ledger.history()) == 10
+
+
+def _process_worker(path: str, barrier, results, attempts: int) -> None:
+    led = open_ledger(Path(path))
+    try:
+        results.put(_race(led, barrier, attempts))
+    finally:
+        led.close()
+
+
+def test_racing_processes_never_overspend(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    open_ledger(path).close()  # create the file and schema once, before the race
+    processes, attempts = 8, 3
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(processes)
+    results = ctx.Queue()
+    workers = [
+        ctx.Process(target=_process_worker, args=(str(path), barrier, results, attempts))
+        for _ in range(processes)
+    ]
+    for w in workers:
+        w.start()
+    wins = [results.get(timeout=120) for _ in workers]
+    for w in workers:
+        w.join(timeout=60)
+        assert w.exitcode == 0
+    assert sum(wins) == 10
+
+    led = open_ledger(path)
+    try:
+        assert led.spent("alice", "d").epsilon <= USER_CAP.epsilon + 1e-9
+        assert len(led.history()) == 10
+    finally:
+        led.close()
