@@ -117,7 +117,9 @@ def test_replay_lookup_and_audit(ledger: Ledger) -> None:
     assert ledger.find_release("bob", "d", "k1") is None
     assert ledger.find_release("alice", "other", "k1") is None
 
-    ledger.record_replay(user="alice", dataset="d", notebook="c.ipynb", sql="again", replay_key="k1")
+    ledger.record_replay(
+        user="alice", dataset="d", notebook="c.ipynb", sql="again", replay_key="k1"
+    )
     assert ledger.spent("alice", "d").epsilon == pytest.approx(0.2)
     assert ledger.spent("alice", "d", "c.ipynb") == Cost(0.0)
     newest = ledger.history()[0]
