@@ -1,0 +1,133 @@
+"""Identity: peer credentials on real unix sockets, bearer tokens from a file."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import socket
+import tempfile
+from dataclasses import dataclass, field
+from email.message import Message
+from pathlib import Path
+
+import pytest
+
+from dpmagic.gate.auth import PeerCredAuth, TokenAuth, TokenFileError, load_tokens
+from dpmagic.gate.errors import Unauthorized
+
+ALICE_TOKEN = "alice-0123456789abcdef"
+BOB_TOKEN = "bob-fedcba9876543210"
+
+
+@dataclass
+class Incoming:
+    """What a request handler exposes to an authenticator: its socket and headers."""
+
+    connection: socket.socket
+    headers: Message = field(default_factory=Message)
+
+
+def headers(**values: str) -> Message:
+    message = Message()
+    for name, value in values.items():
+        message[name] = value
+    return message
+
+
+def me() -> str:
+    return pwd.getpwuid(os.getuid()).pw_name
+
+
+def test_peer_credentials_over_a_socketpair() -> None:
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with a, b:
+        assert PeerCredAuth().identify(Incoming(a)) == me()
+
+
+def test_peer_credentials_over_a_listening_unix_socket() -> None:
+    with tempfile.TemporaryDirectory(prefix="dpm-") as folder:
+        path = str(Path(folder) / "s.sock")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+            server.bind(path)
+            server.listen(1)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+                client.connect(path)
+                accepted, _ = server.accept()
+                with accepted:
+                    # A header claiming another identity changes nothing.
+                    claim = headers(Authorization=f"Bearer {ALICE_TOKEN}", X_User="root")
+                    assert PeerCredAuth().identify(Incoming(accepted, claim)) == me()
+
+
+def test_peer_credentials_refuse_tcp() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp, pytest.raises(Unauthorized):
+        PeerCredAuth().identify(Incoming(tcp))
+
+
+def write_tokens(folder: Path, text: str) -> Path:
+    path = folder / "tokens.toml"
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture
+def token_auth(tmp_path: Path) -> TokenAuth:
+    path = write_tokens(tmp_path, f'[users]\nalice = "{ALICE_TOKEN}"\nbob = "{BOB_TOKEN}"\n')
+    return TokenAuth.from_file(path)
+
+
+def identify(auth: TokenAuth, message: Message) -> str:
+    a, b = socket.socketpair()
+    with a, b:
+        return auth.identify(Incoming(a, message))
+
+
+def test_a_good_token_names_its_user(token_auth: TokenAuth) -> None:
+    assert identify(token_auth, headers(Authorization=f"Bearer {ALICE_TOKEN}")) == "alice"
+    assert identify(token_auth, headers(Authorization=f"bearer  {BOB_TOKEN} ")) == "bob"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "Bearer wrong-token-0123456789",
+        f"Bearer {ALICE_TOKEN}x",
+        f"Bearer {ALICE_TOKEN[:-1]}",
+        f"Basic {ALICE_TOKEN}",
+        "Bearer ",
+        ALICE_TOKEN,
+    ],
+)
+def test_bad_tokens_are_refused(token_auth: TokenAuth, value: str) -> None:
+    with pytest.raises(Unauthorized) as refused:
+        identify(token_auth, headers(Authorization=value))
+    assert refused.value.kind == "auth" and refused.value.status == 401
+
+
+def test_a_missing_header_is_refused(token_auth: TokenAuth) -> None:
+    with pytest.raises(Unauthorized, match="Authorization: Bearer"):
+        identify(token_auth, headers())
+
+
+@pytest.mark.parametrize(
+    ("text", "complaint"),
+    [
+        ("[users\n", "not valid TOML"),
+        ("", r"declare tokens under \[users\]"),
+        ("[users]\n", r"declare tokens under \[users\]"),
+        ('users = "x"\n', r"declare tokens under \[users\]"),
+        ('[users]\nalice = "short"\n', "shorter than 16 characters"),
+        ("[users]\nalice = 1234567890123456789\n", "must be a string"),
+        (f'[users]\nalice = "{ALICE_TOKEN}"\nbob = "{ALICE_TOKEN}"\n', "share the token"),
+    ],
+)
+def test_malformed_token_files_are_rejected_at_load(
+    tmp_path: Path, text: str, complaint: str
+) -> None:
+    with pytest.raises(TokenFileError, match=complaint):
+        TokenAuth.from_file(write_tokens(tmp_path, text))
+
+
+def test_a_missing_token_file_is_rejected(tmp_path: Path) -> None:
+    with pytest.raises(TokenFileError, match="tokens file not found"):
+        load_tokens(tmp_path / "nope.toml")
