@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 USAGE_ERROR = 2
 LEDGER_FILE = "ledger.sqlite3"
 ALL_NOTEBOOKS = "(all notebooks)"
+AUDIT_COLUMNS = ("id", "time", "user", "dataset", "notebook", "epsilon", "status", "sql")
 
 
 class CommandError(Exception):
@@ -74,7 +75,9 @@ def _parser() -> argparse.ArgumentParser:
         "install", help="install the gated kernelspec", description=_kernel_install.__doc__
     )
     where = k.add_mutually_exclusive_group()
-    where.add_argument("--user", action="store_true", help="install for the current user")
+    where.add_argument(
+        "--user", action="store_true", help="install for the current user (the default)"
+    )
     where.add_argument("--sys-prefix", action="store_true", help="install into sys.prefix")
     k.add_argument("--prefix", help="install under this prefix (e.g. a virtualenv's)")
     k.add_argument("--gate", metavar="ADDR", help="gate address for the kernel (DPMAGIC_GATE)")
@@ -154,7 +157,9 @@ def _kernel_install(args: argparse.Namespace) -> int:
     """Install the gated kernelspec: a python3 kernel with dpmagic loaded."""
     from dpmagic.kernel import install
 
-    where = install(user=args.user, sys_prefix=args.sys_prefix, prefix=args.prefix, gate=args.gate)
+    where = install(
+        user=not args.sys_prefix, sys_prefix=args.sys_prefix, prefix=args.prefix, gate=args.gate
+    )
     print(f"installed the dpmagic kernelspec in {where}")
     return 0
 
@@ -185,6 +190,9 @@ def _audit(args: argparse.Namespace) -> int:
     """The most recent queries the gate answered or refused after a debit, newest first."""
     policy = load_policy(args.policy)
     rows = audit_rows(policy, _datasets(policy, args.dataset), args.user, args.limit)
+    if not args.json:
+        # The SQL goes last: it is the one long column.
+        rows = [{k: r.get(k) for k in AUDIT_COLUMNS} for r in rows]
     return _emit(rows, args.json, empty="no queries recorded yet")
 
 
@@ -238,7 +246,7 @@ def audit_rows(
             for name in datasets
             for entry in ledger.history(user=user, dataset=name, notebook=None, limit=limit)
         ]
-    rows.sort(key=lambda r: str(r.get("time", "")), reverse=True)
+    rows.sort(key=lambda r: r["id"], reverse=True)
     return rows[:limit]
 
 
