@@ -1,0 +1,423 @@
+"""The gate's HTTP/JSON API (DESIGN.md §6) on a unix socket or TCP.
+
+This is the process boundary the privacy model rests on: the kernel gets
+only what these handlers write back. Hence the rules kept here, whatever
+the engine does:
+
+- every request is attributed to a user by the authenticator, never by
+  anything the body claims;
+- an unexpected exception is answered with a fixed text and only its type is
+  logged, because its message may quote private values;
+- replies to ``/v1/query`` are held back to the next multiple of the policy's
+  ``response_quantum_ms``, so how long a query took does not leak;
+- the access log names the user, route and status, never the SQL.
+
+Run it with ``dpmagic serve`` or ``python -m dpmagic.gate.server``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import signal
+import socket
+import socketserver
+import stat
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+from dpmagic.gate.auth import Authenticator, PeerCredAuth, TokenAuth, TokenFileError
+from dpmagic.gate.engine import Engine
+from dpmagic.gate.errors import BadRequest, Failed, GateError
+from dpmagic.gate.policy import Policy, PolicyError, load_policy
+
+log = logging.getLogger("dpmagic.gate")
+
+LISTENING = "dpmagic gate listening on"
+MAX_BODY_BYTES = 1 << 20
+# A client that stops sending mid-request must not hold a thread (and the
+# clean shutdown, which waits for request threads) for ever.
+CONNECTION_TIMEOUT_S = 60.0
+# sun_path is 108 bytes including the terminating NUL.
+MAX_SOCKET_PATH_BYTES = 107
+USAGE_ERROR = 2
+
+
+class ListenError(ValueError):
+    """The listen address is malformed or cannot be used."""
+
+
+class _HTTPError(BadRequest):
+    """A ``bad_request`` with its own HTTP status (404, 405, 411, 413)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class App:
+    """What every request handler needs: the engine and who is asking."""
+
+    engine: Engine
+    auth: Authenticator
+    quantum_s: float
+
+
+class GateHandler(BaseHTTPRequestHandler):
+    """One request: route, authenticate, answer JSON, then close."""
+
+    server_version = "dpmagic-gate"
+    sys_version = ""
+    timeout = CONNECTION_TIMEOUT_S
+
+    def __init__(self, app: App, *args: object) -> None:
+        self.app = app
+        self.arrival = time.monotonic()
+        super().__init__(*args)  # type: ignore[arg-type]
+
+    def parse_request(self) -> bool:
+        # The request line has just arrived: the padding clock starts here.
+        self.arrival = time.monotonic()
+        return super().parse_request()
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def _dispatch(self, method: str) -> None:
+        url = urlsplit(self.path)
+        user = "-"
+        try:
+            route = ROUTES.get(url.path)
+            if route is None:
+                raise _HTTPError(404, f"no such endpoint: {url.path}")
+            if route.method != method:
+                raise _HTTPError(405, f"{url.path} takes {route.method}, not {method}")
+            if route.authenticated:
+                user = self.app.auth.identify(self)
+            status, reply = 200, route.run(self, user, url.query)
+        except GateError as exc:
+            status, reply = exc.status, exc.as_reply()
+        except Exception as exc:
+            log.error("%s %s failed: %s", method, url.path, type(exc).__name__)
+            status, reply = 500, Failed().as_reply()
+        if url.path == "/v1/query":
+            self._hold_until_quantum()
+        self._reply(status, reply)
+        log.info("%s %s %s %d", user, method, url.path, status)
+
+    def _hold_until_quantum(self) -> None:
+        quantum = self.app.quantum_s
+        if quantum <= 0:
+            return
+        elapsed = time.monotonic() - self.arrival
+        release_at = self.arrival + quantum * max(1, math.ceil(elapsed / quantum))
+        while (wait := release_at - time.monotonic()) > 0:
+            time.sleep(wait)
+
+    def _reply(self, status: int, body: dict[str, object]) -> None:
+        data = json.dumps(body, default=str).encode()
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.send_header("Cache-Control", "no-store")
+            if status == 401:
+                self.send_header("WWW-Authenticate", "Bearer")
+            self.end_headers()
+            self.wfile.write(data)
+        except OSError:  # the client went away; nothing to tell it
+            self.close_connection = True
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """Malformed HTTP (bad request line, unknown method) answered as JSON."""
+        self.close_connection = True
+        text = message or HTTPStatus(code).phrase
+        self._reply(code, {"error": {"kind": "bad_request", "message": text}})
+
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        """Silenced: the default line quotes the request; `_dispatch` logs its own."""
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Silenced for the same reason as `log_request`."""
+
+    def read_json(self) -> object:
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            raise _HTTPError(411, "send the body with a Content-Length, not chunked")
+        length = self.headers.get("Content-Length")
+        if length is None:
+            raise _HTTPError(411, "a request body needs a Content-Length header")
+        try:
+            size = int(length)
+        except ValueError:
+            raise _HTTPError(400, "Content-Length must be a number") from None
+        if size < 0:
+            raise _HTTPError(400, "Content-Length must not be negative")
+        if size > MAX_BODY_BYTES:
+            self.close_connection = True
+            raise _HTTPError(413, f"the request body is over {MAX_BODY_BYTES} bytes")
+        try:
+            raw = self.rfile.read(size)
+        except OSError:
+            self.close_connection = True
+            raise _HTTPError(400, "the request body did not arrive") from None
+        if len(raw) != size:
+            raise _HTTPError(400, "the request body is shorter than its Content-Length")
+        try:
+            return json.loads(raw)
+        except (UnicodeDecodeError, ValueError):
+            raise _HTTPError(400, "the request body is not valid JSON") from None
+
+
+def _params(query: str, allowed: set[str]) -> dict[str, str]:
+    """Single-valued query parameters; a typo is an error, not a silent default."""
+    parsed = parse_qs(query, keep_blank_values=True)
+    for name, values in parsed.items():
+        if name not in allowed:
+            raise _HTTPError(400, f"unknown parameter {name!r}")
+        if len(values) != 1:
+            raise _HTTPError(400, f"parameter {name!r} is given more than once")
+    return {name: values[0] for name, values in parsed.items()}
+
+
+def _query(handler: GateHandler, user: str, query: str) -> dict[str, object]:
+    _params(query, set())
+    return handler.app.engine.query(user, handler.read_json())
+
+
+def _budget(handler: GateHandler, user: str, query: str) -> dict[str, object]:
+    params = _params(query, {"dataset", "notebook"})
+    return handler.app.engine.budget(user, params.get("dataset"), params.get("notebook"))
+
+
+def _schema(handler: GateHandler, user: str, query: str) -> dict[str, object]:
+    return handler.app.engine.schema(_params(query, {"dataset"}).get("dataset"))
+
+
+def _health(handler: GateHandler, user: str, query: str) -> dict[str, object]:
+    return {"ok": True}
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    authenticated: bool
+    run: Callable[[GateHandler, str, str], dict[str, object]]
+
+
+ROUTES: dict[str, Route] = {
+    "/v1/query": Route("POST", True, _query),
+    "/v1/budget": Route("GET", True, _budget),
+    "/v1/schema": Route("GET", True, _schema),
+    "/v1/health": Route("GET", False, _health),
+}
+
+
+class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    # Non-daemon threads, joined at close: a query in flight at shutdown
+    # finishes and records its release before the ledger closes.
+    daemon_threads = False
+    block_on_close = True
+
+
+class _TCPServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
+    daemon_threads = False
+    block_on_close = True
+    allow_reuse_address = True
+
+
+class _TCP6Server(_TCPServer):
+    address_family = socket.AF_INET6
+
+
+class RunningGate:
+    """A bound server and its engine; ``close`` releases both and the socket file."""
+
+    def __init__(
+        self,
+        server: socketserver.BaseServer,
+        engine: Engine,
+        address: str,
+        socket_path: Path | None,
+    ) -> None:
+        self.server = server
+        self.engine = engine
+        self.address = address
+        self._socket_path = socket_path
+        self._socket_inode = socket_path.stat().st_ino if socket_path else None
+
+    def serve_forever(self) -> None:
+        self.server.serve_forever()
+
+    def shutdown(self) -> None:
+        """Stop the serving loop; call from a thread other than the one serving."""
+        self.server.shutdown()
+
+    def close(self) -> None:
+        self.server.server_close()
+        self.engine.close()
+        path = self._socket_path
+        # Only our own socket: a gate started after us may have replaced it.
+        if path is not None and path.exists() and path.stat().st_ino == self._socket_inode:
+            path.unlink()
+
+
+def open_gate(policy: Policy, listen: str) -> RunningGate:
+    """Build the engine and bind the listening socket; nothing is served yet."""
+    kind, where = _split_listen(listen)
+    auth: Authenticator = PeerCredAuth()
+    if kind == "tcp":
+        if policy.gate.tokens_file is None:
+            raise ListenError(
+                f"listening on {listen} needs bearer tokens: set gate.tokens_file in the "
+                "policy to a TOML file with a [users] table, or listen on a unix socket"
+            )
+        auth = TokenAuth.from_file(policy.gate.tokens_file)
+    _private_dir(policy.gate.state_dir)
+    engine = Engine(policy)
+    app = App(engine=engine, auth=auth, quantum_s=policy.gate.response_quantum_ms / 1000)
+
+    def handler(*args: object) -> GateHandler:
+        return GateHandler(app, *args)
+
+    try:
+        if kind == "unix":
+            return _bind_unix(_socket_path(where), handler, engine)
+        return _bind_tcp(where, handler, engine)
+    except BaseException:
+        engine.close()
+        raise
+
+
+def _bind_unix(path: Path, handler: Callable[..., GateHandler], engine: Engine) -> RunningGate:
+    _clear_stale_socket(path)
+    server = _UnixServer(str(path), handler)
+    # Anyone local may connect: identity comes from SO_PEERCRED, not the mode.
+    os.chmod(path, 0o666)
+    return RunningGate(server, engine, f"unix:{path}", path)
+
+
+def _bind_tcp(where: str, handler: Callable[..., GateHandler], engine: Engine) -> RunningGate:
+    host, port = _host_port(where)
+    server_class = _TCP6Server if ":" in host else _TCPServer
+    server = server_class((host, port), handler)
+    bound_host, bound_port = server.server_address[:2]
+    shown = f"[{bound_host}]" if ":" in str(bound_host) else str(bound_host)
+    if not _loopback(str(bound_host)):
+        log.warning("tokens travel in clear text over tcp: put TLS in front of this gate")
+    return RunningGate(server, engine, f"tcp:{shown}:{bound_port}", None)
+
+
+def serve(policy: Policy, listen: str | None = None) -> int:
+    """Serve until SIGTERM or SIGINT, then finish requests in flight and exit 0.
+
+    Prints exactly one line, ``dpmagic gate listening on ADDRESS``, once the
+    socket accepts connections, so a supervisor can wait for it.
+    """
+    logging.basicConfig(level=logging.INFO, format="dpmagic gate: %(message)s")
+    try:
+        gate = open_gate(policy, listen or policy.gate.listen)
+    except (ListenError, TokenFileError, PolicyError, OSError) as exc:
+        print(f"dpmagic: error: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+    print(f"{LISTENING} {gate.address}", flush=True)
+
+    def stop(signum: int, frame: object) -> None:
+        # shutdown() waits for the serving loop, which runs in this very
+        # thread: ask for it from another one.
+        threading.Thread(target=gate.shutdown, daemon=True).start()
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        gate.serve_forever()
+    finally:
+        gate.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0
+
+
+def _split_listen(listen: str) -> tuple[str, str]:
+    kind, _, where = listen.partition(":")
+    if kind not in ("unix", "tcp") or not where:
+        raise ListenError(f"listen address {listen!r} is not unix:PATH or tcp:HOST:PORT")
+    return kind, where
+
+
+def _host_port(where: str) -> tuple[str, int]:
+    host, _, port = where.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not host or not port.isdigit() or int(port) > 65535:
+        raise ListenError(f"tcp address {where!r} is not HOST:PORT (PORT 0 picks a free one)")
+    return host, int(port)
+
+
+def _loopback(host: str) -> bool:
+    return host in ("::1", "localhost") or host.startswith("127.")
+
+
+def _socket_path(where: str) -> Path:
+    path = Path(where).expanduser().absolute()
+    if len(os.fsencode(path)) > MAX_SOCKET_PATH_BYTES:
+        raise ListenError(
+            f"socket path {path} is longer than {MAX_SOCKET_PATH_BYTES} bytes; choose a shorter one"
+        )
+    return path
+
+
+def _clear_stale_socket(path: Path) -> None:
+    """Remove a socket left by a gate that died; never a live gate's, nor a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise ListenError(f"{path} exists and is not a socket; refusing to replace it")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            path.unlink()
+            return
+    raise ListenError(f"another gate is already listening on unix:{path}")
+
+
+def _private_dir(path: Path) -> None:
+    """The state directory (ledger, materialised data) is the gate user's alone."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if path.stat().st_uid == os.getuid():
+        os.chmod(path, 0o700)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m dpmagic.gate.server", description="Run the dpmagic gate."
+    )
+    parser.add_argument("--policy", type=Path, required=True, help="the policy TOML file")
+    parser.add_argument("--listen", help="unix:PATH or tcp:HOST:PORT (default: gate.listen)")
+    args = parser.parse_args(argv)
+    try:
+        policy = load_policy(args.policy)
+    except PolicyError as exc:
+        print(f"dpmagic: error: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+    return serve(policy, args.listen)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
