@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -44,22 +45,29 @@ START_TIMEOUT_S = 60.0
 MAX_SOCKET_PATH = 100
 
 
-def write_dataset(folder: Path) -> Path:
-    """Write the policy and its CSV into ``folder``; return the policy's path."""
+TOKENS = {"alice": "alice-token-0123456789", "bob": "bob-token-0123456789ab"}
+
+
+def write_dataset(folder: Path, gate_options: str = "") -> Path:
+    """Write the policy (with extra ``[gate]`` lines) and its CSV into ``folder``."""
     rows = [f"{pid},{20 + pid % 60},{pid % 2}" for pid in range(PEOPLE)]
     (folder / "t.csv").write_text("pid,age,sex\n" + "\n".join(rows) + "\n")
     policy = folder / "policy.toml"
-    policy.write_text(POLICY)
+    policy.write_text(POLICY.replace("[gate]\n", f"[gate]\n{gate_options}", 1))
     return policy
 
 
 class GateProcess:
-    """A gate subprocess that can be stopped and started again on the same state."""
+    """A gate subprocess that can be stopped and started again on the same state.
 
-    def __init__(self, policy: Path, socket_path: Path) -> None:
+    ``address`` is what the gate says it listens on, in the client's form
+    (``unix:/abs/path`` or ``http://host:port``).
+    """
+
+    def __init__(self, policy: Path, listen: str) -> None:
         self.policy = policy
-        self.socket_path = socket_path
-        self.address = f"unix:{socket_path}"
+        self.listen = listen
+        self.address = ""
         self.proc: subprocess.Popen[str] | None = None
 
     @property
@@ -75,7 +83,7 @@ class GateProcess:
                 "--policy",
                 str(self.policy),
                 "--listen",
-                self.address,
+                self.listen,
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -83,9 +91,15 @@ class GateProcess:
             env={k: v for k, v in os.environ.items() if not k.startswith("DPMAGIC_")},
         )
         line = self._first_line()
-        if "listening on" not in line:
+        if "listening on " not in line:
             self.stop()
             raise RuntimeError(f"the gate did not start: {line!r}")
+        address = line.split("listening on ", 1)[1].strip()
+        self.address = (
+            "http://" + address.removeprefix("tcp:") if address.startswith("tcp:") else address
+        )
+        # A restarted TCP gate must come back on the same port.
+        self.listen = address
 
     def _first_line(self) -> str:
         assert self.proc is not None and self.proc.stdout is not None
@@ -134,9 +148,31 @@ def short_dir(tmp_path: Path) -> Iterator[Path]:
 @pytest.fixture
 def gate(tmp_path: Path, short_dir: Path) -> Iterator[GateProcess]:
     """A running gate over `POLICY` with fresh budgets, stopped after the test."""
-    process = GateProcess(write_dataset(tmp_path), short_dir / "gate.sock")
+    process = GateProcess(write_dataset(tmp_path), f"unix:{short_dir / 'gate.sock'}")
     process.start()
     try:
         yield process
     finally:
         process.stop()
+
+
+@pytest.fixture
+def tcp_gate(tmp_path: Path) -> Iterator[GateProcess]:
+    """A running gate on TCP (loopback, a free port) that wants the bearer tokens `TOKENS`."""
+    tokens = "[users]\n" + "".join(f'{user} = "{token}"\n' for user, token in TOKENS.items())
+    (tmp_path / "tokens.toml").write_text(tokens)
+    (tmp_path / "tokens.toml").chmod(0o600)
+    process = GateProcess(
+        write_dataset(tmp_path, 'tokens_file = "tokens.toml"\n'), f"tcp:127.0.0.1:{free_port()}"
+    )
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from dpmagic.client import Gate
-from dpmagic.errors import BudgetExhausted, DPError, GateUnavailable, QueryRefused
+from dpmagic.errors import AuthError, BudgetExhausted, DPError, GateUnavailable, QueryRefused
+from tests.conftest import TOKENS, free_port
 
 COUNT_BY_SEX = "SELECT sex, COUNT(*) AS n FROM t GROUP BY sex ORDER BY sex"
 
@@ -128,11 +129,28 @@ def test_missing_socket_is_gate_unavailable(short_dir: Path):
 
 
 def test_refused_tcp_connection_is_gate_unavailable():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     with pytest.raises(GateUnavailable, match=f"127.0.0.1:{port}"):
         Gate(f"http://127.0.0.1:{port}").budget()
+
+
+def test_tcp_gate_charges_the_user_the_token_names(tcp_gate):
+    alice = Gate(tcp_gate.address, token=TOKENS["alice"])
+    assert alice.query(COUNT_BY_SEX, epsilon=0.5).cost["epsilon"] == pytest.approx(0.5)
+    assert alice.budget()["user"]["spent"]["epsilon"] == pytest.approx(0.5)
+    bob = Gate(tcp_gate.address, token=TOKENS["bob"])
+    assert bob.budget()["user"]["spent"]["epsilon"] == 0
+
+
+def test_tcp_gate_refuses_a_missing_or_wrong_token(tcp_gate, monkeypatch):
+    monkeypatch.delenv("DPMAGIC_TOKEN", raising=False)
+    with pytest.raises(AuthError) as missing:
+        Gate(tcp_gate.address).query(COUNT_BY_SEX, epsilon=0.5)
+    assert missing.value.kind == "auth"
+    with pytest.raises(AuthError):
+        Gate(tcp_gate.address, token="not-a-token-of-this-gate").budget()
+    monkeypatch.setenv("DPMAGIC_TOKEN", TOKENS["bob"])
+    assert Gate(tcp_gate.address).budget()["user"]["spent"]["epsilon"] == 0
 
 
 def test_no_address_says_how_to_set_one(monkeypatch):

@@ -11,6 +11,7 @@ from traitlets.config import Config
 
 from dpmagic.magics import DpSql, parameter_names, parse_line, register, split_assignment
 from dpmagic.result import BudgetView, DPResult, SchemaView
+from tests.conftest import TOKENS
 
 COUNT_BY_SEX = "SELECT sex, COUNT(*) AS n FROM t GROUP BY sex ORDER BY sex"
 
@@ -174,6 +175,15 @@ def test_connect_magic(shell, gate, short_dir: Path, capsys):
         shell.run_line_magic("dpconnect", f"unix:{short_dir / 'nobody.sock'}")
     with pytest.raises(UsageError, match="usage"):
         shell.run_line_magic("dpconnect", "")
+
+
+def test_connect_with_a_token(shell, tcp_gate, capsys):
+    shell.run_line_magic("dpconnect", f"{tcp_gate.address} --token {TOKENS['alice']}")
+    result = shell.run_cell_magic("dpsql", "-e 0.5", COUNT_BY_SEX)
+    assert result.cost["epsilon"] == pytest.approx(0.5)
+    shell.run_line_magic("config", "DpSql.token = 'not-a-token-of-this-gate'")
+    with pytest.raises(UsageError, match=r"^the gate refused access: "):
+        shell.run_line_magic("dpbudget", "")
 
 
 def test_parse_line_stops_at_the_sql_and_keeps_it_verbatim():
