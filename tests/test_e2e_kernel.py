@@ -129,6 +129,13 @@ def test_notebook_life_across_kernel_and_gate_restarts(gate):
         assert budget.streams.strip() == "0.5"
         assert "notebook course/hw1.ipynb" in execute(kc, "%dpbudget").html[0]
 
+        # The kernel holds the client only: no gate code, no DuckDB.
+        forbidden = "('dpmagic.gate', 'duckdb')"
+        loaded = execute(
+            kc, f"import sys\nprint([m for m in sys.modules if m.startswith({forbidden})])"
+        )
+        assert loaded.streams.strip() == "[]"
+
 
 def test_gated_kernelspec_needs_no_load_ext(gate, tmp_path: Path):
     spec_dir = Path(
