@@ -1,0 +1,160 @@
+"""The gate's request path on a real ledger and real DuckDB: charges, dry runs,
+replay, refusals that cost nothing, failures that stay charged."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from dpmagic.gate.engine import Engine
+from dpmagic.gate.errors import BadRequest, Failed, OverBudget, Refused
+from dpmagic.gate.policy import load_policy
+
+POLICY = """
+[gate]
+state_dir = "state"
+query_timeout_s = {timeout}
+
+[datasets.d]
+sources = {{ t = "t.csv" }}
+privacy_unit = "pid"
+max_partitions = 2
+max_rows_per_partition = 2
+user_budget = {{ epsilon = 3.0 }}
+notebook_budget = {{ epsilon = 2.0 }}
+query_default = {{ epsilon = 0.5 }}
+
+[datasets.d.tables.t.columns]
+pid = {{ type = "int" }}
+age = {{ type = "int", lower = 0, upper = 100 }}
+sex = {{ type = "int", public_values = [0, 1] }}
+"""
+
+
+def write_policy(path, rows: int = 300, timeout: float = 30.0):
+    path.mkdir(parents=True, exist_ok=True)
+    lines = ["pid,age,sex"] + [f"{i // 2},{(i * 37) % 90},{i % 2}" for i in range(rows)]
+    (path / "t.csv").write_text("\n".join(lines) + "\n")
+    (path / "policy.toml").write_text(textwrap.dedent(POLICY.format(timeout=timeout)))
+    return load_policy(path / "policy.toml")
+
+
+@pytest.fixture
+def engine(tmp_path):
+    e = Engine(write_policy(tmp_path))
+    yield e
+    e.close()
+
+
+def spent(engine: Engine, notebook: str = "nb") -> float:
+    return engine.budget("alice", None, notebook)["budget"]["notebook"]["spent"]["epsilon"]
+
+
+def test_a_query_is_charged_and_answered(engine):
+    reply = engine.query(
+        "alice", {"sql": "SELECT sex, COUNT(*) AS n FROM t GROUP BY sex", "notebook": "nb"}
+    )
+    assert reply["columns"] == ["sex", "n"]
+    assert [r[0] for r in reply["rows"]] == [0, 1]
+    assert reply["cost"] == {"epsilon": 0.5, "delta": 0.0}
+    assert reply["budget"]["notebook"]["remaining"]["epsilon"] == pytest.approx(1.5)
+    assert reply["budget"]["user"]["remaining"]["epsilon"] == pytest.approx(2.5)
+    n = reply["accuracy"]["columns"][1]
+    assert n["mechanism"] == "discrete_laplace" and n["scale"] > 0
+    assert len(n["intervals"]) == 2
+
+
+def test_dry_run_shows_the_plan_and_charges_nothing(engine):
+    reply = engine.query(
+        "alice",
+        {"sql": "SELECT AVG(age) FROM t", "epsilon": 1.0, "dry_run": True, "notebook": "nb"},
+    )
+    assert reply["rows"] == [] and reply["dry_run"] is True
+    assert reply["cost"]["epsilon"] == 1.0
+    assert {p["aggregate"] for p in reply["plan"]} == {"SUM(age)", "COUNT(age)"}
+    assert spent(engine) == 0.0
+
+
+def test_replay_returns_the_same_answer_for_free_even_after_a_restart(tmp_path):
+    policy = write_policy(tmp_path)
+    body = {"sql": "SELECT sex, AVG(age) FROM t GROUP BY sex", "notebook": "nb"}
+    first_engine = Engine(policy)
+    first = first_engine.query("alice", body)
+    again = first_engine.query(
+        "alice", {**body, "sql": "select sex, avg(age)  from t group by sex"}
+    )
+    first_engine.close()
+    assert again["replayed"] is True and again["rows"] == first["rows"]
+    assert again["cost"]["epsilon"] == 0.0
+
+    restarted = Engine(policy)
+    try:
+        replay = restarted.query("alice", body)
+        assert replay["replayed"] is True and replay["rows"] == first["rows"]
+        assert spent(restarted) == pytest.approx(0.5)
+        # Another user gets no replay of alice's answer; a fresh query spends anew.
+        assert restarted.query("bob", body)["replayed"] is False
+        fresh = restarted.query("alice", {**body, "fresh": True})
+        assert fresh["replayed"] is False
+        assert spent(restarted) == pytest.approx(1.0)
+        # A different epsilon is a different release.
+        assert restarted.query("alice", {**body, "epsilon": 0.25})["replayed"] is False
+    finally:
+        restarted.close()
+
+
+def test_over_budget_is_refused_with_the_numbers_and_charges_nothing(engine):
+    engine.query("alice", {"sql": "SELECT COUNT(*) FROM t", "epsilon": 1.5, "notebook": "nb"})
+    with pytest.raises(OverBudget) as info:
+        engine.query("alice", {"sql": "SELECT SUM(age) FROM t", "epsilon": 1.0, "notebook": "nb"})
+    assert "1" in info.value.message and "0.5" in info.value.message
+    assert spent(engine) == pytest.approx(1.5)
+    # A new notebook draws on the same user cap (3.0): it cannot mint budget.
+    engine.query("alice", {"sql": "SELECT SUM(age) FROM t", "epsilon": 1.5, "notebook": "other"})
+    with pytest.raises(OverBudget):
+        engine.query("alice", {"sql": "SELECT COUNT(*) FROM t", "epsilon": 0.1, "notebook": "x"})
+
+
+def test_refusals_and_bad_requests_cost_nothing(engine):
+    with pytest.raises(Refused):
+        engine.query("alice", {"sql": "SELECT age FROM t", "notebook": "nb"})
+    with pytest.raises(BadRequest):
+        engine.query("alice", {"sql": "SELECT COUNT(*) FROM t", "epsilon": -1, "notebook": "nb"})
+    with pytest.raises(BadRequest):
+        engine.query("alice", {"sql": "SELECT COUNT(*) FROM t", "delta": 1e-6, "notebook": "nb"})
+    with pytest.raises(BadRequest):
+        engine.query("alice", {"sql": "SELECT COUNT(*) FROM t", "dataset": "nope"})
+    assert spent(engine) == 0.0
+
+
+def test_a_failure_after_the_debit_is_generic_and_stays_charged(tmp_path):
+    engine = Engine(write_policy(tmp_path, rows=3_000_000, timeout=0.001))
+    try:
+        with pytest.raises(Failed) as info:
+            engine.query(
+                "alice", {"sql": "SELECT sex, SUM(age) FROM t GROUP BY sex", "notebook": "nb"}
+            )
+        assert "charged" in info.value.message
+        assert spent(engine) == pytest.approx(0.5)
+    finally:
+        engine.close()
+
+
+def test_cost_and_plan_do_not_depend_on_the_data(tmp_path):
+    a = Engine(write_policy(tmp_path / "a", rows=300))
+    b = Engine(write_policy(tmp_path / "b", rows=17))
+    try:
+        body = {"sql": "SELECT sex, AVG(age) FROM t GROUP BY sex", "dry_run": True}
+        pa, pb = a.query("alice", body), b.query("alice", body)
+        assert pa["cost"] == pb["cost"] and pa["plan"] == pb["plan"]
+    finally:
+        a.close()
+        b.close()
+
+
+def test_schema_shows_public_facts_only(engine):
+    schema = engine.schema(None)
+    assert schema["privacy_unit"] == "pid"
+    assert schema["tables"]["t"]["columns"]["sex"]["public_values"] == [0, 1]
+    assert schema["tables"]["t"]["columns"]["age"] == {"type": "int", "lower": 0, "upper": 100}
