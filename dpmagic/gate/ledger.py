@@ -139,7 +139,9 @@ class Ledger:
 
     def record_release(self, charge_id: int, reply: dict) -> None:
         """Keep the released reply so the same query can be replayed for free."""
-        text = json.dumps(reply, sort_keys=True)
+        # Values JSON lacks (a DuckDB date as a group key) are kept as text,
+        # exactly as the server sends them, so a replay equals the original.
+        text = json.dumps(reply, sort_keys=True, default=str)
         with self._lock, self._transaction():
             self._db.execute(
                 "UPDATE entries SET status = ?, reply = ? WHERE id = ?",
