@@ -186,6 +186,15 @@ def test_connect_with_a_token(shell, tcp_gate, capsys):
         shell.run_line_magic("dpbudget", "")
 
 
+def test_the_line_is_not_expanded_from_python_variables(shell):
+    """`{name}` and `$name` belong to the SQL; IPython must not substitute them."""
+    shell.user_ns["name"] = "result"
+    with pytest.raises(UsageError, match=r"variable name, not '\{name\}'"):
+        shell.run_line_magic("dpsql", "-o {name} SELECT 1")
+    with pytest.raises(UsageError, match=r"variable name, not '\$name'"):
+        shell.run_line_magic("dpsql", "-o $name SELECT 1")
+
+
 def test_parse_line_stops_at_the_sql_and_keeps_it_verbatim():
     opts, rest = parse_line("-e 0.5 --dataset=d --fresh SELECT 'a  b' AS \"x\" WHERE y > -1")
     assert (opts.epsilon, opts.dataset, opts.fresh, opts.dry_run) == (0.5, "d", True, False)
