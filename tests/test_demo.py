@@ -1,0 +1,51 @@
+"""``dpmagic demo`` end to end: a real gate process, a real kernel, the real notebook."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+
+
+def test_demo_runs_the_quickstart(tmp_path: Path) -> None:
+    keep = tmp_path / "demo"
+    done = subprocess.run(
+        [sys.executable, "-m", "dpmagic", "demo", "--patients", "500", "--keep", str(keep)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    code_cells = len(
+        [c for c in nbformat.read(keep / "quickstart.ipynb", 4).cells if c.cell_type == "code"]
+    )
+    assert f"running cell {code_cells}/{code_cells}" in out
+    assert "gate listening on unix:" in out
+    # Noisy answers from several cells: the department and diagnosis keys are
+    # public, so each appears in the printed results whatever the noise did.
+    for key in ("pulmonology", "endocrinology", "respiratory infection", "back pain", "80+"):
+        assert key in out.split("SELECT", 1)[1], key
+    assert "refused:" in out
+    assert re.search(r"budget left: this notebook ε \d+\.\d\d of 3; you overall ε \d+\.\d\d", out)
+    assert "gate stopped" in out
+    # The executed notebook is kept, with outputs from the gate in it.
+    executed = nbformat.read(keep / "quickstart.ipynb", 4)
+    assert all(c.outputs for c in executed.cells if c.cell_type == "code" and "dpsql" in c.source)
+    assert (keep / "state" / "ledger.sqlite3").exists()
+
+
+def test_demo_removes_its_folder(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "dpmagic", "demo", "--patients", "100"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    folder = re.search(r"in (\S+dpmagic-demo-\S+)", done.stdout)
+    assert folder is not None
+    assert not Path(folder.group(1)).exists()
