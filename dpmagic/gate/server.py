@@ -243,40 +243,50 @@ class _TCP6Server(_TCPServer):
     address_family = socket.AF_INET6
 
 
-class RunningGate:
-    """A bound server and its engine; ``close`` releases both and the socket file."""
+@dataclass(frozen=True)
+class _Listener:
+    """A bound, listening socket (and its file, for a unix socket)."""
 
-    def __init__(
-        self,
-        server: socketserver.BaseServer,
-        engine: Engine,
-        address: str,
-        socket_path: Path | None,
-    ) -> None:
-        self.server = server
-        self.engine = engine
-        self.address = address
-        self._socket_path = socket_path
-        self._socket_inode = socket_path.stat().st_ino if socket_path else None
-
-    def serve_forever(self) -> None:
-        self.server.serve_forever()
-
-    def shutdown(self) -> None:
-        """Stop the serving loop; call from a thread other than the one serving."""
-        self.server.shutdown()
+    server: socketserver.BaseServer
+    address: str
+    socket_path: Path | None = None
+    socket_inode: int | None = None
 
     def close(self) -> None:
         self.server.server_close()
-        self.engine.close()
-        path = self._socket_path
+        path = self.socket_path
         # Only our own socket: a gate started after us may have replaced it.
-        if path is not None and path.exists() and path.stat().st_ino == self._socket_inode:
+        if path is not None and path.exists() and path.stat().st_ino == self.socket_inode:
             path.unlink()
 
 
+class RunningGate:
+    """A listening server and its engine; ``close`` releases both and the socket file."""
+
+    def __init__(self, listener: _Listener, engine: Engine) -> None:
+        self._listener = listener
+        self.engine = engine
+        self.address = listener.address
+
+    def serve_forever(self) -> None:
+        self._listener.server.serve_forever()
+
+    def shutdown(self) -> None:
+        """Stop the serving loop; call from a thread other than the one serving."""
+        self._listener.server.shutdown()
+
+    def close(self) -> None:
+        # Request threads are joined first, so the engine closes after the last reply.
+        self._listener.close()
+        self.engine.close()
+
+
 def open_gate(policy: Policy, listen: str) -> RunningGate:
-    """Build the engine and bind the listening socket; nothing is served yet."""
+    """Bind the listening socket, then build the engine; nothing is served yet.
+
+    Binding comes first so that a second gate started by mistake on the same
+    address stops before it touches the state directory the first one uses.
+    """
     kind, where = _split_listen(listen)
     auth: Authenticator = PeerCredAuth()
     if kind == "tcp":
@@ -286,31 +296,33 @@ def open_gate(policy: Policy, listen: str) -> RunningGate:
                 "policy to a TOML file with a [users] table, or listen on a unix socket"
             )
         auth = TokenAuth.from_file(policy.gate.tokens_file)
-    _private_dir(policy.gate.state_dir)
-    engine = Engine(policy)
-    app = App(engine=engine, auth=auth, quantum_s=policy.gate.response_quantum_ms / 1000)
 
     def handler(*args: object) -> GateHandler:
+        # `app` is bound below, before the first request is served.
         return GateHandler(app, *args)
 
+    listener = (
+        _bind_unix(_socket_path(where), handler) if kind == "unix" else _bind_tcp(where, handler)
+    )
     try:
-        if kind == "unix":
-            return _bind_unix(_socket_path(where), handler, engine)
-        return _bind_tcp(where, handler, engine)
+        _private_dir(policy.gate.state_dir)
+        engine = Engine(policy)
     except BaseException:
-        engine.close()
+        listener.close()
         raise
+    app = App(engine=engine, auth=auth, quantum_s=policy.gate.response_quantum_ms / 1000)
+    return RunningGate(listener, engine)
 
 
-def _bind_unix(path: Path, handler: Callable[..., GateHandler], engine: Engine) -> RunningGate:
+def _bind_unix(path: Path, handler: Callable[..., GateHandler]) -> _Listener:
     _clear_stale_socket(path)
     server = _UnixServer(str(path), handler)
     # Anyone local may connect: identity comes from SO_PEERCRED, not the mode.
     os.chmod(path, 0o666)
-    return RunningGate(server, engine, f"unix:{path}", path)
+    return _Listener(server, f"unix:{path}", path, path.stat().st_ino)
 
 
-def _bind_tcp(where: str, handler: Callable[..., GateHandler], engine: Engine) -> RunningGate:
+def _bind_tcp(where: str, handler: Callable[..., GateHandler]) -> _Listener:
     host, port = _host_port(where)
     server_class = _TCP6Server if ":" in host else _TCPServer
     server = server_class((host, port), handler)
@@ -318,7 +330,7 @@ def _bind_tcp(where: str, handler: Callable[..., GateHandler], engine: Engine) -
     shown = f"[{bound_host}]" if ":" in str(bound_host) else str(bound_host)
     if not _loopback(str(bound_host)):
         log.warning("tokens travel in clear text over tcp: put TLS in front of this gate")
-    return RunningGate(server, engine, f"tcp:{shown}:{bound_port}", None)
+    return _Listener(server, f"tcp:{shown}:{bound_port}")
 
 
 def serve(policy: Policy, listen: str | None = None) -> int:
