@@ -81,7 +81,7 @@ def test_refused_before_touching_data_with_nothing_charged(engine, sql):
     err = info.value
     assert err.kind == "refused"
     assert "\n" not in err.message and 0 < len(err.message) < 300
-    spent = engine.budget("mallory", None, "attack")["budget"]["user"]["spent"]
+    spent = engine.budget("mallory", None, "attack")["user"]["spent"]
     assert spent == {"epsilon": 0.0, "delta": 0.0}
 
 

@@ -48,7 +48,7 @@ def engine(tmp_path):
 
 
 def spent(engine: Engine, notebook: str = "nb") -> float:
-    return engine.budget("alice", None, notebook)["budget"]["notebook"]["spent"]["epsilon"]
+    return engine.budget("alice", None, notebook)["notebook"]["spent"]["epsilon"]
 
 
 def test_a_query_is_charged_and_answered(engine):
@@ -58,8 +58,8 @@ def test_a_query_is_charged_and_answered(engine):
     assert reply["columns"] == ["sex", "n"]
     assert [r[0] for r in reply["rows"]] == [0, 1]
     assert reply["cost"] == {"epsilon": 0.5, "delta": 0.0}
-    assert reply["budget"]["notebook"]["remaining"]["epsilon"] == pytest.approx(1.5)
-    assert reply["budget"]["user"]["remaining"]["epsilon"] == pytest.approx(2.5)
+    assert reply["notebook"]["remaining"]["epsilon"] == pytest.approx(1.5)
+    assert reply["user"]["remaining"]["epsilon"] == pytest.approx(2.5)
     n = reply["accuracy"]["columns"][1]
     assert n["mechanism"] == "discrete_laplace" and n["scale"] > 0
     assert len(n["intervals"]) == 2

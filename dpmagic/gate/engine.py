@@ -171,8 +171,10 @@ class Engine:
         return self._with_budget(reply, user, dataset, request.notebook)
 
     def budget(self, user: str, dataset: str | None, notebook: str | None) -> dict[str, object]:
+        """``GET /v1/budget``: the user's and the notebook's views, at the top level."""
         ds = self._dataset(dataset)
-        return self._with_budget({"dataset": ds.name}, user, ds, notebook or "unnamed")
+        views = self._with_budget({}, user, ds, notebook or "unnamed")["budget"]
+        return {"dataset": ds.name, **views}
 
     def schema(self, dataset: str | None) -> dict[str, object]:
         ds = self._dataset(dataset)

@@ -59,19 +59,31 @@ class Database:
 
     def run(self, sql: str) -> ExactResult:
         con = self._db.cursor()
-        timer = threading.Timer(self.timeout_s, con.interrupt)
-        timer.start()
+        done = threading.Event()
+        watchdog = threading.Thread(target=_interrupt_after, args=(con, done, self.timeout_s))
+        watchdog.start()
         try:
             rows = con.execute(sql).fetchall()
         except duckdb.InterruptException:
             raise QueryTimeout() from None
         finally:
-            timer.cancel()
+            done.set()
+            watchdog.join()
             con.close()
         return ExactResult(rows=rows)
 
     def close(self) -> None:
         self._db.close()
+
+
+def _interrupt_after(con: duckdb.DuckDBPyConnection, done: threading.Event, seconds: float) -> None:
+    """Interrupt the query once its time is up, and keep at it until it stops: an
+    interrupt that lands before DuckDB starts executing would otherwise be lost."""
+    if done.wait(seconds):
+        return
+    while not done.is_set():
+        con.interrupt()
+        done.wait(0.01)
 
 
 def _materialise(dataset: Dataset, state_dir: Path) -> Path:
