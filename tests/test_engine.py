@@ -58,8 +58,8 @@ def test_a_query_is_charged_and_answered(engine):
     assert reply["columns"] == ["sex", "n"]
     assert [r[0] for r in reply["rows"]] == [0, 1]
     assert reply["cost"] == {"epsilon": 0.5, "delta": 0.0}
-    assert reply["notebook"]["remaining"]["epsilon"] == pytest.approx(1.5)
-    assert reply["user"]["remaining"]["epsilon"] == pytest.approx(2.5)
+    assert reply["budget"]["notebook"]["remaining"]["epsilon"] == pytest.approx(1.5)
+    assert reply["budget"]["user"]["remaining"]["epsilon"] == pytest.approx(2.5)
     n = reply["accuracy"]["columns"][1]
     assert n["mechanism"] == "discrete_laplace" and n["scale"] > 0
     assert len(n["intervals"]) == 2
