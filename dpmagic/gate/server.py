@@ -58,7 +58,7 @@ class ListenError(ValueError):
 
 
 class _HTTPError(BadRequest):
-    """A ``bad_request`` with its own HTTP status (404, 405, 411, 413)."""
+    """A ``bad_request`` with its own HTTP status (400, 404, 405, 411, 413)."""
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
