@@ -170,10 +170,10 @@ def test_unix_gate_answers_queries_and_charges_them(
 
     status, budget = call(address, "GET", "/v1/budget?dataset=d&notebook=a.ipynb")
     assert status == 200, budget
-    assert budget["budget"]["user"]["spent"]["epsilon"] == pytest.approx(0.5)
-    assert budget["budget"]["notebook"]["spent"]["epsilon"] == pytest.approx(0.5)
+    assert budget["user"]["spent"]["epsilon"] == pytest.approx(0.5)
+    assert budget["notebook"]["spent"]["epsilon"] == pytest.approx(0.5)
     status, other = call(address, "GET", "/v1/budget?notebook=b.ipynb")
-    assert other["budget"]["notebook"]["spent"]["epsilon"] == 0.0
+    assert other["notebook"]["spent"]["epsilon"] == 0.0
 
     status, schema = call(address, "GET", "/v1/schema?dataset=d")
     assert status == 200 and schema["dataset"] == "d" and "t" in schema["tables"]
@@ -211,7 +211,7 @@ def test_errors_are_json_with_a_kind(
     assert (got, reply["error"]["kind"]) == (status, kind), reply
     assert isinstance(reply["error"]["message"], str)
     _, budget = call(shared_gate.address, "GET", "/v1/budget")
-    assert budget["budget"]["user"]["spent"]["epsilon"] == 0.0  # no error costs anything
+    assert budget["user"]["spent"]["epsilon"] == 0.0  # no error costs anything
 
 
 @pytest.mark.parametrize(
@@ -293,9 +293,9 @@ def test_tcp_gate_identifies_users_by_token(tmp_path: Path) -> None:
         assert status == 200, reply
         assert reply["budget"]["user"]["spent"]["epsilon"] == pytest.approx(0.5)
         _, budget = call(address, "GET", "/v1/budget", headers=alice)
-        assert budget["budget"]["user"]["spent"]["epsilon"] == pytest.approx(0.5)
+        assert budget["user"]["spent"]["epsilon"] == pytest.approx(0.5)
         _, budget = call(address, "GET", "/v1/budget", headers=bob)
-        assert budget["budget"]["user"]["spent"]["epsilon"] == 0.0
+        assert budget["user"]["spent"]["epsilon"] == 0.0
     finally:
         code, err = gate.stop()
     assert code == 0, err
