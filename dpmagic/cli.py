@@ -191,8 +191,10 @@ def _audit(args: argparse.Namespace) -> int:
     policy = load_policy(args.policy)
     rows = audit_rows(policy, _datasets(policy, args.dataset), args.user, args.limit)
     if not args.json:
-        # The SQL goes last: it is the one long column.
+        # The SQL goes last: it is the one long column; times to the second.
         rows = [{k: r.get(k) for k in AUDIT_COLUMNS} for r in rows]
+        for row in rows:
+            row["time"] = str(row["time"])[:19].replace("T", " ")
     return _emit(rows, args.json, empty="no queries recorded yet")
 
 
