@@ -99,17 +99,9 @@ class Gate:
         return DPResult(self._request("POST", "/v1/query", body))
 
     def budget(self, dataset: str | None = None, notebook: str | None = None) -> dict[str, Any]:
-        """What the user and the notebook have spent and have left.
-
-        The contract puts ``user`` and ``notebook`` at the top of the reply; a
-        gate that nests them under ``budget``, as in a query's reply, is read
-        the same way so callers see one shape.
-        """
-        reply = self._request("GET", _path("/v1/budget", dataset=dataset, notebook=notebook))
-        nested = reply.pop("budget", None)
-        if "user" not in reply and isinstance(nested, dict):
-            reply.update(nested)
-        return reply
+        """What the user and the notebook have spent and have left:
+        ``{"dataset", "user": {"spent", "limit", "remaining"}, "notebook": {…}}``."""
+        return self._request("GET", _path("/v1/budget", dataset=dataset, notebook=notebook))
 
     def schema(self, dataset: str | None = None) -> dict[str, Any]:
         """The public schema and policy facts: everything a user may know."""

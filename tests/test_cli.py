@@ -12,11 +12,11 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from dpmagic.examples.clinic import generate
 
 from dpmagic.cli import main
 from dpmagic.client import Gate
 from dpmagic.demo import GateProcess, prepare_example
+from dpmagic.examples.clinic import generate
 from dpmagic.gate.policy import load_policy
 
 

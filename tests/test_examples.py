@@ -7,9 +7,9 @@ from pathlib import Path
 import duckdb
 import nbformat
 import pytest
-from dpmagic.examples import clinic
 
 from dpmagic.demo import example_file
+from dpmagic.examples import clinic
 from dpmagic.gate.policy import load_policy
 
 PATIENTS = 400

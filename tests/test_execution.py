@@ -64,6 +64,17 @@ def test_fixed_point_sums_are_exact():
     assert abs(units * step - Fraction(3000 * 0.1 + 2.5)) <= len(rows) * step
 
 
+def test_narrowed_bounds_do_not_change_in_bound_answers():
+    rows = [(i, i % 3, (i % 9) - 3, (i % 11) * 0.25) for i in range(60)]
+    sql = "SELECT SUM(CASE WHEN y > 1 THEN 1 ELSE y END), SUM(LEAST(x, 2)) FROM t"
+    out = run(sql, rows)
+    step = Fraction(2) ** make_plan(sql, ROW_LEVEL).measurements[0].grid_exp
+    assert out["SUM(CASE WHEN y > 1 THEN 1 ELSE y END)"] == [
+        sum(round(Fraction(min(r[3], 1.0)) / step) for r in rows)
+    ]
+    assert out["SUM(LEAST(x, 2))"] == [sum(min(r[2], 2) for r in rows)]
+
+
 @pytest.mark.parametrize(
     ("value", "counted"),
     [(float("nan"), 2.5), (float("inf"), 2.5), (float("-inf"), 0.0), (-0.0, 0.0), (1e308, 2.5)],

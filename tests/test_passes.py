@@ -157,7 +157,7 @@ def _bounds(expr: str) -> Interval:
         ("age - 2 * age", -200, 100, True),
         ("-age", -100, 0, True),
         ("CASE WHEN age > 90 THEN 1 ELSE 0 END", 0, 1, True),
-        ("CASE WHEN age > 90 THEN age END", 0, 100, True),
+        ("CASE WHEN age > 90 THEN age END", 91, 100, True),
         ("age > 50", 0, 1, True),
         ("income / (age + 1)", 0, 500000, False),
         ("age / sex", 0, 100, False),  # a zero divisor becomes NULL
@@ -167,6 +167,14 @@ def _bounds(expr: str) -> Interval:
         ("ABS(age - 50)", 0, 50, True),
         ("COALESCE(age, 200)", 0, 200, True),
         ("TRY_CAST(income AS INT)", 0, 500000, True),
+        ("LEAST(income, 5000)", 0, 5000, False),
+        ("GREATEST(age, 18)", 18, 100, True),
+        ("LEAST(age, income)", 0, 500000, False),  # either may be NULL: no cap
+        ("CASE WHEN income > 5000 THEN 5000 ELSE income END", 0, 5000, False),
+        ("CASE WHEN age >= 65 THEN age - 65 END", 0, 35, True),
+        ("CASE WHEN age < 18 OR age > 64 THEN 0 ELSE age END", 0, 64, True),
+        ("CASE WHEN NOT (age <= 30) AND age < 40 THEN age END", 31, 39, True),
+        ("CASE WHEN 10 > age THEN age ELSE 10 END", 0, 10, True),
     ],
 )
 def test_bound_interval_arithmetic(expr, lo, hi, integral):

@@ -34,6 +34,9 @@ QUERIES = [
     "SELECT SUM(CASE WHEN x > 2 THEN y ELSE -x END) AS s FROM t WHERE g IN (0, 2) OR y IS NULL",
     "SELECT g, SUM(y / (x + 4)) FROM t GROUP BY g HAVING COUNT(*) > 1",
     "SELECT SUM(x / g) AS ratio, COUNT(y) FROM t",
+    "SELECT g, SUM(LEAST(y, 1.0)), SUM(CASE WHEN x > 2 THEN 2 WHEN x < 0 THEN -x ELSE x END) "
+    "FROM t GROUP BY g",
+    "SELECT AVG(CASE WHEN y >= 1 OR x = 0 THEN 1 ELSE y END) FROM t",
 ]
 ORDER = ["pid", "g", "x", "y"]
 

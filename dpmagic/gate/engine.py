@@ -92,8 +92,9 @@ class Engine:
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
         self.accountant = make_accountant(policy.gate.accountant)
-        self.ledger = Ledger(policy.gate.state_dir / "ledger.sqlite3", self.accountant)
+        # Data first: a policy whose files are missing fails before any state is written.
         self.databases = {name: Database(ds, policy.gate) for name, ds in policy.datasets.items()}
+        self.ledger = Ledger(policy.gate.state_dir / "ledger.sqlite3", self.accountant)
 
     def close(self) -> None:
         for db in self.databases.values():

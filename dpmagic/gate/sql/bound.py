@@ -10,6 +10,7 @@ data-dependent error.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sqlglot import exp
@@ -50,6 +51,8 @@ class Interval:
 
 
 BOOL = Interval(0, 1, True)
+Env = Mapping[str, Interval]
+NO_ENV: Env = {}
 UNBOUNDED = Interval(-math.inf, math.inf, False)
 
 
@@ -76,9 +79,12 @@ def bound(checked: Checked) -> Bounded:
     return Bounded(checked=checked, bounds=bounds)
 
 
-def interval(node: exp.Expression, resolved: Resolved) -> Interval | None:
-    """The interval of a row expression; ``None`` for non-numeric or always-NULL ones."""
-    iv = _interval(node, resolved)
+def interval(node: exp.Expression, resolved: Resolved, env: Env = NO_ENV) -> Interval | None:
+    """The interval of a row expression; ``None`` for non-numeric or always-NULL ones.
+
+    ``env`` narrows columns where a ``CASE`` branch is known to hold.
+    """
+    iv = _interval(node, resolved, env)
     if iv is not None and iv.finite:
         limit = INT_LIMIT if iv.integral else FLOAT_LIMIT
         if max(abs(iv.lo), abs(iv.hi)) > limit:
@@ -89,16 +95,16 @@ def interval(node: exp.Expression, resolved: Resolved) -> Interval | None:
     return iv
 
 
-def _interval(node: exp.Expression, r: Resolved) -> Interval | None:
+def _interval(node: exp.Expression, r: Resolved, env: Env) -> Interval | None:
     if isinstance(node, exp.Paren):
-        return interval(node.this, r)
+        return interval(node.this, r, env)
     if isinstance(node, exp.Column):
         col = r.columns[id(node)]
         if col.type == "bool":
             return BOOL
         if col.lower is None or col.type not in ("int", "float"):
             return UNBOUNDED if col.type in ("int", "float") else None
-        return Interval(col.lower, col.upper, col.type == "int")
+        return env.get(col.name) or Interval(col.lower, col.upper, col.type == "int")
     if isinstance(node, exp.Boolean):
         return BOOL
     if isinstance(node, exp.Null):
@@ -109,41 +115,40 @@ def _interval(node: exp.Expression, r: Resolved) -> Interval | None:
         value = float(node.this)
         return Interval(value, value, node.is_int)
     if isinstance(node, exp.Neg):
-        a = interval(node.this, r)
+        a = interval(node.this, r, env)
         return None if a is None else Interval(-a.hi, -a.lo, a.integral)
     if isinstance(node, exp.Add | exp.Sub | exp.Mul | exp.Div | exp.IntDiv | exp.Mod):
-        return _arith(node, interval(node.this, r), interval(node.expression, r))
+        return _arith(node, interval(node.this, r, env), interval(node.expression, r, env))
     if isinstance(node, exp.Predicate | exp.Connector | exp.Not | exp.Like | exp.ILike):
         for child in node.iter_expressions():
-            interval(child, r)
+            interval(child, r, env)
         return BOOL
     if isinstance(node, exp.Case):
-        branches = [i.args.get("true") for i in node.args.get("ifs", [])]
-        for i in node.args.get("ifs", []):
-            interval(i.this, r)
-        return _hull([*branches, node.args.get("default")], r)
+        return _case(node, r, env)
     if isinstance(node, exp.If):
-        interval(node.this, r)
-        return _hull([node.args.get("true"), node.args.get("false")], r)
-    if isinstance(node, exp.Coalesce | exp.Greatest | exp.Least):
-        return _hull([node.this, *node.expressions], r)
+        interval(node.this, r, env)
+        return _hull([node.args.get("true"), node.args.get("false")], r, env)
+    if isinstance(node, exp.Greatest | exp.Least):
+        return _extreme(node, r, env)
+    if isinstance(node, exp.Coalesce):
+        return _hull([node.this, *node.expressions], r, env)
     if isinstance(node, exp.Nullif):
-        interval(node.expression, r)
-        return interval(node.this, r)
+        interval(node.expression, r, env)
+        return interval(node.this, r, env)
     if isinstance(node, exp.Abs):
-        a = interval(node.this, r)
+        a = interval(node.this, r, env)
         if a is None:
             return None
         low = 0.0 if a.lo <= 0 <= a.hi else min(abs(a.lo), abs(a.hi))
         return Interval(low, max(abs(a.lo), abs(a.hi)), a.integral)
     if isinstance(node, exp.Round | exp.Floor | exp.Ceil):
-        a = interval(node.this, r)
+        a = interval(node.this, r, env)
         if a is None or a.integral:
             return a
         # ROUND(x, n) may land up to half a unit beyond the interval's ends.
         return Interval(math.floor(a.lo) - 1, math.ceil(a.hi) + 1, False)
     if isinstance(node, exp.TryCast):
-        a = interval(node.this, r)
+        a = interval(node.this, r, env)
         to = node.to.this
         if to == exp.DataType.Type.BOOLEAN:
             return BOOL
@@ -190,20 +195,118 @@ def _arith(node: exp.Expression, a: Interval | None, b: Interval | None) -> Inte
     return Interval(lo, hi, False)
 
 
-def _hull(nodes: list[exp.Expression | None], r: Resolved) -> Interval | None:
+def _hull(nodes: list[exp.Expression | None], r: Resolved, env: Env) -> Interval | None:
     out = None
     for node in nodes:
         if node is None:
             continue
-        iv = interval(node, r)
+        iv = interval(node, r, env)
         if iv is None:
             continue
         out = iv if out is None else out.hull(iv)
     return out
 
 
+def _case(node: exp.Case, r: Resolved, env: Env) -> Interval | None:
+    """Each THEN is bounded where its WHEN holds and every earlier WHEN failed;
+    the ELSE where all failed. ``CASE WHEN x > 9 THEN 9 ELSE x END`` is in [lo, 9]."""
+    out: Interval | None = None
+    for branch in node.args.get("ifs", []):
+        interval(branch.this, r, env)
+        value = interval(branch.args["true"], r, _narrow(branch.this, True, r, env))
+        out = value if out is None else (out if value is None else out.hull(value))
+        env = _narrow(branch.this, False, r, env)
+    default = node.args.get("default")
+    value = interval(default, r, env) if default is not None else None
+    return value if out is None else (out if value is None else out.hull(value))
+
+
+def _extreme(node: exp.Greatest | exp.Least, r: Resolved, env: Env) -> Interval | None:
+    """DuckDB's LEAST and GREATEST skip NULLs, so any one argument may be the result;
+    an argument that is never NULL (a literal) caps it nonetheless."""
+    args = [node.this, *node.expressions]
+    ivs = [interval(a, r, env) for a in args]
+    known = [iv for iv in ivs if iv is not None]
+    if not known:
+        return None
+    hull = known[0]
+    for iv in known[1:]:
+        hull = hull.hull(iv)
+    sure = [iv for a, iv in zip(args, ivs, strict=True) if iv is not None and _never_null(a)]
+    if not sure:
+        return hull
+    if isinstance(node, exp.Least):
+        return Interval(hull.lo, min(hull.hi, min(iv.hi for iv in sure)), hull.integral)
+    return Interval(max(hull.lo, max(iv.lo for iv in sure)), hull.hi, hull.integral)
+
+
+def _never_null(node: exp.Expression) -> bool:
+    if isinstance(node, exp.Paren | exp.Neg):
+        return _never_null(node.this)
+    if isinstance(node, exp.Add | exp.Sub | exp.Mul):
+        return _never_null(node.this) and _never_null(node.expression)
+    return isinstance(node, exp.Literal) and not node.is_string
+
+
+_FLIP: dict[type[exp.Expression], type[exp.Expression]] = {
+    exp.GT: exp.LT, exp.GTE: exp.LTE, exp.LT: exp.GT, exp.LTE: exp.GTE, exp.EQ: exp.EQ,
+}  # fmt: skip
+_NEGATE: dict[type[exp.Expression], type[exp.Expression]] = {
+    exp.GT: exp.LTE, exp.GTE: exp.LT, exp.LT: exp.GTE, exp.LTE: exp.GT,
+}  # fmt: skip
+
+
+def _narrow(cond: exp.Expression, holds: bool, r: Resolved, env: Env) -> Env:
+    """Column intervals where ``cond`` is known true (or known not true).
+
+    Only comparisons of a bounded column with a number, under AND (when true)
+    and OR (when false), narrow anything; every other condition leaves the
+    intervals as they are, which is always sound. A row whose column is NULL
+    makes any expression of that column NULL, so narrowing its non-NULL
+    values is all that matters.
+    """
+    while isinstance(cond, exp.Paren):
+        cond = cond.this
+    if isinstance(cond, exp.Not):
+        return _narrow(cond.this, not holds, r, env)
+    if (isinstance(cond, exp.And) and holds) or (isinstance(cond, exp.Or) and not holds):
+        return _narrow(cond.expression, holds, r, _narrow(cond.this, holds, r, env))
+    op = type(cond)
+    if op not in _FLIP:
+        return env
+    column, number = cond.this, cond.expression
+    if not isinstance(column, exp.Column):
+        column, number, op = number, column, _FLIP[op]
+    if not (isinstance(column, exp.Column) and isinstance(number, exp.Literal)) or number.is_string:
+        return env
+    col = r.columns.get(id(column))
+    if col is None or col.lower is None or col.type not in ("int", "float"):
+        return env
+    if not holds:
+        if op is exp.EQ:
+            return env
+        op = _NEGATE[op]
+    current = env.get(col.name) or Interval(col.lower, col.upper, col.type == "int")
+    c = float(number.this)
+    lo, hi = current.lo, current.hi
+    step = 1 if current.integral else 0  # a strict bound on an int moves to the next int
+    if op is exp.EQ:
+        lo, hi = max(lo, c), min(hi, c)
+    elif op is exp.GT:
+        lo = max(lo, math.floor(c) + 1 if step else c)
+    elif op is exp.GTE:
+        lo = max(lo, math.ceil(c) if step else c)
+    elif op is exp.LT:
+        hi = min(hi, math.ceil(c) - 1 if step else c)
+    elif op is exp.LTE:
+        hi = min(hi, math.floor(c) if step else c)
+    if lo > hi:  # the branch can never run for a non-NULL value
+        lo, hi = current.lo, current.lo
+    return {**env, col.name: Interval(lo, hi, current.integral)}
+
+
 def _unbounded_reason(agg: AggregateCall, r: Resolved) -> str:
-    if _interval(agg.arg, r) is None:
+    if _interval(agg.arg, r, NO_ENV) is None:
         return f"{agg.label} sums a value that is not a number"
     unbounded = sorted(
         {

@@ -37,6 +37,9 @@ class ExactResult:
 
 class Database:
     def __init__(self, dataset: Dataset, gate: GateConfig) -> None:
+        missing = [p for p in dataset.sources.values() if not p.exists()]
+        if missing:
+            raise FileNotFoundError(f"dataset {dataset.name!r}: source {missing[0]} not found")
         path = dataset.database
         if path is None:
             path = _materialise(dataset, gate.state_dir)
@@ -99,8 +102,6 @@ def _materialise(dataset: Dataset, state_dir: Path) -> Path:
         con = duckdb.connect(str(partial))
         try:
             for table, source in dataset.sources.items():
-                if not source.exists():
-                    raise FileNotFoundError(f"dataset {dataset.name!r}: source {source} not found")
                 reader = "read_parquet" if source.suffix.lower() == ".parquet" else "read_csv_auto"
                 con.execute(f'CREATE TABLE "{table}" AS SELECT * FROM {reader}(?)', [str(source)])
             con.execute("CHECKPOINT")

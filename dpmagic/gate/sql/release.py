@@ -174,7 +174,7 @@ class _Intervals:
             if c[0] < 1:
                 return lo, hi
             corners = [a / b for a in s for b in c]
-            return max(lo, min(corners)), min(hi, max(corners))
+            return _within(min(corners), lo, hi), _within(max(corners), lo, hi)
         if isinstance(node, exp.Paren):
             return self._eval(node.this, pid, alpha)
         if isinstance(node, exp.Literal) and not node.is_string:
@@ -231,6 +231,10 @@ def _unary(node: exp.Expression, a: Bounds) -> Bounds:
         low = 0.0 if a[0] <= 0 <= a[1] else min(abs(a[0]), abs(a[1]))
         return low, max(abs(a[0]), abs(a[1]))
     return a
+
+
+def _within(value: float, lo: float, hi: float) -> float:
+    return min(max(value, lo), hi)
 
 
 def _literal(value: float) -> str:
