@@ -114,8 +114,12 @@ def write_skeleton(
         text = skeleton(files, privacy_unit, name, out)
     except PolicyError as exc:
         raise InitError(str(exc)) from None
+    # The policy is the gate's file: readable by its owner only (DESIGN.md §7).
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if force else os.O_EXCL)
     try:
-        with out.open("w" if force else "x") as fh:
+        fd = os.open(out, flags, 0o600)
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w") as fh:
             fh.write(text)
     except FileExistsError:
         raise InitError(f"{out} exists; pass --force to replace it") from None

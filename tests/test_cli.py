@@ -74,6 +74,7 @@ def test_init_writes_types_not_values(
         assert value not in text
     policy = load_policy(out)
     assert policy.dataset("clinic").privacy_unit == "patient_id"
+    assert out.stat().st_mode & 0o777 == 0o600  # the gate's file, nobody else's
 
 
 def test_init_refuses_to_overwrite(
