@@ -67,6 +67,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--policy", type=Path, help="serve this policy instead of the example")
     p.add_argument("--port", type=_positive, help="JupyterLab's port")
+    p.add_argument("--patients", type=_positive, default=5000, help="patients in the example")
+    p.add_argument(
+        "--no-browser", action="store_true", help="do not open a browser (remote or headless)"
+    )
     p.set_defaults(run=_lab)
 
     p = sub.add_parser("kernel", help="manage the gated kernelspec", description="Kernelspecs.")
@@ -148,7 +152,9 @@ def _lab(args: argparse.Namespace) -> int:
     from dpmagic.lab import LabUnavailable, run_lab
 
     try:
-        return run_lab(policy=args.policy, port=args.port)
+        return run_lab(
+            policy=args.policy, port=args.port, patients=args.patients, browser=not args.no_browser
+        )
     except LabUnavailable as exc:
         raise CommandError(str(exc)) from None
 

@@ -42,6 +42,7 @@ def run_lab(
     port: int | None = None,
     patients: int = 5000,
     out: TextIO = sys.stdout,
+    browser: bool = True,
 ) -> int:
     """The ``dpmagic lab`` command: returns JupyterLab's exit code.
 
@@ -83,6 +84,12 @@ def run_lab(
         cmd = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={root}"]
         if port is not None:
             cmd.append(f"--port={port}")
+        if not browser:
+            cmd.append("--no-browser")
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            # Containers often run as root; JupyterLab refuses to without this.
+            print("running as root: starting JupyterLab with --allow-root", file=out)
+            cmd.append("--allow-root")
         out.flush()
         lab = subprocess.Popen(cmd, env=env)
         try:
