@@ -144,6 +144,21 @@ def socket_path(workdir: Path, stack: contextlib.ExitStack) -> Path:
     return short / "gate.sock"
 
 
+def start_gate(
+    policy: Path, workdir: Path, stack: contextlib.ExitStack, out: TextIO
+) -> GateProcess | None:
+    """A gate subprocess stopped when ``stack`` closes; None (reported) if it won't start."""
+    gate = GateProcess(policy, socket_path(workdir, stack), workdir / "gate.log")
+    try:
+        gate.start()
+    except GateStartError as exc:
+        print(f"dpmagic: error: {exc}", file=out)
+        return None
+    stack.callback(gate.stop)
+    print(f"gate listening on {gate.address} (a separate process)", file=out)
+    return gate
+
+
 def run_notebook(path: Path, env: dict[str, str], out: TextIO) -> bool:
     """Execute the notebook cell by cell, printing each code cell and its output.
 
@@ -195,14 +210,9 @@ def run_demo(keep: Path | None = None, patients: int = 5000, out: TextIO = sys.s
         policy = prepare_example(workdir, patients)
         notebook = workdir / NOTEBOOK
         shutil.copyfile(example_file(NOTEBOOK), notebook)
-        gate = GateProcess(policy, socket_path(workdir, stack), workdir / "gate.log")
-        try:
-            gate.start()
-        except GateStartError as exc:
-            print(f"dpmagic: error: {exc}", file=out)
+        gate = start_gate(policy, workdir, stack, out)
+        if gate is None:
             return 1
-        stack.callback(gate.stop)
-        print(f"gate listening on {gate.address} (a separate process)", file=out)
         env = {**os.environ, "DPMAGIC_GATE": gate.address, "JPY_SESSION_NAME": NOTEBOOK}
         if not run_notebook(notebook, env, out):
             print("\nthe demo failed: a cell raised an error (above)", file=out)

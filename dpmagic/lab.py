@@ -20,14 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import TextIO
 
-from dpmagic.demo import (
-    NOTEBOOK,
-    GateProcess,
-    GateStartError,
-    example_file,
-    prepare_example,
-    socket_path,
-)
+from dpmagic.demo import NOTEBOOK, example_file, prepare_example, start_gate
 from dpmagic.gate.policy import load_policy
 
 LAB_MISSING = "JupyterLab is not installed: pip install 'dpmagic[lab]'"
@@ -63,14 +56,9 @@ def run_lab(
             print(f"generating the clinic example ({patients} patients) in {workdir}", file=out)
             policy = prepare_example(workdir / "data", patients)
             shutil.copyfile(example_file(NOTEBOOK), root / NOTEBOOK)
-        gate = GateProcess(policy, socket_path(workdir, stack), workdir / "gate.log")
-        try:
-            gate.start()
-        except GateStartError as exc:
-            print(f"dpmagic: error: {exc}", file=out)
+        gate = start_gate(policy, workdir, stack, out)
+        if gate is None:
             return 1
-        stack.callback(gate.stop)
-        print(f"gate listening on {gate.address}", file=out)
         prefix = workdir / "jupyter"
         where = install(prefix=str(prefix), gate=gate.address)
         print(f"gated kernel installed in {where}", file=out)

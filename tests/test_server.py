@@ -126,16 +126,6 @@ def call(
 
 
 @pytest.fixture
-def short_dir(tmp_path: Path) -> Iterator[Path]:
-    """A folder whose socket paths fit in sun_path (108 bytes)."""
-    if len(str(tmp_path / "gate.sock")) < 100:
-        yield tmp_path
-        return
-    with tempfile.TemporaryDirectory(prefix="dpm-") as short:
-        yield Path(short)
-
-
-@pytest.fixture
 def unix_gate(tmp_path: Path, short_dir: Path) -> Iterator[Gate]:
     gate = Gate(write_policy(tmp_path), f"unix:{short_dir / 'gate.sock'}")
     yield gate
