@@ -214,6 +214,14 @@ def test_counts_are_floored_at_zero_and_averages_clamped():
     assert all(0.0 <= lo <= hi <= 2.5 for lo, hi in avg_intervals)
 
 
+def test_post_processing_cannot_fail_on_noisy_zeros():
+    r = _released(
+        "SELECT g, SUM(x) % COUNT(*) AS m, SUM(x) / COUNT(*) AS q FROM t GROUP BY g",
+        {"SUM(x)": [3, 4, 5], "COUNT(*)": [0, 2, -1]},
+    )
+    assert [row[1:] for row in r.rows] == [[None, None], [0, 2.0], [None, None]]
+
+
 def test_arithmetic_over_aggregates_carries_an_interval():
     r = _released(
         "SELECT ROUND(SUM(x) / COUNT(*), 1) AS mean FROM t",

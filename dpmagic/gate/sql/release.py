@@ -28,6 +28,7 @@ from dpmagic.gate.sql.check import AGGREGATES, Checked
 from dpmagic.gate.sql.noise import Noisy
 from dpmagic.gate.sql.parse import DIALECT
 from dpmagic.gate.sql.plan import Measurement, Plan
+from dpmagic.gate.sql.rewrite import total
 
 ALPHA = 0.05
 PID = "__pid"
@@ -123,11 +124,11 @@ class _PostExpr:
         def swap(n: exp.Expression) -> exp.Expression:
             if isinstance(n, exp.AggFunc) and type(n) in AGGREGATES:
                 return exp.maybe_parse(self._aggregate(n), dialect=DIALECT)
-            if isinstance(n, exp.Column):
-                return exp.column(n.name, quoted=True)
             return n
 
-        return node.copy().transform(swap).sql(dialect=DIALECT)
+        # Post-processing cannot raise either: an error would cost the user the ε
+        # already charged for an answer they never see.
+        return total(node.copy().transform(swap)).sql(dialect=DIALECT)
 
     def _aggregate(self, node: exp.AggFunc) -> str:
         agg = self.labels[node.sql(dialect=DIALECT)]

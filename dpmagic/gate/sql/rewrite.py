@@ -155,7 +155,12 @@ def _aggregate(m: Measurement) -> str:
 
 
 def _total(tree: exp.Expression) -> str:
-    """A row expression in a form that cannot raise on any data."""
+    return total(tree).sql(dialect=DIALECT)
+
+
+def total(tree: exp.Expression) -> exp.Expression:
+    """An expression in a form that cannot raise on any input: a zero divisor
+    gives NULL, decimals are doubles (no DECIMAL overflow), columns are quoted."""
 
     def fix(node: exp.Expression) -> exp.Expression:
         if isinstance(node, exp.Div | exp.IntDiv | exp.Mod):
@@ -170,7 +175,7 @@ def _total(tree: exp.Expression) -> str:
             return exp.column(node.name, quoted=True)
         return node
 
-    return tree.copy().transform(fix).sql(dialect=DIALECT)
+    return tree.copy().transform(fix)
 
 
 def _number(value: float, integral: bool) -> str:
