@@ -147,7 +147,7 @@ def test_materialised_data_is_private_to_the_gate(locked):
     [
         "SELECT * FROM read_csv('/etc/passwd')",
         "SET threads = 1",
-        "ATTACH '/tmp/x.duckdb' AS x",
+        "ATTACH 'elsewhere.duckdb' AS x",
         "COPY t TO 'out.csv'",
         "INSTALL httpfs",
         "CREATE TABLE u AS SELECT 1",
