@@ -66,7 +66,12 @@ class LaplaceNoise:
     def half_width(self, alpha: float) -> float:
         """Half-width of an interval that holds the noise with probability ≥ 1-alpha, in
         released units."""
-        units = math.floor(discrete_laplacian_scale_to_accuracy(self.scale, alpha))
+        accuracy = discrete_laplacian_scale_to_accuracy(self.scale, alpha)
+        if not math.isfinite(accuracy):
+            # OpenDP's formula underflows at scales below ~1e-3, where a draw is
+            # non-zero with probability about 2e**-1000: the interval is the point.
+            accuracy = 0.0
+        units = math.floor(accuracy)
         return units * self.granularity
 
 
