@@ -104,13 +104,16 @@ HATCHES = {
     "string_agg": "SELECT string_agg(s, ',') FROM t",
     "group_concat": "SELECT group_concat(s) FROM t",
     "json_group_array": "SELECT json_group_array(s) FROM t",
-    "histogram": "SELECT histogram(x) FROM t",
     "first": "SELECT first(s) FROM t",
     "any_value": "SELECT any_value(s) FROM t",
     "arg_max": "SELECT arg_max(s, x) FROM t",
     "max_by": "SELECT max_by(s, x) FROM t",
     "mode": "SELECT mode(s) FROM t",
 }
+
+
+# Refused in the user's SQL; the gate's own SQL counts quantile candidates with it.
+PIPELINE_ONLY = {"histogram": "SELECT histogram(x) FROM t"}
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +127,9 @@ def engine(tmp_path_factory) -> Engine:
     e.close()
 
 
-@pytest.mark.parametrize("sql", list(HATCHES.values()), ids=list(HATCHES))
+@pytest.mark.parametrize(
+    "sql", [*HATCHES.values(), *PIPELINE_ONLY.values()], ids=[*HATCHES, *PIPELINE_ONLY]
+)
 def test_the_pipeline_refuses_it_and_charges_nothing(engine, sql):
     with pytest.raises(Refused) as refused:
         engine.query("mallory", {"sql": sql})

@@ -55,9 +55,10 @@ STATE_FUNCTIONS = frozenset(
 )
 STATE_PREFIXES = ("duckdb_", "pragma_", "read_", "current_", "pg_", "json_", "parquet_")
 # Aggregates whose result is a row's value (or a list of them): never what noise is added to.
+# (``histogram`` is not one: quantiles count rows per public candidate with it.)
 VALUE_AGGREGATES = frozenset(
     {
-        "list", "array_agg", "string_agg", "group_concat", "listagg", "histogram",
+        "list", "array_agg", "string_agg", "group_concat", "listagg",
         "any_value", "arbitrary", "first", "last", "arg_max", "arg_min", "argmax", "argmin",
         "max_by", "min_by", "mode", "bitstring_agg",
     }
