@@ -25,9 +25,10 @@ from IPython.core.magic import (
 )
 from traitlets import Bool, Float, Int, Unicode, observe
 
-from dpmagic.client import Gate
+from dpmagic.client import Gate, connect
 from dpmagic.errors import DPError
 from dpmagic.result import BudgetView, DPResult, SchemaView
+from dpmagic.transcript import TranscriptGate
 
 ERROR_PREFIX = {
     "refused": "query refused: ",
@@ -183,18 +184,18 @@ class DpSql(Magics):
 
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
         super().__init__(shell=shell, **kwargs)
-        self._client: Gate | None = None
+        self._client: Gate | TranscriptGate | None = None
 
     @observe("gate", "token", "timeout")
     def _forget_client(self, change: Any) -> None:
         self._client = None
 
     @property
-    def client(self) -> Gate:
+    def client(self) -> Gate | TranscriptGate:
         """The gate client for the current settings, made on first use."""
         if self._client is None:
             with gate_errors():
-                self._client = Gate(self.gate, self.token, timeout=self.timeout)
+                self._client = connect(self.gate, self.token, timeout=self.timeout)
         return self._client
 
     @property
@@ -289,7 +290,8 @@ class DpSql(Magics):
 
             %dpconnect ADDRESS [--token TOKEN]
 
-        ADDRESS is `unix:/path/to/gate.sock` or `http://host:port`.
+        ADDRESS is `unix:/path/to/gate.sock`, `http://host:port`, or
+        `transcript:PATH` to answer only from a transcript of released answers.
         """
         tokens = line.split()
         token = None
