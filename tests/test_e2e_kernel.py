@@ -51,7 +51,10 @@ def execute(client: BlockingKernelClient, code: str) -> Outcome:
             outcome.streams += content["text"]
         elif kind == "status" and content["execution_state"] == "idle":
             break
-    outcome.reply = client.get_shell_msg(timeout=TIMEOUT)["content"]
+    # Skip stray replies (a kernel_info resent while the kernel was starting).
+    while (reply := client.get_shell_msg(timeout=TIMEOUT))["parent_header"].get("msg_id") != msg_id:
+        continue
+    outcome.reply = reply["content"]
     outcome.status = outcome.reply["status"]
     return outcome
 

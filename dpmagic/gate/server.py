@@ -87,11 +87,13 @@ class GateHandler(BaseHTTPRequestHandler):
     def __init__(self, app: App, *args: object) -> None:
         self.app = app
         self.arrival = time.monotonic()
+        self.body_read = False
         super().__init__(*args)  # type: ignore[arg-type]
 
     def parse_request(self) -> bool:
         # The request line has just arrived: the padding clock starts here.
         self.arrival = time.monotonic()
+        self.body_read = False
         return super().parse_request()
 
     def do_GET(self) -> None:
@@ -117,10 +119,26 @@ class GateHandler(BaseHTTPRequestHandler):
         except Exception as exc:
             log.error("%s %s failed: %s", method, url.path, type(exc).__name__)
             status, reply = 500, Failed().as_reply()
+        if method == "POST" and not self.body_read:
+            self._discard_body()
         if url.path == "/v1/query":
             self._hold_until_quantum()
         self._reply(status, reply)
         log.info("%s %s %s %d", user, method, url.path, status)
+
+    def _discard_body(self) -> None:
+        """Read a body the request was refused before reading: a client still
+        sending it when the reply and the close came would see a broken pipe
+        instead of the reply."""
+        self.body_read = True
+        length = self.headers.get("Content-Length", "")
+        if not length.isdigit() or int(length) > MAX_BODY_BYTES:
+            self.close_connection = True
+            return
+        try:
+            self.rfile.read(int(length))
+        except OSError:
+            self.close_connection = True
 
     def _hold_until_quantum(self) -> None:
         quantum = self.app.quantum_s
@@ -172,6 +190,7 @@ class GateHandler(BaseHTTPRequestHandler):
         if size > MAX_BODY_BYTES:
             self.close_connection = True
             raise _HTTPError(413, f"the request body is over {MAX_BODY_BYTES} bytes")
+        self.body_read = True
         try:
             raw = self.rfile.read(size)
         except OSError:
