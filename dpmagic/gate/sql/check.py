@@ -238,13 +238,13 @@ class _Release:
         return out
 
     def _aggregate(self, node: exp.Expression) -> AggregateCall | None:
-        if isinstance(node, NEVER_AGGREGATES):
-            raise Refused(f"{_name(node)} returns data values and is never allowed")
         condition = None
         label = _display(node)
         if isinstance(node, exp.Filter):
             condition = node.expression.this
             node = node.this
+        if isinstance(node, NEVER_AGGREGATES):
+            raise Refused(f"{_name(node)} returns data values and is never allowed")
         if isinstance(node, exp.WithinGroup):
             return self._within_group(node, label, condition)
         if not isinstance(node, exp.AggFunc):
