@@ -177,6 +177,33 @@ class Engine:
         views = self._with_budget({}, user, ds, notebook or "unnamed")["budget"]
         return {"dataset": ds.name, **views}
 
+    def history(
+        self, user: str, dataset: str | None, notebook: str | None, limit: int
+    ) -> dict[str, object]:
+        """``GET /v1/history``: the calling user's own queries in one notebook, oldest first.
+
+        Only what the user already saw: their SQL, its time, its cost and what
+        became of it; never a stored answer, never another user's line.
+        Without a dataset it covers all of them, and names them, so a client
+        can show every budget without knowing the policy.
+        """
+        name = None if dataset is None else self._dataset(dataset).name
+        nb = notebook or "unnamed"
+        rows = self.ledger.history(user=user, dataset=name, notebook=nb, limit=limit)
+        entries = [
+            {
+                "time": row["time"],
+                "dataset": row["dataset"],
+                "sql": row["sql"],
+                "cost": {"epsilon": row["epsilon"], "delta": row["delta"]},
+                "status": row["status"],
+                "replayed": row["replayed"],
+            }
+            for row in reversed(rows)
+        ]
+        datasets = sorted(self.policy.datasets) if name is None else [name]
+        return {"datasets": datasets, "notebook": nb, "entries": entries}
+
     def schema(self, dataset: str | None) -> dict[str, object]:
         ds = self._dataset(dataset)
         out = ds.as_dict()
