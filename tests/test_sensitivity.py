@@ -205,6 +205,8 @@ JOIN_QUERIES = [
     "SELECT g, AVG(z) FROM (SELECT t.g, u.z FROM t JOIN u ON t.pid = u.pid WHERE u.z >= 0) AS j "
     "GROUP BY g",
     "SELECT COUNT(*) FROM t JOIN u ON t.pid = u.pid JOIN pub ON pub.g = t.g WHERE pub.w > 1",
+    "SELECT g, COUNT(*), SUM(x) FROM t WHERE pid IN (SELECT pid FROM u WHERE z > 0) GROUP BY g",
+    "SELECT COUNT(*) FROM t WHERE pid NOT IN (SELECT u.pid FROM u JOIN pub ON u.z = pub.w)",
 ]
 joined_unit = st.tuples(unit_rows, st.lists(st.one_of(st.none(), st.integers(-5, 6)), max_size=4))
 

@@ -51,6 +51,10 @@ QUERIES = [
     "SELECT CASE WHEN x < 0 THEN 'n' WHEN x = 0 THEN 'z' END AS s, COUNT(*) FROM t GROUP BY 1",
     "SELECT x > 2 AS big, g, COUNT(DISTINCT x), COUNT(DISTINCT pid) FROM t GROUP BY big, g",
     "SELECT g, COUNT(*) FROM t WHERE pid IN (1, 3) OR x IS NULL GROUP BY g HAVING COUNT(*) > 0",
+    "SELECT g, COUNT(*) FROM t WHERE pid IN (SELECT pid FROM u WHERE z > 0) GROUP BY g",
+    "SELECT COUNT(*), SUM(x) FROM t WHERE g NOT IN (SELECT g FROM pub WHERE w > 1)",
+    "SELECT COUNT(*) FROM t WHERE pid IN (SELECT pid FROM u WHERE pid NOT IN "
+    "(SELECT pid FROM t WHERE x > 2))",
 ]
 
 row = st.tuples(
