@@ -267,3 +267,60 @@ def test_links_name_each_table_unit_column():
 def test_bad_units_and_links_are_named(tables, reason):
     with pytest.raises(PolicyError, match=reason):
         _policy(tables)
+
+
+# -- dates --------------------------------------------------------------------
+
+DATED = dataset(
+    {
+        "pid": {"type": "int"},
+        "day": {"type": "date", "lower": "2019-01-01", "upper": "2024-12-31"},
+        "x": {"type": "int", "lower": 0, "upper": 5},
+    },
+    max_partitions=100,
+    max_rows=100,
+)
+
+
+def test_date_parts_group_by_their_public_ranges_and_read_clamped_dates():
+    import duckdb
+
+    from tests.gate_helpers import exact_vectors
+
+    sql = "SELECT YEAR(day) AS y, COUNT(*), SUM(x) FROM t WHERE day < DATE '2024-01-01' GROUP BY y"
+    p = make_plan(sql, DATED)
+    assert [k for (k,) in p.partitions] == list(range(2019, 2025))
+    con = duckdb.connect()
+    con.execute("CREATE TABLE t (pid BIGINT, day DATE, x BIGINT)")
+    rows = [(1, "2018-05-01", 1), (2, "2020-03-04", 2), (3, "2023-12-31", 3), (4, None, 4)]
+    con.executemany("INSERT INTO t VALUES (?, ?, ?)", rows)
+    out = exact_vectors(p, con, seed=1)
+    counts, sums = (out[m.name] for m in p.measurements)
+    # 2018-05-01 is read as the lower bound, 2019-01-01.
+    assert counts == [1, 1, 0, 0, 1, 0] and sums == [1, 2, 0, 0, 3, 0]
+    month = make_plan("SELECT EXTRACT(month FROM day) AS m, COUNT(*) FROM t GROUP BY m", DATED)
+    assert len(month.partitions) == 12
+    assert make_plan("SELECT MEDIAN(YEAR(day)) FROM t", DATED).selections[0].grid.size == 6
+
+
+@pytest.mark.parametrize(
+    ("sql", "reason"),
+    [
+        ("SELECT COUNT(*) FROM t WHERE day > DATE '2020-13-01'", "not a date"),
+        ("SELECT YEAR(x), COUNT(*) FROM t GROUP BY 1", "need a date column"),
+        ("SELECT EXTRACT(epoch FROM day) AS e, COUNT(*) FROM t GROUP BY e", "extract one of"),
+        ("SELECT COUNT(*) FROM t WHERE CAST(x AS DATE) > DATE '2020-01-01'", "TRY_CAST"),
+    ],
+)
+def test_date_refusals(sql, reason):
+    assert reason in refusal(sql, DATED)
+
+
+def test_date_bounds_in_the_policy():
+    assert DATED.tables["t"].columns["day"].as_dict() == {
+        "type": "date",
+        "lower": "2019-01-01",
+        "upper": "2024-12-31",
+    }
+    with pytest.raises(PolicyError, match="must be a date"):
+        dataset({"pid": {"type": "int"}, "day": {"type": "date", "lower": 3, "upper": 4}})

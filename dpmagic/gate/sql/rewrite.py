@@ -232,6 +232,12 @@ def _project(col: Column) -> str:
     value = f"TRY_CAST({_q(col.name)} AS {SQL_TYPES[col.type]})"
     if col.type in ("int", "float") and col.lower is not None:
         return _clamp(value, Interval(col.lower, col.upper, col.type == "int"))
+    if col.dates is not None:
+        lo, hi = (f"CAST('{d.isoformat()}' AS DATE)" for d in col.dates)
+        return (
+            f"(CASE WHEN {value} IS NULL THEN NULL WHEN {value} < {lo} THEN {lo} "
+            f"WHEN {value} > {hi} THEN {hi} ELSE {value} END)"
+        )
     return value
 
 
