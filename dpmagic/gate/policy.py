@@ -372,13 +372,13 @@ def _column(name: str, raw: dict, where: str) -> Column:
     if lower is not None and ctype not in ("int", "float"):
         raise PolicyError(f"{where}: bounds apply to int and float columns only")
     values = _public_values(raw, where)
-    if values is not None:
-        if (
-            lower is None
-            and ctype in ("int", "float")
-            and all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
-        ):
-            lower, upper = min(values), max(values)
+    if (
+        values is not None
+        and lower is None
+        and ctype in ("int", "float")
+        and all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+    ):
+        lower, upper = min(values), max(values)
     if ctype == "bool" and lower is None:
         lower, upper = 0, 1
     if ctype == "int" and lower is not None:
