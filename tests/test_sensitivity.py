@@ -207,6 +207,8 @@ JOIN_QUERIES = [
     "SELECT COUNT(*) FROM t JOIN u ON t.pid = u.pid JOIN pub ON pub.g = t.g WHERE pub.w > 1",
     "SELECT g, COUNT(*), SUM(x) FROM t WHERE pid IN (SELECT pid FROM u WHERE z > 0) GROUP BY g",
     "SELECT COUNT(*) FROM t WHERE pid NOT IN (SELECT u.pid FROM u JOIN pub ON u.z = pub.w)",
+    "SELECT g, SUM(x) FROM t WHERE NOT EXISTS (SELECT 1 FROM u WHERE t.pid = u.pid AND z < 0) "
+    "GROUP BY g",
 ]
 joined_unit = st.tuples(unit_rows, st.lists(st.one_of(st.none(), st.integers(-5, 6)), max_size=4))
 

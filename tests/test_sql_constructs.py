@@ -41,7 +41,12 @@ def refusal(sql: str, ds=DS) -> str:
     [
         ("SELECT COUNT(*) FROM t WHERE age = (SELECT MAX(age) FROM t)", "exactly"),
         ("SELECT (SELECT COUNT(*) FROM t) AS n FROM t", "subqueries in expressions"),
-        ("SELECT COUNT(*) FROM t WHERE EXISTS (SELECT 1 FROM u)", "subqueries in expressions"),
+        ("SELECT COUNT(*) FROM t WHERE EXISTS (SELECT 1 FROM u)", "tied to the query"),
+        ("SELECT COUNT(*) FROM t WHERE EXISTS (SELECT 1 FROM u WHERE u.z = t.age)", "units"),
+        (
+            "SELECT COUNT(*) FROM t WHERE EXISTS (SELECT 1 FROM u WHERE u.pid = t.pid OR u.z > 0)",
+            "one equality",
+        ),  # fmt: skip
         ("SELECT COUNT(*) FROM t WHERE age IN (SELECT z FROM u)", "other units' rows"),
         ("SELECT COUNT(*) FROM t WHERE pid IN (SELECT z FROM u)", "must match privacy units"),
         ("SELECT COUNT(*) FROM t WHERE pid IN (SELECT pid, z FROM u)", "exactly one column"),

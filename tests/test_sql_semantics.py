@@ -55,6 +55,9 @@ QUERIES = [
     "SELECT COUNT(*), SUM(x) FROM t WHERE g NOT IN (SELECT g FROM pub WHERE w > 1)",
     "SELECT COUNT(*) FROM t WHERE pid IN (SELECT pid FROM u WHERE pid NOT IN "
     "(SELECT pid FROM t WHERE x > 2))",
+    "SELECT g, COUNT(*) FROM t WHERE EXISTS (SELECT 1 FROM u WHERE u.pid = t.pid AND z > 0) "
+    "GROUP BY g",
+    "SELECT COUNT(*), SUM(x) FROM t WHERE NOT EXISTS (SELECT * FROM pub WHERE w = t.x)",
 ]
 
 row = st.tuples(

@@ -67,6 +67,7 @@ class SemiJoin:
     scans: tuple[Scan, ...]
     value: exp.Expression
     where: exp.Expression | None
+    exists: bool = False  # EXISTS: never NULL, and NULLs on either side never match
 
 
 @dataclass(frozen=True)
@@ -275,6 +276,8 @@ class _Flattener:
         def semi(n: exp.Expression) -> exp.Expression:
             if isinstance(n, exp.In) and n.args.get("query") is not None:
                 return self.semi_join(n, env)
+            if isinstance(n, exp.Exists):
+                return self.exists(n, env)
             return n
 
         node = node.copy().transform(semi)
@@ -315,22 +318,76 @@ class _Flattener:
             item.this if isinstance(item, exp.Alias) else item, sub_env, frozenset(), "IN (…)"
         )
         lhs = self.substitute(node.this, env, frozenset(), "IN (…)")
+        return self._semi(sub, filters, lhs, value, exists=False)
+
+    def exists(self, node: exp.Exists, env: Env) -> exp.Expression:
+        """``EXISTS (SELECT … WHERE inner = outer AND …)``: the one equality with the
+        outer query makes it ``outer IN (SELECT inner … WHERE …)``."""
+        select = node.this
+        if not isinstance(select, exp.Select):
+            raise Refused("EXISTS (…) takes one SELECT")
+        _row_transformation(select)
+        sub = _Flattener(self.dataset, self.names)
+        ctes = sub.ctes(select, self.top_ctes)
+        sub_env, filters = sub.from_clause(select, ctes, "from")
+        where = select.args.get("where")
+        link: tuple[exp.Expression, exp.Expression] | None = None
+        for conj in _conjuncts(where.this) if where is not None else []:
+            try:
+                filters.append(sub.substitute(conj, sub_env, frozenset(), "WHERE"))
+                continue
+            except Refused:
+                pass
+            pair = _correlation(conj, sub, sub_env, self, env)
+            if pair is None or link is not None:
+                raise Refused(
+                    "EXISTS (SELECT …) must tie the subquery to the query by one equality "
+                    "(inner.pid = outer.pid), its other conditions on its own tables"
+                )
+            link = pair
+        if link is None:
+            raise Refused("EXISTS (SELECT …) must be tied to the query by an equality")
+        return self._semi(sub, filters, link[1], link[0], exists=True)
+
+    def _semi(
+        self,
+        sub: _Flattener,
+        filters: list[exp.Expression],
+        lhs: exp.Expression,
+        value: exp.Expression,
+        exists: bool,
+    ) -> exp.Expression:
         private = [s for s in sub.scans if not s.table.public]
         if private:
             _unit(tuple(sub.scans), filters, self.dataset)
             inner, outer = _unit_of(value, tuple(sub.scans)), _unit_of(lhs, tuple(self.scans))
             if inner is None or outer is None:
                 raise Refused(
-                    "IN (SELECT …) over a private table must match privacy units "
+                    "IN (SELECT …) or EXISTS over a private table must match privacy units "
                     "(t.pid IN (SELECT pid FROM …)): otherwise a unit's rows would depend "
                     "on other units' rows"
                 )
         self.semijoins.extend(sub.semijoins)
         name = f"__j{len(self.semijoins)}"
-        self.semijoins.append(
-            SemiJoin(name, lhs, tuple(sub.scans), value, _and(filters) if filters else None)
-        )
+        where = _and(filters) if filters else None
+        self.semijoins.append(SemiJoin(name, lhs, tuple(sub.scans), value, where, exists))
         return exp.column(name, table=SEMI)
+
+
+def _correlation(
+    conj: exp.Expression, sub: _Flattener, sub_env: Env, outer: _Flattener, env: Env
+) -> tuple[exp.Expression, exp.Expression] | None:
+    """``(inner, outer)`` when ``conj`` equates a subquery column and a query column."""
+    if not isinstance(conj, exp.EQ):
+        return None
+    for a, b in ((conj.this, conj.expression), (conj.expression, conj.this)):
+        try:
+            inner = sub.substitute(a, sub_env, frozenset(), "EXISTS")
+            there = outer.substitute(b, env, frozenset(), "EXISTS")
+        except Refused:
+            continue
+        return inner, there
+    return None
 
 
 def _lookup(

@@ -188,11 +188,14 @@ def _semijoins(sql: str, resolved: Resolved) -> str:
     used = _used(resolved, [])
     for j in reversed(resolved.semijoins):
         source, where = _reads(j.scans, [j.where] if j.where is not None else [], used)
+        if j.exists:
+            where.append(f"({_total(j.value)}) IS NOT NULL")
         inner = f"SELECT {_total(j.value)} FROM {source}"
         if where:
             inner += f" WHERE {' AND '.join(where)}"
+        test = f"({_total(j.lhs)}) IN ({inner})"
         token = _total(exp.column(j.name, table=SEMI))
-        sql = sql.replace(token, f"(({_total(j.lhs)}) IN ({inner}))")
+        sql = sql.replace(token, f"COALESCE({test}, FALSE)" if j.exists else f"({test})")
     return sql
 
 
