@@ -46,7 +46,7 @@ def refusal(sql: str, ds=DS) -> str:
         (
             "SELECT COUNT(*) FROM t WHERE EXISTS (SELECT 1 FROM u WHERE u.pid = t.pid OR u.z > 0)",
             "one equality",
-        ),  # fmt: skip
+        ),
         ("SELECT COUNT(*) FROM t WHERE age IN (SELECT z FROM u)", "other units' rows"),
         ("SELECT COUNT(*) FROM t WHERE pid IN (SELECT z FROM u)", "must match privacy units"),
         ("SELECT COUNT(*) FROM t WHERE pid IN (SELECT pid, z FROM u)", "exactly one column"),
