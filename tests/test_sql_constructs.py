@@ -329,3 +329,23 @@ def test_date_bounds_in_the_policy():
     }
     with pytest.raises(PolicyError, match="must be a date"):
         dataset({"pid": {"type": "int"}, "day": {"type": "date", "lower": 3, "upper": 4}})
+
+
+@pytest.mark.parametrize(
+    ("sql", "reason"),
+    [
+        ("SELECT COUNT(*) FROM t WHERE note = 5", "compares number with text"),
+        ("SELECT COUNT(*) FROM t WHERE age = 'old'", "compares number with text"),
+        ("SELECT COUNT(*) FROM t WHERE note IN ('a', 3)", "compares"),
+        ("SELECT COUNT(*) FROM t JOIN pub ON t.note = pub.sex", "compares"),
+        ("SELECT COUNT(*) FROM t WHERE age BETWEEN 'a' AND 'b'", "compares"),
+    ],
+)
+def test_comparisons_that_would_cast_data_are_refused(sql, reason):
+    """DuckDB would cast one side; a cast that fails on some row is a data-dependent error."""
+    assert reason in refusal(sql)
+
+
+def test_dates_compare_with_date_text():
+    assert make_plan("SELECT COUNT(*) FROM t WHERE day >= '2020-02-01'", DATED)
+    assert "not a date" in refusal("SELECT COUNT(*) FROM t WHERE day >= '2020-02-31'", DATED)

@@ -358,7 +358,50 @@ def _row_expr(node: exp.Expression, resolved: Resolved, where: str) -> None:
             raise Refused(f"TRY_CAST to {n.to.sql(dialect=DIALECT)} is not supported")
         if isinstance(n, exp.Like | exp.ILike) and not isinstance(n.expression, exp.Literal):
             raise Refused("LIKE needs a literal pattern")
+        if isinstance(n, COMPARISONS):
+            _comparable(n, resolved)
         _allowed(n, SCALAR_NODES + ROW_ONLY_NODES + (exp.Identifier,), f"in {where}")
+
+
+COMPARISONS = (
+    exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.NullSafeEQ, exp.NullSafeNEQ,
+    exp.In, exp.Between,
+)  # fmt: skip
+_FAMILIES = {"int": "number", "float": "number", "bool": "number", "str": "text", "date": "date"}
+
+
+def _comparable(node: exp.Expression, resolved: Resolved) -> None:
+    """Refuse comparing a column with a value of another kind: DuckDB would cast
+    one side, and a cast that fails on some row is an error that depends on data."""
+    operands = [node.this, node.args.get("expression")]
+    operands += node.args.get("expressions") or []
+    operands += [node.args.get("low"), node.args.get("high")]
+    kinds = {_family(o, resolved) for o in operands if o is not None} - {None}
+    if "date" in kinds and kinds <= {"date", "text"}:
+        for o in operands:
+            if isinstance(o, exp.Literal) and o.is_string:
+                try:
+                    dt.date.fromisoformat(o.this)
+                except ValueError:
+                    raise Refused(f"{o.this!r} is not a date (use YYYY-MM-DD)") from None
+        return
+    if len(kinds) > 1:
+        raise Refused(f"{_display(node)} compares {' with '.join(sorted(kinds))}")
+
+
+def _family(node: exp.Expression, resolved: Resolved) -> str | None:
+    while isinstance(node, exp.Paren):
+        node = node.this
+    col = resolved.column(node)
+    if col is not None:
+        return _FAMILIES.get(col.type)
+    if _date_literal(node):
+        return "date"
+    if isinstance(node, exp.Literal):
+        return "text" if node.is_string else "number"
+    if isinstance(node, exp.Boolean):
+        return "number"
+    return None
 
 
 def date_part(node: exp.Expression) -> str | None:
