@@ -278,3 +278,24 @@ def test_a_unit_in_many_groups_moves_a_quantile_histogram_by_the_bound():
     (s,) = p.selections
     moved = sum(_symmetric(a, b) for a, b in zip(with_unit[s.name], without[s.name], strict=True))
     assert moved == s.sensitivity == 4
+
+
+def test_a_null_in_a_private_subquery_cannot_decide_other_units_rows():
+    """Under SQL's rules one unit's NULL would make ``NOT IN`` NULL for every row;
+    the gate leaves NULLs out of a subquery over private rows, so adding the unit
+    whose LEFT JOIN gives a NULL moves the count by its own bound only."""
+    ds = dataset(COLUMNS, max_partitions=1, max_rows=1, more_tables=JOINED)
+    sql = (
+        "SELECT COUNT(*) FROM t WHERE pid NOT IN "
+        "(SELECT v.pid FROM u LEFT JOIN u AS v ON u.pid = v.pid AND v.z > 3)"
+    )
+    p = make_plan(sql, ds)
+    (m,) = p.measurements
+    con = duckdb.connect()
+    load_table(con, "t", ORDER, [(pid, 0, 1, 2.0) for pid in range(2, 8)])
+    load_table(con, "u", ["pid", "z"], [])
+    without = exact_vectors(p, con, seed=2)
+    load_table(con, "u", ["pid", "z"], [(1, 0)])  # unit 1: no match, so v.pid is NULL
+    with_null = exact_vectors(p, con, seed=2)
+    assert without[m.name] == [6]
+    assert _l1(with_null[m.name], without[m.name]) <= m.noise.sensitivity

@@ -188,7 +188,9 @@ def _semijoins(sql: str, resolved: Resolved) -> str:
     used = _used(resolved, [])
     for j in reversed(resolved.semijoins):
         source, where = _reads(j.scans, [j.where] if j.where is not None else [], used)
-        if j.exists:
+        if j.exists or any(not scan.table.public for scan in j.scans):
+            # Over private rows a NULL in the set would turn NOT IN to NULL for every
+            # row, letting one unit's NULL decide other units' rows: NULLs are left out.
             where.append(f"({_total(j.value)}) IS NOT NULL")
         inner = f"SELECT {_total(j.value)} FROM {source}"
         if where:
