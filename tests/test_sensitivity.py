@@ -209,6 +209,9 @@ JOIN_QUERIES = [
     "SELECT COUNT(*) FROM t WHERE pid NOT IN (SELECT u.pid FROM u JOIN pub ON u.z = pub.w)",
     "SELECT g, SUM(x) FROM t WHERE NOT EXISTS (SELECT 1 FROM u WHERE t.pid = u.pid AND z < 0) "
     "GROUP BY g",
+    "SELECT COUNT(*), SUM(k.zz), MAX(k.zz) FROM t LEFT JOIN "
+    "(SELECT pid, COALESCE(z, 0) + 1 AS zz FROM u WHERE z > 0) AS k ON t.pid = k.pid",
+    "SELECT pub.w, COUNT(*), COUNT(DISTINCT t.pid) FROM t CROSS JOIN pub GROUP BY pub.w",
 ]
 joined_unit = st.tuples(unit_rows, st.lists(st.one_of(st.none(), st.integers(-5, 6)), max_size=4))
 
