@@ -15,7 +15,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dpmagic.gate.sensitivity import Contribution, count_sensitivity, sum_sensitivity
+from dpmagic.gate.sensitivity import (
+    Contribution,
+    count_sensitivity,
+    selection_distance,
+    sum_sensitivity,
+)
 from tests.gate_helpers import dataset, exact_vectors, load_table, make_plan
 
 COLUMNS = {
@@ -180,6 +185,8 @@ def test_sensitivity_formulas(lower, upper, groups, rows, partitions, add_remove
     assert sum_sensitivity(lower, upper, c, "substitute") == substitute
     if lower == upper == 1:
         assert count_sensitivity(c, "substitute") == substitute
+        assert selection_distance(c, "add_remove") == groups * rows
+        assert selection_distance(c, "substitute") == 2 * groups * rows
 
 
 # -- joins ---------------------------------------------------------------------

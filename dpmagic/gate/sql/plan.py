@@ -24,7 +24,12 @@ from dpmagic.gate.errors import Refused
 from dpmagic.gate.mechanisms import LaplaceNoise, calibrate
 from dpmagic.gate.policy import Dataset
 from dpmagic.gate.selection import Grid, QuantileNoise, calibrate_quantile, grid
-from dpmagic.gate.sensitivity import Contribution, count_sensitivity, sum_sensitivity
+from dpmagic.gate.sensitivity import (
+    Contribution,
+    count_sensitivity,
+    selection_distance,
+    sum_sensitivity,
+)
 from dpmagic.gate.sql.bound import Bounded, Interval
 from dpmagic.gate.sql.check import AggregateCall, Checked, GroupKey
 from dpmagic.gate.sql.keys import MAX_PARTITIONS, KeyDomain
@@ -147,9 +152,7 @@ def plan(bounded: Bounded, epsilon: float, delta: float, accountant: Accountant)
     )
     for i, key in enumerate(quantiles):
         names[("quantile", f"{key[0]}|{key[1]}")] = f"q{i}"
-    distance = contribution.groups * contribution.rows
-    if dataset.neighbouring == "substitute":
-        distance *= 2  # the old unit's values leave, the new one's arrive
+    distance = selection_distance(contribution, dataset.neighbouring)
     selections = tuple(
         _selection(f"q{i}", level, arg, clamp, label, share, distance, len(partitions))
         for i, ((level, _), (arg, clamp, label)) in enumerate(quantiles.items())
