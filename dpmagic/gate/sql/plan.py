@@ -49,7 +49,8 @@ _I64_MAX = 2**63 - 1
 
 @dataclass(frozen=True)
 class Measurement:
-    """One noisy vector: a count, or a sum of values on the ``2**grid_exp`` grid."""
+    """One noisy vector: a count, a count of distinct values, or a sum of values on
+    the ``2**grid_exp`` grid."""
 
     name: str  # its column in the generated SQL
     kind: str  # count | count_distinct | count_unit (COUNT(DISTINCT unit)) | sum
@@ -113,6 +114,7 @@ class Plan:
         return next(s for s in self.selections if s.name == name)
 
 
+# A measurement before calibration: (kind, argument, clamp, label).
 Wanted = tuple[str, exp.Expression | None, Interval | None, str]
 
 
@@ -207,7 +209,10 @@ def _parts(agg: AggregateCall, clamp: Interval | None, resolved: Resolved) -> li
     ]  # fmt: skip
 
 
-def _want(wanted: dict, kind: str, arg, clamp, label: str) -> tuple[str, str]:
+def _want(
+    wanted: dict, kind: str, arg: exp.Expression | None, clamp: Interval | None, label: str
+) -> tuple[str, str]:
+    """Register a measurement once, however many aggregates are made of it."""
     key = (kind, "*" if arg is None else arg.sql(dialect=DIALECT))
     wanted.setdefault(key, (kind, arg, clamp, label))
     return key
