@@ -339,6 +339,8 @@ def test_date_bounds_in_the_policy():
         ("SELECT COUNT(*) FROM t WHERE note IN ('a', 3)", "compares"),
         ("SELECT COUNT(*) FROM t JOIN pub ON t.note = pub.sex", "compares"),
         ("SELECT COUNT(*) FROM t WHERE age BETWEEN 'a' AND 'b'", "compares"),
+        ("SELECT COUNT(*) FROM t WHERE note + 1 > 3", "arithmetic needs numbers"),
+        ("SELECT COUNT(*) FROM t WHERE -note = 'x'", "arithmetic needs numbers"),
     ],
 )
 def test_comparisons_that_would_cast_data_are_refused(sql, reason):

@@ -360,6 +360,10 @@ def _row_expr(node: exp.Expression, resolved: Resolved, where: str) -> None:
             raise Refused("LIKE needs a literal pattern")
         if isinstance(n, COMPARISONS):
             _comparable(n, resolved)
+        if isinstance(n, ARITHMETIC):
+            for operand in (n.this, n.args.get("expression")):
+                if operand is not None and _family(operand, resolved) in ("text", "date"):
+                    raise Refused(f"{_display(n)}: arithmetic needs numbers, not text or dates")
         _allowed(n, SCALAR_NODES + ROW_ONLY_NODES + (exp.Identifier,), f"in {where}")
 
 
@@ -367,6 +371,7 @@ COMPARISONS = (
     exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.NullSafeEQ, exp.NullSafeNEQ,
     exp.In, exp.Between,
 )  # fmt: skip
+ARITHMETIC = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.IntDiv, exp.Mod, exp.Neg, exp.Abs)
 _FAMILIES = {"int": "number", "float": "number", "bool": "number", "str": "text", "date": "date"}
 
 
