@@ -35,7 +35,7 @@ STYLE = """<style>
 .dpmagic details.dpm-toggle > summary::-webkit-details-marker { display: none; }
 .dpmagic details.dpm-toggle[open] > summary::before { content: "\\2212 "; }
 .dpmagic details.dpm-toggle:not([open]) > summary::before { content: "+ "; }
-.dpmagic details.dpm-toggle[open] ~ table .dpm-int { display: inline !important; }
+.dpmagic details.dpm-toggle[open] ~ table .dpm-int { display: inline-block !important; }
 .dpmagic .dpm-int { color: var(--jp-ui-font-color2, inherit); font-size: 0.85em;
   margin-left: 0.4em; white-space: nowrap; }
 .dpmagic .dpm-bar { display: inline-block; vertical-align: middle; height: 0.55em;

@@ -77,7 +77,7 @@ def test_intervals_toggle_open_hidden_spans():
     spans = re.findall(r'<span class="dpm-int" style="display:none">(.*?)</span>', html)
     assert spans == ["[29, 53]", "[30.50, 44]"] * 3
     # the style sheet opens exactly those spans when the toggle is open
-    assert "details.dpm-toggle[open] ~ table .dpm-int { display: inline !important; }" in html
+    assert "details.dpm-toggle[open] ~ table .dpm-int { display: inline-block !important; }" in html
 
 
 def test_no_toggle_without_noisy_cells():
