@@ -286,7 +286,8 @@ def test_schema_view():
         "budget: user ε 5, notebook ε 2, query default ε 0.1"
     )
     html = view._repr_html_()
-    assert "<td>age</td><td>int</td><td>[0, 100]</td><td></td>" in html
+    assert "<td>age</td><td>int</td><td>[0, 100]</td><td></td><td>SUM/AVG, WHERE, COUNT" in html
+    assert "<td>name</td><td>str</td><td></td><td></td><td>public table: no privacy cost" in html
     assert "<td>sex</td><td>int</td><td></td><td>0, 1</td>" in html
     assert "<strong>states (public)</strong>" in html
     assert "states (public)" in repr(view)
