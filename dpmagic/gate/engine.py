@@ -245,7 +245,8 @@ class Engine:
             "sql": the_plan.checked.resolved.canonical,
             "params": request.params,
             "cost": the_plan.cost.as_dict(),
-            "mechanisms": [m.noise.mechanism for m in the_plan.measurements],
+            "mechanisms": [m.noise.mechanism for m in the_plan.measurements]
+            + [s.noise.mechanism for s in the_plan.selections],
         }
         text = json.dumps(identity, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()
@@ -267,6 +268,21 @@ def _plan_summary(the_plan: Plan) -> list[dict[str, object]]:
             },
         }
         for m in the_plan.measurements
+    ] + [
+        {
+            "aggregate": s.label,
+            "sensitivity": s.sensitivity,
+            "mechanism": s.noise.mechanism,
+            "scale": s.scale,
+            "epsilon": s.epsilon,
+            "candidates": s.grid.size,
+            "partitions": len(the_plan.partitions),
+            "contribution": {
+                "groups": the_plan.contribution.groups,
+                "rows": the_plan.contribution.rows,
+            },
+        }
+        for s in the_plan.selections
     ]
 
 
