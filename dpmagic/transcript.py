@@ -42,6 +42,7 @@ class TranscriptGate:
         self.default_dataset: str | None = document.get("default_dataset")
         self.datasets: dict[str, dict[str, Any]] = document["datasets"]
         self._answers = {_key(a["request"]): a["reply"] for a in document["answers"]}
+        self._history: list[dict[str, Any]] = document.get("history", [])
 
     def __repr__(self) -> str:
         return f"TranscriptGate({str(self.path)!r})"
@@ -86,6 +87,19 @@ class TranscriptGate:
         """The budget as it stood when the transcript was exported."""
         name = self._dataset(dataset)
         return {"dataset": name, **self.datasets[name]["budget"]}
+
+    def history(
+        self, dataset: str | None = None, notebook: str | None = None, limit: int | None = None
+    ) -> dict[str, Any]:
+        """The notebook's queries as they stood when the transcript was exported."""
+        names = [self._dataset(dataset)] if dataset else sorted(self.datasets)
+        entries = [e for e in self._history if e.get("dataset") in names]
+        if limit is not None:
+            entries = entries[-limit:]
+        return {"datasets": names, "notebook": self.notebook, "entries": entries}
+
+    def abort(self) -> None:
+        """Nothing is ever in flight: answers come from the file."""
 
     def schema(self, dataset: str | None = None) -> dict[str, Any]:
         """The public schema the gate served, kept in the transcript."""
