@@ -198,17 +198,7 @@ class Engine:
         name = None if dataset is None else self._dataset(dataset).name
         nb = notebook or "unnamed"
         rows = self.ledger.history(user=user, dataset=name, notebook=nb, limit=limit)
-        entries = [
-            {
-                "time": row["time"],
-                "dataset": row["dataset"],
-                "sql": row["sql"],
-                "cost": {"epsilon": row["epsilon"], "delta": row["delta"]},
-                "status": row["status"],
-                "replayed": row["replayed"],
-            }
-            for row in reversed(rows)
-        ]
+        entries = history_entries(rows)
         datasets = sorted(self.policy.datasets) if name is None else [name]
         return {"datasets": datasets, "notebook": nb, "entries": entries}
 
@@ -267,6 +257,21 @@ def budget_views(
     # A notebook draws on the user's budget: it can never have more left than the user.
     nb_view["remaining"] = {k: min(v, user_left[k]) for k, v in nb_view["remaining"].items()}
     return views
+
+
+def history_entries(rows: list[dict[str, object]]) -> list[dict[str, object]]:
+    """Ledger rows (newest first) as ``/v1/history`` shows them, oldest first."""
+    return [
+        {
+            "time": row["time"],
+            "dataset": row["dataset"],
+            "sql": row["sql"],
+            "cost": {"epsilon": row["epsilon"], "delta": row["delta"]},
+            "status": row["status"],
+            "replayed": row["replayed"],
+        }
+        for row in reversed(rows)
+    ]
 
 
 def _plan_summary(the_plan: Plan) -> list[dict[str, object]]:
