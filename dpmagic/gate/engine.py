@@ -35,6 +35,7 @@ log = logging.getLogger("dpmagic.gate")
 # replay answers computed the old way.
 ANSWER_VERSION = "1"
 MAX_NOTEBOOK_CHARS = 512
+MIN_EPSILON = 1e-12
 
 
 @dataclass(frozen=True)
@@ -322,6 +323,9 @@ def _number(body: dict, key: str) -> float | None:
         raise BadRequest(f"`{key}` must be a finite number")
     if value < 0 or (key == "epsilon" and value == 0):
         raise BadRequest(f"`{key}` must be positive")
+    if key == "epsilon" and value < MIN_EPSILON:
+        # Split over measurements, a smaller ε can round to zero.
+        raise BadRequest(f"`epsilon` must be at least {MIN_EPSILON:g}")
     return float(value)
 
 

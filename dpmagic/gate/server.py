@@ -58,6 +58,7 @@ CONNECTION_TIMEOUT_S = 60.0
 # sun_path is 108 bytes including the terminating NUL.
 MAX_SOCKET_PATH_BYTES = 107
 USAGE_ERROR = 2
+LISTEN_BACKLOG = 128
 # Entries of /v1/history: the newest ones, by default and at most.
 HISTORY_DEFAULT = 100
 HISTORY_MAX = 1000
@@ -269,11 +270,14 @@ class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     # finishes and records its release before the ledger closes.
     daemon_threads = False
     block_on_close = True
+    # socketserver's backlog of 5 turns a sixth simultaneous connect away (EAGAIN).
+    request_queue_size = LISTEN_BACKLOG
 
 
 class _TCPServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
     daemon_threads = False
     block_on_close = True
+    request_queue_size = LISTEN_BACKLOG
     allow_reuse_address = True
 
 
