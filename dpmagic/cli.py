@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import getpass
+import importlib.util
 import json
 import math
 import os
@@ -55,6 +56,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", type=Path, required=True, help="the policy TOML file")
     p.add_argument(
         "--listen", help="unix:PATH or tcp:HOST:PORT (default: the policy's gate.listen)"
+    )
+    p.add_argument(
+        "--jupyterhub",
+        action="store_true",
+        help="run as a JupyterHub service: users are known by their Hub API tokens, and "
+        "the address defaults to the service's url ($JUPYTERHUB_SERVICE_URL)",
     )
     p.set_defaults(run=_serve)
 
@@ -196,7 +203,9 @@ def _serve(args: argparse.Namespace) -> int:
     policy = load_policy(args.policy)
     from dpmagic.gate.server import serve
 
-    return serve(policy, args.listen)
+    if args.jupyterhub and importlib.util.find_spec("jupyterhub") is None:
+        raise CommandError("--jupyterhub needs JupyterHub: pip install 'dpmagic[hub]'")
+    return serve(policy, args.listen, jupyterhub=args.jupyterhub)
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -74,9 +74,10 @@ class Gate:
     """A client for one gate address.
 
     ``address`` defaults to ``$DPMAGIC_GATE`` and ``token`` to
-    ``$DPMAGIC_TOKEN``. Each request opens its own connection: requests are
-    rare and slow next to a connect, and a fresh connection never resends a
-    request on a stale keep-alive socket.
+    ``$DPMAGIC_TOKEN``, else, over TCP, ``$JUPYTERHUB_API_TOKEN``. Each
+    request opens its own connection: requests are rare and slow next to a
+    connect, and a fresh connection never resends a request on a stale
+    keep-alive socket.
     """
 
     def __init__(
@@ -89,11 +90,14 @@ class Gate:
         if not address:
             raise GateUnavailable(f"no gate address is set: {HOW_TO_SET}")
         self.address = address
+        self._target = _parse_address(address)
         if token is None:
-            token = os.environ.get(ENV_TOKEN) or os.environ.get(ENV_HUB_TOKEN)
+            token = os.environ.get(ENV_TOKEN) or None
+        if token is None and self._target[0] == "tcp":
+            # Only over TCP: a unix-socket gate knows us by our uid instead.
+            token = os.environ.get(ENV_HUB_TOKEN)
         self.token = token or None
         self.timeout = timeout
-        self._target = _parse_address(address)
         self._lock = threading.Lock()
         self._in_flight: set[http.client.HTTPConnection] = set()
 

@@ -251,7 +251,7 @@ class BudgetView:
                  f"<td>{escape(st)}</td>"]
                 for t, sql, c, st in history
             ]  # fmt: skip
-            parts.append(table(HISTORY_HEADERS, body, raw=True))
+            parts.append(table(HISTORY_HEADERS, body, raw=True, text=True))
             limit = _epsilon(entry.budget, "notebook", "limit") or 0.0
             costs = [float((i.get("cost") or {}).get("epsilon") or 0) for i in entry.history]
             parts.append(
@@ -323,16 +323,30 @@ class SchemaView:
                         str(info.get("type", "")),
                         _bounds(info.get("lower"), info.get("upper")),
                         ", ".join(format_exact(v) for v in values) if values is not None else "",
+                        self._use(col, info, bool(info_table.get("public"))),
                     ]
                 )
             out.append((title, rows))
         return out
 
+    def _use(self, column: str, info: dict[str, Any], public: bool) -> str:
+        """How the column can appear in a query, from the policy's declarations alone."""
+        if public:
+            return "public table: no privacy cost"
+        if column == self.reply.get("privacy_unit"):
+            return "privacy unit: never shown or grouped by"
+        uses = []
+        if info.get("public_values") is not None:
+            uses.append("GROUP BY")
+        if info.get("lower") is not None and info.get("upper") is not None:
+            uses.append("SUM/AVG")
+        return ", ".join([*uses, "WHERE, COUNT"])
+
     def _repr_html_(self) -> str:
         parts = [STYLE, f'<div style="{MUTED}">{escape(self.summary())}</div>']
         for title, rows in self._tables():
             parts.append(f"<div><strong>{escape(title)}</strong></div>")
-            parts.append(table(SCHEMA_HEADERS, rows))
+            parts.append(table(SCHEMA_HEADERS, rows, text=True))
         return f'<div class="dpmagic dpmagic-schema">{"".join(parts)}</div>'
 
     def __repr__(self) -> str:
@@ -343,7 +357,7 @@ class SchemaView:
         return "\n".join(parts)
 
 
-SCHEMA_HEADERS = ("column", "type", "bounds", "public values")
+SCHEMA_HEADERS = ("column", "type", "bounds", "public values", "use in a query")
 
 
 def format_value(value: Any) -> str:

@@ -41,8 +41,8 @@ class TranscriptGate:
         self.notebook: str = document["notebook"]
         self.default_dataset: str | None = document.get("default_dataset")
         self.datasets: dict[str, dict[str, Any]] = document["datasets"]
-        self._released = [(a["request"], a["reply"]) for a in document["answers"]]
-        self._answers = {_key(request): reply for request, reply in self._released}
+        self._answers = {_key(a["request"]): a["reply"] for a in document["answers"]}
+        self._history: list[dict[str, Any]] = document.get("history", [])
 
     def __repr__(self) -> str:
         return f"TranscriptGate({str(self.path)!r})"
@@ -88,6 +88,19 @@ class TranscriptGate:
         name = self._dataset(dataset)
         return {"dataset": name, **self.datasets[name]["budget"]}
 
+    def history(
+        self, dataset: str | None = None, notebook: str | None = None, limit: int | None = None
+    ) -> dict[str, Any]:
+        """The notebook's queries as they stood when the transcript was exported."""
+        names = [self._dataset(dataset)] if dataset else sorted(self.datasets)
+        entries = [e for e in self._history if e.get("dataset") in names]
+        if limit is not None:
+            entries = entries[-limit:]
+        return {"datasets": names, "notebook": self.notebook, "entries": entries}
+
+    def abort(self) -> None:
+        """Nothing is ever in flight: answers come from the file."""
+
     def schema(self, dataset: str | None = None) -> dict[str, Any]:
         """The public schema the gate served, kept in the transcript."""
         info = dict(self.datasets[self._dataset(dataset)])
@@ -96,33 +109,6 @@ class TranscriptGate:
 
     def health(self) -> bool:
         return True
-
-    def history(
-        self, dataset: str | None = None, notebook: str | None = None, limit: int | None = None
-    ) -> dict[str, Any]:
-        """The released answers the transcript holds, in the shape of the gate's
-        ``/v1/history``; a replay spends nothing, so each costs what it cost then."""
-        names = [self._dataset(dataset)] if dataset else sorted(self.datasets)
-        entries = [
-            {
-                "time": None,
-                "dataset": request["dataset"],
-                "sql": request["sql"],
-                "cost": reply.get("cost", {"epsilon": 0.0, "delta": 0.0}),
-                "status": "released",
-                "replayed": bool(reply.get("replayed")),
-            }
-            for request, reply in self._released
-            if request["dataset"] in names
-        ]
-        return {
-            "datasets": names,
-            "notebook": self.notebook,
-            "entries": entries[-limit:] if limit else entries,
-        }
-
-    def abort(self) -> None:
-        """Nothing is in flight: every answer comes from the file at once."""
 
     def _dataset(self, name: str | None) -> str:
         name = name or self.default_dataset

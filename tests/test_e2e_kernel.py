@@ -51,7 +51,12 @@ def execute(client: BlockingKernelClient, code: str) -> Outcome:
             outcome.streams += content["text"]
         elif kind == "status" and content["execution_state"] == "idle":
             break
-    outcome.reply = client.get_shell_msg(timeout=TIMEOUT)["content"]
+    # The reply to this request: an earlier one (kernel_info's, from
+    # wait_for_ready) may still be queued on the shell channel.
+    reply = client.get_shell_msg(timeout=TIMEOUT)
+    while reply["parent_header"].get("msg_id") != msg_id:
+        reply = client.get_shell_msg(timeout=TIMEOUT)
+    outcome.reply = reply["content"]
     outcome.status = outcome.reply["status"]
     return outcome
 

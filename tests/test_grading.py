@@ -98,6 +98,9 @@ def test_a_transcript_replays_what_the_gate_replays(released) -> None:
     assert offline.budget() == {k: v for k, v in Gate(gate.address).budget(
         notebook=NOTEBOOK).items()}  # fmt: skip
     assert offline.schema()["tables"] == Gate(gate.address).schema()["tables"]
+    live_history = Gate(gate.address).history(notebook=NOTEBOOK)
+    assert offline.history() == {**live_history, "datasets": ["d"]}
+    assert offline.history(limit=2)["entries"] == live_history["entries"][-2:]
 
 
 @pytest.mark.parametrize(

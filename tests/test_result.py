@@ -77,7 +77,7 @@ def test_intervals_toggle_open_hidden_spans():
     spans = re.findall(r'<span class="dpm-int" style="display:none">(.*?)</span>', html)
     assert spans == ["[29, 53]", "[30.50, 44]"] * 3
     # the style sheet opens exactly those spans when the toggle is open
-    assert "details.dpm-toggle[open] ~ table .dpm-int { display: inline !important; }" in html
+    assert "details.dpm-toggle[open] ~ table .dpm-int { display: inline-block !important; }" in html
 
 
 def test_no_toggle_without_noisy_cells():
@@ -286,7 +286,8 @@ def test_schema_view():
         "budget: user ε 5, notebook ε 2, query default ε 0.1"
     )
     html = view._repr_html_()
-    assert "<td>age</td><td>int</td><td>[0, 100]</td><td></td>" in html
+    assert "<td>age</td><td>int</td><td>[0, 100]</td><td></td><td>SUM/AVG, WHERE, COUNT" in html
+    assert "<td>name</td><td>str</td><td></td><td></td><td>public table: no privacy cost" in html
     assert "<td>sex</td><td>int</td><td></td><td>0, 1</td>" in html
     assert "<strong>states (public)</strong>" in html
     assert "states (public)" in repr(view)

@@ -35,6 +35,7 @@ log = logging.getLogger("dpmagic.gate")
 # replay answers computed the old way.
 ANSWER_VERSION = "1"
 MAX_NOTEBOOK_CHARS = 512
+MIN_EPSILON = 1e-12
 
 
 @dataclass(frozen=True)
@@ -201,17 +202,7 @@ class Engine:
         name = None if dataset is None else self._dataset(dataset).name
         nb = notebook or "unnamed"
         rows = self.ledger.history(user=user, dataset=name, notebook=nb, limit=limit)
-        entries = [
-            {
-                "time": row["time"],
-                "dataset": row["dataset"],
-                "sql": row["sql"],
-                "cost": {"epsilon": row["epsilon"], "delta": row["delta"]},
-                "status": row["status"],
-                "replayed": row["replayed"],
-            }
-            for row in reversed(rows)
-        ]
+        entries = history_entries(rows)
         datasets = sorted(self.policy.datasets) if name is None else [name]
         return {"datasets": datasets, "notebook": nb, "entries": entries}
 
@@ -272,6 +263,21 @@ def budget_views(
     return views
 
 
+def history_entries(rows: list[dict[str, object]]) -> list[dict[str, object]]:
+    """Ledger rows (newest first) as ``/v1/history`` shows them, oldest first."""
+    return [
+        {
+            "time": row["time"],
+            "dataset": row["dataset"],
+            "sql": row["sql"],
+            "cost": {"epsilon": row["epsilon"], "delta": row["delta"]},
+            "status": row["status"],
+            "replayed": row["replayed"],
+        }
+        for row in reversed(rows)
+    ]
+
+
 def _plan_summary(the_plan: Plan) -> list[dict[str, object]]:
     return [
         {
@@ -320,6 +326,9 @@ def _number(body: dict, key: str) -> float | None:
         raise BadRequest(f"`{key}` must be a finite number")
     if value < 0 or (key == "epsilon" and value == 0):
         raise BadRequest(f"`{key}` must be positive")
+    if key == "epsilon" and value < MIN_EPSILON:
+        # Split over measurements, a smaller ε can round to zero.
+        raise BadRequest(f"`epsilon` must be at least {MIN_EPSILON:g}")
     return float(value)
 
 

@@ -22,7 +22,7 @@ import secrets
 from datetime import UTC, datetime
 from pathlib import Path
 
-from dpmagic.gate.engine import budget_views
+from dpmagic.gate.engine import budget_views, history_entries
 from dpmagic.gate.ledger import RELEASED, REPLAYED, Ledger
 from dpmagic.gate.policy import Policy
 
@@ -45,7 +45,8 @@ def export(ledger: Ledger, policy: Policy, user: str, notebook: str) -> dict[str
     """
     answers: dict[str, dict[str, object]] = {}
     datasets: set[str] = set()
-    for entry in reversed(ledger.history(user=user, notebook=notebook)):
+    rows = ledger.history(user=user, notebook=notebook)
+    for entry in reversed(rows):
         if entry["status"] not in (RELEASED, REPLAYED):
             continue
         reply = ledger.reply(int(entry["id"]))
@@ -73,6 +74,8 @@ def export(ledger: Ledger, policy: Policy, user: str, notebook: str) -> dict[str
             for name in sorted(datasets)
         },
         "answers": list(answers.values()),
+        # The notebook's history as `%dpbudget` shows it, at export.
+        "history": history_entries(rows),
     }
     document["signature"] = sign(document, signing_key(policy.gate.state_dir))
     return document
