@@ -11,6 +11,7 @@ from dpmagic.gate.accounting import PureAccountant
 from dpmagic.gate.policy import Dataset, parse_policy
 from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
+from dpmagic.gate.sql.contribution import prepare_sql
 from dpmagic.gate.sql.execute import ExactResult
 from dpmagic.gate.sql.parse import parse
 from dpmagic.gate.sql.plan import Plan, plan
@@ -47,10 +48,23 @@ def make_plan(sql: str, ds: Dataset, epsilon: float = 1.0) -> Plan:
     return plan(bound(check(resolve(parse(sql), ds))), epsilon, 0.0, PureAccountant())
 
 
+def run_exact(p: Plan, con: duckdb.DuckDBPyConnection, seed: int) -> ExactResult:
+    """The rewritten query run on the table prepared from ``con``'s raw table as the
+    gate prepares it at load, under ``seed``."""
+    con.execute("CREATE SCHEMA IF NOT EXISTS prepared")
+    select = prepare_sql(p.dataset, p.table, f'main."{p.table.name}"', seed)
+    con.execute(f'CREATE OR REPLACE TABLE prepared."{p.table.name}" AS {select}')
+    con.execute("SET schema = 'prepared'")
+    try:
+        return ExactResult(con.execute(rewrite(p).sql).fetchall())
+    finally:
+        con.execute("SET schema = 'main'")
+
+
 def exact_vectors(p: Plan, con: duckdb.DuckDBPyConnection, seed: int) -> dict[str, list[int]]:
     """Exact per-partition values of each measurement, in grid units."""
-    rw = rewrite(p, seed=seed)
-    rows = ExactResult(con.execute(rw.sql).fetchall()).rows
+    rw = rewrite(p)
+    rows = run_exact(p, con, seed).rows
     index = {part: i for i, part in enumerate(p.partitions)}
     out = {name: [0] * len(p.partitions) for name in rw.measurements}
     for row in rows:

@@ -23,6 +23,7 @@ from dpmagic.gate.policy import Column, Dataset, Table
 from dpmagic.gate.sensitivity import Contribution, count_sensitivity, sum_sensitivity
 from dpmagic.gate.sql.bound import Bounded, Interval
 from dpmagic.gate.sql.check import Checked
+from dpmagic.gate.sql.contribution import contribution as unit_contribution
 from dpmagic.gate.sql.parse import DIALECT
 
 MAX_PARTITIONS = 100_000
@@ -81,11 +82,7 @@ def plan(bounded: Bounded, epsilon: float, delta: float, accountant: Accountant)
     dataset = checked.resolved.dataset
     cost = accountant.query_cost(epsilon, delta)
     partitions = _partitions(checked.keys)
-    if dataset.privacy_unit is None:
-        contribution = Contribution.bounded(1, 1, len(partitions))
-    else:
-        groups = dataset.max_partitions if checked.keys else 1
-        contribution = Contribution.bounded(groups, dataset.max_rows_per_partition, len(partitions))
+    contribution = unit_contribution(dataset, bool(checked.keys), len(partitions))
 
     wanted: dict[tuple[str, str], tuple[str, exp.Expression | None, Interval | None, str]] = {}
     uses: dict[str, tuple[str, ...]] = {}

@@ -7,17 +7,9 @@ decimal literals become doubles, and columns are read through a projection
 that casts each one to its declared type and clamps it into its declared
 bounds, NULL staying NULL.
 
-Contribution bounding, for a dataset with a privacy unit:
-1. rows with no unit are dropped (they belong to no one we can bound);
-2. each unit keeps at most ``max_rows_per_partition`` rows per partition,
-   those whose content hashes lowest under a fresh secret seed;
-3. each unit keeps at most ``max_partitions`` partitions, chosen by a keyed
-   hash of the unit and the key under the same seed.
-Each choice is a function of one unit's own rows and the seed, never of row
-positions or of other units, so for any seed, adding, removing or replacing
-a unit changes only that unit's kept rows: this is what ``sensitivity``
-assumes, and what the brute-force tests check seed by seed. Rows with equal
-content are interchangeable, so ties cannot matter.
+Contribution bounding is a filter on the rank each private row got when
+the dataset was loaded (``contribution``, where the privacy argument is):
+only a unit's first ``K`` rows are read, before the user's ``WHERE``.
 
 Sums are exact: each clamped value is rounded to its integer grid and summed
 as HUGEINT, whose overflow the plan has ruled out.
@@ -25,24 +17,15 @@ as HUGEINT, whose overflow the plan has ruled out.
 
 from __future__ import annotations
 
-import secrets
 from dataclasses import dataclass
 
 from sqlglot import exp
 
 from dpmagic.gate.policy import Column
 from dpmagic.gate.sql.bound import Interval
+from dpmagic.gate.sql.contribution import SQL_TYPES, kept_rows
 from dpmagic.gate.sql.parse import DIALECT
 from dpmagic.gate.sql.plan import Measurement, Plan
-
-UNIT = "__unit"
-SQL_TYPES = {
-    "int": "BIGINT",
-    "float": "DOUBLE",
-    "str": "VARCHAR",
-    "bool": "BOOLEAN",
-    "date": "DATE",
-}
 
 
 @dataclass(frozen=True)
@@ -52,61 +35,33 @@ class Rewritten:
     measurements: tuple[str, ...]  # then one column per measurement, in this order
 
 
-def rewrite(plan: Plan, seed: int | None = None) -> Rewritten:
-    seed = secrets.randbits(62) if seed is None else seed
+def rewrite(plan: Plan) -> Rewritten:
     checked = plan.checked
-    unit = plan.dataset.privacy_unit
     used = _used_columns(plan)
     keys = [_q(f"__k{i}") for i in range(len(plan.keys))]
 
-    source = []
-    if unit is not None:
-        source.append(f"{_project(plan.table.columns[unit])} AS {_q(UNIT)}")
-    source += [f"{_project(c)} AS {_q(c.name)}" for c in used]
-    if not source:
-        source = ["1 AS __one"]
-
-    filters = [f"{_q(UNIT)} IS NOT NULL"] if unit is not None else []
+    source = [f"{_project(c)} AS {_q(c.name)}" for c in used] or ["1 AS __one"]
+    bounded = kept_rows(plan.dataset, plan.table, bool(plan.keys), len(plan.partitions))
+    filters = []
     if checked.where is not None:
         filters.append(f"({_total(checked.where)})")
     for key, col in zip(keys, plan.keys, strict=True):
         values = ", ".join(exp.convert(v).sql(dialect=DIALECT) for v in col.public_values or ())
         filters.append(f"{key} IN ({values})")
-    row_cols = [_q(UNIT)] if unit is not None else []
-    row_cols += [f"{_q(c.name)} AS {k}" for c, k in zip(plan.keys, keys, strict=True)]
-    values = [_q("__v_" + m.name) for m in plan.measurements if m.arg is not None]
+    row_cols = [f"{_q(c.name)} AS {k}" for c, k in zip(plan.keys, keys, strict=True)]
     row_cols += [
         f"{_total(m.arg)} AS {_q('__v_' + m.name)}" for m in plan.measurements if m.arg is not None
     ]
-    if not row_cols:
-        row_cols = ["1 AS __one"]
     ctes = [
-        f"src AS (SELECT {', '.join(source)} FROM {_q(plan.table.name)})",
-        f"kept_rows AS (SELECT {', '.join(row_cols)} FROM src"
+        f"src AS (SELECT {', '.join(source)} FROM {_q(plan.table.name)}"
+        + (f" WHERE {bounded}" if bounded else "")
+        + ")",
+        f"kept_rows AS (SELECT {', '.join(row_cols or ['1 AS __one'])} FROM src"
         + (f" WHERE {' AND '.join(filters)}" if filters else "")
         + ")",
     ]
-    final_source = "kept_rows"
-    if unit is not None:
-        c = plan.contribution
-        by_row = ", ".join([_q(UNIT), *keys])
-        content = ", ".join([_q(UNIT), *keys, *values, str(seed)])
-        ctes.append(
-            f"ranked AS (SELECT *, row_number() OVER (PARTITION BY {by_row} "
-            f"ORDER BY hash({content})) AS __row FROM kept_rows)"
-        )
-        final_source = f"ranked WHERE __row <= {c.rows}"
-        if keys:
-            key_list = ", ".join(keys)
-            ctes.append(
-                f"grouped AS (SELECT *, dense_rank() OVER (PARTITION BY {_q(UNIT)} "
-                f"ORDER BY hash({_q(UNIT)}, {key_list}, {seed}), {key_list}) AS __group "
-                f"FROM ranked WHERE __row <= {c.rows})"
-            )
-            final_source = f"grouped WHERE __group <= {c.groups}"
-
     outputs = [*keys, *(f"{_aggregate(m)} AS {_q(m.name)}" for m in plan.measurements)]
-    sql = f"WITH {', '.join(ctes)} SELECT {', '.join(outputs)} FROM {final_source}"
+    sql = f"WITH {', '.join(ctes)} SELECT {', '.join(outputs)} FROM kept_rows"
     if keys:
         sql += f" GROUP BY {', '.join(keys)}"
     return Rewritten(sql=sql, keys=len(keys), measurements=tuple(m.name for m in plan.measurements))
