@@ -51,6 +51,7 @@ CONNECTION_TIMEOUT_S = 60.0
 # sun_path is 108 bytes including the terminating NUL.
 MAX_SOCKET_PATH_BYTES = 107
 USAGE_ERROR = 2
+LISTEN_BACKLOG = socket.SOMAXCONN
 
 
 class ListenError(ValueError):
@@ -231,11 +232,14 @@ class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     # finishes and records its release before the ledger closes.
     daemon_threads = False
     block_on_close = True
+    # A class of kernels connecting at once must queue, not be refused (the default is 5).
+    request_queue_size = LISTEN_BACKLOG
 
 
 class _TCPServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
     daemon_threads = False
     block_on_close = True
+    request_queue_size = LISTEN_BACKLOG
     allow_reuse_address = True
 
 
