@@ -11,10 +11,12 @@ charge the budget twice, so a lost reply is reported, never retried.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
 import socket
+import threading
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
@@ -70,6 +72,8 @@ class Gate:
         self.token = token if token is not None else os.environ.get(ENV_TOKEN) or None
         self.timeout = timeout
         self._target = _parse_address(address)
+        self._lock = threading.Lock()
+        self._in_flight: set[http.client.HTTPConnection] = set()
 
     def __repr__(self) -> str:
         return f"Gate({self.address!r})"
@@ -103,6 +107,20 @@ class Gate:
         ``{"dataset", "user": {"spent", "limit", "remaining"}, "notebook": {…}}``."""
         return self._request("GET", _path("/v1/budget", dataset=dataset, notebook=notebook))
 
+    def history(
+        self, dataset: str | None = None, notebook: str | None = None, limit: int | None = None
+    ) -> dict[str, Any]:
+        """This user's queries in ``notebook``, oldest first (all datasets unless one is named):
+        ``{"datasets", "notebook", "entries": [{"time", "dataset", "sql", "cost", "status",
+        "replayed"}]}``."""
+        path = _path(
+            "/v1/history",
+            dataset=dataset,
+            notebook=notebook,
+            limit=None if limit is None else str(limit),
+        )
+        return self._request("GET", path)
+
     def schema(self, dataset: str | None = None) -> dict[str, Any]:
         """The public schema and policy facts: everything a user may know."""
         return self._request("GET", _path("/v1/schema", dataset=dataset))
@@ -113,6 +131,20 @@ class Gate:
             return self._request("GET", "/v1/health").get("ok") is True
         except GateUnavailable:
             return False
+
+    def abort(self) -> None:
+        """Stop waiting for every reply in flight (from another thread).
+
+        The gate is not told and does not need to be: a query it has charged
+        stays charged and is finished and stored, so asking again replays it.
+        """
+        with self._lock:
+            connections = list(self._in_flight)
+        for conn in connections:
+            if conn.sock is not None:
+                # shutdown, not close: it wakes a thread blocked reading the socket.
+                with contextlib.suppress(OSError):
+                    conn.sock.shutdown(socket.SHUT_RDWR)
 
     def _connection(self) -> http.client.HTTPConnection:
         kind, where = self._target
@@ -130,6 +162,8 @@ class Gate:
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
         conn = self._connection()
+        with self._lock:
+            self._in_flight.add(conn)
         try:
             try:
                 conn.connect()
@@ -148,6 +182,8 @@ class Gate:
                     "a query may have been charged — re-running it replays the stored answer"
                 ) from None
         finally:
+            with self._lock:
+                self._in_flight.discard(conn)
             conn.close()
         return _decode(status, raw)
 

@@ -49,21 +49,24 @@ def make_plan(sql: str, ds: Dataset, epsilon: float = 1.0) -> Plan:
 
 
 def run_exact(p: Plan, con: duckdb.DuckDBPyConnection, seed: int) -> ExactResult:
-    """The rewritten query run on the table prepared from ``con``'s raw table as the
-    gate prepares it at load, under ``seed``."""
+    """The rewritten query run on tables prepared from ``con``'s raw tables as the gate
+    prepares them at load, under ``seed`` (which also seeds any per-query bounding)."""
     con.execute("CREATE SCHEMA IF NOT EXISTS prepared")
-    select = prepare_sql(p.dataset, p.table, f'main."{p.table.name}"', seed)
-    con.execute(f'CREATE OR REPLACE TABLE prepared."{p.table.name}" AS {select}')
+    present = {name for (name,) in con.execute("SHOW TABLES").fetchall()}
+    for table in p.dataset.tables.values():
+        if table.name in present:
+            select = prepare_sql(p.dataset, table, f'main."{table.name}"', seed)
+            con.execute(f'CREATE OR REPLACE TABLE prepared."{table.name}" AS {select}')
     con.execute("SET schema = 'prepared'")
     try:
-        return ExactResult(con.execute(rewrite(p).sql).fetchall())
+        return ExactResult(con.execute(rewrite(p, seed=seed).sql).fetchall())
     finally:
         con.execute("SET schema = 'main'")
 
 
 def exact_vectors(p: Plan, con: duckdb.DuckDBPyConnection, seed: int) -> dict[str, list[int]]:
     """Exact per-partition values of each measurement, in grid units."""
-    rw = rewrite(p)
+    rw = rewrite(p, seed=seed)
     rows = run_exact(p, con, seed).rows
     index = {part: i for i, part in enumerate(p.partitions)}
     out = {name: [0] * len(p.partitions) for name in rw.measurements}

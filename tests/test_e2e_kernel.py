@@ -76,13 +76,13 @@ def running_kernel(manager: KernelManager, env: dict[str, str]) -> Iterator[Bloc
 
 
 def table_of(html: str) -> str:
-    match = re.search(r"<table>.*</table>", html)
+    match = re.search(r"<table>.*</table>", html, re.DOTALL)
     assert match, html
     return match.group(0)
 
 
 def footer_of(html: str) -> str:
-    match = re.search(r'class="dpmagic-footer"[^>]*>(.*?)</div>', html)
+    match = re.search(r'class="dpm-footer-text">(.*?)</span>', html)
     assert match, html
     return match.group(1)
 
@@ -125,7 +125,7 @@ def test_notebook_life_across_kernel_and_gate_restarts(gate):
         (after_gate_restart,) = execute(kc, CELL).html
         assert table_of(after_gate_restart) == table_of(html)
         assert footer_of(after_gate_restart).startswith("replayed (no cost)")
-        budget = execute(kc, "b = %dpbudget\nprint(b.reply['user']['spent']['epsilon'])")
+        budget = execute(kc, "b = %dpbudget\nprint(b['d'].budget['user']['spent']['epsilon'])")
         assert budget.streams.strip() == "0.5"
         assert "notebook course/hw1.ipynb" in execute(kc, "%dpbudget").html[0]
 

@@ -37,6 +37,9 @@ QUERIES = [
     "SELECT g, SUM(LEAST(y, 1.0)), SUM(CASE WHEN x > 2 THEN 2 WHEN x < 0 THEN -x ELSE x END) "
     "FROM t GROUP BY g",
     "SELECT AVG(CASE WHEN y >= 1 OR x = 0 THEN 1 ELSE y END) FROM t",
+    # Bounded per query after load (a unit's ranked rows may reach several groups):
+    "SELECT g, COUNT(DISTINCT pid) FROM t GROUP BY g",
+    "SELECT g, COUNT(DISTINCT x), COUNT(DISTINCT pid) FROM t GROUP BY g",
 ]
 ORDER = ["pid", "g", "x", "y"]
 

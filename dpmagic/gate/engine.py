@@ -177,6 +177,33 @@ class Engine:
         views = self._with_budget({}, user, ds, notebook or "unnamed")["budget"]
         return {"dataset": ds.name, **views}
 
+    def history(
+        self, user: str, dataset: str | None, notebook: str | None, limit: int
+    ) -> dict[str, object]:
+        """``GET /v1/history``: the calling user's own queries in one notebook, oldest first.
+
+        Only what the user already saw: their SQL, its time, its cost and what
+        became of it; never a stored answer, never another user's line.
+        Without a dataset it covers all of them, and names them, so a client
+        can show every budget without knowing the policy.
+        """
+        name = None if dataset is None else self._dataset(dataset).name
+        nb = notebook or "unnamed"
+        rows = self.ledger.history(user=user, dataset=name, notebook=nb, limit=limit)
+        entries = [
+            {
+                "time": row["time"],
+                "dataset": row["dataset"],
+                "sql": row["sql"],
+                "cost": {"epsilon": row["epsilon"], "delta": row["delta"]},
+                "status": row["status"],
+                "replayed": row["replayed"],
+            }
+            for row in reversed(rows)
+        ]
+        datasets = sorted(self.policy.datasets) if name is None else [name]
+        return {"datasets": datasets, "notebook": nb, "entries": entries}
+
     def schema(self, dataset: str | None) -> dict[str, object]:
         ds = self._dataset(dataset)
         out = ds.as_dict()
@@ -218,7 +245,8 @@ class Engine:
             "sql": the_plan.checked.resolved.canonical,
             "params": request.params,
             "cost": the_plan.cost.as_dict(),
-            "mechanisms": [m.noise.mechanism for m in the_plan.measurements],
+            "mechanisms": [m.noise.mechanism for m in the_plan.measurements]
+            + [s.noise.mechanism for s in the_plan.selections],
         }
         text = json.dumps(identity, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()
@@ -240,6 +268,21 @@ def _plan_summary(the_plan: Plan) -> list[dict[str, object]]:
             },
         }
         for m in the_plan.measurements
+    ] + [
+        {
+            "aggregate": s.label,
+            "sensitivity": s.sensitivity,
+            "mechanism": s.noise.mechanism,
+            "scale": s.scale,
+            "epsilon": s.epsilon,
+            "candidates": s.grid.size,
+            "partitions": len(the_plan.partitions),
+            "contribution": {
+                "groups": the_plan.contribution.groups,
+                "rows": the_plan.contribution.rows,
+            },
+        }
+        for s in the_plan.selections
     ]
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -61,9 +61,15 @@ class Column:
 
 @dataclass(frozen=True)
 class Table:
+    """A declared table. ``unit`` names the column holding the privacy unit
+    (``None`` for public tables and row-level datasets); ``links`` maps a
+    column to the ``table.column`` it references, as the owner declared."""
+
     name: str
     public: bool
     columns: dict[str, Column]
+    unit: str | None = None
+    links: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -98,6 +104,8 @@ class Dataset:
                 t.name: {
                     "public": t.public,
                     "columns": {c.name: c.as_dict() for c in t.columns.values()},
+                    **({"unit": t.unit} if t.unit else {}),
+                    **({"links": dict(t.links)} if t.links else {}),
                 }
                 for t in self.tables.values()
             },
@@ -228,12 +236,7 @@ def _dataset(name: str, raw: dict, base: Path) -> Dataset:
     }
     if not tables:
         raise PolicyError(f"{where}: declare at least one table under [{where}.tables]")
-    for t in tables.values():
-        if not t.public and unit is not None and unit.lower() not in t.columns:
-            raise PolicyError(
-                f"{where}.tables.{t.name}: a private table must declare the privacy unit "
-                f"column {unit!r}"
-            )
+    tables = _units(tables, unit.lower() if unit else None, where)
     for tname in sources:
         if tname.lower() not in tables:
             raise PolicyError(f"{where}.sources.{tname}: no such table is declared")
@@ -255,7 +258,7 @@ def _dataset(name: str, raw: dict, base: Path) -> Dataset:
 
 
 def _table_decl(name: str, raw: dict, where: str) -> Table:
-    _only(raw, where, {"public", "columns"})
+    _only(raw, where, {"public", "columns", "unit", "links"})
     public = bool(raw.get("public", False))
     columns = {
         cname.lower(): _column(cname, craw, f"{where}.columns.{cname}")
@@ -263,7 +266,77 @@ def _table_decl(name: str, raw: dict, where: str) -> Table:
     }
     if not public and not columns:
         raise PolicyError(f"{where}: a private table must declare its columns")
-    return Table(name=name.lower(), public=public, columns=columns)
+    unit = raw.get("unit")
+    if unit is not None and (not isinstance(unit, str) or unit.lower() not in columns):
+        raise PolicyError(f"{where}.unit must name one of the table's declared columns")
+    links = _table(raw, "links", where + ".links", required=False)
+    for column, target in links.items():
+        if column.lower() not in columns:
+            raise PolicyError(f"{where}.links: {column!r} is not a declared column")
+        if not isinstance(target, str) or target.count(".") != 1:
+            raise PolicyError(f'{where}.links.{column} must be "table.column"')
+    if public and (unit or links):
+        raise PolicyError(f"{where}: a public table has no privacy unit and no links")
+    return Table(
+        name=name.lower(),
+        public=public,
+        columns=columns,
+        unit=unit.lower() if unit else None,
+        links={c.lower(): str(t).lower() for c, t in links.items()},
+    )
+
+
+def _units(tables: dict[str, Table], unit: str | None, where: str) -> dict[str, Table]:
+    """Give each private table the column that holds its privacy unit.
+
+    A table holds it under the dataset's ``privacy_unit`` name, under its own
+    ``unit`` key, or in a column it ``links`` to another table's unit column
+    (``visits.patient_id → patients.id``): each of its rows then belongs to
+    the unit that column names.
+    """
+    out = dict(tables)
+    for t in tables.values():
+        if t.public or unit is None:
+            if (t.unit or t.links) and unit is None:
+                raise PolicyError(
+                    f"{where}.tables.{t.name}: units and links need the dataset's privacy_unit"
+                )
+            continue
+        if t.unit is None and unit in t.columns:
+            out[t.name] = replace(t, unit=unit)
+    # A link may point at a table whose own unit comes from a link: settle in rounds.
+    for _ in range(len(out)):
+        for t in list(out.values()):
+            for column, target in t.links.items():
+                tname, tcol = target.split(".")
+                other = out.get(tname)
+                if other is None or other.public or tcol not in other.columns:
+                    raise PolicyError(
+                        f"{where}.tables.{t.name}.links.{column}: {target!r} is not a column "
+                        "of a declared private table"
+                    )
+                if other.unit == tcol and t.unit is None:
+                    out[t.name] = t = replace(t, unit=column)
+    for t in out.values():
+        for column, target in t.links.items():
+            tname, tcol = target.split(".")
+            if out[tname].unit != tcol:
+                raise PolicyError(
+                    f"{where}.tables.{t.name}.links.{column}: {target!r} must be the privacy "
+                    f"unit column of {tname!r}"
+                )
+            if t.unit != column:
+                raise PolicyError(
+                    f"{where}.tables.{t.name}: its unit is {t.unit!r}, yet it links "
+                    f"{column!r} to the unit of {tname!r}"
+                )
+    for t in out.values():
+        if not t.public and unit is not None and t.unit is None:
+            raise PolicyError(
+                f"{where}.tables.{t.name}: a private table must hold the privacy unit: a "
+                f"column {unit!r}, a `unit` key, or a link to another table's unit"
+            )
+    return out
 
 
 def _column(name: str, raw: dict, where: str) -> Column:

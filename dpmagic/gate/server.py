@@ -52,6 +52,9 @@ CONNECTION_TIMEOUT_S = 60.0
 MAX_SOCKET_PATH_BYTES = 107
 USAGE_ERROR = 2
 LISTEN_BACKLOG = socket.SOMAXCONN
+# Entries of /v1/history: the newest ones, by default and at most.
+HISTORY_DEFAULT = 100
+HISTORY_MAX = 1000
 
 
 class ListenError(ValueError):
@@ -204,6 +207,14 @@ def _budget(handler: GateHandler, user: str, query: str) -> dict[str, object]:
     return handler.app.engine.budget(user, params.get("dataset"), params.get("notebook"))
 
 
+def _history(handler: GateHandler, user: str, query: str) -> dict[str, object]:
+    params = _params(query, {"dataset", "notebook", "limit"})
+    raw = params.get("limit", str(HISTORY_DEFAULT))
+    if not raw.isdigit() or not 1 <= int(raw) <= HISTORY_MAX:
+        raise _HTTPError(400, f"limit must be a whole number from 1 to {HISTORY_MAX}")
+    return handler.app.engine.history(user, params.get("dataset"), params.get("notebook"), int(raw))
+
+
 def _schema(handler: GateHandler, user: str, query: str) -> dict[str, object]:
     return handler.app.engine.schema(_params(query, {"dataset"}).get("dataset"))
 
@@ -223,6 +234,7 @@ ROUTES: dict[str, Route] = {
     "/v1/query": Route("POST", True, _query),
     "/v1/budget": Route("GET", True, _budget),
     "/v1/schema": Route("GET", True, _schema),
+    "/v1/history": Route("GET", True, _history),
     "/v1/health": Route("GET", False, _health),
 }
 

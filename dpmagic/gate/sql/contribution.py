@@ -33,6 +33,13 @@ new ones in another). That is ``sensitivity.sum_sensitivity`` for a
 contribution of one group of ``K`` rows, which ``contribution`` returns, and
 what ``tests/test_sensitivity.py`` checks by brute force, seed by seed.
 
+The rank filter alone bounds a query that reads one private table and no
+other (a join may multiply a unit's rows) and releases no count of distinct
+units (a unit's ``K`` rows may reach ``K`` partitions, one unit each); the
+others keep the per-query window bounding of ``rewrite.bound_contributions``
+after their joins, on tables already truncated at load, which only ever
+removes rows of the unit they belong to.
+
 ``K`` is ``max_rows_per_partition`` without a ``GROUP BY``, and
 ``min(max_partitions, partitions) × max_rows_per_partition`` with one: the
 same L1 sensitivity as bounding groups and rows per group separately, at
@@ -47,6 +54,7 @@ import secrets
 
 from dpmagic.gate.policy import Dataset, Table
 from dpmagic.gate.sensitivity import Contribution
+from dpmagic.gate.sql.resolve import Resolved
 
 RANK = "__dpmagic_rank"
 SQL_TYPES = {
@@ -69,18 +77,33 @@ def rows_per_unit(dataset: Dataset, grouped: bool, partitions: int) -> int:
     return min(dataset.max_partitions, partitions) * dataset.max_rows_per_partition
 
 
-def contribution(dataset: Dataset, grouped: bool, partitions: int) -> Contribution:
-    """What one unit can contribute to a query with ``partitions`` released partitions."""
+def ranked_rows(
+    dataset: Dataset, resolved: Resolved, grouped: bool, partitions: int, kinds: set[str]
+) -> int | None:
+    """``K`` when the load-time rank alone bounds this query, else None (see above)."""
+    if dataset.privacy_unit is None or len(resolved.scans) != 1 or "count_unit" in kinds:
+        return None
+    if resolved.scans[0].table.public:
+        return None
+    return rows_per_unit(dataset, grouped, partitions)
+
+
+def contribution(
+    dataset: Dataset, ranked: int | None, grouped: bool, partitions: int
+) -> Contribution:
+    """What one unit can contribute: ``ranked`` rows in any partitions, or, bounded by
+    the window, ``max_rows_per_partition`` rows in each of ``max_partitions`` groups."""
     if dataset.privacy_unit is None:  # each row is its own unit
         return Contribution.bounded(1, 1, partitions)
-    return Contribution.bounded(1, rows_per_unit(dataset, grouped, partitions), partitions)
+    if ranked is not None:
+        return Contribution.bounded(1, ranked, partitions)
+    groups = dataset.max_partitions if grouped else 1
+    return Contribution.bounded(groups, dataset.max_rows_per_partition, partitions)
 
 
-def kept_rows(dataset: Dataset, table: Table, grouped: bool, partitions: int) -> str | None:
-    """The per-query predicate on the prepared table, or None when there is nothing to bound."""
-    if dataset.privacy_unit is None or table.public:
-        return None
-    return f'"{RANK}" <= {rows_per_unit(dataset, grouped, partitions)}'
+def kept_rows(ranked: int | None) -> str | None:
+    """The per-query predicate on the prepared table, or None when the rank does not bound."""
+    return None if ranked is None else f'"{RANK}" <= {ranked}'
 
 
 def prepare_sql(dataset: Dataset, table: Table, source: str, seed: int | None = None) -> str:
@@ -89,10 +112,10 @@ def prepare_sql(dataset: Dataset, table: Table, source: str, seed: int | None = 
     ``source`` is SQL the gate wrote (a table name or a file reader), never
     user text. Public tables and row-level datasets are copied as they are.
     """
-    if table.public or dataset.privacy_unit is None:
+    if table.public or dataset.privacy_unit is None or table.unit is None:
         return f"SELECT * FROM {source}"
     seed = secrets.randbits(62) if seed is None else seed
-    unit = table.columns[dataset.privacy_unit]
+    unit = table.columns[table.unit]
     key = f'TRY_CAST(__row."{unit.name}" AS {SQL_TYPES[unit.type]})'
     # __copy numbers identical rows, so that copies are ranked apart like any other rows.
     return (
