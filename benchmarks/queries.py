@@ -41,7 +41,8 @@ QUERIES = (
     ),
     Query(
         "join: count by sex",
-        "SELECT p.sex, COUNT(*) AS n FROM visits v JOIN persons p ON v.pid = p.pid GROUP BY p.sex",
+        "SELECT p.sex, COUNT(*) AS n FROM visits AS v JOIN persons AS p ON v.pid = p.pid "
+        "GROUP BY p.sex",
         ("sex",),
         "n",
     ),
