@@ -33,7 +33,7 @@ log = logging.getLogger("dpmagic.gate")
 
 # Part of every replay key: a change to how answers are computed must not
 # replay answers computed the old way.
-ANSWER_VERSION = "1"
+ANSWER_VERSION = "2"
 MAX_NOTEBOOK_CHARS = 512
 MIN_EPSILON = 1e-12
 

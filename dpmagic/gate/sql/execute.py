@@ -3,9 +3,13 @@
 The database is opened once per dataset, read-only, with external access,
 extension loading and configuration changes switched off; each query gets a
 fresh connection (cursor) of its own, so no temporary object or setting
-survives it, and a timer interrupts it at the policy's timeout. Datasets
-declared by ``sources`` are first copied into a DuckDB file in the gate's
-state directory, readable by the gate's user only.
+survives it, and a timer interrupts it at the policy's timeout.
+
+At start, the declared tables (from ``sources`` files or from the owner's
+``database``) are copied into a DuckDB file in the gate's state directory,
+readable by the gate's user only, with each private table truncated and
+ranked per privacy unit once (``contribution.prepare_sql``), so that no
+query has to sort the data to bound contributions.
 
 Before anything runs, DuckDB's own parser (independent of the sqlglot one
 the analysis passes use) checks the SQL: exactly one ``SELECT``, reading only
@@ -31,8 +35,8 @@ import duckdb
 
 from dpmagic.gate.errors import Failed
 from dpmagic.gate.policy import Dataset, GateConfig
+from dpmagic.gate.sql.contribution import SQL_TYPES, prepare_sql
 from dpmagic.gate.sql.keys import MAX_PARTITIONS
-from dpmagic.gate.sql.rewrite import SQL_TYPES
 
 KEY_TYPES = ("int", "str", "bool")  # public columns whose values can serve as group keys
 
@@ -81,11 +85,11 @@ class Database:
         missing = [p for p in dataset.sources.values() if not p.exists()]
         if missing:
             raise FileNotFoundError(f"dataset {dataset.name!r}: source {missing[0]} not found")
-        path = dataset.database
-        if path is None:
-            path = _materialise(dataset, gate.state_dir)
-        elif not path.exists():
-            raise FileNotFoundError(f"dataset {dataset.name!r}: database {path} not found")
+        if dataset.database is not None and not dataset.database.exists():
+            raise FileNotFoundError(
+                f"dataset {dataset.name!r}: database {dataset.database} not found"
+            )
+        path = _materialise(dataset, gate.state_dir)
         self.timeout_s = gate.query_timeout_s
         self.tables = frozenset(name.lower() for name in dataset.tables)
         self._db = duckdb.connect(
@@ -233,7 +237,8 @@ def _interrupt_after(con: duckdb.DuckDBPyConnection, done: threading.Event, seco
 
 
 def _materialise(dataset: Dataset, state_dir: Path) -> Path:
-    """Copy CSV/Parquet sources into a private DuckDB file, replaced at each start."""
+    """Copy the declared tables into a private DuckDB file, prepared for bounding and
+    replaced at each start (with a fresh secret seed for the per-unit row order)."""
     state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(state_dir, 0o700)
     target = state_dir / f"{dataset.name}.duckdb"
@@ -244,9 +249,20 @@ def _materialise(dataset: Dataset, state_dir: Path) -> Path:
     try:
         con = duckdb.connect(str(partial))
         try:
-            for table, source in dataset.sources.items():
-                reader = "read_parquet" if source.suffix.lower() == ".parquet" else "read_csv_auto"
-                con.execute(f'CREATE TABLE "{table}" AS SELECT * FROM {reader}(?)', [str(source)])
+            if dataset.database is not None:
+                con.execute("ATTACH ? AS __owner (READ_ONLY)", [str(dataset.database)])
+                present = {
+                    name.lower()
+                    for (name,) in con.execute(
+                        "SELECT table_name FROM duckdb_tables() WHERE database_name = '__owner'"
+                    ).fetchall()
+                }
+                relations = {t: f'__owner."{t}"' for t in dataset.tables if t in present}
+            else:
+                relations = {t: _reader(p) for t, p in dataset.sources.items()}
+            for name, relation in relations.items():
+                select = prepare_sql(dataset, dataset.tables[name], relation)
+                con.execute(f'CREATE TABLE "{name}" AS {select}')
             con.execute("CHECKPOINT")
         finally:
             con.close()
@@ -255,3 +271,12 @@ def _materialise(dataset: Dataset, state_dir: Path) -> Path:
     os.chmod(partial, 0o600)
     os.replace(partial, target)
     return target
+
+
+def _reader(source: Path) -> str:
+    reader = "read_parquet" if source.suffix.lower() == ".parquet" else "read_csv_auto"
+    return f"{reader}({_string(str(source))})"
+
+
+def _string(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
