@@ -247,8 +247,8 @@ class BudgetView:
                 parts.append(f'<div style="{MUTED}">no queries from this notebook yet</div>')
                 continue
             body = [
-                [f"<td>{escape(t)}</td>", _sql_cell(sql), f"<td>{escape(c)}</td>",
-                 f"<td>{escape(st)}</td>"]
+                [f'<td class="dpm-nowrap">{escape(t)}</td>', _sql_cell(sql),
+                 f'<td class="dpm-nowrap">{escape(c)}</td>', f"<td>{escape(st)}</td>"]
                 for t, sql, c, st in history
             ]  # fmt: skip
             parts.append(table(HISTORY_HEADERS, body, raw=True, text=True))
