@@ -24,13 +24,17 @@ from __future__ import annotations
 import json
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import duckdb
 
 from dpmagic.gate.errors import Failed
 from dpmagic.gate.policy import Dataset, GateConfig
+from dpmagic.gate.sql.keys import MAX_PARTITIONS
+from dpmagic.gate.sql.rewrite import SQL_TYPES
+
+KEY_TYPES = ("int", "str", "bool")  # public columns whose values can serve as group keys
 
 
 class QueryTimeout(Failed):
@@ -114,6 +118,41 @@ class Database:
             con.close()
         return ExactResult(rows=rows)
 
+    def public_keys(self, dataset: Dataset) -> Dataset:
+        """``dataset`` with each public table's undeclared key values read from the
+        table itself: its contents are public, so grouping by one of its columns
+        releases keys that are known before any private row is read."""
+        tables = dict(dataset.tables)
+        for table in dataset.tables.values():
+            if not table.public:
+                continue
+            columns = dict(table.columns)
+            for col in table.columns.values():
+                if col.public_values is None and col.type in KEY_TYPES:
+                    values = self._distinct(table.name, col.name, SQL_TYPES[col.type])
+                    if values:
+                        columns[col.name] = replace(col, public_values=values)
+            tables[table.name] = replace(table, columns=columns)
+        return replace(dataset, tables=tables)
+
+    def _distinct(self, table: str, column: str, sql_type: str) -> tuple[object, ...] | None:
+        """The distinct non-NULL values of a public column, if there are few enough
+        to release as keys; ``None`` when there are too many or the table is absent."""
+        con = self._db.cursor()
+        try:
+            rows = con.execute(
+                f'SELECT DISTINCT TRY_CAST("{_ident(column)}" AS {sql_type}) AS v '
+                f'FROM "{_ident(table)}" WHERE v IS NOT NULL ORDER BY v '
+                f"LIMIT {MAX_PARTITIONS + 1}"
+            ).fetchall()
+        except duckdb.Error:
+            return None
+        finally:
+            con.close()
+        if not 0 < len(rows) <= MAX_PARTITIONS:
+            return None
+        return tuple(v for (v,) in rows)
+
     def close(self) -> None:
         self._db.close()
 
@@ -177,6 +216,10 @@ def _values(tree: object, key: str) -> list[str]:
         for entry in node["map"]
         if isinstance(entry, dict) and isinstance(entry.get(key), str)
     ]
+
+
+def _ident(name: str) -> str:
+    return name.replace('"', '""')
 
 
 def _interrupt_after(con: duckdb.DuckDBPyConnection, done: threading.Event, seconds: float) -> None:
