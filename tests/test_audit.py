@@ -7,7 +7,8 @@ file, noises with OpenDP and releases, exactly as the server would; a smaller
 number go through a real gate process over its unix socket, and must agree
 with the in-process ones. D holds the *worst-case* unit for every query
 below (two rows at the upper bound in each of two groups, the most the
-contribution bounds keep); D' is D without it. Every query claims ε = 1.
+contribution bounds keep); D' is D without it. The median has a pair of its
+own (Q, Q'), where that unit moves the median. Every query claims ε = 1.
 
 Each sample is charged to an auditor account of its own, so the ledger
 never grows long for one user and the audit stays within its time budget.
@@ -36,7 +37,8 @@ from tests.dp_audit import ALPHA, AuditResult, epsilon_lower_bound
 pytestmark = pytest.mark.audit
 
 EPSILON = 1.0
-SAMPLES = 800  # per dataset and case; enough for the broken variants to show by a wide margin
+SAMPLES = 700  # per dataset and case; enough for the broken variants to show by a wide margin
+QUANTILE_SAMPLES = 400  # the exponential mechanism over 1,001 candidates is slower to sample
 SOCKET_SAMPLES = 250
 PEOPLE = 60
 VALUE, UPPER = 50.0, 100.0
@@ -67,14 +69,22 @@ SUM_D = PEOPLE * VALUE + ROWS * UPPER
 CELL_D = {g: PEOPLE // 3 + (ROWS if g < GROUPS else 0) for g in range(3)}
 
 
-def _write_db(path: Path, worst: bool) -> None:
+def _write_db(path: Path, rows: list[tuple[int, int, float]]) -> None:
     con = duckdb.connect(str(path))
     con.execute("CREATE TABLE t (pid BIGINT, g BIGINT, x DOUBLE)")
-    rows = [(i, i % 3, VALUE) for i in range(PEOPLE)]
-    if worst:
-        rows += [(WORST, g, UPPER) for g in range(GROUPS) for _ in range(ROWS)]
     con.executemany("INSERT INTO t VALUES (?, ?, ?)", rows)
     con.close()
+
+
+WORST_ROWS = [(WORST, g, UPPER) for g in range(GROUPS) for _ in range(ROWS)]
+DATABASES = {
+    "d": [(i, i % 3, VALUE) for i in range(PEOPLE)] + WORST_ROWS,
+    "dp": [(i, i % 3, VALUE) for i in range(PEOPLE)],
+    # For the median, a dataset whose median the worst unit can move: on Q' every
+    # candidate between 25 and 75 scores best; the unit's rows at 100 favour (75, 100].
+    "q": [(1, 0, 25.0), (2, 0, 75.0), *WORST_ROWS[:ROWS]],
+    "qp": [(1, 0, 25.0), (2, 0, 75.0)],
+}
 
 
 @pytest.fixture(scope="module")
@@ -84,10 +94,13 @@ def audit_dir() -> Iterator[Path]:
     base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
     with tempfile.TemporaryDirectory(prefix="dpm-audit-", dir=base) as folder:
         root = Path(folder)
-        _write_db(root / "d.duckdb", worst=True)
-        _write_db(root / "dp.duckdb", worst=False)
-        d_prime = POLICY.split("[datasets.d]", 1)[1].replace("datasets.d.", "datasets.dp.")
-        text = POLICY + "\n[datasets.dp]" + d_prime.replace("d.duckdb", "dp.duckdb")
+        text = POLICY
+        body = POLICY.split("[datasets.d]", 1)[1]
+        for name, rows in DATABASES.items():
+            _write_db(root / f"{name}.duckdb", rows)
+            if name != "d":
+                renamed = body.replace("datasets.d.", f"datasets.{name}.")
+                text += f"\n[datasets.{name}]" + renamed.replace("d.duckdb", f"{name}.duckdb")
         (root / "policy.toml").write_text(text)
         yield root
 
@@ -153,10 +166,15 @@ def sample(engine: Engine, dataset: str, sql: str, n: int) -> list[list[list[obj
     return out
 
 
-def audit(engine: Engine, sql: str, event: Callable[[object], bool]) -> AuditResult:
-    return epsilon_lower_bound(
-        sample(engine, "d", sql, SAMPLES), sample(engine, "dp", sql, SAMPLES), event
-    )
+def audit(
+    engine: Engine,
+    sql: str,
+    event: Callable[[object], bool],
+    pair: tuple[str, str] = ("d", "dp"),
+    n: int = SAMPLES,
+) -> AuditResult:
+    d, d_prime = pair
+    return epsilon_lower_bound(sample(engine, d, sql, n), sample(engine, d_prime, sql, n), event)
 
 
 def _cells(rows: list[list[object]]) -> dict[object, object]:
@@ -191,6 +209,18 @@ def test_empirical_epsilon_stays_below_the_claim(engines, case, record_property)
     sql, event = CASES[case]
     result = audit(engines["correct"], sql, event)
     _report(record_property, case, result)
+    assert result.epsilon_lower_bound < EPSILON, str(result)
+
+
+def test_quantile_empirical_epsilon_stays_below_the_claim(engines, record_property):
+    result = audit(
+        engines["correct"],
+        "SELECT MEDIAN(x) FROM t",
+        lambda rows: rows[0][0] > 75,
+        pair=("q", "qp"),
+        n=QUANTILE_SAMPLES,
+    )
+    _report(record_property, "median", result)
     assert result.epsilon_lower_bound < EPSILON, str(result)
 
 
