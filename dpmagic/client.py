@@ -100,6 +100,7 @@ class Gate:
         self.timeout = timeout
         self._lock = threading.Lock()
         self._in_flight: set[http.client.HTTPConnection] = set()
+        self._aborted: set[http.client.HTTPConnection] = set()
 
     def __repr__(self) -> str:
         return f"Gate({self.address!r})"
@@ -166,6 +167,8 @@ class Gate:
         """
         with self._lock:
             connections = list(self._in_flight)
+            # A request still connecting sees this mark and is never sent.
+            self._aborted.update(connections)
         for conn in connections:
             if conn.sock is not None:
                 # shutdown, not close: it wakes a thread blocked reading the socket.
@@ -197,6 +200,9 @@ class Gate:
                 raise GateUnavailable(
                     f"no gate answers at {self.address} ({_reason(exc)}): {HOW_TO_SET}"
                 ) from None
+            with self._lock:
+                if conn in self._aborted:
+                    raise DPError("stopped before the request was sent; nothing was charged")
             try:
                 conn.request(method, path, body=payload, headers=headers)
                 response = conn.getresponse()
@@ -210,6 +216,7 @@ class Gate:
         finally:
             with self._lock:
                 self._in_flight.discard(conn)
+                self._aborted.discard(conn)
             conn.close()
         return _decode(status, raw)
 

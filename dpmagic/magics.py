@@ -256,6 +256,7 @@ class DpSql(Magics):
             raise UsageError("no SQL to run; write the query after %dpsql or below %%dpsql")
         sql, as_strings = bind_templates(sql)
         params = self._parameters(sql, as_strings)
+        notebook = self.notebook
         with gate_errors():
             client = self.client
             result = self._wait(
@@ -265,7 +266,7 @@ class DpSql(Magics):
                     epsilon=opts.epsilon if opts.epsilon is not None else self.epsilon,
                     delta=opts.delta if opts.delta is not None else self.delta,
                     dataset=opts.dataset or self.dataset,
-                    notebook=self.notebook,
+                    notebook=notebook,
                     dry_run=opts.dry_run,
                     fresh=opts.fresh,
                     params=params or None,
@@ -276,7 +277,7 @@ class DpSql(Magics):
             self._store(target, result)
         return result
 
-    def _wait(self, client: Gate, request: Callable[[], DPResult]) -> DPResult:
+    def _wait(self, client: Gate | TranscriptGate, request: Callable[[], DPResult]) -> DPResult:
         """The gate's reply, with progress shown while it is slow; interruptible."""
         handle = None
 

@@ -39,9 +39,10 @@ STYLE = """<style>
 .dpmagic details.dpm-toggle[open] ~ table .dpm-int { display: inline-block !important; }
 .dpmagic .dpm-int { color: var(--jp-ui-font-color2, inherit); font-size: 0.85em;
   margin-left: 0.4em; white-space: nowrap; }
-.dpmagic .dpm-bar { display: inline-block; vertical-align: middle; height: 0.55em;
+.dpmagic .dpm-bar { display: inline-flex; vertical-align: middle; height: 0.55em;
   border-radius: 0.3em; overflow: hidden; margin: 0 0.5em 0 0.25em; }
-.dpmagic .dpm-bar > span { display: inline-block; height: 100%; vertical-align: top; }
+.dpmagic .dpm-bar > span { display: block; height: 100%; flex: none; }
+.dpmagic td.dpm-nowrap { white-space: nowrap; }
 .dpmagic .dpm-muted { color: var(--jp-ui-font-color2, inherit); }
 .dpmagic svg text { fill: var(--jp-ui-font-color2, currentColor); font-size: 10px; }
 </style>"""

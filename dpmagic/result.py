@@ -239,7 +239,12 @@ class BudgetView:
                     _epsilon(entry.budget, scope, "limit") or 0.0,
                     label=scope,
                 )
-                body.append([f"<td>{escape(v)}</td>" for v in row] + [f"<td>{bar}</td>"])
+                label, *numbers = row
+                body.append(
+                    [f'<td style="text-align: left">{escape(label)}</td>']
+                    + [f"<td>{escape(v)}</td>" for v in numbers]
+                    + [f"<td>{bar}</td>"]
+                )
             parts.append(f"<div><strong>dataset {escape(entry.name)}</strong></div>")
             parts.append(table([*headers, ""], body, raw=True))
             history = self._history_rows(entry)
@@ -247,8 +252,8 @@ class BudgetView:
                 parts.append(f'<div style="{MUTED}">no queries from this notebook yet</div>')
                 continue
             body = [
-                [f"<td>{escape(t)}</td>", _sql_cell(sql), f"<td>{escape(c)}</td>",
-                 f"<td>{escape(st)}</td>"]
+                [f'<td class="dpm-nowrap">{escape(t)}</td>', _sql_cell(sql),
+                 f'<td class="dpm-nowrap">{escape(c)}</td>', f"<td>{escape(st)}</td>"]
                 for t, sql, c, st in history
             ]  # fmt: skip
             parts.append(table(HISTORY_HEADERS, body, raw=True, text=True))

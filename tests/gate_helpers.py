@@ -11,6 +11,7 @@ from dpmagic.gate.accounting import PureAccountant
 from dpmagic.gate.policy import Dataset, parse_policy
 from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
+from dpmagic.gate.sql.contribution import prepare_sql
 from dpmagic.gate.sql.execute import ExactResult
 from dpmagic.gate.sql.parse import parse
 from dpmagic.gate.sql.plan import Plan, plan
@@ -50,11 +51,27 @@ def make_plan(sql: str, ds: Dataset, epsilon: float = 1.0) -> Plan:
     return plan(bound(check(resolve(parse(sql), ds))), epsilon, 0.0, PureAccountant())
 
 
+def run_exact(p: Plan, con: duckdb.DuckDBPyConnection, seed: int) -> ExactResult:
+    """The rewritten query run on tables prepared from ``con``'s raw tables as the gate
+    prepares them at load, under ``seed`` (which also seeds any per-query bounding)."""
+    con.execute("CREATE SCHEMA IF NOT EXISTS prepared")
+    present = {name for (name,) in con.execute("SHOW TABLES").fetchall()}
+    for table in p.dataset.tables.values():
+        if table.name in present:
+            select = prepare_sql(p.dataset, table, f'main."{table.name}"', seed)
+            con.execute(f'CREATE OR REPLACE TABLE prepared."{table.name}" AS {select}')
+    con.execute("SET schema = 'prepared'")
+    try:
+        return ExactResult(con.execute(rewrite(p, seed=seed).sql).fetchall())
+    finally:
+        con.execute("SET schema = 'main'")
+
+
 def exact_vectors(p: Plan, con: duckdb.DuckDBPyConnection, seed: int) -> dict[str, list]:
     """Exact per-partition values of each measurement, in grid units; for each
     selection, the histogram of candidate indices per partition."""
     rw = rewrite(p, seed=seed)
-    rows = ExactResult(con.execute(rw.sql).fetchall()).rows
+    rows = run_exact(p, con, seed).rows
     index = {part: i for i, part in enumerate(p.partitions)}
     selections = {s.name for s in p.selections}
     out: dict[str, list] = {

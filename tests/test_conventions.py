@@ -67,6 +67,10 @@ def test_template_values_are_bound_by_the_gate(shell, gate):
     # The same query with $name: the same canonical query and parameters, so a replay.
     dollar = shell.run_cell_magic("dpsql", "-e 0.5", COUNT_OLD.replace("{{", "$").replace("}}", ""))
     assert dollar.replayed and dollar.rows == templated.rows
+    # A value that would change the query if spliced stays one (typed) value.
+    shell.user_ns["sex"] = "1 OR 1=1"
+    with pytest.raises(UsageError, match="compares number with text"):
+        shell.run_cell_magic("dpsql", "-e 0.5", COUNT_OLD)
     # What reaches the gate is the parameter, never the value spliced into the text.
     (first, _) = Gate(gate.address).history(notebook="conventions.ipynb")["entries"]
     assert "$min_age" in first["sql"] and "$sex" in first["sql"] and "70" not in first["sql"]

@@ -12,7 +12,7 @@ from jupyter_client.manager import KernelManager
 
 from dpmagic.client import Gate
 from tests.conftest import GateProcess, write_dataset
-from tests.test_e2e_kernel import TIMEOUT, execute, kernel_env, running_kernel
+from tests.test_e2e_kernel import TIMEOUT, execute, kernel_env, running_kernel, shell_reply
 
 # Every reply is held to the next multiple of this: a query that is slow for sure.
 SLOW_MS = 6000
@@ -52,10 +52,7 @@ def test_interrupted_slow_query_fails_cleanly_and_stays_charged(slow_gate) -> No
                     manager.interrupt_kernel()
             elif kind == "status" and content["execution_state"] == "idle":
                 break
-        reply = kc.get_shell_msg(timeout=TIMEOUT)
-        while reply["parent_header"].get("msg_id") != msg_id:
-            reply = kc.get_shell_msg(timeout=TIMEOUT)
-        reply = reply["content"]
+        reply = shell_reply(kc, msg_id)
         stopped = time.monotonic() - start
 
         assert interrupted_at is not None, "no progress was shown while waiting"

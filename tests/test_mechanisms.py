@@ -17,10 +17,9 @@ import pytest
 from scipy import stats
 
 from dpmagic.gate.mechanisms import LaplaceNoise, calibrate
-from dpmagic.gate.sql.execute import ExactResult
 from dpmagic.gate.sql.noise import noise
 from dpmagic.gate.sql.rewrite import rewrite
-from tests.gate_helpers import dataset, load_table, make_plan
+from tests.gate_helpers import dataset, load_table, make_plan, run_exact
 
 SIGNIFICANCE = 1e-4
 
@@ -107,7 +106,7 @@ def test_released_noise_through_the_pipeline_has_the_planned_scale(sql, label):
     con = duckdb.connect()
     load_table(con, "t", ["pid", "g", "y"], [])
     rw = rewrite(p)
-    exact = ExactResult(con.execute(rw.sql).fetchall())
+    exact = run_exact(p, con, seed=11)
     draws: list[int] = []
     for _ in range(40):
         values = noise(p, rw, exact).values[m.name]

@@ -208,11 +208,11 @@ def test_budget_view():
     view = BudgetView([DatasetBudget({"dataset": "d", **budget(0.5, 3.5)}, HISTORY)], "nb<1>")
     html = view._repr_html_()
     assert "notebook nb&lt;1&gt;" in html
-    assert "<td>you, all notebooks</td><td>1.5</td><td>5</td><td>3.5</td>" in html
-    assert "<td>notebook nb&lt;1&gt;</td><td>1.5</td><td>2</td><td>0.5</td>" in html
+    assert "you, all notebooks</td><td>1.5</td><td>5</td><td>3.5</td>" in html
+    assert ">notebook nb&lt;1&gt;</td><td>1.5</td><td>2</td><td>0.5</td>" in html
     assert "δ" not in html
-    rows = re.findall(r"<tr><td>(2026[^<]*)</td><td[^>]*><code>(.*?)</code></td>"
-                      r"<td>(.*?)</td><td>(.*?)</td></tr>", html)  # fmt: skip
+    rows = re.findall(r"<tr><td[^>]*>(2026[^<]*)</td><td[^>]*><code>(.*?)</code></td>"
+                      r"<td[^>]*>(.*?)</td><td>(.*?)</td></tr>", html)  # fmt: skip
     assert [r[0] for r in rows] == [
         "2026-03-01 09:15:02",
         "2026-03-01 09:16:00",

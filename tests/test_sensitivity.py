@@ -52,6 +52,8 @@ QUERIES = [
     "SELECT COUNT(*), SUM(z) FROM (SELECT x + 1 AS z FROM t WHERE y < 2) AS s WHERE z > 0",
     "WITH a AS (SELECT * FROM t WHERE g = 0), b AS (SELECT x * 2 AS x2 FROM a) "
     "SELECT SUM(x2) FROM b",
+    # Bounded per query after load (a unit's ranked rows may reach several groups):
+    "SELECT g, COUNT(DISTINCT pid) FROM t GROUP BY g",
 ]
 ORDER = ["pid", "g", "x", "y"]
 

@@ -13,7 +13,7 @@ import hashlib
 import json
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dpmagic.gate.accounting import AccountantError, make_accountant, remaining
 from dpmagic.gate.errors import BadRequest, Failed, GateError
@@ -33,7 +33,7 @@ log = logging.getLogger("dpmagic.gate")
 
 # Part of every replay key: a change to how answers are computed must not
 # replay answers computed the old way.
-ANSWER_VERSION = "1"
+ANSWER_VERSION = "2"
 MAX_NOTEBOOK_CHARS = 512
 MIN_EPSILON = 1e-12
 
@@ -95,6 +95,9 @@ class Engine:
         self.accountant = make_accountant(policy.gate.accountant)
         # Data first: a policy whose files are missing fails before any state is written.
         self.databases = {name: Database(ds, policy.gate) for name, ds in policy.datasets.items()}
+        # A public table's contents are public: its columns' values become known keys.
+        datasets = {n: self.databases[n].public_keys(ds) for n, ds in policy.datasets.items()}
+        self.policy = policy = replace(policy, datasets=datasets)
         self.ledger = Ledger(policy.gate.state_dir / "ledger.sqlite3", self.accountant)
 
     def close(self) -> None:

@@ -399,7 +399,9 @@ def serve(policy: Policy, listen: str | None = None, jupyterhub: bool = False) -
     Prints exactly one line, ``dpmagic gate listening on ADDRESS``, once the
     socket accepts connections, so a supervisor can wait for it.
     """
-    logging.basicConfig(level=logging.INFO, format="dpmagic gate: %(message)s")
+    # Our access log at INFO; libraries (jupyterhub's, under --jupyterhub) only warnings.
+    logging.basicConfig(level=logging.WARNING, format="dpmagic gate: %(message)s")
+    log.setLevel(logging.INFO)
     try:
         if jupyterhub and listen is None:
             listen = hub_listen()

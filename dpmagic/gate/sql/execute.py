@@ -3,9 +3,13 @@
 The database is opened once per dataset, read-only, with external access,
 extension loading and configuration changes switched off; each query gets a
 fresh connection (cursor) of its own, so no temporary object or setting
-survives it, and a timer interrupts it at the policy's timeout. Datasets
-declared by ``sources`` are first copied into a DuckDB file in the gate's
-state directory, readable by the gate's user only.
+survives it, and a timer interrupts it at the policy's timeout.
+
+At start, the declared tables (from ``sources`` files or from the owner's
+``database``) are copied into a DuckDB file in the gate's state directory,
+readable by the gate's user only, with each private table truncated and
+ranked per privacy unit once (``contribution.prepare_sql``), so that no
+query has to sort the data to bound contributions.
 
 Before anything runs, DuckDB's own parser (independent of the sqlglot one
 the analysis passes use) checks the SQL: exactly one ``SELECT``, reading only
@@ -24,13 +28,17 @@ from __future__ import annotations
 import json
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import duckdb
 
 from dpmagic.gate.errors import Failed
 from dpmagic.gate.policy import Dataset, GateConfig
+from dpmagic.gate.sql.contribution import SQL_TYPES, prepare_sql
+from dpmagic.gate.sql.keys import MAX_PARTITIONS
+
+KEY_TYPES = ("int", "str", "bool")  # public columns whose values can serve as group keys
 
 
 class QueryTimeout(Failed):
@@ -77,11 +85,11 @@ class Database:
         missing = [p for p in dataset.sources.values() if not p.exists()]
         if missing:
             raise FileNotFoundError(f"dataset {dataset.name!r}: source {missing[0]} not found")
-        path = dataset.database
-        if path is None:
-            path = _materialise(dataset, gate.state_dir)
-        elif not path.exists():
-            raise FileNotFoundError(f"dataset {dataset.name!r}: database {path} not found")
+        if dataset.database is not None and not dataset.database.exists():
+            raise FileNotFoundError(
+                f"dataset {dataset.name!r}: database {dataset.database} not found"
+            )
+        path = _materialise(dataset, gate.state_dir)
         self.timeout_s = gate.query_timeout_s
         self.tables = frozenset(name.lower() for name in dataset.tables)
         self._db = duckdb.connect(
@@ -113,6 +121,41 @@ class Database:
             watchdog.join()
             con.close()
         return ExactResult(rows=rows)
+
+    def public_keys(self, dataset: Dataset) -> Dataset:
+        """``dataset`` with each public table's undeclared key values read from the
+        table itself: its contents are public, so grouping by one of its columns
+        releases keys that are known before any private row is read."""
+        tables = dict(dataset.tables)
+        for table in dataset.tables.values():
+            if not table.public:
+                continue
+            columns = dict(table.columns)
+            for col in table.columns.values():
+                if col.public_values is None and col.type in KEY_TYPES:
+                    values = self._distinct(table.name, col.name, SQL_TYPES[col.type])
+                    if values:
+                        columns[col.name] = replace(col, public_values=values)
+            tables[table.name] = replace(table, columns=columns)
+        return replace(dataset, tables=tables)
+
+    def _distinct(self, table: str, column: str, sql_type: str) -> tuple[object, ...] | None:
+        """The distinct non-NULL values of a public column, if there are few enough
+        to release as keys; ``None`` when there are too many or the table is absent."""
+        con = self._db.cursor()
+        try:
+            rows = con.execute(
+                f'SELECT DISTINCT TRY_CAST("{_ident(column)}" AS {sql_type}) AS v '
+                f'FROM "{_ident(table)}" WHERE v IS NOT NULL ORDER BY v '
+                f"LIMIT {MAX_PARTITIONS + 1}"
+            ).fetchall()
+        except duckdb.Error:
+            return None
+        finally:
+            con.close()
+        if not 0 < len(rows) <= MAX_PARTITIONS:
+            return None
+        return tuple(v for (v,) in rows)
 
     def close(self) -> None:
         self._db.close()
@@ -179,6 +222,10 @@ def _values(tree: object, key: str) -> list[str]:
     ]
 
 
+def _ident(name: str) -> str:
+    return name.replace('"', '""')
+
+
 def _interrupt_after(con: duckdb.DuckDBPyConnection, done: threading.Event, seconds: float) -> None:
     """Interrupt the query once its time is up, and keep at it until it stops: an
     interrupt that lands before DuckDB starts executing would otherwise be lost."""
@@ -190,7 +237,8 @@ def _interrupt_after(con: duckdb.DuckDBPyConnection, done: threading.Event, seco
 
 
 def _materialise(dataset: Dataset, state_dir: Path) -> Path:
-    """Copy CSV/Parquet sources into a private DuckDB file, replaced at each start."""
+    """Copy the declared tables into a private DuckDB file, prepared for bounding and
+    replaced at each start (with a fresh secret seed for the per-unit row order)."""
     state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(state_dir, 0o700)
     target = state_dir / f"{dataset.name}.duckdb"
@@ -201,9 +249,20 @@ def _materialise(dataset: Dataset, state_dir: Path) -> Path:
     try:
         con = duckdb.connect(str(partial))
         try:
-            for table, source in dataset.sources.items():
-                reader = "read_parquet" if source.suffix.lower() == ".parquet" else "read_csv_auto"
-                con.execute(f'CREATE TABLE "{table}" AS SELECT * FROM {reader}(?)', [str(source)])
+            if dataset.database is not None:
+                con.execute("ATTACH ? AS __owner (READ_ONLY)", [str(dataset.database)])
+                present = {
+                    name.lower()
+                    for (name,) in con.execute(
+                        "SELECT table_name FROM duckdb_tables() WHERE database_name = '__owner'"
+                    ).fetchall()
+                }
+                relations = {t: f'__owner."{t}"' for t in dataset.tables if t in present}
+            else:
+                relations = {t: _reader(p) for t, p in dataset.sources.items()}
+            for name, relation in relations.items():
+                select = prepare_sql(dataset, dataset.tables[name], relation)
+                con.execute(f'CREATE TABLE "{name}" AS {select}')
             con.execute("CHECKPOINT")
         finally:
             con.close()
@@ -212,3 +271,12 @@ def _materialise(dataset: Dataset, state_dir: Path) -> Path:
     os.chmod(partial, 0o600)
     os.replace(partial, target)
     return target
+
+
+def _reader(source: Path) -> str:
+    reader = "read_parquet" if source.suffix.lower() == ".parquet" else "read_csv_auto"
+    return f"{reader}({_string(str(source))})"
+
+
+def _string(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"

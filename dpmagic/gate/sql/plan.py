@@ -32,6 +32,8 @@ from dpmagic.gate.sensitivity import (
 )
 from dpmagic.gate.sql.bound import Bounded, Interval
 from dpmagic.gate.sql.check import AggregateCall, Checked, GroupKey
+from dpmagic.gate.sql.contribution import contribution as unit_contribution
+from dpmagic.gate.sql.contribution import ranked_rows
 from dpmagic.gate.sql.keys import MAX_PARTITIONS, KeyDomain
 from dpmagic.gate.sql.parse import DIALECT
 from dpmagic.gate.sql.resolve import Resolved
@@ -124,11 +126,6 @@ def plan(bounded: Bounded, epsilon: float, delta: float, accountant: Accountant)
     dataset = resolved.dataset
     cost = accountant.query_cost(epsilon, delta)
     partitions = _partitions(checked.keys, bounded.domains)
-    if dataset.privacy_unit is None:
-        contribution = Contribution.bounded(1, 1, len(partitions))
-    else:
-        groups = dataset.max_partitions if checked.keys else 1
-        contribution = Contribution.bounded(groups, dataset.max_rows_per_partition, len(partitions))
 
     wanted: dict[tuple[str, str], Wanted] = {}
     quantiles: dict[tuple[float, str], tuple[exp.Expression, Interval, str]] = {}
@@ -145,6 +142,9 @@ def plan(bounded: Bounded, epsilon: float, delta: float, accountant: Accountant)
             for kind, arg, clamp, label in _parts(agg, bounded.bounds.get(agg.name), resolved)
         )
 
+    kinds = {kind for kind, *_ in wanted.values()}
+    ranked = ranked_rows(dataset, resolved, bool(checked.keys), len(partitions), kinds)
+    contribution = unit_contribution(dataset, ranked, bool(checked.keys), len(partitions))
     shares = len(wanted) + len(quantiles)
     share = cost.epsilon / shares
     names = {key: f"m{i}" for i, key in enumerate(wanted)}

@@ -12,7 +12,10 @@ columns it needs; every filter of the query and of the subqueries merged
 into it applies there, and each row carries the unit of the first private
 table (``resolve`` has proven every joined private row shares it).
 
-Contribution bounding, for a dataset with a privacy unit, after the joins:
+Contribution bounding, for a dataset with a privacy unit: a query over one
+private table reads only each unit's first ``K`` rows in the order ranked at
+load (``contribution``, where the argument is), a filter in the scan and no
+sort. Any other query is bounded after its joins:
 1. rows with no unit are dropped (they belong to no one we can bound);
 2. each unit keeps at most ``max_rows_per_partition`` rows per partition,
    those whose content hashes lowest under a fresh secret seed;
@@ -38,19 +41,13 @@ from sqlglot import exp
 from dpmagic.gate.policy import Column
 from dpmagic.gate.sensitivity import Contribution
 from dpmagic.gate.sql.bound import Interval
+from dpmagic.gate.sql.contribution import SQL_TYPES, kept_rows, ranked_rows
 from dpmagic.gate.sql.keys import KeyDomain
 from dpmagic.gate.sql.parse import DIALECT
 from dpmagic.gate.sql.plan import Measurement, Plan, Selection
 from dpmagic.gate.sql.resolve import PRESENT, SEMI, Resolved, Scan
 
 UNIT = "__unit"
-SQL_TYPES = {
-    "int": "BIGINT",
-    "float": "DOUBLE",
-    "str": "VARCHAR",
-    "bool": "BOOLEAN",
-    "date": "DATE",
-}
 
 
 @dataclass(frozen=True)
@@ -87,7 +84,7 @@ def rewrite(plan: Plan, seed: int | None = None) -> Rewritten:
         + ")"
     ]
     final_source = "kept_rows"
-    if resolved.unit is not None:
+    if resolved.unit is not None and _ranked(plan) is None:
         more, final_source = bound_contributions(plan.contribution, keys, values, seed)
         ctes += more
 
@@ -135,7 +132,8 @@ def _from(plan: Plan) -> tuple[str, list[str]]:
     conjuncts = _conjuncts(plan.checked.where) if plan.checked.where is not None else []
     if resolved.unit is not None:
         trees.append(resolved.unit)
-    return _reads(resolved.scans, conjuncts, _used(resolved, trees + conjuncts))
+    used = _used(resolved, trees + conjuncts)
+    return _reads(resolved.scans, conjuncts, used, kept_rows(_ranked(plan)))
 
 
 def _used(resolved: Resolved, trees: list[exp.Expression]) -> dict[str, dict[str, Column]]:
@@ -154,10 +152,14 @@ def _used(resolved: Resolved, trees: list[exp.Expression]) -> dict[str, dict[str
 
 
 def _reads(
-    scans: tuple[Scan, ...], conjuncts: list[exp.Expression], used: dict[str, dict[str, Column]]
+    scans: tuple[Scan, ...],
+    conjuncts: list[exp.Expression],
+    used: dict[str, dict[str, Column]],
+    rank: str | None = None,
 ) -> tuple[str, list[str]]:
     """Each scan reads its used columns, typed and clamped; each filter goes to the
-    inner join that completes it, else to WHERE."""
+    inner join that completes it, else to WHERE. ``rank``, when the load-time rank
+    bounds the query, keeps each unit's first rows of every private scan."""
     order = {s.name: i for i, s in enumerate(scans)}
     placed: dict[str, list[str]] = {s.name: [] for s in scans}
     where: list[str] = []
@@ -172,7 +174,8 @@ def _reads(
         if scan.kind == "left":
             cols.append(f"TRUE AS {_q(PRESENT)}")
         columns = ", ".join(cols) or "1 AS __one"
-        read = f"(SELECT {columns} FROM {_q(scan.table.name)}) AS {_q(scan.name)}"
+        bound = f" WHERE {rank}" if rank and not scan.table.public else ""
+        read = f"(SELECT {columns} FROM {_q(scan.table.name)}{bound}) AS {_q(scan.name)}"
         if scan.kind == "from":
             parts.append(read)
         elif scan.kind == "left":
@@ -199,6 +202,16 @@ def _semijoins(sql: str, resolved: Resolved) -> str:
         token = _total(exp.column(j.name, table=SEMI))
         sql = sql.replace(token, f"COALESCE({test}, FALSE)" if j.exists else f"({test})")
     return sql
+
+
+def _ranked(plan: Plan) -> int | None:
+    return ranked_rows(
+        plan.dataset,
+        plan.checked.resolved,
+        bool(plan.keys),
+        len(plan.partitions),
+        {m.kind for m in plan.measurements},
+    )
 
 
 def _conjuncts(cond: exp.Expression) -> list[exp.Expression]:

@@ -1,0 +1,328 @@
+"""dpmagic against raw DuckDB (and, with ``--peers``, SmartNoise SQL): one table of
+median time, ratio to DuckDB, relative error and peak memory, then the noise
+sampler, the notebook round trip and the gate under many clients.
+
+    python benchmarks/run.py --rows 1M            # develop on this
+    python benchmarks/run.py --rows 10M --peers   # the README's table
+
+Not a test: timings depend on the machine. Every tool answers the same SQL on
+the same rows with the same ε and the same bound on a person's rows (5).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from data import CACHE, DIAGNOSES, STATES, dataset  # noqa: E402
+from queries import QUERIES, Query, relative_error  # noqa: E402
+
+PEERS = {"smartnoise": ["smartnoise-sql", "duckdb"]}
+ROUND_TRIP_ROWS = 2_000  # the size of the PUMS samples the examples use
+ROUND_TRIP_SQL = "SELECT state, COUNT(*) AS n FROM visits GROUP BY state"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=_count, default=1_000_000, help="1M, 10M or a number")
+    parser.add_argument("--reps", type=int, default=5, help="timed runs per query (median)")
+    parser.add_argument("--epsilon", type=float, default=1.0, help="ε per query, every tool")
+    parser.add_argument(
+        "--peers", action="store_true", help="also SmartNoise SQL (in a venv of its own)"
+    )
+    parser.add_argument("--clients", type=int, default=50, help="concurrent clients of the gate")
+    parser.add_argument("--per-client", type=int, default=10, help="queries per client")
+    args = parser.parse_args(argv)
+
+    folder = dataset(args.rows)
+    tools = {"duckdb": _tool("duckdb", sys.executable, folder, args)}
+    exact = {q.name: _index(q, tools["duckdb"]["queries"][q.name]["answers"][0]) for q in QUERIES}
+    with Gate(folder) as gate:
+        tools["dpmagic"] = gate.run_queries(args.reps, args.epsilon)
+    if args.peers:
+        for peer in PEERS:
+            tools[peer] = _tool(peer, str(_peer_python(peer)), folder, args)
+    print(_header(args.rows))
+    print(_table(tools, exact))
+    print(_noise_speed())
+    print()
+    with Gate(dataset(ROUND_TRIP_ROWS)) as small:
+        print(small.round_trips(30))
+        print(small.under_load(args.clients, args.per_client))
+    return 0
+
+
+@dataclass
+class Gate:
+    """A real gate process on a unix socket, serving one benchmark dataset."""
+
+    folder: Path
+    load_s: float = 0.0
+    proc: subprocess.Popen | None = None
+    workdir: tempfile.TemporaryDirectory = field(default_factory=tempfile.TemporaryDirectory)
+
+    def __enter__(self) -> Gate:
+        work = Path(self.workdir.name)
+        policy = work / "policy.toml"
+        policy.write_text(_policy(self.folder, work))
+        self.address = f"unix:{work / 'gate.sock'}"
+        start = time.perf_counter()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "dpmagic", "serve", "--policy", str(policy),
+             "--listen", self.address],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )  # fmt: skip
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if "listening" in line:
+                break
+        else:
+            raise RuntimeError("the gate exited before listening")
+        self.load_s = time.perf_counter() - start
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self.proc is not None
+        self.proc.terminate()
+        self.proc.wait(30)
+        self.workdir.cleanup()
+
+    def client(self):
+        from dpmagic.client import Gate as Client
+
+        return Client(self.address, timeout=600)
+
+    def peak_mb(self) -> float:
+        assert self.proc is not None
+        status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        line = next(x for x in status.splitlines() if x.startswith("VmHWM"))
+        return int(line.split()[1]) / 1024
+
+    def run_queries(self, reps: int, epsilon: float) -> dict:
+        from dpmagic.errors import QueryRefused
+
+        client = self.client()
+        out = {}
+        for q in QUERIES:
+            seconds, answers = [], []
+            try:
+                for _ in range(reps + 1):
+                    start = time.perf_counter()
+                    result = client.query(q.sql, epsilon=epsilon, fresh=True)
+                    seconds.append(time.perf_counter() - start)
+                    answers.append(result.rows)
+            except QueryRefused:
+                out[q.name] = {"status": "refused (not supported yet)"}
+                continue
+            out[q.name] = {"status": "ok", "seconds": seconds[1:], "answers": answers[1:]}
+        return {"peak_mb": self.peak_mb(), "load_s": self.load_s, "queries": out}
+
+    def round_trips(self, n: int) -> str:
+        """``%%dpsql`` cells executed by a real kernel, timed from request to reply."""
+        from jupyter_client.manager import start_new_kernel
+
+        km, kc = start_new_kernel(kernel_name="python3")
+        try:
+            setup = f"%load_ext dpmagic\n%dpconnect {self.address}"
+            kc.execute_interactive(setup, timeout=60, output_hook=lambda m: None)
+            cell = f"%%dpsql -e 0.01 --fresh\n{ROUND_TRIP_SQL}"
+            times, errors = [], 0
+            for _ in range(n + 1):
+                start = time.perf_counter()
+                reply = kc.execute_interactive(cell, timeout=60, output_hook=lambda m: None)
+                times.append(time.perf_counter() - start)
+                errors += reply["content"]["status"] != "ok"
+            direct = []
+            client = self.client()
+            for _ in range(n + 1):
+                start = time.perf_counter()
+                client.query(ROUND_TRIP_SQL, epsilon=0.01, fresh=True)
+                direct.append(time.perf_counter() - start)
+        finally:
+            kc.stop_channels()
+            km.shutdown_kernel(now=True)
+        return (
+            f"%%dpsql round trip, {ROUND_TRIP_ROWS:,} rows, padding off: median "
+            f"{_ms(statistics.median(times[1:]))} through a kernel ({errors} errors), "
+            f"{_ms(statistics.median(direct[1:]))} from the Python client"
+        )
+
+    def under_load(self, clients: int, per_client: int) -> str:
+        """``clients`` threads, each with its own connection per query, all at once."""
+        errors: list[str] = []
+        latencies: list[float] = []
+        lock = threading.Lock()
+        barrier = threading.Barrier(clients)
+
+        def work(i: int) -> None:
+            client = self.client()
+            barrier.wait()
+            for _ in range(per_client):
+                start = time.perf_counter()
+                try:
+                    client.query(ROUND_TRIP_SQL, epsilon=0.01, fresh=True, notebook=f"nb{i}")
+                except Exception as exc:
+                    with lock:
+                        errors.append(type(exc).__name__)
+                with lock:
+                    latencies.append(time.perf_counter() - start)
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(clients)]
+        start = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - start
+        total = clients * per_client
+        latencies.sort()
+        return (
+            f"{clients} concurrent clients × {per_client} queries: {total / wall:.0f} queries/s, "
+            f"median {_ms(statistics.median(latencies))}, p99 "
+            f"{_ms(latencies[int(0.99 * (len(latencies) - 1))])}, {len(errors)} errors"
+            + (f" ({', '.join(sorted(set(errors)))})" if errors else "")
+            + f"; gate peak memory {self.peak_mb():.0f} MB"
+        )
+
+
+def _noise_speed() -> str:
+    """The gate's sampler on a million cells, against OpenDP's one cell at a time."""
+    import opendp.prelude as dp
+
+    from dpmagic.gate.mechanisms import calibrate
+
+    noise = calibrate(sensitivity=5, epsilon=1.0)
+    start = time.perf_counter()
+    noise.sample(1_000_000)
+    fast = time.perf_counter() - start
+    opendp = dp.m.make_laplace(
+        dp.vector_domain(dp.atom_domain(T="i64")), dp.l1_distance(T="i64"), scale=noise.scale
+    )
+    start = time.perf_counter()
+    opendp([0] * 20_000)
+    slow = (time.perf_counter() - start) * 50
+    return f"noise for 1,000,000 cells: {fast:.2f} s (OpenDP's sampler: {slow:.1f} s, from 20,000)"
+
+
+def _policy(folder: Path, work: Path) -> str:
+    states = list(range(STATES))
+    diagnoses = list(range(DIAGNOSES))
+    return f"""
+[gate]
+state_dir = "{work / "state"}"
+response_quantum_ms = 0
+query_timeout_s = 600
+
+[datasets.bench]
+sources = {{ visits = "{folder / "visits.parquet"}", persons = "{folder / "persons.parquet"}" }}
+privacy_unit = "pid"
+max_partitions = 1
+max_rows_per_partition = 5
+user_budget = {{ epsilon = 1e12 }}
+notebook_budget = {{ epsilon = 1e12 }}
+
+[datasets.bench.tables.visits.columns]
+pid = {{ type = "int" }}
+age = {{ type = "int", lower = 0, upper = 100 }}
+income = {{ type = "float", lower = 0, upper = 500000 }}
+state = {{ type = "int", public_values = {states} }}
+diagnosis = {{ type = "int", public_values = {diagnoses} }}
+
+[datasets.bench.tables.persons.columns]
+pid = {{ type = "int" }}
+sex = {{ type = "int", public_values = [0, 1] }}
+enrolled = {{ type = "int", lower = 2000, upper = 2025 }}
+"""
+
+
+def _tool(name: str, python: str, folder: Path, args: argparse.Namespace) -> dict:
+    cmd = [python, str(HERE / "tools.py"), name, str(folder), "--reps", str(args.reps),
+           "--epsilon", str(args.epsilon)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)
+
+
+def _peer_python(peer: str) -> Path:
+    """A virtual environment of the peer's own (they pin their own OpenDP), made once."""
+    venv = CACHE / f"venv-{peer}"
+    python = venv / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", *PEERS[peer]], check=True)
+    return python
+
+
+def _index(q: Query, rows: list[list]) -> dict[tuple, float]:
+    k = len(q.keys)
+    return {tuple(r[:k]): float(r[k]) for r in rows if r[k] is not None}
+
+
+def _table(tools: dict[str, dict], exact: dict[str, dict]) -> str:
+    names = list(tools)
+    head = "| query | " + " | ".join(
+        "duckdb" if n == "duckdb" else f"{n} | × | error" for n in names
+    )
+    lines = [head + " |", "|" + "---|" * (1 + 1 + 3 * (len(names) - 1))]
+    for q in QUERIES:
+        base = _median(tools["duckdb"]["queries"][q.name])
+        cells = [q.name, _ms(base) if base else "—"]
+        for n in names[1:]:
+            run = tools[n]["queries"][q.name]
+            t = _median(run)
+            if t is None:
+                cells += [run["status"].split(":")[0], "", ""]
+                continue
+            errors = [relative_error(exact[q.name], _index(q, a)) for a in run["answers"]]
+            cells += [_ms(t), f"{t / base:.2f}", f"{100 * statistics.mean(errors):.3g}%"]
+        lines.append("| " + " | ".join(cells) + " |")
+    memory = ["peak memory", *(f"{tools[n]['peak_mb']:.0f} MB" for n in names[:1])]
+    for n in names[1:]:
+        memory += [f"{tools[n]['peak_mb']:.0f} MB", "", ""]
+    lines.append("| " + " | ".join(memory) + " |")
+    load = tools["dpmagic"].get("load_s")
+    return "\n".join(lines) + f"\n\ndpmagic gate start (load, rank, serve): {load:.1f} s"
+
+
+def _median(run: dict) -> float | None:
+    return statistics.median(run["seconds"]) if run.get("status") == "ok" else None
+
+
+def _header(rows: int) -> str:
+    cpu = next(
+        (x.split(":", 1)[1].strip() for x in Path("/proc/cpuinfo").read_text().splitlines()
+         if x.startswith("model name")),
+        platform.processor(),
+    )  # fmt: skip
+    versions = ", ".join(f"{p} {metadata.version(p)}" for p in ("duckdb", "opendp", "sqlglot"))
+    return (
+        f"{rows:,} rows; {cpu}, {os.cpu_count()} cores; Python {platform.python_version()}, "
+        f"{versions}\n"
+    )
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms" if seconds < 10 else f"{seconds:.1f} s"
+
+
+def _count(text: str) -> int:
+    text = text.strip().upper()
+    scale = {"K": 1_000, "M": 1_000_000}.get(text[-1:], 1)
+    return int(float(text.rstrip("KM")) * scale)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

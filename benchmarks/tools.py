@@ -1,0 +1,142 @@
+"""Run the query set through one non-gate tool and print timings and answers as JSON.
+
+Standalone on purpose (third-party imports only): the peers run in their own
+virtual environments, where dpmagic is not installed. Usage:
+``python tools.py TOOL DATA_FOLDER --reps N --epsilon E``, TOOL one of
+``duckdb`` (raw, exact) or ``smartnoise`` (SmartNoise SQL on DuckDB).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import resource
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from queries import QUERIES
+
+MAX_ROWS_PER_PERSON = 5
+THREADS = 2
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("tool", choices=sorted(RUNNERS))
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--epsilon", type=float, default=1.0)
+    args = parser.parse_args()
+    out = RUNNERS[args.tool](args.folder, args.reps, args.epsilon)
+    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"peak_mb": kb / 1024, "queries": out}, default=float))
+
+
+def _timed(run, reps: int) -> dict:
+    """``run()`` returns rows as lists; refusals are reported, not raised."""
+    seconds, answers = [], []
+    for _ in range(reps + 1):  # the first run warms caches and is not counted
+        start = time.perf_counter()
+        try:
+            rows = run()
+        except Exception as exc:
+            return {"status": f"refused: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}"}
+        seconds.append(time.perf_counter() - start)
+        answers.append(rows)
+    return {"status": "ok", "seconds": seconds[1:], "answers": answers[1:]}
+
+
+def run_duckdb(folder: Path, reps: int, epsilon: float) -> dict:
+    import duckdb
+
+    con = duckdb.connect(str(folder / "raw.duckdb"), read_only=True, config={"threads": THREADS})
+    return {q.name: _timed(lambda q=q: [list(r) for r in con.execute(q.sql).fetchall()], reps)
+            for q in QUERIES}  # fmt: skip
+
+
+def run_smartnoise(folder: Path, reps: int, epsilon: float) -> dict:
+    import duckdb
+    import snsql
+
+    con = duckdb.connect(str(folder / "raw.duckdb"), read_only=True, config={"threads": THREADS})
+    int_col = {"type": "int"}
+    meta = {
+        "bench": {
+            "main": {
+                "visits": {
+                    "row_privacy": False,
+                    "max_ids": MAX_ROWS_PER_PERSON,
+                    "censor_dims": False,
+                    "pid": {"type": "int", "private_id": True},
+                    "age": {"type": "int", "lower": 0, "upper": 100},
+                    "income": {"type": "float", "lower": 0.0, "upper": 500000.0},
+                    "state": int_col,
+                    "diagnosis": int_col,
+                },
+                "persons": {
+                    "row_privacy": False,
+                    "max_ids": 1,
+                    "censor_dims": False,
+                    "pid": {"type": "int", "private_id": True},
+                    "sex": int_col,
+                    "enrolled": int_col,
+                },
+            }
+        }
+    }
+    privacy = snsql.Privacy(epsilon=epsilon, delta=1e-6)
+    # SmartNoise has no DuckDB reader; its PostgreSQL one speaks a dialect DuckDB accepts.
+    reader = snsql.from_connection(_DbApi(con), engine="postgres", privacy=privacy, metadata=meta)
+
+    def run(sql: str) -> list:
+        sql = sql.replace("FROM visits", "FROM main.visits").replace(
+            "JOIN persons", "JOIN main.persons"
+        )
+        rows = reader.execute(sql)
+        return [list(r) for r in rows[1:]]  # the first row is the header
+
+    return {q.name: _timed(lambda q=q: run(q.sql), reps) for q in QUERIES}
+
+
+class _DbApi:
+    """The DB-API surface SmartNoise's PostgreSQL reader uses, over a DuckDB connection."""
+
+    def __init__(self, con) -> None:
+        self.con = con
+
+    def cursor(self):
+        return _Cursor(self.con.cursor())
+
+    def commit(self) -> None:
+        """Reads only: nothing to commit."""
+
+    def rollback(self) -> None:
+        """Reads only: nothing to roll back."""
+
+
+class _Cursor:
+    def __init__(self, cur) -> None:
+        self.cur = cur
+        self.description = None
+
+    def execute(self, sql: str) -> None:
+        # DuckDB refuses a volatile window order; a hash of the row sorts the same way.
+        sql = re.sub(r"ORDER BY RANDOM \( \)", "ORDER BY hash(COLUMNS(*))", sql, flags=re.I)
+        self.cur.execute(sql)
+        self.description = self.cur.description
+
+    def __iter__(self):
+        return iter(self.cur.fetchall())
+
+
+RUNNERS = {
+    "duckdb": run_duckdb,
+    "smartnoise": run_smartnoise,
+}
+
+if __name__ == "__main__":
+    main()

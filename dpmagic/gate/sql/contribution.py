@@ -1,0 +1,127 @@
+"""Per-unit contribution bounding: one truncation at load, one filter per query.
+
+Bounding a unit's rows by a window sort in every query (``row_number()``
+over the unit and the group key, as SmartNoise SQL's reservoir sampling
+does) costs a sort of the whole table per query: 10-50× the query itself.
+Here the sort happens once, when the gate loads a dataset:
+
+1. **At load** (``prepare_sql``), each private table keeps, for each unit,
+   at most ``load_cap`` rows (``max_partitions × max_rows_per_partition``),
+   and each kept row gets its rank ``__dpmagic_rank`` (1, 2, …) in an order
+   drawn by a keyed hash, under a secret seed, of the row's content and its
+   copy number among identical rows of the unit; ties are broken by the
+   content itself, so the order is total. Rows whose unit is NULL (or not of its declared
+   type) belong to no one we can bound and are dropped.
+2. **Per query** (``kept_rows``), only rows with rank ``<= rows_per_unit``
+   are read, *before* the user's ``WHERE``: a plain filter on an integer
+   column, which DuckDB evaluates during the scan.
+
+Privacy argument. Fix the seed. A unit's ranks are a function of that unit's
+own rows and the seed only: the partition of the window is the unit, and the
+order is a total order on row contents (the hash, then the row). Adding,
+removing or replacing one unit therefore leaves every other unit's ranked
+rows unchanged, and the changed unit keeps at most ``K = rows_per_unit`` rows
+in the query, however the ``WHERE`` and the ``GROUP BY`` then treat them. So
+the table a query sees is a 1-stable transformation of the data (in units),
+for every seed; the seed is drawn independently of the data. One unit with
+at most ``K`` rows, spread over the released partitions in any way, moves
+the vector of per-partition counts by at most ``K`` in L1, and of sums of
+values in ``[lo, hi]`` by at most ``K·max(|lo|, |hi|)`` (removal), or, on
+replacement, ``K·(max(hi, 0) - min(lo, 0))`` with one partition and
+``2K·max(|lo|, |hi|)`` with more (the replaced rows in one partition, the
+new ones in another). That is ``sensitivity.sum_sensitivity`` for a
+contribution of one group of ``K`` rows, which ``contribution`` returns, and
+what ``tests/test_sensitivity.py`` checks by brute force, seed by seed.
+
+The rank filter alone bounds a query that reads one private table and no
+other (a join may multiply a unit's rows) and releases no count of distinct
+units (a unit's ``K`` rows may reach ``K`` partitions, one unit each); the
+others keep the per-query window bounding of ``rewrite.bound_contributions``
+after their joins, on tables already truncated at load, which only ever
+removes rows of the unit they belong to.
+
+``K`` is ``max_rows_per_partition`` without a ``GROUP BY``, and
+``min(max_partitions, partitions) × max_rows_per_partition`` with one: the
+same L1 sensitivity as bounding groups and rows per group separately, at
+the price of a fixed row order (a unit's first ``K`` rows, not its first
+``K`` rows that pass the ``WHERE``). The cost stays a function of the query
+and the policy: ``K`` is.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+from dpmagic.gate.policy import Dataset, Table
+from dpmagic.gate.sensitivity import Contribution
+from dpmagic.gate.sql.resolve import Resolved
+
+RANK = "__dpmagic_rank"
+SQL_TYPES = {
+    "int": "BIGINT",
+    "float": "DOUBLE",
+    "str": "VARCHAR",
+    "bool": "BOOLEAN",
+    "date": "DATE",
+}
+
+
+def load_cap(dataset: Dataset) -> int:
+    """The most rows of one unit any query can read: nothing beyond is kept."""
+    return dataset.max_partitions * dataset.max_rows_per_partition
+
+
+def rows_per_unit(dataset: Dataset, grouped: bool, partitions: int) -> int:
+    if not grouped:
+        return dataset.max_rows_per_partition
+    return min(dataset.max_partitions, partitions) * dataset.max_rows_per_partition
+
+
+def ranked_rows(
+    dataset: Dataset, resolved: Resolved, grouped: bool, partitions: int, kinds: set[str]
+) -> int | None:
+    """``K`` when the load-time rank alone bounds this query, else None (see above)."""
+    if dataset.privacy_unit is None or len(resolved.scans) != 1 or "count_unit" in kinds:
+        return None
+    if resolved.scans[0].table.public:
+        return None
+    return rows_per_unit(dataset, grouped, partitions)
+
+
+def contribution(
+    dataset: Dataset, ranked: int | None, grouped: bool, partitions: int
+) -> Contribution:
+    """What one unit can contribute: ``ranked`` rows in any partitions, or, bounded by
+    the window, ``max_rows_per_partition`` rows in each of ``max_partitions`` groups."""
+    if dataset.privacy_unit is None:  # each row is its own unit
+        return Contribution.bounded(1, 1, partitions)
+    if ranked is not None:
+        return Contribution.bounded(1, ranked, partitions)
+    groups = dataset.max_partitions if grouped else 1
+    return Contribution.bounded(groups, dataset.max_rows_per_partition, partitions)
+
+
+def kept_rows(ranked: int | None) -> str | None:
+    """The per-query predicate on the prepared table, or None when the rank does not bound."""
+    return None if ranked is None else f'"{RANK}" <= {ranked}'
+
+
+def prepare_sql(dataset: Dataset, table: Table, source: str, seed: int | None = None) -> str:
+    """``SELECT`` the prepared rows of ``table`` from the relation ``source``.
+
+    ``source`` is SQL the gate wrote (a table name or a file reader), never
+    user text. Public tables and row-level datasets are copied as they are.
+    """
+    if table.public or dataset.privacy_unit is None or table.unit is None:
+        return f"SELECT * FROM {source}"
+    seed = secrets.randbits(62) if seed is None else seed
+    unit = table.columns[table.unit]
+    key = f'TRY_CAST(__row."{unit.name}" AS {SQL_TYPES[unit.type]})'
+    # __copy numbers identical rows, so that copies are ranked apart like any other rows.
+    return (
+        "WITH __rows AS (SELECT __src AS __row, row_number() OVER (PARTITION BY __src) AS __copy "
+        f"FROM {source} AS __src) "
+        f"SELECT __row.*, row_number() OVER (PARTITION BY {key} "
+        f'ORDER BY hash(__row, __copy, {seed}), __row, __copy) AS "{RANK}" '
+        f'FROM __rows WHERE {key} IS NOT NULL QUALIFY "{RANK}" <= {load_cap(dataset)}'
+    )
