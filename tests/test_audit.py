@@ -38,7 +38,7 @@ pytestmark = pytest.mark.audit
 
 EPSILON = 1.0
 SAMPLES = 600  # per dataset and case for the gate as it is
-BROKEN_SAMPLES = 1000  # enough for each broken variant to show by a clear margin
+BROKEN_SAMPLES = 1400  # enough for each broken variant to show by a clear margin
 QUANTILE_SAMPLES = 400  # the exponential mechanism over 1,001 candidates is slower to sample
 SOCKET_SAMPLES = 250
 PEOPLE = 60
