@@ -24,6 +24,7 @@ from dpmagic.demo import NOTEBOOK, example_file, prepare_example, start_gate
 from dpmagic.gate.policy import load_policy
 
 LAB_MISSING = "JupyterLab is not installed: pip install 'dpmagic[lab]'"
+LAB_STOP_TIMEOUT_S = 15.0
 
 
 class LabUnavailable(RuntimeError):
@@ -83,5 +84,17 @@ def run_lab(
         try:
             return lab.wait()
         except KeyboardInterrupt:
-            # JupyterLab got the same Ctrl-C and shuts down on its own terms.
-            return lab.wait()
+            # A terminal's Ctrl-C reaches JupyterLab too, but a SIGINT sent to
+            # this process alone (a script, a supervisor) does not: stop it
+            # either way, or it outlives the gate it was started for.
+            return _stop(lab)
+
+
+def _stop(lab: subprocess.Popen[bytes]) -> int:
+    """SIGTERM, then SIGKILL if JupyterLab has not exited in time."""
+    lab.terminate()
+    try:
+        return lab.wait(LAB_STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        lab.kill()
+        return lab.wait()

@@ -64,5 +64,8 @@ def test_lab_serves_the_gated_kernel_and_the_quickstart(tmp_path: Path) -> None:
         except subprocess.TimeoutExpired:
             lab.send_signal(signal.SIGINT)  # JupyterLab asks to confirm the first Ctrl-C
             lab.wait(timeout=30)
-    # The gate goes with the lab.
+    # The gate and JupyterLab itself go with the lab, even when the signal
+    # reached `dpmagic lab` alone (no terminal sends it to the whole group).
     assert not Gate(address).health()
+    with pytest.raises(OSError):
+        _get(port, "/api/status")
