@@ -46,7 +46,7 @@ def dataset(rows: int, cache: Path = CACHE) -> Path:
 
 def _generate(rows: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     rng = np.random.Generator(np.random.PCG64(SEED))
-    people = rows // 3 + 5
+    people = rows // 2 + 5  # visits average 3: enough people to reach ``rows``
     visits_each = rng.integers(1, 6, size=people)
     ends = np.cumsum(visits_each)
     people = int(np.searchsorted(ends, rows)) + 1

@@ -52,8 +52,9 @@ from __future__ import annotations
 
 import secrets
 
-from dpmagic.gate.policy import Dataset, Table
+from dpmagic.gate.policy import Column, Dataset, Table
 from dpmagic.gate.sensitivity import Contribution
+from dpmagic.gate.sql.bound import Interval
 from dpmagic.gate.sql.resolve import Resolved
 
 RANK = "__dpmagic_rank"
@@ -107,13 +108,16 @@ def kept_rows(ranked: int | None) -> str | None:
 
 
 def prepare_sql(dataset: Dataset, table: Table, source: str, seed: int | None = None) -> str:
-    """``SELECT`` the prepared rows of ``table`` from the relation ``source``.
+    """``SELECT`` the prepared rows of ``table`` from the relation ``source``: its declared
+    columns as ``stored``, and for a private table with a unit, ranked and truncated.
 
     ``source`` is SQL the gate wrote (a table name or a file reader), never
-    user text. Public tables and row-level datasets are copied as they are.
+    user text. A table that declares no columns (a public one) is copied whole.
     """
-    if table.public or dataset.privacy_unit is None or table.unit is None:
+    if not table.columns:
         return f"SELECT * FROM {source}"
+    if table.public or dataset.privacy_unit is None or table.unit is None:
+        return f"SELECT {_stored_columns(table, '__src')} FROM {source} AS __src"
     seed = secrets.randbits(62) if seed is None else seed
     unit = table.columns[table.unit]
     key = f'TRY_CAST(__row."{unit.name}" AS {SQL_TYPES[unit.type]})'
@@ -121,7 +125,49 @@ def prepare_sql(dataset: Dataset, table: Table, source: str, seed: int | None = 
     return (
         "WITH __rows AS (SELECT __src AS __row, row_number() OVER (PARTITION BY __src) AS __copy "
         f"FROM {source} AS __src) "
-        f"SELECT __row.*, row_number() OVER (PARTITION BY {key} "
+        f"SELECT {_stored_columns(table, '__row')}, row_number() OVER (PARTITION BY {key} "
         f'ORDER BY hash(__row, __copy, {seed}), __row, __copy) AS "{RANK}" '
         f'FROM __rows WHERE {key} IS NOT NULL QUALIFY "{RANK}" <= {load_cap(dataset)}'
     )
+
+
+def _stored_columns(table: Table, row: str) -> str:
+    return ", ".join(
+        f"{stored(c, f'{row}.{_q(c.name)}')} AS {_q(c.name)}" for c in table.columns.values()
+    )
+
+
+def stored(col: Column, raw: str) -> str:
+    """A declared column as the gate stores it: its declared type (``TRY_CAST``: a value
+    that is not one becomes NULL), clamped into its declared bounds, NULL staying NULL.
+    Done once at load, it costs no query anything: the scan reads the column bare."""
+    value = f"TRY_CAST({raw} AS {SQL_TYPES[col.type]})"
+    if col.type in ("int", "float") and col.lower is not None and col.upper is not None:
+        integral = col.type == "int"
+        return clamp(value, Interval(col.lower, col.upper, integral))
+    if col.dates is not None:
+        lo, hi = (f"CAST('{d.isoformat()}' AS DATE)" for d in col.dates)
+        return (
+            f"(CASE WHEN {value} IS NULL THEN NULL WHEN {value} < {lo} THEN {lo} "
+            f"WHEN {value} > {hi} THEN {hi} ELSE {value} END)"
+        )
+    return value
+
+
+def clamp(value: str, bounds: Interval) -> str:
+    lo, hi = number(bounds.lo, bounds.integral), number(bounds.hi, bounds.integral)
+    # NaN compares above every number in DuckDB, so it is clamped to the upper bound.
+    return (
+        f"(CASE WHEN {value} IS NULL THEN NULL WHEN {value} < {lo} THEN {lo} "
+        f"WHEN {value} > {hi} THEN {hi} ELSE {value} END)"
+    )
+
+
+def number(value: float, integral: bool) -> str:
+    if integral:
+        return str(int(value))
+    return f"CAST('{float(value)!r}' AS DOUBLE)"
+
+
+def _q(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
