@@ -15,7 +15,8 @@ import logging
 import math
 from dataclasses import dataclass
 
-from dpmagic.gate.accounting import AccountantError, make_accountant, remaining
+from dpmagic.gate.accounting import AccountantError, Cost, make_accountant
+from dpmagic.gate.calibration import REPORT_ALPHA, Accuracy
 from dpmagic.gate.errors import BadRequest, Failed, GateError
 from dpmagic.gate.ledger import Ledger
 from dpmagic.gate.policy import Dataset, Policy, PolicyError
@@ -33,7 +34,7 @@ log = logging.getLogger("dpmagic.gate")
 
 # Part of every replay key: a change to how answers are computed must not
 # replay answers computed the old way.
-ANSWER_VERSION = "1"
+ANSWER_VERSION = "2"
 MAX_NOTEBOOK_CHARS = 512
 
 
@@ -47,6 +48,8 @@ class QueryRequest:
     dry_run: bool
     fresh: bool
     params: dict[str, object]
+    accuracy: float | None = None
+    alpha: float = REPORT_ALPHA
 
     @classmethod
     def from_body(cls, body: object) -> QueryRequest:
@@ -61,6 +64,8 @@ class QueryRequest:
             "dry_run",
             "fresh",
             "params",
+            "accuracy",
+            "alpha",
         }
         if unknown:
             raise BadRequest(f"unknown field {sorted(unknown)[0]!r}")
@@ -76,6 +81,16 @@ class QueryRequest:
         params = body.get("params") or {}
         if not isinstance(params, dict):
             raise BadRequest("`params` must be an object")
+        accuracy = _number(body, "accuracy")
+        if accuracy == 0:
+            raise BadRequest("`accuracy` must be positive")
+        alpha = _number(body, "alpha")
+        if alpha is not None and not 0 < alpha < 1:
+            raise BadRequest("`alpha` must be between 0 and 1")
+        if alpha is not None and accuracy is None:
+            raise BadRequest("`alpha` goes with `accuracy`")
+        if accuracy is not None and body.get("epsilon") is not None:
+            raise BadRequest("ask with `epsilon` or with `accuracy`, not both")
         return cls(
             sql=sql,
             dataset=dataset,
@@ -85,16 +100,22 @@ class QueryRequest:
             dry_run=_flag(body, "dry_run"),
             fresh=_flag(body, "fresh"),
             params=params,
+            accuracy=accuracy,
+            alpha=REPORT_ALPHA if alpha is None else alpha,
         )
 
 
 class Engine:
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
-        self.accountant = make_accountant(policy.gate.accountant)
+        self.accountants = {
+            name: make_accountant(ds.accountant) for name, ds in policy.datasets.items()
+        }
         # Data first: a policy whose files are missing fails before any state is written.
         self.databases = {name: Database(ds, policy.gate) for name, ds in policy.datasets.items()}
-        self.ledger = Ledger(policy.gate.state_dir / "ledger.sqlite3", self.accountant)
+        self.ledger = Ledger(
+            policy.gate.state_dir / "ledger.sqlite3", make_accountant(policy.gate.accountant)
+        )
 
     def close(self) -> None:
         for db in self.databases.values():
@@ -103,12 +124,16 @@ class Engine:
 
     def analyse(self, dataset: Dataset, request: QueryRequest) -> Plan:
         """Every check that can refuse a query; touches no data, costs nothing."""
+        accountant = self.accountants[dataset.name]
         epsilon = request.epsilon if request.epsilon is not None else dataset.query_default.epsilon
-        delta = request.delta if request.delta is not None else 0.0
+        delta = request.delta if request.delta is not None else _default_delta(dataset)
+        accuracy = None
+        if request.accuracy is not None:
+            accuracy = Accuracy(request.accuracy, request.alpha)
         parsed = parse(request.sql, request.params)  # type: ignore[arg-type]
         checked = check(resolve(parsed, dataset))
         try:
-            return plan(bound(checked), epsilon, delta, self.accountant)
+            return plan(bound(checked), epsilon, delta, accountant, accuracy)
         except AccountantError as exc:
             raise BadRequest(str(exc)) from None
 
@@ -154,6 +179,7 @@ class Engine:
             notebook_limit=dataset.notebook_budget,
             sql=request.sql,
             replay_key=key,
+            accountant=self.accountants[dataset.name],
         )
         try:
             rewritten = rewrite(the_plan)
@@ -180,7 +206,6 @@ class Engine:
     def schema(self, dataset: str | None) -> dict[str, object]:
         ds = self._dataset(dataset)
         out = ds.as_dict()
-        out["accountant"] = self.accountant.name
         out["datasets"] = sorted(self.policy.datasets)
         return out
 
@@ -193,17 +218,13 @@ class Engine:
     def _with_budget(
         self, reply: dict[str, object], user: str, dataset: Dataset, notebook: str
     ) -> dict[str, object]:
+        accountant = self.accountants[dataset.name]
         views = {}
         for scope, limit, nb in (
             ("user", dataset.user_budget, None),
             ("notebook", dataset.notebook_budget, notebook),
         ):
-            spent = self.ledger.spent(user, dataset.name, nb)
-            views[scope] = {
-                "spent": self.accountant.as_budget(spent).as_dict(),
-                "limit": limit.as_dict(),
-                "remaining": remaining(self.accountant, spent, limit).as_dict(),
-            }
+            views[scope] = accountant.view(self.ledger.spent(user, dataset.name, nb), limit)
         user_left = views["user"]["remaining"]
         nb_view = views["notebook"]
         # A notebook draws on the user's budget: it can never have more left than the user.
@@ -218,6 +239,7 @@ class Engine:
             "sql": the_plan.checked.resolved.canonical,
             "params": request.params,
             "cost": the_plan.cost.as_dict(),
+            "accuracy": None if the_plan.accuracy is None else vars(the_plan.accuracy),
             "mechanisms": [m.noise.mechanism for m in the_plan.measurements],
         }
         text = json.dumps(identity, sort_keys=True, default=str)
@@ -225,22 +247,55 @@ class Engine:
 
 
 def _plan_summary(the_plan: Plan) -> list[dict[str, object]]:
-    return [
-        {
+    """The plan per measurement, all of it public: bounds, sensitivity, mechanism,
+    scale, cost, the expected 95% error, and where the group keys come from."""
+    keys = [
+        {"column": k.name, "public": True, "values": len(k.public_values or ())}
+        for k in the_plan.keys
+    ]
+    steps = []
+    for m in the_plan.measurements:
+        step: dict[str, object] = {
             "aggregate": m.label,
+            "kind": m.kind,
+            "bounds": None if m.clamp is None else [m.clamp.lo, m.clamp.hi],
             "sensitivity": m.sensitivity,
+            "norm": "L2" if m.noise.mechanism.endswith("gaussian") else "L1",
             "mechanism": m.noise.mechanism,
             "scale": m.scale,
-            "epsilon": m.epsilon,
-            "accuracy": m.noise.half_width(0.05) if m.noise.sensitivity else 0.0,
+            "epsilon": m.cost.epsilon,
+            "cost": _cost_dict(m.cost),
+            "accuracy": m.noise.half_width(REPORT_ALPHA),
             "partitions": len(the_plan.partitions),
+            "keys": keys,
             "contribution": {
                 "groups": the_plan.contribution.groups,
                 "rows": the_plan.contribution.rows,
             },
         }
-        for m in the_plan.measurements
-    ]
+        if the_plan.accuracy is not None:
+            step["requested"] = {
+                "accuracy": the_plan.accuracy.half_width,
+                "alpha": the_plan.accuracy.alpha,
+                "half_width": m.noise.half_width(the_plan.accuracy.alpha),
+            }
+        steps.append(step)
+    return steps
+
+
+def _cost_dict(cost: Cost) -> dict[str, float]:
+    out = {"epsilon": cost.epsilon, "delta": cost.delta}
+    if cost.rho and math.isfinite(cost.rho):
+        out["rho"] = cost.rho
+    return out
+
+
+def _default_delta(dataset: Dataset) -> float:
+    """A query's δ when it names none: the policy's default, and under zCDP (where δ
+    only states a cost in (ε, δ)) the notebook budget's δ."""
+    if dataset.query_default.delta or dataset.accountant != "zcdp":
+        return dataset.query_default.delta
+    return dataset.notebook_budget.delta
 
 
 def _number(body: dict, key: str) -> float | None:

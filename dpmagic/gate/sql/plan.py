@@ -3,9 +3,11 @@
 Each DP aggregate becomes one or two *measurements*: a count, or a sum of a
 clamped value on an integer grid (AVG is a sum and a count, post-processed).
 A measurement is one vector over all released partitions, noised once; its
-L1 sensitivity follows from the contribution bounds (see ``sensitivity``).
-The query's ε is split evenly over its measurements, and nothing in this
-pass looks at data: the cost is a function of the query and the policy.
+sensitivity follows from the contribution bounds (see ``sensitivity``).
+The query's budget is split evenly over its measurements, or, when an
+accuracy is asked for, each measurement gets the least cost that delivers
+it (``calibration``). Nothing in this pass looks at data: the cost is a
+function of the query and the policy.
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from dpmagic.gate.accounting import Accountant, Cost
+from dpmagic.gate.calibration import Accuracy, Target, noise_for, spent
 from dpmagic.gate.errors import Refused
-from dpmagic.gate.mechanisms import LaplaceNoise, calibrate
+from dpmagic.gate.mechanisms import Noise
 from dpmagic.gate.policy import Column, Dataset, Table
-from dpmagic.gate.sensitivity import Contribution, count_sensitivity, sum_sensitivity
+from dpmagic.gate.sensitivity import Contribution, sum_sensitivity
 from dpmagic.gate.sql.bound import Bounded, Interval
 from dpmagic.gate.sql.check import Checked
 from dpmagic.gate.sql.parse import DIALECT
@@ -45,13 +48,13 @@ class Measurement:
     arg: exp.Expression | None  # None: COUNT(*)
     clamp: Interval | None  # sums: each value is clamped into this before summing
     grid_exp: int  # sums of floats: values are rounded to multiples of 2**grid_exp
-    noise: LaplaceNoise
-    epsilon: float
+    noise: Noise
+    cost: Cost  # what this measurement's noise costs one privacy unit
     label: str
 
     @property
     def sensitivity(self) -> float:
-        """L1 sensitivity in released units."""
+        """L1 (Laplace) or L2 (Gaussian) sensitivity in released units."""
         return self.noise.sensitivity * self.noise.granularity
 
     @property
@@ -70,16 +73,27 @@ class Plan:
     measurements: tuple[Measurement, ...]
     uses: dict[str, tuple[str, ...]]  # aggregate label -> the measurements it is made of
     epsilon: float
-    cost: Cost
+    cost: Cost  # what is charged: the group's cost under the policy's group_size
+    unit_cost: Cost  # what the noise costs one privacy unit
+    accuracy: Accuracy | None = None
 
     def measurement(self, name: str) -> Measurement:
         return next(m for m in self.measurements if m.name == name)
 
 
-def plan(bounded: Bounded, epsilon: float, delta: float, accountant: Accountant) -> Plan:
+def plan(
+    bounded: Bounded,
+    epsilon: float,
+    delta: float,
+    accountant: Accountant,
+    accuracy: Accuracy | None = None,
+) -> Plan:
+    """With ``accuracy``, ``epsilon`` is ignored: the cost is the least that gives it."""
     checked = bounded.checked
     dataset = checked.resolved.dataset
-    cost = accountant.query_cost(epsilon, delta)
+    if accuracy is not None:
+        _accuracy_applies(checked)
+    asked = None if accuracy is not None else accountant.query_cost(epsilon, delta)
     partitions = _partitions(checked.keys)
     if dataset.privacy_unit is None:
         contribution = Contribution.bounded(1, 1, len(partitions))
@@ -102,12 +116,16 @@ def plan(bounded: Bounded, epsilon: float, delta: float, accountant: Accountant)
             parts.append(key)
         uses[agg.label] = tuple(parts)  # type: ignore[assignment]
 
-    share = cost.epsilon / len(wanted)
+    share = None if asked is None else accountant.share(asked, len(wanted))
+    target = Target(accountant, share=share, accuracy=accuracy)
     names = {key: f"m{i}" for i, key in enumerate(wanted)}
     measurements = tuple(
-        _measurement(names[key], kind, arg, clamp, label, share, contribution, dataset)
+        _measurement(names[key], kind, arg, clamp, label, target, contribution, dataset)
         for key, (kind, arg, clamp, label) in wanted.items()
     )
+    if asked is None:
+        asked = accountant.total((m.cost for m in measurements), delta)
+    cost = accountant.group(asked, dataset.group_size) if dataset.group_size > 1 else asked
     return Plan(
         checked=checked,
         dataset=dataset,
@@ -119,7 +137,25 @@ def plan(bounded: Bounded, epsilon: float, delta: float, accountant: Accountant)
         uses={label: tuple(names[k] for k in parts) for label, parts in uses.items()},
         epsilon=cost.epsilon,
         cost=cost,
+        unit_cost=asked,
+        accuracy=accuracy,
     )
+
+
+def _accuracy_applies(checked: Checked) -> None:
+    """An accuracy can be promised, before seeing data, only for cells that are one
+    noisy count or sum: an average's interval depends on its noisy count."""
+    aggregates = {a.label: a for a in checked.aggregates}
+    for out in checked.outputs:
+        node = out.expr
+        if isinstance(node, exp.Column):
+            continue
+        agg = aggregates.get(node.sql(dialect=DIALECT)) if isinstance(node, exp.AggFunc) else None
+        if agg is None or agg.func not in ("count", "sum"):
+            raise Refused(
+                f"--accuracy applies to outputs that are COUNT or SUM (or group keys); "
+                f"{out.name!r} is not: ask with an epsilon instead"
+            )
 
 
 def _partitions(keys: tuple[Column, ...]) -> tuple[tuple[object, ...], ...]:
@@ -138,28 +174,30 @@ def _measurement(
     arg: exp.Expression | None,
     clamp: Interval | None,
     label: str,
-    epsilon: float,
+    target: Target,
     contribution: Contribution,
     dataset: Dataset,
 ) -> Measurement:
     if kind == "count":
-        sensitivity = count_sensitivity(contribution, dataset.neighbouring)
-        noise = calibrate(sensitivity, epsilon)
-        return Measurement(name, kind, arg, None, 0, noise, epsilon, label)
+        noise = noise_for(1, 1, contribution, dataset.neighbouring, target)
+        cost = spent(noise, target.accountant)
+        return Measurement(name, kind, arg, None, 0, noise, cost, label)
     assert clamp is not None
-    grid_exp = 0 if clamp.integral else _grid_exp(clamp, contribution, dataset, epsilon)
+    grid_exp = 0 if clamp.integral else _grid_exp(clamp, contribution, dataset, target)
     lo, hi = _grid_bounds(clamp, grid_exp)
     sensitivity = sum_sensitivity(lo, hi, contribution, dataset.neighbouring)
     if sensitivity > _I64_MAX or MAX_ROWS * max(abs(lo), abs(hi)) >= SUM_LIMIT:
         raise Refused(f"{label}: the declared bounds are too wide to sum exactly")
-    noise = calibrate(sensitivity, epsilon, granularity=2.0**grid_exp)
-    return Measurement(name, kind, arg, clamp, grid_exp, noise, epsilon, label)
+    noise = noise_for(lo, hi, contribution, dataset.neighbouring, target, 2.0**grid_exp)
+    return Measurement(
+        name, kind, arg, clamp, grid_exp, noise, spent(noise, target.accountant), label
+    )
 
 
-def _grid_exp(clamp: Interval, c: Contribution, dataset: Dataset, epsilon: float) -> int:
+def _grid_exp(clamp: Interval, c: Contribution, dataset: Dataset, target: Target) -> int:
     """The grid for summing floats: fine beside the noise, coarse enough to fit 128 bits."""
     real = sum_sensitivity(math.floor(clamp.lo), math.ceil(clamp.hi), c, dataset.neighbouring)
-    scale = max(real / epsilon, 2.0**-1000)
+    scale = max(target.scale_estimate(real), 2.0**-1000)
     k = math.floor(math.log2(scale)) - GRID_BITS_BELOW_SCALE
     widest = max(abs(clamp.lo), abs(clamp.hi), 1.0)
     # Keep a single value below 2**62 grid units: then Δ fits OpenDP's i64 and
