@@ -184,7 +184,8 @@ class Engine:
         try:
             rewritten = rewrite(the_plan)
             exact = self.databases[dataset.name].run(rewritten.sql)
-            released = release(noise(the_plan, rewritten, exact))
+            alpha = REPORT_ALPHA if the_plan.accuracy is None else the_plan.accuracy.alpha
+            released = release(noise(the_plan, rewritten, exact), alpha)
         except GateError as exc:
             self.ledger.record_failure(charge)
             raise Failed(exc.message) if not isinstance(exc, Failed) else exc from None
