@@ -11,23 +11,45 @@ charge the budget twice, so a lost reply is reported, never retried.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
 import socket
+import threading
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 from dpmagic.errors import ERROR_KINDS, DPError, GateUnavailable
 from dpmagic.result import DPResult
+from dpmagic.transcript import SCHEME, TranscriptGate
 
 ENV_GATE = "DPMAGIC_GATE"
 ENV_TOKEN = "DPMAGIC_TOKEN"
+ENV_TRANSCRIPT = "DPMAGIC_TRANSCRIPT"
+# Set by JupyterHub in every single-user server, and so in its kernels: a Hub
+# gate (`dpmagic serve --jupyterhub`) resolves it to the user through the Hub.
+ENV_HUB_TOKEN = "JUPYTERHUB_API_TOKEN"
 DEFAULT_TIMEOUT = 120.0
 HOW_TO_SET = (
     f"start a gate (`dpmagic serve --policy …`) and point the notebook at it with "
     f"`%dpconnect unix:/path/to/gate.sock` or the {ENV_GATE} environment variable"
 )
+
+
+def connect(
+    address: str | None = None, token: str | None = None, timeout: float = DEFAULT_TIMEOUT
+) -> Gate | TranscriptGate:
+    """A gate client, or a transcript replayer for ``transcript:PATH``.
+
+    Without an address, ``$DPMAGIC_TRANSCRIPT`` (an autograder's offline
+    replay) wins over ``$DPMAGIC_GATE``.
+    """
+    if not address and os.environ.get(ENV_TRANSCRIPT):
+        address = SCHEME + os.environ[ENV_TRANSCRIPT]
+    if address and address.startswith(SCHEME):
+        return TranscriptGate(address.removeprefix(SCHEME))
+    return Gate(address, token, timeout=timeout)
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -52,9 +74,10 @@ class Gate:
     """A client for one gate address.
 
     ``address`` defaults to ``$DPMAGIC_GATE`` and ``token`` to
-    ``$DPMAGIC_TOKEN``. Each request opens its own connection: requests are
-    rare and slow next to a connect, and a fresh connection never resends a
-    request on a stale keep-alive socket.
+    ``$DPMAGIC_TOKEN``, else, over TCP, ``$JUPYTERHUB_API_TOKEN``. Each
+    request opens its own connection: requests are rare and slow next to a
+    connect, and a fresh connection never resends a request on a stale
+    keep-alive socket.
     """
 
     def __init__(
@@ -67,9 +90,16 @@ class Gate:
         if not address:
             raise GateUnavailable(f"no gate address is set: {HOW_TO_SET}")
         self.address = address
-        self.token = token if token is not None else os.environ.get(ENV_TOKEN) or None
-        self.timeout = timeout
         self._target = _parse_address(address)
+        if token is None:
+            token = os.environ.get(ENV_TOKEN) or None
+        if token is None and self._target[0] == "tcp":
+            # Only over TCP: a unix-socket gate knows us by our uid instead.
+            token = os.environ.get(ENV_HUB_TOKEN)
+        self.token = token or None
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self._in_flight: set[http.client.HTTPConnection] = set()
 
     def __repr__(self) -> str:
         return f"Gate({self.address!r})"
@@ -111,6 +141,20 @@ class Gate:
         ``{"dataset", "user": {"spent", "limit", "remaining"}, "notebook": {…}}``."""
         return self._request("GET", _path("/v1/budget", dataset=dataset, notebook=notebook))
 
+    def history(
+        self, dataset: str | None = None, notebook: str | None = None, limit: int | None = None
+    ) -> dict[str, Any]:
+        """This user's queries in ``notebook``, oldest first (all datasets unless one is named):
+        ``{"datasets", "notebook", "entries": [{"time", "dataset", "sql", "cost", "status",
+        "replayed"}]}``."""
+        path = _path(
+            "/v1/history",
+            dataset=dataset,
+            notebook=notebook,
+            limit=None if limit is None else str(limit),
+        )
+        return self._request("GET", path)
+
     def schema(self, dataset: str | None = None) -> dict[str, Any]:
         """The public schema and policy facts: everything a user may know."""
         return self._request("GET", _path("/v1/schema", dataset=dataset))
@@ -121,6 +165,20 @@ class Gate:
             return self._request("GET", "/v1/health").get("ok") is True
         except GateUnavailable:
             return False
+
+    def abort(self) -> None:
+        """Stop waiting for every reply in flight (from another thread).
+
+        The gate is not told and does not need to be: a query it has charged
+        stays charged and is finished and stored, so asking again replays it.
+        """
+        with self._lock:
+            connections = list(self._in_flight)
+        for conn in connections:
+            if conn.sock is not None:
+                # shutdown, not close: it wakes a thread blocked reading the socket.
+                with contextlib.suppress(OSError):
+                    conn.sock.shutdown(socket.SHUT_RDWR)
 
     def _connection(self) -> http.client.HTTPConnection:
         kind, where = self._target
@@ -138,6 +196,8 @@ class Gate:
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
         conn = self._connection()
+        with self._lock:
+            self._in_flight.add(conn)
         try:
             try:
                 conn.connect()
@@ -156,6 +216,8 @@ class Gate:
                     "a query may have been charged — re-running it replays the stored answer"
                 ) from None
         finally:
+            with self._lock:
+                self._in_flight.discard(conn)
             conn.close()
         return _decode(status, raw)
 

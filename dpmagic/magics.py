@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -23,11 +25,16 @@ from IPython.core.magic import (
     magics_class,
     no_var_expand,
 )
+from IPython.display import display
 from traitlets import Bool, Float, Int, Unicode, observe
 
-from dpmagic.client import Gate
+from dpmagic.client import Gate, connect
 from dpmagic.errors import DPError
-from dpmagic.result import BudgetView, DPResult, SchemaView
+from dpmagic.progress import Interrupted, Progress, wait_for
+from dpmagic.result import BudgetView, DatasetBudget, DPResult, SchemaView
+from dpmagic.settings import load_project_settings
+from dpmagic.templates import bind_templates
+from dpmagic.transcript import TranscriptGate
 
 ERROR_PREFIX = {
     "refused": "query refused: ",
@@ -186,6 +193,12 @@ class DpSql(Magics):
         config=True
     )
     displaylimit = Int(50, help="Rows shown in a result's table; 0 shows all.").tag(config=True)
+    autopandas = Bool(
+        False, help="-o VAR / VAR << store the pandas DataFrame instead of the DPResult."
+    ).tag(config=True)
+    autopolars = Bool(
+        False, help="-o VAR / VAR << store a polars DataFrame instead of the DPResult."
+    ).tag(config=True)
     feedback = Bool(True, help="Say where results are stored and which gate is used.").tag(
         config=True
     )
@@ -193,18 +206,25 @@ class DpSql(Magics):
 
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
         super().__init__(shell=shell, **kwargs)
-        self._client: Gate | None = None
+        self._client: Gate | TranscriptGate | None = None
 
     @observe("gate", "token", "timeout")
     def _forget_client(self, change: Any) -> None:
         self._client = None
 
+    @observe("autopandas", "autopolars")
+    def _one_frame_kind(self, change: Any) -> None:
+        # As in JupySQL: turning one on turns the other off.
+        if change["new"]:
+            other = "autopolars" if change["name"] == "autopandas" else "autopandas"
+            setattr(self, other, False)
+
     @property
-    def client(self) -> Gate:
+    def client(self) -> Gate | TranscriptGate:
         """The gate client for the current settings, made on first use."""
         if self._client is None:
             with gate_errors():
-                self._client = Gate(self.gate, self.token, timeout=self.timeout)
+                self._client = connect(self.gate, self.token, timeout=self.timeout)
         return self._client
 
     @property
@@ -232,9 +252,13 @@ class DpSql(Magics):
         --fresh            spend again instead of replaying a stored answer
         -o VAR, VAR <<     also store the DPResult in VAR (VAR.df is the DataFrame)
 
-        `$name` in the SQL is bound from the notebook variable `name` as a
-        typed literal by the gate. The same query asked again is replayed at
-        no cost with the same numbers.
+        `$name` or `{{name}}` in the SQL is bound from the notebook variable
+        `name` as a typed literal by the gate, never spliced into the text
+        (`'{{name}}'` as a whole string literal binds a string). The same
+        query asked again is replayed at no cost with the same numbers. A
+        query that takes over a second shows how long it has waited;
+        Kernel ▸ Interrupt stops waiting (the gate keeps the charge).
+        With DpSql.autopandas or DpSql.autopolars, -o/<< store a DataFrame.
         """
         opts, rest = parse_line(line)
         sql = rest if cell is None else f"{rest}\n{cell}"
@@ -248,47 +272,105 @@ class DpSql(Magics):
             raise UsageError("--alpha goes with --accuracy")
         if opts.accuracy is not None and opts.epsilon is not None:
             raise UsageError("give -e or --accuracy, not both")
-        params = self._parameters(sql)
+        epsilon = None if opts.accuracy is not None else _first(opts.epsilon, self.epsilon)
+        sql, as_strings = bind_templates(sql)
+        params = self._parameters(sql, as_strings)
         with gate_errors():
-            result = self.client.query(
-                sql,
-                epsilon=None if opts.accuracy is not None else _first(opts.epsilon, self.epsilon),
-                delta=opts.delta if opts.delta is not None else self.delta,
-                dataset=opts.dataset or self.dataset,
-                notebook=self.notebook,
-                dry_run=opts.dry_run,
-                fresh=opts.fresh,
-                params=params or None,
-                accuracy=opts.accuracy,
-                alpha=opts.alpha,
+            client = self.client
+            result = self._wait(
+                client,
+                lambda: client.query(
+                    sql,
+                    epsilon=epsilon,
+                    delta=opts.delta if opts.delta is not None else self.delta,
+                    dataset=opts.dataset or self.dataset,
+                    notebook=self.notebook,
+                    dry_run=opts.dry_run,
+                    fresh=opts.fresh,
+                    params=params or None,
+                    accuracy=opts.accuracy,
+                    alpha=opts.alpha,
+                ),
             )
         result.display_limit = self.displaylimit or None
         if target:
-            self.shell.user_ns[target] = result
-            if self.feedback:
-                print(f"stored in {target} (its .df is the DataFrame)")
+            self._store(target, result)
         return result
 
-    def _parameters(self, sql: str) -> dict[str, Any]:
+    def _wait(self, client: Gate, request: Callable[[], DPResult]) -> DPResult:
+        """The gate's reply, with progress shown while it is slow; interruptible."""
+        handle = None
+
+        def show(progress: Progress) -> None:
+            nonlocal handle
+            if handle is None:
+                handle = display(progress, display_id=True)
+            else:
+                handle.update(progress)
+
+        try:
+            return wait_for(request, show, client.abort)
+        except Interrupted as exc:
+            raise UsageError(
+                f"interrupted: stopped waiting for the gate after {exc.waited:.0f} s; "
+                "a query that reached it stays charged, and running the cell again "
+                "replays its answer at no cost once the gate has released it"
+            ) from None
+
+    def _store(self, target: str, result: DPResult) -> None:
+        if self.autopolars:
+            value, what = result.pl, "a polars DataFrame"
+        elif self.autopandas:
+            value, what = result.df, "a pandas DataFrame"
+        else:
+            value, what = result, "its .df is the DataFrame"
+        self.shell.user_ns[target] = value
+        if self.feedback:
+            print(f"stored in {target} ({what})")
+
+    def _parameters(self, sql: str, as_strings: set[str]) -> dict[str, Any]:
         """Values of the SQL's ``$name`` parameters that the notebook defines.
 
-        Names it does not define are left out, so the gate's refusal names them.
+        Names it does not define are left out, so the gate's refusal names
+        them. A name written as the string literal ``'{{name}}'`` must hold a
+        string: binding, say, a number there would change the query's types.
         """
         ns = self.shell.user_ns
-        return {name: _plain(name, ns[name]) for name in parameter_names(sql) if name in ns}
+        values = {name: _plain(name, ns[name]) for name in parameter_names(sql) if name in ns}
+        for name in as_strings & values.keys():
+            if not isinstance(values[name], str):
+                raise UsageError(
+                    f"'{{{{{name}}}}}' is a string literal but {name} is a "
+                    f"{type(values[name]).__name__}; write {{{{{name}}}}} without the quotes"
+                )
+        return values
 
     @line_magic
     def dpbudget(self, line: str) -> BudgetView:
-        """Show the privacy budget spent and left, for the user and this notebook.
+        """Show the privacy budget and this notebook's queries, per dataset.
 
         %dpbudget [--dataset NAME]
+
+        For each dataset (only NAME when given, else DpSql.dataset, else all
+        the gate serves): what you and this notebook have spent and have left,
+        as a table with bars, then this notebook's queries in order (time,
+        query, cost, whether it was replayed at no cost) and a chart of its
+        cumulative ε against its limit. Nothing is charged.
         """
         opts, rest = parse_line(line)
         if rest.strip():
             raise UsageError(f"%dpbudget takes only --dataset, not {rest.strip()!r}")
+        dataset = opts.dataset or self.dataset
         with gate_errors():
-            reply = self.client.budget(opts.dataset or self.dataset, self.notebook)
-        return BudgetView(reply, self.notebook)
+            history = self.client.history(dataset, self.notebook)
+            views = [
+                DatasetBudget(
+                    budget=self.client.budget(name, self.notebook),
+                    history=[e for e in history["entries"] if e.get("dataset") == name],
+                )
+                for name in history["datasets"]
+            ]
+        return BudgetView(views, self.notebook)
 
     @line_magic
     def dpschema(self, line: str) -> SchemaView:
@@ -309,7 +391,8 @@ class DpSql(Magics):
 
             %dpconnect ADDRESS [--token TOKEN]
 
-        ADDRESS is `unix:/path/to/gate.sock` or `http://host:port`.
+        ADDRESS is `unix:/path/to/gate.sock`, `http://host:port`, or
+        `transcript:PATH` to answer only from a transcript of released answers.
         """
         tokens = line.split()
         token = None
@@ -332,5 +415,15 @@ class DpSql(Magics):
 
 
 def register(ipython: Any) -> None:
-    """Register the magics with ``ipython`` (called by ``%load_ext dpmagic``)."""
-    ipython.register_magics(DpSql(ipython))
+    """Register the magics with ``ipython`` (called by ``%load_ext dpmagic``).
+
+    Defaults come from IPython's configuration, then from ``[tool.dpmagic]``
+    in the nearest ``pyproject.toml``; ``%config DpSql.*`` overrides both.
+    """
+    magics = DpSql(ipython)
+    path, problems = load_project_settings(magics, Path.cwd())
+    for problem in problems:
+        print(f"dpmagic: [tool.dpmagic] in {path}: {problem}", file=sys.stderr)
+    if path is not None and magics.feedback:
+        print(f"dpmagic: settings from [tool.dpmagic] in {path}")
+    ipython.register_magics(magics)

@@ -10,14 +10,15 @@ everything is HTML-escaped; colours are inherited from the front end's theme
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from datetime import datetime
 from functools import cached_property
 from html import escape
 from typing import Any
 
 import pandas as pd
 
-MUTED = "color: var(--jp-ui-font-color2, inherit); opacity: 0.85; font-size: 0.9em"
-NOISY_CELL = "cursor: help; text-decoration: underline dotted"
+from dpmagic.render import MUTED, STYLE, budget_bar, spend_chart, table
 
 
 class DPResult:
@@ -41,6 +42,17 @@ class DPResult:
     def df(self) -> pd.DataFrame:
         """The noisy answer as a DataFrame, one column per output column."""
         return pd.DataFrame(self.rows, columns=self.columns)
+
+    @cached_property
+    def pl(self) -> Any:
+        """The noisy answer as a polars DataFrame (needs ``pip install polars``)."""
+        try:
+            import polars
+        except ImportError:
+            raise ImportError("polars is not installed: pip install polars") from None
+        return polars.DataFrame(
+            self.rows, schema=self.columns, orient="row", strict=False, infer_schema_length=None
+        )
 
     @property
     def confidence(self) -> float:
@@ -90,12 +102,27 @@ class DPResult:
 
     def _repr_html_(self) -> str:
         body = self._plan_html() if self.dry_run else self._table_html()
-        footer = f'<div class="dpmagic-footer" style="{MUTED}">{escape(self.footer())}</div>'
-        return f'<div class="dpmagic-result">{body}{footer}</div>'
+        return f'<div class="dpmagic dpmagic-result">{STYLE}{body}{self._footer_html()}</div>'
+
+    def _footer_html(self) -> str:
+        bars = []
+        for scope in ("notebook", "user"):
+            spent = _epsilon(self.budget, scope, "spent")
+            limit = _epsilon(self.budget, scope, "limit")
+            if spent is None or not limit:
+                continue
+            this = 0.0 if self.replayed or self.dry_run else float(self.cost.get("epsilon") or 0)
+            bar = budget_bar(spent, limit, this, scope)
+            bars.append(f'<span class="dpm-muted">{scope}</span>{bar}')
+        return (
+            f'<div class="dpmagic-footer" style="{MUTED}">'
+            f'<span class="dpm-footer-text">{escape(self.footer())}</span>'
+            f'<div class="dpm-bars">{"".join(bars)}</div></div>'
+        )
 
     def _table_html(self) -> str:
-        head = "".join(f"<th>{escape(str(c))}</th>" for c in self.columns)
         percent = f"{self.confidence:.0%}"
+        noisy = any(self._column_accuracy(c) for c in range(len(self.columns)))
         body = []
         for r in self._shown_rows():
             cells = []
@@ -105,19 +132,22 @@ class DPResult:
                 if pair is None:
                     cells.append(f"<td>{text}</td>")
                     continue
-                lo, hi = pair
-                tip = escape(f"{percent} interval [{format_value(lo)}, {format_value(hi)}]")
-                cells.append(f'<td title="{tip}" style="{NOISY_CELL}">{text}</td>')
-            body.append(f"<tr>{''.join(cells)}</tr>")
-        return _table(head, body)
+                span = f"[{format_value(pair[0])}, {format_value(pair[1])}]"
+                tip = escape(f"{percent} interval {span}")
+                cells.append(
+                    f'<td class="dpm-noisy" title="{tip}">{text}'
+                    f'<span class="dpm-int" style="display:none">{escape(span)}</span></td>'
+                )
+            body.append(cells)
+        toggle = (
+            f'<details class="dpm-toggle"><summary>{percent} intervals</summary></details>'
+            if noisy and body
+            else ""
+        )
+        return toggle + table(self.columns, body, raw=True)
 
     def _plan_html(self) -> str:
-        head = "".join(f"<th>{escape(h)}</th>" for h in PLAN_HEADERS)
-        body = [
-            "<tr>" + "".join(f"<td>{escape(v)}</td>" for v in _plan_row(step)) + "</tr>"
-            for step in self.plan
-        ]
-        return _table(head, body)
+        return table(PLAN_HEADERS, [_plan_row(step) for step in self.plan])
 
     def __repr__(self) -> str:
         if self.dry_run:
@@ -157,43 +187,117 @@ def _plan_row(step: dict[str, Any]) -> list[str]:
     ]
 
 
-class BudgetView:
-    """``GET /v1/budget`` as a small table: the user's cap and this notebook's share."""
+@dataclass(frozen=True)
+class DatasetBudget:
+    """One dataset's ``GET /v1/budget`` reply and this notebook's ``GET /v1/history``."""
 
-    def __init__(self, reply: dict[str, Any], notebook: str) -> None:
-        self.reply = reply
+    budget: dict[str, Any]
+    history: list[dict[str, Any]]
+
+    @property
+    def name(self) -> str:
+        return str(self.budget.get("dataset", ""))
+
+
+class BudgetView:
+    """``%dpbudget``: per dataset, what the user and this notebook spent and have
+    left, the notebook's queries in order, and a picture of the spending."""
+
+    def __init__(self, datasets: list[DatasetBudget], notebook: str) -> None:
+        self.datasets = datasets
         self.notebook = notebook
 
-    def _rows(self) -> tuple[list[str], list[list[str]]]:
-        scopes = [("user", "user"), ("notebook", f"notebook {self.notebook}")]
+    def __getitem__(self, dataset: str) -> DatasetBudget:
+        for entry in self.datasets:
+            if entry.name == dataset:
+                return entry
+        raise KeyError(f"no dataset {dataset!r}; shown are {[d.name for d in self.datasets]}")
+
+    def _scopes(self, entry: DatasetBudget) -> tuple[list[str], list[tuple[str, list[str]]]]:
+        scopes = [("user", "you, all notebooks"), ("notebook", f"notebook {self.notebook}")]
         with_delta = any(
-            (self.reply.get(s) or {}).get(k, {}).get("delta")
+            (entry.budget.get(s) or {}).get(k, {}).get("delta")
             for s, _ in scopes
-            for k in ("spent", "limit", "remaining")
+            for k in BUDGET_KEYS
         )
         headers = ["", "spent ε", "limit ε", "left ε"]
         if with_delta:
             headers += ["spent δ", "limit δ", "left δ"]
         rows = []
         for scope, label in scopes:
-            view = self.reply.get(scope) or {}
+            view = entry.budget.get(scope) or {}
             row = [label] + [format_exact(view.get(k, {}).get("epsilon")) for k in BUDGET_KEYS]
             if with_delta:
                 row += [format_exact(view.get(k, {}).get("delta")) for k in BUDGET_KEYS]
-            rows.append(row)
+            rows.append((scope, row))
         return headers, rows
 
+    def _history_rows(self, entry: DatasetBudget) -> list[list[str]]:
+        return [
+            [
+                _time(item.get("time")),
+                " ".join(str(item.get("sql", "")).split()),
+                _amount(item.get("cost") or {}),
+                STATUS_TEXT.get(str(item.get("status")), str(item.get("status", ""))),
+            ]
+            for item in entry.history
+        ]
+
     def _repr_html_(self) -> str:
-        headers, rows = self._rows()
-        head = "".join(f"<th>{escape(h)}</th>" for h in headers)
-        body = ["<tr>" + "".join(f"<td>{escape(v)}</td>" for v in r) + "</tr>" for r in rows]
-        caption = f'<div style="{MUTED}">dataset {escape(str(self.reply.get("dataset", "")))}</div>'
-        return f'<div class="dpmagic-budget">{_table(head, body)}{caption}</div>'
+        parts = [STYLE]
+        for entry in self.datasets:
+            headers, rows = self._scopes(entry)
+            body = []
+            for scope, row in rows:
+                bar = budget_bar(
+                    _epsilon(entry.budget, scope, "spent") or 0.0,
+                    _epsilon(entry.budget, scope, "limit") or 0.0,
+                    label=scope,
+                )
+                body.append([f"<td>{escape(v)}</td>" for v in row] + [f"<td>{bar}</td>"])
+            parts.append(f"<div><strong>dataset {escape(entry.name)}</strong></div>")
+            parts.append(table([*headers, ""], body, raw=True))
+            history = self._history_rows(entry)
+            if not history:
+                parts.append(f'<div style="{MUTED}">no queries from this notebook yet</div>')
+                continue
+            body = [
+                [f"<td>{escape(t)}</td>", _sql_cell(sql), f"<td>{escape(c)}</td>",
+                 f"<td>{escape(st)}</td>"]
+                for t, sql, c, st in history
+            ]  # fmt: skip
+            parts.append(table(HISTORY_HEADERS, body, raw=True, text=True))
+            limit = _epsilon(entry.budget, "notebook", "limit") or 0.0
+            costs = [float((i.get("cost") or {}).get("epsilon") or 0) for i in entry.history]
+            parts.append(
+                spend_chart(costs, limit, f"ε spent by notebook {self.notebook}, query by query")
+            )
+        return f'<div class="dpmagic dpmagic-budget">{"".join(parts)}</div>'
 
     def __repr__(self) -> str:
-        headers, rows = self._rows()
-        text = pd.DataFrame(rows, columns=headers).to_string(index=False)
-        return f"{text}\ndataset {self.reply.get('dataset', '')}"
+        parts = []
+        for entry in self.datasets:
+            headers, rows = self._scopes(entry)
+            frame = pd.DataFrame([row for _, row in rows], columns=headers)
+            parts.append(f"dataset {entry.name}\n{frame.to_string(index=False)}")
+            history = self._history_rows(entry)
+            if history:
+                shown = [[t, _shorten(sql, 60), c, st] for t, sql, c, st in history]
+                frame = pd.DataFrame(shown, columns=list(HISTORY_HEADERS))
+                parts.append(f"queries of notebook {self.notebook}\n{frame.to_string(index=False)}")
+            else:
+                parts.append("no queries from this notebook yet")
+        return "\n\n".join(parts)
+
+
+HISTORY_HEADERS = ("time (UTC)", "query", "cost", "")
+STATUS_TEXT = {
+    "released": "answered",
+    "replayed": "replayed (no cost)",
+    "failed": "failed (charged)",
+    "charged": "running (charged)",
+}
+SQL_SHOWN_CHARS = 80
 
 
 BUDGET_KEYS = ("spent", "limit", "remaining")
@@ -223,10 +327,10 @@ class SchemaView:
 
     def _tables(self) -> list[tuple[str, list[list[str]]]]:
         out = []
-        for name, table in (self.reply.get("tables") or {}).items():
-            title = f"{name} (public)" if table.get("public") else name
+        for name, info_table in (self.reply.get("tables") or {}).items():
+            title = f"{name} (public)" if info_table.get("public") else name
             rows = []
-            for col, info in (table.get("columns") or {}).items():
+            for col, info in (info_table.get("columns") or {}).items():
                 values = info.get("public_values")
                 rows.append(
                     [
@@ -234,18 +338,31 @@ class SchemaView:
                         str(info.get("type", "")),
                         _bounds(info.get("lower"), info.get("upper")),
                         ", ".join(format_exact(v) for v in values) if values is not None else "",
+                        self._use(col, info, bool(info_table.get("public"))),
                     ]
                 )
             out.append((title, rows))
         return out
 
+    def _use(self, column: str, info: dict[str, Any], public: bool) -> str:
+        """How the column can appear in a query, from the policy's declarations alone."""
+        if public:
+            return "public table: no privacy cost"
+        if column == self.reply.get("privacy_unit"):
+            return "privacy unit: never shown or grouped by"
+        uses = []
+        if info.get("public_values") is not None:
+            uses.append("GROUP BY")
+        if info.get("lower") is not None and info.get("upper") is not None:
+            uses.append("SUM/AVG")
+        return ", ".join([*uses, "WHERE, COUNT"])
+
     def _repr_html_(self) -> str:
-        parts = [f'<div style="{MUTED}">{escape(self.summary())}</div>']
-        head = "".join(f"<th>{escape(h)}</th>" for h in SCHEMA_HEADERS)
+        parts = [STYLE, f'<div style="{MUTED}">{escape(self.summary())}</div>']
         for title, rows in self._tables():
-            body = ["<tr>" + "".join(f"<td>{escape(v)}</td>" for v in r) + "</tr>" for r in rows]
-            parts.append(f"<div><strong>{escape(title)}</strong></div>{_table(head, body)}")
-        return f'<div class="dpmagic-schema">{"".join(parts)}</div>'
+            parts.append(f"<div><strong>{escape(title)}</strong></div>")
+            parts.append(table(SCHEMA_HEADERS, rows, text=True))
+        return f'<div class="dpmagic dpmagic-schema">{"".join(parts)}</div>'
 
     def __repr__(self) -> str:
         parts = [self.summary()]
@@ -255,7 +372,7 @@ class SchemaView:
         return "\n".join(parts)
 
 
-SCHEMA_HEADERS = ("column", "type", "bounds", "public values")
+SCHEMA_HEADERS = ("column", "type", "bounds", "public values", "use in a query")
 
 
 def format_value(value: Any) -> str:
@@ -306,5 +423,25 @@ def _bounds(lower: Any, upper: Any) -> str:
     return f"[{lo}, {hi}]"
 
 
-def _table(head: str, body: list[str]) -> str:
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+def _epsilon(budget: dict[str, Any], scope: str, key: str) -> float | None:
+    """``budget[scope][key]["epsilon"]`` of a budget view, if the gate sent it."""
+    value = ((budget.get(scope) or {}).get(key) or {}).get("epsilon")
+    return None if value is None else float(value)
+
+
+def _time(stamp: Any) -> str:
+    """A ledger timestamp (UTC, ISO 8601) to the second."""
+    try:
+        return datetime.fromisoformat(str(stamp)).strftime("%Y-%m-%d %H:%M:%S")
+    except ValueError:
+        return str(stamp or "")
+
+
+def _shorten(text: str, chars: int) -> str:
+    return text if len(text) <= chars else text[: chars - 1] + "…"
+
+
+def _sql_cell(sql: str) -> str:
+    """A query cut to one short line, whole in its tooltip."""
+    short = _shorten(sql, SQL_SHOWN_CHARS)
+    return f'<td title="{escape(sql)}" style="text-align: left"><code>{escape(short)}</code></td>'

@@ -126,7 +126,7 @@ def test_accuracy_over_budget_is_refused_with_what_it_needs(tmp_path):
 
 
 def test_accuracy_needs_cells_that_are_one_measurement(engine):
-    with pytest.raises(Refused, match="COUNT or SUM"):
+    with pytest.raises(Refused, match="COUNT and SUM; AVG"):
         engine.query("alice", {"sql": "SELECT AVG(age) FROM t", "accuracy": 5.0})
     with pytest.raises(BadRequest, match="not both"):
         engine.query("alice", {"sql": "SELECT COUNT(*) FROM t", "accuracy": 5.0, "epsilon": 1.0})
@@ -182,3 +182,13 @@ def test_dry_run_magic_shows_the_plan_per_aggregate(dpsql_shell):
     assert step["accuracy"] <= 10.0
     assert result.footer().startswith("dry run: nothing charged")
     assert result.budget["user"]["spent"]["epsilon"] == 0.0
+
+
+def test_accuracy_refuses_aggregates_outside_the_outputs_too(engine):
+    with pytest.raises(Refused, match="MEDIAN"):
+        engine.query(
+            "alice",
+            {"sql": "SELECT COUNT(*) AS n FROM t HAVING MEDIAN(age) > 3", "accuracy": 5.0},
+        )
+    with pytest.raises(Refused, match="'n2' is not"):
+        engine.query("alice", {"sql": "SELECT COUNT(*) * 2 AS n2 FROM t", "accuracy": 5.0})

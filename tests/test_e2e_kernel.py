@@ -51,7 +51,12 @@ def execute(client: BlockingKernelClient, code: str) -> Outcome:
             outcome.streams += content["text"]
         elif kind == "status" and content["execution_state"] == "idle":
             break
-    outcome.reply = client.get_shell_msg(timeout=TIMEOUT)["content"]
+    # The reply to this request: an earlier one (kernel_info's, from
+    # wait_for_ready) may still be queued on the shell channel.
+    reply = client.get_shell_msg(timeout=TIMEOUT)
+    while reply["parent_header"].get("msg_id") != msg_id:
+        reply = client.get_shell_msg(timeout=TIMEOUT)
+    outcome.reply = reply["content"]
     outcome.status = outcome.reply["status"]
     return outcome
 
@@ -76,13 +81,13 @@ def running_kernel(manager: KernelManager, env: dict[str, str]) -> Iterator[Bloc
 
 
 def table_of(html: str) -> str:
-    match = re.search(r"<table>.*</table>", html)
+    match = re.search(r"<table>.*</table>", html, re.DOTALL)
     assert match, html
     return match.group(0)
 
 
 def footer_of(html: str) -> str:
-    match = re.search(r'class="dpmagic-footer"[^>]*>(.*?)</div>', html)
+    match = re.search(r'class="dpm-footer-text">(.*?)</span>', html)
     assert match, html
     return match.group(1)
 
@@ -125,7 +130,7 @@ def test_notebook_life_across_kernel_and_gate_restarts(gate):
         (after_gate_restart,) = execute(kc, CELL).html
         assert table_of(after_gate_restart) == table_of(html)
         assert footer_of(after_gate_restart).startswith("replayed (no cost)")
-        budget = execute(kc, "b = %dpbudget\nprint(b.reply['user']['spent']['epsilon'])")
+        budget = execute(kc, "b = %dpbudget\nprint(b['d'].budget['user']['spent']['epsilon'])")
         assert budget.streams.strip() == "0.5"
         assert "notebook course/hw1.ipynb" in execute(kc, "%dpbudget").html[0]
 

@@ -87,7 +87,7 @@ def test_dry_run_charges_nothing(connected):
     assert result.dry_run and result.plan
     assert "dry run: nothing charged" in result._repr_html_()
     budget = connected.run_line_magic("dpbudget", "")
-    assert budget.reply["user"]["spent"]["epsilon"] == 0
+    assert budget["d"].budget["user"]["spent"]["epsilon"] == 0
 
 
 def test_config_supplies_defaults(connected):
@@ -150,7 +150,7 @@ def test_notebook_identity_from_the_session(connected, monkeypatch):
     view = connected.run_line_magic("dpbudget", "--dataset d")
     assert isinstance(view, BudgetView)
     assert view.notebook == "course/week 1/hw1.ipynb"
-    assert view.reply["notebook"]["spent"]["epsilon"] == pytest.approx(0.5)
+    assert view["d"].budget["notebook"]["spent"]["epsilon"] == pytest.approx(0.5)
     assert "notebook course/week 1/hw1.ipynb" in repr(view)
 
 
@@ -164,7 +164,8 @@ def test_schema_magic(connected):
     assert "privacy unit pid" in view.summary()
     assert "<td>age</td><td>int</td><td>[0, 100]</td>" in view._repr_html_()
     assert "<td>sex</td><td>int</td>" in view._repr_html_()
-    assert "<td>0, 1</td></tr>" in view._repr_html_()
+    assert "<td>0, 1</td><td>GROUP BY, SUM/AVG, WHERE, COUNT</td></tr>" in view._repr_html_()
+    assert "<td>pid</td><td>int</td><td></td><td></td><td>privacy unit" in view._repr_html_()
 
 
 def test_connect_magic(shell, gate, short_dir: Path, capsys):

@@ -90,7 +90,7 @@ def test_resolve_refuses_unknown_names_and_files():
     assert "reading files" in refusal("SELECT COUNT(*) FROM '/etc/passwd'")
     assert "table function" in refusal("SELECT COUNT(*) FROM read_csv('/etc/passwd')")
     assert "unknown table or alias" in refusal("SELECT COUNT(*) FROM t AS a WHERE b.age > 1")
-    assert "joins" in refusal("SELECT COUNT(*) FROM t JOIN t AS u ON t.pid = u.pid")
+    assert "mix two units" in refusal("SELECT COUNT(*) FROM t JOIN t AS u ON t.age = u.age")
 
 
 def test_resolve_accepts_aliases_and_qualified_names():
@@ -107,14 +107,15 @@ def test_resolve_accepts_aliases_and_qualified_names():
         ("SELECT age FROM t", "inside an aggregate or listed in GROUP BY"),
         ("SELECT sex, age, COUNT(*) FROM t GROUP BY sex", "inside an aggregate"),
         ("SELECT pid, COUNT(*) FROM t GROUP BY pid", "privacy unit"),
-        ("SELECT age, COUNT(*) FROM t GROUP BY age", "public_values"),
+        ("SELECT note, COUNT(*) FROM t GROUP BY note", "public_values"),
+        ("SELECT score, COUNT(*) FROM t GROUP BY score", "public_values"),
         ("SELECT COUNT(*) FROM t WHERE CAST(note AS INT) > 1", "TRY_CAST"),
         ("SELECT COUNT(*) FROM t WHERE pg_sleep(1) IS NULL", "pg_sleep"),
         ("SELECT COUNT(*) FROM t WHERE regexp_matches(note, 'a')", "not allowed"),
         ("SELECT COUNT(*) FROM t WHERE note LIKE note", "literal pattern"),
         ("SELECT COUNT(*) OVER () FROM t", "window"),
         ("SELECT DISTINCT sex FROM t", "DISTINCT"),
-        ("SELECT COUNT(*) FROM t WHERE age IN (SELECT age FROM t)", "subqueries"),
+        ("SELECT COUNT(*) FROM t WHERE age IN (SELECT age FROM t)", "privacy units"),
         ("SELECT SUM(COUNT(*)) FROM t", "nested"),
         ("SELECT list(age) FROM t", "never allowed"),
         ("SELECT 1 FROM t", "no aggregate"),
@@ -135,9 +136,11 @@ def test_check_classifies_outputs_and_shares_aggregates():
             DS,
         )
     )
-    assert [k.name for k in checked.keys] == ["sex"]
+    assert [k.label for k in checked.keys] == ["sex"]
     assert [o.name for o in checked.outputs] == ["sex", "n", "m"]
     assert [a.label for a in checked.aggregates] == ["COUNT(*)", "SUM(age)"]
+    # Released trees name aggregates and keys, never SQL text.
+    assert checked.outputs[2].expr.sql() == "__a1 / __a0"
     assert checked.limit == 1
 
 

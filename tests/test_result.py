@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from dpmagic.result import BudgetView, DPResult, SchemaView, format_value
+from dpmagic.result import BudgetView, DatasetBudget, DPResult, SchemaView, format_value
 
 
 def budget(nb_left: float, user_left: float) -> dict:
@@ -67,8 +67,35 @@ def test_html_table_tooltips_and_footer():
     assert 'title="95% interval [30.50, 44]"' in html
     # a group key carries no noise, so no tooltip
     assert "<td>0</td>" in html
-    footer = re.search(r'class="dpmagic-footer"[^>]*>(.*?)</div>', html).group(1)
+    footer = re.search(r'class="dpm-footer-text">(.*?)</span>', html).group(1)
     assert footer == "ε 0.5 spent · ε 1.5 left for the notebook, ε 4.5 left for the user"
+
+
+def test_intervals_toggle_open_hidden_spans():
+    html = DPResult(reply())._repr_html_()
+    assert '<details class="dpm-toggle"><summary>95% intervals</summary></details><table>' in html
+    spans = re.findall(r'<span class="dpm-int" style="display:none">(.*?)</span>', html)
+    assert spans == ["[29, 53]", "[30.50, 44]"] * 3
+    # the style sheet opens exactly those spans when the toggle is open
+    assert "details.dpm-toggle[open] ~ table .dpm-int { display: inline-block !important; }" in html
+
+
+def test_no_toggle_without_noisy_cells():
+    keys_only = reply(columns=["sex"], rows=[[0], [1]], accuracy={"alpha": 0.05, "columns": [None]})
+    assert 'dpm-toggle"' not in DPResult(keys_only)._repr_html_()
+
+
+def test_footer_bars_show_earlier_spending_and_this_query():
+    html = DPResult(reply())._repr_html_()
+    bars = re.findall(
+        r'role="meter" aria-valuemin="0" aria-valuemax="([\d.]+)" aria-valuenow="([\d.]+)" '
+        r'title="(\w+): [^"]*".*?width: ([\d.]+)%.*?width: ([\d.]+)%',
+        html,
+    )
+    # notebook: 0.5 of 2 spent, all of it by this query; user: 0.5 of 5.
+    assert bars == [("2", "0.5", "notebook", "0.0", "25.0"), ("5", "0.5", "user", "0.0", "10.0")]
+    replayed = DPResult(reply(replayed=True, cost={"epsilon": 0.0, "delta": 0.0}))
+    assert re.findall(r"width: ([\d.]+)%", replayed._repr_html_())[:2] == ["25.0", "0.0"]
 
 
 def test_html_escapes_everything_from_the_wire():
@@ -79,10 +106,23 @@ def test_html_escapes_everything_from_the_wire():
 
 
 def test_html_inherits_theme_colours():
-    html = DPResult(reply())._repr_html_()
-    assert "background" not in html
-    assert "#fff" not in html.lower() and "white" not in html.lower()
-    assert "var(--jp-ui-font-color2, inherit)" in html
+    """Every colour is a JupyterLab theme variable, so dark mode just works."""
+    history = [{"time": "2026-01-01T10:00:00+00:00", "sql": "SELECT 1", "status": "released",
+                "cost": {"epsilon": 0.5, "delta": 0.0}}]  # fmt: skip
+    views = [
+        DPResult(reply())._repr_html_(),
+        BudgetView(
+            [DatasetBudget({"dataset": "d", **budget(1.5, 4.5)}, history)], "nb"
+        )._repr_html_(),
+    ]
+    for html in views:
+        fixed = re.findall(r"#fff\b|#000\b|(?<![\w-])(?:white|black)(?![\w-])", html.lower())
+        assert fixed == []
+        colours = re.findall(r"(?:background|color|stroke|fill): ?([^;\"]+)", html)
+        colours += re.findall(r'(?:stroke|fill)="([^"]+)"', html)
+        assert colours
+        for colour in colours:
+            assert colour.startswith(("var(--jp-", "inherit", "none", "currentColor")), colour
 
 
 def test_replayed_answer_says_no_cost():
@@ -156,14 +196,68 @@ def test_format_value():
     assert format_value("a") == "a"
 
 
+HISTORY = [
+    {"time": "2026-03-01T09:15:02.123456+00:00", "dataset": "d", "status": "released",
+     "sql": "SELECT COUNT(*) AS n\n  FROM t", "cost": {"epsilon": 0.5, "delta": 0.0}},
+    {"time": "2026-03-01T09:16:00.000001+00:00", "dataset": "d", "status": "replayed",
+     "sql": "SELECT COUNT(*) AS n FROM t", "cost": {"epsilon": 0.0, "delta": 0.0}},
+    {"time": "2026-03-01T09:17:00+00:00", "dataset": "d", "status": "failed",
+     "sql": "SELECT AVG(age) AS <a> FROM t " + "WHERE age > 1 " * 10,
+     "cost": {"epsilon": 1.0, "delta": 0.0}},
+]  # fmt: skip
+
+
 def test_budget_view():
-    view = BudgetView({"dataset": "d", **budget(1.5, 4.5)}, notebook="nb<1>.ipynb")
+    view = BudgetView([DatasetBudget({"dataset": "d", **budget(0.5, 3.5)}, HISTORY)], "nb<1>")
     html = view._repr_html_()
-    assert "notebook nb&lt;1&gt;.ipynb" in html
-    assert "<td>user</td><td>0.5</td><td>5</td><td>4.5</td>" in html
+    assert "notebook nb&lt;1&gt;" in html
+    assert "<td>you, all notebooks</td><td>1.5</td><td>5</td><td>3.5</td>" in html
+    assert "<td>notebook nb&lt;1&gt;</td><td>1.5</td><td>2</td><td>0.5</td>" in html
     assert "δ" not in html
+    rows = re.findall(r"<tr><td>(2026[^<]*)</td><td[^>]*><code>(.*?)</code></td>"
+                      r"<td>(.*?)</td><td>(.*?)</td></tr>", html)  # fmt: skip
+    assert [r[0] for r in rows] == [
+        "2026-03-01 09:15:02",
+        "2026-03-01 09:16:00",
+        "2026-03-01 09:17:00",
+    ]
+    assert rows[0][1:] == ("SELECT COUNT(*) AS n FROM t", "ε 0.5", "answered")
+    assert rows[1][2:] == ("ε 0", "replayed (no cost)")
+    assert rows[2][3] == "failed (charged)"
+    assert rows[2][1].endswith("…") and len(rows[2][1]) < 100 and "&lt;a&gt;" in rows[2][1]
+    assert 'title="SELECT AVG(age) AS &lt;a&gt; FROM t WHERE' in html
     text = repr(view)
-    assert "left ε" in text and "4.5" in text and "dataset d" in text
+    assert "dataset d" in text and "left ε" in text and "replayed (no cost)" in text
+    assert view["d"].history == HISTORY
+    with pytest.raises(KeyError):
+        view["e"]
+
+
+def test_budget_chart_steps_up_by_each_cost():
+    html = BudgetView([DatasetBudget({"dataset": "d", **budget(0.5, 3.5)}, HISTORY)], "nb")
+    svg = re.search(r"<svg.*</svg>", html._repr_html_()).group()
+    points = re.search(r'points="([^"]+)"', svg).group(1).split()
+    heights = [float(p.split(",")[1]) for p in points]
+    # one flat step per query at the running total: 0.5, 0.5, 1.5 (of a 2.0 limit)
+    assert len(points) == 1 + 2 * len(HISTORY)
+    bottom, top = heights[0], re.search(r'y1="([\d.]+)"', svg).group(1)
+    per_eps = (bottom - float(top)) / 2.0
+    assert [round((bottom - h) / per_eps, 6) for h in heights[1::2]] == [0.5, 0.5, 1.5]
+    assert "limit ε 2" in svg
+
+
+def test_budget_view_without_history():
+    view = BudgetView([DatasetBudget({"dataset": "d", **budget(2.0, 5.0)}, [])], "nb")
+    assert "no queries from this notebook yet" in view._repr_html_()
+    assert "<svg" not in view._repr_html_()
+    assert "no queries from this notebook yet" in repr(view)
+
+
+def test_polars_frame_matches_pandas():
+    result = DPResult(reply())
+    assert result.pl.columns == result.columns
+    assert result.pl["n"].to_list() == result.df["n"].tolist()
+    assert result.pl["sex"].to_list() == ["0", "1", "<script>x</script>"]
 
 
 def test_schema_view():
@@ -195,7 +289,8 @@ def test_schema_view():
         "budget: user ε 5, notebook ε 2, query default ε 0.1"
     )
     html = view._repr_html_()
-    assert "<td>age</td><td>int</td><td>[0, 100]</td><td></td>" in html
+    assert "<td>age</td><td>int</td><td>[0, 100]</td><td></td><td>SUM/AVG, WHERE, COUNT" in html
+    assert "<td>name</td><td>str</td><td></td><td></td><td>public table: no privacy cost" in html
     assert "<td>sex</td><td>int</td><td></td><td>0, 1</td>" in html
     assert "<strong>states (public)</strong>" in html
     assert "states (public)" in repr(view)

@@ -50,6 +50,15 @@ class Target:
     share: Cost | None = None
     accuracy: Accuracy | None = None
 
+    def pure_epsilon(self) -> float:
+        """The ε a pure-DP mechanism (a quantile's exponential mechanism) may use
+        within the share: ε itself, or under zCDP the ε whose ε²/2 is the share's ρ
+        (ε-DP implies ε²/2-zCDP, Bun and Steinke 2016, Proposition 1.4)."""
+        assert self.share is not None
+        if self.accountant.gaussian:
+            return math.sqrt(2 * self.share.rho)
+        return self.share.epsilon
+
     def scale_estimate(self, l1: float) -> float:
         """A rough noise scale for a real-valued L1 sensitivity, used only to pick the
         grid float sums are rounded to (fine beside the noise)."""

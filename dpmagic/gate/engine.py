@@ -36,6 +36,7 @@ log = logging.getLogger("dpmagic.gate")
 # replay answers computed the old way.
 ANSWER_VERSION = "2"
 MAX_NOTEBOOK_CHARS = 512
+MIN_EPSILON = 1e-12
 
 
 @dataclass(frozen=True)
@@ -125,8 +126,7 @@ class Engine:
     def analyse(self, dataset: Dataset, request: QueryRequest) -> Plan:
         """Every check that can refuse a query; touches no data, costs nothing."""
         accountant = self.accountants[dataset.name]
-        epsilon = request.epsilon if request.epsilon is not None else dataset.query_default.epsilon
-        delta = request.delta if request.delta is not None else _default_delta(dataset)
+        epsilon, delta = _asked(dataset, request)
         accuracy = None
         if request.accuracy is not None:
             accuracy = Accuracy(request.accuracy, request.alpha)
@@ -142,12 +142,26 @@ class Engine:
         dataset = self._dataset(request.dataset)
         the_plan = self.analyse(dataset, request)
         key = self._replay_key(dataset, the_plan, request)
+        eps, delta = _asked(dataset, request)
         reply: dict[str, object] = {
             "dataset": dataset.name,
             "cost": the_plan.cost.as_dict(),
             "plan": _plan_summary(the_plan),
             "dry_run": request.dry_run,
             "replayed": False,
+            # What was asked, with the policy's defaults filled in: a transcript
+            # of released answers is matched on it where no gate can analyse.
+            "request": {
+                "sql": request.sql,
+                "params": request.params,
+                "epsilon": eps,
+                "delta": delta,
+                **(
+                    {"accuracy": request.accuracy, "alpha": request.alpha}
+                    if request.accuracy is not None
+                    else {}
+                ),
+            },
         }
         if request.dry_run:
             reply.update(
@@ -204,6 +218,23 @@ class Engine:
         views = self._with_budget({}, user, ds, notebook or "unnamed")["budget"]
         return {"dataset": ds.name, **views}
 
+    def history(
+        self, user: str, dataset: str | None, notebook: str | None, limit: int
+    ) -> dict[str, object]:
+        """``GET /v1/history``: the calling user's own queries in one notebook, oldest first.
+
+        Only what the user already saw: their SQL, its time, its cost and what
+        became of it; never a stored answer, never another user's line.
+        Without a dataset it covers all of them, and names them, so a client
+        can show every budget without knowing the policy.
+        """
+        name = None if dataset is None else self._dataset(dataset).name
+        nb = notebook or "unnamed"
+        rows = self.ledger.history(user=user, dataset=name, notebook=nb, limit=limit)
+        entries = history_entries(rows)
+        datasets = sorted(self.policy.datasets) if name is None else [name]
+        return {"datasets": datasets, "notebook": nb, "entries": entries}
+
     def schema(self, dataset: str | None) -> dict[str, object]:
         ds = self._dataset(dataset)
         out = ds.as_dict()
@@ -219,18 +250,7 @@ class Engine:
     def _with_budget(
         self, reply: dict[str, object], user: str, dataset: Dataset, notebook: str
     ) -> dict[str, object]:
-        accountant = self.accountants[dataset.name]
-        views = {}
-        for scope, limit, nb in (
-            ("user", dataset.user_budget, None),
-            ("notebook", dataset.notebook_budget, notebook),
-        ):
-            views[scope] = accountant.view(self.ledger.spent(user, dataset.name, nb), limit)
-        user_left = views["user"]["remaining"]
-        nb_view = views["notebook"]
-        # A notebook draws on the user's budget: it can never have more left than the user.
-        nb_view["remaining"] = {k: min(v, user_left[k]) for k, v in nb_view["remaining"].items()}
-        reply["budget"] = views
+        reply["budget"] = budget_views(self.ledger, user, dataset, notebook)
         return reply
 
     def _replay_key(self, dataset: Dataset, the_plan: Plan, request: QueryRequest) -> str:
@@ -241,18 +261,59 @@ class Engine:
             "params": request.params,
             "cost": the_plan.cost.as_dict(),
             "accuracy": None if the_plan.accuracy is None else vars(the_plan.accuracy),
-            "mechanisms": [m.noise.mechanism for m in the_plan.measurements],
+            "mechanisms": [m.noise.mechanism for m in the_plan.measurements]
+            + [s.noise.mechanism for s in the_plan.selections],
         }
         text = json.dumps(identity, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()
+
+
+def budget_views(
+    ledger: Ledger, user: str, dataset: Dataset, notebook: str
+) -> dict[str, dict[str, dict[str, float]]]:
+    """The ``budget`` object of a reply: the user's and the notebook's spent,
+    limit (with grants) and remaining, as the dataset's accountant states them."""
+    accountant = make_accountant(dataset.accountant)
+    views = {}
+    for scope, limit, nb in (
+        ("user", dataset.user_budget, None),
+        ("notebook", dataset.notebook_budget, notebook),
+    ):
+        spent = ledger.spent(user, dataset.name, nb)
+        views[scope] = accountant.view(spent, ledger.limit(limit, user, dataset.name, nb))
+    user_left = views["user"]["remaining"]
+    nb_view = views["notebook"]
+    # A notebook draws on the user's budget: it can never have more left than the user.
+    nb_view["remaining"] = {k: min(v, user_left[k]) for k, v in nb_view["remaining"].items()}
+    return views
+
+
+def history_entries(rows: list[dict[str, object]]) -> list[dict[str, object]]:
+    """Ledger rows (newest first) as ``/v1/history`` shows them, oldest first."""
+    return [
+        {
+            "time": row["time"],
+            "dataset": row["dataset"],
+            "sql": row["sql"],
+            "cost": {"epsilon": row["epsilon"], "delta": row["delta"]},
+            "status": row["status"],
+            "replayed": row["replayed"],
+        }
+        for row in reversed(rows)
+    ]
 
 
 def _plan_summary(the_plan: Plan) -> list[dict[str, object]]:
     """The plan per measurement, all of it public: bounds, sensitivity, mechanism,
     scale, cost, the expected 95% error, and where the group keys come from."""
     keys = [
-        {"column": k.name, "public": True, "values": len(k.public_values or ())}
-        for k in the_plan.keys
+        {
+            "column": k.label,
+            "public": True,
+            "values": len(d.values),
+            "source": "integer range" if d.span else "declared values",
+        }
+        for k, d in zip(the_plan.keys, the_plan.domains, strict=True)
     ]
     steps = []
     for m in the_plan.measurements:
@@ -281,7 +342,27 @@ def _plan_summary(the_plan: Plan) -> list[dict[str, object]]:
                 "half_width": m.noise.half_width(the_plan.accuracy.alpha),
             }
         steps.append(step)
-    return steps
+    return steps + [
+        {
+            "aggregate": s.label,
+            "kind": "quantile",
+            "bounds": [s.grid.lo, s.grid.hi],
+            "sensitivity": s.sensitivity,
+            "norm": "symmetric",
+            "mechanism": s.noise.mechanism,
+            "scale": s.scale,
+            "epsilon": s.epsilon,
+            "cost": {"epsilon": s.epsilon, "delta": 0.0},
+            "candidates": s.grid.size,
+            "partitions": len(the_plan.partitions),
+            "keys": keys,
+            "contribution": {
+                "groups": the_plan.contribution.groups,
+                "rows": the_plan.contribution.rows,
+            },
+        }
+        for s in the_plan.selections
+    ]
 
 
 def _cost_dict(cost: Cost) -> dict[str, float]:
@@ -299,6 +380,12 @@ def _default_delta(dataset: Dataset) -> float:
     return dataset.notebook_budget.delta
 
 
+def _asked(dataset: Dataset, request: QueryRequest) -> tuple[float, float]:
+    """The (ε, δ) a query is asked at: the request's, else the policy's default."""
+    epsilon = request.epsilon if request.epsilon is not None else dataset.query_default.epsilon
+    return epsilon, request.delta if request.delta is not None else _default_delta(dataset)
+
+
 def _number(body: dict, key: str) -> float | None:
     value = body.get(key)
     if value is None:
@@ -307,6 +394,9 @@ def _number(body: dict, key: str) -> float | None:
         raise BadRequest(f"`{key}` must be a finite number")
     if value < 0 or (key == "epsilon" and value == 0):
         raise BadRequest(f"`{key}` must be positive")
+    if key == "epsilon" and value < MIN_EPSILON:
+        # Split over measurements, a smaller ε can round to zero.
+        raise BadRequest(f"`epsilon` must be at least {MIN_EPSILON:g}")
     return float(value)
 
 

@@ -33,6 +33,8 @@ from opendp.accuracy import (
     discrete_laplacian_scale_to_accuracy,
 )
 
+from dpmagic.gate.errors import Refused
+
 dp.enable_features("contrib")
 
 DISCRETE_LAPLACE = "discrete_laplace"
@@ -40,6 +42,10 @@ GRANULAR_LAPLACE = "granular_laplace"
 DISCRETE_GAUSSIAN = "discrete_gaussian"
 GRANULAR_GAUSSIAN = "granular_gaussian"
 _I64_MAX = 2**63 - 1
+# OpenDP's integer samples saturate at the i64 limits, and a saturated draw added to
+# the exact value would give that value away. Below this scale (in grid units) a
+# draw reaches 2**63 with probability under e**-128; above it the query is refused.
+MAX_SCALE = 2.0**56
 
 
 @dataclass(frozen=True)
@@ -66,7 +72,7 @@ class LaplaceNoise:
     @property
     def rho(self) -> float:
         """ε-DP implies (ε²/2)-zCDP (Bun and Steinke 2016, Proposition 1.4)."""
-        return self.epsilon**2 / 2
+        return self.epsilon * self.epsilon / 2  # inf, not an error, for huge ε
 
     def sample(self, size: int) -> list[int]:
         """``size`` independent zero-centred integer noise draws."""
@@ -132,6 +138,7 @@ def calibrate(sensitivity: int, epsilon: float, granularity: float = 1.0) -> Lap
         # A constant release needs no noise; a zero scale keeps the type uniform.
         return LaplaceNoise(0, 0.0, granularity)
     scale = sensitivity / epsilon
+    _check_scale(scale)
     while _laplace_map(scale, sensitivity) > epsilon:
         scale = math.nextafter(scale, math.inf)
     return LaplaceNoise(sensitivity, scale, granularity)
@@ -146,6 +153,7 @@ def calibrate_gaussian(sensitivity: float, rho: float, granularity: float = 1.0)
     if sensitivity == 0:
         return GaussianNoise(0.0, 0.0, granularity)
     scale = sensitivity / math.sqrt(2 * rho)
+    _check_scale(scale)
     while _gaussian_map(scale, sensitivity) > rho:
         scale = math.nextafter(scale, math.inf)
     return GaussianNoise(sensitivity, scale, granularity)
@@ -202,13 +210,26 @@ def _scale_for_accuracy(to_scale, half_width, accuracy: float, alpha: float, ste
     scale = to_scale(float(tail), alpha)
     while scale > 0 and half_width(scale) > accuracy:
         scale = math.nextafter(scale, 0.0)
+    _check_scale(scale)
     return scale
 
 
 def _integer_half_width(tail: float) -> int:
     """OpenDP's accuracy ``a`` means P(|noise| ≥ a) ≤ alpha; integer noise then stays
-    within the largest integer below ``a``."""
+    within the largest integer below ``a``. OpenDP's formula underflows at scales below
+    ~1e-3, where a draw is non-zero with probability about 2e**-1000: the interval is
+    then the point."""
+    if not math.isfinite(tail):
+        return 0
     return max(0, math.ceil(tail) - 1)
+
+
+def _check_scale(scale: float) -> None:
+    if not scale <= MAX_SCALE:
+        raise Refused(
+            "the budget share is too small for this aggregate's declared bounds: its noise "
+            "could not be sampled exactly; ask for a larger ε or declare narrower bounds"
+        )
 
 
 def _check_l1(sensitivity: int) -> None:

@@ -7,9 +7,10 @@ users by ``/v1/schema``, and never derived from the data.
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -43,6 +44,7 @@ class Column:
     lower: float | None = None
     upper: float | None = None
     public_values: tuple[object, ...] | None = None
+    dates: tuple[dt.date, dt.date] | None = None  # a date column's bounds
 
     @property
     def bounded(self) -> bool:
@@ -56,14 +58,22 @@ class Column:
             out["upper"] = self.upper
         if self.public_values is not None:
             out["public_values"] = list(self.public_values)
+        if self.dates is not None:
+            out["lower"], out["upper"] = (d.isoformat() for d in self.dates)
         return out
 
 
 @dataclass(frozen=True)
 class Table:
+    """A declared table. ``unit`` names the column holding the privacy unit
+    (``None`` for public tables and row-level datasets); ``links`` maps a
+    column to the ``table.column`` it references, as the owner declared."""
+
     name: str
     public: bool
     columns: dict[str, Column]
+    unit: str | None = None
+    links: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -102,6 +112,8 @@ class Dataset:
                 t.name: {
                     "public": t.public,
                     "columns": {c.name: c.as_dict() for c in t.columns.values()},
+                    **({"unit": t.unit} if t.unit else {}),
+                    **({"links": dict(t.links)} if t.links else {}),
                 }
                 for t in self.tables.values()
             },
@@ -234,12 +246,7 @@ def _dataset(name: str, raw: dict, base: Path, default_accountant: str = "pure")
     }
     if not tables:
         raise PolicyError(f"{where}: declare at least one table under [{where}.tables]")
-    for t in tables.values():
-        if not t.public and unit is not None and unit.lower() not in t.columns:
-            raise PolicyError(
-                f"{where}.tables.{t.name}: a private table must declare the privacy unit "
-                f"column {unit!r}"
-            )
+    tables = _units(tables, unit.lower() if unit else None, where)
     for tname in sources:
         if tname.lower() not in tables:
             raise PolicyError(f"{where}.sources.{tname}: no such table is declared")
@@ -274,7 +281,7 @@ def _dataset(name: str, raw: dict, base: Path, default_accountant: str = "pure")
 
 
 def _table_decl(name: str, raw: dict, where: str) -> Table:
-    _only(raw, where, {"public", "columns"})
+    _only(raw, where, {"public", "columns", "unit", "links"})
     public = bool(raw.get("public", False))
     columns = {
         cname.lower(): _column(cname, craw, f"{where}.columns.{cname}")
@@ -282,7 +289,77 @@ def _table_decl(name: str, raw: dict, where: str) -> Table:
     }
     if not public and not columns:
         raise PolicyError(f"{where}: a private table must declare its columns")
-    return Table(name=name.lower(), public=public, columns=columns)
+    unit = raw.get("unit")
+    if unit is not None and (not isinstance(unit, str) or unit.lower() not in columns):
+        raise PolicyError(f"{where}.unit must name one of the table's declared columns")
+    links = _table(raw, "links", where + ".links", required=False)
+    for column, target in links.items():
+        if column.lower() not in columns:
+            raise PolicyError(f"{where}.links: {column!r} is not a declared column")
+        if not isinstance(target, str) or target.count(".") != 1:
+            raise PolicyError(f'{where}.links.{column} must be "table.column"')
+    if public and (unit or links):
+        raise PolicyError(f"{where}: a public table has no privacy unit and no links")
+    return Table(
+        name=name.lower(),
+        public=public,
+        columns=columns,
+        unit=unit.lower() if unit else None,
+        links={c.lower(): str(t).lower() for c, t in links.items()},
+    )
+
+
+def _units(tables: dict[str, Table], unit: str | None, where: str) -> dict[str, Table]:
+    """Give each private table the column that holds its privacy unit.
+
+    A table holds it under the dataset's ``privacy_unit`` name, under its own
+    ``unit`` key, or in a column it ``links`` to another table's unit column
+    (``visits.patient_id → patients.id``): each of its rows then belongs to
+    the unit that column names.
+    """
+    out = dict(tables)
+    for t in tables.values():
+        if t.public or unit is None:
+            if (t.unit or t.links) and unit is None:
+                raise PolicyError(
+                    f"{where}.tables.{t.name}: units and links need the dataset's privacy_unit"
+                )
+            continue
+        if t.unit is None and unit in t.columns:
+            out[t.name] = replace(t, unit=unit)
+    # A link may point at a table whose own unit comes from a link: settle in rounds.
+    for _ in range(len(out)):
+        for t in list(out.values()):
+            for column, target in t.links.items():
+                tname, tcol = target.split(".")
+                other = out.get(tname)
+                if other is None or other.public or tcol not in other.columns:
+                    raise PolicyError(
+                        f"{where}.tables.{t.name}.links.{column}: {target!r} is not a column "
+                        "of a declared private table"
+                    )
+                if other.unit == tcol and t.unit is None:
+                    out[t.name] = t = replace(t, unit=column)
+    for t in out.values():
+        for column, target in t.links.items():
+            tname, tcol = target.split(".")
+            if out[tname].unit != tcol:
+                raise PolicyError(
+                    f"{where}.tables.{t.name}.links.{column}: {target!r} must be the privacy "
+                    f"unit column of {tname!r}"
+                )
+            if t.unit != column:
+                raise PolicyError(
+                    f"{where}.tables.{t.name}: its unit is {t.unit!r}, yet it links "
+                    f"{column!r} to the unit of {tname!r}"
+                )
+    for t in out.values():
+        if not t.public and unit is not None and t.unit is None:
+            raise PolicyError(
+                f"{where}.tables.{t.name}: a private table must hold the privacy unit: a "
+                f"column {unit!r}, a `unit` key, or a link to another table's unit"
+            )
+    return out
 
 
 def _column(name: str, raw: dict, where: str) -> Column:
@@ -293,6 +370,13 @@ def _column(name: str, raw: dict, where: str) -> Column:
     if ctype not in COLUMN_TYPES:
         raise PolicyError(f"{where}.type must be one of {', '.join(COLUMN_TYPES)}")
     lower, upper = raw.get("lower"), raw.get("upper")
+    if ctype == "date":
+        return Column(
+            name=name.lower(),
+            type=ctype,
+            dates=_date_bounds(lower, upper, where),
+            public_values=_public_values(raw, where),
+        )
     for key, value in (("lower", lower), ("upper", upper)):
         if value is not None and (
             not isinstance(value, int | float)
@@ -306,19 +390,14 @@ def _column(name: str, raw: dict, where: str) -> Column:
         raise PolicyError(f"{where}: lower ({lower}) is above upper ({upper})")
     if lower is not None and ctype not in ("int", "float"):
         raise PolicyError(f"{where}: bounds apply to int and float columns only")
-    values = raw.get("public_values")
-    if values is not None:
-        if not isinstance(values, list) or not values:
-            raise PolicyError(f"{where}.public_values must be a non-empty list")
-        if len(set(values)) != len(values):
-            raise PolicyError(f"{where}.public_values has duplicates")
-        values = tuple(values)
-        if (
-            lower is None
-            and ctype in ("int", "float")
-            and all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
-        ):
-            lower, upper = min(values), max(values)
+    values = _public_values(raw, where)
+    if (
+        values is not None
+        and lower is None
+        and ctype in ("int", "float")
+        and all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+    ):
+        lower, upper = min(values), max(values)
     if ctype == "bool" and lower is None:
         lower, upper = 0, 1
     if ctype == "int" and lower is not None:
@@ -328,6 +407,38 @@ def _column(name: str, raw: dict, where: str) -> Column:
     if ctype == "float" and lower is not None:
         lower, upper = float(lower), float(upper)
     return Column(name=name.lower(), type=ctype, lower=lower, upper=upper, public_values=values)
+
+
+def _public_values(raw: dict, where: str) -> tuple[object, ...] | None:
+    values = raw.get("public_values")
+    if values is None:
+        return None
+    if not isinstance(values, list) or not values:
+        raise PolicyError(f"{where}.public_values must be a non-empty list")
+    if len(set(values)) != len(values):
+        raise PolicyError(f"{where}.public_values has duplicates")
+    return tuple(values)
+
+
+def _date_bounds(lower: object, upper: object, where: str) -> tuple[dt.date, dt.date] | None:
+    """A date column's bounds: TOML dates (``2019-01-01``) or ISO strings."""
+    if lower is None and upper is None:
+        return None
+    out = []
+    for key, value in (("lower", lower), ("upper", upper)):
+        if isinstance(value, dt.datetime):
+            value = value.date()
+        if isinstance(value, str):
+            try:
+                value = dt.date.fromisoformat(value)
+            except ValueError:
+                value = None
+        if not isinstance(value, dt.date):
+            raise PolicyError(f"{where}.{key} must be a date such as 2019-01-01")
+        out.append(value)
+    if out[0] > out[1]:
+        raise PolicyError(f"{where}: lower ({out[0]}) is above upper ({out[1]})")
+    return out[0], out[1]
 
 
 def _budget(raw: dict, key: str, where: str, default: Budget | None) -> Budget:

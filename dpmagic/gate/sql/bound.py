@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from dpmagic.gate.errors import Refused
-from dpmagic.gate.sql.check import AggregateCall, Checked
+from dpmagic.gate.sql.check import AggregateCall, Checked, date_part
+from dpmagic.gate.sql.keys import KeyDomain, key_domain
 from dpmagic.gate.sql.parse import DIALECT
 from dpmagic.gate.sql.resolve import Resolved
 
@@ -59,24 +60,29 @@ UNBOUNDED = Interval(-math.inf, math.inf, False)
 @dataclass(frozen=True)
 class Bounded:
     checked: Checked
-    bounds: dict[str, Interval]  # aggregate label -> bound of its summed argument
+    bounds: dict[str, Interval]  # aggregate name -> bound of its argument
+    domains: tuple[KeyDomain, ...]  # the public values of each group key, in key order
 
 
 def bound(checked: Checked) -> Bounded:
     resolved = checked.resolved
     if checked.where is not None:
         interval(checked.where, resolved)
+    for scan in resolved.scans:
+        if scan.on is not None:
+            interval(scan.on, resolved)
     bounds = {}
     for agg in checked.aggregates:
         if agg.arg is None:
             continue
         iv = interval(agg.arg, resolved)
-        if agg.func == "count":
+        if agg.func in ("count", "count_distinct"):
             continue
         if iv is None or not iv.finite:
             raise Refused(_unbounded_reason(agg, resolved))
-        bounds[agg.label] = iv
-    return Bounded(checked=checked, bounds=bounds)
+        bounds[agg.name] = iv
+    domains = tuple(key_domain(k, resolved, interval(k.expr, resolved)) for k in checked.keys)
+    return Bounded(checked=checked, bounds=bounds, domains=domains)
 
 
 def interval(node: exp.Expression, resolved: Resolved, env: Env = NO_ENV) -> Interval | None:
@@ -99,12 +105,17 @@ def _interval(node: exp.Expression, r: Resolved, env: Env) -> Interval | None:
     if isinstance(node, exp.Paren):
         return interval(node.this, r, env)
     if isinstance(node, exp.Column):
-        col = r.columns[id(node)]
+        col = r.column(node)
+        if col is None:
+            return UNBOUNDED
         if col.type == "bool":
             return BOOL
         if col.lower is None or col.type not in ("int", "float"):
             return UNBOUNDED if col.type in ("int", "float") else None
-        return env.get(col.name) or Interval(col.lower, col.upper, col.type == "int")
+        return env.get(_key(node)) or Interval(col.lower, col.upper, col.type == "int")
+    part = date_part(node)
+    if part is not None:
+        return _date_part_interval(node, part, r)
     if isinstance(node, exp.Boolean):
         return BOOL
     if isinstance(node, exp.Null):
@@ -157,6 +168,27 @@ def _interval(node: exp.Expression, r: Resolved, env: Env) -> Interval | None:
         if to in INT_TYPES:
             return Interval(math.floor(a.lo), math.ceil(a.hi), True)
         return Interval(a.lo, a.hi, False)
+    return UNBOUNDED
+
+
+_DATE_PART_RANGES = {
+    "month": (1, 12), "day": (1, 31), "quarter": (1, 4), "dow": (0, 6), "doy": (1, 366),
+    "week": (1, 53),
+}  # fmt: skip
+
+
+def _date_part_interval(node: exp.Expression, part: str, r: Resolved) -> Interval:
+    """Calendar parts have fixed ranges; the year lies between the years of the
+    date column's declared bounds (a date literal's year is itself)."""
+    if part != "year":
+        return Interval(*_DATE_PART_RANGES[part], True)
+    arg = node.expression if isinstance(node, exp.Extract) else node.this
+    col = r.column(arg)
+    if col is not None and col.dates is not None:
+        return Interval(col.dates[0].year, col.dates[1].year, True)
+    if isinstance(arg, exp.Cast) and isinstance(arg.this, exp.Literal):
+        year = int(arg.this.this[:4])
+        return Interval(year, year, True)
     return UNBOUNDED
 
 
@@ -279,14 +311,14 @@ def _narrow(cond: exp.Expression, holds: bool, r: Resolved, env: Env) -> Env:
         column, number, op = number, column, _FLIP[op]
     if not (isinstance(column, exp.Column) and isinstance(number, exp.Literal)) or number.is_string:
         return env
-    col = r.columns.get(id(column))
+    col = r.column(column)
     if col is None or col.lower is None or col.type not in ("int", "float"):
         return env
     if not holds:
         if op is exp.EQ:
             return env
         op = _NEGATE[op]
-    current = env.get(col.name) or Interval(col.lower, col.upper, col.type == "int")
+    current = env.get(_key(column)) or Interval(col.lower, col.upper, col.type == "int")
     c = float(number.this)
     lo, hi = current.lo, current.hi
     step = 1 if current.integral else 0  # a strict bound on an int moves to the next int
@@ -302,19 +334,29 @@ def _narrow(cond: exp.Expression, holds: bool, r: Resolved, env: Env) -> Env:
         hi = min(hi, math.floor(c) if step else c)
     if lo > hi:  # the branch can never run for a non-NULL value
         lo, hi = current.lo, current.lo
-    return {**env, col.name: Interval(lo, hi, current.integral)}
+    return {**env, _key(column): Interval(lo, hi, current.integral)}
+
+
+def _key(column: exp.Column) -> str:
+    return f"{column.table}.{column.name}"
 
 
 def _unbounded_reason(agg: AggregateCall, r: Resolved) -> str:
+    assert agg.arg is not None
     if _interval(agg.arg, r, NO_ENV) is None:
-        return f"{agg.label} sums a value that is not a number"
+        return f"{agg.label} aggregates a value that is not a number"
+    units = sorted({c.name for c in agg.arg.find_all(exp.Column) if r.is_unit(c)})
+    if units:
+        return (
+            f"{agg.label} would release values of the privacy unit {units[0]!r}: "
+            f"only COUNT(DISTINCT {units[0]}) may aggregate it"
+        )
+    declared = [(c, r.column(c)) for c in agg.arg.find_all(exp.Column)]
     unbounded = sorted(
         {
-            r.columns[id(c)].name
-            for c in agg.arg.find_all(exp.Column)
-            if id(c) in r.columns
-            and r.columns[id(c)].lower is None
-            and r.columns[id(c)].type in ("int", "float")
+            col.name
+            for _, col in declared
+            if col is not None and col.lower is None and col.type in ("int", "float")
         }
     )
     if unbounded:

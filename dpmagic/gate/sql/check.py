@@ -1,27 +1,41 @@
 """Pass 3: the allow-list, and what each part of the query is.
 
 Every node of the tree must be of an allowed type for where it stands:
-row-level expressions (``WHERE``, aggregate arguments) may use columns,
-literals, arithmetic, comparisons, boolean logic, ``CASE`` and a few total
-functions; release-level expressions (``SELECT`` list, ``HAVING``,
+row-level expressions (``WHERE``, aggregate arguments, group keys) may use
+columns, literals, arithmetic, comparisons, boolean logic, ``CASE`` and a
+few total functions; release-level expressions (``SELECT`` list, ``HAVING``,
 ``ORDER BY``) may combine group keys and DP aggregates with the same
 operators. Anything else (table functions, catalog functions, ``error()``,
-sleeps, window functions, subqueries, casts that can fail on data) is
-refused, naming the construct, before the data is touched.
+sleeps, window functions, casts that can fail on data) is refused, naming the
+construct, before the data is touched.
+
+Released expressions leave this pass *normalised*: each aggregate is replaced
+by a column ``__a<i>`` naming its :class:`AggregateCall` and each group key
+by ``__k<i>``, so later passes never match SQL text. ``FILTER (WHERE c)``
+becomes a ``CASE WHEN c THEN … END`` argument, which keeps the one
+contribution-bounding path for every aggregate.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass
 
 from sqlglot import exp
 
 from dpmagic.gate.errors import Refused
-from dpmagic.gate.policy import Column
 from dpmagic.gate.sql.parse import DIALECT
 from dpmagic.gate.sql.resolve import Resolved
 
-AGGREGATES: dict[type[exp.Expression], str] = {exp.Count: "count", exp.Sum: "sum", exp.Avg: "avg"}
+# What each aggregate is made of, by SQL node type.
+AGGREGATES: dict[type[exp.Expression], str] = {
+    exp.Count: "count", exp.Sum: "sum", exp.Avg: "avg",
+    exp.Variance: "var_samp", exp.VariancePop: "var_pop",
+    exp.Stddev: "stddev_samp", exp.StddevSamp: "stddev_samp", exp.StddevPop: "stddev_pop",
+    exp.Min: "quantile", exp.Max: "quantile", exp.Median: "quantile",
+    exp.PercentileCont: "quantile", exp.PercentileDisc: "quantile", exp.Quantile: "quantile",
+}  # fmt: skip
+VARIANCES = ("var_pop", "var_samp", "stddev_pop", "stddev_samp")
 
 # Operators and total functions, allowed both on rows and on released values.
 SCALAR_NODES: tuple[type[exp.Expression], ...] = (
@@ -30,11 +44,22 @@ SCALAR_NODES: tuple[type[exp.Expression], ...] = (
     exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.NullSafeEQ, exp.NullSafeNEQ,
     exp.And, exp.Or, exp.Not, exp.Is, exp.In, exp.Between,
     exp.Case, exp.If, exp.Coalesce, exp.Nullif, exp.Greatest, exp.Least,
-    exp.Abs, exp.Round, exp.Floor, exp.Ceil,
+    exp.Abs, exp.Round, exp.Floor, exp.Ceil, exp.Sqrt,
     exp.TryCast, exp.DataType,
 )  # fmt: skip
+# Parts of a date column (integers with known ranges), by function and by EXTRACT unit.
+DATE_PARTS: dict[type[exp.Expression], str] = {
+    exp.Year: "year", exp.Month: "month", exp.Day: "day", exp.DayOfMonth: "day",
+    exp.Quarter: "quarter", exp.DayOfWeek: "dow", exp.DayOfYear: "doy", exp.WeekOfYear: "week",
+}  # fmt: skip
+EXTRACT_UNITS = {
+    "YEAR": "year", "MONTH": "month", "DAY": "day", "QUARTER": "quarter", "DOW": "dow",
+    "DAYOFWEEK": "dow", "DOY": "doy", "DAYOFYEAR": "doy", "WEEK": "week",
+}  # fmt: skip
 # String matching against literal patterns: no regexes built from data.
-ROW_ONLY_NODES: tuple[type[exp.Expression], ...] = (exp.Column, exp.Like, exp.ILike)
+ROW_ONLY_NODES: tuple[type[exp.Expression], ...] = (
+    exp.Column, exp.Like, exp.ILike, exp.Extract, exp.Var, *DATE_PARTS,
+)  # fmt: skip
 CAST_TYPES = {
     exp.DataType.Type.TINYINT, exp.DataType.Type.SMALLINT, exp.DataType.Type.INT,
     exp.DataType.Type.BIGINT, exp.DataType.Type.DOUBLE, exp.DataType.Type.FLOAT,
@@ -48,23 +73,37 @@ NEVER_AGGREGATES = (
 
 @dataclass(frozen=True)
 class AggregateCall:
-    """A DP aggregate the query asks for, once however often it is written."""
+    """A DP aggregate the query asks for, once however often it is written.
 
-    func: str  # count | sum | avg
+    ``func`` is count, count_distinct, sum, avg, one of ``VARIANCES`` or
+    quantile (MIN, MAX and MEDIAN are the quantiles at 0, 1 and 0.5, at
+    ``level``). ``name`` is the column standing for it in released trees.
+    """
+
+    name: str
+    func: str
     arg: exp.Expression | None  # None for COUNT(*)
-    label: str  # canonical SQL, also the identity used to share a measurement
+    label: str  # the SQL as written, for display
+    level: float | None = None
+
+
+@dataclass(frozen=True)
+class GroupKey:
+    name: str  # __k<i>: the column standing for it in released trees and generated SQL
+    expr: exp.Expression  # the row expression grouped by, columns qualified
+    label: str
 
 
 @dataclass(frozen=True)
 class Output:
     name: str
-    expr: exp.Expression
+    expr: exp.Expression  # normalised: literals, operators, __a<i> and __k<i> columns
 
 
 @dataclass(frozen=True)
 class Checked:
     resolved: Resolved
-    keys: tuple[Column, ...]
+    keys: tuple[GroupKey, ...]
     outputs: tuple[Output, ...]
     aggregates: tuple[AggregateCall, ...]
     where: exp.Expression | None
@@ -73,45 +112,53 @@ class Checked:
     limit: int | None
     offset: int | None
 
+    def aggregate(self, name: str) -> AggregateCall:
+        return next(a for a in self.aggregates if a.name == name)
+
 
 def check(resolved: Resolved) -> Checked:
     tree = resolved.tree
     _refuse_unsupported_clauses(tree)
-    keys = tuple(_group_key(resolved, node) for node in _group_nodes(tree))
-    key_names = {k.name for k in keys}
-    aggregates: dict[str, AggregateCall] = {}
-
-    outputs = []
     for item in tree.expressions:
         if isinstance(item, exp.Star):
             raise Refused("SELECT * would release rows: select aggregates instead")
-        expr = item.this if isinstance(item, exp.Alias) else item
-        _release_expr(expr, resolved, key_names, aggregates)
-        outputs.append(Output(name=_output_name(item, expr), expr=expr))
-
     where = tree.args.get("where")
     if where is not None:
         _row_expr(where.this, resolved, "WHERE")
+    keys = _group_keys(resolved, tree)
+    release = _Release(resolved, keys)
+
+    outputs = []
+    for item in tree.expressions:
+        expr = item.this if isinstance(item, exp.Alias) else item
+        outputs.append(Output(name=_output_name(item, expr), expr=release.normalise(expr)))
+    aliases = frozenset(o.name.lower() for o in outputs)
     having = tree.args.get("having")
-    if having is not None:
-        _release_expr(having.this, resolved, key_names, aggregates, aliases=_aliases(outputs))
+    having_expr = release.normalise(having.this, aliases) if having is not None else None
     order = tree.args.get("order")
-    ordered = tuple(order.expressions) if order is not None else ()
-    for o in ordered:
-        _release_expr(o.this, resolved, key_names, aggregates, aliases=_aliases(outputs))
-    if not aggregates and not keys:
-        raise Refused("the query releases no aggregate: use COUNT, SUM or AVG")
+    ordered = tuple(
+        _ordered(o, release.normalise(o.this, aliases))
+        for o in (order.expressions if order is not None else [])
+    )
+    if not release.aggregates and not keys:
+        raise Refused("the query releases no aggregate: use COUNT, SUM, AVG, MEDIAN, …")
     return Checked(
         resolved=resolved,
         keys=keys,
         outputs=tuple(outputs),
-        aggregates=tuple(aggregates.values()),
+        aggregates=tuple(release.aggregates.values()),
         where=where.this if where is not None else None,
-        having=having.this if having is not None else None,
+        having=having_expr,
         order=ordered,
         limit=_count(tree, "limit"),
         offset=_count(tree, "offset"),
     )
+
+
+def _ordered(o: exp.Ordered, this: exp.Expression) -> exp.Ordered:
+    out = o.copy()
+    out.set("this", this)
+    return out
 
 
 def _refuse_unsupported_clauses(tree: exp.Select) -> None:
@@ -123,113 +170,283 @@ def _refuse_unsupported_clauses(tree: exp.Select) -> None:
         if tree.args.get(key):
             raise Refused(f"{name} is not allowed")
     for node in tree.walk():
-        if isinstance(node, exp.Subquery | exp.Exists) or (
-            isinstance(node, exp.Select) and node is not tree
-        ):
-            raise Refused("subqueries are not supported yet")
         if isinstance(node, exp.Window):
             raise Refused("window functions (OVER) would release row values")
-        if isinstance(node, exp.Filter):
-            raise Refused(
-                "the FILTER clause is not supported yet: use SUM(CASE WHEN … THEN 1 ELSE 0 END)"
-            )
 
 
-def _group_nodes(tree: exp.Select) -> list[exp.Expression]:
+def _group_keys(resolved: Resolved, tree: exp.Select) -> tuple[GroupKey, ...]:
     group = tree.args.get("group")
     if group is None:
-        return []
+        return ()
     for key in ("rollup", "cube", "grouping_sets"):
         if group.args.get(key):
             raise Refused("ROLLUP, CUBE and GROUPING SETS are not supported yet")
     if group.args.get("all"):
-        raise Refused("GROUP BY ALL is not supported: name the key columns")
-    return list(group.expressions)
+        raise Refused("GROUP BY ALL is not supported: name the keys")
+    outputs = {
+        item.alias.lower(): item.this for item in tree.expressions if isinstance(item, exp.Alias)
+    }
+    keys: list[GroupKey] = []
+    for node in group.expressions:
+        expr = node
+        if isinstance(node, exp.Literal) and node.is_int:
+            position = int(node.this)
+            if not 1 <= position <= len(tree.expressions):
+                raise Refused(f"GROUP BY {position}: there is no output column {position}")
+            item = tree.expressions[position - 1]
+            expr = item.this if isinstance(item, exp.Alias) else item
+        elif isinstance(node, exp.Column) and not node.table:
+            if node.name.lower() not in outputs:
+                raise Refused(f"GROUP BY {node.name}: no such column or output")
+            expr = outputs[node.name.lower()]
+        label = _display(node)
+        if any(isinstance(n, exp.AggFunc | exp.Filter) for n in expr.walk()):
+            raise Refused(f"GROUP BY {label}: a group key cannot be an aggregate")
+        _row_expr(expr, resolved, f"GROUP BY {label}")
+        if resolved.is_unit(_unparen(expr)):
+            raise Refused(
+                f"grouping by the privacy unit {label!r} would release each unit's values"
+            )
+        if any(k.expr.sql(dialect=DIALECT) == expr.sql(dialect=DIALECT) for k in keys):
+            continue
+        keys.append(GroupKey(name=f"__k{len(keys)}", expr=expr.copy(), label=label))
+    return tuple(keys)
 
 
-def _group_key(resolved: Resolved, node: exp.Expression) -> Column:
-    column = resolved.columns.get(id(node)) if isinstance(node, exp.Column) else None
-    if column is None:
-        raise Refused(
-            f"GROUP BY {node.sql(dialect=DIALECT)}: group by declared columns by name "
-            "(expressions and positions are not supported yet)"
-        )
-    if column.name == resolved.dataset.privacy_unit:
-        raise Refused(
-            f"grouping by the privacy unit {column.name!r} would release each unit's values"
-        )
-    if column.public_values is None:
-        raise Refused(
-            f"GROUP BY {column.name}: declare its public_values in the policy "
-            "(private group keys are not supported yet)"
-        )
-    return column
+class _Release:
+    """Normalises released expressions, collecting the aggregates they use."""
+
+    def __init__(self, resolved: Resolved, keys: tuple[GroupKey, ...]) -> None:
+        self.resolved = resolved
+        self.keys = {k.expr.sql(dialect=DIALECT): k for k in keys}
+        self.aggregates: dict[str, AggregateCall] = {}
+
+    def normalise(
+        self, node: exp.Expression, aliases: frozenset[str] = frozenset()
+    ) -> exp.Expression:
+        key = self.keys.get(node.sql(dialect=DIALECT))
+        if key is not None:
+            return exp.column(key.name)
+        agg = self._aggregate(node)
+        if agg is not None:
+            return exp.column(agg.name)
+        if isinstance(node, exp.Column):
+            if not node.table and node.name.lower() in aliases:
+                return exp.column(node.name.lower())
+            raise Refused(f"column {node.name!r} must be inside an aggregate or listed in GROUP BY")
+        _allowed(node, SCALAR_NODES, "in a released value")
+        out = node.copy()
+        for arg, value in node.args.items():
+            if isinstance(value, exp.Expression):
+                out.set(arg, self.normalise(value, aliases))
+            elif isinstance(value, list):
+                out.set(
+                    arg,
+                    [
+                        self.normalise(v, aliases) if isinstance(v, exp.Expression) else v
+                        for v in value
+                    ],
+                )
+        return out
+
+    def _aggregate(self, node: exp.Expression) -> AggregateCall | None:
+        condition = None
+        label = _display(node)
+        if isinstance(node, exp.Filter):
+            condition = node.expression.this
+            node = node.this
+        if isinstance(node, NEVER_AGGREGATES):
+            raise Refused(f"{_name(node)} returns data values and is never allowed")
+        if isinstance(node, exp.WithinGroup):
+            return self._within_group(node, label, condition)
+        if not isinstance(node, exp.AggFunc):
+            return None
+        func = AGGREGATES.get(type(node))
+        if func is None:
+            raise Refused(f"aggregate {_name(node)} is not supported")
+        arg = node.this
+        level = None
+        if isinstance(arg, exp.Distinct):
+            if func != "count" or len(arg.expressions) != 1:
+                raise Refused(f"{_name(node)}(DISTINCT …) is not supported: use COUNT(DISTINCT x)")
+            func, arg = "count_distinct", arg.expressions[0]
+        if func == "count" and isinstance(arg, exp.Star):
+            arg = None
+        elif arg is None or isinstance(arg, exp.Star):
+            raise Refused(f"{_name(node)} needs an argument")
+        if func == "quantile":
+            level = _level(node)
+        if condition is not None:
+            _row_expr(condition, self.resolved, "FILTER (WHERE …)")
+            then = exp.Literal.number(1) if arg is None else arg.copy()
+            arg = exp.Case(ifs=[exp.If(this=condition.copy(), true=then)])
+        if arg is not None:
+            if any(isinstance(n, exp.AggFunc | exp.Filter) for n in arg.walk()):
+                raise Refused("aggregates cannot be nested")
+            _row_expr(arg, self.resolved, f"{_name(node)}(…)")
+        return self._add(func, arg, label, level)
+
+    def _within_group(
+        self, node: exp.WithinGroup, label: str, condition: exp.Expression | None
+    ) -> AggregateCall:
+        inner = node.this
+        order = node.expression
+        if not isinstance(inner, exp.PercentileCont | exp.PercentileDisc) or not isinstance(
+            order, exp.Order
+        ):
+            raise Refused(f"{_name(inner)} … WITHIN GROUP is not supported")
+        if len(order.expressions) != 1:
+            raise Refused("WITHIN GROUP (ORDER BY …) takes one expression")
+        ordered = order.expressions[0]
+        level = _fraction(inner.this, label)
+        if ordered.args.get("desc"):
+            level = 1.0 - level
+        arg = ordered.this
+        if condition is not None:
+            _row_expr(condition, self.resolved, "FILTER (WHERE …)")
+            arg = exp.Case(ifs=[exp.If(this=condition.copy(), true=arg.copy())])
+        _row_expr(arg, self.resolved, f"{_name(inner)}(…)")
+        return self._add("quantile", arg, label, level)
+
+    def _add(
+        self, func: str, arg: exp.Expression | None, label: str, level: float | None
+    ) -> AggregateCall:
+        identity = f"{func}|{level}|{'*' if arg is None else arg.sql(dialect=DIALECT)}"
+        if identity not in self.aggregates:
+            self.aggregates[identity] = AggregateCall(
+                name=f"__a{len(self.aggregates)}", func=func, arg=arg, label=label, level=level
+            )
+        return self.aggregates[identity]
 
 
-def _release_expr(
-    node: exp.Expression,
-    resolved: Resolved,
-    keys: set[str],
-    aggregates: dict[str, AggregateCall],
-    aliases: frozenset[str] = frozenset(),
-) -> None:
-    """A released value: keys, DP aggregates and literals, combined by allowed operators."""
-    agg = _aggregate(node, resolved)
-    if agg is not None:
-        aggregates.setdefault(agg.label, agg)
-        return
-    if isinstance(node, exp.Column):
-        if node.name.lower() in keys and id(node) in resolved.columns:
-            return
-        if not node.table and node.name.lower() in aliases:
-            return
-        raise Refused(f"column {node.name!r} must be inside an aggregate or listed in GROUP BY")
-    _allowed(node, SCALAR_NODES, "in a released value")
-    for child in node.iter_expressions():
-        _release_expr(child, resolved, keys, aggregates, aliases)
+def _level(node: exp.AggFunc) -> float:
+    if isinstance(node, exp.Min):
+        return 0.0
+    if isinstance(node, exp.Max):
+        return 1.0
+    if isinstance(node, exp.Median):
+        return 0.5
+    label = node.sql(dialect=DIALECT)
+    q = node.args.get("quantile") or node.args.get("expression")
+    if isinstance(q, exp.Order):  # quantile_cont(x, q ORDER BY x)
+        q = q.this
+    return _fraction(q, label)
 
 
-def _aggregate(node: exp.Expression, resolved: Resolved) -> AggregateCall | None:
-    if isinstance(node, NEVER_AGGREGATES):
-        raise Refused(f"{_name(node)} returns data values and is never allowed")
-    if not isinstance(node, exp.AggFunc):
-        return None
-    func = AGGREGATES.get(type(node))
-    if func is None:
-        raise Refused(f"aggregate {_name(node)} is not supported yet: use COUNT, SUM or AVG")
-    arg = node.this
-    if isinstance(arg, exp.Distinct):
-        raise Refused(f"{_name(node)}(DISTINCT …) is not supported yet")
-    if func == "count" and isinstance(arg, exp.Star):
-        arg = None
-    elif arg is None:
-        raise Refused(f"{_name(node)} needs an argument")
-    else:
-        if any(isinstance(n, exp.AggFunc) for n in arg.walk() if n is not arg):
-            raise Refused("aggregates cannot be nested")
-        _row_expr(arg, resolved, f"{_name(node)}(…)")
-    return AggregateCall(func=func, arg=arg, label=node.sql(dialect=DIALECT))
+def _fraction(q: exp.Expression | None, label: str) -> float:
+    if not (isinstance(q, exp.Literal) and not q.is_string) or not 0 <= float(q.this) <= 1:
+        raise Refused(f"{label}: the quantile must be one number between 0 and 1")
+    return float(q.this)
 
 
 def _row_expr(node: exp.Expression, resolved: Resolved, where: str) -> None:
     """An expression evaluated on each private row."""
     for n in node.walk():
-        if isinstance(n, (exp.AggFunc, *NEVER_AGGREGATES)):
+        if isinstance(n, (exp.AggFunc, exp.Filter, *NEVER_AGGREGATES)):
             raise Refused(f"aggregates cannot be nested or used in {where}: {_name(n)}")
-        if isinstance(n, exp.Column) and id(n) not in resolved.columns:
-            raise Refused(f"{n.name!r} in {where} is not a column of {resolved.table.name!r}")
+        if isinstance(n, exp.Column) and resolved.column(n) is None:
+            raise Refused(f"{n.name!r} in {where} is not a column of a declared table")
+        if _date_literal(n):
+            continue
         if isinstance(n, exp.Cast) and not isinstance(n, exp.TryCast):
             raise Refused("CAST can fail on data: use TRY_CAST")
+        if isinstance(n, exp.Var) and not isinstance(n.parent, exp.Extract):
+            raise Refused(f"{n.name} is not allowed in {where}")
+        if isinstance(n, (exp.Extract, *DATE_PARTS)):
+            _date_part(n, resolved)
         if isinstance(n, exp.TryCast) and n.to.this not in CAST_TYPES:
             raise Refused(f"TRY_CAST to {n.to.sql(dialect=DIALECT)} is not supported")
-        if isinstance(n, exp.In) and n.args.get("query") is not None:
-            raise Refused("subqueries are not supported yet")
         if isinstance(n, exp.Like | exp.ILike) and not isinstance(n.expression, exp.Literal):
             raise Refused("LIKE needs a literal pattern")
+        if isinstance(n, COMPARISONS):
+            _comparable(n, resolved)
+        if isinstance(n, ARITHMETIC):
+            for operand in (n.this, n.args.get("expression")):
+                if operand is not None and _family(operand, resolved) in ("text", "date"):
+                    raise Refused(f"{_display(n)}: arithmetic needs numbers, not text or dates")
         _allowed(n, SCALAR_NODES + ROW_ONLY_NODES + (exp.Identifier,), f"in {where}")
 
 
+COMPARISONS = (
+    exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.NullSafeEQ, exp.NullSafeNEQ,
+    exp.In, exp.Between,
+)  # fmt: skip
+ARITHMETIC = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.IntDiv, exp.Mod, exp.Neg, exp.Abs)
+_FAMILIES = {"int": "number", "float": "number", "bool": "number", "str": "text", "date": "date"}
+
+
+def _comparable(node: exp.Expression, resolved: Resolved) -> None:
+    """Refuse comparing a column with a value of another kind: DuckDB would cast
+    one side, and a cast that fails on some row is an error that depends on data."""
+    operands = [node.this, node.args.get("expression")]
+    operands += node.args.get("expressions") or []
+    operands += [node.args.get("low"), node.args.get("high")]
+    kinds = {_family(o, resolved) for o in operands if o is not None} - {None}
+    if "date" in kinds and kinds <= {"date", "text"}:
+        for o in operands:
+            if isinstance(o, exp.Literal) and o.is_string:
+                try:
+                    dt.date.fromisoformat(o.this)
+                except ValueError:
+                    raise Refused(f"{o.this!r} is not a date (use YYYY-MM-DD)") from None
+        return
+    if len(kinds) > 1:
+        raise Refused(f"{_display(node)} compares {' with '.join(sorted(kinds))}")
+
+
+def _family(node: exp.Expression, resolved: Resolved) -> str | None:
+    while isinstance(node, exp.Paren):
+        node = node.this
+    col = resolved.column(node)
+    if col is not None:
+        return _FAMILIES.get(col.type)
+    if _date_literal(node):
+        return "date"
+    if isinstance(node, exp.Literal):
+        return "text" if node.is_string else "number"
+    if isinstance(node, exp.Boolean):
+        return "number"
+    return None
+
+
+def date_part(node: exp.Expression) -> str | None:
+    """Which part of a date ``node`` extracts (year, month, …), if it is a date part."""
+    if isinstance(node, exp.Extract):
+        return EXTRACT_UNITS.get(node.this.name.upper())
+    return DATE_PARTS.get(type(node))
+
+
+def _date_part(node: exp.Expression, resolved: Resolved) -> None:
+    """A date part must read a date column or literal: anything else would fail in
+    DuckDB after the budget is charged."""
+    part = date_part(node)
+    if part is None:
+        raise Refused(f"{_display(node)}: extract one of {', '.join(EXTRACT_UNITS)}")
+    arg = node.expression if isinstance(node, exp.Extract) else node.this
+    col = resolved.column(arg)
+    if not (_date_literal(arg) or (col is not None and col.type == "date")):
+        raise Refused(f"{_display(node)}: date parts need a date column")
+
+
+def _date_literal(node: exp.Expression) -> bool:
+    """``DATE '2020-01-01'``: a cast that cannot fail, once its text is a valid date."""
+    if not (
+        type(node) is exp.Cast
+        and node.to.this == exp.DataType.Type.DATE
+        and isinstance(node.this, exp.Literal)
+        and node.this.is_string
+    ):
+        return False
+    try:
+        dt.date.fromisoformat(node.this.this)
+    except ValueError:
+        raise Refused(f"{node.this.this!r} is not a date (use YYYY-MM-DD)") from None
+    return True
+
+
 def _allowed(node: exp.Expression, allowed: tuple[type[exp.Expression], ...], where: str) -> None:
+    if _date_literal(node):
+        return
     if isinstance(node, exp.Cast) and not isinstance(node, exp.TryCast):
         raise Refused("CAST can fail on data: use TRY_CAST")
     if isinstance(node, exp.Identifier | exp.Star):
@@ -240,6 +457,12 @@ def _allowed(node: exp.Expression, allowed: tuple[type[exp.Expression], ...], wh
         raise Refused(f"{_name(node)} returns data values and is never allowed")
     if not isinstance(node, allowed):
         raise Refused(f"{_name(node)} is not allowed {where}")
+
+
+def _unparen(node: exp.Expression) -> exp.Expression:
+    while isinstance(node, exp.Paren):
+        node = node.this
+    return node
 
 
 def _name(node: exp.Expression) -> str:
@@ -257,11 +480,18 @@ def _output_name(item: exp.Expression, expr: exp.Expression) -> str:
         return item.alias
     if isinstance(expr, exp.Column):
         return expr.name
-    return expr.sql(dialect=DIALECT)
+    return _display(expr)
 
 
-def _aliases(outputs: list[Output]) -> frozenset[str]:
-    return frozenset(o.name.lower() for o in outputs)
+def _display(expr: exp.Expression) -> str:
+    """An unnamed output's name: its SQL without the gate's scan qualifiers."""
+
+    def bare(n: exp.Expression) -> exp.Expression:
+        if isinstance(n, exp.Column) and n.table.startswith("__s"):
+            return exp.column(n.name)
+        return n
+
+    return expr.copy().transform(bare).sql(dialect=DIALECT)
 
 
 def _count(tree: exp.Select, key: str) -> int | None:

@@ -6,10 +6,22 @@ fresh connection (cursor) of its own, so no temporary object or setting
 survives it, and a timer interrupts it at the policy's timeout. Datasets
 declared by ``sources`` are first copied into a DuckDB file in the gate's
 state directory, readable by the gate's user only.
+
+Before anything runs, DuckDB's own parser (independent of the sqlglot one
+the analysis passes use) checks the SQL: exactly one ``SELECT``, reading only
+the dataset's declared tables and its own CTEs, with no table function but
+``range``/``generate_series``/``unnest``, no catalog, settings, variable or
+file function, no aggregate that returns row values, no sampling clause, no
+``SHOW``/``DESCRIBE``/``SUMMARIZE`` and no recursive CTE.
+The locked configuration stops what touches files, extensions and settings;
+this guard stops what a read-only connection would still answer (catalog
+functions, ``query()``, a second statement), so that even SQL the analysis
+wrongly let through could not read more than declared tables.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from dataclasses import dataclass
@@ -26,6 +38,31 @@ class QueryTimeout(Failed):
         super().__init__(
             "the query ran past the gate's time limit and was stopped (it stays charged)"
         )
+
+
+class UnsafeSQL(Failed):
+    """SQL the execution guard will not run; its text is fixed (the SQL may quote data)."""
+
+    def __init__(self) -> None:
+        super().__init__("the query failed after it was charged")
+
+
+# Table functions the generated SQL may use: they produce numbers, never read state.
+TABLE_FUNCTIONS = frozenset({"range", "generate_series", "unnest"})
+# Scalar functions that read the catalog, settings, variables, files or the environment.
+STATE_FUNCTIONS = frozenset(
+    {"query", "query_table", "getvariable", "glob", "sniff_csv", "error", "version", "getenv"}
+)
+STATE_PREFIXES = ("duckdb_", "pragma_", "read_", "current_", "pg_", "json_", "parquet_")
+# Aggregates whose result is a row's value (or a list of them): never what noise is added to.
+# (``histogram`` is not one: quantiles count rows per public candidate with it.)
+VALUE_AGGREGATES = frozenset(
+    {
+        "list", "array_agg", "string_agg", "group_concat", "listagg",
+        "any_value", "arbitrary", "first", "last", "arg_max", "arg_min", "argmax", "argmin",
+        "max_by", "min_by", "mode", "bitstring_agg",
+    }
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -46,6 +83,7 @@ class Database:
         elif not path.exists():
             raise FileNotFoundError(f"dataset {dataset.name!r}: database {path} not found")
         self.timeout_s = gate.query_timeout_s
+        self.tables = frozenset(name.lower() for name in dataset.tables)
         self._db = duckdb.connect(
             str(path),
             read_only=True,
@@ -66,6 +104,7 @@ class Database:
         watchdog = threading.Thread(target=_interrupt_after, args=(con, done, self.timeout_s))
         watchdog.start()
         try:
+            self._guard(con, sql)
             rows = con.execute(sql).fetchall()
         except duckdb.InterruptException:
             raise QueryTimeout() from None
@@ -77,6 +116,67 @@ class Database:
 
     def close(self) -> None:
         self._db.close()
+
+    def _guard(self, con: duckdb.DuckDBPyConnection, sql: str) -> None:
+        statements = con.extract_statements(sql)
+        if len(statements) != 1 or statements[0].type != duckdb.StatementType.SELECT:
+            raise UnsafeSQL()
+        (text,) = con.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()
+        tree = json.loads(text)
+        if tree.get("error"):
+            raise UnsafeSQL()
+        ctes = {key.lower() for key in _values(tree, "key")}
+        for node in _nodes(tree):
+            if not _safe(node, self.tables | ctes):
+                raise UnsafeSQL()
+
+
+def _safe(node: dict, tables: frozenset[str]) -> bool:
+    kind = node.get("type")
+    if kind in ("SHOW_REF", "RECURSIVE_CTE_NODE") or node.get("sample"):
+        return False
+    if kind == "BASE_TABLE":
+        return (
+            not node.get("catalog_name")
+            and node.get("schema_name", "") in ("", "main")
+            and str(node.get("table_name", "")).lower() in tables
+        )
+    if kind == "TABLE_FUNCTION":
+        function = node.get("function") or {}
+        return str(function.get("function_name", "")).lower() in TABLE_FUNCTIONS
+    if node.get("class") == "FUNCTION":
+        name = str(node.get("function_name", "")).lower()
+        return (
+            not node.get("catalog")
+            and not node.get("schema")
+            and name not in STATE_FUNCTIONS | VALUE_AGGREGATES
+            and not name.startswith(STATE_PREFIXES)
+        )
+    return True
+
+
+def _nodes(tree: object) -> list[dict]:
+    """Every JSON object in DuckDB's serialised parse tree."""
+    out, stack = [], [tree]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            out.append(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return out
+
+
+def _values(tree: object, key: str) -> list[str]:
+    """The CTE names: every ``key`` of a ``cte_map`` entry."""
+    return [
+        entry[key]
+        for node in _nodes(tree)
+        if isinstance(node.get("map"), list)
+        for entry in node["map"]
+        if isinstance(entry, dict) and isinstance(entry.get(key), str)
+    ]
 
 
 def _interrupt_after(con: duckdb.DuckDBPyConnection, done: threading.Event, seconds: float) -> None:

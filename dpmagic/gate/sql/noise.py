@@ -1,7 +1,8 @@
 """Pass 8: one noisy vector per measurement, over every released partition.
 
-Partitions with no rows are released too (with exact value 0 plus noise):
-the set of released keys comes from the policy, never from the data.
+Partitions with no rows are released too (with exact value 0 plus noise, or
+a quantile chosen from an empty histogram): the set of released keys comes
+from the policy, never from the data.
 """
 
 from __future__ import annotations
@@ -27,14 +28,20 @@ class Noisy:
 def noise(plan: Plan, rewritten: Rewritten, exact: ExactResult) -> Noisy:
     index = {partition: i for i, partition in enumerate(plan.partitions)}
     size = len(plan.partitions)
-    units = {name: [0] * size for name in rewritten.measurements}
+    units = {m.name: [0] * size for m in plan.measurements}
+    histograms: dict[str, list[dict]] = {s.name: [{} for _ in range(size)] for s in plan.selections}
     for row in exact.rows:
         i = index.get(tuple(row[: rewritten.keys]))
         if i is None:  # the SQL keeps declared keys only; nothing else is released
             continue
         for name, value in zip(rewritten.measurements, row[rewritten.keys :], strict=True):
-            units[name][i] = int(value or 0)
+            if name in histograms:
+                histograms[name][i] = dict(value or {})
+            else:
+                units[name][i] = int(value or 0)
     values: dict[str, list[int | float]] = {}
+    for s in plan.selections:
+        values[s.name] = [s.grid.value(s.noise.select(h)) for h in histograms[s.name]]
     for m in plan.measurements:
         draws = m.noise.sample(size) if m.noise.sensitivity else [0] * size
         noisy = [u + d for u, d in zip(units[m.name], draws, strict=True)]

@@ -1,10 +1,13 @@
 """Pass 5: the DP plan — partitions, measurements, sensitivities, cost.
 
-Each DP aggregate becomes one or two *measurements*: a count, or a sum of a
-clamped value on an integer grid (AVG is a sum and a count, post-processed).
-A measurement is one vector over all released partitions, noised once; its
-sensitivity follows from the contribution bounds (see ``sensitivity``).
-The query's budget is split evenly over its measurements, or, when an
+Each DP aggregate becomes one or more *measurements*: a count, a count of
+distinct values, or a sum of a clamped value on an integer grid (AVG is a
+sum and a count; a variance a count, a sum and a sum of squares, all
+post-processed). A measurement is one vector over all released partitions,
+noised once; its sensitivity follows from the contribution bounds (see
+``sensitivity``). Quantiles (MIN, MAX, MEDIAN, percentiles) are *selections*:
+an exponential mechanism per partition (see ``selection``). The query's
+budget is split evenly over measurements and selections, or, when an
 accuracy is asked for, each measurement gets the least cost that delivers
 it (``calibration``). Nothing in this pass looks at data: the cost is a
 function of the query and the policy.
@@ -22,13 +25,20 @@ from dpmagic.gate.accounting import Accountant, Cost
 from dpmagic.gate.calibration import Accuracy, Target, noise_for, spent
 from dpmagic.gate.errors import Refused
 from dpmagic.gate.mechanisms import Noise
-from dpmagic.gate.policy import Column, Dataset, Table
-from dpmagic.gate.sensitivity import Contribution, sum_sensitivity
+from dpmagic.gate.policy import Dataset
+from dpmagic.gate.selection import Grid, QuantileNoise, calibrate_quantile, grid
+from dpmagic.gate.sensitivity import (
+    Contribution,
+    selection_distance,
+    sum_sensitivity,
+)
 from dpmagic.gate.sql.bound import Bounded, Interval
-from dpmagic.gate.sql.check import Checked
+from dpmagic.gate.sql.check import AggregateCall, Checked, GroupKey
+from dpmagic.gate.sql.keys import MAX_PARTITIONS, KeyDomain
 from dpmagic.gate.sql.parse import DIALECT
+from dpmagic.gate.sql.resolve import Resolved
 
-MAX_PARTITIONS = 100_000
+MAX_SCORES = 2_000_000  # candidates scored over all partitions of one quantile
 # No table served by one DuckDB process has more rows than this; with it the
 # rewrite's 128-bit sums are proven not to overflow before the query runs.
 MAX_ROWS = 2**40
@@ -37,14 +47,17 @@ SUM_LIMIT = 2**126
 # noise scale, so rounding is negligible beside the noise.
 GRID_BITS_BELOW_SCALE = 24
 _I64_MAX = 2**63 - 1
+# Aggregates whose every cell is one noisy measurement: an accuracy can be promised.
+_PROMISED = ("count", "count_distinct", "sum")
 
 
 @dataclass(frozen=True)
 class Measurement:
-    """One noisy vector: a count, or a sum of values on the ``2**grid_exp`` grid."""
+    """One noisy vector: a count, a count of distinct values, or a sum of values on
+    the ``2**grid_exp`` grid."""
 
     name: str  # its column in the generated SQL
-    kind: str  # count | sum
+    kind: str  # count | count_distinct | count_unit (COUNT(DISTINCT unit)) | sum
     arg: exp.Expression | None  # None: COUNT(*)
     clamp: Interval | None  # sums: each value is clamped into this before summing
     grid_exp: int  # sums of floats: values are rounded to multiples of 2**grid_exp
@@ -63,15 +76,38 @@ class Measurement:
 
 
 @dataclass(frozen=True)
+class Selection:
+    """A quantile per partition: one candidate of ``grid`` chosen by the exponential
+    mechanism from the histogram of the argument's values snapped to the grid."""
+
+    name: str
+    arg: exp.Expression
+    grid: Grid
+    noise: QuantileNoise
+    epsilon: float
+    label: str
+
+    @property
+    def sensitivity(self) -> int:
+        """Symmetric distance one unit can cause in the snapped values, over all partitions."""
+        return self.noise.distance
+
+    @property
+    def scale(self) -> float:
+        return self.noise.scale
+
+
+@dataclass(frozen=True)
 class Plan:
     checked: Checked
     dataset: Dataset
-    table: Table
-    keys: tuple[Column, ...]
+    keys: tuple[GroupKey, ...]
+    domains: tuple[KeyDomain, ...]
     partitions: tuple[tuple[object, ...], ...]
     contribution: Contribution
     measurements: tuple[Measurement, ...]
-    uses: dict[str, tuple[str, ...]]  # aggregate label -> the measurements it is made of
+    selections: tuple[Selection, ...]
+    uses: dict[str, tuple[str, ...]]  # aggregate name -> the measurements it is made of
     epsilon: float
     cost: Cost  # what is charged: the group's cost under the policy's group_size
     unit_cost: Cost  # what the noise costs one privacy unit
@@ -79,6 +115,13 @@ class Plan:
 
     def measurement(self, name: str) -> Measurement:
         return next(m for m in self.measurements if m.name == name)
+
+    def selection(self, name: str) -> Selection:
+        return next(s for s in self.selections if s.name == name)
+
+
+# A measurement before calibration: (kind, argument, clamp, label).
+Wanted = tuple[str, exp.Expression | None, Interval | None, str]
 
 
 def plan(
@@ -90,33 +133,34 @@ def plan(
 ) -> Plan:
     """With ``accuracy``, ``epsilon`` is ignored: the cost is the least that gives it."""
     checked = bounded.checked
-    dataset = checked.resolved.dataset
+    resolved = checked.resolved
+    dataset = resolved.dataset
     if accuracy is not None:
         _accuracy_applies(checked)
     asked = None if accuracy is not None else accountant.query_cost(epsilon, delta)
-    partitions = _partitions(checked.keys)
+    partitions = _partitions(checked.keys, bounded.domains)
     if dataset.privacy_unit is None:
         contribution = Contribution.bounded(1, 1, len(partitions))
     else:
         groups = dataset.max_partitions if checked.keys else 1
         contribution = Contribution.bounded(groups, dataset.max_rows_per_partition, len(partitions))
 
-    wanted: dict[tuple[str, str], tuple[str, exp.Expression | None, Interval | None, str]] = {}
-    uses: dict[str, tuple[str, ...]] = {}
+    wanted: dict[tuple[str, str], Wanted] = {}
+    quantiles: dict[tuple[float, str], tuple[exp.Expression, Interval, str]] = {}
+    uses: dict[str, tuple[tuple[str, str], ...]] = {}
     for agg in checked.aggregates:
-        parts = []
-        arg_sql = "*" if agg.arg is None else agg.arg.sql(dialect=DIALECT)
-        if agg.func in ("sum", "avg"):
-            key = ("sum", arg_sql)
-            wanted.setdefault(key, ("sum", agg.arg, bounded.bounds[agg.label], f"SUM({arg_sql})"))
-            parts.append(key)
-        if agg.func in ("count", "avg"):
-            key = ("count", arg_sql)
-            wanted.setdefault(key, ("count", agg.arg, None, f"COUNT({arg_sql})"))
-            parts.append(key)
-        uses[agg.label] = tuple(parts)  # type: ignore[assignment]
+        if agg.func == "quantile":
+            assert agg.arg is not None and agg.level is not None
+            key = (agg.level, agg.arg.sql(dialect=DIALECT))
+            quantiles.setdefault(key, (agg.arg, bounded.bounds[agg.name], agg.label))
+            uses[agg.name] = (("quantile", f"{key[0]}|{key[1]}"),)
+            continue
+        uses[agg.name] = tuple(
+            _want(wanted, kind, arg, clamp, label)
+            for kind, arg, clamp, label in _parts(agg, bounded.bounds.get(agg.name), resolved)
+        )
 
-    share = None if asked is None else accountant.share(asked, len(wanted))
+    share = None if asked is None else accountant.share(asked, len(wanted) + len(quantiles))
     target = Target(accountant, share=share, accuracy=accuracy)
     names = {key: f"m{i}" for i, key in enumerate(wanted)}
     measurements = tuple(
@@ -126,15 +170,23 @@ def plan(
     if asked is None:
         asked = accountant.total((m.cost for m in measurements), delta)
     cost = accountant.group(asked, dataset.group_size) if dataset.group_size > 1 else asked
+    for i, key in enumerate(quantiles):
+        names[("quantile", f"{key[0]}|{key[1]}")] = f"q{i}"
+    distance = selection_distance(contribution, dataset.neighbouring)
+    selections = tuple(
+        _selection(f"q{i}", level, arg, clamp, label, target, distance, len(partitions))
+        for i, ((level, _), (arg, clamp, label)) in enumerate(quantiles.items())
+    )
     return Plan(
         checked=checked,
         dataset=dataset,
-        table=checked.resolved.table,
         keys=checked.keys,
+        domains=bounded.domains,
         partitions=partitions,
         contribution=contribution,
         measurements=measurements,
-        uses={label: tuple(names[k] for k in parts) for label, parts in uses.items()},
+        selections=selections,
+        uses={name: tuple(names[k] for k in parts) for name, parts in uses.items()},
         epsilon=cost.epsilon,
         cost=cost,
         unit_cost=asked,
@@ -145,27 +197,111 @@ def plan(
 def _accuracy_applies(checked: Checked) -> None:
     """An accuracy can be promised, before seeing data, only for cells that are one
     noisy count or sum: an average's interval depends on its noisy count."""
-    aggregates = {a.label: a for a in checked.aggregates}
+    aggregates = {a.name: a for a in checked.aggregates}
+    other = next((a for a in checked.aggregates if a.func not in _PROMISED), None)
+    if other is not None:
+        raise Refused(
+            f"--accuracy applies to COUNT and SUM; {other.label} is not one: "
+            "ask with an epsilon instead"
+        )
+    keys = {k.name for k in checked.keys}
     for out in checked.outputs:
-        node = out.expr
-        if isinstance(node, exp.Column):
+        name = out.expr.name if isinstance(out.expr, exp.Column) else None
+        if name in keys:
             continue
-        agg = aggregates.get(node.sql(dialect=DIALECT)) if isinstance(node, exp.AggFunc) else None
-        if agg is None or agg.func not in ("count", "sum"):
+        agg = aggregates.get(name) if name else None
+        if agg is None:
             raise Refused(
                 f"--accuracy applies to outputs that are COUNT or SUM (or group keys); "
                 f"{out.name!r} is not: ask with an epsilon instead"
             )
 
 
-def _partitions(keys: tuple[Column, ...]) -> tuple[tuple[object, ...], ...]:
-    size = math.prod(len(k.public_values or ()) for k in keys)
+def _parts(agg: AggregateCall, clamp: Interval | None, resolved: Resolved) -> list[Wanted]:
+    """The noisy counts and sums an aggregate is post-processed from.
+
+    A variance is computed from the count, the sum and the sum of squares of
+    the values' distance to the middle of their bounds: centring halves the
+    range summed, and so the noise, without changing the variance.
+    """
+    arg = agg.arg
+    arg_sql = "*" if arg is None else _display(arg)
+    if agg.func == "count":
+        return [("count", arg, None, f"COUNT({arg_sql})")]
+    if agg.func == "count_distinct":
+        kind = "count_unit" if resolved.is_unit(arg) else "count_distinct"
+        return [(kind, arg, None, f"COUNT(DISTINCT {arg_sql})")]
+    assert arg is not None and clamp is not None
+    total: Wanted = ("sum", arg, clamp, f"SUM({arg_sql})")
+    count: Wanted = ("count", arg, None, f"COUNT({arg_sql})")
+    if agg.func == "sum":
+        return [total]
+    if agg.func == "avg":
+        return [total, count]
+    centre = math.floor((clamp.lo + clamp.hi) / 2) if clamp.integral else (clamp.lo + clamp.hi) / 2
+    number = exp.Literal.number(centre if clamp.integral else repr(float(centre)))
+    deviation = exp.Sub(this=exp.Paren(this=arg.copy()), expression=exp.Paren(this=number))
+    square = exp.Mul(this=exp.Paren(this=deviation.copy()), expression=exp.Paren(this=deviation))
+    reach = max(centre - clamp.lo, clamp.hi - centre)
+    return [
+        count,
+        ("sum", deviation, Interval(clamp.lo - centre, clamp.hi - centre, clamp.integral),
+         f"SUM({arg_sql} - {centre})"),
+        ("sum", square, Interval(0, reach * reach, clamp.integral),
+         f"SUM(({arg_sql} - {centre})^2)"),
+    ]  # fmt: skip
+
+
+def _want(
+    wanted: dict, kind: str, arg: exp.Expression | None, clamp: Interval | None, label: str
+) -> tuple[str, str]:
+    """Register a measurement once, however many aggregates are made of it."""
+    key = (kind, "*" if arg is None else arg.sql(dialect=DIALECT))
+    wanted.setdefault(key, (kind, arg, clamp, label))
+    return key
+
+
+def _display(arg: exp.Expression) -> str:
+    def bare(n: exp.Expression) -> exp.Expression:
+        if isinstance(n, exp.Column) and n.table.startswith("__s"):
+            return exp.column(n.name)
+        return n
+
+    return arg.copy().transform(bare).sql(dialect=DIALECT)
+
+
+def _partitions(
+    keys: tuple[GroupKey, ...], domains: tuple[KeyDomain, ...]
+) -> tuple[tuple[object, ...], ...]:
+    size = math.prod(len(d.values) for d in domains)
     if size > MAX_PARTITIONS:
         raise Refused(
-            f"GROUP BY {', '.join(k.name for k in keys)} has {size} public key combinations; "
+            f"GROUP BY {', '.join(k.label for k in keys)} has {size} public key combinations; "
             f"at most {MAX_PARTITIONS} are released at once"
         )
-    return tuple(itertools.product(*(k.public_values or () for k in keys)))
+    return tuple(itertools.product(*(d.values for d in domains)))
+
+
+def _selection(
+    name: str,
+    level: float,
+    arg: exp.Expression,
+    clamp: Interval,
+    label: str,
+    target: Target,
+    distance: int,
+    partitions: int,
+) -> Selection:
+    g = grid(clamp.lo, clamp.hi, clamp.integral)
+    if g.size * partitions > MAX_SCORES:
+        raise Refused(
+            f"{label}: {partitions} groups of {g.size} candidates each are too many to score; "
+            "group by fewer keys"
+        )
+    assert target.share is not None  # accuracy-first plans have no selections
+    epsilon = target.pure_epsilon()
+    noise = calibrate_quantile(level, g.size, distance, epsilon)
+    return Selection(name, arg, g, noise, epsilon, label)
 
 
 def _measurement(
@@ -178,10 +314,12 @@ def _measurement(
     contribution: Contribution,
     dataset: Dataset,
 ) -> Measurement:
-    if kind == "count":
+    if kind == "count_unit":  # COUNT(DISTINCT unit): one per unit and partition
+        contribution = Contribution(contribution.groups, 1, contribution.partitions)
+    if kind in ("count", "count_distinct", "count_unit"):
+        # A unit's rows bring at most ``rows`` distinct values to a partition.
         noise = noise_for(1, 1, contribution, dataset.neighbouring, target)
-        cost = spent(noise, target.accountant)
-        return Measurement(name, kind, arg, None, 0, noise, cost, label)
+        return Measurement(name, kind, arg, None, 0, noise, spent(noise, target.accountant), label)
     assert clamp is not None
     grid_exp = 0 if clamp.integral else _grid_exp(clamp, contribution, dataset, target)
     lo, hi = _grid_bounds(clamp, grid_exp)

@@ -24,10 +24,10 @@ import duckdb
 import pandas as pd
 from sqlglot import exp
 
-from dpmagic.gate.sql.check import AGGREGATES, Checked
+from dpmagic.gate.sql.check import VARIANCES, Checked
 from dpmagic.gate.sql.noise import Noisy
 from dpmagic.gate.sql.parse import DIALECT
-from dpmagic.gate.sql.plan import Measurement, Plan
+from dpmagic.gate.sql.plan import Measurement, Plan, Selection
 from dpmagic.gate.sql.rewrite import total
 
 ALPHA = 0.05
@@ -70,24 +70,23 @@ def release(noisy: Noisy, alpha: float = ALPHA) -> Released:
 
     intervals = _Intervals(plan, noisy, alpha)
     accuracy_columns: list[dict[str, object] | None] = []
-    for i, out in enumerate(checked.outputs):
+    for out in checked.outputs:
         used = post.measurements_in(out.expr)
         if not used:
             accuracy_columns.append(None)
             continue
-        measurements = [plan.measurement(n) for n in used]
-        single = measurements[0] if len(measurements) == 1 else None
+        parts = [_part(plan, n) for n in used]
+        single = parts[0] if len(parts) == 1 else None
         accuracy_columns.append(
             {
                 "mechanism": single.noise.mechanism if single else "post-processing",
                 "scale": single.scale if single else None,
-                "measurements": [m.label for m in measurements],
+                "measurements": [p.label for p in parts],
                 "intervals": [
                     _json_pair(intervals.of(out.expr, row[0], len(used))) for row in result
                 ],
             }
         )
-        del i
     return Released(
         columns=[o.name for o in checked.outputs],
         rows=[[_json(v) for v in row[1:]] for row in result],
@@ -95,11 +94,17 @@ def release(noisy: Noisy, alpha: float = ALPHA) -> Released:
     )
 
 
+def _part(plan: Plan, name: str) -> Measurement | Selection:
+    if name.startswith("q"):
+        return plan.selection(name)
+    return plan.measurement(name)
+
+
 def _noisy_table(plan: Plan, noisy: Noisy) -> pd.DataFrame:
     data: dict[str, list[object]] = {PID: list(range(len(plan.partitions)))}
     for i, key in enumerate(plan.keys):
         data[key.name] = [p[i] for p in plan.partitions]
-    for m in plan.measurements:
+    for m in (*plan.measurements, *plan.selections):
         data[f"__{m.name}"] = noisy.values[m.name]
     return pd.DataFrame(data)
 
@@ -109,37 +114,55 @@ class _PostExpr:
 
     def __init__(self, plan: Plan, checked: Checked) -> None:
         self.plan = plan
-        self.labels = {a.label: a for a in checked.aggregates}
+        self.checked = checked
 
     def measurements_in(self, node: exp.Expression) -> list[str]:
         names: list[str] = []
         for n in node.walk():
-            if isinstance(n, exp.AggFunc):
-                for name in self.plan.uses[n.sql(dialect=DIALECT)]:
+            if isinstance(n, exp.Column) and n.name in self.plan.uses:
+                for name in self.plan.uses[n.name]:
                     if name not in names:
                         names.append(name)
         return names
 
     def sql(self, node: exp.Expression) -> str:
         def swap(n: exp.Expression) -> exp.Expression:
-            if isinstance(n, exp.AggFunc) and type(n) in AGGREGATES:
-                return exp.maybe_parse(self._aggregate(n), dialect=DIALECT)
+            if isinstance(n, exp.Column) and n.name in self.plan.uses:
+                return exp.maybe_parse(self._aggregate(n.name), dialect=DIALECT)
             return n
 
         # Post-processing cannot raise either: an error would cost the user the ε
         # already charged for an answer they never see.
         return total(node.copy().transform(swap)).sql(dialect=DIALECT)
 
-    def _aggregate(self, node: exp.AggFunc) -> str:
-        agg = self.labels[node.sql(dialect=DIALECT)]
-        names = self.plan.uses[agg.label]
-        if agg.func == "count":
-            return f'GREATEST("__{names[0]}", 0)'
-        if agg.func == "sum":
-            return f'"__{names[0]}"'
-        total, count = (self.plan.measurement(n) for n in names)
-        lo, hi = _literal(total.clamp.lo), _literal(total.clamp.hi)
-        return f'LEAST(GREATEST("__{total.name}" / GREATEST("__{count.name}", 1), {lo}), {hi})'
+    def _aggregate(self, name: str) -> str:
+        agg = self.checked.aggregate(name)
+        cols = [f'"__{n}"' for n in self.plan.uses[name]]
+        if agg.func in ("count", "count_distinct"):
+            return f"GREATEST({cols[0]}, 0)"
+        if agg.func in ("sum", "quantile"):
+            return cols[0]
+        if agg.func == "avg":
+            total_m = self.plan.measurement(self.plan.uses[name][0])
+            assert total_m.clamp is not None
+            lo, hi = _literal(total_m.clamp.lo), _literal(total_m.clamp.hi)
+            return f"LEAST(GREATEST({cols[0]} / GREATEST({cols[1]}, 1), {lo}), {hi})"
+        count, s1, s2 = cols
+        widest = _literal(_max_variance(self.plan, name))
+        n = f"GREATEST({count}, {2 if agg.func.endswith('samp') else 1})"
+        pop = f"({s2} / {n} - ({s1} / {n}) * ({s1} / {n}))"
+        if agg.func.endswith("samp"):
+            var = f"LEAST(GREATEST({pop} * {n} / ({n} - 1), 0), {widest} * {n} / ({n} - 1))"
+        else:
+            var = f"LEAST(GREATEST({pop}, 0), {widest})"
+        return f"SQRT({var})" if agg.func.startswith("stddev") else var
+
+
+def _max_variance(plan: Plan, name: str) -> float:
+    """The largest population variance of values within the argument's bounds."""
+    deviation = plan.measurement(plan.uses[name][1])
+    assert deviation.clamp is not None
+    return ((deviation.clamp.hi - deviation.clamp.lo) / 2) ** 2
 
 
 class _Intervals:
@@ -149,7 +172,6 @@ class _Intervals:
         self.plan = plan
         self.noisy = noisy
         self.alpha = alpha
-        self.labels = {a.label: a for a in plan.checked.aggregates}
 
     def of(self, node: exp.Expression, pid: int, parts: int) -> Bounds | None:
         alpha = self.alpha / parts
@@ -158,35 +180,46 @@ class _Intervals:
     def _measured(self, m: Measurement, pid: int, alpha: float) -> Bounds:
         value = self.noisy.values[m.name][pid]
         half = m.noise.half_width(alpha) if m.noise.sensitivity else 0.0
-        if m.kind == "count":
+        if m.kind != "sum":
             return max(0.0, value - half), max(0.0, value + half)
         return value - half, value + half
 
-    def _eval(self, node: exp.Expression, pid: int, alpha: float) -> Bounds | None:
-        if isinstance(node, exp.AggFunc):
-            agg = self.labels[node.sql(dialect=DIALECT)]
-            ms = [self.plan.measurement(n) for n in self.plan.uses[agg.label]]
-            if agg.func != "avg":
-                return self._measured(ms[0], pid, alpha)
-            total, count = ms
-            s = self._measured(total, pid, alpha)
+    def _aggregate(self, name: str, pid: int, alpha: float) -> Bounds | None:
+        agg = self.plan.checked.aggregate(name)
+        if agg.func == "quantile":
+            return None  # the exponential mechanism's error is in ranks, not in values
+        ms = [self.plan.measurement(n) for n in self.plan.uses[name]]
+        if agg.func not in ("avg", *VARIANCES):
+            return self._measured(ms[0], pid, alpha)
+        if agg.func == "avg":
+            total_m, count = ms
+            assert total_m.clamp is not None
+            s = self._measured(total_m, pid, alpha)
             c = self._measured(count, pid, alpha)
-            lo, hi = total.clamp.lo, total.clamp.hi
+            lo, hi = total_m.clamp.lo, total_m.clamp.hi
             if c[0] < 1:
                 return lo, hi
             corners = [a / b for a in s for b in c]
             return _within(min(corners), lo, hi), _within(max(corners), lo, hi)
+        return _variance(agg.func, *(self._measured(m, pid, alpha) for m in ms),
+                         widest=_max_variance(self.plan, name))  # fmt: skip
+
+    def _eval(self, node: exp.Expression, pid: int, alpha: float) -> Bounds | None:
         if isinstance(node, exp.Paren):
             return self._eval(node.this, pid, alpha)
         if isinstance(node, exp.Literal) and not node.is_string:
             v = float(node.this)
             return v, v
         if isinstance(node, exp.Column):
+            if node.name in self.plan.uses:
+                return self._aggregate(node.name, pid, alpha)
             key = next((i for i, k in enumerate(self.plan.keys) if k.name == node.name), None)
             if key is None:
                 return None
             v = self.plan.partitions[pid][key]
-            return (float(v), float(v)) if isinstance(v, int | float) else None
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                return None
+            return float(v), float(v)
         if isinstance(node, exp.Neg):
             a = self._eval(node.this, pid, alpha)
             return None if a is None else (-a[1], -a[0])
@@ -194,12 +227,36 @@ class _Intervals:
             a = self._eval(node.this, pid, alpha)
             b = self._eval(node.expression, pid, alpha)
             return None if a is None or b is None else _arith(type(node), a, b)
-        if isinstance(node, exp.Round | exp.Floor | exp.Ceil | exp.Abs | exp.TryCast):
+        if isinstance(node, exp.Round | exp.Floor | exp.Ceil | exp.Abs | exp.TryCast | exp.Sqrt):
             a = self._eval(node.this, pid, alpha)
             if a is None:
                 return None
             return _unary(node, a)
         return None
+
+
+def _variance(func: str, n: Bounds, s1: Bounds, s2: Bounds, widest: float) -> Bounds:
+    """Where the variance lies when the count, the centred sum and the centred sum
+    of squares lie in their intervals; the bounds' own range when the count may be
+    too small to say anything."""
+    samp = func.endswith("samp")
+    low_n = 2 if samp else 1
+    top = widest * (2 if samp else 1)
+    if n[0] < low_n:
+        lo, hi = 0.0, top
+    else:
+        means = [a / b for a in s1 for b in n]
+        m_lo, m_hi = min(means), max(means)
+        sq_lo = 0.0 if m_lo <= 0 <= m_hi else min(m_lo * m_lo, m_hi * m_hi)
+        sq_hi = max(m_lo * m_lo, m_hi * m_hi)
+        q = [a / b for a in s2 for b in n]
+        lo, hi = max(min(q) - sq_hi, 0.0), min(max(q) - sq_lo, widest)
+        if samp:
+            lo, hi = lo * n[1] / (n[1] - 1), hi * n[0] / (n[0] - 1)
+        lo, hi = min(max(lo, 0.0), top), min(max(hi, 0.0), top)
+    if func.startswith("stddev"):
+        return math.sqrt(lo), math.sqrt(hi)
+    return lo, hi
 
 
 def _arith(op: type[exp.Expression], a: Bounds, b: Bounds) -> Bounds | None:
@@ -231,6 +288,8 @@ def _unary(node: exp.Expression, a: Bounds) -> Bounds:
     if isinstance(node, exp.Abs):
         low = 0.0 if a[0] <= 0 <= a[1] else min(abs(a[0]), abs(a[1]))
         return low, max(abs(a[0]), abs(a[1]))
+    if isinstance(node, exp.Sqrt):
+        return math.sqrt(max(a[0], 0.0)), math.sqrt(max(a[1], 0.0))
     return a
 
 

@@ -1,12 +1,24 @@
-"""Pass 2: names against the public schema.
+"""Pass 2: names against the public schema, and the FROM clause flattened.
 
-Qualifies every column with the one table it can come from and refuses any
-name the policy does not declare. Only the policy is consulted, so a refusal
-here says nothing about the data.
+Every column reference is bound to one declared column of one *scan* (a
+table read once, named ``__s0``, ``__s1``, … in the generated SQL). Derived
+tables and CTEs that are row transformations (filters, projections, derived
+columns) are merged into the query that reads them: their columns become the
+expressions that define them and their filters join the query's own, so the
+passes after this one see a single SELECT over a join of declared tables,
+which is what the per-unit contribution bounding needs to see.
+
+Joins keep every output row attributable to exactly one privacy unit: the
+first private table's unit is the row's unit, and every other private table
+must be joined to it on its unit column (directly or through declared
+links), so a join never mixes two units' rows. Public tables may be joined
+freely. Only the policy is consulted, so a refusal says nothing about data.
 """
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from sqlglot import exp
@@ -18,85 +30,542 @@ from dpmagic.gate.sql.parse import DIALECT, Parsed
 # sqlglot 30 names these arguments with a trailing underscore.
 FROM = "from_" if "from_" in exp.Select.arg_types else "from"
 WITH = "with_" if "with_" in exp.Select.arg_types else "with"
+PRESENT = "__present"  # a left-joined scan's marker column: TRUE where a row matched
+SEMI = "__semi"  # the table qualifier of a semi-join's stand-in column
+
+_BOOL = Column(name=PRESENT, type="bool", lower=0, upper=1)
+
+Env = dict[str, dict[str, exp.Expression]]  # visible relation -> column -> its definition
+
+
+@dataclass(frozen=True)
+class Scan:
+    """One read of a declared table, joined to the scans before it.
+
+    ``kind`` is ``from`` for the first scan, ``inner`` or ``left`` after it;
+    ``on`` is a left join's condition (inner join conditions are filters).
+    """
+
+    name: str
+    table: Table
+    kind: str
+    on: exp.Expression | None = None
+
+
+@dataclass(frozen=True)
+class SemiJoin:
+    """``lhs IN (SELECT value FROM scans WHERE where)``, standing in the tree as the
+    boolean column ``__semi.<name>``.
+
+    Stable in either of two forms: the subquery reads public tables only, or
+    ``lhs`` and ``value`` are both privacy-unit columns, so a unit's rows pass
+    or fail on that unit's own rows alone.
+    """
+
+    name: str
+    lhs: exp.Expression
+    scans: tuple[Scan, ...]
+    value: exp.Expression
+    where: exp.Expression | None
+    exists: bool = False  # EXISTS: never NULL, and NULLs on either side never match
 
 
 @dataclass(frozen=True)
 class Resolved:
-    """The SELECT with every column reference bound to a declared column."""
+    """One SELECT over a join of scans, every column qualified by its scan.
+
+    ``tree`` has no FROM: its WHERE holds every filter of the query and of
+    the subqueries merged into it. ``unit`` is the column holding each row's
+    privacy unit (``None`` for row-level privacy).
+    """
 
     tree: exp.Select
     canonical: str
     dataset: Dataset
-    table: Table
-    columns: dict[int, Column]  # id(exp.Column node) -> declared column
+    scans: tuple[Scan, ...]
+    unit: exp.Column | None
+    semijoins: tuple[SemiJoin, ...] = ()
+
+    def column(self, node: exp.Expression) -> Column | None:
+        """The declared column a qualified reference reads, if it is one."""
+        if not isinstance(node, exp.Column) or not node.table:
+            return None
+        if node.name == PRESENT or node.table == SEMI:
+            return _BOOL
+        scan = self.scan(node.table)
+        return None if scan is None else scan.table.columns.get(node.name)
+
+    def scan(self, name: str) -> Scan | None:
+        every = itertools.chain(self.scans, *(j.scans for j in self.semijoins))
+        return next((s for s in every if s.name == name), None)
+
+    def is_unit(self, node: exp.Expression) -> bool:
+        """Whether ``node`` reads a privacy-unit column (of any private scan)."""
+        if not isinstance(node, exp.Column) or not node.table:
+            return False
+        scan = self.scan(node.table)
+        return scan is not None and scan.table.unit == node.name
 
 
 def resolve(parsed: Parsed, dataset: Dataset) -> Resolved:
+    flat = _Flattener(dataset, itertools.count())
     tree = parsed.tree
-    if tree.args.get(WITH):
-        raise Refused("WITH (common table expressions) is not supported yet")
-    if tree.args.get("joins"):
-        raise Refused("joins are not supported yet: query one table")
-    source = tree.args.get(FROM)
-    if source is None:
-        raise Refused("the query has no FROM clause")
-    table_node = source.this
-    if not isinstance(table_node, exp.Table) or not isinstance(table_node.this, exp.Identifier):
-        raise Refused(f"FROM must name a declared table, not {_describe(table_node)}")
-    if table_node.this.quoted and ("/" in table_node.name or "." in table_node.name):
-        raise Refused("reading files is not allowed: FROM must name a declared table")
-    if table_node.args.get("catalog") or (
-        table_node.args.get("db") and table_node.text("db").lower() != "main"
-    ):
-        raise Refused(f"unknown table {table_node.sql(dialect=DIALECT)!r}")
-    table = dataset.table(table_node.name)
-    if table is None:
-        raise Refused(
-            f"unknown table {table_node.name!r}; declared: {', '.join(sorted(dataset.tables))}"
-        )
-    if table.public:
-        raise Refused(f"table {table.name!r} is public: query it without the gate")
-    if table_node.args.get("sample") or tree.find(exp.TableSample):
+    if tree.find(exp.TableSample):
         raise Refused("sampling clauses (USING SAMPLE, TABLESAMPLE) are not allowed")
-    names = {table.name}
-    if table_node.alias:
-        names = {table_node.alias.lower()}
+    ctes = flat.ctes(tree, {})
+    flat.top_ctes = ctes
+    env, filters = flat.from_clause(tree, ctes, "from")
+    aliases = {e.alias.lower() for e in tree.expressions if e.alias}
 
-    columns: dict[int, Column] = {}
-    for node in tree.find_all(exp.Column):
-        if isinstance(node.this, exp.Star):
-            raise Refused("SELECT * would release rows: select aggregates instead")
-        qualifier = node.table.lower()
-        if qualifier and qualifier not in names:
-            raise Refused(f"unknown table or alias {node.table!r} in {node.sql(dialect=DIALECT)}")
-        column = table.columns.get(node.name.lower())
-        if column is None:
-            if _is_select_alias(tree, node):
-                continue
-            raise Refused(
-                f"unknown column {node.name!r} in table {table.name!r}; declared: "
-                + ", ".join(sorted(table.columns))
-            )
-        node.set("table", None)
-        node.set("this", exp.to_identifier(column.name))
-        columns[id(node)] = column
+    out = exp.Select()
+    for key, value in tree.args.items():
+        if key in (FROM, WITH, "joins") or value is None:
+            continue
+        out.set(key, value)
+    out.set(
+        "expressions",
+        [flat.substitute(e, env, frozenset(), "the SELECT list") for e in tree.expressions],
+    )
+    where = tree.args.get("where")
+    if where is not None:
+        filters.append(flat.substitute(where.this, env, frozenset(), "WHERE"))
+    if filters:
+        out.set("where", exp.Where(this=exp.and_(*filters, copy=False)))
+    for key, place in (("group", "GROUP BY"), ("having", "HAVING"), ("order", "ORDER BY")):
+        node = tree.args.get(key)
+        if node is not None:
+            out.set(key, flat.substitute(node, env, frozenset(aliases), place))
+    scans = tuple(flat.scans)
     return Resolved(
-        tree=tree, canonical=parsed.canonical, dataset=dataset, table=table, columns=columns
+        tree=out,
+        canonical=parsed.canonical,
+        dataset=dataset,
+        scans=scans,
+        unit=_unit(scans, filters, dataset),
+        semijoins=tuple(flat.semijoins),
     )
 
 
-def _is_select_alias(tree: exp.Select, node: exp.Column) -> bool:
-    """ORDER BY, HAVING and GROUP BY may name an output alias (``ORDER BY n``)."""
+class _Flattener:
+    """Walks FROM clauses, creating scans and collecting filters."""
+
+    def __init__(self, dataset: Dataset, names: Iterator[int]) -> None:
+        self.dataset = dataset
+        self.names = names  # scan numbers, shared with the semi-joins' own flatteners
+        self.top_ctes: dict = {}
+        self.semijoins: list[SemiJoin] = []
+        self.scans: list[Scan] = []
+        self.using: set[str] = set()  # JOIN … USING columns: either side's is the same
+
+    def ctes(self, select: exp.Select, outer: dict[str, exp.Expression]) -> dict:
+        with_ = select.args.get(WITH)
+        if with_ is None:
+            return outer
+        if with_.args.get("recursive"):
+            raise Refused("WITH RECURSIVE is not allowed")
+        ctes = dict(outer)
+        for cte in with_.expressions:
+            if cte.args.get("alias") is not None and cte.args["alias"].columns:
+                raise Refused("name a CTE's columns inside its SELECT, not after its name")
+            ctes[cte.alias_or_name.lower()] = (cte.this, ctes)
+        return ctes
+
+    def from_clause(self, select: exp.Select, ctes: dict, kind: str) -> tuple[Env, list]:
+        source = select.args.get(FROM)
+        if source is None:
+            raise Refused("the query has no FROM clause")
+        env, filters = self.item(source.this, ctes, kind)
+        for join in select.args.get("joins") or []:
+            jkind = _join_kind(join)
+            if kind == "left":
+                raise Refused("the right side of a LEFT JOIN must be one table or a row filter")
+            right, right_filters = self.item(join.this, ctes, jkind)
+            if set(right) & set(env):
+                raise Refused(f"the name {sorted(set(right) & set(env))[0]!r} is used twice")
+            env = {**env, **right}
+            names = [c.name.lower() for c in join.args.get("using") or []]
+            self.using |= set(names)
+            conds = [
+                exp.EQ(this=exp.column(n, table=t1), expression=exp.column(n, table=t2))
+                for n in names
+                for t1, t2 in [(_owner(env, n, exclude=right), next(iter(right)))]
+            ]
+            on = join.args.get("on")
+            if on is not None:
+                conds.append(on)
+            conds = [self.substitute(c, env, frozenset(), "ON") for c in conds]
+            if jkind == "left":
+                scan = self.scans[-1]
+                # The right side's own filters narrow which of its rows match.
+                self.scans[-1] = Scan(scan.name, scan.table, "left", _and(conds + right_filters))
+                env = {**env, **{r: _guard_all(cols, scan.name) for r, cols in right.items()}}
+            else:
+                filters += right_filters + conds
+        return env, filters
+
+    def item(self, node: exp.Expression, ctes: dict, kind: str) -> tuple[Env, list]:
+        alias = node.alias_or_name.lower() if node.alias_or_name else ""
+        if isinstance(node, exp.Table) and isinstance(node.this, exp.Identifier):
+            if node.args.get("alias") is not None and node.args["alias"].columns:
+                raise Refused("column aliases after a table name are not supported")
+            if node.this.quoted and ("/" in node.name or "." in node.name):
+                raise Refused("reading files is not allowed: FROM must name a declared table")
+            if node.args.get("catalog") or (
+                node.args.get("db") and node.text("db").lower() != "main"
+            ):
+                raise Refused(f"unknown table {node.sql(dialect=DIALECT)!r}")
+            if not node.args.get("db") and node.name.lower() in ctes:
+                select, scope = ctes[node.name.lower()]
+                return self.derived(select, scope, alias, kind)
+            table = self.dataset.table(node.name)
+            if table is None:
+                raise Refused(
+                    f"unknown table {node.name!r}; declared: "
+                    + ", ".join(sorted(self.dataset.tables))
+                )
+            name = f"__s{next(self.names)}"
+            self.scans.append(Scan(name, table, kind))
+            cols: dict[str, exp.Expression] = {c: exp.column(c, table=name) for c in table.columns}
+            return {alias or table.name: cols}, []
+        if isinstance(node, exp.Subquery):
+            if node.args.get("alias") is not None and node.args["alias"].columns:
+                raise Refused("name a subquery's columns inside its SELECT, not after its alias")
+            inner = node.this
+            if not isinstance(inner, exp.Select):
+                raise Refused(f"{_name(inner)} is not supported in FROM: use one SELECT")
+            return self.derived(inner, ctes, alias, kind)
+        raise Refused(f"FROM must name a declared table, not {_describe(node)}")
+
+    def derived(self, select: exp.Select, ctes: dict, alias: str, kind: str) -> tuple[Env, list]:
+        """A subquery or CTE read in FROM: merged when it is a row transformation."""
+        _row_transformation(select)
+        ctes = self.ctes(select, ctes)
+        env, filters = self.from_clause(select, ctes, kind)
+        where = select.args.get("where")
+        if where is not None:
+            filters.append(self.substitute(where.this, env, frozenset(), "WHERE"))
+        cols: dict[str, exp.Expression] = {}
+        for item in select.expressions:
+            if isinstance(item, exp.Star):
+                for rel in env.values():
+                    for c, e in rel.items():
+                        cols.setdefault(c, e)
+                continue
+            if isinstance(item, exp.Column) and isinstance(item.this, exp.Star):
+                rel = env.get(item.table.lower())
+                if rel is None:
+                    raise Refused(f"unknown table or alias {item.table!r}")
+                for c, e in rel.items():
+                    cols.setdefault(c, e)
+                continue
+            name = item.alias_or_name.lower()
+            expr = item.this if isinstance(item, exp.Alias) else item
+            cols[name] = self.substitute(expr, env, frozenset(), "a subquery's SELECT list")
+        return {alias or f"__derived{len(self.scans)}": cols}, filters
+
+    def substitute(
+        self,
+        node: exp.Expression,
+        env: Env,
+        aliases: frozenset[str],
+        place: str,
+    ) -> exp.Expression:
+        """A copy of ``node`` with each column replaced by what it reads, and each
+        ``IN (SELECT …)`` by a semi-join's stand-in."""
+
+        def semi(n: exp.Expression) -> exp.Expression:
+            if isinstance(n, exp.In) and n.args.get("query") is not None:
+                return self.semi_join(n, env)
+            if isinstance(n, exp.Exists):
+                return self.exists(n, env)
+            return n
+
+        node = node.copy().transform(semi)
+        for n in node.walk():
+            if isinstance(n, exp.Subquery | exp.Exists) or (
+                isinstance(n, exp.Select) and n is not node
+            ):
+                raise Refused(
+                    "subqueries in expressions are not supported: a value computed over "
+                    "private rows would enter the query exactly (join or filter instead)"
+                )
+
+        def swap(n: exp.Expression) -> exp.Expression:
+            if not isinstance(n, exp.Column) or n.table == SEMI:
+                return n
+            if isinstance(n.this, exp.Star):
+                raise Refused("SELECT * would release rows: select aggregates instead")
+            return _lookup(n, env, aliases, place, self.using)
+
+        return node.transform(swap)
+
+    def semi_join(self, node: exp.In, env: Env) -> exp.Expression:
+        query = node.args["query"]
+        select = query.this if isinstance(query, exp.Subquery) else query
+        if not isinstance(select, exp.Select):
+            raise Refused("IN (…) takes one SELECT")
+        _row_transformation(select)
+        if len(select.expressions) != 1 or isinstance(select.expressions[0], exp.Star):
+            raise Refused("IN (SELECT …) must select exactly one column")
+        sub = _Flattener(self.dataset, self.names)
+        ctes = sub.ctes(select, self.top_ctes)
+        sub_env, filters = sub.from_clause(select, ctes, "from")
+        where = select.args.get("where")
+        if where is not None:
+            filters.append(sub.substitute(where.this, sub_env, frozenset(), "WHERE"))
+        item = select.expressions[0]
+        value = sub.substitute(
+            item.this if isinstance(item, exp.Alias) else item, sub_env, frozenset(), "IN (…)"
+        )
+        lhs = self.substitute(node.this, env, frozenset(), "IN (…)")
+        return self._semi(sub, filters, lhs, value, exists=False)
+
+    def exists(self, node: exp.Exists, env: Env) -> exp.Expression:
+        """``EXISTS (SELECT … WHERE inner = outer AND …)``: the one equality with the
+        outer query makes it ``outer IN (SELECT inner … WHERE …)``."""
+        select = node.this
+        if not isinstance(select, exp.Select):
+            raise Refused("EXISTS (…) takes one SELECT")
+        _row_transformation(select)
+        sub = _Flattener(self.dataset, self.names)
+        ctes = sub.ctes(select, self.top_ctes)
+        sub_env, filters = sub.from_clause(select, ctes, "from")
+        where = select.args.get("where")
+        link: tuple[exp.Expression, exp.Expression] | None = None
+        for conj in _conjuncts(where.this) if where is not None else []:
+            try:
+                filters.append(sub.substitute(conj, sub_env, frozenset(), "WHERE"))
+                continue
+            except Refused:
+                pass
+            pair = _correlation(conj, sub, sub_env, self, env)
+            if pair is None or link is not None:
+                raise Refused(
+                    "EXISTS (SELECT …) must tie the subquery to the query by one equality "
+                    "(inner.pid = outer.pid), its other conditions on its own tables"
+                )
+            link = pair
+        if link is None:
+            raise Refused("EXISTS (SELECT …) must be tied to the query by an equality")
+        return self._semi(sub, filters, link[1], link[0], exists=True)
+
+    def _semi(
+        self,
+        sub: _Flattener,
+        filters: list[exp.Expression],
+        lhs: exp.Expression,
+        value: exp.Expression,
+        exists: bool,
+    ) -> exp.Expression:
+        private = [s for s in sub.scans if not s.table.public]
+        if private:
+            _unit(tuple(sub.scans), filters, self.dataset)
+            inner, outer = _unit_of(value, tuple(sub.scans)), _unit_of(lhs, tuple(self.scans))
+            if inner is None or outer is None:
+                raise Refused(
+                    "IN (SELECT …) or EXISTS over a private table must match privacy units "
+                    "(t.pid IN (SELECT pid FROM …)): otherwise a unit's rows would depend "
+                    "on other units' rows"
+                )
+        self.semijoins.extend(sub.semijoins)
+        name = f"__j{len(self.semijoins)}"
+        where = _and(filters) if filters else None
+        self.semijoins.append(SemiJoin(name, lhs, tuple(sub.scans), value, where, exists))
+        return exp.column(name, table=SEMI)
+
+
+def _correlation(
+    conj: exp.Expression, sub: _Flattener, sub_env: Env, outer: _Flattener, env: Env
+) -> tuple[exp.Expression, exp.Expression] | None:
+    """``(inner, outer)`` when ``conj`` equates a subquery column and a query column."""
+    if not isinstance(conj, exp.EQ):
+        return None
+    for a, b in ((conj.this, conj.expression), (conj.expression, conj.this)):
+        try:
+            inner = sub.substitute(a, sub_env, frozenset(), "EXISTS")
+            there = outer.substitute(b, env, frozenset(), "EXISTS")
+        except Refused:
+            continue
+        return inner, there
+    return None
+
+
+def _lookup(
+    node: exp.Column, env: Env, aliases: frozenset[str], place: str, using: set[str]
+) -> exp.Expression:
+    name = node.name.lower()
+    if not node.table and place == "ORDER BY" and name in aliases:
+        return exp.column(name)  # ORDER BY names an output first, as in DuckDB
     if node.table:
-        return False
-    in_post = node.find_ancestor(exp.Order, exp.Having, exp.Group) is not None
-    aliases = {e.alias.lower() for e in tree.expressions if e.alias}
-    return in_post and node.name.lower() in aliases
+        rel = env.get(node.table.lower())
+        if rel is None:
+            raise Refused(f"unknown table or alias {node.table!r} in {node.sql(dialect=DIALECT)}")
+        if name not in rel:
+            raise Refused(
+                f"unknown column {node.name!r} in {node.table!r}; declared: "
+                + ", ".join(sorted(rel))
+            )
+        return _wrap(rel[name])
+    found = [rel[name] for rel in env.values() if name in rel]
+    if not found:
+        if name in aliases:
+            return exp.column(name)
+        raise Refused(
+            f"unknown column {node.name!r} in {place}; declared: "
+            + ", ".join(sorted({c for rel in env.values() for c in rel}))
+        )
+    if len(found) > 1 and name not in using:
+        first = found[0].sql(dialect=DIALECT)
+        if any(f.sql(dialect=DIALECT) != first for f in found[1:]):
+            raise Refused(f"column {node.name!r} is ambiguous: qualify it with its table")
+    return _wrap(found[0])
+
+
+def _wrap(definition: exp.Expression) -> exp.Expression:
+    copy = definition.copy()
+    if isinstance(copy, exp.Column | exp.Literal | exp.Paren | exp.Boolean | exp.Null):
+        return copy
+    return exp.Paren(this=copy)
+
+
+def _row_transformation(select: exp.Select) -> None:
+    """Refuse a subquery in FROM that is more than filters and derived columns."""
+    for key, what in (
+        ("group", "GROUP BY"), ("having", "HAVING"), ("order", "ORDER BY"), ("limit", "LIMIT"),
+        ("offset", "OFFSET"), ("distinct", "DISTINCT"), ("qualify", "QUALIFY"),
+        ("windows", "WINDOW"), ("laterals", "LATERAL"), ("pivots", "PIVOT"),
+    ):  # fmt: skip
+        if select.args.get(key):
+            raise Refused(
+                f"{what} inside a subquery in FROM depends on exact values of private rows: "
+                "a subquery may only filter rows and derive columns"
+            )
+    for item in select.expressions:
+        for n in item.walk():
+            if isinstance(n, exp.AggFunc | exp.Window):
+                raise Refused(
+                    "aggregates inside a subquery in FROM are not supported: a subquery may "
+                    "only filter rows and derive columns"
+                )
+
+
+def _join_kind(join: exp.Join) -> str:
+    side = (join.side or "").upper()
+    kind = (join.kind or "").upper()
+    if join.args.get("method") or kind in ("SEMI", "ANTI", "ASOF", "POSITIONAL"):
+        raise Refused(f"{(join.args.get('method') or kind).upper()} joins are not supported")
+    if side in ("RIGHT", "FULL"):
+        raise Refused(f"{side} JOIN is not supported: put the private table first, LEFT JOIN")
+    if side == "LEFT":
+        return "left"
+    if kind not in ("", "INNER", "CROSS", "OUTER"):
+        raise Refused(f"{kind} JOIN is not supported")
+    return "inner"
+
+
+def _owner(env: Env, name: str, exclude: Env) -> str:
+    owners = [r for r, cols in env.items() if name in cols and r not in exclude]
+    if not owners:
+        raise Refused(f"USING ({name}): no table on the left has that column")
+    return owners[0]
+
+
+def _guard_all(cols: dict[str, exp.Expression], scan: str) -> dict[str, exp.Expression]:
+    """A derived column of a left-joined subquery is NULL where no row matched,
+    as in SQL, even when its expression would give a value on NULL columns."""
+    present = exp.column(PRESENT, table=scan)
+    out: dict[str, exp.Expression] = {}
+    for name, e in cols.items():
+        if isinstance(e, exp.Column):
+            out[name] = e
+        else:
+            out[name] = exp.Case(ifs=[exp.If(this=present.copy(), true=e.copy())])
+    return out
+
+
+def _and(conds: list[exp.Expression]) -> exp.Expression:
+    return exp.and_(*conds, copy=False) if conds else exp.true()
+
+
+def _unit(scans: tuple[Scan, ...], filters: list, dataset: Dataset) -> exp.Column | None:
+    """The column that names each row's unit; refuses joins that would mix units."""
+    private = [s for s in scans if not s.table.public]
+    if not private:
+        raise Refused(
+            f"table {scans[0].table.name!r} is public: query it without the gate"
+            if len(scans) == 1
+            else "the query reads only public tables: query them without the gate"
+        )
+    if dataset.privacy_unit is None:
+        if len(scans) > 1:
+            raise Refused(
+                "joins need a privacy unit: without one a joined row would belong to "
+                "several rows' owners (declare privacy_unit in the policy)"
+            )
+        return None
+    root = private[0]
+    if root.kind == "left":
+        raise Refused(
+            f"table {root.table.name!r} is on the optional side of a LEFT JOIN: put a "
+            "private table first"
+        )
+    parent = {s.name: s.name for s in private}
+
+    def find(x: str) -> str:
+        while parent[x] != x:
+            x = parent[x]
+        return x
+
+    def tie(cond: exp.Expression, only: str | None) -> None:
+        for conj in _conjuncts(cond):
+            if not isinstance(conj, exp.EQ):
+                continue
+            a, b = _unit_of(conj.this, scans), _unit_of(conj.expression, scans)
+            if a and b and (only is None or only in (a, b)):
+                parent[find(a)] = find(b)
+
+    for f in filters:
+        tie(f, None)
+    for s in private:
+        if s.kind == "left" and s.on is not None:
+            tie(s.on, s.name)
+    for s in private[1:]:
+        if find(s.name) != find(root.name):
+            raise Refused(
+                f"joining {root.table.name!r} and {s.table.name!r} must match their privacy "
+                f"units ({root.table.name}.{root.table.unit} = {s.table.name}.{s.table.unit}): "
+                "otherwise a joined row would mix two units' data"
+            )
+    assert root.table.unit is not None
+    return exp.column(root.table.unit, table=root.name)
+
+
+def _unit_of(node: exp.Expression, scans: tuple[Scan, ...]) -> str | None:
+    while isinstance(node, exp.Paren):
+        node = node.this
+    if not isinstance(node, exp.Column):
+        return None
+    scan = next((s for s in scans if s.name == node.table), None)
+    if scan is None or scan.table.public or scan.table.unit != node.name:
+        return None
+    return scan.name
+
+
+def _conjuncts(cond: exp.Expression) -> list[exp.Expression]:
+    while isinstance(cond, exp.Paren):
+        cond = cond.this
+    if isinstance(cond, exp.And):
+        return _conjuncts(cond.this) + _conjuncts(cond.expression)
+    return [cond]
+
+
+def _name(node: exp.Expression) -> str:
+    return type(node).__name__.upper()
 
 
 def _describe(node: exp.Expression | None) -> str:
-    if isinstance(node, exp.Subquery):
-        return "a subquery (not supported yet)"
-    if isinstance(node, exp.Table) and isinstance(node.this, exp.Func):
+    if isinstance(node, exp.Table) and isinstance(node.this, exp.Func | exp.Anonymous):
         return f"the table function {node.this.sql(dialect=DIALECT).split('(')[0]}()"
+    if isinstance(node, exp.Table) and not isinstance(node.this, exp.Identifier):
+        return f"the table function {node.sql(dialect=DIALECT).split('(')[0]}()"
     return "that" if node is None else node.sql(dialect=DIALECT)[:60]

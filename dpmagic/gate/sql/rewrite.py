@@ -7,7 +7,12 @@ decimal literals become doubles, and columns are read through a projection
 that casts each one to its declared type and clamps it into its declared
 bounds, NULL staying NULL.
 
-Contribution bounding, for a dataset with a privacy unit:
+Rows come from the join of the query's scans, each scan reading only the
+columns it needs; every filter of the query and of the subqueries merged
+into it applies there, and each row carries the unit of the first private
+table (``resolve`` has proven every joined private row shares it).
+
+Contribution bounding, for a dataset with a privacy unit, after the joins:
 1. rows with no unit are dropped (they belong to no one we can bound);
 2. each unit keeps at most ``max_rows_per_partition`` rows per partition,
    those whose content hashes lowest under a fresh secret seed;
@@ -31,9 +36,12 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from dpmagic.gate.policy import Column
+from dpmagic.gate.sensitivity import Contribution
 from dpmagic.gate.sql.bound import Interval
+from dpmagic.gate.sql.keys import KeyDomain
 from dpmagic.gate.sql.parse import DIALECT
-from dpmagic.gate.sql.plan import Measurement, Plan
+from dpmagic.gate.sql.plan import Measurement, Plan, Selection
+from dpmagic.gate.sql.resolve import PRESENT, SEMI, Resolved, Scan
 
 UNIT = "__unit"
 SQL_TYPES = {
@@ -49,80 +57,179 @@ SQL_TYPES = {
 class Rewritten:
     sql: str
     keys: int  # the first ``keys`` result columns are the partition key
-    measurements: tuple[str, ...]  # then one column per measurement, in this order
+    measurements: tuple[str, ...]  # then one column per measurement and selection, in order
 
 
 def rewrite(plan: Plan, seed: int | None = None) -> Rewritten:
     seed = secrets.randbits(62) if seed is None else seed
-    checked = plan.checked
-    unit = plan.dataset.privacy_unit
-    used = _used_columns(plan)
-    keys = [_q(f"__k{i}") for i in range(len(plan.keys))]
-
-    source = []
-    if unit is not None:
-        source.append(f"{_project(plan.table.columns[unit])} AS {_q(UNIT)}")
-    source += [f"{_project(c)} AS {_q(c.name)}" for c in used]
-    if not source:
-        source = ["1 AS __one"]
-
-    filters = [f"{_q(UNIT)} IS NOT NULL"] if unit is not None else []
-    if checked.where is not None:
-        filters.append(f"({_total(checked.where)})")
-    for key, col in zip(keys, plan.keys, strict=True):
-        values = ", ".join(exp.convert(v).sql(dialect=DIALECT) for v in col.public_values or ())
-        filters.append(f"{key} IN ({values})")
-    row_cols = [_q(UNIT)] if unit is not None else []
-    row_cols += [f"{_q(c.name)} AS {k}" for c, k in zip(plan.keys, keys, strict=True)]
+    resolved = plan.checked.resolved
+    keys = [_q(k.name) for k in plan.keys]
     values = [_q("__v_" + m.name) for m in plan.measurements if m.arg is not None]
+    values += [_q("__v_" + s.name) for s in plan.selections]
+
+    row_cols = [f"{_total(resolved.unit)} AS {_q(UNIT)}"] if resolved.unit is not None else []
+    row_cols += [f"{_total(k.expr)} AS {q}" for k, q in zip(plan.keys, keys, strict=True)]
     row_cols += [
         f"{_total(m.arg)} AS {_q('__v_' + m.name)}" for m in plan.measurements if m.arg is not None
     ]
+    row_cols += [f"{_snap(s)} AS {_q('__v_' + s.name)}" for s in plan.selections]
     if not row_cols:
         row_cols = ["1 AS __one"]
+
+    source, filters = _from(plan)
+    if resolved.unit is not None:
+        filters.insert(0, f"{_total(resolved.unit)} IS NOT NULL")
+    for key, domain in zip(plan.keys, plan.domains, strict=True):
+        filters.append(_key_filter(_total(key.expr), domain))
     ctes = [
-        f"src AS (SELECT {', '.join(source)} FROM {_q(plan.table.name)})",
-        f"kept_rows AS (SELECT {', '.join(row_cols)} FROM src"
+        f"kept_rows AS (SELECT {', '.join(row_cols)} FROM {source}"
         + (f" WHERE {' AND '.join(filters)}" if filters else "")
-        + ")",
+        + ")"
     ]
     final_source = "kept_rows"
-    if unit is not None:
-        c = plan.contribution
-        by_row = ", ".join([_q(UNIT), *keys])
-        content = ", ".join([_q(UNIT), *keys, *values, str(seed)])
-        ctes.append(
-            f"ranked AS (SELECT *, row_number() OVER (PARTITION BY {by_row} "
-            f"ORDER BY hash({content})) AS __row FROM kept_rows)"
-        )
-        final_source = f"ranked WHERE __row <= {c.rows}"
-        if keys:
-            key_list = ", ".join(keys)
-            ctes.append(
-                f"grouped AS (SELECT *, dense_rank() OVER (PARTITION BY {_q(UNIT)} "
-                f"ORDER BY hash({_q(UNIT)}, {key_list}, {seed}), {key_list}) AS __group "
-                f"FROM ranked WHERE __row <= {c.rows})"
-            )
-            final_source = f"grouped WHERE __group <= {c.groups}"
+    if resolved.unit is not None:
+        more, final_source = bound_contributions(plan.contribution, keys, values, seed)
+        ctes += more
 
     outputs = [*keys, *(f"{_aggregate(m)} AS {_q(m.name)}" for m in plan.measurements)]
+    outputs += [f"{_histogram(s.name)} AS {_q(s.name)}" for s in plan.selections]
     sql = f"WITH {', '.join(ctes)} SELECT {', '.join(outputs)} FROM {final_source}"
     if keys:
         sql += f" GROUP BY {', '.join(keys)}"
-    return Rewritten(sql=sql, keys=len(keys), measurements=tuple(m.name for m in plan.measurements))
+    sql = _semijoins(sql, resolved)
+    names = tuple(m.name for m in plan.measurements) + tuple(s.name for s in plan.selections)
+    return Rewritten(sql=sql, keys=len(keys), measurements=names)
 
 
-def _used_columns(plan: Plan) -> list[Column]:
+def bound_contributions(
+    c: Contribution, keys: list[str], values: list[str], seed: int
+) -> tuple[list[str], str]:
+    """CTEs over ``kept_rows`` that keep at most ``c.rows`` rows per unit and
+    partition, in at most ``c.groups`` partitions per unit; and the source the
+    final aggregation reads. Runs after every join, so however a join
+    multiplies a unit's rows, what it contributes stays within the bounds."""
+    by_row = ", ".join([_q(UNIT), *keys])
+    content = ", ".join([_q(UNIT), *keys, *values, str(seed)])
+    ctes = [
+        f"ranked AS (SELECT *, row_number() OVER (PARTITION BY {by_row} "
+        f"ORDER BY hash({content})) AS __row FROM kept_rows)"
+    ]
+    source = f"ranked WHERE __row <= {c.rows}"
+    if keys:
+        key_list = ", ".join(keys)
+        ctes.append(
+            f"grouped AS (SELECT *, dense_rank() OVER (PARTITION BY {_q(UNIT)} "
+            f"ORDER BY hash({_q(UNIT)}, {key_list}, {seed}), {key_list}) AS __group "
+            f"FROM ranked WHERE __row <= {c.rows})"
+        )
+        source = f"grouped WHERE __group <= {c.groups}"
+    return ctes, source
+
+
+def _from(plan: Plan) -> tuple[str, list[str]]:
+    """The FROM clause and the filters left for WHERE."""
     resolved = plan.checked.resolved
-    names: dict[str, Column] = {k.name: k for k in plan.keys}
-    trees = [m.arg for m in plan.measurements if m.arg is not None]
-    if plan.checked.where is not None:
-        trees.append(plan.checked.where)
+    trees = [k.expr for k in plan.keys]
+    trees += [m.arg for m in plan.measurements if m.arg is not None]
+    trees += [s.arg for s in plan.selections]
+    conjuncts = _conjuncts(plan.checked.where) if plan.checked.where is not None else []
+    if resolved.unit is not None:
+        trees.append(resolved.unit)
+    return _reads(resolved.scans, conjuncts, _used(resolved, trees + conjuncts))
+
+
+def _used(resolved: Resolved, trees: list[exp.Expression]) -> dict[str, dict[str, Column]]:
+    """The declared columns each scan must read, semi-joins' scans included."""
+    scans = list(resolved.scans) + [s for j in resolved.semijoins for s in j.scans]
+    trees = trees + [s.on for s in scans if s.on is not None]
+    for j in resolved.semijoins:
+        trees += [j.lhs, j.value] + ([j.where] if j.where is not None else [])
+    used: dict[str, dict[str, Column]] = {s.name: {} for s in scans}
     for tree in trees:
         for node in tree.find_all(exp.Column):
-            col = resolved.columns[id(node)]
-            names.setdefault(col.name, col)
-    return list(names.values())
+            col = resolved.column(node)
+            if col is not None and node.table in used and node.name != PRESENT:
+                used[node.table].setdefault(col.name, col)
+    return used
+
+
+def _reads(
+    scans: tuple[Scan, ...], conjuncts: list[exp.Expression], used: dict[str, dict[str, Column]]
+) -> tuple[str, list[str]]:
+    """Each scan reads its used columns, typed and clamped; each filter goes to the
+    inner join that completes it, else to WHERE."""
+    order = {s.name: i for i, s in enumerate(scans)}
+    placed: dict[str, list[str]] = {s.name: [] for s in scans}
+    where: list[str] = []
+    for conj in conjuncts:
+        last = max((order[c.table] for c in conj.find_all(exp.Column) if c.table in order),
+                   default=0)  # fmt: skip
+        scan = scans[last]
+        (placed[scan.name] if scan.kind == "inner" else where).append(f"({_total(conj)})")
+    parts = []
+    for scan in scans:
+        cols = [f"{_project(c)} AS {_q(c.name)}" for c in used[scan.name].values()]
+        if scan.kind == "left":
+            cols.append(f"TRUE AS {_q(PRESENT)}")
+        columns = ", ".join(cols) or "1 AS __one"
+        read = f"(SELECT {columns} FROM {_q(scan.table.name)}) AS {_q(scan.name)}"
+        if scan.kind == "from":
+            parts.append(read)
+        elif scan.kind == "left":
+            parts.append(f"LEFT JOIN {read} ON {_total(scan.on) if scan.on else 'TRUE'}")
+        else:
+            parts.append(f"JOIN {read} ON {' AND '.join(placed[scan.name]) or 'TRUE'}")
+    return " ".join(parts), where
+
+
+def _semijoins(sql: str, resolved: Resolved) -> str:
+    """Each semi-join's stand-in column replaced by its ``IN (SELECT …)``; inner
+    semi-joins come first in the list, so one pass in reverse expands them all."""
+    used = _used(resolved, [])
+    for j in reversed(resolved.semijoins):
+        source, where = _reads(j.scans, [j.where] if j.where is not None else [], used)
+        if j.exists or any(not scan.table.public for scan in j.scans):
+            # Over private rows a NULL in the set would turn NOT IN to NULL for every
+            # row, letting one unit's NULL decide other units' rows: NULLs are left out.
+            where.append(f"({_total(j.value)}) IS NOT NULL")
+        inner = f"SELECT {_total(j.value)} FROM {source}"
+        if where:
+            inner += f" WHERE {' AND '.join(where)}"
+        test = f"({_total(j.lhs)}) IN ({inner})"
+        token = _total(exp.column(j.name, table=SEMI))
+        sql = sql.replace(token, f"COALESCE({test}, FALSE)" if j.exists else f"({test})")
+    return sql
+
+
+def _conjuncts(cond: exp.Expression) -> list[exp.Expression]:
+    while isinstance(cond, exp.Paren):
+        cond = cond.this
+    if isinstance(cond, exp.And):
+        return _conjuncts(cond.this) + _conjuncts(cond.expression)
+    return [cond]
+
+
+def _key_filter(key: str, domain: KeyDomain) -> str:
+    if domain.span is not None:
+        return f"({key}) BETWEEN {domain.span[0]} AND {domain.span[1]}"
+    values = ", ".join(exp.convert(v).sql(dialect=DIALECT) for v in domain.values)
+    return f"({key}) IN ({values})"
+
+
+def _snap(s: Selection) -> str:
+    """The index of the grid candidate nearest to the clamped value; NULL stays NULL."""
+    g = s.grid
+    value = _clamp(f"TRY_CAST({_total(s.arg)} AS DOUBLE)", Interval(g.lo, g.hi, False))
+    lo, step = _number(g.lo, False), _number(g.step, False)
+    index = f"CAST(ROUND(({value} - {lo}) / {step}) AS BIGINT)"
+    return (
+        f"(CASE WHEN {value} IS NULL THEN NULL ELSE LEAST(GREATEST({index}, 0), {g.size - 1}) END)"
+    )
+
+
+def _histogram(name: str) -> str:
+    v = _q("__v_" + name)
+    return f"histogram({v}) FILTER (WHERE {v} IS NOT NULL)"
 
 
 def _project(col: Column) -> str:
@@ -130,6 +237,12 @@ def _project(col: Column) -> str:
     value = f"TRY_CAST({_q(col.name)} AS {SQL_TYPES[col.type]})"
     if col.type in ("int", "float") and col.lower is not None:
         return _clamp(value, Interval(col.lower, col.upper, col.type == "int"))
+    if col.dates is not None:
+        lo, hi = (f"CAST('{d.isoformat()}' AS DATE)" for d in col.dates)
+        return (
+            f"(CASE WHEN {value} IS NULL THEN NULL WHEN {value} < {lo} THEN {lo} "
+            f"WHEN {value} > {hi} THEN {hi} ELSE {value} END)"
+        )
     return value
 
 
@@ -145,6 +258,8 @@ def _clamp(value: str, bounds: Interval) -> str:
 def _aggregate(m: Measurement) -> str:
     if m.kind == "count":
         return "COUNT(*)" if m.arg is None else f"COUNT({_q('__v_' + m.name)})"
+    if m.kind in ("count_distinct", "count_unit"):
+        return f"COUNT(DISTINCT {_q('__v_' + m.name)})"
     assert m.clamp is not None
     v = _q("__v_" + m.name)
     if m.clamp.integral:
@@ -172,7 +287,7 @@ def total(tree: exp.Expression) -> exp.Expression:
         if isinstance(node, exp.Literal) and not node.is_string and not node.is_int:
             return exp.cast(exp.Literal.string(node.this), exp.DataType.Type.DOUBLE)
         if isinstance(node, exp.Column):
-            return exp.column(node.name, quoted=True)
+            return exp.column(node.name, table=node.table or None, quoted=True)
         return node
 
     return tree.copy().transform(fix)

@@ -1,0 +1,149 @@
+"""Quantiles (MIN, MAX, MEDIAN, percentiles) by the exponential mechanism.
+
+The released value is one of a public grid of candidates spanning the
+declared bounds, chosen by OpenDP's noisy max over OpenDP's quantile scores
+(Smith 2011; ``make_quantile_score_candidates`` then ``make_noisy_max``).
+Each value is first snapped to its nearest candidate, so the data enters only
+as a histogram over candidate *indices*: the generated SQL counts rows per
+index, and the scores below are exactly those OpenDP's transformation gives
+for the vector of indices (tested against it). The score vector's
+sensitivity and the mechanism's privacy map are OpenDP's, never ours.
+
+A privacy unit changes the multiset of indices of each partition it touches;
+over all partitions the symmetric distance is at most ``distance``. The
+privacy loss of selecting in every partition is linear in the distance, so
+it is at most ``distance`` times OpenDP's ε for a distance of one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from functools import lru_cache
+
+import opendp.prelude as dp
+
+dp.enable_features("contrib")
+
+EXPONENTIAL = "exponential"
+GRID_POINTS = 1001  # candidates over a float range, or an int range wider than this
+_U64_MAX = 2**64 - 1
+_ALPHA_DEN = 10_000  # OpenDP's finest quantile granularity when the size is unknown
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Candidates ``lo + i*step`` for ``i`` in ``range(size)``, the last one capped at
+    ``hi``: every released value lies within the declared bounds."""
+
+    lo: float
+    hi: float
+    step: float
+    size: int
+    integral: bool
+
+    def value(self, index: int) -> int | float:
+        v = min(self.lo + index * self.step, self.hi)
+        return int(v) if self.integral else v
+
+
+def grid(lo: float, hi: float, integral: bool) -> Grid:
+    if integral:
+        lo, hi = math.floor(lo), math.ceil(hi)
+        step = max(1, math.ceil((hi - lo) / (GRID_POINTS - 1)))
+        return Grid(lo, hi, step, -(-(hi - lo) // step) + 1, True)
+    if hi == lo:
+        return Grid(lo, hi, 1.0, 1, False)
+    return Grid(lo, hi, (hi - lo) / (GRID_POINTS - 1), GRID_POINTS, False)
+
+
+@dataclass(frozen=True)
+class QuantileNoise:
+    """The exponential mechanism for one quantile level over ``size`` candidates."""
+
+    level: float
+    size: int
+    distance: int  # symmetric distance one unit can cause, summed over partitions
+    scale: float
+
+    @property
+    def mechanism(self) -> str:
+        return EXPONENTIAL
+
+    @property
+    def epsilon(self) -> float:
+        return _epsilon(self.level, self.size, self.distance, self.scale)
+
+    def select(self, histogram: Mapping[int, int]) -> int:
+        """The index of the candidate released for one partition."""
+        if self.size == 1:
+            return 0
+        return int(_noisy_min(self.scale)(scores(histogram, self.size, self.level)))
+
+
+def calibrate_quantile(level: float, size: int, distance: int, epsilon: float) -> QuantileNoise:
+    """The smallest scale whose OpenDP privacy map stays within ``epsilon``."""
+    if not (epsilon > 0 and math.isfinite(epsilon)):
+        raise ValueError("epsilon must be positive and finite")
+    if size == 1 or distance == 0:
+        return QuantileNoise(level, size, distance, 0.0)
+    score_sensitivity = _score_transformation(level).map(1)
+    scale = 2.0 * score_sensitivity * distance / epsilon
+    while _epsilon(level, size, distance, scale) > epsilon:
+        scale = math.nextafter(scale, math.inf)
+    return QuantileNoise(level, size, distance, scale)
+
+
+def alpha_fraction(level: float) -> tuple[int, int, int]:
+    """``(numerator, denominator, size_limit)`` as OpenDP derives them for ``level``
+    when the data size is unknown: the exact fraction if its denominator is
+    below 10,000, else the multiple of 1/10,000 just below."""
+    exact = Fraction(level)
+    if exact.denominator < _ALPHA_DEN:
+        num, den = exact.numerator, exact.denominator
+    else:
+        num, den = math.floor(level * _ALPHA_DEN), _ALPHA_DEN  # OpenDP truncates
+    return num, den, _U64_MAX // den
+
+
+def scores(histogram: Mapping[int, int], size: int, level: float) -> list[int]:
+    """OpenDP's quantile scores of the candidates ``0..size-1`` for a vector
+    holding ``histogram[i]`` copies of index ``i`` (lower is better)."""
+    num, den, limit = alpha_fraction(level)
+    n = sum(histogram.values())
+    out = []
+    below = 0
+    for i in range(size):
+        here = histogram.get(i, 0)
+        above = n - below - here
+        out.append(abs((den - num) * min(below, limit) - num * min(above, limit)))
+        below += here
+    return out
+
+
+def _epsilon(level: float, size: int, distance: int, scale: float) -> float:
+    if distance == 0 or size == 1:
+        return 0.0
+    per_unit = _noisy_min(scale).map(_score_transformation(level).map(1))
+    return math.nextafter(distance * per_unit, math.inf)
+
+
+@lru_cache(maxsize=64)
+def _score_transformation(level: float) -> dp.Transformation:
+    # The stability map depends on the level only; two candidates stand for any grid.
+    return dp.t.make_quantile_score_candidates(
+        dp.vector_domain(dp.atom_domain(T="i64")), dp.symmetric_distance(), [0, 1], level
+    )
+
+
+@lru_cache(maxsize=256)
+def _noisy_min(scale: float) -> dp.Measurement:
+    return dp.m.make_noisy_max(
+        dp.vector_domain(dp.atom_domain(T="u64")),
+        dp.linf_distance(T="u64"),
+        dp.max_divergence(),
+        scale=scale,
+        negate=True,
+    )

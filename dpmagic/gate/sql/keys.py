@@ -1,0 +1,102 @@
+"""The public values a GROUP BY key can take, from the query and policy alone.
+
+Every released partition must be known before the data is read, or the set
+of released keys would itself leak (a key seen only because one person has
+it). A key's values are public when they are: a column's declared
+``public_values``; true and false for a condition or a boolean column; the
+literal outcomes of a ``CASE`` or ``IF``; or every integer in the declared
+bounds of an integer expression (``age``, ``age // 10``). The SQL keeps only
+rows whose key is one of these values, and every one of them is released,
+empty or not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from sqlglot import exp
+
+from dpmagic.gate.errors import Refused
+
+if TYPE_CHECKING:
+    from dpmagic.gate.sql.bound import Interval
+    from dpmagic.gate.sql.check import GroupKey
+    from dpmagic.gate.sql.resolve import Resolved
+
+MAX_PARTITIONS = 100_000
+
+
+@dataclass(frozen=True)
+class KeyDomain:
+    """The released values of one key; ``span`` marks a whole integer range."""
+
+    values: tuple[object, ...]
+    span: tuple[int, int] | None = None
+
+
+BOOLEANS = KeyDomain((False, True))
+
+
+def key_domain(key: GroupKey, resolved: Resolved, iv: Interval | None) -> KeyDomain:
+    expr = _unparen(key.expr)
+    col = resolved.column(expr)
+    if col is not None and col.public_values is not None:
+        return KeyDomain(tuple(col.public_values))
+    if (col is not None and col.type == "bool") or isinstance(
+        expr, exp.Predicate | exp.Connector | exp.Not | exp.Boolean
+    ):
+        return BOOLEANS
+    literals = _literal_outcomes(expr, key.label)
+    if literals is not None:
+        return KeyDomain(literals)
+    if iv is not None and iv.finite and iv.integral:
+        lo, hi = int(iv.lo), int(iv.hi)
+        if hi - lo + 1 > MAX_PARTITIONS:
+            raise Refused(
+                f"GROUP BY {key.label} has {hi - lo + 1} possible values under the declared "
+                f"bounds; at most {MAX_PARTITIONS} are released at once"
+            )
+        return KeyDomain(tuple(range(lo, hi + 1)), (lo, hi))
+    what = "use a CASE of literals"
+    if col is not None:
+        what = f"declare public_values for {col.name!r}"
+    raise Refused(
+        f"GROUP BY {key.label}: its values are not public: {what}, or group by a bounded "
+        "integer or a condition (private keys are not released)"
+    )
+
+
+def _literal_outcomes(expr: exp.Expression, label: str) -> tuple[object, ...] | None:
+    """The values a CASE/IF of literals can give (NULL keys are never released)."""
+    if isinstance(expr, exp.Case):
+        branches = [b.args.get("true") for b in expr.args.get("ifs", [])]
+        branches.append(expr.args.get("default"))
+    elif isinstance(expr, exp.If):
+        branches = [expr.args.get("true"), expr.args.get("false")]
+    else:
+        return None
+    values: list[object] = []
+    for b in branches:
+        b = _unparen(b) if b is not None else None
+        if b is None or isinstance(b, exp.Null):
+            continue
+        if isinstance(b, exp.Boolean):
+            value: object = b.this
+        elif isinstance(b, exp.Literal):
+            value = b.this if b.is_string else (int(b.this) if b.is_int else float(b.this))
+        else:
+            return None
+        if value not in values:
+            values.append(value)
+    if not values:
+        raise Refused(f"GROUP BY {label}: every outcome is NULL")
+    if len({isinstance(v, str) for v in values}) > 1:
+        raise Refused(f"GROUP BY {label}: its outcomes mix text and numbers")
+    return tuple(values)
+
+
+def _unparen(node: exp.Expression) -> exp.Expression:
+    while isinstance(node, exp.Paren):
+        node = node.this
+    return node

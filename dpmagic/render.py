@@ -1,0 +1,119 @@
+"""HTML building blocks shared by the notebook views: tables, budget bars, a spend chart.
+
+Outputs are rendered by JupyterLab, classic Notebook, VS Code and nbconvert,
+light or dark. So colours come only from JupyterLab's CSS variables (with
+neutral fallbacks, never white or black), the layout is plain HTML and
+inline SVG (no script, no plotting library), and every piece stays readable
+when a front end strips the ``<style>`` block: hidden extras carry an inline
+``display:none`` and the essentials sit in ``title`` tooltips.
+
+Every string passed in is escaped here; callers hand over raw text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from html import escape
+
+MUTED = "color: var(--jp-ui-font-color2, inherit); opacity: 0.85; font-size: 0.9em"
+# Earlier spending, this query's share, and what is left.
+SPENT = "var(--jp-brand-color1, #1976d2)"
+THIS_QUERY = "var(--jp-warn-color1, #f57c00)"
+TRACK = "var(--jp-layout-color3, rgba(127, 127, 127, 0.3))"
+BAR_WIDTH_PX = 84
+
+# Scoped to .dpmagic so nothing leaks into the rest of the page. The interval
+# toggle is a <details> element: CSS alone opens the intervals, no ids needed,
+# so identical replies render to identical HTML (re-runs compare equal).
+STYLE = """<style>
+.dpmagic { font-variant-numeric: tabular-nums; }
+.dpmagic table { margin: 0.2em 0 0.3em 0; }
+.dpmagic th { text-align: right; }
+.dpmagic table.dpm-text th, .dpmagic table.dpm-text td { text-align: left; }
+.dpmagic td.dpm-noisy { cursor: help; text-decoration: underline dotted; }
+.dpmagic details.dpm-toggle { font-size: 0.85em; color: var(--jp-ui-font-color2, inherit); }
+.dpmagic details.dpm-toggle > summary { cursor: pointer; list-style: none; }
+.dpmagic details.dpm-toggle > summary::-webkit-details-marker { display: none; }
+.dpmagic details.dpm-toggle[open] > summary::before { content: "\\2212 "; }
+.dpmagic details.dpm-toggle:not([open]) > summary::before { content: "+ "; }
+.dpmagic details.dpm-toggle[open] ~ table .dpm-int { display: inline-block !important; }
+.dpmagic .dpm-int { color: var(--jp-ui-font-color2, inherit); font-size: 0.85em;
+  margin-left: 0.4em; white-space: nowrap; }
+.dpmagic .dpm-bar { display: inline-block; vertical-align: middle; height: 0.55em;
+  border-radius: 0.3em; overflow: hidden; margin: 0 0.5em 0 0.25em; }
+.dpmagic .dpm-bar > span { display: inline-block; height: 100%; vertical-align: top; }
+.dpmagic .dpm-muted { color: var(--jp-ui-font-color2, inherit); }
+.dpmagic svg text { fill: var(--jp-ui-font-color2, currentColor); font-size: 10px; }
+</style>"""
+
+
+def table(
+    headers: Sequence[str], rows: Iterable[Sequence[str]], *, raw: bool = False, text: bool = False
+) -> str:
+    """A plain table; cells are escaped unless ``raw`` (then the caller escaped them).
+
+    ``text`` left-aligns it: JupyterLab right-aligns every cell, which suits
+    numbers but not lists of names or SQL.
+    """
+    head = "".join(f"<th>{escape(h)}</th>" for h in headers)
+    body = "".join(
+        "<tr>" + "".join(c if raw else f"<td>{escape(c)}</td>" for c in row) + "</tr>"
+        for row in rows
+    )
+    opening = '<table class="dpm-text">' if text else "<table>"
+    return f"{opening}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def budget_bar(spent: float, limit: float, this_query: float = 0.0, label: str = "") -> str:
+    """A small horizontal bar: earlier spending, this query's share, what is left.
+
+    It is an ARIA meter with the numbers in its tooltip, so the picture is
+    never the only way to read them.
+    """
+    if not limit or limit <= 0:
+        return ""
+    before = _fraction(spent - this_query, limit)
+    now = _fraction(spent, limit) - before
+    tip = f"{label}: ε {spent:g} of {limit:g} spent".strip(": ")
+    return (
+        f'<span class="dpm-bar" role="meter" aria-valuemin="0" aria-valuemax="{limit:g}" '
+        f'aria-valuenow="{spent:g}" title="{escape(tip)}" '
+        f'style="width: {BAR_WIDTH_PX}px; background: {TRACK}">'
+        f'<span style="width: {before:.1%}; background: {SPENT}"></span>'
+        f'<span style="width: {now:.1%}; background: {THIS_QUERY}"></span>'
+        "</span>"
+    )
+
+
+def spend_chart(costs: Sequence[float], limit: float, title: str) -> str:
+    """Cumulative ε over a notebook's queries as a step line under its limit (inline SVG)."""
+    if not costs or limit <= 0:
+        return ""
+    width, height, pad = 320, 90, 14
+    top = max(limit, sum(costs))
+    step = (width - 2 * pad) / len(costs)
+
+    def y(value: float) -> float:
+        return height - pad - (height - 2 * pad) * value / top
+
+    points, total = [f"{pad:.1f},{y(0):.1f}"], 0.0
+    for i, cost in enumerate(costs):
+        total += cost
+        x0, x1 = pad + i * step, pad + (i + 1) * step
+        points += [f"{x0:.1f},{y(total):.1f}", f"{x1:.1f},{y(total):.1f}"]
+    limit_y = y(limit)
+    return (
+        f'<svg class="dpm-chart" role="img" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}"><title>{escape(title)}</title>'
+        f'<line x1="{pad}" x2="{width - pad}" y1="{limit_y:.1f}" y2="{limit_y:.1f}" '
+        f'stroke="{THIS_QUERY}" stroke-dasharray="4 3"/>'
+        f'<text x="{width - pad}" y="{limit_y - 3:.1f}" text-anchor="end">limit ε {limit:g}</text>'
+        f'<polyline fill="none" stroke="{SPENT}" stroke-width="2" points="{" ".join(points)}"/>'
+        f'<text x="{pad}" y="{height - 2}">query 1</text>'
+        f'<text x="{width - pad}" y="{height - 2}" text-anchor="end">{len(costs)}</text>'
+        "</svg>"
+    )
+
+
+def _fraction(part: float, whole: float) -> float:
+    return min(1.0, max(0.0, part / whole))
