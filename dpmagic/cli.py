@@ -379,12 +379,13 @@ def budget_rows(policy: Policy, datasets: list[str], user: str | None) -> list[d
     with _ledger(policy) as ledger:
         if ledger is None:
             return []
-        from dpmagic.gate.accounting import remaining
+        from dpmagic.gate.accounting import make_accountant
         from dpmagic.gate.ledger import WHOLE_USER
 
         rows: list[dict[str, object]] = []
         for name in datasets:
             ds = policy.datasets[name]
+            accountant = make_accountant(ds.accountant)
             seen: dict[str, set[str]] = {}
             for entry in ledger.history(user=user, dataset=name, notebook=None, limit=None):
                 notebooks = seen.setdefault(str(entry["user"]), set())
@@ -394,24 +395,25 @@ def budget_rows(policy: Policy, datasets: list[str], user: str | None) -> list[d
                 scopes = [(ALL_NOTEBOOKS, None, ds.user_budget)]
                 scopes += [(nb, nb, ds.notebook_budget) for nb in sorted(seen[who])]
                 for label, notebook, limit in scopes:
-                    spent = ledger.spent(who, name, notebook)
                     limit = ledger.limit(limit, who, name, notebook)
-                    used = ledger.accountant.as_budget(spent)
-                    left = remaining(ledger.accountant, spent, limit)
+                    view = accountant.view(ledger.spent(who, name, notebook), limit)
+                    used, left = view["spent"], view["remaining"]
                     row: dict[str, object] = {
                         "dataset": name,
                         "user": who,
                         "notebook": label,
-                        "spent_epsilon": used.epsilon,
+                        "spent_epsilon": used["epsilon"],
                         "limit_epsilon": limit.epsilon,
-                        "remaining_epsilon": left.epsilon,
+                        "remaining_epsilon": left["epsilon"],
                     }
-                    if policy.gate.accountant != "pure":
+                    if ds.accountant != "pure":
                         row.update(
-                            spent_delta=used.delta,
+                            spent_delta=used["delta"],
                             limit_delta=limit.delta,
-                            remaining_delta=left.delta,
+                            remaining_delta=left["delta"],
                         )
+                    if "rho" in used:
+                        row.update(spent_rho=used["rho"], remaining_rho=left["rho"])
                     rows.append(row)
         return rows
 

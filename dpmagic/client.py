@@ -116,12 +116,20 @@ class Gate:
         dry_run: bool = False,
         fresh: bool = False,
         params: dict[str, Any] | None = None,
+        accuracy: float | None = None,
+        alpha: float | None = None,
     ) -> DPResult:
-        """Run ``sql`` through the gate; the reply's cost is already charged."""
+        """Run ``sql`` through the gate; the reply's cost is already charged.
+
+        ``accuracy=A`` (with ``alpha``, default 0.05) asks instead of an ε for the
+        least cost at which every noisy cell's (1 - alpha) interval is ±A.
+        """
         body: dict[str, Any] = {"sql": sql, "dry_run": dry_run, "fresh": fresh}
         optional = {
             "epsilon": epsilon,
             "delta": delta,
+            "accuracy": accuracy,
+            "alpha": alpha,
             "dataset": dataset,
             "notebook": notebook,
             "params": params,

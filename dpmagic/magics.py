@@ -60,6 +60,8 @@ class QueryOptions:
     dry_run: bool = False
     fresh: bool = False
     out: str | None = None
+    accuracy: float | None = None
+    alpha: float | None = None
 
 
 FLAGS = {"--dry-run": "dry_run", "--fresh": "fresh"}
@@ -69,6 +71,8 @@ VALUED = {
     "-d": "delta",
     "--delta": "delta",
     "--dataset": "dataset",
+    "--accuracy": "accuracy",
+    "--alpha": "alpha",
     "-o": "out",
     "--out": "out",
 }
@@ -109,13 +113,15 @@ def parse_line(text: str) -> tuple[QueryOptions, str]:
 
 
 def _option_value(field: str, name: str, raw: str) -> float | str:
-    if field in ("epsilon", "delta"):
+    if field in ("epsilon", "delta", "accuracy", "alpha"):
         try:
             value = float(raw)
         except ValueError:
             raise UsageError(f"option {name} needs a number, not {raw!r}") from None
         if not (value > 0 or (field == "delta" and value == 0)) or value == float("inf"):
             raise UsageError(f"option {name} must be a positive number, not {raw!r}")
+        if field == "alpha" and value >= 1:
+            raise UsageError(f"option {name} must be between 0 and 1, not {raw!r}")
         return value
     if field == "out" and not IDENTIFIER.fullmatch(raw):
         raise UsageError(f"option {name} needs a Python variable name, not {raw!r}")
@@ -143,6 +149,10 @@ def _plain(name: str, value: Any) -> Any:
     if value is None or isinstance(value, bool | int | float | str):
         return value
     raise UsageError(f"parameter ${name} must be a number, a string, a boolean or None")
+
+
+def _first(*values: Any) -> Any:
+    return next((v for v in values if v is not None), None)
 
 
 def notebook_name(user_ns: dict[str, Any]) -> str:
@@ -226,13 +236,17 @@ class DpSql(Magics):
     def dpsql(self, line: str, cell: str | None = None) -> DPResult:
         """Run differentially private SQL through the gate and show the noisy answer.
 
-            %%dpsql [-e EPS] [-d DELTA] [--dataset NAME] [--dry-run] [--fresh] [-o VAR] [VAR <<]
+            %%dpsql [-e EPS | --accuracy A [--alpha 0.05]] [-d DELTA] [--dataset NAME]
+                    [--dry-run] [--fresh] [-o VAR] [VAR <<]
             SELECT ...
 
             %dpsql [options] SELECT ...
 
         -e/--epsilon EPS   privacy cost of this query (default: DpSql.epsilon, then the policy's)
         -d/--delta DELTA   δ of this query, for (ε, δ) accountants
+        --accuracy A       instead of an ε: spend the least that makes every noisy
+                           cell's interval ±A (COUNT and SUM outputs)
+        --alpha ALPHA      the interval's level for --accuracy: 1 - ALPHA (default 0.05)
         --dataset NAME     dataset to query (default: DpSql.dataset, then the gate's only one)
         --dry-run          show the plan and what it would cost; nothing is charged
         --fresh            spend again instead of replaying a stored answer
@@ -254,6 +268,11 @@ class DpSql(Magics):
         target = opts.out or target
         if not sql.strip():
             raise UsageError("no SQL to run; write the query after %dpsql or below %%dpsql")
+        if opts.alpha is not None and opts.accuracy is None:
+            raise UsageError("--alpha goes with --accuracy")
+        if opts.accuracy is not None and opts.epsilon is not None:
+            raise UsageError("give -e or --accuracy, not both")
+        epsilon = None if opts.accuracy is not None else _first(opts.epsilon, self.epsilon)
         sql, as_strings = bind_templates(sql)
         params = self._parameters(sql, as_strings)
         notebook = self.notebook
@@ -263,13 +282,15 @@ class DpSql(Magics):
                 client,
                 lambda: client.query(
                     sql,
-                    epsilon=opts.epsilon if opts.epsilon is not None else self.epsilon,
+                    epsilon=epsilon,
                     delta=opts.delta if opts.delta is not None else self.delta,
                     dataset=opts.dataset or self.dataset,
                     notebook=notebook,
                     dry_run=opts.dry_run,
                     fresh=opts.fresh,
                     params=params or None,
+                    accuracy=opts.accuracy,
+                    alpha=opts.alpha,
                 ),
             )
         result.display_limit = self.displaylimit or None

@@ -159,16 +159,31 @@ class DPResult:
         return f"{text}\n{self.footer()}"
 
 
-PLAN_HEADERS = ("aggregate", "sensitivity", "mechanism", "scale", "ε")
+PLAN_HEADERS = (
+    "aggregate",
+    "bounds",
+    "sensitivity",
+    "mechanism",
+    "scale",
+    "cost",
+    "95% error ±",
+    "public keys",
+)
 
 
 def _plan_row(step: dict[str, Any]) -> list[str]:
+    bounds = step.get("bounds")
+    cost = step.get("cost") or {"epsilon": step.get("epsilon")}
+    keys = step.get("keys") or []
     return [
         str(step.get("aggregate", "")),
-        format_exact(step.get("sensitivity")),
+        f"[{format_exact(bounds[0])}, {format_exact(bounds[1])}]" if bounds else "",
+        f"{format_exact(step.get('sensitivity'))} {step.get('norm', '')}".strip(),
         str(step.get("mechanism", "")),
         format_exact(step.get("scale")),
-        format_exact(step.get("epsilon")),
+        f"ρ={format_exact(cost['rho'])}" if "rho" in cost else f"ε={format_exact(cost['epsilon'])}",
+        format_exact(step.get("accuracy")),
+        ", ".join(f"{k['column']} ({k['values']})" for k in keys if k.get("public")),
     ]
 
 

@@ -58,18 +58,22 @@ class TranscriptGate:
         dry_run: bool = False,
         fresh: bool = False,
         params: dict[str, Any] | None = None,
+        accuracy: float | None = None,
+        alpha: float | None = None,
     ) -> DPResult:
         """The stored answer to this exact request, marked replayed; ``fresh``
         cannot spend anything here, so it replays too."""
         name = self._dataset(dataset)
-        default = self.datasets[name]["query_default"]
-        request = {
+        facts = self.datasets[name]
+        request: dict[str, Any] = {
             "dataset": name,
             "sql": sql,
-            "epsilon": float(epsilon if epsilon is not None else default["epsilon"]),
-            "delta": float(delta if delta is not None else 0.0),
+            "epsilon": float(epsilon if epsilon is not None else facts["query_default"]["epsilon"]),
+            "delta": float(delta if delta is not None else _default_delta(facts)),
             "params": params or {},
         }
+        if accuracy is not None:
+            request.update(accuracy=float(accuracy), alpha=float(alpha or 0.05))
         stored = self._answers.get(_key(request))
         if stored is None:
             raise QueryRefused(
@@ -117,6 +121,14 @@ class TranscriptGate:
         if name not in self.datasets:
             raise QueryRefused(f"the transcript has no answers about dataset {name!r}")
         return name
+
+
+def _default_delta(facts: dict[str, Any]) -> float:
+    """The δ the gate fills in for a query that names none (see the gate's engine)."""
+    delta = facts["query_default"].get("delta", 0.0)
+    if delta or facts.get("accountant") != "zcdp":
+        return delta
+    return facts["notebook_budget"]["delta"]
 
 
 def _key(request: dict[str, Any]) -> str:

@@ -116,7 +116,7 @@ class HalvedSensitivity(Engine):
             measurements=tuple(
                 dataclasses.replace(
                     m,
-                    noise=calibrate(m.noise.sensitivity // 2, m.epsilon, m.noise.granularity),
+                    noise=calibrate(m.noise.sensitivity // 2, m.cost.epsilon, m.noise.granularity),
                 )
                 for m in p.measurements
             ),

@@ -199,7 +199,7 @@ def test_plan_splits_epsilon_over_distinct_measurements():
     p = make_plan("SELECT AVG(age), SUM(age), COUNT(age), COUNT(*) FROM t", DS, epsilon=0.9)
     # AVG(age) is SUM(age) and COUNT(age): shared with the other two, plus COUNT(*).
     assert sorted(m.label for m in p.measurements) == ["COUNT(*)", "COUNT(age)", "SUM(age)"]
-    assert all(m.epsilon == pytest.approx(0.3) for m in p.measurements)
+    assert all(m.cost.epsilon == pytest.approx(0.3) for m in p.measurements)
     assert sum(m.noise.epsilon for m in p.measurements) <= 0.9 + 1e-12
     assert p.cost.epsilon == 0.9
 

@@ -154,9 +154,12 @@ def test_dry_run_shows_the_plan_and_charges_nothing():
         reply(rows=[], dry_run=True, plan=plan, accuracy={"alpha": 0.05, "columns": []})
     )
     html = result._repr_html_()
-    for header in ("aggregate", "sensitivity", "mechanism", "scale", "ε"):
+    for header in ("aggregate", "bounds", "sensitivity", "mechanism", "scale", "cost"):
         assert f"<th>{header}</th>" in html
-    assert "<td>SUM(age)</td><td>200</td><td>discrete_laplace</td><td>800</td><td>0.25</td>" in html
+    row = (
+        "<td>SUM(age)</td><td></td><td>200</td><td>discrete_laplace</td><td>800</td><td>ε=0.25</td>"
+    )
+    assert row in html
     assert "dry run: nothing charged; it would spend ε 0.5" in html
     text = repr(result)
     assert "COUNT(*)" in text and "dry run: nothing charged" in text

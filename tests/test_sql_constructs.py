@@ -158,7 +158,7 @@ def test_variance_is_made_of_a_count_and_centred_sums():
     assert labels == ["COUNT(age)", "SUM((age - 50)^2)", "SUM(age - 50)", "SUM(age)"]
     square = next(m for m in p.measurements if "^2" in m.label)
     assert (square.clamp.lo, square.clamp.hi) == (0, 2500)
-    assert all(m.epsilon == pytest.approx(0.25) for m in p.measurements)
+    assert all(m.cost.epsilon == pytest.approx(0.25) for m in p.measurements)
 
 
 def test_quantiles_are_selections_over_a_grid_of_the_bounds():

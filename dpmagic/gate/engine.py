@@ -15,7 +15,8 @@ import logging
 import math
 from dataclasses import dataclass, replace
 
-from dpmagic.gate.accounting import AccountantError, make_accountant, remaining
+from dpmagic.gate.accounting import AccountantError, Cost, make_accountant
+from dpmagic.gate.calibration import REPORT_ALPHA, Accuracy
 from dpmagic.gate.errors import BadRequest, Failed, GateError
 from dpmagic.gate.ledger import Ledger
 from dpmagic.gate.policy import Dataset, Policy, PolicyError
@@ -48,6 +49,8 @@ class QueryRequest:
     dry_run: bool
     fresh: bool
     params: dict[str, object]
+    accuracy: float | None = None
+    alpha: float = REPORT_ALPHA
 
     @classmethod
     def from_body(cls, body: object) -> QueryRequest:
@@ -62,6 +65,8 @@ class QueryRequest:
             "dry_run",
             "fresh",
             "params",
+            "accuracy",
+            "alpha",
         }
         if unknown:
             raise BadRequest(f"unknown field {sorted(unknown)[0]!r}")
@@ -77,6 +82,16 @@ class QueryRequest:
         params = body.get("params") or {}
         if not isinstance(params, dict):
             raise BadRequest("`params` must be an object")
+        accuracy = _number(body, "accuracy")
+        if accuracy == 0:
+            raise BadRequest("`accuracy` must be positive")
+        alpha = _number(body, "alpha")
+        if alpha is not None and not 0 < alpha < 1:
+            raise BadRequest("`alpha` must be between 0 and 1")
+        if alpha is not None and accuracy is None:
+            raise BadRequest("`alpha` goes with `accuracy`")
+        if accuracy is not None and body.get("epsilon") is not None:
+            raise BadRequest("ask with `epsilon` or with `accuracy`, not both")
         return cls(
             sql=sql,
             dataset=dataset,
@@ -86,19 +101,25 @@ class QueryRequest:
             dry_run=_flag(body, "dry_run"),
             fresh=_flag(body, "fresh"),
             params=params,
+            accuracy=accuracy,
+            alpha=REPORT_ALPHA if alpha is None else alpha,
         )
 
 
 class Engine:
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
-        self.accountant = make_accountant(policy.gate.accountant)
+        self.accountants = {
+            name: make_accountant(ds.accountant) for name, ds in policy.datasets.items()
+        }
         # Data first: a policy whose files are missing fails before any state is written.
         self.databases = {name: Database(ds, policy.gate) for name, ds in policy.datasets.items()}
         # A public table's contents are public: its columns' values become known keys.
         datasets = {n: self.databases[n].public_keys(ds) for n, ds in policy.datasets.items()}
         self.policy = policy = replace(policy, datasets=datasets)
-        self.ledger = Ledger(policy.gate.state_dir / "ledger.sqlite3", self.accountant)
+        self.ledger = Ledger(
+            policy.gate.state_dir / "ledger.sqlite3", make_accountant(policy.gate.accountant)
+        )
 
     def close(self) -> None:
         for db in self.databases.values():
@@ -107,11 +128,15 @@ class Engine:
 
     def analyse(self, dataset: Dataset, request: QueryRequest) -> Plan:
         """Every check that can refuse a query; touches no data, costs nothing."""
+        accountant = self.accountants[dataset.name]
         epsilon, delta = _asked(dataset, request)
+        accuracy = None
+        if request.accuracy is not None:
+            accuracy = Accuracy(request.accuracy, request.alpha)
         parsed = parse(request.sql, request.params)  # type: ignore[arg-type]
         checked = check(resolve(parsed, dataset))
         try:
-            return plan(bound(checked), epsilon, delta, self.accountant)
+            return plan(bound(checked), epsilon, delta, accountant, accuracy)
         except AccountantError as exc:
             raise BadRequest(str(exc)) from None
 
@@ -134,6 +159,11 @@ class Engine:
                 "params": request.params,
                 "epsilon": eps,
                 "delta": delta,
+                **(
+                    {"accuracy": request.accuracy, "alpha": request.alpha}
+                    if request.accuracy is not None
+                    else {}
+                ),
             },
         }
         if request.dry_run:
@@ -166,11 +196,13 @@ class Engine:
             notebook_limit=dataset.notebook_budget,
             sql=request.sql,
             replay_key=key,
+            accountant=self.accountants[dataset.name],
         )
         try:
             rewritten = rewrite(the_plan)
             exact = self.databases[dataset.name].run(rewritten.sql)
-            released = release(noise(the_plan, rewritten, exact))
+            alpha = REPORT_ALPHA if the_plan.accuracy is None else the_plan.accuracy.alpha
+            released = release(noise(the_plan, rewritten, exact), alpha)
         except GateError as exc:
             self.ledger.record_failure(charge)
             raise Failed(exc.message) if not isinstance(exc, Failed) else exc from None
@@ -209,7 +241,6 @@ class Engine:
     def schema(self, dataset: str | None) -> dict[str, object]:
         ds = self._dataset(dataset)
         out = ds.as_dict()
-        out["accountant"] = self.accountant.name
         out["datasets"] = sorted(self.policy.datasets)
         return out
 
@@ -232,6 +263,7 @@ class Engine:
             "sql": the_plan.checked.resolved.canonical,
             "params": request.params,
             "cost": the_plan.cost.as_dict(),
+            "accuracy": None if the_plan.accuracy is None else vars(the_plan.accuracy),
             "mechanisms": [m.noise.mechanism for m in the_plan.measurements]
             + [s.noise.mechanism for s in the_plan.selections],
         }
@@ -243,19 +275,15 @@ def budget_views(
     ledger: Ledger, user: str, dataset: Dataset, notebook: str
 ) -> dict[str, dict[str, dict[str, float]]]:
     """The ``budget`` object of a reply: the user's and the notebook's spent,
-    limit (with grants) and remaining."""
+    limit (with grants) and remaining, as the dataset's accountant states them."""
+    accountant = make_accountant(dataset.accountant)
     views = {}
     for scope, limit, nb in (
         ("user", dataset.user_budget, None),
         ("notebook", dataset.notebook_budget, notebook),
     ):
         spent = ledger.spent(user, dataset.name, nb)
-        limit = ledger.limit(limit, user, dataset.name, nb)
-        views[scope] = {
-            "spent": ledger.accountant.as_budget(spent).as_dict(),
-            "limit": limit.as_dict(),
-            "remaining": remaining(ledger.accountant, spent, limit).as_dict(),
-        }
+        views[scope] = accountant.view(spent, ledger.limit(limit, user, dataset.name, nb))
     user_left = views["user"]["remaining"]
     nb_view = views["notebook"]
     # A notebook draws on the user's budget: it can never have more left than the user.
@@ -279,30 +307,58 @@ def history_entries(rows: list[dict[str, object]]) -> list[dict[str, object]]:
 
 
 def _plan_summary(the_plan: Plan) -> list[dict[str, object]]:
-    return [
+    """The plan per measurement, all of it public: bounds, sensitivity, mechanism,
+    scale, cost, the expected 95% error, and where the group keys come from."""
+    keys = [
         {
+            "column": k.label,
+            "public": True,
+            "values": len(d.values),
+            "source": "integer range" if d.span else "declared values",
+        }
+        for k, d in zip(the_plan.keys, the_plan.domains, strict=True)
+    ]
+    steps = []
+    for m in the_plan.measurements:
+        step: dict[str, object] = {
             "aggregate": m.label,
+            "kind": m.kind,
+            "bounds": None if m.clamp is None else [m.clamp.lo, m.clamp.hi],
             "sensitivity": m.sensitivity,
+            "norm": "L2" if m.noise.mechanism.endswith("gaussian") else "L1",
             "mechanism": m.noise.mechanism,
             "scale": m.scale,
-            "epsilon": m.epsilon,
-            "accuracy": m.noise.half_width(0.05) if m.noise.sensitivity else 0.0,
+            "epsilon": m.cost.epsilon,
+            "cost": _cost_dict(m.cost),
+            "accuracy": m.noise.half_width(REPORT_ALPHA),
             "partitions": len(the_plan.partitions),
+            "keys": keys,
             "contribution": {
                 "groups": the_plan.contribution.groups,
                 "rows": the_plan.contribution.rows,
             },
         }
-        for m in the_plan.measurements
-    ] + [
+        if the_plan.accuracy is not None:
+            step["requested"] = {
+                "accuracy": the_plan.accuracy.half_width,
+                "alpha": the_plan.accuracy.alpha,
+                "half_width": m.noise.half_width(the_plan.accuracy.alpha),
+            }
+        steps.append(step)
+    return steps + [
         {
             "aggregate": s.label,
+            "kind": "quantile",
+            "bounds": [s.grid.lo, s.grid.hi],
             "sensitivity": s.sensitivity,
+            "norm": "symmetric",
             "mechanism": s.noise.mechanism,
             "scale": s.scale,
             "epsilon": s.epsilon,
+            "cost": {"epsilon": s.epsilon, "delta": 0.0},
             "candidates": s.grid.size,
             "partitions": len(the_plan.partitions),
+            "keys": keys,
             "contribution": {
                 "groups": the_plan.contribution.groups,
                 "rows": the_plan.contribution.rows,
@@ -312,10 +368,25 @@ def _plan_summary(the_plan: Plan) -> list[dict[str, object]]:
     ]
 
 
+def _cost_dict(cost: Cost) -> dict[str, float]:
+    out = {"epsilon": cost.epsilon, "delta": cost.delta}
+    if cost.rho and math.isfinite(cost.rho):
+        out["rho"] = cost.rho
+    return out
+
+
+def _default_delta(dataset: Dataset) -> float:
+    """A query's δ when it names none: the policy's default, and under zCDP (where δ
+    only states a cost in (ε, δ)) the notebook budget's δ."""
+    if dataset.query_default.delta or dataset.accountant != "zcdp":
+        return dataset.query_default.delta
+    return dataset.notebook_budget.delta
+
+
 def _asked(dataset: Dataset, request: QueryRequest) -> tuple[float, float]:
     """The (ε, δ) a query is asked at: the request's, else the policy's default."""
     epsilon = request.epsilon if request.epsilon is not None else dataset.query_default.epsilon
-    return epsilon, request.delta if request.delta is not None else 0.0
+    return epsilon, request.delta if request.delta is not None else _default_delta(dataset)
 
 
 def _number(body: dict, key: str) -> float | None:

@@ -9,8 +9,11 @@ remaining budget and both spend it. ``synchronous=FULL`` makes the commit
 reach the disk before the debit returns, so a result is never released on a
 charge a crash could forget.
 
-Costs are stored in the accountant's units (ε, δ and ρ) and only the
-accountant adds them up, so a new accountant needs no change here.
+Each charge is stored as ε, δ and ρ, each a sound bound on its release, and
+spends compose by adding each of them up (``accounting.compose``). Only the
+check against a limit depends on the accountant, which each debit names: a
+gate may serve datasets under different accountants, and a dataset whose
+accountant changes keeps every past charge counted.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import threading
 from datetime import UTC, datetime
 from pathlib import Path
 
-from dpmagic.gate.accounting import Accountant, Cost, remaining
+from dpmagic.gate.accounting import Accountant, Cost, compose
 from dpmagic.gate.errors import OverBudget
 from dpmagic.gate.policy import Budget
 
@@ -72,7 +75,7 @@ class Ledger:
 
     def __init__(self, path: Path, accountant: Accountant) -> None:
         self.path = Path(path)
-        self.accountant = accountant
+        self.accountant = accountant  # for debits that name none
         _private_file(self.path)
         self._lock = threading.Lock()
         self._db = sqlite3.connect(
@@ -103,25 +106,27 @@ class Ledger:
         notebook_limit: Budget,
         sql: str,
         replay_key: str | None,
+        accountant: Accountant | None = None,
     ) -> int:
         """Charge ``cost`` durably, or raise OverBudget having written nothing."""
+        acc = accountant or self.accountant
         with self._lock, self._transaction():
             user_limit = self._limit(user_limit, user, dataset, None)
             notebook_limit = self._limit(notebook_limit, user, dataset, notebook)
             spent_user = self._spent(user, dataset, None)
             spent_nb = self._spent(user, dataset, notebook)
-            need = self.accountant.as_budget(cost)
-            show_delta = bool(need.delta or user_limit.delta or notebook_limit.delta)
-            user_left = _text(remaining(self.accountant, spent_user, user_limit), show_delta)
-            if not self.accountant.fits(spent_user, cost, user_limit):
+            show_delta = bool(cost.delta or user_limit.delta or notebook_limit.delta)
+            need = acc.describe(cost)
+            user_left = _left(acc, spent_user, user_limit, show_delta)
+            if not acc.fits(spent_user, cost, user_limit):
                 raise OverBudget(
-                    f"needs {_text(need, show_delta)} but only {user_left} is left "
-                    f"for user {user} on dataset {dataset!r}"
+                    f"needs {need} but only {user_left} is left for user {user} on dataset "
+                    f"{dataset!r}"
                 )
-            if not self.accountant.fits(spent_nb, cost, notebook_limit):
-                nb_left = _text(remaining(self.accountant, spent_nb, notebook_limit), show_delta)
+            if not acc.fits(spent_nb, cost, notebook_limit):
+                nb_left = _left(acc, spent_nb, notebook_limit, show_delta)
                 raise OverBudget(
-                    f"needs {_text(need, show_delta)} but only {nb_left} is left "
+                    f"needs {need} but only {nb_left} is left "
                     f"for notebook {notebook!r} ({user_left} left for user {user})"
                 )
             cursor = self._db.execute(
@@ -213,7 +218,8 @@ class Ledger:
                 where.append(f"{column} = ?")
                 args.append(value)
         sql = (
-            "SELECT id, time, user, dataset, notebook, sql, epsilon, delta, status FROM entries"
+            "SELECT id, time, user, dataset, notebook, sql, epsilon, delta, rho, status"
+            " FROM entries"
             + (" WHERE " + " AND ".join(where) if where else "")
             + " ORDER BY id DESC"
         )
@@ -237,7 +243,7 @@ class Ledger:
         sql += f" AND status IN ({', '.join('?' for _ in _SPENDING)})"
         args.extend(_SPENDING)
         rows = self._db.execute(sql, args).fetchall()
-        return self.accountant.compose(Cost(r["epsilon"], r["delta"], r["rho"]) for r in rows)
+        return compose(Cost(r["epsilon"], r["delta"], r["rho"]) for r in rows)
 
     # Admin actions (``dpmagic budget grant|reset``). A grant raises a limit by
     # an (ε, δ) amount; a reset forgets what was spent and granted before it.
@@ -334,10 +340,14 @@ def _private_file(path: Path) -> None:
     os.close(fd)
 
 
-def _text(amount: Budget, show_delta: bool) -> str:
-    """``ε=0.5`` (and ``, δ=1e-06`` where δ is in play) for refusal messages."""
-    text = f"ε={amount.epsilon:.6g}"
-    return text + f", δ={amount.delta:.3g}" if show_delta else text
+def _left(accountant: Accountant, spent: Cost, limit: Budget, show_delta: bool) -> str:
+    """``ε=0.5`` (``, δ=1e-06`` where δ is in play; ``ρ=…`` first under zCDP) for
+    refusal messages."""
+    left = accountant.view(spent, limit)["remaining"]
+    text = f"ε={left['epsilon']:.6g}"
+    if show_delta:
+        text += f", δ={left['delta']:.3g}"
+    return f"ρ={left['rho']:.6g} ({text})" if "rho" in left else text
 
 
 def _now() -> str:

@@ -2,16 +2,21 @@
 
 Every released number is an integer on a grid before noise is added: counts
 are integers, sums are integers in units of ``2**k`` (the rewrite rounds each
-value to that grid before summing). Noise is therefore always discrete
-Laplace on the integers, drawn by OpenDP. For a float aggregate this is the
-granular Laplace mechanism of OpenDP's float ``make_laplace`` with ``k``: it
-too rounds to the ``2**k`` grid and adds integer discrete Laplace noise, so
-the floating-point attacks on textbook Laplace (Mironov 2012) do not apply.
+value to that grid before summing). Noise is therefore always integer noise
+drawn by OpenDP: discrete Laplace (pure and approximate DP) or discrete
+Gaussian (zCDP). For a float aggregate this is the granular mechanism of
+OpenDP's float ``make_laplace``/``make_gaussian`` with ``k``: it too rounds to
+the ``2**k`` grid and adds integer noise, so the floating-point attacks on
+textbook Laplace (Mironov 2012) do not apply.
 
 The exact integer may exceed 64 bits (sums are computed as 128-bit
 integers), so a zero-centred sample is drawn and added in Python's exact
-integer arithmetic; discrete Laplace is shift-invariant on the integers, so
-this is the same distribution as noising the value itself.
+integer arithmetic; both distributions are shift-invariant on the integers,
+so this is the same distribution as noising the value itself.
+
+Privacy maps and accuracy figures are OpenDP's too: a scale is chosen from a
+closed form and then nudged until OpenDP's own (conservatively rounded) map
+or accuracy function agrees.
 """
 
 from __future__ import annotations
@@ -21,7 +26,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import opendp.prelude as dp
-from opendp.accuracy import discrete_laplacian_scale_to_accuracy
+from opendp.accuracy import (
+    accuracy_to_discrete_gaussian_scale,
+    accuracy_to_discrete_laplacian_scale,
+    discrete_gaussian_scale_to_accuracy,
+    discrete_laplacian_scale_to_accuracy,
+)
 
 from dpmagic.gate.errors import Refused
 from dpmagic.gate.fast_noise import discrete_laplace, exact_scale
@@ -30,6 +40,8 @@ dp.enable_features("contrib")
 
 DISCRETE_LAPLACE = "discrete_laplace"
 GRANULAR_LAPLACE = "granular_laplace"
+DISCRETE_GAUSSIAN = "discrete_gaussian"
+GRANULAR_GAUSSIAN = "granular_gaussian"
 _I64_MAX = 2**63 - 1
 # OpenDP's integer samples saturate at the i64 limits, and a saturated draw added to
 # the exact value would give that value away. Below this scale (in grid units) a
@@ -58,7 +70,12 @@ class LaplaceNoise:
     @property
     def epsilon(self) -> float:
         """The ε OpenDP's privacy map proves for this sensitivity and scale."""
-        return _privacy_map(self.scale, self.sensitivity)
+        return _laplace_map(self.scale, self.sensitivity)
+
+    @property
+    def rho(self) -> float:
+        """ε-DP implies (ε²/2)-zCDP (Bun and Steinke 2016, Proposition 1.4)."""
+        return self.epsilon * self.epsilon / 2  # inf, not an error, for huge ε
 
     def sample(self, size: int) -> list[int]:
         """``size`` independent zero-centred integer noise draws; long vectors from the
@@ -68,57 +85,204 @@ class LaplaceNoise:
         exact = exact_scale(self.scale) if size >= FAST_NOISE_CELLS else None
         if exact is not None:
             return discrete_laplace(*exact, size).tolist()
-        return list(_vector_measurement(self.scale)([0] * size))
+        return list(_laplace_vector(self.scale)([0] * size))
 
     def half_width(self, alpha: float) -> float:
         """Half-width of an interval that holds the noise with probability ≥ 1-alpha, in
         released units."""
-        accuracy = discrete_laplacian_scale_to_accuracy(self.scale, alpha)
-        if not math.isfinite(accuracy):
-            # OpenDP's formula underflows at scales below ~1e-3, where a draw is
-            # non-zero with probability about 2e**-1000: the interval is the point.
-            accuracy = 0.0
-        units = math.floor(accuracy)
-        return units * self.granularity
+        if self.scale == 0:
+            return 0.0
+        tail = discrete_laplacian_scale_to_accuracy(self.scale, alpha)
+        return _integer_half_width(tail) * self.granularity
+
+
+@dataclass(frozen=True)
+class GaussianNoise:
+    """Discrete Gaussian noise for an integer vector of known L2 sensitivity.
+
+    ``sensitivity`` (an upper bound on the L2 norm, so a float) and ``scale``
+    (σ) are in grid units, as for :class:`LaplaceNoise`.
+    """
+
+    sensitivity: float
+    scale: float
+    granularity: float = 1.0
+
+    @property
+    def mechanism(self) -> str:
+        return DISCRETE_GAUSSIAN if self.granularity == 1.0 else GRANULAR_GAUSSIAN
+
+    @property
+    def rho(self) -> float:
+        """The ρ (zCDP) OpenDP's privacy map proves for this sensitivity and scale."""
+        return _gaussian_map(self.scale, self.sensitivity)
+
+    def sample(self, size: int) -> list[int]:
+        if size == 0:
+            return []
+        return list(_gaussian_vector(self.scale)([0] * size))
+
+    def half_width(self, alpha: float) -> float:
+        if self.scale == 0:
+            return 0.0
+        tail = discrete_gaussian_scale_to_accuracy(self.scale, alpha)
+        return _integer_half_width(tail) * self.granularity
+
+
+Noise = LaplaceNoise | GaussianNoise
 
 
 def calibrate(sensitivity: int, epsilon: float, granularity: float = 1.0) -> LaplaceNoise:
-    """The smallest scale whose OpenDP privacy map stays within ``epsilon``.
+    """The smallest Laplace scale whose OpenDP privacy map stays within ``epsilon``.
 
     The map is OpenDP's, not ours: we start from Δ/ε and step the scale up
     by ulps until OpenDP's own (conservatively rounded) map agrees.
     """
-    if sensitivity < 0 or sensitivity > _I64_MAX:
-        raise ValueError("sensitivity out of the range OpenDP's integer Laplace accepts")
+    _check_l1(sensitivity)
     if not (epsilon > 0 and math.isfinite(epsilon)):
         raise ValueError("epsilon must be positive and finite")
     if sensitivity == 0:
-        # A constant release needs no noise; a tiny scale keeps the type uniform.
+        # A constant release needs no noise; a zero scale keeps the type uniform.
         return LaplaceNoise(0, 0.0, granularity)
     scale = sensitivity / epsilon
-    if not scale <= MAX_SCALE:
-        raise Refused(
-            f"ε = {epsilon:g} is too small for this aggregate's declared bounds: its noise "
-            "could not be sampled exactly; ask for a larger ε or declare narrower bounds"
-        )
-    while _privacy_map(scale, sensitivity) > epsilon:
+    _check_scale(scale)
+    while _laplace_map(scale, sensitivity) > epsilon:
         scale = math.nextafter(scale, math.inf)
     return LaplaceNoise(sensitivity, scale, granularity)
 
 
-def _privacy_map(scale: float, sensitivity: int) -> float:
+def calibrate_gaussian(sensitivity: float, rho: float, granularity: float = 1.0) -> GaussianNoise:
+    """The smallest discrete Gaussian σ whose OpenDP privacy map stays within ``rho``:
+    Δ₂/√(2ρ), stepped up until OpenDP's map agrees."""
+    _check_l2(sensitivity)
+    if not (rho > 0 and math.isfinite(rho)):
+        raise ValueError("rho must be positive and finite")
+    if sensitivity == 0:
+        return GaussianNoise(0.0, 0.0, granularity)
+    scale = sensitivity / math.sqrt(2 * rho)
+    _check_scale(scale)
+    while _gaussian_map(scale, sensitivity) > rho:
+        scale = math.nextafter(scale, math.inf)
+    return GaussianNoise(sensitivity, scale, granularity)
+
+
+def laplace_for_accuracy(
+    sensitivity: int, accuracy: float, alpha: float, granularity: float = 1.0
+) -> LaplaceNoise:
+    """The largest Laplace scale whose (1-alpha) interval is at most ±``accuracy``
+    (in released units), from OpenDP's accuracy-to-scale map."""
+    _check_l1(sensitivity)
+    scale = _scale_for_accuracy(
+        accuracy_to_discrete_laplacian_scale,
+        lambda s: LaplaceNoise(sensitivity, s, granularity).half_width(alpha),
+        accuracy,
+        alpha,
+        granularity,
+    )
+    return LaplaceNoise(sensitivity, scale if sensitivity else 0.0, granularity)
+
+
+def gaussian_for_accuracy(
+    sensitivity: float, accuracy: float, alpha: float, granularity: float = 1.0
+) -> GaussianNoise:
+    """The largest discrete Gaussian σ whose (1-alpha) interval is at most ±``accuracy``."""
+    _check_l2(sensitivity)
+    scale = _scale_for_accuracy(
+        accuracy_to_discrete_gaussian_scale,
+        lambda s: GaussianNoise(sensitivity, s, granularity).half_width(alpha),
+        accuracy,
+        alpha,
+        granularity,
+    )
+    return GaussianNoise(sensitivity, scale if sensitivity else 0.0, granularity)
+
+
+def sqrt_up(n: int) -> float:
+    """A float at least √n: L2 sensitivities must never be rounded down."""
+    root = math.sqrt(n)
+    while root * root < n:
+        root = math.nextafter(root, math.inf)
+    return root
+
+
+def _scale_for_accuracy(to_scale, half_width, accuracy: float, alpha: float, step: float) -> float:
+    """OpenDP's scale for "an error of ``tail`` units or more has probability ≤ alpha",
+    where ``tail`` is one grid unit beyond the widest whole number of units within
+    ``accuracy``; nudged down until the interval OpenDP reports for it fits."""
+    if not (accuracy > 0 and math.isfinite(accuracy)):
+        raise ValueError("accuracy must be positive and finite")
+    if not 0 < alpha < 1:
+        raise ValueError("alpha must be between 0 and 1")
+    tail = math.floor(accuracy / step) + 1
+    scale = to_scale(float(tail), alpha)
+    while scale > 0 and half_width(scale) > accuracy:
+        scale = math.nextafter(scale, 0.0)
+    _check_scale(scale)
+    return scale
+
+
+def _integer_half_width(tail: float) -> int:
+    """OpenDP's accuracy ``a`` means P(|noise| ≥ a) ≤ alpha; integer noise then stays
+    within the largest integer below ``a``. OpenDP's formula underflows at scales below
+    ~1e-3, where a draw is non-zero with probability about 2e**-1000: the interval is
+    then the point."""
+    if not math.isfinite(tail):
+        return 0
+    return max(0, math.ceil(tail) - 1)
+
+
+def _check_scale(scale: float) -> None:
+    if not scale <= MAX_SCALE:
+        raise Refused(
+            "the budget share is too small for this aggregate's declared bounds: its noise "
+            "could not be sampled exactly; ask for a larger ε or declare narrower bounds"
+        )
+
+
+def _check_l1(sensitivity: int) -> None:
+    if sensitivity < 0 or sensitivity > _I64_MAX:
+        raise ValueError("sensitivity out of the range OpenDP's integer Laplace accepts")
+
+
+def _check_l2(sensitivity: float) -> None:
+    if not (0 <= sensitivity < 2.0**63):
+        raise ValueError("sensitivity out of the range OpenDP's integer Gaussian accepts")
+
+
+def _laplace_map(scale: float, sensitivity: int) -> float:
     if sensitivity == 0:
         return 0.0
-    return _scalar_measurement(scale).map(sensitivity)
+    return _laplace_scalar(scale).map(sensitivity)
+
+
+def _gaussian_map(scale: float, sensitivity: float) -> float:
+    if sensitivity == 0:
+        return 0.0
+    return _gaussian_l2(scale).map(float(sensitivity))
 
 
 @lru_cache(maxsize=256)
-def _vector_measurement(scale: float) -> dp.Measurement:
+def _laplace_vector(scale: float) -> dp.Measurement:
     return dp.m.make_laplace(
         dp.vector_domain(dp.atom_domain(T="i64")), dp.l1_distance(T="i64"), scale=scale
     )
 
 
 @lru_cache(maxsize=256)
-def _scalar_measurement(scale: float) -> dp.Measurement:
+def _laplace_scalar(scale: float) -> dp.Measurement:
     return dp.m.make_laplace(dp.atom_domain(T="i64"), dp.absolute_distance(T="i64"), scale=scale)
+
+
+@lru_cache(maxsize=256)
+def _gaussian_vector(scale: float) -> dp.Measurement:
+    return dp.m.make_gaussian(
+        dp.vector_domain(dp.atom_domain(T="i64")), dp.l2_distance(T="i64"), scale=scale
+    )
+
+
+@lru_cache(maxsize=256)
+def _gaussian_l2(scale: float) -> dp.Measurement:
+    """The same discrete Gaussian, with its map taken over a real-valued L2 distance."""
+    return dp.m.make_gaussian(
+        dp.vector_domain(dp.atom_domain(T="i64")), dp.l2_distance(T="f64"), scale=scale
+    )

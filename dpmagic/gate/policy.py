@@ -89,6 +89,8 @@ class Dataset:
     notebook_budget: Budget
     query_default: Budget
     tables: dict[str, Table]
+    accountant: str = "pure"
+    group_size: int = 1
 
     def table(self, name: str) -> Table | None:
         return self.tables.get(name.lower())
@@ -104,6 +106,8 @@ class Dataset:
             "user_budget": self.user_budget.as_dict(),
             "notebook_budget": self.notebook_budget.as_dict(),
             "query_default": self.query_default.as_dict(),
+            "accountant": self.accountant,
+            "group_size": self.group_size,
             "tables": {
                 t.name: {
                     "public": t.public,
@@ -171,7 +175,7 @@ def parse_policy(raw: dict, path: Path) -> Policy:
     if not datasets_raw:
         raise PolicyError("[datasets] declares no dataset")
     datasets = {
-        name: _dataset(name, _table(datasets_raw, name, f"datasets.{name}"), base)
+        name: _dataset(name, _table(datasets_raw, name, f"datasets.{name}"), base, gate.accountant)
         for name in datasets_raw
     }
     return Policy(path=path, gate=gate, datasets=datasets)
@@ -208,7 +212,7 @@ def _gate(raw: dict, base: Path) -> GateConfig:
     )
 
 
-def _dataset(name: str, raw: dict, base: Path) -> Dataset:
+def _dataset(name: str, raw: dict, base: Path, default_accountant: str = "pure") -> Dataset:
     where = f"datasets.{name}"
     _only(
         raw,
@@ -224,6 +228,8 @@ def _dataset(name: str, raw: dict, base: Path) -> Dataset:
             "notebook_budget",
             "query_default",
             "tables",
+            "accountant",
+            "group_size",
         },
     )
     database = raw.get("database")
@@ -246,6 +252,17 @@ def _dataset(name: str, raw: dict, base: Path) -> Dataset:
             raise PolicyError(f"{where}.sources.{tname}: no such table is declared")
     user_budget = _budget(raw, "user_budget", where, None)
     notebook_budget = _budget(raw, "notebook_budget", where, user_budget)
+    accountant = raw.get("accountant", default_accountant)
+    if accountant not in ACCOUNTANTS:
+        raise PolicyError(f"{where}.accountant must be one of {', '.join(ACCOUNTANTS)}")
+    if accountant == "zcdp" and not (user_budget.delta and notebook_budget.delta):
+        raise PolicyError(
+            f"{where}: the zcdp accountant keeps budgets in (ε, δ); give user_budget and "
+            "notebook_budget a delta > 0"
+        )
+    group_size = _number(raw, "group_size", where, 1, minimum=1)
+    if group_size != int(group_size):
+        raise PolicyError(f"{where}.group_size must be a whole number")
     return Dataset(
         name=name,
         database=_path(database, base) if database else None,
@@ -258,6 +275,8 @@ def _dataset(name: str, raw: dict, base: Path) -> Dataset:
         notebook_budget=notebook_budget,
         query_default=_budget(raw, "query_default", where, Budget(0.1)),
         tables=tables,
+        accountant=accountant,
+        group_size=int(group_size),
     )
 
 

@@ -67,7 +67,6 @@ def export(ledger: Ledger, policy: Policy, user: str, notebook: str) -> dict[str
         "datasets": {
             name: {
                 **policy.datasets[name].as_dict(),
-                "accountant": ledger.accountant.name,
                 "datasets": sorted(policy.datasets),
                 "budget": budget_views(ledger, user, policy.datasets[name], notebook),
             }

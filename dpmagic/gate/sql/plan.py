@@ -4,11 +4,13 @@ Each DP aggregate becomes one or more *measurements*: a count, a count of
 distinct values, or a sum of a clamped value on an integer grid (AVG is a
 sum and a count; a variance a count, a sum and a sum of squares, all
 post-processed). A measurement is one vector over all released partitions,
-noised once; its L1 sensitivity follows from the contribution bounds (see
+noised once; its sensitivity follows from the contribution bounds (see
 ``sensitivity``). Quantiles (MIN, MAX, MEDIAN, percentiles) are *selections*:
-an exponential mechanism per partition (see ``selection``). The query's ε is
-split evenly over measurements and selections, and nothing in this pass
-looks at data: the cost is a function of the query and the policy.
+an exponential mechanism per partition (see ``selection``). The query's
+budget is split evenly over measurements and selections, or, when an
+accuracy is asked for, each measurement gets the least cost that delivers
+it (``calibration``). Nothing in this pass looks at data: the cost is a
+function of the query and the policy.
 """
 
 from __future__ import annotations
@@ -20,13 +22,13 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from dpmagic.gate.accounting import Accountant, Cost
+from dpmagic.gate.calibration import Accuracy, Target, noise_for, spent
 from dpmagic.gate.errors import Refused
-from dpmagic.gate.mechanisms import LaplaceNoise, calibrate
+from dpmagic.gate.mechanisms import Noise
 from dpmagic.gate.policy import Dataset
 from dpmagic.gate.selection import Grid, QuantileNoise, calibrate_quantile, grid
 from dpmagic.gate.sensitivity import (
     Contribution,
-    count_sensitivity,
     selection_distance,
     sum_sensitivity,
 )
@@ -47,6 +49,8 @@ SUM_LIMIT = 2**126
 # noise scale, so rounding is negligible beside the noise.
 GRID_BITS_BELOW_SCALE = 24
 _I64_MAX = 2**63 - 1
+# Aggregates whose every cell is one noisy measurement: an accuracy can be promised.
+_PROMISED = ("count", "count_distinct", "sum")
 
 
 @dataclass(frozen=True)
@@ -59,13 +63,13 @@ class Measurement:
     arg: exp.Expression | None  # None: COUNT(*)
     clamp: Interval | None  # sums: each value is clamped into this before summing
     grid_exp: int  # sums of floats: values are rounded to multiples of 2**grid_exp
-    noise: LaplaceNoise
-    epsilon: float
+    noise: Noise
+    cost: Cost  # what this measurement's noise costs one privacy unit
     label: str
 
     @property
     def sensitivity(self) -> float:
-        """L1 sensitivity in released units."""
+        """L1 (Laplace) or L2 (Gaussian) sensitivity in released units."""
         return self.noise.sensitivity * self.noise.granularity
 
     @property
@@ -107,7 +111,9 @@ class Plan:
     selections: tuple[Selection, ...]
     uses: dict[str, tuple[str, ...]]  # aggregate name -> the measurements it is made of
     epsilon: float
-    cost: Cost
+    cost: Cost  # what is charged: the group's cost under the policy's group_size
+    unit_cost: Cost  # what the noise costs one privacy unit
+    accuracy: Accuracy | None = None
 
     def measurement(self, name: str) -> Measurement:
         return next(m for m in self.measurements if m.name == name)
@@ -120,11 +126,20 @@ class Plan:
 Wanted = tuple[str, exp.Expression | None, Interval | None, str]
 
 
-def plan(bounded: Bounded, epsilon: float, delta: float, accountant: Accountant) -> Plan:
+def plan(
+    bounded: Bounded,
+    epsilon: float,
+    delta: float,
+    accountant: Accountant,
+    accuracy: Accuracy | None = None,
+) -> Plan:
+    """With ``accuracy``, ``epsilon`` is ignored: the cost is the least that gives it."""
     checked = bounded.checked
     resolved = checked.resolved
     dataset = resolved.dataset
-    cost = accountant.query_cost(epsilon, delta)
+    if accuracy is not None:
+        _accuracy_applies(checked)
+    asked = None if accuracy is not None else accountant.query_cost(epsilon, delta)
     partitions = _partitions(checked.keys, bounded.domains)
 
     wanted: dict[tuple[str, str], Wanted] = {}
@@ -145,18 +160,21 @@ def plan(bounded: Bounded, epsilon: float, delta: float, accountant: Accountant)
     kinds = {kind for kind, *_ in wanted.values()}
     ranked = ranked_rows(dataset, resolved, bool(checked.keys), len(partitions), kinds)
     contribution = unit_contribution(dataset, ranked, bool(checked.keys), len(partitions))
-    shares = len(wanted) + len(quantiles)
-    share = cost.epsilon / shares
+    share = None if asked is None else accountant.share(asked, len(wanted) + len(quantiles))
+    target = Target(accountant, share=share, accuracy=accuracy)
     names = {key: f"m{i}" for i, key in enumerate(wanted)}
     measurements = tuple(
-        _measurement(names[key], kind, arg, clamp, label, share, contribution, dataset)
+        _measurement(names[key], kind, arg, clamp, label, target, contribution, dataset)
         for key, (kind, arg, clamp, label) in wanted.items()
     )
+    if asked is None:
+        asked = accountant.total((m.cost for m in measurements), delta)
+    cost = accountant.group(asked, dataset.group_size) if dataset.group_size > 1 else asked
     for i, key in enumerate(quantiles):
         names[("quantile", f"{key[0]}|{key[1]}")] = f"q{i}"
     distance = selection_distance(contribution, dataset.neighbouring)
     selections = tuple(
-        _selection(f"q{i}", level, arg, clamp, label, share, distance, len(partitions))
+        _selection(f"q{i}", level, arg, clamp, label, target, distance, len(partitions))
         for i, ((level, _), (arg, clamp, label)) in enumerate(quantiles.items())
     )
     return Plan(
@@ -171,7 +189,32 @@ def plan(bounded: Bounded, epsilon: float, delta: float, accountant: Accountant)
         uses={name: tuple(names[k] for k in parts) for name, parts in uses.items()},
         epsilon=cost.epsilon,
         cost=cost,
+        unit_cost=asked,
+        accuracy=accuracy,
     )
+
+
+def _accuracy_applies(checked: Checked) -> None:
+    """An accuracy can be promised, before seeing data, only for cells that are one
+    noisy count or sum: an average's interval depends on its noisy count."""
+    aggregates = {a.name: a for a in checked.aggregates}
+    other = next((a for a in checked.aggregates if a.func not in _PROMISED), None)
+    if other is not None:
+        raise Refused(
+            f"--accuracy applies to COUNT and SUM; {other.label} is not one: "
+            "ask with an epsilon instead"
+        )
+    keys = {k.name for k in checked.keys}
+    for out in checked.outputs:
+        name = out.expr.name if isinstance(out.expr, exp.Column) else None
+        if name in keys:
+            continue
+        agg = aggregates.get(name) if name else None
+        if agg is None:
+            raise Refused(
+                f"--accuracy applies to outputs that are COUNT or SUM (or group keys); "
+                f"{out.name!r} is not: ask with an epsilon instead"
+            )
 
 
 def _parts(agg: AggregateCall, clamp: Interval | None, resolved: Resolved) -> list[Wanted]:
@@ -245,7 +288,7 @@ def _selection(
     arg: exp.Expression,
     clamp: Interval,
     label: str,
-    epsilon: float,
+    target: Target,
     distance: int,
     partitions: int,
 ) -> Selection:
@@ -255,6 +298,8 @@ def _selection(
             f"{label}: {partitions} groups of {g.size} candidates each are too many to score; "
             "group by fewer keys"
         )
+    assert target.share is not None  # accuracy-first plans have no selections
+    epsilon = target.pure_epsilon()
     noise = calibrate_quantile(level, g.size, distance, epsilon)
     return Selection(name, arg, g, noise, epsilon, label)
 
@@ -265,7 +310,7 @@ def _measurement(
     arg: exp.Expression | None,
     clamp: Interval | None,
     label: str,
-    epsilon: float,
+    target: Target,
     contribution: Contribution,
     dataset: Dataset,
 ) -> Measurement:
@@ -273,23 +318,24 @@ def _measurement(
         contribution = Contribution(contribution.groups, 1, contribution.partitions)
     if kind in ("count", "count_distinct", "count_unit"):
         # A unit's rows bring at most ``rows`` distinct values to a partition.
-        sensitivity = count_sensitivity(contribution, dataset.neighbouring)
-        noise = calibrate(sensitivity, epsilon)
-        return Measurement(name, kind, arg, None, 0, noise, epsilon, label)
+        noise = noise_for(1, 1, contribution, dataset.neighbouring, target)
+        return Measurement(name, kind, arg, None, 0, noise, spent(noise, target.accountant), label)
     assert clamp is not None
-    grid_exp = 0 if clamp.integral else _grid_exp(clamp, contribution, dataset, epsilon)
+    grid_exp = 0 if clamp.integral else _grid_exp(clamp, contribution, dataset, target)
     lo, hi = _grid_bounds(clamp, grid_exp)
     sensitivity = sum_sensitivity(lo, hi, contribution, dataset.neighbouring)
     if sensitivity > _I64_MAX or MAX_ROWS * max(abs(lo), abs(hi)) >= SUM_LIMIT:
         raise Refused(f"{label}: the declared bounds are too wide to sum exactly")
-    noise = calibrate(sensitivity, epsilon, granularity=2.0**grid_exp)
-    return Measurement(name, kind, arg, clamp, grid_exp, noise, epsilon, label)
+    noise = noise_for(lo, hi, contribution, dataset.neighbouring, target, 2.0**grid_exp)
+    return Measurement(
+        name, kind, arg, clamp, grid_exp, noise, spent(noise, target.accountant), label
+    )
 
 
-def _grid_exp(clamp: Interval, c: Contribution, dataset: Dataset, epsilon: float) -> int:
+def _grid_exp(clamp: Interval, c: Contribution, dataset: Dataset, target: Target) -> int:
     """The grid for summing floats: fine beside the noise, coarse enough to fit 128 bits."""
     real = sum_sensitivity(math.floor(clamp.lo), math.ceil(clamp.hi), c, dataset.neighbouring)
-    scale = max(real / epsilon, 2.0**-1000)
+    scale = max(target.scale_estimate(real), 2.0**-1000)
     k = math.floor(math.log2(scale)) - GRID_BITS_BELOW_SCALE
     widest = max(abs(clamp.lo), abs(clamp.hi), 1.0)
     # Keep a single value below 2**62 grid units: then Δ fits OpenDP's i64 and
