@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import getpass
+import importlib.util
 import json
+import math
+import os
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -53,6 +57,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--listen", help="unix:PATH or tcp:HOST:PORT (default: the policy's gate.listen)"
     )
+    p.add_argument(
+        "--jupyterhub",
+        action="store_true",
+        help="run as a JupyterHub service: users are known by their Hub API tokens, and "
+        "the address defaults to the service's url ($JUPYTERHUB_SERVICE_URL)",
+    )
     p.set_defaults(run=_serve)
 
     p = sub.add_parser(
@@ -85,6 +95,11 @@ def _parser() -> argparse.ArgumentParser:
     where.add_argument("--sys-prefix", action="store_true", help="install into sys.prefix")
     k.add_argument("--prefix", help="install under this prefix (e.g. a virtualenv's)")
     k.add_argument("--gate", metavar="ADDR", help="gate address for the kernel (DPMAGIC_GATE)")
+    k.add_argument(
+        "--autoload",
+        action="store_true",
+        help="also load dpmagic in every IPython kernel (e.g. python3) of the same prefix",
+    )
     k.set_defaults(run=_kernel_install)
 
     p = sub.add_parser(
@@ -104,9 +119,45 @@ def _parser() -> argparse.ArgumentParser:
     b = bsub.add_parser("show", help="spent and remaining budget", description=_budget_show.__doc__)
     _admin_options(b)
     b.set_defaults(run=_budget_show)
+    b = bsub.add_parser(
+        "grant", help="raise a user's or a notebook's limit", description=_budget_grant.__doc__
+    )
+    _change_options(b)
+    b.add_argument("--epsilon", type=_amount, required=True, help="ε to add to the limit")
+    b.add_argument("--delta", type=_amount, default=0.0, help="δ to add to the limit")
+    b.set_defaults(run=_budget_grant)
+    b = bsub.add_parser(
+        "reset",
+        help="start a user's or a notebook's spending from zero",
+        description=_budget_reset.__doc__,
+    )
+    _change_options(b)
+    b.set_defaults(run=_budget_reset)
+
+    p = sub.add_parser(
+        "transcript", help="signed records of released answers", description="Transcripts."
+    )
+    tsub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    t = tsub.add_parser(
+        "export",
+        help="what a user was released in a notebook",
+        description=_transcript_export.__doc__,
+    )
+    t.add_argument("--policy", type=Path, required=True, help="the gate's policy TOML file")
+    t.add_argument("--user", required=True, help="the notebook's author")
+    t.add_argument("--notebook", required=True, help="the notebook's name, as the gate knows it")
+    t.add_argument("-o", "--output", type=Path, required=True, help="the file to write")
+    t.set_defaults(run=_transcript_export)
+    t = tsub.add_parser(
+        "verify", help="check a transcript's signature", description=_transcript_verify.__doc__
+    )
+    t.add_argument("--policy", type=Path, required=True, help="the gate's policy TOML file")
+    t.add_argument("transcript", type=Path, help="the transcript file")
+    t.set_defaults(run=_transcript_verify)
 
     p = sub.add_parser("audit", help="the query log", description=_audit.__doc__)
     _admin_options(p)
+    p.add_argument("--notebook", help="only this notebook")
     p.add_argument("--limit", type=_positive, default=50, help="most recent entries (default 50)")
     p.set_defaults(run=_audit)
     return parser
@@ -117,6 +168,24 @@ def _admin_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", help="only this dataset")
     p.add_argument("--user", help="only this user")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _change_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--policy", type=Path, required=True, help="the gate's policy TOML file")
+    p.add_argument("--user", required=True, help="the user whose budget changes")
+    p.add_argument("--dataset", help="the dataset (default: the policy's only one)")
+    p.add_argument("--notebook", help="only this notebook's budget (default: the user's)")
+    p.add_argument("--note", default="", help="why, for the audit log")
+
+
+def _amount(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number ≥ 0: {text!r}")
+    return value
 
 
 def _positive(text: str) -> int:
@@ -134,7 +203,9 @@ def _serve(args: argparse.Namespace) -> int:
     policy = load_policy(args.policy)
     from dpmagic.gate.server import serve
 
-    return serve(policy, args.listen)
+    if args.jupyterhub and importlib.util.find_spec("jupyterhub") is None:
+        raise CommandError("--jupyterhub needs JupyterHub: pip install 'dpmagic[hub]'")
+    return serve(policy, args.listen, jupyterhub=args.jupyterhub)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -167,6 +238,11 @@ def _kernel_install(args: argparse.Namespace) -> int:
         user=not args.sys_prefix, sys_prefix=args.sys_prefix, prefix=args.prefix, gate=args.gate
     )
     print(f"installed the dpmagic kernelspec in {where}")
+    if args.autoload:
+        from dpmagic.kernel import install_autoload
+
+        config = install_autoload(sys_prefix=args.sys_prefix, prefix=args.prefix, gate=args.gate)
+        print(f"IPython kernels load dpmagic from {config}")
     return 0
 
 
@@ -192,10 +268,104 @@ def _budget_show(args: argparse.Namespace) -> int:
     return _emit(rows, args.json, empty="no budget spent yet")
 
 
-def _audit(args: argparse.Namespace) -> int:
-    """The most recent queries the gate answered or refused after a debit, newest first."""
+def _budget_grant(args: argparse.Namespace) -> int:
+    """Raise a user's limit on a dataset (or one notebook's) by an (ε, δ) amount,
+    recorded in the audit log with who granted it."""
+    if args.epsilon == 0 and args.delta == 0:
+        raise CommandError("a grant needs --epsilon or --delta above 0")
     policy = load_policy(args.policy)
-    rows = audit_rows(policy, _datasets(policy, args.dataset), args.user, args.limit)
+    from dpmagic.gate.policy import Budget
+
+    dataset = policy.dataset(args.dataset).name
+    note = _admin_note("grant", args.note)
+    with _ledger(policy, create=True) as ledger:
+        assert ledger is not None
+        amount = Budget(args.epsilon, args.delta)
+        ledger.grant(
+            user=args.user, dataset=dataset, notebook=args.notebook, amount=amount, note=note
+        )
+    print(
+        f"granted ε={args.epsilon:g}"
+        + (f", δ={args.delta:g}" if args.delta else "")
+        + " to "
+        + _scope_text(args.user, dataset, args.notebook)
+    )
+    return 0
+
+
+def _budget_reset(args: argparse.Namespace) -> int:
+    """Forget what a user (or one notebook) spent and was granted on a dataset, so
+    the policy's limit applies afresh; recorded in the audit log. Answers
+    already released stay replayable at no cost."""
+    policy = load_policy(args.policy)
+    dataset = policy.dataset(args.dataset).name
+    note = _admin_note("reset", args.note)
+    with _ledger(policy, create=True) as ledger:
+        assert ledger is not None
+        ledger.reset(user=args.user, dataset=dataset, notebook=args.notebook, note=note)
+    print("reset the budget of " + _scope_text(args.user, dataset, args.notebook))
+    return 0
+
+
+def _transcript_export(args: argparse.Namespace) -> int:
+    """Write a signed transcript of the answers released to a user in a notebook;
+    with DPMAGIC_TRANSCRIPT=FILE, a kernel answers from it without a gate."""
+    policy = load_policy(args.policy)
+    from dpmagic.gate.transcript import TranscriptError, export
+
+    with _ledger(policy) as ledger:
+        if ledger is None:
+            raise CommandError("the gate has released nothing yet")
+        try:
+            document = export(ledger, policy, args.user, args.notebook)
+        except TranscriptError as exc:
+            raise CommandError(str(exc)) from None
+    args.output.write_text(json.dumps(document, indent=1, default=str) + "\n")
+    count = len(document["answers"])  # type: ignore[arg-type]
+    print(f"wrote {args.output}: {count} answers released to {args.user} in {args.notebook!r}")
+    return 0
+
+
+def _transcript_verify(args: argparse.Namespace) -> int:
+    """Check that a transcript was written by this gate and not changed since;
+    exit 0 if so, 1 if not."""
+    policy = load_policy(args.policy)
+    from dpmagic.gate.transcript import KEY_FILE, TranscriptError, signing_key, verify
+
+    if not (policy.gate.state_dir / KEY_FILE).exists():
+        raise CommandError("this gate has never exported a transcript")
+    try:
+        document = json.loads(args.transcript.read_text())
+    except OSError as exc:
+        raise CommandError(f"cannot read {args.transcript}: {exc.strerror}") from None
+    except ValueError:
+        raise CommandError(f"{args.transcript} is not JSON") from None
+    try:
+        verify(document, signing_key(policy.gate.state_dir))
+    except TranscriptError as exc:
+        print(f"{args.transcript}: {exc}", file=sys.stderr)
+        return 1
+    who = f"{document['user']}, notebook {document['notebook']!r}"
+    print(f"{args.transcript}: signed by this gate for {who}")
+    return 0
+
+
+def _admin_note(action: str, note: str) -> str:
+    """What the audit log says of an admin action: what, by whom, why."""
+    text = f"budget {action} by {getpass.getuser()}"
+    return f"{text}: {' '.join(note.split())}" if note.strip() else text
+
+
+def _scope_text(user: str, dataset: str, notebook: str | None) -> str:
+    where = f"notebook {notebook!r} of " if notebook is not None else ""
+    return f"{where}user {user} on dataset {dataset!r}"
+
+
+def _audit(args: argparse.Namespace) -> int:
+    """The most recent queries (charged, released, failed or replayed) and budget
+    grants and resets, newest first."""
+    policy = load_policy(args.policy)
+    rows = audit_rows(policy, _datasets(policy, args.dataset), args.user, args.limit, args.notebook)
     if not args.json:
         # The SQL goes last: it is the one long column; times to the second.
         rows = [{k: r.get(k) for k in AUDIT_COLUMNS} for r in rows]
@@ -210,18 +380,22 @@ def budget_rows(policy: Policy, datasets: list[str], user: str | None) -> list[d
         if ledger is None:
             return []
         from dpmagic.gate.accounting import remaining
+        from dpmagic.gate.ledger import WHOLE_USER
 
         rows: list[dict[str, object]] = []
         for name in datasets:
             ds = policy.datasets[name]
             seen: dict[str, set[str]] = {}
             for entry in ledger.history(user=user, dataset=name, notebook=None, limit=None):
-                seen.setdefault(str(entry["user"]), set()).add(str(entry["notebook"]))
+                notebooks = seen.setdefault(str(entry["user"]), set())
+                if entry["notebook"] != WHOLE_USER:
+                    notebooks.add(str(entry["notebook"]))
             for who in sorted(seen):
                 scopes = [(ALL_NOTEBOOKS, None, ds.user_budget)]
                 scopes += [(nb, nb, ds.notebook_budget) for nb in sorted(seen[who])]
                 for label, notebook, limit in scopes:
                     spent = ledger.spent(who, name, notebook)
+                    limit = ledger.limit(limit, who, name, notebook)
                     used = ledger.accountant.as_budget(spent)
                     left = remaining(ledger.accountant, spent, limit)
                     row: dict[str, object] = {
@@ -243,7 +417,11 @@ def budget_rows(policy: Policy, datasets: list[str], user: str | None) -> list[d
 
 
 def audit_rows(
-    policy: Policy, datasets: list[str], user: str | None, limit: int
+    policy: Policy,
+    datasets: list[str],
+    user: str | None,
+    limit: int,
+    notebook: str | None = None,
 ) -> list[dict[str, object]]:
     """The ledger's history, newest first, across the chosen datasets."""
     with _ledger(policy) as ledger:
@@ -252,19 +430,20 @@ def audit_rows(
         rows = [
             dict(entry)
             for name in datasets
-            for entry in ledger.history(user=user, dataset=name, notebook=None, limit=limit)
+            for entry in ledger.history(user=user, dataset=name, notebook=notebook, limit=limit)
         ]
     rows.sort(key=lambda r: r["id"], reverse=True)
     return rows[:limit]
 
 
 @contextlib.contextmanager
-def _ledger(policy: Policy) -> Iterator[Ledger | None]:
-    """The gate's ledger, or None if no query was ever recorded (never creates one)."""
+def _ledger(policy: Policy, create: bool = False) -> Iterator[Ledger | None]:
+    """The gate's ledger, or None if no query was ever recorded (created only if asked)."""
     path = policy.gate.state_dir / LEDGER_FILE
-    if not path.exists():
+    if not path.exists() and not create:
         yield None
         return
+    _check_owner(path if path.exists() else policy.gate.state_dir)
     from dpmagic.gate.accounting import make_accountant
     from dpmagic.gate.ledger import Ledger
 
@@ -273,6 +452,28 @@ def _ledger(policy: Policy) -> Iterator[Ledger | None]:
         yield ledger
     finally:
         ledger.close()
+
+
+def _check_owner(path: Path) -> None:
+    """Refuse to touch another user's ledger: files SQLite creates beside it
+    (its journal) would be ours, and the gate could no longer open them."""
+    if not path.exists():
+        return
+    owner = path.stat().st_uid
+    if owner != os.getuid():
+        name = _user_name(owner)
+        raise CommandError(
+            f"the ledger belongs to user {name}: run this as that user (sudo -u {name} dpmagic …)"
+        )
+
+
+def _user_name(uid: int) -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
 
 
 def _datasets(policy: Policy, name: str | None) -> list[str]:

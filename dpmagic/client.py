@@ -22,14 +22,34 @@ from urllib.parse import urlencode, urlsplit
 
 from dpmagic.errors import ERROR_KINDS, DPError, GateUnavailable
 from dpmagic.result import DPResult
+from dpmagic.transcript import SCHEME, TranscriptGate
 
 ENV_GATE = "DPMAGIC_GATE"
 ENV_TOKEN = "DPMAGIC_TOKEN"
+ENV_TRANSCRIPT = "DPMAGIC_TRANSCRIPT"
+# Set by JupyterHub in every single-user server, and so in its kernels: a Hub
+# gate (`dpmagic serve --jupyterhub`) resolves it to the user through the Hub.
+ENV_HUB_TOKEN = "JUPYTERHUB_API_TOKEN"
 DEFAULT_TIMEOUT = 120.0
 HOW_TO_SET = (
     f"start a gate (`dpmagic serve --policy …`) and point the notebook at it with "
     f"`%dpconnect unix:/path/to/gate.sock` or the {ENV_GATE} environment variable"
 )
+
+
+def connect(
+    address: str | None = None, token: str | None = None, timeout: float = DEFAULT_TIMEOUT
+) -> Gate | TranscriptGate:
+    """A gate client, or a transcript replayer for ``transcript:PATH``.
+
+    Without an address, ``$DPMAGIC_TRANSCRIPT`` (an autograder's offline
+    replay) wins over ``$DPMAGIC_GATE``.
+    """
+    if not address and os.environ.get(ENV_TRANSCRIPT):
+        address = SCHEME + os.environ[ENV_TRANSCRIPT]
+    if address and address.startswith(SCHEME):
+        return TranscriptGate(address.removeprefix(SCHEME))
+    return Gate(address, token, timeout=timeout)
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -54,9 +74,10 @@ class Gate:
     """A client for one gate address.
 
     ``address`` defaults to ``$DPMAGIC_GATE`` and ``token`` to
-    ``$DPMAGIC_TOKEN``. Each request opens its own connection: requests are
-    rare and slow next to a connect, and a fresh connection never resends a
-    request on a stale keep-alive socket.
+    ``$DPMAGIC_TOKEN``, else, over TCP, ``$JUPYTERHUB_API_TOKEN``. Each
+    request opens its own connection: requests are rare and slow next to a
+    connect, and a fresh connection never resends a request on a stale
+    keep-alive socket.
     """
 
     def __init__(
@@ -69,11 +90,17 @@ class Gate:
         if not address:
             raise GateUnavailable(f"no gate address is set: {HOW_TO_SET}")
         self.address = address
-        self.token = token if token is not None else os.environ.get(ENV_TOKEN) or None
-        self.timeout = timeout
         self._target = _parse_address(address)
+        if token is None:
+            token = os.environ.get(ENV_TOKEN) or None
+        if token is None and self._target[0] == "tcp":
+            # Only over TCP: a unix-socket gate knows us by our uid instead.
+            token = os.environ.get(ENV_HUB_TOKEN)
+        self.token = token or None
+        self.timeout = timeout
         self._lock = threading.Lock()
         self._in_flight: set[http.client.HTTPConnection] = set()
+        self._aborted: set[http.client.HTTPConnection] = set()
 
     def __repr__(self) -> str:
         return f"Gate({self.address!r})"
@@ -140,6 +167,8 @@ class Gate:
         """
         with self._lock:
             connections = list(self._in_flight)
+            # A request still connecting sees this mark and is never sent.
+            self._aborted.update(connections)
         for conn in connections:
             if conn.sock is not None:
                 # shutdown, not close: it wakes a thread blocked reading the socket.
@@ -171,6 +200,9 @@ class Gate:
                 raise GateUnavailable(
                     f"no gate answers at {self.address} ({_reason(exc)}): {HOW_TO_SET}"
                 ) from None
+            with self._lock:
+                if conn in self._aborted:
+                    raise DPError("stopped before the request was sent; nothing was charged")
             try:
                 conn.request(method, path, body=payload, headers=headers)
                 response = conn.getresponse()
@@ -184,6 +216,7 @@ class Gate:
         finally:
             with self._lock:
                 self._in_flight.discard(conn)
+                self._aborted.discard(conn)
             conn.close()
         return _decode(status, raw)
 

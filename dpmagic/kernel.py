@@ -56,6 +56,51 @@ def install(
         )
 
 
+AUTOLOAD_BEGIN = "# >>> dpmagic autoload >>>"
+AUTOLOAD_END = "# <<< dpmagic autoload <<<"
+KERNEL_CONFIG = "ipython_kernel_config.py"
+
+
+def install_autoload(
+    sys_prefix: bool = False, prefix: str | None = None, gate: str | None = None
+) -> Path:
+    """Make every IPython kernel of this environment (or user) load dpmagic.
+
+    Graders run notebooks under a plain ``python3`` kernel, which reads
+    ``ipython_kernel_config.py`` from ``PREFIX/etc/ipython`` (``--sys-prefix``
+    or ``--prefix``) or from the user's IPython profile. Our lines sit between
+    markers, so installing again replaces them and leaves the rest alone.
+    """
+    if sys_prefix:
+        prefix = sys.prefix
+    if prefix is not None:
+        folder = Path(prefix) / "etc" / "ipython"
+    else:
+        from IPython.paths import get_ipython_dir
+
+        folder = Path(get_ipython_dir()) / "profile_default"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / KERNEL_CONFIG
+    block = [AUTOLOAD_BEGIN, 'c.InteractiveShellApp.extensions.append("dpmagic")']
+    if gate:
+        block.append(f"c.DpSql.gate = {gate!r}")
+    block.append(AUTOLOAD_END)
+    kept = _without_block(path.read_text() if path.exists() else "")
+    if kept and not kept.endswith("\n"):
+        kept += "\n"
+    path.write_text(kept + "\n".join(block) + "\n")
+    return path
+
+
+def _without_block(text: str) -> str:
+    lines = text.splitlines(keepends=True)
+    if AUTOLOAD_BEGIN + "\n" not in lines:
+        return text
+    start = lines.index(AUTOLOAD_BEGIN + "\n")
+    end = lines.index(AUTOLOAD_END + "\n", start)
+    return "".join(lines[:start] + lines[end + 1 :])
+
+
 def main(argv: list[str] | None = None) -> None:
     """Start the kernel with the extension loaded, passing other options through."""
     from ipykernel.kernelapp import IPKernelApp

@@ -28,12 +28,13 @@ from IPython.core.magic import (
 from IPython.display import display
 from traitlets import Bool, Float, Int, Unicode, observe
 
-from dpmagic.client import Gate
+from dpmagic.client import Gate, connect
 from dpmagic.errors import DPError
 from dpmagic.progress import Interrupted, Progress, wait_for
 from dpmagic.result import BudgetView, DatasetBudget, DPResult, SchemaView
 from dpmagic.settings import load_project_settings
 from dpmagic.templates import bind_templates
+from dpmagic.transcript import TranscriptGate
 
 ERROR_PREFIX = {
     "refused": "query refused: ",
@@ -195,7 +196,7 @@ class DpSql(Magics):
 
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
         super().__init__(shell=shell, **kwargs)
-        self._client: Gate | None = None
+        self._client: Gate | TranscriptGate | None = None
 
     @observe("gate", "token", "timeout")
     def _forget_client(self, change: Any) -> None:
@@ -209,11 +210,11 @@ class DpSql(Magics):
             setattr(self, other, False)
 
     @property
-    def client(self) -> Gate:
+    def client(self) -> Gate | TranscriptGate:
         """The gate client for the current settings, made on first use."""
         if self._client is None:
             with gate_errors():
-                self._client = Gate(self.gate, self.token, timeout=self.timeout)
+                self._client = connect(self.gate, self.token, timeout=self.timeout)
         return self._client
 
     @property
@@ -255,6 +256,7 @@ class DpSql(Magics):
             raise UsageError("no SQL to run; write the query after %dpsql or below %%dpsql")
         sql, as_strings = bind_templates(sql)
         params = self._parameters(sql, as_strings)
+        notebook = self.notebook
         with gate_errors():
             client = self.client
             result = self._wait(
@@ -264,7 +266,7 @@ class DpSql(Magics):
                     epsilon=opts.epsilon if opts.epsilon is not None else self.epsilon,
                     delta=opts.delta if opts.delta is not None else self.delta,
                     dataset=opts.dataset or self.dataset,
-                    notebook=self.notebook,
+                    notebook=notebook,
                     dry_run=opts.dry_run,
                     fresh=opts.fresh,
                     params=params or None,
@@ -275,7 +277,7 @@ class DpSql(Magics):
             self._store(target, result)
         return result
 
-    def _wait(self, client: Gate, request: Callable[[], DPResult]) -> DPResult:
+    def _wait(self, client: Gate | TranscriptGate, request: Callable[[], DPResult]) -> DPResult:
         """The gate's reply, with progress shown while it is slow; interruptible."""
         handle = None
 
@@ -369,7 +371,8 @@ class DpSql(Magics):
 
             %dpconnect ADDRESS [--token TOKEN]
 
-        ADDRESS is `unix:/path/to/gate.sock` or `http://host:port`.
+        ADDRESS is `unix:/path/to/gate.sock`, `http://host:port`, or
+        `transcript:PATH` to answer only from a transcript of released answers.
         """
         tokens = line.split()
         token = None

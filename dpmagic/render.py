@@ -29,31 +29,40 @@ STYLE = """<style>
 .dpmagic { font-variant-numeric: tabular-nums; }
 .dpmagic table { margin: 0.2em 0 0.3em 0; }
 .dpmagic th { text-align: right; }
+.dpmagic table.dpm-text th, .dpmagic table.dpm-text td { text-align: left; }
 .dpmagic td.dpm-noisy { cursor: help; text-decoration: underline dotted; }
 .dpmagic details.dpm-toggle { font-size: 0.85em; color: var(--jp-ui-font-color2, inherit); }
 .dpmagic details.dpm-toggle > summary { cursor: pointer; list-style: none; }
 .dpmagic details.dpm-toggle > summary::-webkit-details-marker { display: none; }
 .dpmagic details.dpm-toggle[open] > summary::before { content: "\\2212 "; }
 .dpmagic details.dpm-toggle:not([open]) > summary::before { content: "+ "; }
-.dpmagic details.dpm-toggle[open] ~ table .dpm-int { display: inline !important; }
+.dpmagic details.dpm-toggle[open] ~ table .dpm-int { display: inline-block !important; }
 .dpmagic .dpm-int { color: var(--jp-ui-font-color2, inherit); font-size: 0.85em;
   margin-left: 0.4em; white-space: nowrap; }
-.dpmagic .dpm-bar { display: inline-block; vertical-align: middle; height: 0.55em;
+.dpmagic .dpm-bar { display: inline-flex; vertical-align: middle; height: 0.55em;
   border-radius: 0.3em; overflow: hidden; margin: 0 0.5em 0 0.25em; }
-.dpmagic .dpm-bar > span { display: inline-block; height: 100%; vertical-align: top; }
+.dpmagic .dpm-bar > span { display: block; height: 100%; flex: none; }
+.dpmagic td.dpm-nowrap { white-space: nowrap; }
 .dpmagic .dpm-muted { color: var(--jp-ui-font-color2, inherit); }
 .dpmagic svg text { fill: var(--jp-ui-font-color2, currentColor); font-size: 10px; }
 </style>"""
 
 
-def table(headers: Sequence[str], rows: Iterable[Sequence[str]], *, raw: bool = False) -> str:
-    """A plain table; cells are escaped unless ``raw`` (then the caller escaped them)."""
+def table(
+    headers: Sequence[str], rows: Iterable[Sequence[str]], *, raw: bool = False, text: bool = False
+) -> str:
+    """A plain table; cells are escaped unless ``raw`` (then the caller escaped them).
+
+    ``text`` left-aligns it: JupyterLab right-aligns every cell, which suits
+    numbers but not lists of names or SQL.
+    """
     head = "".join(f"<th>{escape(h)}</th>" for h in headers)
     body = "".join(
         "<tr>" + "".join(c if raw else f"<td>{escape(c)}</td>" for c in row) + "</tr>"
         for row in rows
     )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    opening = '<table class="dpm-text">' if text else "<table>"
+    return f"{opening}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def budget_bar(spent: float, limit: float, this_query: float = 0.0, label: str = "") -> str:

@@ -239,7 +239,12 @@ class BudgetView:
                     _epsilon(entry.budget, scope, "limit") or 0.0,
                     label=scope,
                 )
-                body.append([f"<td>{escape(v)}</td>" for v in row] + [f"<td>{bar}</td>"])
+                label, *numbers = row
+                body.append(
+                    [f'<td style="text-align: left">{escape(label)}</td>']
+                    + [f"<td>{escape(v)}</td>" for v in numbers]
+                    + [f"<td>{bar}</td>"]
+                )
             parts.append(f"<div><strong>dataset {escape(entry.name)}</strong></div>")
             parts.append(table([*headers, ""], body, raw=True))
             history = self._history_rows(entry)
@@ -247,11 +252,11 @@ class BudgetView:
                 parts.append(f'<div style="{MUTED}">no queries from this notebook yet</div>')
                 continue
             body = [
-                [f"<td>{escape(t)}</td>", _sql_cell(sql), f"<td>{escape(c)}</td>",
-                 f"<td>{escape(st)}</td>"]
+                [f'<td class="dpm-nowrap">{escape(t)}</td>', _sql_cell(sql),
+                 f'<td class="dpm-nowrap">{escape(c)}</td>', f"<td>{escape(st)}</td>"]
                 for t, sql, c, st in history
             ]  # fmt: skip
-            parts.append(table(HISTORY_HEADERS, body, raw=True))
+            parts.append(table(HISTORY_HEADERS, body, raw=True, text=True))
             limit = _epsilon(entry.budget, "notebook", "limit") or 0.0
             costs = [float((i.get("cost") or {}).get("epsilon") or 0) for i in entry.history]
             parts.append(
@@ -323,16 +328,30 @@ class SchemaView:
                         str(info.get("type", "")),
                         _bounds(info.get("lower"), info.get("upper")),
                         ", ".join(format_exact(v) for v in values) if values is not None else "",
+                        self._use(col, info, bool(info_table.get("public"))),
                     ]
                 )
             out.append((title, rows))
         return out
 
+    def _use(self, column: str, info: dict[str, Any], public: bool) -> str:
+        """How the column can appear in a query, from the policy's declarations alone."""
+        if public:
+            return "public table: no privacy cost"
+        if column == self.reply.get("privacy_unit"):
+            return "privacy unit: never shown or grouped by"
+        uses = []
+        if info.get("public_values") is not None:
+            uses.append("GROUP BY")
+        if info.get("lower") is not None and info.get("upper") is not None:
+            uses.append("SUM/AVG")
+        return ", ".join([*uses, "WHERE, COUNT"])
+
     def _repr_html_(self) -> str:
         parts = [STYLE, f'<div style="{MUTED}">{escape(self.summary())}</div>']
         for title, rows in self._tables():
             parts.append(f"<div><strong>{escape(title)}</strong></div>")
-            parts.append(table(SCHEMA_HEADERS, rows))
+            parts.append(table(SCHEMA_HEADERS, rows, text=True))
         return f'<div class="dpmagic dpmagic-schema">{"".join(parts)}</div>'
 
     def __repr__(self) -> str:
@@ -343,7 +362,7 @@ class SchemaView:
         return "\n".join(parts)
 
 
-SCHEMA_HEADERS = ("column", "type", "bounds", "public values")
+SCHEMA_HEADERS = ("column", "type", "bounds", "public values", "use in a query")
 
 
 def format_value(value: Any) -> str:

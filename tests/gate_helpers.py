@@ -27,7 +27,10 @@ def dataset(
     max_partitions: int = 2,
     max_rows: int = 2,
     table: str = "t",
+    more_tables: dict[str, dict] | None = None,
 ) -> Dataset:
+    """A dataset of one table ``table`` with ``columns``, and ``more_tables`` as
+    declared in a policy (``{"u": {"columns": {...}}, "pub": {"public": True, ...}}``)."""
     raw = {
         "datasets": {
             "d": {
@@ -36,7 +39,7 @@ def dataset(
                 "max_partitions": max_partitions,
                 "max_rows_per_partition": max_rows,
                 "user_budget": {"epsilon": 10.0},
-                "tables": {table: {"columns": columns}},
+                "tables": {table: {"columns": columns}, **(more_tables or {})},
                 **({"privacy_unit": unit} if unit else {}),
             }
         }
@@ -64,16 +67,20 @@ def run_exact(p: Plan, con: duckdb.DuckDBPyConnection, seed: int) -> ExactResult
         con.execute("SET schema = 'main'")
 
 
-def exact_vectors(p: Plan, con: duckdb.DuckDBPyConnection, seed: int) -> dict[str, list[int]]:
-    """Exact per-partition values of each measurement, in grid units."""
+def exact_vectors(p: Plan, con: duckdb.DuckDBPyConnection, seed: int) -> dict[str, list]:
+    """Exact per-partition values of each measurement, in grid units; for each
+    selection, the histogram of candidate indices per partition."""
     rw = rewrite(p, seed=seed)
     rows = run_exact(p, con, seed).rows
     index = {part: i for i, part in enumerate(p.partitions)}
-    out = {name: [0] * len(p.partitions) for name in rw.measurements}
+    selections = {s.name for s in p.selections}
+    out: dict[str, list] = {
+        name: [{} if name in selections else 0 for _ in p.partitions] for name in rw.measurements
+    }
     for row in rows:
         i = index[tuple(row[: rw.keys])]
         for name, value in zip(rw.measurements, row[rw.keys :], strict=True):
-            out[name][i] = int(value or 0)
+            out[name][i] = dict(value or {}) if name in selections else int(value or 0)
     return out
 
 

@@ -51,9 +51,18 @@ def execute(client: BlockingKernelClient, code: str) -> Outcome:
             outcome.streams += content["text"]
         elif kind == "status" and content["execution_state"] == "idle":
             break
-    outcome.reply = client.get_shell_msg(timeout=TIMEOUT)["content"]
+    outcome.reply = shell_reply(client, msg_id)
     outcome.status = outcome.reply["status"]
     return outcome
+
+
+def shell_reply(client: BlockingKernelClient, msg_id: str) -> dict:
+    """The reply to ``msg_id``, skipping others (a late ``kernel_info_reply`` from
+    ``wait_for_ready``, which may ask more than once while a kernel starts)."""
+    while True:
+        reply = client.get_shell_msg(timeout=TIMEOUT)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return reply["content"]
 
 
 def kernel_env(**extra: str) -> dict[str, str]:

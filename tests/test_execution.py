@@ -11,8 +11,8 @@ import duckdb
 import pytest
 
 from dpmagic.gate.policy import GateConfig, parse_policy
-from dpmagic.gate.sql.execute import Database, QueryTimeout
-from dpmagic.gate.sql.noise import Noisy
+from dpmagic.gate.sql.execute import Database, ExactResult, QueryTimeout, UnsafeSQL
+from dpmagic.gate.sql.noise import Noisy, noise
 from dpmagic.gate.sql.release import release
 from dpmagic.gate.sql.rewrite import rewrite
 from tests.gate_helpers import dataset, exact_vectors, load_table, make_plan
@@ -180,15 +180,20 @@ def test_materialised_data_is_private_to_the_gate(locked):
 )
 def test_locked_connection_refuses_escape_hatches(locked, sql):
     db, _ = locked
-    with pytest.raises(duckdb.Error):
+    with pytest.raises((duckdb.Error, UnsafeSQL)):
         db.run(sql)
 
 
 def test_state_does_not_survive_between_queries(locked):
     db, _ = locked
-    db.run("CREATE TEMP TABLE scratch AS SELECT 1 AS a")
-    with pytest.raises(duckdb.CatalogException):
-        db.run("SELECT * FROM scratch")
+    with pytest.raises(UnsafeSQL):
+        db.run("CREATE TEMP TABLE scratch AS SELECT 1 AS a")
+    # Even one made on a connection of the same database is gone for the next query.
+    other = db._db.cursor()
+    other.execute("CREATE TEMP TABLE scratch AS SELECT 1 AS a")
+    other.close()
+    with pytest.raises((duckdb.CatalogException, UnsafeSQL)):
+        db.run("SELECT a FROM scratch")
 
 
 def test_long_queries_are_interrupted(locked):
@@ -256,3 +261,38 @@ def test_arithmetic_over_aggregates_carries_an_interval():
     assert col["mechanism"] == "post-processing"
     lo, hi = col["intervals"][0]
     assert lo <= 3.0 <= hi
+
+
+def test_variances_from_exact_parts_equal_duckdbs():
+    """Fed the exact count, centred sum and centred sum of squares (no noise), the
+    release formulas give DuckDB's own variances and standard deviations."""
+    p = make_plan(
+        "SELECT g, VAR_POP(x), VAR_SAMP(x), STDDEV_POP(y), STDDEV_SAMP(y) FROM t GROUP BY g",
+        dataset(COLUMNS, max_partitions=3, max_rows=50),
+    )
+    rows = [(i, i % 3, (i * 7) % 9 - 3, (i % 6) / 2.4) for i in range(40)]
+    con = duckdb.connect()
+    load_table(con, "t", ORDER, rows)
+    exact = exact_vectors(p, con, seed=1)
+    values = {m.name: [v * m.noise.granularity for v in exact[m.name]] for m in p.measurements}
+    released = release(Noisy(plan=p, values=values))
+    truth = con.execute(
+        "SELECT g, var_pop(x), var_samp(x), stddev_pop(y), stddev_samp(y) FROM t "
+        "GROUP BY g ORDER BY g"
+    ).fetchall()
+    for got, want in zip(released.rows, truth, strict=True):
+        assert got[0] == want[0]
+        # Float values are summed on a grid far finer than the noise, not exactly.
+        assert got[1:3] == pytest.approx(list(want[1:3]), rel=1e-9)
+        assert got[3:] == pytest.approx(list(want[3:]), rel=1e-4)
+
+
+def test_released_quantiles_lie_within_the_declared_bounds():
+    p = make_plan("SELECT g, MIN(x), MEDIAN(y), MAX(x) FROM t GROUP BY g", ROW_LEVEL, epsilon=0.1)
+    con = duckdb.connect()
+    load_table(con, "t", ORDER, [(i, i % 3, 99 * (-1) ** i, 1e9) for i in range(30)])
+    rw = rewrite(p, seed=3)
+    released = release(noise(p, rw, ExactResult(con.execute(rw.sql).fetchall())))
+    for _, low, middle, high in released.rows:
+        assert -3 <= low <= 5 and -3 <= high <= 5 and 0.0 <= middle <= 2.5
+    assert [c["mechanism"] for c in released.accuracy["columns"][1:]] == ["exponential"] * 3

@@ -115,7 +115,7 @@ def test_resolve_accepts_aliases_and_qualified_names():
         ("SELECT COUNT(*) FROM t WHERE note LIKE note", "literal pattern"),
         ("SELECT COUNT(*) OVER () FROM t", "window"),
         ("SELECT DISTINCT sex FROM t", "DISTINCT"),
-        ("SELECT COUNT(*) FROM t WHERE age IN (SELECT age FROM t)", "subqueries"),
+        ("SELECT COUNT(*) FROM t WHERE age IN (SELECT age FROM t)", "privacy units"),
         ("SELECT SUM(COUNT(*)) FROM t", "nested"),
         ("SELECT list(age) FROM t", "never allowed"),
         ("SELECT 1 FROM t", "no aggregate"),

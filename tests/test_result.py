@@ -77,7 +77,7 @@ def test_intervals_toggle_open_hidden_spans():
     spans = re.findall(r'<span class="dpm-int" style="display:none">(.*?)</span>', html)
     assert spans == ["[29, 53]", "[30.50, 44]"] * 3
     # the style sheet opens exactly those spans when the toggle is open
-    assert "details.dpm-toggle[open] ~ table .dpm-int { display: inline !important; }" in html
+    assert "details.dpm-toggle[open] ~ table .dpm-int { display: inline-block !important; }" in html
 
 
 def test_no_toggle_without_noisy_cells():
@@ -208,11 +208,11 @@ def test_budget_view():
     view = BudgetView([DatasetBudget({"dataset": "d", **budget(0.5, 3.5)}, HISTORY)], "nb<1>")
     html = view._repr_html_()
     assert "notebook nb&lt;1&gt;" in html
-    assert "<td>you, all notebooks</td><td>1.5</td><td>5</td><td>3.5</td>" in html
-    assert "<td>notebook nb&lt;1&gt;</td><td>1.5</td><td>2</td><td>0.5</td>" in html
+    assert "you, all notebooks</td><td>1.5</td><td>5</td><td>3.5</td>" in html
+    assert ">notebook nb&lt;1&gt;</td><td>1.5</td><td>2</td><td>0.5</td>" in html
     assert "δ" not in html
-    rows = re.findall(r"<tr><td>(2026[^<]*)</td><td[^>]*><code>(.*?)</code></td>"
-                      r"<td>(.*?)</td><td>(.*?)</td></tr>", html)  # fmt: skip
+    rows = re.findall(r"<tr><td[^>]*>(2026[^<]*)</td><td[^>]*><code>(.*?)</code></td>"
+                      r"<td[^>]*>(.*?)</td><td>(.*?)</td></tr>", html)  # fmt: skip
     assert [r[0] for r in rows] == [
         "2026-03-01 09:15:02",
         "2026-03-01 09:16:00",
@@ -286,7 +286,8 @@ def test_schema_view():
         "budget: user ε 5, notebook ε 2, query default ε 0.1"
     )
     html = view._repr_html_()
-    assert "<td>age</td><td>int</td><td>[0, 100]</td><td></td>" in html
+    assert "<td>age</td><td>int</td><td>[0, 100]</td><td></td><td>SUM/AVG, WHERE, COUNT" in html
+    assert "<td>name</td><td>str</td><td></td><td></td><td>public table: no privacy cost" in html
     assert "<td>sex</td><td>int</td><td></td><td>0, 1</td>" in html
     assert "<strong>states (public)</strong>" in html
     assert "states (public)" in repr(view)

@@ -15,7 +15,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dpmagic.gate.sensitivity import Contribution, count_sensitivity, sum_sensitivity
+from dpmagic.gate.sensitivity import (
+    Contribution,
+    count_sensitivity,
+    selection_distance,
+    sum_sensitivity,
+)
 from tests.gate_helpers import dataset, exact_vectors, load_table, make_plan
 
 COLUMNS = {
@@ -37,9 +42,18 @@ QUERIES = [
     "SELECT g, SUM(LEAST(y, 1.0)), SUM(CASE WHEN x > 2 THEN 2 WHEN x < 0 THEN -x ELSE x END) "
     "FROM t GROUP BY g",
     "SELECT AVG(CASE WHEN y >= 1 OR x = 0 THEN 1 ELSE y END) FROM t",
+    "SELECT g, COUNT(DISTINCT x), COUNT(DISTINCT pid) FROM t GROUP BY g",
+    "SELECT VAR_POP(x), STDDEV_SAMP(y) FROM t WHERE g <> 1",
+    "SELECT g, MEDIAN(x), MIN(y), quantile_cont(y, 0.9) FROM t GROUP BY g",
+    "SELECT MAX(x) FILTER (WHERE g = 1), COUNT(*) FILTER (WHERE y > 1) FROM t",
+    "SELECT x, COUNT(*), SUM(y) FROM t GROUP BY x",
+    "SELECT CASE WHEN x < 0 THEN 'neg' ELSE 'pos' END AS sign, AVG(y) FROM t GROUP BY sign",
+    "SELECT y > 1 AS big, x // 2 AS half, COUNT(*) FROM t GROUP BY big, half",
+    "SELECT COUNT(*), SUM(z) FROM (SELECT x + 1 AS z FROM t WHERE y < 2) AS s WHERE z > 0",
+    "WITH a AS (SELECT * FROM t WHERE g = 0), b AS (SELECT x * 2 AS x2 FROM a) "
+    "SELECT SUM(x2) FROM b",
     # Bounded per query after load (a unit's ranked rows may reach several groups):
     "SELECT g, COUNT(DISTINCT pid) FROM t GROUP BY g",
-    "SELECT g, COUNT(DISTINCT x), COUNT(DISTINCT pid) FROM t GROUP BY g",
 ]
 ORDER = ["pid", "g", "x", "y"]
 
@@ -60,7 +74,7 @@ def _l1(a: list[int], b: list[int]) -> int:
     return sum(abs(x - y) for x, y in zip(a, b, strict=True))
 
 
-@settings(max_examples=70, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     per_unit=units,
     replacement=unit_rows,
@@ -104,9 +118,21 @@ def test_sensitivity_bounds_every_neighbour(
             neighbour = kept + [(pid, *r) for r in swap]
         load_table(con, "t", ORDER, neighbour)
         other = exact_vectors(p, con, seed)
-        for m in p.measurements:
-            distance = _l1(base[m.name], other[m.name])
-            assert distance <= m.noise.sensitivity, (query, m.label, distance)
+        _assert_within_sensitivity(p, base, other, query)
+
+
+def _assert_within_sensitivity(p, base: dict, other: dict, query: str) -> None:
+    for m in p.measurements:
+        distance = _l1(base[m.name], other[m.name])
+        assert distance <= m.noise.sensitivity, (query, m.label, distance)
+    for s in p.selections:
+        moved = sum(_symmetric(a, b) for a, b in zip(base[s.name], other[s.name], strict=True))
+        assert moved <= s.sensitivity, (query, s.label, moved)
+
+
+def _symmetric(a: dict[int, int], b: dict[int, int]) -> int:
+    """The symmetric distance between two multisets given as histograms."""
+    return sum(abs(a.get(k, 0) - b.get(k, 0)) for k in set(a) | set(b))
 
 
 def _without_one(rows: list[tuple], target: tuple) -> list[tuple]:
@@ -161,3 +187,127 @@ def test_sensitivity_formulas(lower, upper, groups, rows, partitions, add_remove
     assert sum_sensitivity(lower, upper, c, "substitute") == substitute
     if lower == upper == 1:
         assert count_sensitivity(c, "substitute") == substitute
+        assert selection_distance(c, "add_remove") == groups * rows
+        assert selection_distance(c, "substitute") == 2 * groups * rows
+
+
+# -- joins ---------------------------------------------------------------------
+
+JOINED = {
+    "u": {"columns": {"pid": {"type": "int"}, "z": {"type": "int", "lower": -2, "upper": 4}}},
+    "pub": {
+        "public": True,
+        "columns": {
+            "g": {"type": "int", "public_values": [0, 1, 2]},
+            "w": {"type": "int", "lower": 0, "upper": 3},
+        },
+    },
+}
+PUBLIC_ROWS = [(0, 1), (0, 3), (1, 2), (2, 0), (2, 2), (2, 3)]  # g 0 and 2 match twice
+JOIN_QUERIES = [
+    "SELECT COUNT(*) FROM t JOIN u ON t.pid = u.pid",
+    "SELECT t.g, SUM(u.z), COUNT(*) FROM t JOIN u ON t.pid = u.pid GROUP BY t.g",
+    "SELECT COUNT(u.z), SUM(t.x) FROM t LEFT JOIN u ON t.pid = u.pid AND u.z > 0",
+    "SELECT pub.w, COUNT(*), SUM(t.y) FROM t JOIN pub ON t.g = pub.g GROUP BY pub.w",
+    "SELECT COUNT(*), SUM(a.x) FROM t AS a JOIN t AS b ON a.pid = b.pid",
+    "SELECT MEDIAN(u.z), COUNT(DISTINCT t.pid) FROM u JOIN t USING (pid)",
+    "SELECT g, AVG(z) FROM (SELECT t.g, u.z FROM t JOIN u ON t.pid = u.pid WHERE u.z >= 0) AS j "
+    "GROUP BY g",
+    "SELECT COUNT(*) FROM t JOIN u ON t.pid = u.pid JOIN pub ON pub.g = t.g WHERE pub.w > 1",
+    "SELECT g, COUNT(*), SUM(x) FROM t WHERE pid IN (SELECT pid FROM u WHERE z > 0) GROUP BY g",
+    "SELECT COUNT(*) FROM t WHERE pid NOT IN (SELECT u.pid FROM u JOIN pub ON u.z = pub.w)",
+    "SELECT g, SUM(x) FROM t WHERE NOT EXISTS (SELECT 1 FROM u WHERE t.pid = u.pid AND z < 0) "
+    "GROUP BY g",
+    "SELECT COUNT(*), SUM(k.zz), MAX(k.zz) FROM t LEFT JOIN "
+    "(SELECT pid, COALESCE(z, 0) + 1 AS zz FROM u WHERE z > 0) AS k ON t.pid = k.pid",
+    "SELECT pub.w, COUNT(*), COUNT(DISTINCT t.pid) FROM t CROSS JOIN pub GROUP BY pub.w",
+]
+joined_unit = st.tuples(unit_rows, st.lists(st.one_of(st.none(), st.integers(-5, 6)), max_size=4))
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    per_unit=st.lists(joined_unit, min_size=1, max_size=4),
+    replacement=joined_unit,
+    query=st.sampled_from(JOIN_QUERIES),
+    neighbouring=st.sampled_from(["add_remove", "substitute"]),
+    max_partitions=st.integers(1, 3),
+    max_rows=st.integers(1, 3),
+    seed=st.integers(0, 2**62),
+)
+def test_join_sensitivity_bounds_every_neighbour(
+    per_unit, replacement, query, neighbouring, max_partitions, max_rows, seed
+):
+    """Joins multiply a unit's rows (a self-join squares them, the public table
+    doubles some): the bounds hold all the same, because they apply after the join."""
+    ds = dataset(
+        COLUMNS,
+        neighbouring=neighbouring,
+        max_partitions=max_partitions,
+        max_rows=max_rows,
+        more_tables=JOINED,
+    )
+    p = make_plan(query, ds)
+    con = duckdb.connect()
+    load_table(con, "pub", ["g", "w"], PUBLIC_ROWS)
+
+    def load(units: dict[int, tuple]) -> dict[str, list]:
+        load_table(con, "t", ORDER, [(pid, *r) for pid, (rows, _) in units.items() for r in rows])
+        load_table(con, "u", ["pid", "z"], [(pid, z) for pid, (_, zs) in units.items() for z in zs])
+        return exact_vectors(p, con, seed)
+
+    units = dict(enumerate(per_unit, start=1))
+    base = load(units)
+    for pid in units:
+        others = {k: v for k, v in units.items() if k != pid}
+        if neighbouring == "substitute":
+            others[pid] = replacement
+        _assert_within_sensitivity(p, base, load(others), query)
+
+
+def test_a_self_join_cannot_inflate_a_count():
+    """One unit with 3 rows self-joined gives 9 rows: the count still moves by the bound."""
+    ds = dataset(COLUMNS, max_partitions=1, max_rows=2, more_tables=JOINED)
+    p = make_plan("SELECT COUNT(*) FROM t AS a JOIN t AS b ON a.pid = b.pid", ds)
+    con = duckdb.connect()
+    load_table(con, "t", ORDER, [(1, 0, 1, 1.0)] * 3 + [(2, 0, 1, 1.0)])
+    with_unit = exact_vectors(p, con, seed=4)
+    load_table(con, "t", ORDER, [(2, 0, 1, 1.0)])
+    without = exact_vectors(p, con, seed=4)
+    (m,) = p.measurements
+    assert _l1(with_unit[m.name], without[m.name]) == m.noise.sensitivity == 2
+
+
+def test_a_unit_in_many_groups_moves_a_quantile_histogram_by_the_bound():
+    ds = dataset(COLUMNS, max_partitions=2, max_rows=2)
+    p = make_plan("SELECT g, MEDIAN(x) FROM t GROUP BY g", ds)
+    con = duckdb.connect()
+    heavy = [(1, g, 5, 0.0) for g in (0, 1, 2) for _ in range(4)]
+    load_table(con, "t", ORDER, [*heavy, (2, 0, -3, 0.0)])
+    with_unit = exact_vectors(p, con, seed=9)
+    load_table(con, "t", ORDER, [(2, 0, -3, 0.0)])
+    without = exact_vectors(p, con, seed=9)
+    (s,) = p.selections
+    moved = sum(_symmetric(a, b) for a, b in zip(with_unit[s.name], without[s.name], strict=True))
+    assert moved == s.sensitivity == 4
+
+
+def test_a_null_in_a_private_subquery_cannot_decide_other_units_rows():
+    """Under SQL's rules one unit's NULL would make ``NOT IN`` NULL for every row;
+    the gate leaves NULLs out of a subquery over private rows, so adding the unit
+    whose LEFT JOIN gives a NULL moves the count by its own bound only."""
+    ds = dataset(COLUMNS, max_partitions=1, max_rows=1, more_tables=JOINED)
+    sql = (
+        "SELECT COUNT(*) FROM t WHERE pid NOT IN "
+        "(SELECT v.pid FROM u LEFT JOIN u AS v ON u.pid = v.pid AND v.z > 3)"
+    )
+    p = make_plan(sql, ds)
+    (m,) = p.measurements
+    con = duckdb.connect()
+    load_table(con, "t", ORDER, [(pid, 0, 1, 2.0) for pid in range(2, 8)])
+    load_table(con, "u", ["pid", "z"], [])
+    without = exact_vectors(p, con, seed=2)
+    load_table(con, "u", ["pid", "z"], [(1, 0)])  # unit 1: no match, so v.pid is NULL
+    with_null = exact_vectors(p, con, seed=2)
+    assert without[m.name] == [6]
+    assert _l1(with_null[m.name], without[m.name]) <= m.noise.sensitivity

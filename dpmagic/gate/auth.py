@@ -3,9 +3,9 @@
 Identity must come from something the kernel cannot choose. On a unix socket
 that is the kernel process's uid, which the operating system reports for the
 connection (``SO_PEERCRED``); over TCP it is a secret bearer token issued by
-the admin. An authenticator is anything with ``identify``: a JupyterHub one
-(resolving the kernel's ``JUPYTERHUB_API_TOKEN`` through the Hub) can be
-added next to these without touching the server.
+the admin; or, on JupyterHub, the kernel's ``JUPYTERHUB_API_TOKEN``, which
+only the Hub can resolve to a user. An authenticator is anything with
+``identify``.
 """
 
 from __future__ import annotations
@@ -87,6 +87,68 @@ class TokenAuth:
         if found is None:
             raise Unauthorized("the token is not valid for this gate")
         return found
+
+
+class HubTokenAuth:
+    """JupyterHub: the bearer token is a Hub API token, resolved by the Hub.
+
+    Every single-user server, and so every kernel in it, holds a token the
+    Hub issued to that user (``JUPYTERHUB_API_TOKEN``); the client sends it.
+    The Hub says whose it is and what it may do (jupyterhub's ``HubAuth``):
+    it must belong to a user, not a service, and carry this gate's access
+    scope (``access:services!service=NAME``). ``JUPYTERHUB_USER`` and other
+    claims the kernel makes about itself are never read.
+    """
+
+    # How long the Hub's answer for a token is reused: long enough to spare
+    # the Hub a request per query, short enough that a revoked token stops
+    # working soon.
+    CACHE_S = 60
+
+    def __init__(self, hub_auth: object | None = None) -> None:
+        from jupyterhub.services.auth import HubAuth
+
+        self._hub = hub_auth if hub_auth is not None else HubAuth(cache_max_age=self.CACHE_S)
+        self.scopes: set[str] = set(self._hub.access_scopes)
+        if not self.scopes:
+            raise HubConfigError(
+                "--jupyterhub needs the gate's service name: run it as a Hub service, or set "
+                "JUPYTERHUB_SERVICE_NAME (and JUPYTERHUB_API_URL) in its environment"
+            )
+
+    def identify(self, request: Request) -> str:
+        from tornado.web import HTTPError
+
+        token = _bearer(request, "a JupyterHub API token ($JUPYTERHUB_API_TOKEN)")
+        try:
+            model = self._hub.user_for_token(token, sync=True)
+        except HTTPError:
+            raise Unauthorized("the Hub could not check the token; try again later") from None
+        if not model:
+            raise Unauthorized("the Hub does not know this token")
+        if model.get("kind", "user") != "user":
+            raise Unauthorized("this gate answers users' tokens, not services'")
+        if not self._hub.check_scopes(self.scopes, model):
+            raise Unauthorized(
+                f"the token lacks the scope {' or '.join(sorted(self.scopes))}: "
+                "add it to c.Spawner.server_token_scopes and to the users' role"
+            )
+        return str(model["name"])
+
+
+class HubConfigError(ValueError):
+    """The gate cannot act as a JupyterHub service; the message says what is missing."""
+
+
+def _bearer(request: Request, what: str) -> str:
+    """The token of an ``Authorization: Bearer`` (or Hub-style ``token``) header."""
+    header = request.headers.get("Authorization")
+    if header is None:
+        raise Unauthorized(f"this gate needs {what} in an `Authorization: Bearer` header")
+    scheme, _, token = header.strip().partition(" ")
+    if scheme.lower() not in ("bearer", "token") or not token.strip():
+        raise Unauthorized("the Authorization header must be `Bearer <token>`")
+    return token.strip()
 
 
 def load_tokens(path: Path) -> dict[str, str]:

@@ -13,7 +13,7 @@ import hashlib
 import json
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dpmagic.gate.accounting import AccountantError, make_accountant, remaining
 from dpmagic.gate.errors import BadRequest, Failed, GateError
@@ -35,6 +35,7 @@ log = logging.getLogger("dpmagic.gate")
 # replay answers computed the old way.
 ANSWER_VERSION = "2"
 MAX_NOTEBOOK_CHARS = 512
+MIN_EPSILON = 1e-12
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,9 @@ class Engine:
         self.accountant = make_accountant(policy.gate.accountant)
         # Data first: a policy whose files are missing fails before any state is written.
         self.databases = {name: Database(ds, policy.gate) for name, ds in policy.datasets.items()}
+        # A public table's contents are public: its columns' values become known keys.
+        datasets = {n: self.databases[n].public_keys(ds) for n, ds in policy.datasets.items()}
+        self.policy = policy = replace(policy, datasets=datasets)
         self.ledger = Ledger(policy.gate.state_dir / "ledger.sqlite3", self.accountant)
 
     def close(self) -> None:
@@ -103,8 +107,7 @@ class Engine:
 
     def analyse(self, dataset: Dataset, request: QueryRequest) -> Plan:
         """Every check that can refuse a query; touches no data, costs nothing."""
-        epsilon = request.epsilon if request.epsilon is not None else dataset.query_default.epsilon
-        delta = request.delta if request.delta is not None else 0.0
+        epsilon, delta = _asked(dataset, request)
         parsed = parse(request.sql, request.params)  # type: ignore[arg-type]
         checked = check(resolve(parsed, dataset))
         try:
@@ -117,12 +120,21 @@ class Engine:
         dataset = self._dataset(request.dataset)
         the_plan = self.analyse(dataset, request)
         key = self._replay_key(dataset, the_plan, request)
+        eps, delta = _asked(dataset, request)
         reply: dict[str, object] = {
             "dataset": dataset.name,
             "cost": the_plan.cost.as_dict(),
             "plan": _plan_summary(the_plan),
             "dry_run": request.dry_run,
             "replayed": False,
+            # What was asked, with the policy's defaults filled in: a transcript
+            # of released answers is matched on it where no gate can analyse.
+            "request": {
+                "sql": request.sql,
+                "params": request.params,
+                "epsilon": eps,
+                "delta": delta,
+            },
         }
         if request.dry_run:
             reply.update(
@@ -190,17 +202,7 @@ class Engine:
         name = None if dataset is None else self._dataset(dataset).name
         nb = notebook or "unnamed"
         rows = self.ledger.history(user=user, dataset=name, notebook=nb, limit=limit)
-        entries = [
-            {
-                "time": row["time"],
-                "dataset": row["dataset"],
-                "sql": row["sql"],
-                "cost": {"epsilon": row["epsilon"], "delta": row["delta"]},
-                "status": row["status"],
-                "replayed": row["replayed"],
-            }
-            for row in reversed(rows)
-        ]
+        entries = history_entries(rows)
         datasets = sorted(self.policy.datasets) if name is None else [name]
         return {"datasets": datasets, "notebook": nb, "entries": entries}
 
@@ -220,22 +222,7 @@ class Engine:
     def _with_budget(
         self, reply: dict[str, object], user: str, dataset: Dataset, notebook: str
     ) -> dict[str, object]:
-        views = {}
-        for scope, limit, nb in (
-            ("user", dataset.user_budget, None),
-            ("notebook", dataset.notebook_budget, notebook),
-        ):
-            spent = self.ledger.spent(user, dataset.name, nb)
-            views[scope] = {
-                "spent": self.accountant.as_budget(spent).as_dict(),
-                "limit": limit.as_dict(),
-                "remaining": remaining(self.accountant, spent, limit).as_dict(),
-            }
-        user_left = views["user"]["remaining"]
-        nb_view = views["notebook"]
-        # A notebook draws on the user's budget: it can never have more left than the user.
-        nb_view["remaining"] = {k: min(v, user_left[k]) for k, v in nb_view["remaining"].items()}
-        reply["budget"] = views
+        reply["budget"] = budget_views(self.ledger, user, dataset, notebook)
         return reply
 
     def _replay_key(self, dataset: Dataset, the_plan: Plan, request: QueryRequest) -> str:
@@ -250,6 +237,45 @@ class Engine:
         }
         text = json.dumps(identity, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()
+
+
+def budget_views(
+    ledger: Ledger, user: str, dataset: Dataset, notebook: str
+) -> dict[str, dict[str, dict[str, float]]]:
+    """The ``budget`` object of a reply: the user's and the notebook's spent,
+    limit (with grants) and remaining."""
+    views = {}
+    for scope, limit, nb in (
+        ("user", dataset.user_budget, None),
+        ("notebook", dataset.notebook_budget, notebook),
+    ):
+        spent = ledger.spent(user, dataset.name, nb)
+        limit = ledger.limit(limit, user, dataset.name, nb)
+        views[scope] = {
+            "spent": ledger.accountant.as_budget(spent).as_dict(),
+            "limit": limit.as_dict(),
+            "remaining": remaining(ledger.accountant, spent, limit).as_dict(),
+        }
+    user_left = views["user"]["remaining"]
+    nb_view = views["notebook"]
+    # A notebook draws on the user's budget: it can never have more left than the user.
+    nb_view["remaining"] = {k: min(v, user_left[k]) for k, v in nb_view["remaining"].items()}
+    return views
+
+
+def history_entries(rows: list[dict[str, object]]) -> list[dict[str, object]]:
+    """Ledger rows (newest first) as ``/v1/history`` shows them, oldest first."""
+    return [
+        {
+            "time": row["time"],
+            "dataset": row["dataset"],
+            "sql": row["sql"],
+            "cost": {"epsilon": row["epsilon"], "delta": row["delta"]},
+            "status": row["status"],
+            "replayed": row["replayed"],
+        }
+        for row in reversed(rows)
+    ]
 
 
 def _plan_summary(the_plan: Plan) -> list[dict[str, object]]:
@@ -286,6 +312,12 @@ def _plan_summary(the_plan: Plan) -> list[dict[str, object]]:
     ]
 
 
+def _asked(dataset: Dataset, request: QueryRequest) -> tuple[float, float]:
+    """The (ε, δ) a query is asked at: the request's, else the policy's default."""
+    epsilon = request.epsilon if request.epsilon is not None else dataset.query_default.epsilon
+    return epsilon, request.delta if request.delta is not None else 0.0
+
+
 def _number(body: dict, key: str) -> float | None:
     value = body.get(key)
     if value is None:
@@ -294,6 +326,9 @@ def _number(body: dict, key: str) -> float | None:
         raise BadRequest(f"`{key}` must be a finite number")
     if value < 0 or (key == "epsilon" and value == 0):
         raise BadRequest(f"`{key}` must be positive")
+    if key == "epsilon" and value < MIN_EPSILON:
+        # Split over measurements, a smaller ε can round to zero.
+        raise BadRequest(f"`epsilon` must be at least {MIN_EPSILON:g}")
     return float(value)
 
 

@@ -32,6 +32,11 @@ BUSY_TIMEOUT_S = 30.0
 SCHEMA_VERSION = 1
 
 CHARGED, RELEASED, FAILED, REPLAYED = "charged", "released", "failed", "replayed"
+# Admin actions, kept in the same log as the queries they affect.
+GRANTED, RESET = "granted", "reset"
+# The notebook column of an admin action that applies to the user as a whole;
+# never a real notebook name, as the gate names a nameless notebook "unnamed".
+WHOLE_USER = ""
 # Statuses whose cost counts against the budget; a replay costs nothing.
 _SPENDING = (CHARGED, RELEASED, FAILED)
 
@@ -101,6 +106,8 @@ class Ledger:
     ) -> int:
         """Charge ``cost`` durably, or raise OverBudget having written nothing."""
         with self._lock, self._transaction():
+            user_limit = self._limit(user_limit, user, dataset, None)
+            notebook_limit = self._limit(notebook_limit, user, dataset, notebook)
             spent_user = self._spent(user, dataset, None)
             spent_nb = self._spent(user, dataset, notebook)
             need = self.accountant.as_budget(cost)
@@ -163,6 +170,18 @@ class Ledger:
             ).fetchone()
         return None if row is None else json.loads(row["reply"])
 
+    def reply(self, entry_id: int) -> dict | None:
+        """The reply a released or replayed entry gave (a replay: the release it served)."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT reply FROM entries WHERE status = ? AND id = (SELECT MAX(r.id)"
+                " FROM entries AS r JOIN entries AS e ON r.user = e.user"
+                " AND r.dataset = e.dataset AND r.replay_key = e.replay_key"
+                " WHERE e.id = ? AND r.id <= e.id AND r.status = ?)",
+                (RELEASED, entry_id, RELEASED),
+            ).fetchone()
+        return None if row is None else json.loads(row["reply"])
+
     def record_replay(
         self, *, user: str, dataset: str, notebook: str, sql: str, replay_key: str
     ) -> None:
@@ -210,8 +229,8 @@ class Ledger:
             self._db.close()
 
     def _spent(self, user: str, dataset: str, notebook: str | None) -> Cost:
-        sql = "SELECT epsilon, delta, rho FROM entries WHERE user = ? AND dataset = ?"
-        args: list[object] = [user, dataset]
+        sql = "SELECT epsilon, delta, rho FROM entries WHERE user = ? AND dataset = ? AND id > ?"
+        args: list[object] = [user, dataset, self._last_reset(user, dataset, notebook)]
         if notebook is not None:
             sql += " AND notebook = ?"
             args.append(notebook)
@@ -219,6 +238,73 @@ class Ledger:
         args.extend(_SPENDING)
         rows = self._db.execute(sql, args).fetchall()
         return self.accountant.compose(Cost(r["epsilon"], r["delta"], r["rho"]) for r in rows)
+
+    # Admin actions (``dpmagic budget grant|reset``). A grant raises a limit by
+    # an (ε, δ) amount; a reset forgets what was spent and granted before it.
+    # Both are rows of the audit log, so the log alone explains every budget.
+
+    def grant(
+        self, *, user: str, dataset: str, notebook: str | None, amount: Budget, note: str
+    ) -> None:
+        """Raise the user's (or one notebook's) limit on ``dataset`` by ``amount``."""
+        self._admin(user, dataset, notebook, amount, GRANTED, note)
+
+    def reset(self, *, user: str, dataset: str, notebook: str | None, note: str) -> None:
+        """Start the user's (or one notebook's) spending on ``dataset`` from zero.
+
+        Released answers stay replayable: they were already paid for.
+        """
+        self._admin(user, dataset, notebook, Budget(0.0), RESET, note)
+
+    def limit(self, base: Budget, user: str, dataset: str, notebook: str | None = None) -> Budget:
+        """``base`` (the policy's limit) plus what was granted since the last reset."""
+        with self._lock:
+            return self._limit(base, user, dataset, notebook)
+
+    def _admin(
+        self,
+        user: str,
+        dataset: str,
+        notebook: str | None,
+        amount: Budget,
+        status: str,
+        note: str,
+    ) -> None:
+        scope = WHOLE_USER if notebook is None else notebook
+        with self._lock, self._transaction():
+            self._db.execute(
+                "INSERT INTO entries (time, user, dataset, notebook, epsilon, delta, rho, sql,"
+                " status) VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?)",
+                (_now(), user, dataset, scope, amount.epsilon, amount.delta, note, status),
+            )
+
+    def _last_reset(self, user: str, dataset: str, notebook: str | None) -> int:
+        """The id of the last reset that applies to a scope (0 if none).
+
+        A whole-user reset applies to every notebook; a notebook's own reset
+        only to that notebook, so it never gives back the user's budget.
+        """
+        scopes = [WHOLE_USER] if notebook is None else [WHOLE_USER, notebook]
+        row = self._db.execute(
+            "SELECT MAX(id) FROM entries WHERE user = ? AND dataset = ? AND status = ?"
+            f" AND notebook IN ({', '.join('?' for _ in scopes)})",
+            [user, dataset, RESET, *scopes],
+        ).fetchone()
+        return int(row[0] or 0)
+
+    def _limit(self, base: Budget, user: str, dataset: str, notebook: str | None) -> Budget:
+        row = self._db.execute(
+            "SELECT COALESCE(SUM(epsilon), 0), COALESCE(SUM(delta), 0) FROM entries"
+            " WHERE user = ? AND dataset = ? AND notebook = ? AND status = ? AND id > ?",
+            (
+                user,
+                dataset,
+                WHOLE_USER if notebook is None else notebook,
+                GRANTED,
+                self._last_reset(user, dataset, notebook),
+            ),
+        ).fetchone()
+        return Budget(base.epsilon + row[0], base.delta + row[1])
 
     def _transaction(self) -> _Immediate:
         return _Immediate(self._db)

@@ -23,6 +23,7 @@ from functools import lru_cache
 import opendp.prelude as dp
 from opendp.accuracy import discrete_laplacian_scale_to_accuracy
 
+from dpmagic.gate.errors import Refused
 from dpmagic.gate.fast_noise import discrete_laplace, exact_scale
 
 dp.enable_features("contrib")
@@ -30,6 +31,10 @@ dp.enable_features("contrib")
 DISCRETE_LAPLACE = "discrete_laplace"
 GRANULAR_LAPLACE = "granular_laplace"
 _I64_MAX = 2**63 - 1
+# OpenDP's integer samples saturate at the i64 limits, and a saturated draw added to
+# the exact value would give that value away. Below this scale (in grid units) a
+# draw reaches 2**63 with probability under e**-128; above it the query is refused.
+MAX_SCALE = 2.0**56
 # From this many cells on, noise comes from ``fast_noise`` (OpenDP's takes ~10 µs a cell).
 FAST_NOISE_CELLS = 1_000
 
@@ -68,7 +73,12 @@ class LaplaceNoise:
     def half_width(self, alpha: float) -> float:
         """Half-width of an interval that holds the noise with probability ≥ 1-alpha, in
         released units."""
-        units = math.floor(discrete_laplacian_scale_to_accuracy(self.scale, alpha))
+        accuracy = discrete_laplacian_scale_to_accuracy(self.scale, alpha)
+        if not math.isfinite(accuracy):
+            # OpenDP's formula underflows at scales below ~1e-3, where a draw is
+            # non-zero with probability about 2e**-1000: the interval is the point.
+            accuracy = 0.0
+        units = math.floor(accuracy)
         return units * self.granularity
 
 
@@ -86,6 +96,11 @@ def calibrate(sensitivity: int, epsilon: float, granularity: float = 1.0) -> Lap
         # A constant release needs no noise; a tiny scale keeps the type uniform.
         return LaplaceNoise(0, 0.0, granularity)
     scale = sensitivity / epsilon
+    if not scale <= MAX_SCALE:
+        raise Refused(
+            f"ε = {epsilon:g} is too small for this aggregate's declared bounds: its noise "
+            "could not be sampled exactly; ask for a larger ε or declare narrower bounds"
+        )
     while _privacy_map(scale, sensitivity) > epsilon:
         scale = math.nextafter(scale, math.inf)
     return LaplaceNoise(sensitivity, scale, granularity)

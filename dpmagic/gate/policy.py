@@ -7,6 +7,7 @@ users by ``/v1/schema``, and never derived from the data.
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import tomllib
 from dataclasses import dataclass, field, replace
@@ -43,6 +44,7 @@ class Column:
     lower: float | None = None
     upper: float | None = None
     public_values: tuple[object, ...] | None = None
+    dates: tuple[dt.date, dt.date] | None = None  # a date column's bounds
 
     @property
     def bounded(self) -> bool:
@@ -56,6 +58,8 @@ class Column:
             out["upper"] = self.upper
         if self.public_values is not None:
             out["public_values"] = list(self.public_values)
+        if self.dates is not None:
+            out["lower"], out["upper"] = (d.isoformat() for d in self.dates)
         return out
 
 
@@ -347,6 +351,13 @@ def _column(name: str, raw: dict, where: str) -> Column:
     if ctype not in COLUMN_TYPES:
         raise PolicyError(f"{where}.type must be one of {', '.join(COLUMN_TYPES)}")
     lower, upper = raw.get("lower"), raw.get("upper")
+    if ctype == "date":
+        return Column(
+            name=name.lower(),
+            type=ctype,
+            dates=_date_bounds(lower, upper, where),
+            public_values=_public_values(raw, where),
+        )
     for key, value in (("lower", lower), ("upper", upper)):
         if value is not None and (
             not isinstance(value, int | float)
@@ -360,19 +371,14 @@ def _column(name: str, raw: dict, where: str) -> Column:
         raise PolicyError(f"{where}: lower ({lower}) is above upper ({upper})")
     if lower is not None and ctype not in ("int", "float"):
         raise PolicyError(f"{where}: bounds apply to int and float columns only")
-    values = raw.get("public_values")
-    if values is not None:
-        if not isinstance(values, list) or not values:
-            raise PolicyError(f"{where}.public_values must be a non-empty list")
-        if len(set(values)) != len(values):
-            raise PolicyError(f"{where}.public_values has duplicates")
-        values = tuple(values)
-        if (
-            lower is None
-            and ctype in ("int", "float")
-            and all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
-        ):
-            lower, upper = min(values), max(values)
+    values = _public_values(raw, where)
+    if (
+        values is not None
+        and lower is None
+        and ctype in ("int", "float")
+        and all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+    ):
+        lower, upper = min(values), max(values)
     if ctype == "bool" and lower is None:
         lower, upper = 0, 1
     if ctype == "int" and lower is not None:
@@ -382,6 +388,38 @@ def _column(name: str, raw: dict, where: str) -> Column:
     if ctype == "float" and lower is not None:
         lower, upper = float(lower), float(upper)
     return Column(name=name.lower(), type=ctype, lower=lower, upper=upper, public_values=values)
+
+
+def _public_values(raw: dict, where: str) -> tuple[object, ...] | None:
+    values = raw.get("public_values")
+    if values is None:
+        return None
+    if not isinstance(values, list) or not values:
+        raise PolicyError(f"{where}.public_values must be a non-empty list")
+    if len(set(values)) != len(values):
+        raise PolicyError(f"{where}.public_values has duplicates")
+    return tuple(values)
+
+
+def _date_bounds(lower: object, upper: object, where: str) -> tuple[dt.date, dt.date] | None:
+    """A date column's bounds: TOML dates (``2019-01-01``) or ISO strings."""
+    if lower is None and upper is None:
+        return None
+    out = []
+    for key, value in (("lower", lower), ("upper", upper)):
+        if isinstance(value, dt.datetime):
+            value = value.date()
+        if isinstance(value, str):
+            try:
+                value = dt.date.fromisoformat(value)
+            except ValueError:
+                value = None
+        if not isinstance(value, dt.date):
+            raise PolicyError(f"{where}.{key} must be a date such as 2019-01-01")
+        out.append(value)
+    if out[0] > out[1]:
+        raise PolicyError(f"{where}: lower ({out[0]}) is above upper ({out[1]})")
+    return out[0], out[1]
 
 
 def _budget(raw: dict, key: str, where: str, default: Budget | None) -> Budget:

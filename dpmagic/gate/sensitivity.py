@@ -63,5 +63,17 @@ def sum_sensitivity(lower: int, upper: int, c: Contribution, neighbouring: str) 
 
 
 def count_sensitivity(c: Contribution, neighbouring: str) -> int:
-    """L1 sensitivity of per-partition counts: a sum of ones."""
+    """L1 sensitivity of per-partition counts: a sum of ones. It also bounds a count
+    of distinct values, since a unit's ``rows`` rows bring at most that many values
+    to a partition; ``COUNT(DISTINCT unit)`` is the case ``rows = 1``."""
     return sum_sensitivity(1, 1, c, neighbouring)
+
+
+def selection_distance(c: Contribution, neighbouring: str) -> int:
+    """How many values one unit can add or remove, over all partitions, in the
+    multisets a quantile is chosen from. Unlike a sum, a replacement cannot cancel:
+    the old unit's values leave and the new one's arrive."""
+    if neighbouring not in NEIGHBOURING:
+        raise ValueError(f"unknown neighbouring relation {neighbouring!r}")
+    reach = c.groups * c.rows
+    return reach if neighbouring == "add_remove" else 2 * reach

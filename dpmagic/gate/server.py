@@ -36,7 +36,14 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from dpmagic.gate.auth import Authenticator, PeerCredAuth, TokenAuth, TokenFileError
+from dpmagic.gate.auth import (
+    Authenticator,
+    HubConfigError,
+    HubTokenAuth,
+    PeerCredAuth,
+    TokenAuth,
+    TokenFileError,
+)
 from dpmagic.gate.engine import Engine
 from dpmagic.gate.errors import BadRequest, Failed, GateError
 from dpmagic.gate.policy import Policy, PolicyError, load_policy
@@ -51,7 +58,7 @@ CONNECTION_TIMEOUT_S = 60.0
 # sun_path is 108 bytes including the terminating NUL.
 MAX_SOCKET_PATH_BYTES = 107
 USAGE_ERROR = 2
-LISTEN_BACKLOG = socket.SOMAXCONN
+LISTEN_BACKLOG = 128
 # Entries of /v1/history: the newest ones, by default and at most.
 HISTORY_DEFAULT = 100
 HISTORY_MAX = 1000
@@ -88,11 +95,13 @@ class GateHandler(BaseHTTPRequestHandler):
     def __init__(self, app: App, *args: object) -> None:
         self.app = app
         self.arrival = time.monotonic()
+        self.body_read = False
         super().__init__(*args)  # type: ignore[arg-type]
 
     def parse_request(self) -> bool:
         # The request line has just arrived: the padding clock starts here.
         self.arrival = time.monotonic()
+        self.body_read = False
         return super().parse_request()
 
     def do_GET(self) -> None:
@@ -118,10 +127,26 @@ class GateHandler(BaseHTTPRequestHandler):
         except Exception as exc:
             log.error("%s %s failed: %s", method, url.path, type(exc).__name__)
             status, reply = 500, Failed().as_reply()
+        if method == "POST" and not self.body_read:
+            self._discard_body()
         if url.path == "/v1/query":
             self._hold_until_quantum()
         self._reply(status, reply)
         log.info("%s %s %s %d", user, method, url.path, status)
+
+    def _discard_body(self) -> None:
+        """Read a body the request was refused before reading: a client still
+        sending it when the reply and the close came would see a broken pipe
+        instead of the reply."""
+        self.body_read = True
+        length = self.headers.get("Content-Length", "")
+        if not length.isdigit() or int(length) > MAX_BODY_BYTES:
+            self.close_connection = True
+            return
+        try:
+            self.rfile.read(int(length))
+        except OSError:
+            self.close_connection = True
 
     def _hold_until_quantum(self) -> None:
         quantum = self.app.quantum_s
@@ -173,6 +198,7 @@ class GateHandler(BaseHTTPRequestHandler):
         if size > MAX_BODY_BYTES:
             self.close_connection = True
             raise _HTTPError(413, f"the request body is over {MAX_BODY_BYTES} bytes")
+        self.body_read = True
         try:
             raw = self.rfile.read(size)
         except OSError:
@@ -244,7 +270,7 @@ class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     # finishes and records its release before the ledger closes.
     daemon_threads = False
     block_on_close = True
-    # A class of kernels connecting at once must queue, not be refused (the default is 5).
+    # socketserver's backlog of 5 turns a sixth simultaneous connect away (EAGAIN).
     request_queue_size = LISTEN_BACKLOG
 
 
@@ -297,15 +323,18 @@ class RunningGate:
         self.engine.close()
 
 
-def open_gate(policy: Policy, listen: str) -> RunningGate:
+def open_gate(policy: Policy, listen: str, jupyterhub: bool = False) -> RunningGate:
     """Bind the listening socket, then build the engine; nothing is served yet.
 
     Binding comes first so that a second gate started by mistake on the same
     address stops before it touches the state directory the first one uses.
+    With ``jupyterhub``, every request is identified by the Hub from its token.
     """
     kind, where = _split_listen(listen)
     auth: Authenticator = PeerCredAuth()
-    if kind == "tcp":
+    if jupyterhub:
+        auth = HubTokenAuth()
+    elif kind == "tcp":
         if policy.gate.tokens_file is None:
             raise ListenError(
                 f"listening on {listen} needs bearer tokens: set gate.tokens_file in the "
@@ -349,16 +378,35 @@ def _bind_tcp(where: str, handler: Callable[..., GateHandler]) -> _Listener:
     return _Listener(server, f"tcp:{shown}:{bound_port}")
 
 
-def serve(policy: Policy, listen: str | None = None) -> int:
+def hub_listen() -> str:
+    """Where a Hub-managed gate listens: the ``url`` the Hub gave the service."""
+    url = os.environ.get("JUPYTERHUB_SERVICE_URL")
+    if not url:
+        raise ListenError(
+            "--jupyterhub without --listen needs JUPYTERHUB_SERVICE_URL: give the service "
+            "a url in jupyterhub_config.py, or pass --listen tcp:HOST:PORT"
+        )
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname or not parts.port:
+        raise ListenError(f"JUPYTERHUB_SERVICE_URL {url!r} is not http://HOST:PORT")
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return f"tcp:{host}:{parts.port}"
+
+
+def serve(policy: Policy, listen: str | None = None, jupyterhub: bool = False) -> int:
     """Serve until SIGTERM or SIGINT, then finish requests in flight and exit 0.
 
     Prints exactly one line, ``dpmagic gate listening on ADDRESS``, once the
     socket accepts connections, so a supervisor can wait for it.
     """
-    logging.basicConfig(level=logging.INFO, format="dpmagic gate: %(message)s")
+    # Our access log at INFO; libraries (jupyterhub's, under --jupyterhub) only warnings.
+    logging.basicConfig(level=logging.WARNING, format="dpmagic gate: %(message)s")
+    log.setLevel(logging.INFO)
     try:
-        gate = open_gate(policy, listen or policy.gate.listen)
-    except (ListenError, TokenFileError, PolicyError, OSError) as exc:
+        if jupyterhub and listen is None:
+            listen = hub_listen()
+        gate = open_gate(policy, listen or policy.gate.listen, jupyterhub=jupyterhub)
+    except (ListenError, TokenFileError, HubConfigError, PolicyError, OSError) as exc:
         print(f"dpmagic: error: {exc}", file=sys.stderr)
         return USAGE_ERROR
     print(f"{LISTENING} {gate.address}", flush=True)
@@ -438,13 +486,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--policy", type=Path, required=True, help="the policy TOML file")
     parser.add_argument("--listen", help="unix:PATH or tcp:HOST:PORT (default: gate.listen)")
+    parser.add_argument(
+        "--jupyterhub", action="store_true", help="run as a JupyterHub service (Hub API tokens)"
+    )
     args = parser.parse_args(argv)
     try:
         policy = load_policy(args.policy)
     except PolicyError as exc:
         print(f"dpmagic: error: {exc}", file=sys.stderr)
         return USAGE_ERROR
-    return serve(policy, args.listen)
+    return serve(policy, args.listen, jupyterhub=args.jupyterhub)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from dpmagic.gate.errors import Refused
-from dpmagic.gate.sql.check import AggregateCall, Checked
+from dpmagic.gate.sql.check import AggregateCall, Checked, date_part
 from dpmagic.gate.sql.keys import KeyDomain, key_domain
 from dpmagic.gate.sql.parse import DIALECT
 from dpmagic.gate.sql.resolve import Resolved
@@ -113,6 +113,9 @@ def _interval(node: exp.Expression, r: Resolved, env: Env) -> Interval | None:
         if col.lower is None or col.type not in ("int", "float"):
             return UNBOUNDED if col.type in ("int", "float") else None
         return env.get(_key(node)) or Interval(col.lower, col.upper, col.type == "int")
+    part = date_part(node)
+    if part is not None:
+        return _date_part_interval(node, part, r)
     if isinstance(node, exp.Boolean):
         return BOOL
     if isinstance(node, exp.Null):
@@ -165,6 +168,27 @@ def _interval(node: exp.Expression, r: Resolved, env: Env) -> Interval | None:
         if to in INT_TYPES:
             return Interval(math.floor(a.lo), math.ceil(a.hi), True)
         return Interval(a.lo, a.hi, False)
+    return UNBOUNDED
+
+
+_DATE_PART_RANGES = {
+    "month": (1, 12), "day": (1, 31), "quarter": (1, 4), "dow": (0, 6), "doy": (1, 366),
+    "week": (1, 53),
+}  # fmt: skip
+
+
+def _date_part_interval(node: exp.Expression, part: str, r: Resolved) -> Interval:
+    """Calendar parts have fixed ranges; the year lies between the years of the
+    date column's declared bounds (a date literal's year is itself)."""
+    if part != "year":
+        return Interval(*_DATE_PART_RANGES[part], True)
+    arg = node.expression if isinstance(node, exp.Extract) else node.this
+    col = r.column(arg)
+    if col is not None and col.dates is not None:
+        return Interval(col.dates[0].year, col.dates[1].year, True)
+    if isinstance(arg, exp.Cast) and isinstance(arg.this, exp.Literal):
+        year = int(arg.this.this[:4])
+        return Interval(year, year, True)
     return UNBOUNDED
 
 

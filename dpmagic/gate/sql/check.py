@@ -18,6 +18,7 @@ contribution-bounding path for every aggregate.
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass
 
 from sqlglot import exp
@@ -46,8 +47,19 @@ SCALAR_NODES: tuple[type[exp.Expression], ...] = (
     exp.Abs, exp.Round, exp.Floor, exp.Ceil, exp.Sqrt,
     exp.TryCast, exp.DataType,
 )  # fmt: skip
+# Parts of a date column (integers with known ranges), by function and by EXTRACT unit.
+DATE_PARTS: dict[type[exp.Expression], str] = {
+    exp.Year: "year", exp.Month: "month", exp.Day: "day", exp.DayOfMonth: "day",
+    exp.Quarter: "quarter", exp.DayOfWeek: "dow", exp.DayOfYear: "doy", exp.WeekOfYear: "week",
+}  # fmt: skip
+EXTRACT_UNITS = {
+    "YEAR": "year", "MONTH": "month", "DAY": "day", "QUARTER": "quarter", "DOW": "dow",
+    "DAYOFWEEK": "dow", "DOY": "doy", "DAYOFYEAR": "doy", "WEEK": "week",
+}  # fmt: skip
 # String matching against literal patterns: no regexes built from data.
-ROW_ONLY_NODES: tuple[type[exp.Expression], ...] = (exp.Column, exp.Like, exp.ILike)
+ROW_ONLY_NODES: tuple[type[exp.Expression], ...] = (
+    exp.Column, exp.Like, exp.ILike, exp.Extract, exp.Var, *DATE_PARTS,
+)  # fmt: skip
 CAST_TYPES = {
     exp.DataType.Type.TINYINT, exp.DataType.Type.SMALLINT, exp.DataType.Type.INT,
     exp.DataType.Type.BIGINT, exp.DataType.Type.DOUBLE, exp.DataType.Type.FLOAT,
@@ -238,13 +250,13 @@ class _Release:
         return out
 
     def _aggregate(self, node: exp.Expression) -> AggregateCall | None:
-        if isinstance(node, NEVER_AGGREGATES):
-            raise Refused(f"{_name(node)} returns data values and is never allowed")
         condition = None
         label = _display(node)
         if isinstance(node, exp.Filter):
             condition = node.expression.this
             node = node.this
+        if isinstance(node, NEVER_AGGREGATES):
+            raise Refused(f"{_name(node)} returns data values and is never allowed")
         if isinstance(node, exp.WithinGroup):
             return self._within_group(node, label, condition)
         if not isinstance(node, exp.AggFunc):
@@ -334,16 +346,107 @@ def _row_expr(node: exp.Expression, resolved: Resolved, where: str) -> None:
             raise Refused(f"aggregates cannot be nested or used in {where}: {_name(n)}")
         if isinstance(n, exp.Column) and resolved.column(n) is None:
             raise Refused(f"{n.name!r} in {where} is not a column of a declared table")
+        if _date_literal(n):
+            continue
         if isinstance(n, exp.Cast) and not isinstance(n, exp.TryCast):
             raise Refused("CAST can fail on data: use TRY_CAST")
+        if isinstance(n, exp.Var) and not isinstance(n.parent, exp.Extract):
+            raise Refused(f"{n.name} is not allowed in {where}")
+        if isinstance(n, (exp.Extract, *DATE_PARTS)):
+            _date_part(n, resolved)
         if isinstance(n, exp.TryCast) and n.to.this not in CAST_TYPES:
             raise Refused(f"TRY_CAST to {n.to.sql(dialect=DIALECT)} is not supported")
         if isinstance(n, exp.Like | exp.ILike) and not isinstance(n.expression, exp.Literal):
             raise Refused("LIKE needs a literal pattern")
+        if isinstance(n, COMPARISONS):
+            _comparable(n, resolved)
+        if isinstance(n, ARITHMETIC):
+            for operand in (n.this, n.args.get("expression")):
+                if operand is not None and _family(operand, resolved) in ("text", "date"):
+                    raise Refused(f"{_display(n)}: arithmetic needs numbers, not text or dates")
         _allowed(n, SCALAR_NODES + ROW_ONLY_NODES + (exp.Identifier,), f"in {where}")
 
 
+COMPARISONS = (
+    exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.NullSafeEQ, exp.NullSafeNEQ,
+    exp.In, exp.Between,
+)  # fmt: skip
+ARITHMETIC = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.IntDiv, exp.Mod, exp.Neg, exp.Abs)
+_FAMILIES = {"int": "number", "float": "number", "bool": "number", "str": "text", "date": "date"}
+
+
+def _comparable(node: exp.Expression, resolved: Resolved) -> None:
+    """Refuse comparing a column with a value of another kind: DuckDB would cast
+    one side, and a cast that fails on some row is an error that depends on data."""
+    operands = [node.this, node.args.get("expression")]
+    operands += node.args.get("expressions") or []
+    operands += [node.args.get("low"), node.args.get("high")]
+    kinds = {_family(o, resolved) for o in operands if o is not None} - {None}
+    if "date" in kinds and kinds <= {"date", "text"}:
+        for o in operands:
+            if isinstance(o, exp.Literal) and o.is_string:
+                try:
+                    dt.date.fromisoformat(o.this)
+                except ValueError:
+                    raise Refused(f"{o.this!r} is not a date (use YYYY-MM-DD)") from None
+        return
+    if len(kinds) > 1:
+        raise Refused(f"{_display(node)} compares {' with '.join(sorted(kinds))}")
+
+
+def _family(node: exp.Expression, resolved: Resolved) -> str | None:
+    while isinstance(node, exp.Paren):
+        node = node.this
+    col = resolved.column(node)
+    if col is not None:
+        return _FAMILIES.get(col.type)
+    if _date_literal(node):
+        return "date"
+    if isinstance(node, exp.Literal):
+        return "text" if node.is_string else "number"
+    if isinstance(node, exp.Boolean):
+        return "number"
+    return None
+
+
+def date_part(node: exp.Expression) -> str | None:
+    """Which part of a date ``node`` extracts (year, month, …), if it is a date part."""
+    if isinstance(node, exp.Extract):
+        return EXTRACT_UNITS.get(node.this.name.upper())
+    return DATE_PARTS.get(type(node))
+
+
+def _date_part(node: exp.Expression, resolved: Resolved) -> None:
+    """A date part must read a date column or literal: anything else would fail in
+    DuckDB after the budget is charged."""
+    part = date_part(node)
+    if part is None:
+        raise Refused(f"{_display(node)}: extract one of {', '.join(EXTRACT_UNITS)}")
+    arg = node.expression if isinstance(node, exp.Extract) else node.this
+    col = resolved.column(arg)
+    if not (_date_literal(arg) or (col is not None and col.type == "date")):
+        raise Refused(f"{_display(node)}: date parts need a date column")
+
+
+def _date_literal(node: exp.Expression) -> bool:
+    """``DATE '2020-01-01'``: a cast that cannot fail, once its text is a valid date."""
+    if not (
+        type(node) is exp.Cast
+        and node.to.this == exp.DataType.Type.DATE
+        and isinstance(node.this, exp.Literal)
+        and node.this.is_string
+    ):
+        return False
+    try:
+        dt.date.fromisoformat(node.this.this)
+    except ValueError:
+        raise Refused(f"{node.this.this!r} is not a date (use YYYY-MM-DD)") from None
+    return True
+
+
 def _allowed(node: exp.Expression, allowed: tuple[type[exp.Expression], ...], where: str) -> None:
+    if _date_literal(node):
+        return
     if isinstance(node, exp.Cast) and not isinstance(node, exp.TryCast):
         raise Refused("CAST can fail on data: use TRY_CAST")
     if isinstance(node, exp.Identifier | exp.Star):

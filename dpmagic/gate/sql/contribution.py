@@ -145,6 +145,12 @@ def stored(col: Column, raw: str) -> str:
     if col.type in ("int", "float") and col.lower is not None and col.upper is not None:
         integral = col.type == "int"
         return clamp(value, Interval(col.lower, col.upper, integral))
+    if col.dates is not None:
+        lo, hi = (f"CAST('{d.isoformat()}' AS DATE)" for d in col.dates)
+        return (
+            f"(CASE WHEN {value} IS NULL THEN NULL WHEN {value} < {lo} THEN {lo} "
+            f"WHEN {value} > {hi} THEN {hi} ELSE {value} END)"
+        )
     return value
 
 

@@ -10,20 +10,35 @@ At start, the declared tables (from ``sources`` files or from the owner's
 readable by the gate's user only, with each private table truncated and
 ranked per privacy unit once (``contribution.prepare_sql``), so that no
 query has to sort the data to bound contributions.
+
+Before anything runs, DuckDB's own parser (independent of the sqlglot one
+the analysis passes use) checks the SQL: exactly one ``SELECT``, reading only
+the dataset's declared tables and its own CTEs, with no table function but
+``range``/``generate_series``/``unnest``, no catalog, settings, variable or
+file function, no aggregate that returns row values, no sampling clause, no
+``SHOW``/``DESCRIBE``/``SUMMARIZE`` and no recursive CTE.
+The locked configuration stops what touches files, extensions and settings;
+this guard stops what a read-only connection would still answer (catalog
+functions, ``query()``, a second statement), so that even SQL the analysis
+wrongly let through could not read more than declared tables.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import duckdb
 
 from dpmagic.gate.errors import Failed
 from dpmagic.gate.policy import Dataset, GateConfig
-from dpmagic.gate.sql.contribution import prepare_sql
+from dpmagic.gate.sql.contribution import SQL_TYPES, prepare_sql
+from dpmagic.gate.sql.keys import MAX_PARTITIONS
+
+KEY_TYPES = ("int", "str", "bool")  # public columns whose values can serve as group keys
 
 
 class QueryTimeout(Failed):
@@ -31,6 +46,31 @@ class QueryTimeout(Failed):
         super().__init__(
             "the query ran past the gate's time limit and was stopped (it stays charged)"
         )
+
+
+class UnsafeSQL(Failed):
+    """SQL the execution guard will not run; its text is fixed (the SQL may quote data)."""
+
+    def __init__(self) -> None:
+        super().__init__("the query failed after it was charged")
+
+
+# Table functions the generated SQL may use: they produce numbers, never read state.
+TABLE_FUNCTIONS = frozenset({"range", "generate_series", "unnest"})
+# Scalar functions that read the catalog, settings, variables, files or the environment.
+STATE_FUNCTIONS = frozenset(
+    {"query", "query_table", "getvariable", "glob", "sniff_csv", "error", "version", "getenv"}
+)
+STATE_PREFIXES = ("duckdb_", "pragma_", "read_", "current_", "pg_", "json_", "parquet_")
+# Aggregates whose result is a row's value (or a list of them): never what noise is added to.
+# (``histogram`` is not one: quantiles count rows per public candidate with it.)
+VALUE_AGGREGATES = frozenset(
+    {
+        "list", "array_agg", "string_agg", "group_concat", "listagg",
+        "any_value", "arbitrary", "first", "last", "arg_max", "arg_min", "argmax", "argmin",
+        "max_by", "min_by", "mode", "bitstring_agg",
+    }
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -51,6 +91,7 @@ class Database:
             )
         path = _materialise(dataset, gate.state_dir)
         self.timeout_s = gate.query_timeout_s
+        self.tables = frozenset(name.lower() for name in dataset.tables)
         self._db = duckdb.connect(
             str(path),
             read_only=True,
@@ -71,6 +112,7 @@ class Database:
         watchdog = threading.Thread(target=_interrupt_after, args=(con, done, self.timeout_s))
         watchdog.start()
         try:
+            self._guard(con, sql)
             rows = con.execute(sql).fetchall()
         except duckdb.InterruptException:
             raise QueryTimeout() from None
@@ -80,8 +122,108 @@ class Database:
             con.close()
         return ExactResult(rows=rows)
 
+    def public_keys(self, dataset: Dataset) -> Dataset:
+        """``dataset`` with each public table's undeclared key values read from the
+        table itself: its contents are public, so grouping by one of its columns
+        releases keys that are known before any private row is read."""
+        tables = dict(dataset.tables)
+        for table in dataset.tables.values():
+            if not table.public:
+                continue
+            columns = dict(table.columns)
+            for col in table.columns.values():
+                if col.public_values is None and col.type in KEY_TYPES:
+                    values = self._distinct(table.name, col.name, SQL_TYPES[col.type])
+                    if values:
+                        columns[col.name] = replace(col, public_values=values)
+            tables[table.name] = replace(table, columns=columns)
+        return replace(dataset, tables=tables)
+
+    def _distinct(self, table: str, column: str, sql_type: str) -> tuple[object, ...] | None:
+        """The distinct non-NULL values of a public column, if there are few enough
+        to release as keys; ``None`` when there are too many or the table is absent."""
+        con = self._db.cursor()
+        try:
+            rows = con.execute(
+                f'SELECT DISTINCT TRY_CAST("{_ident(column)}" AS {sql_type}) AS v '
+                f'FROM "{_ident(table)}" WHERE v IS NOT NULL ORDER BY v '
+                f"LIMIT {MAX_PARTITIONS + 1}"
+            ).fetchall()
+        except duckdb.Error:
+            return None
+        finally:
+            con.close()
+        if not 0 < len(rows) <= MAX_PARTITIONS:
+            return None
+        return tuple(v for (v,) in rows)
+
     def close(self) -> None:
         self._db.close()
+
+    def _guard(self, con: duckdb.DuckDBPyConnection, sql: str) -> None:
+        statements = con.extract_statements(sql)
+        if len(statements) != 1 or statements[0].type != duckdb.StatementType.SELECT:
+            raise UnsafeSQL()
+        (text,) = con.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()
+        tree = json.loads(text)
+        if tree.get("error"):
+            raise UnsafeSQL()
+        ctes = {key.lower() for key in _values(tree, "key")}
+        for node in _nodes(tree):
+            if not _safe(node, self.tables | ctes):
+                raise UnsafeSQL()
+
+
+def _safe(node: dict, tables: frozenset[str]) -> bool:
+    kind = node.get("type")
+    if kind in ("SHOW_REF", "RECURSIVE_CTE_NODE") or node.get("sample"):
+        return False
+    if kind == "BASE_TABLE":
+        return (
+            not node.get("catalog_name")
+            and node.get("schema_name", "") in ("", "main")
+            and str(node.get("table_name", "")).lower() in tables
+        )
+    if kind == "TABLE_FUNCTION":
+        function = node.get("function") or {}
+        return str(function.get("function_name", "")).lower() in TABLE_FUNCTIONS
+    if node.get("class") == "FUNCTION":
+        name = str(node.get("function_name", "")).lower()
+        return (
+            not node.get("catalog")
+            and not node.get("schema")
+            and name not in STATE_FUNCTIONS | VALUE_AGGREGATES
+            and not name.startswith(STATE_PREFIXES)
+        )
+    return True
+
+
+def _nodes(tree: object) -> list[dict]:
+    """Every JSON object in DuckDB's serialised parse tree."""
+    out, stack = [], [tree]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            out.append(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return out
+
+
+def _values(tree: object, key: str) -> list[str]:
+    """The CTE names: every ``key`` of a ``cte_map`` entry."""
+    return [
+        entry[key]
+        for node in _nodes(tree)
+        if isinstance(node.get("map"), list)
+        for entry in node["map"]
+        if isinstance(entry, dict) and isinstance(entry.get(key), str)
+    ]
+
+
+def _ident(name: str) -> str:
+    return name.replace('"', '""')
 
 
 def _interrupt_after(con: duckdb.DuckDBPyConnection, done: threading.Event, seconds: float) -> None:

@@ -24,7 +24,12 @@ from dpmagic.gate.errors import Refused
 from dpmagic.gate.mechanisms import LaplaceNoise, calibrate
 from dpmagic.gate.policy import Dataset
 from dpmagic.gate.selection import Grid, QuantileNoise, calibrate_quantile, grid
-from dpmagic.gate.sensitivity import Contribution, count_sensitivity, sum_sensitivity
+from dpmagic.gate.sensitivity import (
+    Contribution,
+    count_sensitivity,
+    selection_distance,
+    sum_sensitivity,
+)
 from dpmagic.gate.sql.bound import Bounded, Interval
 from dpmagic.gate.sql.check import AggregateCall, Checked, GroupKey
 from dpmagic.gate.sql.contribution import contribution as unit_contribution
@@ -46,7 +51,8 @@ _I64_MAX = 2**63 - 1
 
 @dataclass(frozen=True)
 class Measurement:
-    """One noisy vector: a count, or a sum of values on the ``2**grid_exp`` grid."""
+    """One noisy vector: a count, a count of distinct values, or a sum of values on
+    the ``2**grid_exp`` grid."""
 
     name: str  # its column in the generated SQL
     kind: str  # count | count_distinct | count_unit (COUNT(DISTINCT unit)) | sum
@@ -110,6 +116,7 @@ class Plan:
         return next(s for s in self.selections if s.name == name)
 
 
+# A measurement before calibration: (kind, argument, clamp, label).
 Wanted = tuple[str, exp.Expression | None, Interval | None, str]
 
 
@@ -147,9 +154,7 @@ def plan(bounded: Bounded, epsilon: float, delta: float, accountant: Accountant)
     )
     for i, key in enumerate(quantiles):
         names[("quantile", f"{key[0]}|{key[1]}")] = f"q{i}"
-    distance = contribution.groups * contribution.rows
-    if dataset.neighbouring == "substitute":
-        distance *= 2  # the old unit's values leave, the new one's arrive
+    distance = selection_distance(contribution, dataset.neighbouring)
     selections = tuple(
         _selection(f"q{i}", level, arg, clamp, label, share, distance, len(partitions))
         for i, ((level, _), (arg, clamp, label)) in enumerate(quantiles.items())
@@ -204,7 +209,10 @@ def _parts(agg: AggregateCall, clamp: Interval | None, resolved: Resolved) -> li
     ]  # fmt: skip
 
 
-def _want(wanted: dict, kind: str, arg, clamp, label: str) -> tuple[str, str]:
+def _want(
+    wanted: dict, kind: str, arg: exp.Expression | None, clamp: Interval | None, label: str
+) -> tuple[str, str]:
+    """Register a measurement once, however many aggregates are made of it."""
     key = (kind, "*" if arg is None else arg.sql(dialect=DIALECT))
     wanted.setdefault(key, (kind, arg, clamp, label))
     return key

@@ -17,6 +17,8 @@ freely. Only the policy is consulted, so a refusal says nothing about data.
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from sqlglot import exp
@@ -29,8 +31,9 @@ from dpmagic.gate.sql.parse import DIALECT, Parsed
 FROM = "from_" if "from_" in exp.Select.arg_types else "from"
 WITH = "with_" if "with_" in exp.Select.arg_types else "with"
 PRESENT = "__present"  # a left-joined scan's marker column: TRUE where a row matched
+SEMI = "__semi"  # the table qualifier of a semi-join's stand-in column
 
-_PRESENT = Column(name=PRESENT, type="bool", lower=0, upper=1)
+_BOOL = Column(name=PRESENT, type="bool", lower=0, upper=1)
 
 Env = dict[str, dict[str, exp.Expression]]  # visible relation -> column -> its definition
 
@@ -50,6 +53,24 @@ class Scan:
 
 
 @dataclass(frozen=True)
+class SemiJoin:
+    """``lhs IN (SELECT value FROM scans WHERE where)``, standing in the tree as the
+    boolean column ``__semi.<name>``.
+
+    Stable in either of two forms: the subquery reads public tables only, or
+    ``lhs`` and ``value`` are both privacy-unit columns, so a unit's rows pass
+    or fail on that unit's own rows alone.
+    """
+
+    name: str
+    lhs: exp.Expression
+    scans: tuple[Scan, ...]
+    value: exp.Expression
+    where: exp.Expression | None
+    exists: bool = False  # EXISTS: never NULL, and NULLs on either side never match
+
+
+@dataclass(frozen=True)
 class Resolved:
     """One SELECT over a join of scans, every column qualified by its scan.
 
@@ -63,18 +84,20 @@ class Resolved:
     dataset: Dataset
     scans: tuple[Scan, ...]
     unit: exp.Column | None
+    semijoins: tuple[SemiJoin, ...] = ()
 
     def column(self, node: exp.Expression) -> Column | None:
         """The declared column a qualified reference reads, if it is one."""
         if not isinstance(node, exp.Column) or not node.table:
             return None
-        if node.name == PRESENT:
-            return _PRESENT
+        if node.name == PRESENT or node.table == SEMI:
+            return _BOOL
         scan = self.scan(node.table)
         return None if scan is None else scan.table.columns.get(node.name)
 
     def scan(self, name: str) -> Scan | None:
-        return next((s for s in self.scans if s.name == name), None)
+        every = itertools.chain(self.scans, *(j.scans for j in self.semijoins))
+        return next((s for s in every if s.name == name), None)
 
     def is_unit(self, node: exp.Expression) -> bool:
         """Whether ``node`` reads a privacy-unit column (of any private scan)."""
@@ -85,11 +108,12 @@ class Resolved:
 
 
 def resolve(parsed: Parsed, dataset: Dataset) -> Resolved:
-    flat = _Flattener(dataset)
+    flat = _Flattener(dataset, itertools.count())
     tree = parsed.tree
     if tree.find(exp.TableSample):
         raise Refused("sampling clauses (USING SAMPLE, TABLESAMPLE) are not allowed")
     ctes = flat.ctes(tree, {})
+    flat.top_ctes = ctes
     env, filters = flat.from_clause(tree, ctes, "from")
     aliases = {e.alias.lower() for e in tree.expressions if e.alias}
 
@@ -118,14 +142,18 @@ def resolve(parsed: Parsed, dataset: Dataset) -> Resolved:
         dataset=dataset,
         scans=scans,
         unit=_unit(scans, filters, dataset),
+        semijoins=tuple(flat.semijoins),
     )
 
 
 class _Flattener:
     """Walks FROM clauses, creating scans and collecting filters."""
 
-    def __init__(self, dataset: Dataset) -> None:
+    def __init__(self, dataset: Dataset, names: Iterator[int]) -> None:
         self.dataset = dataset
+        self.names = names  # scan numbers, shared with the semi-joins' own flatteners
+        self.top_ctes: dict = {}
+        self.semijoins: list[SemiJoin] = []
         self.scans: list[Scan] = []
         self.using: set[str] = set()  # JOIN … USING columns: either side's is the same
 
@@ -195,7 +223,7 @@ class _Flattener:
                     f"unknown table {node.name!r}; declared: "
                     + ", ".join(sorted(self.dataset.tables))
                 )
-            name = f"__s{len(self.scans)}"
+            name = f"__s{next(self.names)}"
             self.scans.append(Scan(name, table, kind))
             cols: dict[str, exp.Expression] = {c: exp.column(c, table=name) for c in table.columns}
             return {alias or table.name: cols}, []
@@ -242,7 +270,17 @@ class _Flattener:
         aliases: frozenset[str],
         place: str,
     ) -> exp.Expression:
-        """A copy of ``node`` with each column replaced by what it reads."""
+        """A copy of ``node`` with each column replaced by what it reads, and each
+        ``IN (SELECT …)`` by a semi-join's stand-in."""
+
+        def semi(n: exp.Expression) -> exp.Expression:
+            if isinstance(n, exp.In) and n.args.get("query") is not None:
+                return self.semi_join(n, env)
+            if isinstance(n, exp.Exists):
+                return self.exists(n, env)
+            return n
+
+        node = node.copy().transform(semi)
         for n in node.walk():
             if isinstance(n, exp.Subquery | exp.Exists) or (
                 isinstance(n, exp.Select) and n is not node
@@ -251,20 +289,105 @@ class _Flattener:
                     "subqueries in expressions are not supported: a value computed over "
                     "private rows would enter the query exactly (join or filter instead)"
                 )
-            if isinstance(n, exp.In) and n.args.get("query") is not None:
-                raise Refused(
-                    "IN (SELECT …) subqueries are not supported: a unit's rows would depend "
-                    "on other units' rows (join on the privacy unit instead)"
-                )
 
         def swap(n: exp.Expression) -> exp.Expression:
-            if not isinstance(n, exp.Column):
+            if not isinstance(n, exp.Column) or n.table == SEMI:
                 return n
             if isinstance(n.this, exp.Star):
                 raise Refused("SELECT * would release rows: select aggregates instead")
             return _lookup(n, env, aliases, place, self.using)
 
-        return node.copy().transform(swap)
+        return node.transform(swap)
+
+    def semi_join(self, node: exp.In, env: Env) -> exp.Expression:
+        query = node.args["query"]
+        select = query.this if isinstance(query, exp.Subquery) else query
+        if not isinstance(select, exp.Select):
+            raise Refused("IN (…) takes one SELECT")
+        _row_transformation(select)
+        if len(select.expressions) != 1 or isinstance(select.expressions[0], exp.Star):
+            raise Refused("IN (SELECT …) must select exactly one column")
+        sub = _Flattener(self.dataset, self.names)
+        ctes = sub.ctes(select, self.top_ctes)
+        sub_env, filters = sub.from_clause(select, ctes, "from")
+        where = select.args.get("where")
+        if where is not None:
+            filters.append(sub.substitute(where.this, sub_env, frozenset(), "WHERE"))
+        item = select.expressions[0]
+        value = sub.substitute(
+            item.this if isinstance(item, exp.Alias) else item, sub_env, frozenset(), "IN (…)"
+        )
+        lhs = self.substitute(node.this, env, frozenset(), "IN (…)")
+        return self._semi(sub, filters, lhs, value, exists=False)
+
+    def exists(self, node: exp.Exists, env: Env) -> exp.Expression:
+        """``EXISTS (SELECT … WHERE inner = outer AND …)``: the one equality with the
+        outer query makes it ``outer IN (SELECT inner … WHERE …)``."""
+        select = node.this
+        if not isinstance(select, exp.Select):
+            raise Refused("EXISTS (…) takes one SELECT")
+        _row_transformation(select)
+        sub = _Flattener(self.dataset, self.names)
+        ctes = sub.ctes(select, self.top_ctes)
+        sub_env, filters = sub.from_clause(select, ctes, "from")
+        where = select.args.get("where")
+        link: tuple[exp.Expression, exp.Expression] | None = None
+        for conj in _conjuncts(where.this) if where is not None else []:
+            try:
+                filters.append(sub.substitute(conj, sub_env, frozenset(), "WHERE"))
+                continue
+            except Refused:
+                pass
+            pair = _correlation(conj, sub, sub_env, self, env)
+            if pair is None or link is not None:
+                raise Refused(
+                    "EXISTS (SELECT …) must tie the subquery to the query by one equality "
+                    "(inner.pid = outer.pid), its other conditions on its own tables"
+                )
+            link = pair
+        if link is None:
+            raise Refused("EXISTS (SELECT …) must be tied to the query by an equality")
+        return self._semi(sub, filters, link[1], link[0], exists=True)
+
+    def _semi(
+        self,
+        sub: _Flattener,
+        filters: list[exp.Expression],
+        lhs: exp.Expression,
+        value: exp.Expression,
+        exists: bool,
+    ) -> exp.Expression:
+        private = [s for s in sub.scans if not s.table.public]
+        if private:
+            _unit(tuple(sub.scans), filters, self.dataset)
+            inner, outer = _unit_of(value, tuple(sub.scans)), _unit_of(lhs, tuple(self.scans))
+            if inner is None or outer is None:
+                raise Refused(
+                    "IN (SELECT …) or EXISTS over a private table must match privacy units "
+                    "(t.pid IN (SELECT pid FROM …)): otherwise a unit's rows would depend "
+                    "on other units' rows"
+                )
+        self.semijoins.extend(sub.semijoins)
+        name = f"__j{len(self.semijoins)}"
+        where = _and(filters) if filters else None
+        self.semijoins.append(SemiJoin(name, lhs, tuple(sub.scans), value, where, exists))
+        return exp.column(name, table=SEMI)
+
+
+def _correlation(
+    conj: exp.Expression, sub: _Flattener, sub_env: Env, outer: _Flattener, env: Env
+) -> tuple[exp.Expression, exp.Expression] | None:
+    """``(inner, outer)`` when ``conj`` equates a subquery column and a query column."""
+    if not isinstance(conj, exp.EQ):
+        return None
+    for a, b in ((conj.this, conj.expression), (conj.expression, conj.this)):
+        try:
+            inner = sub.substitute(a, sub_env, frozenset(), "EXISTS")
+            there = outer.substitute(b, env, frozenset(), "EXISTS")
+        except Refused:
+            continue
+        return inner, there
+    return None
 
 
 def _lookup(

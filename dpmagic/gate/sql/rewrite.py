@@ -47,7 +47,7 @@ from dpmagic.gate.sql.contribution import number as _number
 from dpmagic.gate.sql.keys import KeyDomain
 from dpmagic.gate.sql.parse import DIALECT
 from dpmagic.gate.sql.plan import Measurement, Plan, Selection
-from dpmagic.gate.sql.resolve import PRESENT
+from dpmagic.gate.sql.resolve import PRESENT, SEMI, Resolved, Scan
 
 UNIT = "__unit"
 
@@ -95,6 +95,7 @@ def rewrite(plan: Plan, seed: int | None = None) -> Rewritten:
     sql = f"WITH {', '.join(ctes)} SELECT {', '.join(outputs)} FROM {final_source}"
     if keys:
         sql += f" GROUP BY {', '.join(keys)}"
+    sql = _semijoins(sql, resolved)
     names = tuple(m.name for m in plan.measurements) + tuple(s.name for s in plan.selections)
     return Rewritten(sql=sql, keys=len(keys), measurements=names)
 
@@ -125,37 +126,56 @@ def bound_contributions(
 
 
 def _from(plan: Plan) -> tuple[str, list[str]]:
-    """The FROM clause: each scan reads its used columns, typed and clamped; each
-    filter goes to the inner join that completes it, else to WHERE."""
+    """The FROM clause and the filters left for WHERE."""
     resolved = plan.checked.resolved
     trees = [k.expr for k in plan.keys]
     trees += [m.arg for m in plan.measurements if m.arg is not None]
     trees += [s.arg for s in plan.selections]
-    trees += [s.on for s in resolved.scans if s.on is not None]
     conjuncts = _conjuncts(plan.checked.where) if plan.checked.where is not None else []
     if resolved.unit is not None:
         trees.append(resolved.unit)
-    used: dict[str, dict[str, Column]] = {s.name: {} for s in resolved.scans}
-    for tree in trees + conjuncts:
+    used = _used(resolved, trees + conjuncts)
+    return _reads(resolved.scans, conjuncts, used, kept_rows(_ranked(plan)))
+
+
+def _used(resolved: Resolved, trees: list[exp.Expression]) -> dict[str, dict[str, Column]]:
+    """The declared columns each scan must read, semi-joins' scans included."""
+    scans = list(resolved.scans) + [s for j in resolved.semijoins for s in j.scans]
+    trees = trees + [s.on for s in scans if s.on is not None]
+    for j in resolved.semijoins:
+        trees += [j.lhs, j.value] + ([j.where] if j.where is not None else [])
+    used: dict[str, dict[str, Column]] = {s.name: {} for s in scans}
+    for tree in trees:
         for node in tree.find_all(exp.Column):
             col = resolved.column(node)
-            if col is not None and node.name != PRESENT:
+            if col is not None and node.table in used and node.name != PRESENT:
                 used[node.table].setdefault(col.name, col)
-    order = {s.name: i for i, s in enumerate(resolved.scans)}
-    placed: dict[str, list[str]] = {s.name: [] for s in resolved.scans}
+    return used
+
+
+def _reads(
+    scans: tuple[Scan, ...],
+    conjuncts: list[exp.Expression],
+    used: dict[str, dict[str, Column]],
+    rank: str | None = None,
+) -> tuple[str, list[str]]:
+    """Each scan reads its used columns, typed and clamped; each filter goes to the
+    inner join that completes it, else to WHERE. ``rank``, when the load-time rank
+    bounds the query, keeps each unit's first rows of every private scan."""
+    order = {s.name: i for i, s in enumerate(scans)}
+    placed: dict[str, list[str]] = {s.name: [] for s in scans}
     where: list[str] = []
     for conj in conjuncts:
         last = max((order[c.table] for c in conj.find_all(exp.Column) if c.table in order),
                    default=0)  # fmt: skip
-        scan = resolved.scans[last]
+        scan = scans[last]
         (placed[scan.name] if scan.kind == "inner" else where).append(f"({_total(conj)})")
     parts = []
-    for scan in resolved.scans:
+    for scan in scans:
         cols = [f"{_project(c)} AS {_q(c.name)}" for c in used[scan.name].values()]
         if scan.kind == "left":
             cols.append(f"TRUE AS {_q(PRESENT)}")
         columns = ", ".join(cols) or "1 AS __one"
-        rank = kept_rows(_ranked(plan))
         bound = f" WHERE {rank}" if rank and not scan.table.public else ""
         read = f"(SELECT {columns} FROM {_q(scan.table.name)}{bound}) AS {_q(scan.name)}"
         if scan.kind == "from":
@@ -165,6 +185,25 @@ def _from(plan: Plan) -> tuple[str, list[str]]:
         else:
             parts.append(f"JOIN {read} ON {' AND '.join(placed[scan.name]) or 'TRUE'}")
     return " ".join(parts), where
+
+
+def _semijoins(sql: str, resolved: Resolved) -> str:
+    """Each semi-join's stand-in column replaced by its ``IN (SELECT …)``; inner
+    semi-joins come first in the list, so one pass in reverse expands them all."""
+    used = _used(resolved, [])
+    for j in reversed(resolved.semijoins):
+        source, where = _reads(j.scans, [j.where] if j.where is not None else [], used)
+        if j.exists or any(not scan.table.public for scan in j.scans):
+            # Over private rows a NULL in the set would turn NOT IN to NULL for every
+            # row, letting one unit's NULL decide other units' rows: NULLs are left out.
+            where.append(f"({_total(j.value)}) IS NOT NULL")
+        inner = f"SELECT {_total(j.value)} FROM {source}"
+        if where:
+            inner += f" WHERE {' AND '.join(where)}"
+        test = f"({_total(j.lhs)}) IN ({inner})"
+        token = _total(exp.column(j.name, table=SEMI))
+        sql = sql.replace(token, f"COALESCE({test}, FALSE)" if j.exists else f"({test})")
+    return sql
 
 
 def _ranked(plan: Plan) -> int | None:

@@ -1,0 +1,262 @@
+"""The privacy audit (``pytest -m audit``): empirical ε lower bounds for the whole
+gate path, and proof that the same audit catches deliberately broken variants.
+
+Each sample is one real request: ``Engine.query`` parses, plans, charges a
+real SQLite ledger, rewrites, runs the generated SQL on a real locked DuckDB
+file, noises with OpenDP and releases, exactly as the server would; a smaller
+number go through a real gate process over its unix socket, and must agree
+with the in-process ones. D holds the *worst-case* unit for every query
+below (two rows at the upper bound in each of two groups, the most the
+contribution bounds keep); D' is D without it. The median has a pair of its
+own (Q, Q'), where that unit moves the median. Every query claims ε = 1.
+
+Each sample is charged to an auditor account of its own, so the ledger
+never grows long for one user and the audit stays within its time budget.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import duckdb
+import pytest
+from scipy.stats import ks_2samp
+
+from dpmagic.client import Gate
+from dpmagic.gate.engine import Engine, QueryRequest
+from dpmagic.gate.mechanisms import calibrate
+from dpmagic.gate.policy import Dataset, load_policy
+from dpmagic.gate.sql.plan import Plan
+from tests.conftest import GateProcess
+from tests.dp_audit import ALPHA, AuditResult, epsilon_lower_bound
+
+pytestmark = pytest.mark.audit
+
+EPSILON = 1.0
+SAMPLES = 700  # per dataset and case; enough for the broken variants to show by a wide margin
+QUANTILE_SAMPLES = 400  # the exponential mechanism over 1,001 candidates is slower to sample
+SOCKET_SAMPLES = 250
+PEOPLE = 60
+VALUE, UPPER = 50.0, 100.0
+WORST = 1000  # the worst-case unit's pid
+ROWS, GROUPS = 2, 2  # max_rows_per_partition, max_partitions
+
+POLICY = f"""
+[gate]
+state_dir = "state"
+
+[datasets.d]
+database = "d.duckdb"
+privacy_unit = "pid"
+max_partitions = {GROUPS}
+max_rows_per_partition = {ROWS}
+user_budget = {{ epsilon = 1e9 }}
+notebook_budget = {{ epsilon = 1e9 }}
+
+[datasets.d.tables.t.columns]
+pid = {{ type = "int" }}
+g = {{ type = "int", public_values = [0, 1, 2] }}
+x = {{ type = "float", lower = 0, upper = {UPPER} }}
+"""
+
+# What D releases without noise; D' is D less the worst unit's kept rows.
+COUNT_D = PEOPLE + ROWS
+SUM_D = PEOPLE * VALUE + ROWS * UPPER
+CELL_D = {g: PEOPLE // 3 + (ROWS if g < GROUPS else 0) for g in range(3)}
+
+
+def _write_db(path: Path, rows: list[tuple[int, int, float]]) -> None:
+    con = duckdb.connect(str(path))
+    con.execute("CREATE TABLE t (pid BIGINT, g BIGINT, x DOUBLE)")
+    con.executemany("INSERT INTO t VALUES (?, ?, ?)", rows)
+    con.close()
+
+
+WORST_ROWS = [(WORST, g, UPPER) for g in range(GROUPS) for _ in range(ROWS)]
+DATABASES = {
+    "d": [(i, i % 3, VALUE) for i in range(PEOPLE)] + WORST_ROWS,
+    "dp": [(i, i % 3, VALUE) for i in range(PEOPLE)],
+    # For the median, a dataset whose median the worst unit can move: on Q' every
+    # candidate between 25 and 75 scores best; the unit's rows at 100 favour (75, 100].
+    "q": [(1, 0, 25.0), (2, 0, 75.0), *WORST_ROWS[:ROWS]],
+    "qp": [(1, 0, 25.0), (2, 0, 75.0)],
+}
+
+
+@pytest.fixture(scope="module")
+def audit_dir() -> Iterator[Path]:
+    """A policy serving D (``d``) and D' (``dp``). On tmpfs where there is one: the
+    ledger's fsyncs would otherwise dominate the audit's time."""
+    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    with tempfile.TemporaryDirectory(prefix="dpm-audit-", dir=base) as folder:
+        root = Path(folder)
+        text = POLICY
+        body = POLICY.split("[datasets.d]", 1)[1]
+        for name, rows in DATABASES.items():
+            _write_db(root / f"{name}.duckdb", rows)
+            if name != "d":
+                renamed = body.replace("datasets.d.", f"datasets.{name}.")
+                text += f"\n[datasets.{name}]" + renamed.replace("d.duckdb", f"{name}.duckdb")
+        (root / "policy.toml").write_text(text)
+        yield root
+
+
+class HalvedSensitivity(Engine):
+    """Broken on purpose: every measurement's noise is calibrated to half its sensitivity."""
+
+    def analyse(self, dataset: Dataset, request: QueryRequest) -> Plan:
+        p = super().analyse(dataset, request)
+        return dataclasses.replace(
+            p,
+            measurements=tuple(
+                dataclasses.replace(
+                    m,
+                    noise=calibrate(m.noise.sensitivity // 2, m.epsilon, m.noise.granularity),
+                )
+                for m in p.measurements
+            ),
+        )
+
+
+class AvgChargedOnce(Engine):
+    """Broken on purpose: AVG's sum and count each spend the whole ε of the query."""
+
+    def analyse(self, dataset: Dataset, request: QueryRequest) -> Plan:
+        p = super().analyse(dataset, request)
+        return dataclasses.replace(
+            p,
+            measurements=tuple(
+                dataclasses.replace(
+                    m,
+                    epsilon=p.epsilon,
+                    noise=calibrate(m.noise.sensitivity, p.epsilon, m.noise.granularity),
+                )
+                for m in p.measurements
+            ),
+        )
+
+
+@pytest.fixture(scope="module")
+def engines(audit_dir: Path) -> Iterator[dict[str, Engine]]:
+    policy = load_policy(audit_dir / "policy.toml")
+    built = {
+        "correct": Engine(policy),
+        "halved": HalvedSensitivity(policy),
+        "avg_once": AvgChargedOnce(policy),
+    }
+    yield built
+    for e in built.values():
+        e.close()
+
+
+def sample(engine: Engine, dataset: str, sql: str, n: int) -> list[list[list[object]]]:
+    """``n`` released row sets, each from a fresh, charged request."""
+    out = []
+    for i in range(n):
+        reply = engine.query(
+            f"auditor-{dataset}-{i}",
+            {"sql": sql, "dataset": dataset, "epsilon": EPSILON, "fresh": True},
+        )
+        assert reply["cost"]["epsilon"] == EPSILON and not reply["replayed"]
+        out.append(reply["rows"])
+    return out
+
+
+def audit(
+    engine: Engine,
+    sql: str,
+    event: Callable[[object], bool],
+    pair: tuple[str, str] = ("d", "dp"),
+    n: int = SAMPLES,
+) -> AuditResult:
+    d, d_prime = pair
+    return epsilon_lower_bound(sample(engine, d, sql, n), sample(engine, d_prime, sql, n), event)
+
+
+def _cells(rows: list[list[object]]) -> dict[object, object]:
+    return {row[0]: row[1] for row in rows}
+
+
+# Each case: the query, and the event fixed in advance from D's exact answer: a tail
+# at or above it, where the likelihood ratio of the noise is largest.
+CASES: dict[str, tuple[str, Callable[[object], bool]]] = {
+    "count": ("SELECT COUNT(*) FROM t", lambda rows: rows[0][0] >= COUNT_D),
+    "sum": ("SELECT SUM(x) FROM t", lambda rows: rows[0][0] >= SUM_D),
+    # AVG is a noisy sum and a noisy count; naming them too releases both, at no
+    # extra cost (the same two measurements), so the audit sees all AVG spends.
+    "avg": (
+        "SELECT AVG(x) AS a, SUM(x) AS s, COUNT(x) AS c FROM t",
+        lambda rows: rows[0][1] >= SUM_D and rows[0][2] >= COUNT_D,
+    ),
+    "histogram": (
+        "SELECT g, COUNT(*) AS n FROM t GROUP BY g",
+        lambda rows: all(_cells(rows)[g] >= CELL_D[g] for g in range(GROUPS)),
+    ),
+}
+
+
+def _report(record_property, name: str, result: AuditResult) -> None:
+    record_property(name, str(result))
+    print(f"\naudit {name}: {result} (claimed ε = {EPSILON}, α = {ALPHA})")
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_empirical_epsilon_stays_below_the_claim(engines, case, record_property):
+    sql, event = CASES[case]
+    result = audit(engines["correct"], sql, event)
+    _report(record_property, case, result)
+    assert result.epsilon_lower_bound < EPSILON, str(result)
+
+
+def test_quantile_empirical_epsilon_stays_below_the_claim(engines, record_property):
+    result = audit(
+        engines["correct"],
+        "SELECT MEDIAN(x) FROM t",
+        lambda rows: rows[0][0] > 75,
+        pair=("q", "qp"),
+        n=QUANTILE_SAMPLES,
+    )
+    _report(record_property, "median", result)
+    assert result.epsilon_lower_bound < EPSILON, str(result)
+
+
+@pytest.mark.parametrize(
+    ("case", "broken"),
+    [("count", "halved"), ("sum", "halved"), ("histogram", "halved"), ("avg", "avg_once")],
+)
+def test_the_audit_flags_a_broken_variant(engines, case, broken, record_property):
+    sql, event = CASES[case]
+    result = audit(engines[broken], sql, event)
+    _report(record_property, f"{case} ({broken})", result)
+    assert result.epsilon_lower_bound > EPSILON, str(result)
+
+
+def test_replies_through_the_socket_match_the_in_process_path(
+    engines, audit_dir, short_dir, record_property
+):
+    """The server adds nothing the in-process audit misses: socket samples follow the
+    same distribution (two-sample KS at α) and their own bound stays below the claim."""
+    sql, event = CASES["count"]
+    gate = GateProcess(audit_dir / "policy.toml", f"unix:{short_dir / 'audit.sock'}")
+    gate.start()
+    try:
+        client = Gate(gate.address)
+        over_socket = {
+            ds: [
+                client.query(sql, epsilon=EPSILON, dataset=ds, fresh=True).rows
+                for _ in range(SOCKET_SAMPLES)
+            ]
+            for ds in ("d", "dp")
+        }
+    finally:
+        gate.stop()
+    result = epsilon_lower_bound(over_socket["d"], over_socket["dp"], event)
+    _report(record_property, "count over the socket", result)
+    assert result.epsilon_lower_bound < EPSILON
+    in_process = sample(engines["correct"], "d", sql, SOCKET_SAMPLES)
+    test = ks_2samp([r[0][0] for r in over_socket["d"]], [r[0][0] for r in in_process])
+    assert test.pvalue > ALPHA, test

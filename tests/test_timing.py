@@ -1,0 +1,144 @@
+"""Timing channels, measured on real gate processes over their unix sockets.
+
+D and D' differ by one unit, the target, whose 300,000 long strings make a
+case-insensitive LIKE run hundreds of milliseconds longer over D than over
+D'. Replies are held to the next multiple of ``response_quantum_ms`` after
+the request arrived, so the reply times of the two must be
+indistinguishable: the statistic is a two-sample Kolmogorov-Smirnov test on
+reply times (D vs D', interleaved), which must not reject at α = 1e-3 (a
+false alarm has probability at most 1e-3), and every reply must land in the
+same quantum. The same test rejects when padding is off, so it can see the
+difference it rules out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import duckdb
+import pytest
+from scipy.stats import ks_2samp
+
+from dpmagic.client import Gate
+from dpmagic.errors import DPError
+from tests.conftest import GateProcess
+
+ALPHA = 1e-3
+QUANTUM_MS = 1500
+REPEATS = 15
+TARGET_ROWS = 300_000
+SQL = "SELECT COUNT(*) FROM t WHERE s ILIKE '%a%b%z%'"
+
+POLICY = """
+[gate]
+state_dir = "state-{name}-{quantum}-{timeout}"
+response_quantum_ms = {quantum}
+query_timeout_s = {timeout}
+
+[datasets.d]
+database = "{name}.duckdb"
+privacy_unit = "pid"
+# The gate keeps at most this many rows of a unit at load: all of the target's,
+# so that its rows reach the query and make it slower.
+max_rows_per_partition = {rows}
+user_budget = {{ epsilon = 1000.0 }}
+notebook_budget = {{ epsilon = 1000.0 }}
+
+[datasets.d.tables.t.columns]
+pid = {{ type = "int" }}
+s = {{ type = "str" }}
+"""
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("timing")
+    for name, target in (("with", True), ("without", False)):
+        con = duckdb.connect(str(folder / f"{name}.duckdb"))
+        con.execute("CREATE TABLE t AS SELECT range AS pid, 'ab' AS s FROM range(2000)")
+        if target:  # one unit, the target, with many long strings
+            con.execute(
+                "INSERT INTO t SELECT 999999, repeat('ab', 500) || range::VARCHAR"
+                f" FROM range({TARGET_ROWS})"
+            )
+        con.close()
+    return folder
+
+
+def _gates(folder: Path, short_dir: Path, quantum: int, timeout: float = 30.0):
+    gates = {}
+    for name in ("with", "without"):
+        policy = folder / f"{name}-{quantum}-{timeout}.toml"
+        text = POLICY.format(name=name, quantum=quantum, timeout=timeout, rows=TARGET_ROWS)
+        policy.write_text(text)
+        gates[name] = GateProcess(policy, f"unix:{short_dir / (name + '.sock')}")
+    return gates
+
+
+@pytest.fixture
+def gates(data, short_dir, request) -> Iterator[dict[str, GateProcess]]:
+    quantum, timeout = request.param
+    running = _gates(data, short_dir, quantum, timeout)
+    try:
+        for g in running.values():
+            g.start()
+        yield running
+    finally:
+        for g in running.values():
+            g.stop()
+
+
+def _reply_times(gates: dict[str, GateProcess]) -> dict[str, list[float]]:
+    """Seconds from request to reply, D and D' interleaved so load drifts hit both."""
+    times: dict[str, list[float]] = {"with": [], "without": []}
+    clients = {name: Gate(g.address) for name, g in gates.items()}
+    for _ in range(REPEATS):
+        for name, client in clients.items():
+            start = time.perf_counter()
+            with contextlib.suppress(DPError):
+                client.query(SQL, epsilon=0.1, fresh=True)
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def _summary(times: dict[str, list[float]]) -> str:
+    return ", ".join(
+        f"{name}: median {statistics.median(t) * 1000:.0f} ms, "
+        f"range {min(t) * 1000:.0f}–{max(t) * 1000:.0f} ms"
+        for name, t in times.items()
+    )
+
+
+@pytest.mark.parametrize("gates", [(QUANTUM_MS, 30.0)], indirect=True)
+def test_padding_hides_a_target_that_slows_the_query(gates):
+    times = _reply_times(gates)
+    test = ks_2samp(times["with"], times["without"])
+    print(f"\npadded to {QUANTUM_MS} ms: {_summary(times)}; KS p = {test.pvalue:.3g}")
+    quantum = QUANTUM_MS / 1000
+    for t in times["with"] + times["without"]:
+        assert quantum <= t < 2 * quantum, t  # the same quantum, whether or not the target is in
+    assert test.pvalue > ALPHA, _summary(times)
+
+
+@pytest.mark.parametrize("gates", [(0, 30.0)], indirect=True)
+def test_without_padding_the_same_test_sees_the_target(gates):
+    times = _reply_times(gates)
+    test = ks_2samp(times["with"], times["without"])
+    print(f"\nunpadded: {_summary(times)}; KS p = {test.pvalue:.3g}")
+    assert test.pvalue < ALPHA, _summary(times)
+
+
+@pytest.mark.parametrize("gates", [(QUANTUM_MS, 0.05)], indirect=True)
+def test_a_timeout_interrupts_duckdb_answers_generically_and_stays_charged(gates):
+    client = Gate(gates["with"].address)
+    start = time.perf_counter()
+    with pytest.raises(DPError, match="time limit") as failed:
+        client.query(SQL, epsilon=0.1)
+    elapsed = time.perf_counter() - start
+    assert "999999" not in str(failed.value)
+    assert QUANTUM_MS / 1000 <= elapsed < 2 * QUANTUM_MS / 1000  # interrupted, then padded
+    assert client.budget()["user"]["spent"]["epsilon"] == pytest.approx(0.1)
