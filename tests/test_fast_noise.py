@@ -3,7 +3,7 @@
 Each comparison is a chi-square test at significance 1e-4 (a correct sampler
 fails one run in 10,000): two-sample (ours against draws from OpenDP's
 measurement) and one-sample (ours against the exact pmf). The same tests are
-shown to reject a sampler whose scale is 5% off, and the exact-integer
+shown to reject a sampler whose scale is 10% off, and the exact-integer
 continuations that run once in 1/128! draws are forced and checked too.
 """
 

@@ -43,6 +43,9 @@ query_timeout_s = {timeout}
 [datasets.d]
 database = "{name}.duckdb"
 privacy_unit = "pid"
+# The gate keeps at most this many rows of a unit at load: all of the target's,
+# so that its rows reach the query and make it slower.
+max_rows_per_partition = {rows}
 user_budget = {{ epsilon = 1000.0 }}
 notebook_budget = {{ epsilon = 1000.0 }}
 
@@ -68,7 +71,8 @@ def _gates(folder: Path, short_dir: Path, quantum: int, timeout: float = 30.0):
     gates = {}
     for name in ("with", "without"):
         policy = folder / f"{name}-{quantum}-{timeout}.toml"
-        policy.write_text(POLICY.format(name=name, quantum=quantum, timeout=timeout))
+        text = POLICY.format(name=name, quantum=quantum, timeout=timeout, rows=TARGET_ROWS)
+        policy.write_text(text)
         gates[name] = GateProcess(policy, f"unix:{short_dir / (name + '.sock')}")
     return gates
 
