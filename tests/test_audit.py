@@ -133,8 +133,8 @@ class AvgChargedOnce(Engine):
             measurements=tuple(
                 dataclasses.replace(
                     m,
-                    epsilon=p.epsilon,
-                    noise=calibrate(m.noise.sensitivity, p.epsilon, m.noise.granularity),
+                    cost=p.unit_cost,
+                    noise=calibrate(m.noise.sensitivity, p.unit_cost.epsilon, m.noise.granularity),
                 )
                 for m in p.measurements
             ),
