@@ -158,3 +158,16 @@ def test_schema_shows_public_facts_only(engine):
     assert schema["privacy_unit"] == "pid"
     assert schema["tables"]["t"]["columns"]["sex"]["public_values"] == [0, 1]
     assert schema["tables"]["t"]["columns"]["age"] == {"type": "int", "lower": 0, "upper": 100}
+
+
+def test_a_bare_quantile_carries_its_level_and_rank_radius_but_no_value_interval(engine):
+    reply = engine.query(
+        "alice",
+        {"sql": "SELECT sex, MEDIAN(age) AS m, MEDIAN(age) + 1 AS m1 FROM t GROUP BY sex",
+         "notebook": "nb"},
+    )  # fmt: skip
+    m, m1 = reply["accuracy"]["columns"][1:]
+    assert m["mechanism"] == "exponential" and m["level"] == 0.5
+    assert 0 < m["rank_radius"] < float("inf")
+    assert m["intervals"] == [None, None]
+    assert "rank_radius" not in m1  # ranks of a transformed value are not the value's

@@ -110,3 +110,61 @@ def test_empirical_privacy_passes_the_mechanism_and_catches_a_mis_scaled_one():
     assert not _violation(calibrated, a, b, 1.0, 8000)
     too_little_noise = QuantileNoise(0.5, 3, 1, calibrated.scale / 4)
     assert _violation(too_little_noise, a, b, 1.0, 8000)
+
+
+# Coverage of the rank radius. The radius bounds, with probability 1 - ALPHA,
+# how much the released candidate's rank imbalance exceeds the best one's.
+# Data at the lowest candidate only make every other candidate equally bad,
+# where the union bound behind the radius is nearly tight: with the bad
+# candidates just beyond the radius, a miss has probability up to ALPHA; a
+# radius half as wide leaves them inside the miss region at three quarters of
+# the radius, where most runs miss.
+ALPHA = 0.05
+RUNS = 1500
+# P(Binomial(RUNS, ALPHA) > MISSES) < 1e-3: a correct radius fails this test less
+# often than once in a thousand runs of the suite.
+MISSES = 106
+
+
+def _imbalance_gap(histogram: dict[int, int], size: int, level: float, chosen: int) -> float:
+    s = scores(histogram, size, level)
+    _, den, _ = alpha_fraction(level)
+    return (s[chosen] - min(s)) / den
+
+
+def _misses(noise: QuantileNoise, histogram: dict[int, int], radius: float) -> int:
+    gaps = [_imbalance_gap(histogram, noise.size, noise.level, i) for i in range(noise.size)]
+    return sum(gaps[noise.select(histogram)] > radius for _ in range(RUNS))
+
+
+def test_miss_threshold_has_the_stated_error_rate():
+    from scipy.stats import binom
+
+    assert binom.sf(MISSES, RUNS, ALPHA) < 1e-3
+
+
+@pytest.mark.parametrize("level", [0.5, 0.9])
+def test_rank_radius_covers_at_least_95_percent_where_the_bound_is_tight(level):
+    noise = calibrate_quantile(level, 1001, 1, 1.0)
+    radius = noise.rank_radius(ALPHA)
+    num, den, _ = alpha_fraction(level)
+    # Every candidate above the lowest has imbalance (1 - q)·n: put it just past the radius.
+    n = math.floor(radius / (1 - num / den)) + 1
+    assert _imbalance_gap({0: n}, 1001, level, 1) > radius
+    assert _misses(noise, {0: n}, radius) <= MISSES
+
+
+def test_a_radius_half_as_wide_is_caught():
+    noise = calibrate_quantile(0.5, 1001, 1, 1.0)
+    radius = noise.rank_radius(ALPHA)
+    n = round(1.5 * radius)  # bad candidates at 3/4 of the radius
+    assert radius / 2 < _imbalance_gap({0: n}, 1001, 0.5, 1) < radius
+    assert _misses(noise, {0: n}, radius) == 0
+    assert _misses(noise, {0: n}, radius / 2) > MISSES
+
+
+def test_rank_radius_is_public_and_shrinks_with_epsilon():
+    wide = calibrate_quantile(0.5, 1001, 1, 0.5).rank_radius(ALPHA)
+    narrow = calibrate_quantile(0.5, 1001, 1, 2.0).rank_radius(ALPHA)
+    assert narrow < wide
+    assert calibrate_quantile(0.5, 1, 1, 1.0).rank_radius(ALPHA) == 0.0

@@ -13,6 +13,10 @@ A privacy unit changes the multiset of indices of each partition it touches;
 over all partitions the symmetric distance is at most ``distance``. The
 privacy loss of selecting in every partition is linear in the distance, so
 it is at most ``distance`` times OpenDP's ε for a distance of one.
+
+Accuracy is stated in ranks, the only currency the mechanism's guarantee is
+in (``QuantileNoise.rank_radius``): turning it into values would need the
+data's distribution, which only more budget could reveal.
 """
 
 from __future__ import annotations
@@ -75,6 +79,24 @@ class QuantileNoise:
     @property
     def epsilon(self) -> float:
         return _epsilon(self.level, self.size, self.distance, self.scale)
+
+    def rank_radius(self, alpha: float) -> float:
+        """How far, in ranks, the released candidate's imbalance may exceed the best's.
+
+        A candidate's score is ``den`` times its rank imbalance
+        ``|(1-q)·#below - q·#above|`` (values strictly below and above it). The
+        released index beats every other by noise of scale ``scale`` added to the
+        scores (Gumbel or exponential noise, i.e. the exponential mechanism or
+        permute-and-flip): a candidate scoring ``t`` worse than the best wins only
+        if its noise beats the best's by ``t``, which has probability at most
+        ``exp(-t/scale)``. Over the other ``size - 1`` candidates, the released
+        score exceeds the best by more than ``scale·ln(size/alpha)`` with
+        probability below ``alpha``. Public: it depends on the plan only.
+        """
+        if self.size == 1 or self.scale == 0:
+            return 0.0
+        _, den, _ = alpha_fraction(self.level)
+        return self.scale * math.log(self.size / alpha) / den
 
     def select(self, histogram: Mapping[int, int]) -> int:
         """The index of the candidate released for one partition."""

@@ -9,7 +9,10 @@ post-processing of DP outputs and costs no privacy.
 
 Each released cell carries a 95% interval: the noise's own interval for a
 single aggregate, and interval arithmetic over the aggregates' intervals
-(Bonferroni-adjusted) for expressions of several.
+(Bonferroni-adjusted) for expressions of several. A quantile cell carries no
+value interval but a rank radius instead (``QuantileNoise.rank_radius``): the
+mechanism's guarantee is in ranks, and turning ranks into values would take
+the data's distribution.
 """
 
 from __future__ import annotations
@@ -77,8 +80,11 @@ def release(noisy: Noisy, alpha: float = ALPHA) -> Released:
             continue
         parts = [_part(plan, n) for n in used]
         single = parts[0] if len(parts) == 1 else None
+        bare = isinstance(out.expr, exp.Column) and isinstance(single, Selection)
+        rank = _rank_accuracy(single, alpha) if bare else {}
         accuracy_columns.append(
             {
+                **rank,
                 "mechanism": single.noise.mechanism if single else "post-processing",
                 "scale": single.scale if single else None,
                 "measurements": [p.label for p in parts],
@@ -92,6 +98,14 @@ def release(noisy: Noisy, alpha: float = ALPHA) -> Released:
         rows=[[_json(v) for v in row[1:]] for row in result],
         accuracy={"alpha": alpha, "columns": accuracy_columns},
     )
+
+
+def _rank_accuracy(selection: Selection, alpha: float) -> dict[str, float]:
+    """The quantile level and its rank radius: public, from the plan alone."""
+    return {
+        "level": selection.noise.level,
+        "rank_radius": selection.noise.rank_radius(alpha),
+    }
 
 
 def _part(plan: Plan, name: str) -> Measurement | Selection:
