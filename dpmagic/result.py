@@ -60,14 +60,34 @@ class DPResult:
         return 1.0 - float(self.accuracy.get("alpha", 0.05))
 
     def interval(self, column: str) -> pd.DataFrame:
-        """Each row's interval for ``column`` as a DataFrame of ``lo`` and ``hi``."""
+        """Each row's interval for ``column`` as a DataFrame of ``lo`` and ``hi``
+        (NaN where an expression's interval is unknown)."""
+        info = self._noisy_column(column)
+        if "rank_radius" in info:
+            raise ValueError(
+                f"column {column!r} is a quantile: its accuracy is in ranks, "
+                f"see rank_radius({column!r})"
+            )
+        nan = float("nan")
+        pairs = [(p[0], p[1]) if p else (nan, nan) for p in info["intervals"]]
+        return pd.DataFrame(pairs, columns=["lo", "hi"], index=self.df.index)
+
+    def rank_radius(self, column: str) -> float:
+        """For a quantile column, ``r`` such that with the reported confidence each
+        released value's rank imbalance is within ``r`` of the best candidate's
+        (see the README's "Accuracy of quantiles")."""
+        info = self._noisy_column(column)
+        if "rank_radius" not in info:
+            raise ValueError(f"column {column!r} is not a quantile: see interval({column!r})")
+        return float(info["rank_radius"])
+
+    def _noisy_column(self, column: str) -> dict[str, Any]:
         if column not in self.columns:
             raise KeyError(f"no column {column!r}; columns are {self.columns}")
         info = self._column_accuracy(self.columns.index(column))
         if info is None:
             raise ValueError(f"column {column!r} is a group key: it carries no noise")
-        pairs = [(lo, hi) for lo, hi in info["intervals"]]
-        return pd.DataFrame(pairs, columns=["lo", "hi"], index=self.df.index)
+        return info
 
     def _column_accuracy(self, index: int) -> dict[str, Any] | None:
         columns = self.accuracy.get("columns") or []
@@ -78,6 +98,20 @@ class DPResult:
         intervals = (info or {}).get("intervals") or []
         pair = intervals[row] if row < len(intervals) else None
         return (pair[0], pair[1]) if pair else None
+
+    def _accuracy_text(self, column: int, row: int, percent: str) -> tuple[str, str] | None:
+        """A cell's accuracy as its hidden span and its tooltip, if it has one."""
+        info = self._column_accuracy(column) or {}
+        if "rank_radius" in info:
+            radius = format_value(float(info["rank_radius"]))
+            level = format_value(float(info["level"]))
+            tip = f"{percent}: rank within ±{radius} of the {level}-quantile's, ties aside"
+            return f"±{radius} ranks", tip
+        pair = self._interval_at(column, row)
+        if pair is None:
+            return None
+        span = f"[{format_value(pair[0])}, {format_value(pair[1])}]"
+        return span, f"{percent} interval {span}"
 
     def _shown_rows(self) -> list[int]:
         limit = self.display_limit or len(self.rows)
@@ -127,15 +161,14 @@ class DPResult:
         for r in self._shown_rows():
             cells = []
             for c, value in enumerate(self.rows[r]):
-                pair = self._interval_at(c, r)
                 text = escape(format_value(value))
-                if pair is None:
+                shown = self._accuracy_text(c, r, percent)
+                if shown is None:
                     cells.append(f"<td>{text}</td>")
                     continue
-                span = f"[{format_value(pair[0])}, {format_value(pair[1])}]"
-                tip = escape(f"{percent} interval {span}")
+                span, tip = shown
                 cells.append(
-                    f'<td class="dpm-noisy" title="{tip}">{text}'
+                    f'<td class="dpm-noisy" title="{escape(tip)}">{text}'
                     f'<span class="dpm-int" style="display:none">{escape(span)}</span></td>'
                 )
             body.append(cells)

@@ -294,3 +294,39 @@ def test_schema_view():
     assert "<td>sex</td><td>int</td><td></td><td>0, 1</td>" in html
     assert "<strong>states (public)</strong>" in html
     assert "states (public)" in repr(view)
+
+
+def quantile_reply() -> dict:
+    return reply(
+        columns=["sex", "median <age>"],
+        rows=[[0, 37.0], [1, 41.0]],
+        accuracy={
+            "alpha": 0.05,
+            "columns": [
+                None,
+                {"mechanism": "exponential", "scale": 8.0, "level": 0.5, "rank_radius": 39.6,
+                 "intervals": [None, None]},
+            ],
+        },
+    )  # fmt: skip
+
+
+def test_a_quantile_shows_its_rank_radius_like_other_cells_show_intervals():
+    result = DPResult(quantile_reply())
+    assert result.rank_radius("median <age>") == 39.6
+    with pytest.raises(ValueError, match="rank_radius"):
+        result.interval("median <age>")
+    with pytest.raises(ValueError, match="not a quantile"):
+        DPResult(reply()).rank_radius("n")
+    html = result._repr_html_()
+    assert html.count('title="95%: rank within ±39.60 of the 0.5-quantile&#x27;s, ties aside"') == 2
+    spans = re.findall(r'<span class="dpm-int" style="display:none">(.*?)</span>', html)
+    assert spans == ["±39.60 ranks"] * 2
+    assert "<summary>95% intervals</summary>" in html
+
+
+def test_an_expression_without_an_interval_gives_nan():
+    r = reply()
+    r["accuracy"]["columns"][2]["intervals"] = [None, [30.5, 44.0], None]
+    intervals = DPResult(r).interval("mean <age>")
+    assert intervals["lo"].isna().tolist() == [True, False, True]
