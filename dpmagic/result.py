@@ -363,10 +363,12 @@ class SchemaView:
             ]
         )
 
-    def _tables(self) -> list[tuple[str, list[list[str]]]]:
+    def _tables(self) -> list[tuple[str, str, list[list[str]]]]:
         out = []
         for name, info_table in (self.reply.get("tables") or {}).items():
-            title = f"{name} (public)" if info_table.get("public") else name
+            public = bool(info_table.get("public"))
+            title = f"{name} (public)" if public else name
+            unit = self._unit(info_table)
             rows = []
             for col, info in (info_table.get("columns") or {}).items():
                 values = info.get("public_values")
@@ -376,17 +378,35 @@ class SchemaView:
                         str(info.get("type", "")),
                         _bounds(info.get("lower"), info.get("upper")),
                         ", ".join(format_exact(v) for v in values) if values is not None else "",
-                        self._use(col, info, bool(info_table.get("public"))),
+                        self._use(col, info, public, unit),
                     ]
                 )
-            out.append((title, rows))
+            out.append((title, self._privacy(name, info_table, unit), rows))
         return out
 
-    def _use(self, column: str, info: dict[str, Any], public: bool) -> str:
+    def _unit(self, info_table: dict[str, Any]) -> str | None:
+        """The column holding the table's privacy unit (older gates name only the dataset's)."""
+        if info_table.get("public"):
+            return None
+        return info_table.get("unit") or self.reply.get("privacy_unit")
+
+    def _privacy(self, name: str, info_table: dict[str, Any], unit: str | None) -> str:
+        """One line on whose privacy the table's rows carry, from the policy alone."""
+        if info_table.get("public"):
+            return "public: no privacy unit, no privacy cost"
+        held = f"privacy unit in column {unit}" if unit else "each row is its own privacy unit"
+        links = [f"{name}.{c} → {t}" for c, t in (info_table.get("links") or {}).items()]
+        bounds = (
+            f"each unit in ≤ {self.reply.get('max_partitions')} groups, "
+            f"≤ {self.reply.get('max_rows_per_partition')} rows per group"
+        )
+        return " · ".join(["private", held, *(f"links {link}" for link in links), bounds])
+
+    def _use(self, column: str, info: dict[str, Any], public: bool, unit: str | None) -> str:
         """How the column can appear in a query, from the policy's declarations alone."""
         if public:
             return "public table: no privacy cost"
-        if column == self.reply.get("privacy_unit"):
+        if column == unit:
             return "privacy unit: never shown or grouped by"
         uses = []
         if info.get("public_values") is not None:
@@ -397,16 +417,19 @@ class SchemaView:
 
     def _repr_html_(self) -> str:
         parts = [STYLE, f'<div style="{MUTED}">{escape(self.summary())}</div>']
-        for title, rows in self._tables():
-            parts.append(f"<div><strong>{escape(title)}</strong></div>")
+        for title, privacy, rows in self._tables():
+            parts.append(
+                f"<div><strong>{escape(title)}</strong> "
+                f'<span style="{MUTED}">{escape(privacy)}</span></div>'
+            )
             parts.append(table(SCHEMA_HEADERS, rows, text=True))
         return f'<div class="dpmagic dpmagic-schema">{"".join(parts)}</div>'
 
     def __repr__(self) -> str:
         parts = [self.summary()]
-        for title, rows in self._tables():
+        for title, privacy, rows in self._tables():
             frame = pd.DataFrame(rows, columns=list(SCHEMA_HEADERS))
-            parts.append(f"\n{title}\n{frame.to_string(index=False)}")
+            parts.append(f"\n{title}: {privacy}\n{frame.to_string(index=False)}")
         return "\n".join(parts)
 
 

@@ -14,6 +14,7 @@ from dpmagic.examples import clinic
 from dpmagic.gate.engine import Engine
 from dpmagic.gate.errors import GateError
 from dpmagic.gate.policy import load_policy
+from dpmagic.result import SchemaView
 
 PATIENTS = 300
 EPSILON = 200.0  # little noise: answers land near the truth
@@ -99,3 +100,15 @@ def test_the_policy_links_visits_to_patients():
     assert visits is not None
     assert visits.links == {"patient_id": "patients.patient_id"}
     assert visits.unit == "patient_id"
+
+
+def test_the_schema_names_each_tables_unit_links_and_bounds(engine):
+    schema = engine.schema(None)
+    tables = schema["tables"]
+    assert tables["visits"]["unit"] == "patient_id"
+    assert tables["visits"]["links"] == {"patient_id": "patients.patient_id"}
+    assert tables["patients"]["unit"] == "patient_id" and "links" not in tables["patients"]
+    assert tables["visits"]["public"] is False
+    text = repr(SchemaView(schema))
+    assert "links visits.patient_id → patients.patient_id" in text
+    assert f"each unit in ≤ {schema['max_partitions']} groups" in text

@@ -166,6 +166,7 @@ def test_schema_magic(connected):
     assert "<td>sex</td><td>int</td>" in view._repr_html_()
     assert "<td>0, 1</td><td>GROUP BY, SUM/AVG, WHERE, COUNT</td></tr>" in view._repr_html_()
     assert "<td>pid</td><td>int</td><td></td><td></td><td>privacy unit" in view._repr_html_()
+    assert "private · privacy unit in column pid · each unit in ≤ 1 groups" in view._repr_html_()
 
 
 def test_connect_magic(shell, gate, short_dir: Path, capsys):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from html import escape
 
 import pytest
 
@@ -330,3 +331,39 @@ def test_an_expression_without_an_interval_gives_nan():
     r["accuracy"]["columns"][2]["intervals"] = [None, [30.5, 44.0], None]
     intervals = DPResult(r).interval("mean <age>")
     assert intervals["lo"].isna().tolist() == [True, False, True]
+
+
+def test_schema_shows_each_tables_unit_links_and_bounds():
+    schema = {
+        "dataset": "clinic",
+        "privacy_unit": "id",
+        "max_partitions": 4,
+        "max_rows_per_partition": 5,
+        "tables": {
+            "patients": {"public": False, "unit": "id", "columns": {"id": {"type": "int"}}},
+            "visits": {
+                "public": False,
+                "unit": "patient_id",
+                "links": {"patient_id": "patients.id"},
+                "columns": {"patient_id": {"type": "int"}, "id": {"type": "int"}},
+            },
+            "codes": {"public": True, "columns": {"code": {"type": "str"}}},
+        },
+    }
+    view = SchemaView(schema)
+    html, text = view._repr_html_(), repr(view)
+    bounds = "each unit in ≤ 4 groups, ≤ 5 rows per group"
+    link = "links visits.patient_id → patients.id"
+    visits = f"private · privacy unit in column patient_id · {link} · {bounds}"
+    assert f"patients: private · privacy unit in column id · {bounds}" in text
+    assert f"visits: {visits}" in text
+    assert "codes (public): public: no privacy unit, no privacy cost" in text
+    assert escape(visits) in html
+    # visits.id is an ordinary column there; the unit is patient_id
+    assert "<td>patient_id</td><td>int</td><td></td><td></td><td>privacy unit" in html
+    assert "<td>id</td><td>int</td><td></td><td></td><td>WHERE, COUNT</td>" in html
+
+
+def test_a_row_level_dataset_says_each_row_is_a_unit():
+    view = SchemaView({"privacy_unit": None, "tables": {"t": {"public": False, "columns": {}}}})
+    assert "t: private · each row is its own privacy unit" in repr(view)
