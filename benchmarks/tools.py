@@ -147,7 +147,7 @@ def run_opendp_polars(folder: Path, reps: int, epsilon: float) -> dict:
     dp.enable_features("contrib")
     visits = pl.scan_parquet(folder / "visits.parquet")
     persons = pl.scan_parquet(folder / "persons.parquet").select(pl.len()).collect().item()
-    max_length = MAX_ROWS_PER_PERSON * persons  # public: the person count is not private here
+    max_length = MAX_ROWS_PER_PERSON * persons  # the person count is taken as public
     keys = {k: visits.select(pl.col(k).unique().sort()).collect() for k in ("state", "diagnosis")}
     candidates = [float(x) for x in np.linspace(0, 500_000, 1_001)]
     income = pl.col("income").fill_null(0.0).clip(0.0, 500_000.0)
