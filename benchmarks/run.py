@@ -1,4 +1,5 @@
-"""dpmagic against raw DuckDB (and, with ``--peers``, SmartNoise SQL): one table of
+"""dpmagic against raw DuckDB (and, with ``--peers``, SmartNoise SQL and OpenDP's
+Polars front end): one table of
 median time, ratio to DuckDB, relative error and peak memory, then the noise
 sampler, the notebook round trip and the gate under many clients.
 
@@ -31,7 +32,19 @@ sys.path.insert(0, str(HERE))
 from data import CACHE, DIAGNOSES, STATES, dataset  # noqa: E402
 from queries import QUERIES, Query, relative_error  # noqa: E402
 
-PEERS = {"smartnoise": ["smartnoise-sql", "duckdb"]}
+
+def _opendp_polars() -> list[str]:
+    """Our OpenDP version with the Polars it pins (it refuses others), without the
+    rest of its ``polars`` extra (scikit-learn and friends are not used here)."""
+    pin = next(
+        r.split(";")[0].strip()
+        for r in metadata.requires("opendp") or []
+        if r.startswith("polars") and 'extra == "polars"' in r
+    )
+    return [f"opendp=={metadata.version('opendp')}", pin, "pyarrow", "numpy"]
+
+
+PEERS = {"smartnoise": lambda: ["smartnoise-sql", "duckdb"], "opendp-polars": _opendp_polars}
 ROUND_TRIP_ROWS = 2_000  # the size of the PUMS samples the examples use
 ROUND_TRIP_SQL = "SELECT state, COUNT(*) AS n FROM visits GROUP BY state"
 
@@ -42,7 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=5, help="timed runs per query (median)")
     parser.add_argument("--epsilon", type=float, default=1.0, help="ε per query, every tool")
     parser.add_argument(
-        "--peers", action="store_true", help="also SmartNoise SQL (in a venv of its own)"
+        "--peers",
+        action="store_true",
+        help="also SmartNoise SQL and OpenDP's Polars front end (each in a venv of its own)",
     )
     parser.add_argument("--clients", type=int, default=50, help="concurrent clients of the gate")
     parser.add_argument("--per-client", type=int, default=10, help="queries per client")
@@ -257,12 +272,13 @@ def _tool(name: str, python: str, folder: Path, args: argparse.Namespace) -> dic
 
 
 def _peer_python(peer: str) -> Path:
-    """A virtual environment of the peer's own (they pin their own OpenDP), made once."""
+    """A virtual environment of the peer's own (they pin their own OpenDP or Polars),
+    made once."""
     venv = CACHE / f"venv-{peer}"
     python = venv / "bin" / "python"
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", *PEERS[peer]], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", *PEERS[peer]()], check=True)
     return python
 
 
