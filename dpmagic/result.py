@@ -433,6 +433,8 @@ class SchemaView:
         uses = []
         if info.get("public_values") is not None:
             uses.append("GROUP BY")
+        elif self.reply.get("accountant") == "approx":
+            uses.append("GROUP BY with δ > 0 (keys kept by DP partition selection)")
         if info.get("lower") is not None and info.get("upper") is not None:
             uses.append("SUM/AVG")
         return ", ".join([*uses, "WHERE, COUNT"])

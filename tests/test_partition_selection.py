@@ -23,6 +23,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
+from dpmagic.client import Gate
+from dpmagic.errors import QueryRefused
 from dpmagic.gate.accounting import ApproxAccountant
 from dpmagic.gate.engine import Engine
 from dpmagic.gate.errors import Refused
@@ -34,7 +36,8 @@ from dpmagic.gate.sql.parse import parse
 from dpmagic.gate.sql.plan import Plan, plan
 from dpmagic.gate.sql.resolve import resolve
 from dpmagic.gate.sql.rewrite import KEY_COUNT, rewrite
-from dpmagic.result import DPResult
+from dpmagic.result import DPResult, SchemaView
+from tests.conftest import GateProcess
 from tests.gate_helpers import dataset, load_table, run_exact
 
 dp.enable_features("contrib")
@@ -378,3 +381,29 @@ def test_accuracy_first_is_refused_with_private_keys(city_engine):
 def test_grouping_by_the_unit_stays_refused(city_engine):
     with pytest.raises(Refused, match="privacy unit"):
         city_engine.query("alice", {"sql": "SELECT pid, COUNT(*) FROM t GROUP BY pid"})
+
+
+def test_schema_says_which_columns_can_be_private_keys(city_engine):
+    uses = {row[0]: row[4] for _, _, rows in SchemaView(city_engine.schema(None))._tables()
+            for row in rows}  # fmt: skip
+    assert "DP partition selection" in uses["city"]
+    assert uses["pid"].startswith("privacy unit")
+
+
+def test_private_keys_through_a_real_gate_and_client(tmp_path, short_dir):
+    """Over the unix socket: keys chosen, the rare city absent, a refusal without δ."""
+    folder = tmp_path / "g"
+    _engine(folder, _city_rows("Ogdenville"), delta=0.0).close()
+    process = GateProcess(folder / "policy.toml", f"unix:{short_dir / 'gate.sock'}")
+    process.start()
+    try:
+        client = Gate(process.address)
+        sql = "SELECT city, COUNT(*) AS n FROM t GROUP BY city ORDER BY city"
+        result = client.query(sql, epsilon=1.0, delta=1e-6)
+        assert list(result.df["city"]) == ["Shelbyville", "Springfield"]
+        assert result.cost == {"epsilon": 1.0, "delta": 1e-6}
+        assert "kept where noisy units ≥" in result.footer()
+        with pytest.raises(QueryRefused, match="ask with a δ > 0"):
+            client.query(sql, epsilon=1.0)
+    finally:
+        process.stop()
