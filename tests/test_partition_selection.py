@@ -38,7 +38,7 @@ from dpmagic.gate.sql.resolve import resolve
 from dpmagic.gate.sql.rewrite import KEY_COUNT, rewrite
 from dpmagic.result import DPResult, SchemaView
 from tests.conftest import GateProcess
-from tests.gate_helpers import dataset, load_table, run_exact
+from tests.gate_helpers import dataset, load_table, neighbours, run_exact
 
 dp.enable_features("contrib")
 
@@ -203,18 +203,7 @@ def test_selection_counts_and_measurements_within_their_bounds(
     rows = [(pid, *r) for pid, rs in enumerate(per_unit, start=1) for r in rs]
     load_table(con, "t", ORDER, rows)
     base = _by_key(p, con, seed)
-    targets = (
-        [[r for r in rows if r[0] == pid] for pid in range(1, len(per_unit) + 1)]
-        if user_level
-        else [[r] for r in rows]
-    )
-    for target in targets:
-        kept = list(rows)
-        for r in target:
-            kept.remove(r)
-        if neighbouring == "substitute":
-            pid = target[0][0] if target else 99
-            kept += [(pid, *r) for r in (replacement if user_level else replacement[:1])]
+    for kept in neighbours(rows, len(per_unit), user_level, neighbouring, replacement):
         load_table(con, "t", ORDER, kept)
         other = _by_key(p, con, seed)
         keys = set(base) | set(other)
