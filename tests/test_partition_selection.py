@@ -247,6 +247,33 @@ def test_a_unit_in_many_keys_reaches_only_max_partitions_of_them():
     assert len(counts) == 3  # the unit reaches three keys, once each
 
 
+def test_a_self_join_cannot_multiply_a_unit_s_reach():
+    """A unit with rows under five keys, joined with itself (25 rows): after the join it
+    still counts once in at most ``max_partitions`` keys, and every sum within bounds."""
+    ds = dataset(COLUMNS, max_partitions=2, max_rows=2)
+    p = _approx_plan(
+        "SELECT a.s, COUNT(*), SUM(b.x) FROM t AS a JOIN t AS b ON a.pid = b.pid GROUP BY a.s",
+        ds,
+    )
+    rw = rewrite(p, seed=11)
+    con = duckdb.connect()
+    others = [(pid, "a", 0, 1) for pid in range(2, 6)]
+    load_table(con, "t", ORDER, others + [(1, f"k{i}", 0, 5) for i in range(5)])
+    with_unit = _by_key(p, con, seed=11)
+    load_table(con, "t", ORDER, others)
+    without = _by_key(p, con, seed=11)
+    assert p.key_selection is not None
+    names = list(rw.measurements)
+    for i, name in enumerate(names):
+        moved = [
+            abs(_at(with_unit, k, i) - _at(without, k, i)) for k in set(with_unit) | set(without)
+        ]
+        if name == KEY_COUNT:
+            assert sum(1 for m in moved if m) <= p.key_selection.l0 and max(moved) == 1
+        else:
+            assert sum(moved) <= p.measurement(name).noise.sensitivity
+
+
 # --- through the engine ----------------------------------------------------------
 
 POLICY = """
