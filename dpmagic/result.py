@@ -129,6 +129,12 @@ class DPResult:
         left = _left(self.budget)
         if left:
             parts.append(left)
+        chosen = self.accuracy.get("partition_selection")
+        if chosen:
+            parts.append(
+                f"keys chosen from the data: kept where noisy units ≥ {chosen['threshold']} "
+                f"(δ={format_exact(chosen['delta'])})"
+            )
         shown = len(self._shown_rows())
         if shown < len(self.rows):
             parts.append(f"showing {shown} of {len(self.rows)} rows")
@@ -200,7 +206,7 @@ PLAN_HEADERS = (
     "scale",
     "cost",
     "95% error ±",
-    "public keys",
+    "keys",
 )
 
 
@@ -214,10 +220,26 @@ def _plan_row(step: dict[str, Any]) -> list[str]:
         f"{format_exact(step.get('sensitivity'))} {step.get('norm', '')}".strip(),
         str(step.get("mechanism", "")),
         format_exact(step.get("scale")),
-        f"ρ={format_exact(cost['rho'])}" if "rho" in cost else f"ε={format_exact(cost['epsilon'])}",
+        _step_cost(cost),
         format_exact(step.get("accuracy")),
-        ", ".join(f"{k['column']} ({k['values']})" for k in keys if k.get("public")),
+        ", ".join(_key_text(k, step) for k in keys),
     ]
+
+
+def _step_cost(cost: dict[str, Any]) -> str:
+    if "rho" in cost:
+        return f"ρ={format_exact(cost['rho'])}"
+    text = f"ε={format_exact(cost['epsilon'])}"
+    return text + (f", δ={format_exact(cost['delta'])}" if cost.get("delta") else "")
+
+
+def _key_text(key: dict[str, Any], step: dict[str, Any]) -> str:
+    """A public key with how many values it has; a private one with how it is chosen."""
+    if key.get("public", True):
+        return f"{key['column']} ({key['values']} public)"
+    if step.get("kind") == "partition_selection":
+        return f"{key['column']} (private: kept if noisy units ≥ {step.get('threshold')})"
+    return f"{key['column']} (private: DP partition selection)"
 
 
 @dataclass(frozen=True)
@@ -411,6 +433,8 @@ class SchemaView:
         uses = []
         if info.get("public_values") is not None:
             uses.append("GROUP BY")
+        elif self.reply.get("accountant") == "approx":
+            uses.append("GROUP BY with δ > 0 (keys kept by DP partition selection)")
         if info.get("lower") is not None and info.get("upper") is not None:
             uses.append("SUM/AVG")
         return ", ".join([*uses, "WHERE, COUNT"])

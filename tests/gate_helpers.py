@@ -3,6 +3,7 @@ the analysis pipeline run pass by pass, on DuckDB tables the test creates."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
@@ -92,3 +93,25 @@ def load_table(con: duckdb.DuckDBPyConnection, name: str, columns: list[str], ro
     if rows:
         marks = ", ".join("?" for _ in columns)
         con.executemany(f'INSERT INTO "{name}" VALUES ({marks})', rows)
+
+
+def neighbours(
+    rows: list[tuple], units: int, user_level: bool, neighbouring: str, replacement: list[tuple]
+) -> Iterator[list[tuple]]:
+    """Each neighbour of ``rows`` (``(pid, …)`` tuples of ``units`` privacy units): one unit
+    (a pid at user level, a row at row level) removed, or under ``substitute`` its rows
+    replaced by ``replacement`` (a row-level unit has one row, or none: our relation
+    admits both)."""
+    if user_level:
+        targets = [[r for r in rows if r[0] == pid] for pid in range(1, units + 1)]
+    else:
+        targets = [[r] for r in rows]
+    for target in targets:
+        kept = list(rows)
+        for r in target:
+            kept.remove(r)
+        if neighbouring == "substitute":
+            pid = target[0][0] if target else 99
+            swap = replacement if user_level else replacement[:1]
+            kept += [(pid, *r) for r in swap]
+        yield kept

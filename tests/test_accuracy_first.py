@@ -174,11 +174,11 @@ def test_dry_run_magic_shows_the_plan_per_aggregate(dpsql_shell):
         "dpsql", "--dry-run --accuracy 10", "SELECT sex, SUM(age) AS s FROM t GROUP BY sex"
     )
     text = repr(result)
-    for header in ("bounds", "sensitivity", "mechanism", "cost", "95% error ±", "public keys"):
+    for header in ("bounds", "sensitivity", "mechanism", "cost", "95% error ±", "keys"):
         assert header in text
     step = result.plan[0]
     assert step["bounds"] == [0, 100] and step["keys"][0]["column"] == "sex"
-    assert "[0, 100]" in text and "sex (2)" in text and "discrete_laplace" in text
+    assert "[0, 100]" in text and "sex (2 public)" in text and "discrete_laplace" in text
     assert step["accuracy"] <= 10.0
     assert result.footer().startswith("dry run: nothing charged")
     assert result.budget["user"]["spent"]["epsilon"] == 0.0

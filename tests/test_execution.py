@@ -214,7 +214,9 @@ def test_gate_config_defaults_are_sane():
 def _released(sql: str, values: dict[str, list], ds=ROW_LEVEL):
     p = make_plan(sql, ds)
     by_label = {m.label: m.name for m in p.measurements}
-    noisy = Noisy(plan=p, values={by_label[k]: v for k, v in values.items()})
+    noisy = Noisy(
+        plan=p, values={by_label[k]: v for k, v in values.items()}, partitions=p.partitions
+    )
     return release(noisy)
 
 
@@ -275,7 +277,7 @@ def test_variances_from_exact_parts_equal_duckdbs():
     load_table(con, "t", ORDER, rows)
     exact = exact_vectors(p, con, seed=1)
     values = {m.name: [v * m.noise.granularity for v in exact[m.name]] for m in p.measurements}
-    released = release(Noisy(plan=p, values=values))
+    released = release(Noisy(plan=p, values=values, partitions=p.partitions))
     truth = con.execute(
         "SELECT g, var_pop(x), var_samp(x), stddev_pop(y), stddev_samp(y) FROM t "
         "GROUP BY g ORDER BY g"

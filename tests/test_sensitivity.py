@@ -21,7 +21,7 @@ from dpmagic.gate.sensitivity import (
     selection_distance,
     sum_sensitivity,
 )
-from tests.gate_helpers import dataset, exact_vectors, load_table, make_plan
+from tests.gate_helpers import dataset, exact_vectors, load_table, make_plan, neighbours
 
 COLUMNS = {
     "pid": {"type": "int"},
@@ -102,20 +102,7 @@ def test_sensitivity_bounds_every_neighbour(
     base = exact_vectors(p, con, seed)
 
     # A neighbour changes one privacy unit: a pid (user level) or a row (row level).
-    if user_level:
-        targets = [[r for r in rows if r[0] == pid] for pid in range(1, len(per_unit) + 1)]
-    else:
-        targets = [[r] for r in rows]
-    for target in targets:
-        kept = [r for r in rows if r not in target] if user_level else _without_one(rows, target[0])
-        if neighbouring == "add_remove":
-            neighbour = kept
-        else:
-            # Substitute: the unit's rows become other rows (a row-level unit has
-            # one row, or none: our relation admits both).
-            pid = target[0][0] if target else 99
-            swap = replacement if user_level else replacement[:1]
-            neighbour = kept + [(pid, *r) for r in swap]
+    for neighbour in neighbours(rows, len(per_unit), user_level, neighbouring, replacement):
         load_table(con, "t", ORDER, neighbour)
         other = exact_vectors(p, con, seed)
         _assert_within_sensitivity(p, base, other, query)
@@ -133,12 +120,6 @@ def _assert_within_sensitivity(p, base: dict, other: dict, query: str) -> None:
 def _symmetric(a: dict[int, int], b: dict[int, int]) -> int:
     """The symmetric distance between two multisets given as histograms."""
     return sum(abs(a.get(k, 0) - b.get(k, 0)) for k in set(a) | set(b))
-
-
-def _without_one(rows: list[tuple], target: tuple) -> list[tuple]:
-    out = list(rows)
-    out.remove(target)
-    return out
 
 
 def test_worst_case_unit_reaches_the_count_bound():

@@ -23,6 +23,7 @@ from dpmagic.gate.policy import Dataset, Policy, PolicyError
 from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
 from dpmagic.gate.sql.execute import Database
+from dpmagic.gate.sql.keys import KeyDomain
 from dpmagic.gate.sql.noise import noise
 from dpmagic.gate.sql.parse import parse
 from dpmagic.gate.sql.plan import Plan, plan
@@ -312,12 +313,13 @@ def _plan_summary(the_plan: Plan) -> list[dict[str, object]]:
     keys = [
         {
             "column": k.label,
-            "public": True,
-            "values": len(d.values),
-            "source": "integer range" if d.span else "declared values",
+            "public": d.private is None,
+            "values": None if d.private else len(d.values),
+            "source": _key_source(d),
         }
         for k, d in zip(the_plan.keys, the_plan.domains, strict=True)
     ]
+    partitions = None if the_plan.key_selection else len(the_plan.partitions)
     steps = []
     for m in the_plan.measurements:
         step: dict[str, object] = {
@@ -331,7 +333,7 @@ def _plan_summary(the_plan: Plan) -> list[dict[str, object]]:
             "epsilon": m.cost.epsilon,
             "cost": _cost_dict(m.cost),
             "accuracy": m.noise.half_width(REPORT_ALPHA),
-            "partitions": len(the_plan.partitions),
+            "partitions": partitions,
             "keys": keys,
             "contribution": {
                 "groups": the_plan.contribution.groups,
@@ -345,26 +347,63 @@ def _plan_summary(the_plan: Plan) -> list[dict[str, object]]:
                 "half_width": m.noise.half_width(the_plan.accuracy.alpha),
             }
         steps.append(step)
-    return steps + [
+    return (
+        steps
+        + [
+            {
+                "aggregate": s.label,
+                "kind": "quantile",
+                "bounds": [s.grid.lo, s.grid.hi],
+                "sensitivity": s.sensitivity,
+                "norm": "symmetric",
+                "mechanism": s.noise.mechanism,
+                "scale": s.scale,
+                "epsilon": s.epsilon,
+                "cost": {"epsilon": s.epsilon, "delta": 0.0},
+                "candidates": s.grid.size,
+                "partitions": partitions,
+                "keys": keys,
+                "contribution": {
+                    "groups": the_plan.contribution.groups,
+                    "rows": the_plan.contribution.rows,
+                },
+            }
+            for s in the_plan.selections
+        ]
+        + _key_selection_step(the_plan, keys)
+    )
+
+
+def _key_source(domain: KeyDomain) -> str:
+    if domain.private:
+        return "DP partition selection"
+    return "integer range" if domain.span else "declared values"
+
+
+def _key_selection_step(the_plan: Plan, keys: list[dict[str, object]]) -> list[dict[str, object]]:
+    """The noisy threshold that chooses private keys: its scale, threshold and (ε, δ)."""
+    ks = the_plan.key_selection
+    if ks is None:
+        return []
+    return [
         {
-            "aggregate": s.label,
-            "kind": "quantile",
-            "bounds": [s.grid.lo, s.grid.hi],
-            "sensitivity": s.sensitivity,
-            "norm": "symmetric",
-            "mechanism": s.noise.mechanism,
-            "scale": s.scale,
-            "epsilon": s.epsilon,
-            "cost": {"epsilon": s.epsilon, "delta": 0.0},
-            "candidates": s.grid.size,
-            "partitions": len(the_plan.partitions),
+            "aggregate": "GROUP BY " + ", ".join(k.label for k in the_plan.keys),
+            "kind": "partition_selection",
+            "bounds": None,
+            "sensitivity": ks.l0 * ks.linf,
+            "norm": f"L0 ≤ {ks.l0}, L∞ ≤ {ks.linf}",
+            "mechanism": ks.mechanism,
+            "scale": ks.scale,
+            "threshold": ks.threshold,
+            "epsilon": ks.epsilon,
+            "cost": {"epsilon": ks.epsilon, "delta": ks.delta},
+            "partitions": None,
             "keys": keys,
             "contribution": {
                 "groups": the_plan.contribution.groups,
                 "rows": the_plan.contribution.rows,
             },
         }
-        for s in the_plan.selections
     ]
 
 

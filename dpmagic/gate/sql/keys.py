@@ -8,6 +8,11 @@ literal outcomes of a ``CASE`` or ``IF``; or every integer in the declared
 bounds of an integer expression (``age``, ``age // 10``). The SQL keeps only
 rows whose key is one of these values, and every one of them is released,
 empty or not.
+
+Any other key is *private*: its values are read from the data and released
+only through DP partition selection (``partition_selection``), which the plan
+allows when the query has a δ to spend; otherwise it refuses with the reason
+recorded here.
 """
 
 from __future__ import annotations
@@ -29,10 +34,12 @@ MAX_PARTITIONS = 100_000
 
 @dataclass(frozen=True)
 class KeyDomain:
-    """The released values of one key; ``span`` marks a whole integer range."""
+    """The released values of one key; ``span`` marks a whole integer range. A private
+    key has no values known in advance, and ``private`` says why they are not public."""
 
     values: tuple[object, ...]
     span: tuple[int, int] | None = None
+    private: str | None = None
 
 
 BOOLEANS = KeyDomain((False, True))
@@ -52,18 +59,20 @@ def key_domain(key: GroupKey, resolved: Resolved, iv: Interval | None) -> KeyDom
         return KeyDomain(literals)
     if iv is not None and iv.finite and iv.integral:
         lo, hi = int(iv.lo), int(iv.hi)
-        if hi - lo + 1 > MAX_PARTITIONS:
-            raise Refused(
-                f"GROUP BY {key.label} has {hi - lo + 1} possible values under the declared "
-                f"bounds; at most {MAX_PARTITIONS} are released at once"
-            )
-        return KeyDomain(tuple(range(lo, hi + 1)), (lo, hi))
+        if hi - lo + 1 <= MAX_PARTITIONS:
+            return KeyDomain(tuple(range(lo, hi + 1)), (lo, hi))
+        return KeyDomain(
+            (),
+            private=f"GROUP BY {key.label} has {hi - lo + 1} possible values under the declared "
+            f"bounds; at most {MAX_PARTITIONS} public keys are released at once",
+        )
     what = "use a CASE of literals"
     if col is not None:
         what = f"declare public_values for {col.name!r}"
-    raise Refused(
-        f"GROUP BY {key.label}: its values are not public: {what}, or group by a bounded "
-        "integer or a condition (private keys are not released)"
+    return KeyDomain(
+        (),
+        private=f"GROUP BY {key.label}: its values are not public: {what}, or group by a "
+        "bounded integer or a condition",
     )
 
 

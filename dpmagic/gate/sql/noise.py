@@ -1,8 +1,11 @@
 """Pass 8: one noisy vector per measurement, over every released partition.
 
-Partitions with no rows are released too (with exact value 0 plus noise, or
-a quantile chosen from an empty histogram): the set of released keys comes
-from the policy, never from the data.
+With public keys, partitions with no rows are released too (with exact
+value 0 plus noise, or a quantile chosen from an empty histogram): the set
+of released keys comes from the policy, never from the data. With private
+keys, the released partitions are those the plan's noisy threshold keeps
+(``partition_selection``), in key order, and every measurement is noised
+over those only.
 """
 
 from __future__ import annotations
@@ -11,33 +14,40 @@ from dataclasses import dataclass
 
 from dpmagic.gate.sql.execute import ExactResult
 from dpmagic.gate.sql.plan import Plan
-from dpmagic.gate.sql.rewrite import Rewritten
+from dpmagic.gate.sql.rewrite import KEY_COUNT, Rewritten
+
+Partition = tuple[object, ...]
 
 
 @dataclass(frozen=True)
 class Noisy:
-    """Noisy values by measurement name, one per partition in ``plan.partitions`` order.
+    """Noisy values by measurement name, one per partition in ``partitions`` order.
 
     Counts and integer sums stay integers; fixed-point sums are scaled back to floats.
     """
 
     plan: Plan
     values: dict[str, list[int | float]]
+    partitions: tuple[Partition, ...]
 
 
 def noise(plan: Plan, rewritten: Rewritten, exact: ExactResult) -> Noisy:
-    index = {partition: i for i, partition in enumerate(plan.partitions)}
-    size = len(plan.partitions)
+    rows = exact.rows
+    partitions = plan.partitions
+    if plan.key_selection is not None:
+        rows, partitions = _selected(plan, rewritten, rows)
+    index = {partition: i for i, partition in enumerate(partitions)}
+    size = len(partitions)
     units = {m.name: [0] * size for m in plan.measurements}
     histograms: dict[str, list[dict]] = {s.name: [{} for _ in range(size)] for s in plan.selections}
-    for row in exact.rows:
+    for row in rows:
         i = index.get(tuple(row[: rewritten.keys]))
         if i is None:  # the SQL keeps declared keys only; nothing else is released
             continue
         for name, value in zip(rewritten.measurements, row[rewritten.keys :], strict=True):
             if name in histograms:
                 histograms[name][i] = dict(value or {})
-            else:
+            elif name in units:
                 units[name][i] = int(value or 0)
     values: dict[str, list[int | float]] = {}
     for s in plan.selections:
@@ -47,4 +57,22 @@ def noise(plan: Plan, rewritten: Rewritten, exact: ExactResult) -> Noisy:
         noisy = [u + d for u, d in zip(units[m.name], draws, strict=True)]
         step = m.noise.granularity
         values[m.name] = noisy if step == 1.0 else [v * step for v in noisy]
-    return Noisy(plan=plan, values=values)
+    return Noisy(plan=plan, values=values, partitions=partitions)
+
+
+def _selected(
+    plan: Plan, rewritten: Rewritten, rows: list[tuple]
+) -> tuple[list[tuple], tuple[Partition, ...]]:
+    """The rows whose key passes the noisy threshold, and their keys in sorted order
+    (a function of the released set alone, never of the data's row order)."""
+    assert plan.key_selection is not None
+    column = rewritten.keys + rewritten.measurements.index(KEY_COUNT)
+    keep = plan.key_selection.keep([int(row[column]) for row in rows])
+    kept = [row for row, k in zip(rows, keep, strict=True) if k]
+    partitions = sorted({tuple(row[: rewritten.keys]) for row in kept}, key=_order)
+    return kept, tuple(partitions)
+
+
+def _order(partition: Partition) -> tuple:
+    """Keys sort by type name first, so a column that mixes types still sorts."""
+    return tuple((type(v).__name__, v) for v in partition)

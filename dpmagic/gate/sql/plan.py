@@ -25,6 +25,7 @@ from dpmagic.gate.accounting import Accountant, Cost
 from dpmagic.gate.calibration import Accuracy, Target, noise_for, spent
 from dpmagic.gate.errors import Refused
 from dpmagic.gate.mechanisms import Noise
+from dpmagic.gate.partition_selection import KeySelection, calibrate_selection
 from dpmagic.gate.policy import Dataset
 from dpmagic.gate.selection import Grid, QuantileNoise, calibrate_quantile, grid
 from dpmagic.gate.sensitivity import (
@@ -45,6 +46,9 @@ MAX_SCORES = 2_000_000  # candidates scored over all partitions of one quantile
 # rewrite's 128-bit sums are proven not to overflow before the query runs.
 MAX_ROWS = 2**40
 SUM_LIMIT = 2**126
+# The partition count sensitivities assume when the keys are chosen from the data:
+# larger than any two units' reach, so no overlap between them is counted on.
+ANY_PARTITIONS = 2**31
 # Summed floats are rounded to a grid this many binary digits finer than the
 # noise scale, so rounding is negligible beside the noise.
 GRID_BITS_BELOW_SCALE = 24
@@ -114,6 +118,8 @@ class Plan:
     cost: Cost  # what is charged: the group's cost under the policy's group_size
     unit_cost: Cost  # what the noise costs one privacy unit
     accuracy: Accuracy | None = None
+    # Private keys: ``partitions`` is empty and the keys released are those this keeps.
+    key_selection: KeySelection | None = None
 
     def measurement(self, name: str) -> Measurement:
         return next(m for m in self.measurements if m.name == name)
@@ -140,7 +146,11 @@ def plan(
     if accuracy is not None:
         _accuracy_applies(checked)
     asked = None if accuracy is not None else accountant.query_cost(epsilon, delta)
-    partitions = _partitions(checked.keys, bounded.domains)
+    private = next((d.private for d in bounded.domains if d.private), None)
+    if private is not None:
+        _private_keys_allowed(private, accountant, delta, accuracy)
+    partitions = () if private else _partitions(checked.keys, bounded.domains)
+    reach = ANY_PARTITIONS if private else len(partitions)
 
     wanted: dict[tuple[str, str], Wanted] = {}
     quantiles: dict[tuple[float, str], tuple[exp.Expression, Interval, str]] = {}
@@ -158,9 +168,10 @@ def plan(
         )
 
     kinds = {kind for kind, *_ in wanted.values()}
-    ranked = ranked_rows(dataset, resolved, bool(checked.keys), len(partitions), kinds)
-    contribution = unit_contribution(dataset, ranked, bool(checked.keys), len(partitions))
-    share = None if asked is None else accountant.share(asked, len(wanted) + len(quantiles))
+    ranked = None if private else ranked_rows(dataset, resolved, bool(checked.keys), reach, kinds)
+    contribution = unit_contribution(dataset, ranked, bool(checked.keys), reach)
+    parts = len(wanted) + len(quantiles) + (1 if private else 0)
+    share = None if asked is None else accountant.share(asked, parts)
     target = Target(accountant, share=share, accuracy=accuracy)
     names = {key: f"m{i}" for i, key in enumerate(wanted)}
     measurements = tuple(
@@ -174,9 +185,13 @@ def plan(
         names[("quantile", f"{key[0]}|{key[1]}")] = f"q{i}"
     distance = selection_distance(contribution, dataset.neighbouring)
     selections = tuple(
-        _selection(f"q{i}", level, arg, clamp, label, target, distance, len(partitions))
+        _selection(f"q{i}", level, arg, clamp, label, target, distance, len(partitions) or 1)
         for i, ((level, _), (arg, clamp, label)) in enumerate(quantiles.items())
     )
+    key_selection = None
+    if private is not None:
+        assert share is not None
+        key_selection = _key_selection(contribution, dataset, share)
     return Plan(
         checked=checked,
         dataset=dataset,
@@ -191,7 +206,39 @@ def plan(
         cost=cost,
         unit_cost=asked,
         accuracy=accuracy,
+        key_selection=key_selection,
     )
+
+
+def _private_keys_allowed(
+    reason: str, accountant: Accountant, delta: float, accuracy: Accuracy | None
+) -> None:
+    """Keys read from the data are released only by DP partition selection, whose
+    (ε, δ) the approx accountant can charge; say what would make the query possible."""
+    if accountant.name == "pure":
+        raise Refused(
+            f"{reason} (keys found in the data are released only by DP partition "
+            "selection, which needs δ > 0: this dataset's accountant is pure)"
+        )
+    if accountant.gaussian:
+        raise Refused(
+            f"{reason} (DP partition selection needs the approx accountant: its δ cannot "
+            "be charged to this dataset's zCDP budget)"
+        )
+    if accuracy is not None:
+        raise Refused(f"{reason}: with keys chosen from the data, ask with ε and δ, not accuracy")
+    if not delta > 0:
+        raise Refused(
+            f"{reason}; or ask with a δ > 0 (for example -d 1e-6) to release the keys found "
+            "in the data by DP partition selection"
+        )
+
+
+def _key_selection(c: Contribution, dataset: Dataset, share: Cost) -> KeySelection:
+    """A unit counts once in each of the ``c.groups`` keys it may reach; replaced by
+    another unit, it leaves its keys and the other reaches as many new ones."""
+    l0 = c.groups * (2 if dataset.neighbouring == "substitute" else 1)
+    return calibrate_selection(l0, 1, share.epsilon, share.delta)
 
 
 def _accuracy_applies(checked: Checked) -> None:

@@ -93,10 +93,14 @@ def release(noisy: Noisy, alpha: float = ALPHA) -> Released:
                 ],
             }
         )
+    accuracy: dict[str, object] = {"alpha": alpha, "columns": accuracy_columns}
+    if plan.key_selection is not None:
+        # Which keys appear is itself a DP output: say how they were chosen.
+        accuracy["partition_selection"] = plan.key_selection.as_dict()
     return Released(
         columns=[o.name for o in checked.outputs],
         rows=[[_json(v) for v in row[1:]] for row in result],
-        accuracy={"alpha": alpha, "columns": accuracy_columns},
+        accuracy=accuracy,
     )
 
 
@@ -115,9 +119,9 @@ def _part(plan: Plan, name: str) -> Measurement | Selection:
 
 
 def _noisy_table(plan: Plan, noisy: Noisy) -> pd.DataFrame:
-    data: dict[str, list[object]] = {PID: list(range(len(plan.partitions)))}
+    data: dict[str, list[object]] = {PID: list(range(len(noisy.partitions)))}
     for i, key in enumerate(plan.keys):
-        data[key.name] = [p[i] for p in plan.partitions]
+        data[key.name] = [p[i] for p in noisy.partitions]
     for m in (*plan.measurements, *plan.selections):
         data[f"__{m.name}"] = noisy.values[m.name]
     return pd.DataFrame(data)
@@ -230,7 +234,7 @@ class _Intervals:
             key = next((i for i, k in enumerate(self.plan.keys) if k.name == node.name), None)
             if key is None:
                 return None
-            v = self.plan.partitions[pid][key]
+            v = self.noisy.partitions[pid][key]
             if isinstance(v, bool) or not isinstance(v, int | float):
                 return None
             return float(v), float(v)

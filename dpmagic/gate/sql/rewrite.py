@@ -29,6 +29,11 @@ content are interchangeable, so ties cannot matter.
 
 Sums are exact: each clamped value is rounded to its integer grid and summed
 as HUGEINT, whose overflow the plan has ruled out.
+
+With private group keys (DP partition selection), the SQL keeps every
+non-NULL key found, and adds one last column, ``KEY_COUNT``: the number of
+distinct units in each partition after bounding, which is what the noisy
+threshold is applied to.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ from dpmagic.gate.sql.plan import Measurement, Plan, Selection
 from dpmagic.gate.sql.resolve import PRESENT, SEMI, Resolved, Scan
 
 UNIT = "__unit"
+KEY_COUNT = "__keys"
 
 
 @dataclass(frozen=True)
@@ -92,11 +98,16 @@ def rewrite(plan: Plan, seed: int | None = None) -> Rewritten:
 
     outputs = [*keys, *(f"{_aggregate(m)} AS {_q(m.name)}" for m in plan.measurements)]
     outputs += [f"{_histogram(s.name)} AS {_q(s.name)}" for s in plan.selections]
+    if plan.key_selection is not None:
+        units = f"COUNT(DISTINCT {_q(UNIT)})" if resolved.unit is not None else "COUNT(*)"
+        outputs.append(f"{units} AS {_q(KEY_COUNT)}")
     sql = f"WITH {', '.join(ctes)} SELECT {', '.join(outputs)} FROM {final_source}"
     if keys:
         sql += f" GROUP BY {', '.join(keys)}"
     sql = _semijoins(sql, resolved)
     names = tuple(m.name for m in plan.measurements) + tuple(s.name for s in plan.selections)
+    if plan.key_selection is not None:
+        names += (KEY_COUNT,)
     return Rewritten(sql=sql, keys=len(keys), measurements=names)
 
 
@@ -207,6 +218,8 @@ def _semijoins(sql: str, resolved: Resolved) -> str:
 
 
 def _ranked(plan: Plan) -> int | None:
+    if plan.key_selection is not None:  # the window bounds how many keys a unit reaches
+        return None
     return ranked_rows(
         plan.dataset,
         plan.checked.resolved,
@@ -225,6 +238,8 @@ def _conjuncts(cond: exp.Expression) -> list[exp.Expression]:
 
 
 def _key_filter(key: str, domain: KeyDomain) -> str:
+    if domain.private is not None:
+        return f"({key}) IS NOT NULL"
     if domain.span is not None:
         return f"({key}) BETWEEN {domain.span[0]} AND {domain.span[1]}"
     values = ", ".join(exp.convert(v).sql(dialect=DIALECT) for v in domain.values)
