@@ -423,3 +423,31 @@ def test_private_keys_through_a_real_gate_and_client(tmp_path, short_dir):
             client.query(sql, epsilon=1.0)
     finally:
         process.stop()
+
+
+def test_text_functions_make_private_keys(city_engine):
+    sql = (
+        "SELECT LOWER(SUBSTRING(city, 1, 5)) || '…' AS c, COUNT(*) AS n FROM t "
+        "WHERE LENGTH(TRIM(city)) > 3 AND UPPER(LEFT(city, 1)) = 'S' GROUP BY c ORDER BY c"
+    )
+    reply = city_engine.query("alice", {"sql": sql})
+    assert [r[0] for r in reply["rows"]] == ["shelb…", "sprin…"]
+    clamped = city_engine.query("alice", {"sql": "SELECT SUM(LEAST(LENGTH(city), 20)) FROM t"})
+    assert clamped["plan"][0]["bounds"] == [0, 20]
+
+
+@pytest.mark.parametrize(
+    ("sql", "reason"),
+    [
+        ("SELECT UPPER(age) AS a, COUNT(*) FROM t GROUP BY a", "needs a text column"),
+        ("SELECT SUBSTRING(city, age, 2) AS a, COUNT(*) FROM t GROUP BY a", "integer literals"),
+        ("SELECT RIGHT(city, 2.5) AS a, COUNT(*) FROM t GROUP BY a", "integer literals"),
+        ("SELECT COUNT(*) FROM t WHERE UPPER(city) = 5", "compares number with text"),
+        ("SELECT SUM(LENGTH(city)) FROM t", "LENGTH has none"),
+        ("SELECT COUNT(*) FROM t WHERE LENGTH(city) + UPPER(city) > 1", "arithmetic needs"),
+    ],
+)
+def test_text_functions_that_could_fail_are_refused(city_engine, sql, reason):
+    with pytest.raises(Refused, match=reason):
+        city_engine.query("alice", {"sql": sql})
+    assert city_engine.budget("alice", None, "unnamed")["user"]["spent"]["epsilon"] == 0
