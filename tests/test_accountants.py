@@ -362,3 +362,24 @@ def test_zcdp_query_is_charged_in_rho_and_shown_in_epsilon_delta(tmp_path):
             engine.query("alice", {"sql": "SELECT COUNT(*) FROM t", "delta": 0.0})
     finally:
         engine.close()
+
+
+def test_approx_gaussian_measurement_costs_its_share():
+    """Under approx a measurement whose Gaussian interval is narrower takes Gaussian
+    noise (here: a unit in up to 100 keys, whose L2 reach is a tenth of its L1); its
+    cost is then the (ε, δ) share its ρ was fitted within."""
+    ds = dataset(
+        {
+            "pid": {"type": "int"},
+            "s": {"type": "str"},
+            "x": {"type": "int", "lower": 0, "upper": 9},
+        },
+        max_partitions=100,
+        max_rows=100,
+    )
+    checked = check(resolve(parse("SELECT s, COUNT(*), SUM(x) FROM t GROUP BY s"), ds))
+    p = plan(bound(checked), 1.5, 3e-6, ApproxAccountant())
+    assert {m.noise.mechanism for m in p.measurements} == {"discrete_gaussian"}
+    for m in p.measurements:  # three shares: the count, the sum, the key selection
+        assert m.cost.epsilon == pytest.approx(0.5) and m.cost.delta == pytest.approx(1e-6)
+    assert p.cost.epsilon == pytest.approx(1.5) and p.cost.delta == pytest.approx(3e-6)

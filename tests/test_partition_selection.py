@@ -274,6 +274,43 @@ def test_a_self_join_cannot_multiply_a_unit_s_reach():
             assert sum(moved) <= p.measurement(name).noise.sensitivity
 
 
+SEMANTIC_QUERIES = [
+    "SELECT s, COUNT(*), SUM(x) FROM t GROUP BY s",
+    "SELECT UPPER(s) || '-' || g AS k, COUNT(x), SUM(x) FROM t WHERE LENGTH(s) >= 1 GROUP BY k",
+    "SELECT s, g, COUNT(*) FILTER (WHERE x > 0) FROM t WHERE g = 1 OR x < 0 GROUP BY s, g",
+]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.integers(1, 5),
+            st.sampled_from(["a", "b", "c", None]),
+            st.sampled_from([0, 1, None]),
+            st.one_of(st.none(), st.integers(-3, 5)),  # within bounds: nothing is clamped
+        ),
+        max_size=12,
+    ),
+    query=st.sampled_from(SEMANTIC_QUERIES),
+)
+def test_private_key_sql_computes_what_the_query_says(rows, query):
+    """With bounds wide enough to keep every row, each key's exact values are DuckDB's
+    own for the analyst's query (NULL keys are never released)."""
+    p = _approx_plan(query, dataset(COLUMNS, max_partitions=100, max_rows=100))
+    con = duckdb.connect()
+    load_table(con, "t", ORDER, rows)
+    ours = _by_key(p, con, seed=5)
+    keys = len(p.keys)
+    expected = {
+        tuple(r[:keys]): tuple(v or 0 for v in r[keys:])
+        for r in con.execute(query).fetchall()
+        if None not in r[:keys]
+    }
+    got = {k: tuple(x or 0 for x in v[: len(p.measurements)]) for k, v in ours.items()}
+    assert got == expected
+
+
 # --- through the engine ----------------------------------------------------------
 
 POLICY = """
@@ -423,3 +460,31 @@ def test_private_keys_through_a_real_gate_and_client(tmp_path, short_dir):
             client.query(sql, epsilon=1.0)
     finally:
         process.stop()
+
+
+def test_text_functions_make_private_keys(city_engine):
+    sql = (
+        "SELECT LOWER(SUBSTRING(city, 1, 5)) || '…' AS c, COUNT(*) AS n FROM t "
+        "WHERE LENGTH(TRIM(city)) > 3 AND UPPER(LEFT(city, 1)) = 'S' GROUP BY c ORDER BY c"
+    )
+    reply = city_engine.query("alice", {"sql": sql})
+    assert [r[0] for r in reply["rows"]] == ["shelb…", "sprin…"]
+    clamped = city_engine.query("alice", {"sql": "SELECT SUM(LEAST(LENGTH(city), 20)) FROM t"})
+    assert clamped["plan"][0]["bounds"] == [0, 20]
+
+
+@pytest.mark.parametrize(
+    ("sql", "reason"),
+    [
+        ("SELECT UPPER(age) AS a, COUNT(*) FROM t GROUP BY a", "needs a text column"),
+        ("SELECT SUBSTRING(city, age, 2) AS a, COUNT(*) FROM t GROUP BY a", "integer literals"),
+        ("SELECT RIGHT(city, 2.5) AS a, COUNT(*) FROM t GROUP BY a", "integer literals"),
+        ("SELECT COUNT(*) FROM t WHERE UPPER(city) = 5", "compares number with text"),
+        ("SELECT SUM(LENGTH(city)) FROM t", "LENGTH has none"),
+        ("SELECT COUNT(*) FROM t WHERE LENGTH(city) + UPPER(city) > 1", "arithmetic needs"),
+    ],
+)
+def test_text_functions_that_could_fail_are_refused(city_engine, sql, reason):
+    with pytest.raises(Refused, match=reason):
+        city_engine.query("alice", {"sql": sql})
+    assert city_engine.budget("alice", None, "unnamed")["user"]["spent"]["epsilon"] == 0

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from dpmagic.gate.accounting import Accountant, Cost, rho_for
 from dpmagic.gate.l2_sensitivity import sum_l2_sensitivity
 from dpmagic.gate.mechanisms import (
+    GaussianNoise,
     Noise,
     calibrate,
     calibrate_gaussian,
@@ -105,8 +106,13 @@ def noise_for(
     return gauss if better else laplace
 
 
-def spent(noise: Noise, accountant: Accountant) -> Cost:
-    """What one measurement's noise costs, for totalling an accuracy-first plan."""
-    if accountant.gaussian:
+def spent(noise: Noise, target: Target) -> Cost:
+    """What one measurement's noise costs, for totalling an accuracy-first plan and for
+    the plan's steps. Under ``approx``, Gaussian noise is only ever chosen from a share,
+    whose (ε, δ) its ρ was fitted within: that share is what it costs."""
+    if target.accountant.gaussian:
         return Cost(0.0, 0.0, noise.rho)
-    return Cost(noise.epsilon, 0.0, noise.rho)  # type: ignore[union-attr]
+    if isinstance(noise, GaussianNoise):
+        assert target.share is not None
+        return target.share
+    return Cost(noise.epsilon, 0.0, noise.rho)

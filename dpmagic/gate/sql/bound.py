@@ -16,7 +16,13 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from dpmagic.gate.errors import Refused
-from dpmagic.gate.sql.check import AggregateCall, Checked, date_part
+from dpmagic.gate.sql.check import (
+    CONCATENATION,
+    TEXT_FUNCTIONS,
+    AggregateCall,
+    Checked,
+    date_part,
+)
 from dpmagic.gate.sql.keys import KeyDomain, key_domain
 from dpmagic.gate.sql.parse import DIALECT
 from dpmagic.gate.sql.resolve import Resolved
@@ -158,6 +164,11 @@ def _interval(node: exp.Expression, r: Resolved, env: Env) -> Interval | None:
             return a
         # ROUND(x, n) may land up to half a unit beyond the interval's ends.
         return Interval(math.floor(a.lo) - 1, math.ceil(a.hi) + 1, False)
+    if isinstance(node, TEXT_FUNCTIONS + CONCATENATION):
+        for child in node.iter_expressions():
+            interval(child, r, env)
+        # Text has no interval; a length is an integer with no declared bound.
+        return Interval(0, math.inf, True) if isinstance(node, exp.Length) else None
     if isinstance(node, exp.TryCast):
         a = interval(node.this, r, env)
         to = node.to.this
@@ -365,4 +376,6 @@ def _unbounded_reason(agg: AggregateCall, r: Resolved) -> str:
             + ", ".join(repr(c) for c in unbounded)
             + " in the policy"
         )
+    if any(True for _ in agg.arg.find_all(exp.Length)):
+        return f"{agg.label} has no finite bound: a text's LENGTH has none (clamp it with LEAST)"
     return f"{agg.label} has no finite bound: a divisor can come arbitrarily close to zero"

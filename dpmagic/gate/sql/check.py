@@ -56,9 +56,18 @@ EXTRACT_UNITS = {
     "YEAR": "year", "MONTH": "month", "DAY": "day", "QUARTER": "quarter", "DOW": "dow",
     "DAYOFWEEK": "dow", "DOY": "doy", "DAYOFYEAR": "doy", "WEEK": "week",
 }  # fmt: skip
+# Text functions that cannot fail on any text: their first argument must be text
+# (DuckDB would not bind them on anything else, after the budget is charged), and
+# positions and lengths integer literals (a cast of a row's number could overflow).
+TEXT_FUNCTIONS: tuple[type[exp.Expression], ...] = (
+    exp.Upper, exp.Lower, exp.Trim, exp.Substring, exp.Left, exp.Right, exp.Length,
+)  # fmt: skip
+# Concatenation casts any operand to text, which never fails.
+CONCATENATION = (exp.DPipe, exp.Concat)
 # String matching against literal patterns: no regexes built from data.
 ROW_ONLY_NODES: tuple[type[exp.Expression], ...] = (
     exp.Column, exp.Like, exp.ILike, exp.Extract, exp.Var, *DATE_PARTS,
+    *TEXT_FUNCTIONS, *CONCATENATION,
 )  # fmt: skip
 CAST_TYPES = {
     exp.DataType.Type.TINYINT, exp.DataType.Type.SMALLINT, exp.DataType.Type.INT,
@@ -358,6 +367,8 @@ def _row_expr(node: exp.Expression, resolved: Resolved, where: str) -> None:
             raise Refused(f"TRY_CAST to {n.to.sql(dialect=DIALECT)} is not supported")
         if isinstance(n, exp.Like | exp.ILike) and not isinstance(n.expression, exp.Literal):
             raise Refused("LIKE needs a literal pattern")
+        if isinstance(n, TEXT_FUNCTIONS):
+            _text_function(n, resolved)
         if isinstance(n, COMPARISONS):
             _comparable(n, resolved)
         if isinstance(n, ARITHMETIC):
@@ -394,9 +405,27 @@ def _comparable(node: exp.Expression, resolved: Resolved) -> None:
         raise Refused(f"{_display(node)} compares {' with '.join(sorted(kinds))}")
 
 
+def _text_function(node: exp.Expression, resolved: Resolved) -> None:
+    if _family(node.this, resolved) != "text":
+        raise Refused(f"{_display(node)}: {_name(node)} needs a text column or text value")
+    for key in ("start", "length", "expression"):
+        arg = node.args.get(key)
+        if arg is None:
+            continue
+        if isinstance(node, exp.Trim):
+            if not (isinstance(arg, exp.Literal) and arg.is_string):
+                raise Refused(f"{_display(node)}: TRIM takes literal characters")
+        elif not (isinstance(arg, exp.Literal) and arg.is_int):
+            raise Refused(f"{_display(node)}: positions and lengths must be integer literals")
+
+
 def _family(node: exp.Expression, resolved: Resolved) -> str | None:
     while isinstance(node, exp.Paren):
         node = node.this
+    if isinstance(node, exp.Length):
+        return "number"
+    if isinstance(node, TEXT_FUNCTIONS + CONCATENATION):
+        return "text"
     col = resolved.column(node)
     if col is not None:
         return _FAMILIES.get(col.type)

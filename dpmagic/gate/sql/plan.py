@@ -366,7 +366,7 @@ def _measurement(
     if kind in ("count", "count_distinct", "count_unit"):
         # A unit's rows bring at most ``rows`` distinct values to a partition.
         noise = noise_for(1, 1, contribution, dataset.neighbouring, target)
-        return Measurement(name, kind, arg, None, 0, noise, spent(noise, target.accountant), label)
+        return Measurement(name, kind, arg, None, 0, noise, spent(noise, target), label)
     assert clamp is not None
     grid_exp = 0 if clamp.integral else _grid_exp(clamp, contribution, dataset, target)
     lo, hi = _grid_bounds(clamp, grid_exp)
@@ -374,9 +374,7 @@ def _measurement(
     if sensitivity > _I64_MAX or MAX_ROWS * max(abs(lo), abs(hi)) >= SUM_LIMIT:
         raise Refused(f"{label}: the declared bounds are too wide to sum exactly")
     noise = noise_for(lo, hi, contribution, dataset.neighbouring, target, 2.0**grid_exp)
-    return Measurement(
-        name, kind, arg, clamp, grid_exp, noise, spent(noise, target.accountant), label
-    )
+    return Measurement(name, kind, arg, clamp, grid_exp, noise, spent(noise, target), label)
 
 
 def _grid_exp(clamp: Interval, c: Contribution, dataset: Dataset, target: Target) -> int:
