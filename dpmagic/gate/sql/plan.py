@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlglot import exp
 
@@ -38,6 +38,7 @@ from dpmagic.gate.sql.contribution import contribution as unit_contribution
 from dpmagic.gate.sql.contribution import ranked_rows
 from dpmagic.gate.sql.keys import MAX_PARTITIONS, KeyDomain
 from dpmagic.gate.sql.parse import DIALECT
+from dpmagic.gate.sql.randomized import Debias, debiasing
 from dpmagic.gate.sql.resolve import Resolved
 
 MAX_SCORES = 2_000_000  # candidates scored over all partitions of one quantile
@@ -114,6 +115,8 @@ class Plan:
     cost: Cost  # what is charged: the group's cost under the policy's group_size
     unit_cost: Cost  # what the noise costs one privacy unit
     accuracy: Accuracy | None = None
+    # aggregate name -> how release undoes a randomized-response column's randomization
+    debiased: dict[str, Debias] = field(default_factory=dict)
 
     def measurement(self, name: str) -> Measurement:
         return next(m for m in self.measurements if m.name == name)
@@ -137,8 +140,9 @@ def plan(
     checked = bounded.checked
     resolved = checked.resolved
     dataset = resolved.dataset
+    debiased = debiasing(checked)
     if accuracy is not None:
-        _accuracy_applies(checked)
+        _accuracy_applies(checked, debiased)
     asked = None if accuracy is not None else accountant.query_cost(epsilon, delta)
     partitions = _partitions(checked.keys, bounded.domains)
 
@@ -154,7 +158,9 @@ def plan(
             continue
         uses[agg.name] = tuple(
             _want(wanted, kind, arg, clamp, label)
-            for kind, arg, clamp, label in _parts(agg, bounded.bounds.get(agg.name), resolved)
+            for kind, arg, clamp, label in _parts(
+                agg, bounded.bounds.get(agg.name), resolved, agg.name in debiased
+            )
         )
 
     kinds = {kind for kind, *_ in wanted.values()}
@@ -191,12 +197,19 @@ def plan(
         cost=cost,
         unit_cost=asked,
         accuracy=accuracy,
+        debiased=debiased,
     )
 
 
-def _accuracy_applies(checked: Checked) -> None:
+def _accuracy_applies(checked: Checked, debiased: dict[str, Debias]) -> None:
     """An accuracy can be promised, before seeing data, only for cells that are one
-    noisy count or sum: an average's interval depends on its noisy count."""
+    noisy count or sum: an average's interval depends on its noisy count, and a
+    debiased one's on the randomization too."""
+    if debiased:
+        raise Refused(
+            "--accuracy cannot be promised over a randomized-response column: its error "
+            "depends on the answers; ask with an epsilon instead"
+        )
     aggregates = {a.name: a for a in checked.aggregates}
     other = next((a for a in checked.aggregates if a.func not in _PROMISED), None)
     if other is not None:
@@ -217,12 +230,16 @@ def _accuracy_applies(checked: Checked) -> None:
             )
 
 
-def _parts(agg: AggregateCall, clamp: Interval | None, resolved: Resolved) -> list[Wanted]:
+def _parts(
+    agg: AggregateCall, clamp: Interval | None, resolved: Resolved, debiased: bool = False
+) -> list[Wanted]:
     """The noisy counts and sums an aggregate is post-processed from.
 
-    A variance is computed from the count, the sum and the sum of squares of
-    the values' distance to the middle of their bounds: centring halves the
-    range summed, and so the noise, without changing the variance.
+    Debiasing a randomized-response sum needs how many answers it adds up, so
+    such a SUM is measured with its count, as AVG is. A variance is computed
+    from the count, the sum and the sum of squares of the values' distance to
+    the middle of their bounds: centring halves the range summed, and so the
+    noise, without changing the variance.
     """
     arg = agg.arg
     arg_sql = "*" if arg is None else _display(arg)
@@ -235,7 +252,7 @@ def _parts(agg: AggregateCall, clamp: Interval | None, resolved: Resolved) -> li
     total: Wanted = ("sum", arg, clamp, f"SUM({arg_sql})")
     count: Wanted = ("count", arg, None, f"COUNT({arg_sql})")
     if agg.func == "sum":
-        return [total]
+        return [total, count] if debiased else [total]
     if agg.func == "avg":
         return [total, count]
     centre = math.floor((clamp.lo + clamp.hi) / 2) if clamp.integral else (clamp.lo + clamp.hi) / 2
