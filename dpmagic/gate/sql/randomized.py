@@ -132,7 +132,7 @@ def _refuse_outside_aggregates_and_keys(checked: Checked) -> list[str]:
     """Refuse a randomized-response column anywhere but bare in a group key or an
     aggregate's argument; returns the names of those it finds there."""
     resolved = checked.resolved
-    places: list[tuple[str, exp.Expression | None]] = [("in WHERE", checked.where)]
+    places: list[tuple[str, exp.Expression | None]] = [("in WHERE or JOIN … ON", checked.where)]
     places += [("in a join condition", s.on) for s in resolved.scans]
     for j in resolved.semijoins:
         places += [("in IN (SELECT …)", j.lhs), ("in IN (SELECT …)", j.value)]
