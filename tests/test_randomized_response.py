@@ -27,6 +27,7 @@ from dpmagic.gate.sql.noise import noise
 from dpmagic.gate.sql.plan import Plan
 from dpmagic.gate.sql.randomized import Debias, debias
 from dpmagic.gate.sql.rewrite import rewrite
+from dpmagic.result import DPResult, SchemaView
 from tests.gate_helpers import dataset, make_plan
 
 SMOKER = {"type": "int", "public_values": [0, 1], "randomized_response": {"p": 0.75}}
@@ -379,8 +380,12 @@ def test_the_clinic_survey_is_debiased_near_the_truth(tmp_path: Path) -> None:
             "alice",
             {"sql": "SELECT AVG(smoker) AS rate FROM patients", "epsilon": 1.0, "notebook": "nb"},
         )
+        schema = repr(SchemaView(engine.schema(None)))
     finally:
         engine.close()
+    assert "randomized response (p = 0.75): GROUP BY with COUNT, SUM/AVG, debiased" in schema
+    assert "interval [" in (html := DPResult(reply)._repr_html_())
+    assert "a normal approximation" in html
     ((rate,),) = reply["rows"]
     ((lo, hi),) = reply["accuracy"]["columns"][0]["intervals"]
     reported = people["smoker"].mean()
