@@ -210,25 +210,25 @@ def test_expected_reports_debias_to_the_truth() -> None:
     """On reports at their expectation, the estimators give back the truth exactly."""
     p, truth = 0.75, [300, 700]
     expected = [p * t + (1 - p) / 2 * 1000 for t in truth]
-    counts = debias(Debias("count", p, (0, 1), 0), expected, None, [[0, 1]])
+    counts = debias(Debias("count", p, 2, 0), expected, None, [[0, 1]])
     assert counts.values == pytest.approx(truth)
     # drinks: 1000 answers, true total 700; a random answer's mean is 1.
     p, n, total = 0.6, 1000, 700
     reported = p * total + (1 - p) * 1.0 * n
-    sums = debias(Debias("sum", p, (0, 1, 2)), [reported], [n], [])
-    means = debias(Debias("avg", p, (0, 1, 2)), [reported], [n], [])
+    sums = debias(Debias("sum", p, 3, None, (0, 1, 2)), [reported], [n], [])
+    means = debias(Debias("avg", p, 3, None, (0, 1, 2)), [reported], [n], [])
     assert sums.values == pytest.approx([total]) and means.values == pytest.approx([0.7])
 
 
 def test_without_randomization_only_the_noise_is_left() -> None:
-    d = debias(Debias("count", 1.0, (0, 1), 0), [10, 20], None, [[0, 1]])
+    d = debias(Debias("count", 1.0, 2, 0), [10, 20], None, [[0, 1]])
     assert d.values == [10, 20] and d.random_sd == [0.0, 0.0]
     assert d.interval(0, 0.05, (3.0, 0.0)) == (7.0, 13.0)
 
 
 def test_two_valued_sum_variance_is_exact() -> None:
     """For two public values the plug-in variance is the true one (Bhatia–Davis is tight)."""
-    d, n, share = Debias("sum", 0.75, (0, 1)), 1000, 0.3
+    d, n, share = Debias("sum", 0.75, 2, None, (0, 1)), 1000, 0.3
     reported = d.p * share + (1 - d.p) * 0.5  # each report is 1 with this chance
     holders = n * share
     exact = holders * (d.p + 0.125) * (1 - d.p - 0.125) + (n - holders) * 0.125 * 0.875
