@@ -9,13 +9,16 @@ post-processing of DP outputs and costs no privacy.
 
 Each released cell carries a 95% interval: the noise's own interval for a
 single aggregate, and interval arithmetic over the aggregates' intervals
-(Bonferroni-adjusted) for expressions of several. Aggregates over a
-randomized-response column are debiased first (``randomized``): their values
-and their normal-approximation intervals, which combine the randomization
-with the central noise, replace the raw measurements'. A quantile cell carries no
+(Bonferroni-adjusted) for expressions of several. A quantile cell carries no
 value interval but a rank radius instead (``QuantileNoise.rank_radius``): the
 mechanism's guarantee is in ranks, and turning ranks into values would take
 the data's distribution.
+
+Aggregates over a randomized-response column are debiased first
+(``randomized``): their values and their normal-approximation intervals,
+which combine the randomization with the central noise, stand in for the raw
+measurements'. Debiasing reads noisy values only, so it too is
+post-processing.
 """
 
 from __future__ import annotations
