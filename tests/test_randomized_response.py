@@ -17,15 +17,20 @@ import pytest
 
 from dpmagic.demo import example_file
 from dpmagic.examples import clinic
+from dpmagic.gate.accounting import ZCDPAccountant
 from dpmagic.gate.engine import Engine
 from dpmagic.gate.errors import Refused
 from dpmagic.gate.policy import PolicyError, load_policy
 from dpmagic.gate.sql import randomized, release
+from dpmagic.gate.sql.bound import bound
+from dpmagic.gate.sql.check import check
 from dpmagic.gate.sql.contribution import prepare_sql
 from dpmagic.gate.sql.execute import ExactResult
-from dpmagic.gate.sql.noise import noise
-from dpmagic.gate.sql.plan import Plan
+from dpmagic.gate.sql.noise import Noisy, noise
+from dpmagic.gate.sql.parse import parse
+from dpmagic.gate.sql.plan import Plan, plan
 from dpmagic.gate.sql.randomized import Debias, debias
+from dpmagic.gate.sql.resolve import resolve
 from dpmagic.gate.sql.rewrite import rewrite
 from dpmagic.result import DPResult, SchemaView
 from tests.gate_helpers import dataset, make_plan
@@ -201,6 +206,20 @@ def test_a_released_count_says_how_it_was_made(engine: Engine) -> None:
     assert n["interval"] == "normal approximation"
     for (_, value), (lo, hi) in zip(reply["rows"], n["intervals"], strict=True):
         assert 0 <= lo <= value <= hi
+
+
+def test_under_zcdp_the_gaussian_noise_is_named_and_combined() -> None:
+    checked = check(resolve(parse("SELECT smoker, COUNT(*) FROM t GROUP BY smoker"), DS))
+    p = plan(bound(checked), 1.0, 1e-6, ZCDPAccountant())
+    counts = {0: 400, 1: 600}
+    noisy = Noisy(p, {p.measurements[0].name: [counts[k[0]] for k in p.partitions]})
+    out = release.release(noisy)
+    debiased = [(400 - 125) / 0.75, (600 - 125) / 0.75]  # (c_v − n(1−p)/k)/p, n = 1000
+    assert [row[1] for row in out.rows] == pytest.approx(debiased)
+    column = out.accuracy["columns"][1]
+    assert column["mechanism"] == "randomized response + discrete_gaussian"
+    for (lo, hi), value in zip(column["intervals"], debiased, strict=True):
+        assert lo < value < hi
 
 
 # --- The estimators, exactly -------------------------------------------------------------
