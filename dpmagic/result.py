@@ -111,6 +111,8 @@ class DPResult:
         if pair is None:
             return None
         span = f"[{format_value(pair[0])}, {format_value(pair[1])}]"
+        if info.get("interval") == "normal approximation":  # randomized response, debiased
+            return span, f"{percent} interval {span}, a normal approximation"
         return span, f"{percent} interval {span}"
 
     def _shown_rows(self) -> list[int]:
@@ -430,6 +432,12 @@ class SchemaView:
             return "public table: no privacy cost"
         if column == unit:
             return "privacy unit: never shown or grouped by"
+        randomized = info.get("randomized_response")
+        if isinstance(randomized, dict):
+            return (
+                f"randomized response (p = {format_exact(randomized.get('p'))}): "
+                "GROUP BY with COUNT, SUM/AVG, debiased"
+            )
         uses = []
         if info.get("public_values") is not None:
             uses.append("GROUP BY")

@@ -35,6 +35,10 @@ MAX_AGE = 100
 MAX_COST = 50_000.0
 MAX_STAY = 30
 MAX_VISITS = 8
+# The intake survey asked "do you smoke?" by randomized response: each patient
+# answered truthfully with this chance, else by a fair coin (1 yes, 0 no).
+SMOKER_P = 0.75
+SMOKER_VALUES = (0, 1)
 DEPARTMENTS = (
     "primary care",
     "pediatrics",
@@ -131,6 +135,20 @@ def _patients(rng: np.random.Generator, n: int) -> pd.DataFrame:
     )
 
 
+def smoking(age: np.ndarray, sex: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each patient's true smoking status and their randomized-response answer.
+
+    Drawn from a generator of its own, so the survey leaves every other column
+    as it was; the truth is returned for tests and never written.
+    """
+    rng = np.random.default_rng([seed, 1])
+    rate = np.select([age < 18, age >= 65], [0.02, 0.09], 0.2) * np.where(sex == "M", 1.2, 0.85)
+    truth = (rng.random(len(age)) < rate).astype(np.int64)
+    coin = rng.choice(np.asarray(SMOKER_VALUES), size=len(age))
+    answer = np.where(rng.random(len(age)) < SMOKER_P, truth, coin)
+    return truth, answer.astype(np.int64)
+
+
 def _visits(rng: np.random.Generator, patients: pd.DataFrame) -> pd.DataFrame:
     rows: list[tuple] = []
     year_p = np.asarray(YEAR_WEIGHTS)
@@ -188,6 +206,8 @@ def generate(
     rng = np.random.default_rng(seed)
     tables = {"patients": _patients(rng, patients)}
     tables["visits"] = _visits(rng, tables["patients"])
+    people = tables["patients"]
+    _, people["smoker"] = smoking(people["age"].to_numpy(), people["sex"].to_numpy(), seed)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path] = {}

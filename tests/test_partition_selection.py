@@ -488,3 +488,17 @@ def test_text_functions_that_could_fail_are_refused(city_engine, sql, reason):
     with pytest.raises(Refused, match=reason):
         city_engine.query("alice", {"sql": sql})
     assert city_engine.budget("alice", None, "unnamed")["user"]["spent"]["epsilon"] == 0
+
+
+def test_a_randomized_response_key_is_not_grouped_with_private_keys():
+    """Debiasing a count needs every value of the column in each group, which keys
+    chosen from the data cannot promise; a mean over it debiases within its key."""
+    columns = {
+        **COLUMNS,
+        "smoker": {"type": "int", "public_values": [0, 1], "randomized_response": {"p": 0.75}},
+    }
+    ds = dataset(columns)
+    with pytest.raises(Refused, match="only be grouped with public keys"):
+        _approx_plan("SELECT s, smoker, COUNT(*) FROM t GROUP BY s, smoker", ds)
+    p = _approx_plan("SELECT s, AVG(smoker) FROM t GROUP BY s", ds)
+    assert p.key_selection is not None and p.debiased

@@ -25,6 +25,19 @@ class PolicyError(ValueError):
 
 
 @dataclass(frozen=True)
+class RandomizedResponse:
+    """How a column's values were collected: each respondent reported their true
+    value with probability ``p``, else one drawn uniformly from the column's
+    ``public_values``. The gate debiases counts and means over such a column
+    (see ``sql/randomized.py``); the data holds only the reported values."""
+
+    p: float
+
+    def as_dict(self) -> dict[str, float]:
+        return {"p": self.p}
+
+
+@dataclass(frozen=True)
 class Budget:
     """A privacy amount in (ε, δ) terms: a limit, a spend or a default."""
 
@@ -45,6 +58,7 @@ class Column:
     upper: float | None = None
     public_values: tuple[object, ...] | None = None
     dates: tuple[dt.date, dt.date] | None = None  # a date column's bounds
+    randomized_response: RandomizedResponse | None = None
 
     @property
     def bounded(self) -> bool:
@@ -60,6 +74,8 @@ class Column:
             out["public_values"] = list(self.public_values)
         if self.dates is not None:
             out["lower"], out["upper"] = (d.isoformat() for d in self.dates)
+        if self.randomized_response is not None:
+            out["randomized_response"] = self.randomized_response.as_dict()
         return out
 
 
@@ -247,6 +263,7 @@ def _dataset(name: str, raw: dict, base: Path, default_accountant: str = "pure")
     if not tables:
         raise PolicyError(f"{where}: declare at least one table under [{where}.tables]")
     tables = _units(tables, unit.lower() if unit else None, where)
+    _randomized_tables(tables, where)
     for tname in sources:
         if tname.lower() not in tables:
             raise PolicyError(f"{where}.sources.{tname}: no such table is declared")
@@ -362,13 +379,32 @@ def _units(tables: dict[str, Table], unit: str | None, where: str) -> dict[str, 
     return out
 
 
+def _randomized_tables(tables: dict[str, Table], where: str) -> None:
+    """Randomized response protects private answers: a public table's values are not
+    answers, and a privacy unit column must hold the unit itself."""
+    for t in tables.values():
+        for c in t.columns.values():
+            if c.randomized_response is None:
+                continue
+            at = f"{where}.tables.{t.name}.columns.{c.name}.randomized_response"
+            if t.public:
+                raise PolicyError(f"{at}: a public table's columns are not randomized answers")
+            if c.name == t.unit or c.name in t.links:
+                raise PolicyError(f"{at}: the privacy unit column cannot be randomized")
+
+
 def _column(name: str, raw: dict, where: str) -> Column:
     if not isinstance(raw, dict):
         raise PolicyError(f'{where}: expected a table such as {{ type = "int" }}')
-    _only(raw, where, {"type", "lower", "upper", "public_values"})
+    _only(raw, where, {"type", "lower", "upper", "public_values", "randomized_response"})
     ctype = raw.get("type")
     if ctype not in COLUMN_TYPES:
         raise PolicyError(f"{where}.type must be one of {', '.join(COLUMN_TYPES)}")
+    if "randomized_response" in raw:
+        return replace(
+            _column(name, {k: v for k, v in raw.items() if k != "randomized_response"}, where),
+            randomized_response=_randomized_response(raw, where),
+        )
     lower, upper = raw.get("lower"), raw.get("upper")
     if ctype == "date":
         return Column(
@@ -407,6 +443,35 @@ def _column(name: str, raw: dict, where: str) -> Column:
     if ctype == "float" and lower is not None:
         lower, upper = float(lower), float(upper)
     return Column(name=name.lower(), type=ctype, lower=lower, upper=upper, public_values=values)
+
+
+def _randomized_response(raw: dict, where: str) -> RandomizedResponse:
+    """Validate ``randomized_response = { p = … }``: the debiasing divides by ``p`` and
+    spreads the other answers over ``public_values``, so both must be sound."""
+    where_rr = f"{where}.randomized_response"
+    spec = raw["randomized_response"]
+    if not isinstance(spec, dict):
+        raise PolicyError(f"{where_rr} must be a table such as {{ p = 0.75 }}")
+    _only(spec, where_rr, {"p"})
+    p = spec.get("p")
+    if not isinstance(p, int | float) or isinstance(p, bool) or not 0 < p <= 1:
+        raise PolicyError(
+            f"{where_rr}.p must be a number in (0, 1]: the chance a respondent reported "
+            "their true value"
+        )
+    if raw.get("type") == "date":
+        raise PolicyError(f"{where_rr}: applies to int, float, str and bool columns")
+    values = raw.get("public_values")
+    if not isinstance(values, list) or len(values) < 2:
+        raise PolicyError(
+            f"{where_rr} needs public_values (at least two): the values a random answer "
+            "was drawn from"
+        )
+    if "lower" in raw or "upper" in raw:
+        raise PolicyError(
+            f"{where_rr}: the column's bounds are its public_values; remove lower and upper"
+        )
+    return RandomizedResponse(p=float(p))
 
 
 def _public_values(raw: dict, where: str) -> tuple[object, ...] | None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlglot import exp
 
@@ -39,6 +39,7 @@ from dpmagic.gate.sql.contribution import contribution as unit_contribution
 from dpmagic.gate.sql.contribution import ranked_rows
 from dpmagic.gate.sql.keys import MAX_PARTITIONS, KeyDomain
 from dpmagic.gate.sql.parse import DIALECT
+from dpmagic.gate.sql.randomized import Debias, debiasing
 from dpmagic.gate.sql.resolve import Resolved
 
 MAX_SCORES = 2_000_000  # candidates scored over all partitions of one quantile
@@ -120,6 +121,8 @@ class Plan:
     accuracy: Accuracy | None = None
     # Private keys: ``partitions`` is empty and the keys released are those this keeps.
     key_selection: KeySelection | None = None
+    # aggregate name -> how release undoes a randomized-response column's randomization
+    debiased: dict[str, Debias] = field(default_factory=dict)
 
     def measurement(self, name: str) -> Measurement:
         return next(m for m in self.measurements if m.name == name)
@@ -143,12 +146,18 @@ def plan(
     checked = bounded.checked
     resolved = checked.resolved
     dataset = resolved.dataset
+    debiased = debiasing(checked)
     if accuracy is not None:
-        _accuracy_applies(checked)
+        _accuracy_applies(checked, debiased)
     asked = None if accuracy is not None else accountant.query_cost(epsilon, delta)
     private = next((d.private for d in bounded.domains if d.private), None)
     if private is not None:
         _private_keys_allowed(private, accountant, delta, accuracy)
+        if any(d.key is not None for d in debiased.values()):
+            # Debiasing a count needs every value of the column in each group.
+            raise Refused(
+                f"{private}: a randomized-response column can only be grouped with public keys"
+            )
     partitions = () if private else _partitions(checked.keys, bounded.domains)
     reach = ANY_PARTITIONS if private else len(partitions)
 
@@ -164,7 +173,9 @@ def plan(
             continue
         uses[agg.name] = tuple(
             _want(wanted, kind, arg, clamp, label)
-            for kind, arg, clamp, label in _parts(agg, bounded.bounds.get(agg.name), resolved)
+            for kind, arg, clamp, label in _parts(
+                agg, bounded.bounds.get(agg.name), resolved, agg.name in debiased
+            )
         )
 
     kinds = {kind for kind, *_ in wanted.values()}
@@ -207,6 +218,7 @@ def plan(
         unit_cost=asked,
         accuracy=accuracy,
         key_selection=key_selection,
+        debiased=debiased,
     )
 
 
@@ -241,9 +253,15 @@ def _key_selection(c: Contribution, dataset: Dataset, share: Cost) -> KeySelecti
     return calibrate_selection(l0, 1, share.epsilon, share.delta)
 
 
-def _accuracy_applies(checked: Checked) -> None:
+def _accuracy_applies(checked: Checked, debiased: dict[str, Debias]) -> None:
     """An accuracy can be promised, before seeing data, only for cells that are one
-    noisy count or sum: an average's interval depends on its noisy count."""
+    noisy count or sum: an average's interval depends on its noisy count, and a
+    debiased one's on the randomization too."""
+    if debiased:
+        raise Refused(
+            "--accuracy cannot be promised over a randomized-response column: its error "
+            "depends on the answers; ask with an epsilon instead"
+        )
     aggregates = {a.name: a for a in checked.aggregates}
     other = next((a for a in checked.aggregates if a.func not in _PROMISED), None)
     if other is not None:
@@ -264,12 +282,16 @@ def _accuracy_applies(checked: Checked) -> None:
             )
 
 
-def _parts(agg: AggregateCall, clamp: Interval | None, resolved: Resolved) -> list[Wanted]:
+def _parts(
+    agg: AggregateCall, clamp: Interval | None, resolved: Resolved, debiased: bool = False
+) -> list[Wanted]:
     """The noisy counts and sums an aggregate is post-processed from.
 
-    A variance is computed from the count, the sum and the sum of squares of
-    the values' distance to the middle of their bounds: centring halves the
-    range summed, and so the noise, without changing the variance.
+    Debiasing a randomized-response sum needs how many answers it adds up, so
+    such a SUM is measured with its count, as AVG is. A variance is computed
+    from the count, the sum and the sum of squares of the values' distance to
+    the middle of their bounds: centring halves the range summed, and so the
+    noise, without changing the variance.
     """
     arg = agg.arg
     arg_sql = "*" if arg is None else _display(arg)
@@ -282,7 +304,7 @@ def _parts(agg: AggregateCall, clamp: Interval | None, resolved: Resolved) -> li
     total: Wanted = ("sum", arg, clamp, f"SUM({arg_sql})")
     count: Wanted = ("count", arg, None, f"COUNT({arg_sql})")
     if agg.func == "sum":
-        return [total]
+        return [total, count] if debiased else [total]
     if agg.func == "avg":
         return [total, count]
     centre = math.floor((clamp.lo + clamp.hi) / 2) if clamp.integral else (clamp.lo + clamp.hi) / 2

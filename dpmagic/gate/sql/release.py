@@ -13,6 +13,12 @@ single aggregate, and interval arithmetic over the aggregates' intervals
 value interval but a rank radius instead (``QuantileNoise.rank_radius``): the
 mechanism's guarantee is in ranks, and turning ranks into values would take
 the data's distribution.
+
+Aggregates over a randomized-response column are debiased first
+(``randomized``): their values and their normal-approximation intervals,
+which combine the randomization with the central noise, stand in for the raw
+measurements'. Debiasing reads noisy values only, so it too is
+post-processing.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from dpmagic.gate.sql.check import VARIANCES, Checked
 from dpmagic.gate.sql.noise import Noisy
 from dpmagic.gate.sql.parse import DIALECT
 from dpmagic.gate.sql.plan import Measurement, Plan, Selection
+from dpmagic.gate.sql.randomized import Debiased, debias
 from dpmagic.gate.sql.rewrite import total
 
 ALPHA = 0.05
@@ -52,7 +59,8 @@ class Released:
 def release(noisy: Noisy, alpha: float = ALPHA) -> Released:
     plan = noisy.plan
     checked = plan.checked
-    table = _noisy_table(plan, noisy)
+    debiased = _debiased(plan, noisy)
+    table = _noisy_table(plan, noisy, debiased)
     post = _PostExpr(plan, checked)
     select = [f'"{PID}"'] + [f"{post.sql(o.expr)} AS {_q(o.name)}" for o in checked.outputs]
     sql = f"SELECT {', '.join(select)} FROM noisy"
@@ -71,7 +79,7 @@ def release(noisy: Noisy, alpha: float = ALPHA) -> Released:
     finally:
         con.close()
 
-    intervals = _Intervals(plan, noisy, alpha)
+    intervals = _Intervals(plan, noisy, alpha, debiased)
     accuracy_columns: list[dict[str, object] | None] = []
     for out in checked.outputs:
         used = post.measurements_in(out.expr)
@@ -82,15 +90,15 @@ def release(noisy: Noisy, alpha: float = ALPHA) -> Released:
         single = parts[0] if len(parts) == 1 else None
         bare = isinstance(out.expr, exp.Column) and isinstance(single, Selection)
         rank = _rank_accuracy(single, alpha) if bare else {}
+        events = post.estimates_in(out.expr)
         accuracy_columns.append(
             {
                 **rank,
                 "mechanism": single.noise.mechanism if single else "post-processing",
                 "scale": single.scale if single else None,
+                **_randomized_accuracy(plan, out.expr),
                 "measurements": [p.label for p in parts],
-                "intervals": [
-                    _json_pair(intervals.of(out.expr, row[0], len(used))) for row in result
-                ],
+                "intervals": [_json_pair(intervals.of(out.expr, row[0], events)) for row in result],
             }
         )
     accuracy: dict[str, object] = {"alpha": alpha, "columns": accuracy_columns}
@@ -112,19 +120,59 @@ def _rank_accuracy(selection: Selection, alpha: float) -> dict[str, float]:
     }
 
 
+def _randomized_accuracy(plan: Plan, node: exp.Expression) -> dict[str, object]:
+    """A bare debiased aggregate names both its sources of error, and how its
+    interval is made."""
+    d = plan.debiased.get(node.name) if isinstance(node, exp.Column) else None
+    if d is None:
+        return {}
+    first = plan.measurement(plan.uses[node.name][0])
+    return {
+        "mechanism": f"randomized response + {first.noise.mechanism}",
+        "scale": first.scale,
+        "randomized_response": {"p": d.p, "values": d.k},
+        "interval": "normal approximation",
+    }
+
+
+def _debiased(plan: Plan, noisy: Noisy) -> dict[str, Debiased]:
+    """Each randomized-response aggregate debiased from its noisy measurements."""
+    out = {}
+    for name, d in plan.debiased.items():
+        ms = [noisy.values[m] for m in plan.uses[name]]
+        groups = _groups_over(plan, d.key) if d.key is not None else []
+        out[name] = debias(d, ms[0], ms[1] if len(ms) > 1 else None, groups)
+    return out
+
+
+def _groups_over(plan: Plan, key: int) -> list[list[int]]:
+    """Partitions grouped by every key but ``key``: each group holds one partition
+    per value of ``key``, as the partitions are every combination of public keys."""
+    groups: dict[tuple[object, ...], list[int]] = {}
+    for pid, partition in enumerate(plan.partitions):
+        groups.setdefault(partition[:key] + partition[key + 1 :], []).append(pid)
+    return list(groups.values())
+
+
 def _part(plan: Plan, name: str) -> Measurement | Selection:
     if name.startswith("q"):
         return plan.selection(name)
     return plan.measurement(name)
 
 
-def _noisy_table(plan: Plan, noisy: Noisy) -> pd.DataFrame:
+def _noisy_table(plan: Plan, noisy: Noisy, debiased: dict[str, Debiased]) -> pd.DataFrame:
     data: dict[str, list[object]] = {PID: list(range(len(noisy.partitions)))}
     for i, key in enumerate(plan.keys):
         data[key.name] = [p[i] for p in noisy.partitions]
     for m in (*plan.measurements, *plan.selections):
         data[f"__{m.name}"] = noisy.values[m.name]
+    for name, d in debiased.items():
+        data[_debiased_column(name)] = d.values
     return pd.DataFrame(data)
+
+
+def _debiased_column(name: str) -> str:
+    return f"{name}_debiased"
 
 
 class _PostExpr:
@@ -143,6 +191,14 @@ class _PostExpr:
                         names.append(name)
         return names
 
+    def estimates_in(self, node: exp.Expression) -> int:
+        """How many estimates with intervals of their own ``node`` combines (for the
+        Bonferroni split): one per debiased aggregate, one per other measurement."""
+        names = {n.name for n in node.walk() if isinstance(n, exp.Column)}
+        debiased = names & set(self.plan.debiased)
+        others = {m for n in names - debiased if n in self.plan.uses for m in self.plan.uses[n]}
+        return len(debiased) + len(others)
+
     def sql(self, node: exp.Expression) -> str:
         def swap(n: exp.Expression) -> exp.Expression:
             if isinstance(n, exp.Column) and n.name in self.plan.uses:
@@ -155,6 +211,10 @@ class _PostExpr:
 
     def _aggregate(self, name: str) -> str:
         agg = self.checked.aggregate(name)
+        if name in self.plan.debiased:
+            # Already clipped where the estimate has bounds: only counts are floored here.
+            column = _q(_debiased_column(name))
+            return f"GREATEST({column}, 0)" if agg.func == "count" else column
         cols = [f'"__{n}"' for n in self.plan.uses[name]]
         if agg.func in ("count", "count_distinct"):
             return f"GREATEST({cols[0]}, 0)"
@@ -186,10 +246,13 @@ def _max_variance(plan: Plan, name: str) -> float:
 class _Intervals:
     """Interval arithmetic over the noise's intervals, for one released cell."""
 
-    def __init__(self, plan: Plan, noisy: Noisy, alpha: float) -> None:
+    def __init__(
+        self, plan: Plan, noisy: Noisy, alpha: float, debiased: dict[str, Debiased]
+    ) -> None:
         self.plan = plan
         self.noisy = noisy
         self.alpha = alpha
+        self.debiased = debiased
 
     def of(self, node: exp.Expression, pid: int, parts: int) -> Bounds | None:
         alpha = self.alpha / parts
@@ -207,6 +270,10 @@ class _Intervals:
         if agg.func == "quantile":
             return None  # the exponential mechanism's error is in ranks, not in values
         ms = [self.plan.measurement(n) for n in self.plan.uses[name]]
+        if name in self.debiased:
+            widths = [m.noise.half_width(alpha) if m.noise.sensitivity else 0.0 for m in ms]
+            second = widths[1] if len(widths) > 1 else 0.0
+            return self.debiased[name].interval(pid, alpha, (widths[0], second))
         if agg.func not in ("avg", *VARIANCES):
             return self._measured(ms[0], pid, alpha)
         if agg.func == "avg":
