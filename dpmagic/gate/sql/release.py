@@ -88,9 +88,7 @@ def release(noisy: Noisy, alpha: float = ALPHA) -> Released:
                 "mechanism": single.noise.mechanism if single else "post-processing",
                 "scale": single.scale if single else None,
                 "measurements": [p.label for p in parts],
-                "intervals": [
-                    _json_pair(intervals.of(out.expr, row[0], len(used))) for row in result
-                ],
+                "intervals": intervals.cells(out.expr, [row[0] for row in result], len(used)),
             }
         )
     return Released(
@@ -186,6 +184,24 @@ class _Intervals:
         self.plan = plan
         self.noisy = noisy
         self.alpha = alpha
+
+    def cells(self, node: exp.Expression, pids: list[int], parts: int) -> list[list[float] | None]:
+        """The JSON intervals of one output's cells, in ``pids`` order. A bare count or
+        sum (most cells of a large GROUP BY) has one half-width for all its cells,
+        taken once; other expressions are evaluated cell by cell."""
+        agg = None
+        if isinstance(node, exp.Column) and node.name in self.plan.uses:
+            agg = self.plan.checked.aggregate(node.name).func
+        if agg not in ("count", "count_distinct", "sum"):
+            return [_json_pair(self.of(node, pid, parts)) for pid in pids]
+        assert isinstance(node, exp.Column)
+        m = self.plan.measurement(self.plan.uses[node.name][0])
+        alpha = self.alpha / parts
+        half = m.noise.half_width(alpha) if m.noise.sensitivity else 0.0
+        values = self.noisy.values[m.name]
+        if m.kind == "sum":
+            return [_json_pair((values[p] - half, values[p] + half)) for p in pids]
+        return [_json_pair((max(0.0, values[p] - half), max(0.0, values[p] + half))) for p in pids]
 
     def of(self, node: exp.Expression, pid: int, parts: int) -> Bounds | None:
         alpha = self.alpha / parts
