@@ -8,8 +8,8 @@ survives it, and a timer interrupts it at the policy's timeout.
 At start, the declared tables (from ``sources`` files or from the owner's
 ``database``) are copied into a DuckDB file in the gate's state directory,
 readable by the gate's user only, with each private table truncated and
-ranked per privacy unit once (``contribution.prepare_sql``), so that no
-query has to sort the data to bound contributions.
+ranked and counted per privacy unit once (``contribution.prepare_tables``), so
+that no query has to sort the data to bound contributions.
 
 Before anything runs, DuckDB's own parser (independent of the sqlglot one
 the analysis passes use) checks the SQL: exactly one ``SELECT``, reading only
@@ -35,7 +35,7 @@ import duckdb
 
 from dpmagic.gate.errors import Failed
 from dpmagic.gate.policy import Dataset, GateConfig
-from dpmagic.gate.sql.contribution import SQL_TYPES, prepare_sql
+from dpmagic.gate.sql.contribution import SQL_TYPES, prepare_tables
 from dpmagic.gate.sql.keys import MAX_PARTITIONS
 
 KEY_TYPES = ("int", "str", "bool")  # public columns whose values can serve as group keys
@@ -284,9 +284,7 @@ def _materialise(dataset: Dataset, state_dir: Path) -> Path:
                 relations = {t: f'__owner."{t}"' for t in dataset.tables if t in present}
             else:
                 relations = {t: _reader(p) for t, p in dataset.sources.items()}
-            for name, relation in relations.items():
-                select = prepare_sql(dataset, dataset.tables[name], relation)
-                con.execute(f'CREATE TABLE "{name}" AS {select}')
+            prepare_tables(con, dataset, relations)
             con.execute("CHECKPOINT")
         finally:
             con.close()

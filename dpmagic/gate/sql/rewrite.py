@@ -12,10 +12,12 @@ columns it needs; every filter of the query and of the subqueries merged
 into it applies there, and each row carries the unit of the first private
 table (``resolve`` has proven every joined private row shares it).
 
-Contribution bounding, for a dataset with a privacy unit: a query over one
-private table reads only each unit's first ``K`` rows in the order ranked at
-load (``contribution``, where the argument is), a filter in the scan and no
-sort. Any other query is bounded after its joins:
+Contribution bounding, for a dataset with a privacy unit: a query over
+private tables only reads only each unit's first ``K`` rows in the order
+ranked at load, fewer of a join's later tables as the unit's row counts
+stored at load require (``contribution``, where the argument is): a filter
+in each scan and no sort. Any other query (a public table joined, a count
+of distinct units) is bounded after its joins:
 1. rows with no unit are dropped (they belong to no one we can bound);
 2. each unit keeps at most ``max_rows_per_partition`` rows per partition,
    those whose content hashes lowest under a fresh secret seed;
@@ -42,8 +44,8 @@ from dpmagic.gate.policy import Column
 from dpmagic.gate.sensitivity import Contribution
 from dpmagic.gate.sql.bound import Interval
 from dpmagic.gate.sql.contribution import clamp as _clamp
-from dpmagic.gate.sql.contribution import kept_rows, ranked_rows
 from dpmagic.gate.sql.contribution import number as _number
+from dpmagic.gate.sql.contribution import ranked_rows, scan_bounds
 from dpmagic.gate.sql.keys import KeyDomain
 from dpmagic.gate.sql.parse import DIALECT
 from dpmagic.gate.sql.plan import Measurement, Plan, Selection
@@ -135,7 +137,7 @@ def _from(plan: Plan) -> tuple[str, list[str]]:
     if resolved.unit is not None:
         trees.append(resolved.unit)
     used = _used(resolved, trees + conjuncts)
-    return _reads(resolved.scans, conjuncts, used, kept_rows(_ranked(plan)))
+    return _reads(resolved.scans, conjuncts, used, _ranked(plan))
 
 
 def _used(resolved: Resolved, trees: list[exp.Expression]) -> dict[str, dict[str, Column]]:
@@ -157,14 +159,19 @@ def _reads(
     scans: tuple[Scan, ...],
     conjuncts: list[exp.Expression],
     used: dict[str, dict[str, Column]],
-    rank: str | None = None,
+    ranked: int | None = None,
 ) -> tuple[str, list[str]]:
     """Each scan reads its used columns, typed and clamped; each filter goes to the
-    inner join that completes it, else to WHERE. ``rank``, when the load-time rank
-    bounds the query, keeps each unit's first rows of every private scan."""
+    inner join that completes it, else to WHERE. ``ranked``, when the load-time
+    ranks bound the query, keeps each unit's first rows of every private scan,
+    and of a join's later scans only as many as its bound leaves room for."""
     order = {s.name: i for i, s in enumerate(scans)}
     placed: dict[str, list[str]] = {s.name: [] for s in scans}
     where: list[str] = []
+    bounds = {}
+    if ranked is not None:
+        filters = scan_bounds([s.table.name for s in scans], ranked)
+        bounds = {s.name: f for s, f in zip(scans, filters, strict=True)}
     for conj in conjuncts:
         last = max((order[c.table] for c in conj.find_all(exp.Column) if c.table in order),
                    default=0)  # fmt: skip
@@ -176,7 +183,7 @@ def _reads(
         if scan.kind == "left":
             cols.append(f"TRUE AS {_q(PRESENT)}")
         columns = ", ".join(cols) or "1 AS __one"
-        bound = f" WHERE {rank}" if rank and not scan.table.public else ""
+        bound = f" WHERE {bounds[scan.name]}" if scan.name in bounds else ""
         read = f"(SELECT {columns} FROM {_q(scan.table.name)}{bound}) AS {_q(scan.name)}"
         if scan.kind == "from":
             parts.append(read)
