@@ -12,15 +12,15 @@ columns it needs; every filter of the query and of the subqueries merged
 into it applies there, and each row carries the unit of the first private
 table (``resolve`` has proven every joined private row shares it).
 
-Contribution bounding, for a dataset with a privacy unit: a query over
-private tables only reads only each unit's first ``K`` rows in the order
-ranked at load, fewer of a join's later tables as the unit's row counts
-stored at load require (``contribution``, where the argument is): a filter
-in each scan and no sort. Any other query (a public table joined, a count
+Contribution bounding, for a dataset with a privacy unit: a query that reads
+private tables only keeps each unit's first ``K`` rows in the order ranked
+at load, and of a join's later tables only as many as the unit's row counts
+stored at load leave room for (``contribution``, where the argument is): a
+filter in each scan and no sort. Any other query (a public table joined, a count
 of distinct units) is bounded after its joins:
 1. rows with no unit are dropped (they belong to no one we can bound);
 2. each unit keeps at most ``max_rows_per_partition`` rows per partition,
-   those whose content hashes lowest under a fresh secret seed;
+   those whose content hashes lowest under a secret seed (drawn per start);
 3. each unit keeps at most ``max_partitions`` partitions, chosen by a keyed
    hash of the unit and the key under the same seed.
 Each choice is a function of one unit's own rows and the seed, never of row
@@ -30,7 +30,7 @@ assumes, and what the brute-force tests check seed by seed. Rows with equal
 content are interchangeable, so ties cannot matter.
 
 Sums are exact: each clamped value is rounded to its integer grid and summed
-as HUGEINT, whose overflow the plan has ruled out.
+in 128 bits, whose overflow the plan has ruled out.
 """
 
 from __future__ import annotations
