@@ -10,6 +10,8 @@ seed, not just on average.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import duckdb
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -305,6 +307,22 @@ def test_a_join_of_private_tables_keeps_at_most_the_bound_and_all_below_it():
     (m,) = p.measurements
     assert without[m.name] == [2, 2, 2]
     assert _l1(with_unit[m.name], without[m.name]) == m.noise.sensitivity == 6
+
+
+def test_a_join_keeps_the_window_where_ranks_would_raise_the_l2_sensitivity():
+    """K rows anywhere have a larger L2 sensitivity than the window's rows in several
+    groups: where noise may be Gaussian, a grouped join with room for several groups
+    keeps the window; with one group, or under pure ε, the ranks bound it."""
+    sql = "SELECT t.g, COUNT(*) FROM t JOIN u ON t.pid = u.pid GROUP BY t.g"
+    for accountant, max_partitions, window in (
+        ("zcdp", 2, True),
+        ("approx", 2, True),
+        ("zcdp", 1, False),
+        ("pure", 2, False),
+    ):
+        ds = dataset(COLUMNS, max_partitions=max_partitions, max_rows=2, more_tables=JOINED)
+        p = make_plan(sql, replace(ds, accountant=accountant))
+        assert ("row_number" in rewrite(p, seed=1).sql) is window, (accountant, max_partitions)
 
 
 def test_a_unit_in_many_groups_moves_a_quantile_histogram_by_the_bound():
