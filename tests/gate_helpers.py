@@ -12,7 +12,7 @@ from dpmagic.gate.accounting import PureAccountant
 from dpmagic.gate.policy import Dataset, parse_policy
 from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
-from dpmagic.gate.sql.contribution import prepare_sql
+from dpmagic.gate.sql.contribution import prepare_tables
 from dpmagic.gate.sql.execute import ExactResult
 from dpmagic.gate.sql.parse import parse
 from dpmagic.gate.sql.plan import Plan, plan
@@ -57,10 +57,8 @@ def run_exact(p: Plan, con: duckdb.DuckDBPyConnection, seed: int) -> ExactResult
     prepares them at load, under ``seed`` (which also seeds any per-query bounding)."""
     con.execute("CREATE SCHEMA IF NOT EXISTS prepared")
     present = {name for (name,) in con.execute("SHOW TABLES").fetchall()}
-    for table in p.dataset.tables.values():
-        if table.name in present:
-            select = prepare_sql(p.dataset, table, f'main."{table.name}"', seed)
-            con.execute(f'CREATE OR REPLACE TABLE prepared."{table.name}" AS {select}')
+    relations = {t: f'main."{t}"' for t in p.dataset.tables if t in present}
+    prepare_tables(con, p.dataset, relations, schema="prepared", seed=seed)
     con.execute("SET schema = 'prepared'")
     try:
         return ExactResult(con.execute(rewrite(p, seed=seed).sql).fetchall())

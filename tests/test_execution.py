@@ -298,3 +298,37 @@ def test_released_quantiles_lie_within_the_declared_bounds():
     for _, low, middle, high in released.rows:
         assert -3 <= low <= 5 and -3 <= high <= 5 and 0.0 <= middle <= 2.5
     assert [c["mechanism"] for c in released.accuracy["columns"][1:]] == ["exponential"] * 3
+
+
+@pytest.mark.parametrize(
+    ("sql", "values"),
+    [
+        ("SELECT g, COUNT(*) AS n FROM t GROUP BY g", {"COUNT(*)": [-4, 7, 2**40]}),
+        (
+            "SELECT COUNT(*), SUM(y), SUM(x) FROM t",
+            {"COUNT(*)": [3], "SUM(y)": [-0.5], "SUM(x)": [-7]},
+        ),
+        (
+            "SELECT x > 0 AS pos, g, SUM(y) FROM t GROUP BY pos, g",
+            {"SUM(y)": [float(i) - 2.25 for i in range(6)]},
+        ),
+        (
+            "SELECT CASE WHEN x < 0 THEN 'neg' ELSE 'pos' END AS sign, COUNT(x) FROM t "
+            "GROUP BY sign",
+            {"COUNT(x)": [0, -1]},
+        ),
+        ("SELECT g, COUNT(*) - 1 AS less FROM t GROUP BY g", {"COUNT(*)": [0, 1, 2]}),
+        ("SELECT g, SUM(y) FROM t GROUP BY g", {"SUM(y)": [float("nan"), 1.0, 2.0]}),
+    ],
+)
+def test_releases_without_duckdb_equal_what_it_returns(monkeypatch, sql, values):
+    """Bare keys and aggregates are released without the post-processing database
+    (arithmetic and NaN still go through it); the rows, their values and their types
+    are what DuckDB returns for the same table."""
+    direct = _released(sql, values)
+    monkeypatch.setattr("dpmagic.gate.sql.release._direct", lambda table, exprs: None)
+    through_duckdb = _released(sql, values)
+    assert direct == through_duckdb
+    assert [[type(v) for v in row] for row in direct.rows] == [
+        [type(v) for v in row] for row in through_duckdb.rows
+    ]

@@ -111,7 +111,18 @@ def test_no_float_sum_reaches_duckdb(engine):
         assert sums
         for node in sums:
             assert isinstance(node.this, exp.Cast)
-            assert node.this.to.this == exp.DataType.Type.INT128, node.sql()
+            integers = (exp.DataType.Type.BIGINT, exp.DataType.Type.INT128)
+            assert node.this.to.this in integers, node.sql()
+
+
+def test_duckdb_sums_bigints_exactly_past_64_bits():
+    """The rewrite sums BIGINT grid values when each fits in 64 bits: DuckDB adds them
+    in 128 bits, so their sum may pass 2**63 and stay exact."""
+    con = duckdb.connect()
+    (total, kind) = con.execute(
+        f"SELECT SUM(x), typeof(SUM(x)) FROM (SELECT {2**62 + 1}::BIGINT AS x FROM range(1000))"
+    ).fetchone()
+    assert (total, kind) == (1000 * (2**62 + 1), "HUGEINT")
 
 
 def test_released_floats_lie_on_the_noise_grid(engine):

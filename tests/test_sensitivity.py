@@ -10,6 +10,8 @@ seed, not just on average.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import duckdb
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -21,6 +23,7 @@ from dpmagic.gate.sensitivity import (
     selection_distance,
     sum_sensitivity,
 )
+from dpmagic.gate.sql.rewrite import rewrite
 from tests.gate_helpers import dataset, exact_vectors, load_table, make_plan, neighbours
 
 COLUMNS = {
@@ -202,6 +205,14 @@ JOIN_QUERIES = [
     "SELECT COUNT(*), SUM(k.zz), MAX(k.zz) FROM t LEFT JOIN "
     "(SELECT pid, COALESCE(z, 0) + 1 AS zz FROM u WHERE z > 0) AS k ON t.pid = k.pid",
     "SELECT pub.w, COUNT(*), COUNT(DISTINCT t.pid) FROM t CROSS JOIN pub GROUP BY pub.w",
+    # Private tables only: bounded by the ranks and counts stored at load, no window.
+    "SELECT COUNT(*) FROM u JOIN t ON u.pid = t.pid",
+    "SELECT t.g, COUNT(*), SUM(c.x) FROM t JOIN u ON t.pid = u.pid JOIN t AS c ON c.pid = u.pid "
+    "GROUP BY t.g",
+    "SELECT t.g, COUNT(v.z), SUM(u.z) FROM t LEFT JOIN u ON t.pid = u.pid "
+    "LEFT JOIN u AS v ON v.pid = t.pid AND v.z > 0 GROUP BY t.g",
+    "SELECT COUNT(*) FROM t AS a JOIN t AS b ON a.pid = b.pid JOIN t AS c ON c.pid = a.pid "
+    "JOIN u ON u.pid = c.pid WHERE a.x < b.x",
 ]
 joined_unit = st.tuples(unit_rows, st.lists(st.one_of(st.none(), st.integers(-5, 6)), max_size=4))
 
@@ -257,6 +268,42 @@ def test_a_self_join_cannot_inflate_a_count():
     without = exact_vectors(p, con, seed=4)
     (m,) = p.measurements
     assert _l1(with_unit[m.name], without[m.name]) == m.noise.sensitivity == 2
+
+
+def test_a_join_of_private_tables_keeps_at_most_the_bound_and_all_below_it():
+    """Without a window: a unit whose rows multiply past the bound (3 × 3 joined rows,
+    bound 6) moves the count by exactly the bound; units whose rows multiply to at most the
+    bound (a fact table joined to one row per unit) keep every joined row."""
+    ds = dataset(COLUMNS, max_partitions=2, max_rows=3, more_tables=JOINED)
+    p = make_plan("SELECT t.g, COUNT(*) FROM t JOIN u ON t.pid = u.pid GROUP BY t.g", ds)
+    assert "row_number" not in rewrite(p, seed=3).sql
+    con = duckdb.connect()
+    light = [(pid, g, 0, 0.0) for pid in (2, 3) for g in (0, 1, 2)]  # 3 rows each
+    load_table(con, "u", ["pid", "z"], [(1, z) for z in (0, 1, 2)] + [(2, 0), (3, 1)])
+    load_table(con, "t", ORDER, [(1, g, 0, 0.0) for g in (0, 1, 2)] + light)
+    with_unit = exact_vectors(p, con, seed=3)
+    load_table(con, "t", ORDER, light)
+    load_table(con, "u", ["pid", "z"], [(2, 0), (3, 1)])
+    without = exact_vectors(p, con, seed=3)
+    (m,) = p.measurements
+    assert without[m.name] == [2, 2, 2]
+    assert _l1(with_unit[m.name], without[m.name]) == m.noise.sensitivity == 6
+
+
+def test_a_join_keeps_the_window_where_ranks_would_raise_the_l2_sensitivity():
+    """K rows anywhere have a larger L2 sensitivity than the window's rows in several
+    groups: where noise may be Gaussian, a grouped join with room for several groups
+    keeps the window; with one group, or under pure ε, the ranks bound it."""
+    sql = "SELECT t.g, COUNT(*) FROM t JOIN u ON t.pid = u.pid GROUP BY t.g"
+    for accountant, max_partitions, window in (
+        ("zcdp", 2, True),
+        ("approx", 2, True),
+        ("zcdp", 1, False),
+        ("pure", 2, False),
+    ):
+        ds = dataset(COLUMNS, max_partitions=max_partitions, max_rows=2, more_tables=JOINED)
+        p = make_plan(sql, replace(ds, accountant=accountant))
+        assert ("row_number" in rewrite(p, seed=1).sql) is window, (accountant, max_partitions)
 
 
 def test_a_unit_in_many_groups_moves_a_quantile_histogram_by_the_bound():

@@ -13,6 +13,9 @@ import hashlib
 import json
 import logging
 import math
+import secrets
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 
 from dpmagic.gate.accounting import AccountantError, Cost, make_accountant
@@ -29,7 +32,7 @@ from dpmagic.gate.sql.parse import parse
 from dpmagic.gate.sql.plan import Plan, plan
 from dpmagic.gate.sql.release import release
 from dpmagic.gate.sql.resolve import resolve
-from dpmagic.gate.sql.rewrite import rewrite
+from dpmagic.gate.sql.rewrite import Rewritten, rewrite
 
 log = logging.getLogger("dpmagic.gate")
 
@@ -38,6 +41,8 @@ log = logging.getLogger("dpmagic.gate")
 ANSWER_VERSION = "2"
 MAX_NOTEBOOK_CHARS = 512
 MIN_EPSILON = 1e-12
+# Analyses kept for repeated query texts (a notebook re-run, a dashboard, a class).
+ANALYSIS_CACHE_SIZE = 512
 
 
 @dataclass(frozen=True)
@@ -107,9 +112,26 @@ class QueryRequest:
         )
 
 
+@dataclass(frozen=True)
+class Analysis:
+    """What a query's text, parameters and asked budget determine, before any data:
+    the plan, the SQL generated from it and the replay key."""
+
+    plan: Plan
+    rewritten: Rewritten
+    replay_key: str
+
+
 class Engine:
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
+        # The seed of the per-query contribution bounding after joins, one per dataset,
+        # secret and drawn at each start like the load-time rank's (``rewrite``: the
+        # bound holds for every fixed seed). Fixed, it makes the generated SQL a
+        # function of the plan, so it can be cached and vetted once.
+        self._seeds = {name: secrets.randbits(62) for name in policy.datasets}
+        self._analyses: OrderedDict[tuple, Analysis] = OrderedDict()
+        self._analyses_lock = threading.Lock()
         self.accountants = {
             name: make_accountant(ds.accountant) for name, ds in policy.datasets.items()
         }
@@ -141,11 +163,42 @@ class Engine:
         except AccountantError as exc:
             raise BadRequest(str(exc)) from None
 
+    def analysis(self, dataset: Dataset, request: QueryRequest) -> Analysis:
+        """``analyse`` and ``rewrite``, remembered per query text, parameters and asked
+        budget: all of it is a function of those and of the policy, which is fixed for
+        the engine's life, and none of it of the data. A refusal is not remembered
+        (it raises), so it is analysed again each time."""
+        eps, delta = _asked(dataset, request)
+        try:
+            params = json.dumps(request.params, sort_keys=True)
+        except (TypeError, ValueError):  # not from a JSON body: not worth a key
+            return self._analysed(dataset, request)
+        key = (dataset.name, request.sql, params, eps, delta, request.accuracy, request.alpha)
+        with self._analyses_lock:
+            found = self._analyses.get(key)
+            if found is not None:
+                self._analyses.move_to_end(key)
+                return found
+        found = self._analysed(dataset, request)
+        with self._analyses_lock:
+            self._analyses[key] = found
+            if len(self._analyses) > ANALYSIS_CACHE_SIZE:
+                self._analyses.popitem(last=False)
+        return found
+
+    def _analysed(self, dataset: Dataset, request: QueryRequest) -> Analysis:
+        the_plan = self.analyse(dataset, request)
+        return Analysis(
+            plan=the_plan,
+            rewritten=rewrite(the_plan, self._seeds[dataset.name]),
+            replay_key=self._replay_key(dataset, the_plan, request),
+        )
+
     def query(self, user: str, body: object) -> dict[str, object]:
         request = QueryRequest.from_body(body)
         dataset = self._dataset(request.dataset)
-        the_plan = self.analyse(dataset, request)
-        key = self._replay_key(dataset, the_plan, request)
+        analysis = self.analysis(dataset, request)
+        the_plan, key = analysis.plan, analysis.replay_key
         eps, delta = _asked(dataset, request)
         reply: dict[str, object] = {
             "dataset": dataset.name,
@@ -200,7 +253,7 @@ class Engine:
             accountant=self.accountants[dataset.name],
         )
         try:
-            rewritten = rewrite(the_plan)
+            rewritten = analysis.rewritten
             exact = self.databases[dataset.name].run(rewritten.sql)
             alpha = REPORT_ALPHA if the_plan.accuracy is None else the_plan.accuracy.alpha
             released = release(noise(the_plan, rewritten, exact), alpha)

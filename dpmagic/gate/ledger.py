@@ -5,9 +5,30 @@ concurrency and crashes. A debit reads what was spent and writes the new
 charge inside a single ``BEGIN IMMEDIATE`` transaction: SQLite takes the
 database's write lock before the read, so two gate threads (or two gate
 processes on the same state directory) can never both see the same
-remaining budget and both spend it. ``synchronous=FULL`` makes the commit
-reach the disk before the debit returns, so a result is never released on a
-charge a crash could forget.
+remaining budget and both spend it.
+
+Durability, one disk flush per query. The ledger runs in WAL mode, where a
+commit appends to the write-ahead log and, under ``synchronous=FULL``, waits
+for the log to reach the disk (an fsync: 0.3 ms on an idle disk, tens of
+milliseconds on a busy one, with the ledger's lock held throughout); under
+``synchronous=NORMAL`` it waits only for the operating system to have the
+write. A NORMAL commit survives the gate's own crash or ``kill -9`` (the
+kernel holds the write); only an operating-system crash or a power cut before
+the next flush can roll it back, and WAL keeps the file consistent when it
+does (SQLite's documentation on WAL and ``synchronous``). Every commit that
+spends or adds budget, a debit or a grant, is FULL: a result is never
+released on a charge any crash could forget. The commits that follow it for
+the same query are NORMAL, because losing one is safe:
+
+- the stored release (``record_release``): exists, readable by every gate
+  process, before the reply leaves, so a repeated query is replayed for free;
+  after a power cut it may be gone, and then the same query is charged and
+  answered afresh, with both charges counted: the accounting stays sound,
+  only the replay is lost. The next durable commit (any debit) flushes it;
+- a failure mark (``record_failure``): a charge stays spent as ``charged``
+  or ``failed`` alike;
+- a replay's audit line (``record_replay``), which costs nothing; and a
+  reset, whose loss leaves the budget smaller, never larger.
 
 Each charge is stored as ε, δ and ρ, each a sound bound on its release, and
 spends compose by adding each of them up (``accounting.compose``). Only the
@@ -19,13 +40,16 @@ accountant changes keeps every past charge counted.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sqlite3
 import threading
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from fractions import Fraction
 from pathlib import Path
 
-from dpmagic.gate.accounting import Accountant, Cost, compose
+from dpmagic.gate.accounting import Accountant, Cost
 from dpmagic.gate.errors import OverBudget
 from dpmagic.gate.policy import Budget
 
@@ -60,6 +84,8 @@ _SCHEMA = (
 )""",
     "CREATE INDEX IF NOT EXISTS entries_scope ON entries (user, dataset, notebook)",
     "CREATE INDEX IF NOT EXISTS entries_replay ON entries (user, dataset, replay_key)",
+    # Each query reads only the rows appended since its scope was last read (``_tally``).
+    "CREATE INDEX IF NOT EXISTS entries_appended ON entries (user, dataset, id)",
     f"PRAGMA user_version = {SCHEMA_VERSION}",
 )
 
@@ -78,13 +104,14 @@ class Ledger:
         self.accountant = accountant  # for debits that name none
         _private_file(self.path)
         self._lock = threading.Lock()
+        self._tallies: dict[tuple[str, str, str | None], _Tally] = {}
         self._db = sqlite3.connect(
             self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
         )
         self._db.row_factory = sqlite3.Row
         self._db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
         self._db.execute("PRAGMA journal_mode = WAL")
-        self._db.execute("PRAGMA synchronous = FULL")
+        self._db.execute("PRAGMA synchronous = FULL")  # until a commit asks for less
         with self._transaction():
             for statement in _SCHEMA:
                 self._db.execute(statement)
@@ -154,7 +181,7 @@ class Ledger:
         # Values JSON lacks (a DuckDB date as a group key) are kept as text,
         # exactly as the server sends them, so a replay equals the original.
         text = json.dumps(reply, sort_keys=True, default=str)
-        with self._lock, self._transaction():
+        with self._lock, self._transaction(durable=False):
             self._db.execute(
                 "UPDATE entries SET status = ?, reply = ? WHERE id = ?",
                 (RELEASED, text, charge_id),
@@ -162,7 +189,7 @@ class Ledger:
 
     def record_failure(self, charge_id: int) -> None:
         """Mark a charge whose query failed; its cost stays spent."""
-        with self._lock, self._transaction():
+        with self._lock, self._transaction(durable=False):
             self._db.execute("UPDATE entries SET status = ? WHERE id = ?", (FAILED, charge_id))
 
     def find_release(self, user: str, dataset: str, replay_key: str) -> dict | None:
@@ -191,7 +218,7 @@ class Ledger:
         self, *, user: str, dataset: str, notebook: str, sql: str, replay_key: str
     ) -> None:
         """An audit line for an answer served again; it costs nothing."""
-        with self._lock, self._transaction():
+        with self._lock, self._transaction(durable=False):
             self._db.execute(
                 "INSERT INTO entries (time, user, dataset, notebook, epsilon, delta, rho, sql,"
                 " replay_key, status) VALUES (?, ?, ?, ?, 0, 0, 0, ?, ?, ?)",
@@ -235,15 +262,42 @@ class Ledger:
             self._db.close()
 
     def _spent(self, user: str, dataset: str, notebook: str | None) -> Cost:
-        sql = "SELECT epsilon, delta, rho FROM entries WHERE user = ? AND dataset = ? AND id > ?"
-        args: list[object] = [user, dataset, self._last_reset(user, dataset, notebook)]
-        if notebook is not None:
-            sql += " AND notebook = ?"
-            args.append(notebook)
-        sql += f" AND status IN ({', '.join('?' for _ in _SPENDING)})"
-        args.extend(_SPENDING)
-        rows = self._db.execute(sql, args).fetchall()
-        return compose(Cost(r["epsilon"], r["delta"], r["rho"]) for r in rows)
+        tally = self._tally(user, dataset, notebook)
+        return Cost(tally.epsilon.value(), tally.delta.value(), tally.rho.value())
+
+    def _tally(self, user: str, dataset: str, notebook: str | None) -> _Tally:
+        """A scope's spending and grants since its last reset, brought up to date with the
+        rows written since it was last read, by this process or any other.
+
+        Summing a user's whole history on every query made each query cost time in
+        proportion to it (6.5 ms a query after 1,000 queries, 82 ms after 10,000, with
+        the ledger's lock held). The log only grows: rows are appended with increasing
+        ids, and the one update a row receives (``charged`` to ``released`` or
+        ``failed``) keeps it spending the same. So the totals over the rows up to some
+        id never change, and each read adds only the rows after it. The sums are
+        exact, rounded once when read: ``accounting.compose``'s ``math.fsum``."""
+        tally = self._tallies.setdefault((user, dataset, notebook), _Tally())
+        rows = self._db.execute(
+            "SELECT id, notebook, status, epsilon, delta, rho FROM entries"
+            " WHERE user = ? AND dataset = ? AND id > ? ORDER BY id",
+            (user, dataset, tally.seen),
+        ).fetchall()
+        scope = WHOLE_USER if notebook is None else notebook
+        for row in rows:
+            tally.seen = row["id"]
+            status, nb = row["status"], row["notebook"]
+            # A whole-user reset applies to every notebook; a notebook's own reset
+            # only to that notebook, so it never gives back the user's budget.
+            if status == RESET and nb in (WHOLE_USER, scope):
+                tally.reset()
+            elif status in _SPENDING and notebook in (None, nb):
+                tally.epsilon.add(row["epsilon"])
+                tally.delta.add(row["delta"])
+                tally.rho.add(row["rho"])
+            elif status == GRANTED and nb == scope:
+                tally.granted_epsilon.add(row["epsilon"])
+                tally.granted_delta.add(row["delta"])
+        return tally
 
     # Admin actions (``dpmagic budget grant|reset``). A grant raises a limit by
     # an (ε, δ) amount; a reset forgets what was spent and granted before it.
@@ -277,56 +331,78 @@ class Ledger:
         note: str,
     ) -> None:
         scope = WHOLE_USER if notebook is None else notebook
-        with self._lock, self._transaction():
+        with self._lock, self._transaction(durable=status != RESET):
             self._db.execute(
                 "INSERT INTO entries (time, user, dataset, notebook, epsilon, delta, rho, sql,"
                 " status) VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?)",
                 (_now(), user, dataset, scope, amount.epsilon, amount.delta, note, status),
             )
 
-    def _last_reset(self, user: str, dataset: str, notebook: str | None) -> int:
-        """The id of the last reset that applies to a scope (0 if none).
-
-        A whole-user reset applies to every notebook; a notebook's own reset
-        only to that notebook, so it never gives back the user's budget.
-        """
-        scopes = [WHOLE_USER] if notebook is None else [WHOLE_USER, notebook]
-        row = self._db.execute(
-            "SELECT MAX(id) FROM entries WHERE user = ? AND dataset = ? AND status = ?"
-            f" AND notebook IN ({', '.join('?' for _ in scopes)})",
-            [user, dataset, RESET, *scopes],
-        ).fetchone()
-        return int(row[0] or 0)
-
     def _limit(self, base: Budget, user: str, dataset: str, notebook: str | None) -> Budget:
-        row = self._db.execute(
-            "SELECT COALESCE(SUM(epsilon), 0), COALESCE(SUM(delta), 0) FROM entries"
-            " WHERE user = ? AND dataset = ? AND notebook = ? AND status = ? AND id > ?",
-            (
-                user,
-                dataset,
-                WHOLE_USER if notebook is None else notebook,
-                GRANTED,
-                self._last_reset(user, dataset, notebook),
-            ),
-        ).fetchone()
-        return Budget(base.epsilon + row[0], base.delta + row[1])
+        tally = self._tally(user, dataset, notebook)
+        return Budget(
+            base.epsilon + tally.granted_epsilon.value(), base.delta + tally.granted_delta.value()
+        )
 
-    def _transaction(self) -> _Immediate:
-        return _Immediate(self._db)
+    def _transaction(self, durable: bool = True) -> _Immediate:
+        return _Immediate(self._db, durable)
+
+
+class _Sum:
+    """A running sum of floats, read as ``math.fsum`` of every value added (the exact sum,
+    rounded once), in constant memory: an exact rational, plus the non-finite values."""
+
+    def __init__(self) -> None:
+        self._exact = Fraction(0)
+        self._special: set[float] = set()
+
+    def add(self, value: float) -> None:
+        if math.isfinite(value):
+            self._exact += Fraction(value)
+        else:
+            self._special.add(value)
+
+    def value(self) -> float:
+        return math.fsum(self._special) if self._special else float(self._exact)
+
+
+@dataclass
+class _Tally:
+    """What counts in one scope (a user's, or one notebook's, on a dataset) among the
+    ledger's rows up to id ``seen``, since the scope's last reset."""
+
+    seen: int = 0
+    epsilon: _Sum = field(default_factory=_Sum)
+    delta: _Sum = field(default_factory=_Sum)
+    rho: _Sum = field(default_factory=_Sum)
+    granted_epsilon: _Sum = field(default_factory=_Sum)
+    granted_delta: _Sum = field(default_factory=_Sum)
+
+    def reset(self) -> None:
+        self.epsilon, self.delta, self.rho = _Sum(), _Sum(), _Sum()
+        self.granted_epsilon, self.granted_delta = _Sum(), _Sum()
 
 
 class _Immediate:
-    """``BEGIN IMMEDIATE`` … ``COMMIT``, rolled back on any exception."""
+    """``BEGIN IMMEDIATE`` … ``COMMIT``, rolled back on any exception; flushed to
+    the disk before it returns unless ``durable`` is false (see the module's
+    docstring for which commits may skip the flush)."""
 
-    def __init__(self, db: sqlite3.Connection) -> None:
+    def __init__(self, db: sqlite3.Connection, durable: bool) -> None:
         self._db = db
+        self._durable = durable
 
     def __enter__(self) -> None:
+        if not self._durable:  # a pragma outside any transaction, under the ledger's lock
+            self._db.execute("PRAGMA synchronous = NORMAL")
         self._db.execute("BEGIN IMMEDIATE")
 
     def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
-        self._db.execute("COMMIT" if kind is None else "ROLLBACK")
+        try:
+            self._db.execute("COMMIT" if kind is None else "ROLLBACK")
+        finally:
+            if not self._durable:
+                self._db.execute("PRAGMA synchronous = FULL")
 
 
 def _private_file(path: Path) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -62,8 +63,9 @@ def release(noisy: Noisy, alpha: float = ALPHA) -> Released:
     debiased = _debiased(plan, noisy)
     table = _noisy_table(plan, noisy, debiased)
     post = _PostExpr(plan, checked)
-    select = [f'"{PID}"'] + [f"{post.sql(o.expr)} AS {_q(o.name)}" for o in checked.outputs]
-    sql = f"SELECT {', '.join(select)} FROM noisy"
+    exprs = [f'"{PID}"', *(post.sql(o.expr) for o in checked.outputs)]
+    names = [_q(PID), *(_q(o.name) for o in checked.outputs)]
+    sql = f"SELECT {', '.join(f'{e} AS {n}' for e, n in zip(exprs, names, strict=True))} FROM noisy"
     if checked.having is not None:
         sql += f" WHERE {post.sql(checked.having)}"
     if checked.order:
@@ -72,12 +74,15 @@ def release(noisy: Noisy, alpha: float = ALPHA) -> Released:
         sql += f" LIMIT {checked.limit}"
     if checked.offset is not None:
         sql += f" OFFSET {checked.offset}"
-    con = _POST_DB.cursor()
-    try:
-        con.register("noisy", table)
-        result = con.execute(sql).fetchall()
-    finally:
-        con.close()
+    plain = checked.having is None and not checked.order and checked.limit is checked.offset is None
+    result = _direct(table, exprs) if plain else None
+    if result is None:
+        con = _POST_DB.cursor()
+        try:
+            con.register("noisy", table)
+            result = con.execute(sql).fetchall()
+        finally:
+            con.close()
 
     intervals = _Intervals(plan, noisy, alpha, debiased)
     accuracy_columns: list[dict[str, object] | None] = []
@@ -98,7 +103,7 @@ def release(noisy: Noisy, alpha: float = ALPHA) -> Released:
                 "scale": single.scale if single else None,
                 **_randomized_accuracy(plan, out.expr),
                 "measurements": [p.label for p in parts],
-                "intervals": [_json_pair(intervals.of(out.expr, row[0], events)) for row in result],
+                "intervals": intervals.cells(out.expr, [row[0] for row in result], events),
             }
         )
     accuracy: dict[str, object] = {"alpha": alpha, "columns": accuracy_columns}
@@ -110,6 +115,46 @@ def release(noisy: Noisy, alpha: float = ALPHA) -> Released:
         rows=[[_json(v) for v in row[1:]] for row in result],
         accuracy=accuracy,
     )
+
+
+_COLUMN = re.compile(r'"((?:[^"]|"")+)"')
+_FLOORED = re.compile(r'GREATEST\("((?:[^"]|"")+)", 0\)')
+
+
+def _direct(table: pd.DataFrame, exprs: list[str]) -> list[tuple] | None:
+    """What DuckDB returns for ``SELECT exprs FROM table`` when every expression is a
+    bare column or a column floored at zero (keys, counts, sums, quantiles: most
+    queries), computed here from the same typed columns; None for anything else.
+    Registering the table in DuckDB and running the query costs about 1.2 ms, as much
+    as the rest of the release pass."""
+    columns = []
+    for e in exprs:
+        match = _FLOORED.fullmatch(e) or _COLUMN.fullmatch(e)
+        name = None if match is None else match[1].replace('""', '"')
+        if match is None or name not in table.columns:
+            return None
+        values = _plain(table[name])
+        if values is None:
+            return None
+        if match.re is _FLOORED:
+            if table[name].dtype.kind not in "if":
+                return None
+            zero = 0.0 if table[name].dtype.kind == "f" else 0
+            values = [max(v, zero) for v in values]
+        columns.append(values)
+    return list(zip(*columns, strict=True))
+
+
+def _plain(column: pd.Series) -> list[object] | None:
+    """The column's values as DuckDB would return them, when that is plain: integers,
+    finite floats, booleans or strings (anything else goes through DuckDB)."""
+    kind = column.dtype.kind
+    values = column.tolist()
+    if kind in "ib" or (kind == "f" and all(math.isfinite(v) for v in values)):
+        return values
+    if kind == "O" and all(isinstance(v, str) for v in values):
+        return values
+    return None
 
 
 def _rank_accuracy(selection: Selection, alpha: float) -> dict[str, float]:
@@ -253,6 +298,24 @@ class _Intervals:
         self.noisy = noisy
         self.alpha = alpha
         self.debiased = debiased
+
+    def cells(self, node: exp.Expression, pids: list[int], parts: int) -> list[list[float] | None]:
+        """The JSON intervals of one output's cells, in ``pids`` order. A bare count or
+        sum (most cells of a large GROUP BY) has one half-width for all its cells,
+        taken once; other expressions are evaluated cell by cell."""
+        agg = None
+        if isinstance(node, exp.Column) and node.name in self.plan.uses:
+            agg = self.plan.checked.aggregate(node.name).func
+        if agg not in ("count", "count_distinct", "sum") or node.name in self.debiased:
+            return [_json_pair(self.of(node, pid, parts)) for pid in pids]
+        assert isinstance(node, exp.Column)
+        m = self.plan.measurement(self.plan.uses[node.name][0])
+        alpha = self.alpha / parts
+        half = m.noise.half_width(alpha) if m.noise.sensitivity else 0.0
+        values = self.noisy.values[m.name]
+        if m.kind == "sum":
+            return [_json_pair((values[p] - half, values[p] + half)) for p in pids]
+        return [_json_pair((max(0.0, values[p] - half), max(0.0, values[p] + half))) for p in pids]
 
     def of(self, node: exp.Expression, pid: int, parts: int) -> Bounds | None:
         alpha = self.alpha / parts
