@@ -30,8 +30,11 @@ from dpmagic.gate.engine import Engine
 from dpmagic.gate.errors import Refused
 from dpmagic.gate.partition_selection import KeySelection, calibrate_selection
 from dpmagic.gate.policy import load_policy
+from dpmagic.gate.sql import execute
 from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
+from dpmagic.gate.sql.execute import ExactResult
+from dpmagic.gate.sql.noise import noise
 from dpmagic.gate.sql.parse import parse
 from dpmagic.gate.sql.plan import Plan, plan
 from dpmagic.gate.sql.resolve import resolve
@@ -502,3 +505,27 @@ def test_a_randomized_response_key_is_not_grouped_with_private_keys():
         _approx_plan("SELECT s, smoker, COUNT(*) FROM t GROUP BY s, smoker", ds)
     p = _approx_plan("SELECT s, AVG(smoker) FROM t GROUP BY s", ds)
     assert p.key_selection is not None and p.debiased
+
+
+def test_the_fetch_thresholds_batch_by_batch(city_engine, monkeypatch):
+    """With private keys only kept keys are held: ``keep`` sees each batch as fetched."""
+    monkeypatch.setattr(execute, "BATCH_ROWS", 2)
+    batches: list[int] = []
+
+    def keep(rows: list[tuple]) -> list[tuple]:
+        batches.append(len(rows))
+        return rows[:1]
+
+    exact = city_engine.databases["d"].run("SELECT city, COUNT(*) FROM t GROUP BY city", keep)
+    assert batches == [2, 1] and len(exact.rows) == 2 and exact.thresholded
+
+
+def test_the_threshold_is_drawn_once():
+    """A result thresholded while fetched is not thresholded again by the noise pass
+    (a second draw would be a second mechanism, uncharged); one that was not, is."""
+    p = _approx_plan("SELECT s, COUNT(*) FROM t GROUP BY s", dataset(COLUMNS))
+    rw = rewrite(p, seed=1)
+    lone = [(f"k{i}", 1, 1) for i in range(50)]  # one unit per key: far below the threshold
+    kept = noise(p, rw, ExactResult(rows=lone, thresholded=True))
+    assert len(kept.partitions) == 50
+    assert noise(p, rw, ExactResult(rows=lone)).partitions == ()

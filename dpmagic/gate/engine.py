@@ -27,7 +27,7 @@ from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
 from dpmagic.gate.sql.execute import Database
 from dpmagic.gate.sql.keys import KeyDomain
-from dpmagic.gate.sql.noise import noise
+from dpmagic.gate.sql.noise import key_threshold, noise
 from dpmagic.gate.sql.parse import parse
 from dpmagic.gate.sql.plan import Plan, plan
 from dpmagic.gate.sql.release import release
@@ -254,7 +254,8 @@ class Engine:
         )
         try:
             rewritten = analysis.rewritten
-            exact = self.databases[dataset.name].run(rewritten.sql)
+            keep = None if the_plan.key_selection is None else key_threshold(the_plan, rewritten)
+            exact = self.databases[dataset.name].run(rewritten.sql, keep)
             alpha = REPORT_ALPHA if the_plan.accuracy is None else the_plan.accuracy.alpha
             released = release(noise(the_plan, rewritten, exact), alpha)
         except GateError as exc:

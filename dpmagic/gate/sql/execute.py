@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -81,6 +82,12 @@ class ExactResult:
     """Exact aggregates by partition: never leaves the gate un-noised."""
 
     rows: list[tuple]
+    # Whether private keys' noisy threshold was already applied batch by batch.
+    thresholded: bool = False
+
+
+# Rows fetched at a time when each batch is reduced as it arrives.
+BATCH_ROWS = 65_536
 
 
 class Database:
@@ -111,29 +118,40 @@ class Database:
             },
         )
 
-    def run(self, sql: str) -> ExactResult:
-        """The exact rows, fetched whole. Memory is bounded without a per-query limit:
-        DuckDB's ``memory_limit`` is per database (one per gate), and it has no
-        per-connection or per-query limit; the locked configuration could not change
-        it per query anyway. The result itself is at most ``MAX_PARTITIONS`` rows,
-        refused at planning otherwise. Measured with ``benchmarks/fetch_memory.py``
-        (1M rows, 100,000 partitions): 117 MB peak fetched whole, 108 MB in batches,
-        92 MB for the query alone, so batches would save about 10 MB while the
-        release pass needs every row at once to noise and keep them."""
+    def run(
+        self, sql: str, keep: Callable[[list[tuple]], list[tuple]] | None = None
+    ) -> ExactResult:
+        """The exact rows. Memory is bounded without a per-query limit: DuckDB's
+        ``memory_limit`` is per database (one per gate), and it has no per-connection
+        or per-query limit; the locked configuration could not change it per query
+        anyway. With public keys the result is at most ``MAX_PARTITIONS`` rows,
+        refused at planning otherwise, and is fetched whole: measured with
+        ``benchmarks/fetch_memory.py`` (1M rows, 100,000 partitions), 117 MB peak
+        fetched whole, 108 MB in batches, 92 MB for the query alone, while the
+        release pass needs every row at once. With private keys the result has a
+        row per key found, as many as the table has rows: ``keep`` (the noisy
+        threshold) then reduces each batch as it is fetched, so only the kept keys
+        are ever held in Python."""
         con = self._db.cursor()
         done = threading.Event()
         watchdog = threading.Thread(target=_interrupt_after, args=(con, done, self.timeout_s))
         watchdog.start()
         try:
             self._guard(con, sql)
-            rows = con.execute(sql).fetchall()
+            cursor = con.execute(sql)
+            if keep is None:
+                rows = cursor.fetchall()
+            else:
+                rows = []
+                while batch := cursor.fetchmany(BATCH_ROWS):
+                    rows.extend(keep(batch))
         except duckdb.InterruptException:
             raise QueryTimeout() from None
         finally:
             done.set()
             watchdog.join()
             con.close()
-        return ExactResult(rows=rows)
+        return ExactResult(rows=rows, thresholded=keep is not None)
 
     def public_keys(self, dataset: Dataset) -> Dataset:
         """``dataset`` with each public table's undeclared key values read from the

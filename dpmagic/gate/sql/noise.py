@@ -10,6 +10,7 @@ over those only.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from dpmagic.gate.sql.execute import ExactResult
@@ -35,7 +36,10 @@ def noise(plan: Plan, rewritten: Rewritten, exact: ExactResult) -> Noisy:
     rows = exact.rows
     partitions = plan.partitions
     if plan.key_selection is not None:
-        rows, partitions = _selected(plan, rewritten, rows)
+        # The threshold is drawn once per key: here, unless the fetch already did.
+        if not exact.thresholded:
+            rows = key_threshold(plan, rewritten)(rows)
+        partitions = tuple(sorted({tuple(row[: rewritten.keys]) for row in rows}, key=_order))
     index = {partition: i for i, partition in enumerate(partitions)}
     size = len(partitions)
     units = {m.name: [0] * size for m in plan.measurements}
@@ -60,17 +64,20 @@ def noise(plan: Plan, rewritten: Rewritten, exact: ExactResult) -> Noisy:
     return Noisy(plan=plan, values=values, partitions=partitions)
 
 
-def _selected(
-    plan: Plan, rewritten: Rewritten, rows: list[tuple]
-) -> tuple[list[tuple], tuple[Partition, ...]]:
-    """The rows whose key passes the noisy threshold, and their keys in sorted order
-    (a function of the released set alone, never of the data's row order)."""
-    assert plan.key_selection is not None
+def key_threshold(plan: Plan, rewritten: Rewritten) -> Callable[[list[tuple]], list[tuple]]:
+    """The rows whose key passes the plan's noisy threshold, drawn once per row: run on
+    each batch as the exact result is fetched, so that only kept keys are held. The
+    released keys are then sorted (a function of the released set alone, never of
+    the data's row order)."""
+    selection = plan.key_selection
+    assert selection is not None
     column = rewritten.keys + rewritten.measurements.index(KEY_COUNT)
-    keep = plan.key_selection.keep([int(row[column]) for row in rows])
-    kept = [row for row, k in zip(rows, keep, strict=True) if k]
-    partitions = sorted({tuple(row[: rewritten.keys]) for row in kept}, key=_order)
-    return kept, tuple(partitions)
+
+    def keep(rows: list[tuple]) -> list[tuple]:
+        passes = selection.keep([int(row[column]) for row in rows])
+        return [row for row, k in zip(rows, passes, strict=True) if k]
+
+    return keep
 
 
 def _order(partition: Partition) -> tuple:
