@@ -278,17 +278,17 @@ class _Pooled(socketserver.ThreadingMixIn):
     shutdown finishes and records its release before the ledger closes.
     """
 
+    _pool: ThreadPoolExecutor | None = None
+
     def process_request(self, request: object, client_address: object) -> None:
-        pool = vars(self).get("_pool")
-        if pool is None:
-            pool = self._pool = ThreadPoolExecutor(MAX_REQUEST_THREADS, "dpmagic-request")
-        pool.submit(self.process_request_thread, request, client_address)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(MAX_REQUEST_THREADS, "dpmagic-request")
+        self._pool.submit(self.process_request_thread, request, client_address)
 
     def server_close(self) -> None:
         super().server_close()  # closes the socket (no thread of its own to join)
-        pool = vars(self).get("_pool")
-        if pool is not None:
-            pool.shutdown(wait=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
 
 
 class _UnixServer(_Pooled, socketserver.UnixStreamServer):

@@ -49,7 +49,7 @@ def key_domain(key: GroupKey, resolved: Resolved, iv: Interval | None) -> KeyDom
     expr = _unparen(key.expr)
     col = resolved.column(expr)
     if col is not None and col.public_values is not None:
-        return KeyDomain(tuple(col.public_values))
+        return KeyDomain(tuple(col.public_values), _whole_range(col.public_values, col.type))
     if (col is not None and col.type == "bool") or isinstance(
         expr, exp.Predicate | exp.Connector | exp.Not | exp.Boolean
     ):
@@ -74,6 +74,15 @@ def key_domain(key: GroupKey, resolved: Resolved, iv: Interval | None) -> KeyDom
         private=f"GROUP BY {key.label}: its values are not public: {what}, or group by a "
         "bounded integer or a condition",
     )
+
+
+def _whole_range(values: tuple[object, ...], column_type: str) -> tuple[int, int] | None:
+    """The span of an int column's declared values when they are every integer between
+    two ends (states 0..49): the SQL tests one range instead of a list."""
+    if column_type != "int" or not all(type(v) is int for v in values):
+        return None
+    ints = sorted(values)  # type: ignore[type-var]
+    return (ints[0], ints[-1]) if ints == list(range(ints[0], ints[-1] + 1)) else None
 
 
 def _literal_outcomes(expr: exp.Expression, label: str) -> tuple[object, ...] | None:

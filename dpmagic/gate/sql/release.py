@@ -35,7 +35,7 @@ import pandas as pd
 from sqlglot import exp
 
 from dpmagic.gate.sql.check import VARIANCES, Checked
-from dpmagic.gate.sql.noise import Noisy
+from dpmagic.gate.sql.noise import Noisy, Partition
 from dpmagic.gate.sql.parse import DIALECT
 from dpmagic.gate.sql.plan import Measurement, Plan, Selection
 from dpmagic.gate.sql.randomized import Debiased, debias
@@ -185,16 +185,17 @@ def _debiased(plan: Plan, noisy: Noisy) -> dict[str, Debiased]:
     out = {}
     for name, d in plan.debiased.items():
         ms = [noisy.values[m] for m in plan.uses[name]]
-        groups = _groups_over(plan, d.key) if d.key is not None else []
+        groups = _groups_over(noisy.partitions, d.key) if d.key is not None else []
         out[name] = debias(d, ms[0], ms[1] if len(ms) > 1 else None, groups)
     return out
 
 
-def _groups_over(plan: Plan, key: int) -> list[list[int]]:
+def _groups_over(partitions: tuple[Partition, ...], key: int) -> list[list[int]]:
     """Partitions grouped by every key but ``key``: each group holds one partition
-    per value of ``key``, as the partitions are every combination of public keys."""
+    per value of ``key``, as the partitions are every combination of public keys
+    (the plan refuses such a key beside keys chosen from the data)."""
     groups: dict[tuple[object, ...], list[int]] = {}
-    for pid, partition in enumerate(plan.partitions):
+    for pid, partition in enumerate(partitions):
         groups.setdefault(partition[:key] + partition[key + 1 :], []).append(pid)
     return list(groups.values())
 
@@ -301,8 +302,8 @@ class _Intervals:
 
     def cells(self, node: exp.Expression, pids: list[int], parts: int) -> list[list[float] | None]:
         """The JSON intervals of one output's cells, in ``pids`` order. A bare count or
-        sum (most cells of a large GROUP BY) has one half-width for all its cells,
-        taken once; other expressions are evaluated cell by cell."""
+        sum (most cells of a large GROUP BY) is its measurement's interval, read
+        without walking the expression; other expressions are evaluated cell by cell."""
         agg = None
         if isinstance(node, exp.Column) and node.name in self.plan.uses:
             agg = self.plan.checked.aggregate(node.name).func
@@ -311,11 +312,7 @@ class _Intervals:
         assert isinstance(node, exp.Column)
         m = self.plan.measurement(self.plan.uses[node.name][0])
         alpha = self.alpha / parts
-        half = m.noise.half_width(alpha) if m.noise.sensitivity else 0.0
-        values = self.noisy.values[m.name]
-        if m.kind == "sum":
-            return [_json_pair((values[p] - half, values[p] + half)) for p in pids]
-        return [_json_pair((max(0.0, values[p] - half), max(0.0, values[p] + half))) for p in pids]
+        return [_json_pair(self._measured(m, pid, alpha)) for pid in pids]
 
     def of(self, node: exp.Expression, pid: int, parts: int) -> Bounds | None:
         alpha = self.alpha / parts
