@@ -188,9 +188,13 @@ class Engine:
 
     def _analysed(self, dataset: Dataset, request: QueryRequest) -> Analysis:
         the_plan = self.analyse(dataset, request)
+        rewritten = rewrite(the_plan, self._seeds[dataset.name])
+        # Whatever could make the SQL fail without depending on the data is refused here,
+        # before the debit: after it, only time and memory can run out.
+        self.databases[dataset.name].vet(rewritten.sql)
         return Analysis(
             plan=the_plan,
-            rewritten=rewrite(the_plan, self._seeds[dataset.name]),
+            rewritten=rewritten,
             replay_key=self._replay_key(dataset, the_plan, request),
         )
 

@@ -16,6 +16,11 @@ from typing import Literal
 
 ColumnType = Literal["int", "float", "str", "bool", "date"]
 COLUMN_TYPES: tuple[str, ...] = ("int", "float", "str", "bool", "date")
+# Characters of a text value kept at load unless a column declares ``max_length``: the
+# work any expression does on one row is then bounded, so one unit's rows cannot
+# slow a query by much (SECURITY.md, per-unit work).
+DEFAULT_MAX_LENGTH = 1024
+MAX_MAX_LENGTH = 1_000_000
 ACCOUNTANTS: tuple[str, ...] = ("pure", "approx", "zcdp")
 NEIGHBOURING: tuple[str, ...] = ("add_remove", "substitute")
 
@@ -59,6 +64,7 @@ class Column:
     public_values: tuple[object, ...] | None = None
     dates: tuple[dt.date, dt.date] | None = None  # a date column's bounds
     randomized_response: RandomizedResponse | None = None
+    max_length: int | None = None  # a text column's characters kept at load
 
     @property
     def bounded(self) -> bool:
@@ -76,6 +82,8 @@ class Column:
             out["lower"], out["upper"] = (d.isoformat() for d in self.dates)
         if self.randomized_response is not None:
             out["randomized_response"] = self.randomized_response.as_dict()
+        if self.max_length is not None:
+            out["max_length"] = self.max_length
         return out
 
 
@@ -396,10 +404,16 @@ def _randomized_tables(tables: dict[str, Table], where: str) -> None:
 def _column(name: str, raw: dict, where: str) -> Column:
     if not isinstance(raw, dict):
         raise PolicyError(f'{where}: expected a table such as {{ type = "int" }}')
-    _only(raw, where, {"type", "lower", "upper", "public_values", "randomized_response"})
+    _only(
+        raw, where, {"type", "lower", "upper", "public_values", "randomized_response", "max_length"}
+    )
     ctype = raw.get("type")
     if ctype not in COLUMN_TYPES:
         raise PolicyError(f"{where}.type must be one of {', '.join(COLUMN_TYPES)}")
+    if ctype == "str":
+        return _text_column(name, raw, where)
+    if "max_length" in raw:
+        raise PolicyError(f"{where}.max_length applies to str columns only")
     if "randomized_response" in raw:
         return replace(
             _column(name, {k: v for k, v in raw.items() if k != "randomized_response"}, where),
@@ -472,6 +486,24 @@ def _randomized_response(raw: dict, where: str) -> RandomizedResponse:
             f"{where_rr}: the column's bounds are its public_values; remove lower and upper"
         )
     return RandomizedResponse(p=float(p))
+
+
+def _text_column(name: str, raw: dict, where: str) -> Column:
+    """A ``str`` column: its public values, and how many characters of each value are
+    kept at load (``max_length``, at least the longest public value)."""
+    if raw.get("lower") is not None or raw.get("upper") is not None:
+        raise PolicyError(f"{where}: bounds apply to int and float columns only")
+    values = _public_values(raw, where)
+    longest = max((len(str(v)) for v in values or ()), default=0)
+    length = raw.get("max_length", max(DEFAULT_MAX_LENGTH, longest))
+    if not isinstance(length, int) or isinstance(length, bool) or not 1 <= length <= MAX_MAX_LENGTH:
+        raise PolicyError(f"{where}.max_length must be a whole number from 1 to {MAX_MAX_LENGTH:,}")
+    if length < longest:
+        raise PolicyError(f"{where}.max_length ({length}) is shorter than a public value")
+    column = Column(name=name.lower(), type="str", public_values=values, max_length=length)
+    if "randomized_response" in raw:
+        return replace(column, randomized_response=_randomized_response(raw, where))
+    return column
 
 
 def _public_values(raw: dict, where: str) -> tuple[object, ...] | None:

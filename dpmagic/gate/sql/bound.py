@@ -33,6 +33,14 @@ INT_TYPES = {
     exp.DataType.Type.TINYINT, exp.DataType.Type.SMALLINT, exp.DataType.Type.INT,
     exp.DataType.Type.BIGINT,
 }  # fmt: skip
+# The values each cast target holds (a DOUBLE holds every finite float).
+TYPE_RANGES: dict[exp.DataType.Type, tuple[float, float]] = {
+    exp.DataType.Type.TINYINT: (-(2**7), 2**7 - 1),
+    exp.DataType.Type.SMALLINT: (-(2**15), 2**15 - 1),
+    exp.DataType.Type.INT: (-(2**31), 2**31 - 1),
+    exp.DataType.Type.BIGINT: (-(2**63), 2**63 - 1),
+    exp.DataType.Type.FLOAT: (-3.4028234663852886e38, 3.4028234663852886e38),
+}
 
 
 @dataclass(frozen=True)
@@ -167,19 +175,59 @@ def _interval(node: exp.Expression, r: Resolved, env: Env) -> Interval | None:
     if isinstance(node, TEXT_FUNCTIONS + CONCATENATION):
         for child in node.iter_expressions():
             interval(child, r, env)
-        # Text has no interval; a length is an integer with no declared bound.
-        return Interval(0, math.inf, True) if isinstance(node, exp.Length) else None
+        if isinstance(node, exp.Length):  # at most the text's longest value
+            return Interval(0, text_length(node.this, r), True)
+        return None  # text has no interval
     if isinstance(node, exp.TryCast):
-        a = interval(node.this, r, env)
-        to = node.to.this
-        if to == exp.DataType.Type.BOOLEAN:
-            return BOOL
-        if a is None:
-            return UNBOUNDED if to in INT_TYPES or to != exp.DataType.Type.BOOLEAN else None
-        if to in INT_TYPES:
-            return Interval(math.floor(a.lo), math.ceil(a.hi), True)
-        return Interval(a.lo, a.hi, False)
+        return _try_cast(interval(node.this, r, env), node.to.this)
     return UNBOUNDED
+
+
+def _try_cast(a: Interval | None, to: exp.DataType.Type) -> Interval | None:
+    """``TRY_CAST`` rounds into the target type, and a value outside the type's range
+    becomes NULL: a finite interval is cut to the range (``None`` when nothing is left,
+    the cast being NULL on every row)."""
+    if to == exp.DataType.Type.BOOLEAN:
+        return BOOL
+    if a is None or not a.finite:
+        return UNBOUNDED
+    if to in INT_TYPES:
+        lo, hi = math.floor(a.lo), math.ceil(a.hi)
+        integral = True
+    else:
+        lo, hi, integral = a.lo, a.hi, False
+    low, high = TYPE_RANGES.get(to, (-math.inf, math.inf))
+    lo, hi = max(lo, low), min(hi, high)
+    return Interval(lo, hi, integral) if lo <= hi else None
+
+
+# Characters of a number, date or boolean written as text (a HUGEINT has 40).
+NON_TEXT_LENGTH = 64
+# Characters one character can become in UPPER or LOWER (a few become three).
+CASE_EXPANSION = 3
+
+
+def text_length(node: exp.Expression, r: Resolved) -> float:
+    """The most characters a text expression can have: a column keeps at most its
+    ``max_length`` (cut at load), a literal its own; ``inf`` when unknown."""
+    if isinstance(node, exp.Paren):
+        return text_length(node.this, r)
+    col = r.column(node)
+    if col is not None:
+        return col.max_length if col.max_length is not None else NON_TEXT_LENGTH
+    if isinstance(node, exp.Literal):
+        return len(node.this) if node.is_string else NON_TEXT_LENGTH
+    if isinstance(node, exp.Null):
+        return 0
+    if isinstance(node, exp.Upper | exp.Lower):
+        return CASE_EXPANSION * text_length(node.this, r)
+    if isinstance(node, exp.Trim | exp.Substring | exp.Right | exp.Left):
+        return text_length(node.this, r)
+    if isinstance(node, exp.DPipe):
+        return text_length(node.this, r) + text_length(node.expression, r)
+    if isinstance(node, exp.Concat):
+        return sum(text_length(e, r) for e in node.expressions)
+    return math.inf
 
 
 _DATE_PART_RANGES = {
@@ -376,6 +424,8 @@ def _unbounded_reason(agg: AggregateCall, r: Resolved) -> str:
             + ", ".join(repr(c) for c in unbounded)
             + " in the policy"
         )
-    if any(True for _ in agg.arg.find_all(exp.Length)):
-        return f"{agg.label} has no finite bound: a text's LENGTH has none (clamp it with LEAST)"
-    return f"{agg.label} has no finite bound: a divisor can come arbitrarily close to zero"
+    if any(True for _ in agg.arg.find_all(exp.Div)):
+        return f"{agg.label} has no finite bound: a divisor can come arbitrarily close to zero"
+    return (
+        f"{agg.label} has no finite bound: clamp its argument, e.g. LEAST(GREATEST(x, low), high)"
+    )

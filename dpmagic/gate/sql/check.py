@@ -62,6 +62,8 @@ EXTRACT_UNITS = {
 TEXT_FUNCTIONS: tuple[type[exp.Expression], ...] = (
     exp.Upper, exp.Lower, exp.Trim, exp.Substring, exp.Left, exp.Right, exp.Length,
 )  # fmt: skip
+# The largest position or length a text function takes (DuckDB's own limit is 2^32).
+TEXT_POSITION_LIMIT = 2**31
 # Concatenation casts any operand to text, which never fails.
 CONCATENATION = (exp.DPipe, exp.Concat)
 # String matching against literal patterns: no regexes built from data.
@@ -417,6 +419,11 @@ def _text_function(node: exp.Expression, resolved: Resolved) -> None:
                 raise Refused(f"{_display(node)}: TRIM takes literal characters")
         elif not (isinstance(arg, exp.Literal) and arg.is_int):
             raise Refused(f"{_display(node)}: positions and lengths must be integer literals")
+        elif abs(int(arg.this)) > TEXT_POSITION_LIMIT:
+            # DuckDB raises on every row for a position or length beyond ±2^32.
+            raise Refused(
+                f"{_display(node)}: positions and lengths must lie within ±{TEXT_POSITION_LIMIT:,}"
+            )
 
 
 def _family(node: exp.Expression, resolved: Resolved) -> str | None:

@@ -240,9 +240,13 @@ def _stored_columns(table: Table, row: str) -> str:
 
 def stored(col: Column, raw: str) -> str:
     """A declared column as the gate stores it: its declared type (``TRY_CAST``: a value
-    that is not one becomes NULL), clamped into its declared bounds, NULL staying NULL.
+    that is not one becomes NULL), clamped into its declared bounds (a text cut to its
+    ``max_length`` characters), NULL staying NULL.
     Done once at load, it costs no query anything: the scan reads the column bare."""
     value = f"TRY_CAST({raw} AS {SQL_TYPES[col.type]})"
+    if col.max_length is not None:
+        # Text is cut to its declared length, which bounds the work on one row.
+        return f"left({value}, {col.max_length})"
     if col.type in ("int", "float") and col.lower is not None and col.upper is not None:
         integral = col.type == "int"
         return clamp(value, Interval(col.lower, col.upper, integral))

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import duckdb
 
-from dpmagic.gate.errors import Failed
+from dpmagic.gate.errors import Failed, Refused
 from dpmagic.gate.policy import Dataset, GateConfig
 from dpmagic.gate.sql.contribution import SQL_TYPES, prepare_tables
 from dpmagic.gate.sql.keys import MAX_PARTITIONS
@@ -52,11 +52,21 @@ class QueryTimeout(Failed):
         )
 
 
-class UnsafeSQL(Failed):
-    """SQL the execution guard will not run; its text is fixed (the SQL may quote data)."""
+class UnsafeSQL(Refused):
+    """SQL the execution guard will not run: a bug of the gate's, caught before the debit."""
 
     def __init__(self) -> None:
-        super().__init__("the query failed after it was charged")
+        super().__init__("the gate will not run the SQL it generated for this query")
+
+
+class CannotRun(Refused):
+    """Generated SQL that fails on an empty copy of the tables: whatever made it fail
+    (a binder error, a constant that overflows) does not depend on the data."""
+
+    def __init__(self, error: duckdb.Error) -> None:
+        # The copy holds no row, so the message can quote the query, never data.
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        super().__init__(f"DuckDB cannot run this query: {first}")
 
 
 # Table functions the generated SQL may use: they produce numbers, never read state.
@@ -86,6 +96,15 @@ class ExactResult:
     thresholded: bool = False
 
 
+# The configuration of every connection that runs generated SQL: no file, network,
+# extension or setting can be reached from it.
+LOCKED: dict[str, object] = {
+    "enable_external_access": False,
+    "autoinstall_known_extensions": False,
+    "autoload_known_extensions": False,
+    "allow_community_extensions": False,
+    "lock_configuration": True,
+}
 # Rows fetched at a time when each batch is reduced as it arrives.
 BATCH_ROWS = 65_536
 
@@ -107,16 +126,28 @@ class Database:
         self._db = duckdb.connect(
             str(path),
             read_only=True,
-            config={
-                "enable_external_access": False,
-                "autoinstall_known_extensions": False,
-                "autoload_known_extensions": False,
-                "allow_community_extensions": False,
-                "memory_limit": gate.memory_limit,
-                "threads": gate.threads,
-                "lock_configuration": True,
-            },
+            config={**LOCKED, "memory_limit": gate.memory_limit, "threads": gate.threads},
         )
+        self._empty = _empty_copy(self._db)
+
+    def vet(self, sql: str) -> None:
+        """Refuse, before the debit, SQL the guard will not run or that fails for reasons
+        that do not depend on the data: it is run on an empty copy of the tables (same
+        names, same types, no row), which binds, optimises (folding constants) and
+        executes it. Row expressions cannot fail on data (``totality``), so SQL that
+        passes here fails on the real tables only for want of time or memory. The
+        verdict is a function of the SQL text alone, remembered with the guard's."""
+        if sql in self._vetted:
+            return
+        con = self._empty.cursor()
+        try:
+            self._walk(con, sql)
+            con.execute(sql).fetchall()
+        except duckdb.Error as exc:
+            raise CannotRun(exc) from None
+        finally:
+            con.close()
+        self._remember(sql)
 
     def run(
         self, sql: str, keep: Callable[[list[tuple]], list[tuple]] | None = None
@@ -190,6 +221,7 @@ class Database:
 
     def close(self) -> None:
         self._db.close()
+        self._empty.close()
 
     def _guard(self, con: duckdb.DuckDBPyConnection, sql: str) -> None:
         """Raise ``UnsafeSQL`` unless ``sql`` passes (see the module's docstring).
@@ -198,6 +230,9 @@ class Database:
         if sql in self._vetted:
             return
         self._walk(con, sql)
+        self._remember(sql)
+
+    def _remember(self, sql: str) -> None:
         if len(self._vetted) >= VETTED_CACHE_SIZE:
             self._vetted.clear()
         self._vetted.add(sql)
@@ -214,6 +249,21 @@ class Database:
         for node in _nodes(tree):
             if not _safe(node, self.tables | ctes):
                 raise UnsafeSQL()
+
+
+def _empty_copy(db: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+    """An in-memory database with ``db``'s tables, column for column, and no row."""
+    empty = duckdb.connect(":memory:", config={**LOCKED, "threads": 1, "lock_configuration": False})
+    columns: dict[str, list[str]] = {}
+    for table, column, sql_type in db.execute(
+        "SELECT table_name, column_name, data_type FROM duckdb_columns() "
+        "WHERE schema_name = 'main' ORDER BY table_name, column_index"
+    ).fetchall():
+        columns.setdefault(table, []).append(f'"{_ident(column)}" {sql_type}')
+    for table, cols in columns.items():
+        empty.execute(f'CREATE TABLE "{_ident(table)}" ({", ".join(cols)})')
+    empty.execute("SET lock_configuration = true")
+    return empty
 
 
 def _safe(node: dict, tables: frozenset[str]) -> bool:

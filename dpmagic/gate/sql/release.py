@@ -39,7 +39,7 @@ from dpmagic.gate.sql.noise import Noisy, Partition
 from dpmagic.gate.sql.parse import DIALECT
 from dpmagic.gate.sql.plan import Measurement, Plan, Selection
 from dpmagic.gate.sql.randomized import Debiased, debias
-from dpmagic.gate.sql.rewrite import total
+from dpmagic.gate.sql.totality import generated
 
 ALPHA = 0.05
 PID = "__pid"
@@ -252,8 +252,18 @@ class _PostExpr:
             return n
 
         # Post-processing cannot raise either: an error would cost the user the ε
-        # already charged for an answer they never see.
-        return total(node.copy().transform(swap)).sql(dialect=DIALECT)
+        # already charged for an answer they never see. An aggregate or key alone is a
+        # column (or a total function of columns); anything computed from them is
+        # evaluated under ``TRY``, where a failure is a NULL cell.
+        out = generated(node.copy().transform(swap))
+        target = out.this if isinstance(out, exp.Ordered) else out
+        plain = node.this if isinstance(node, exp.Ordered) else node
+        if not isinstance(plain, exp.Column):
+            target = exp.Try(this=target)
+        if isinstance(out, exp.Ordered):
+            out.set("this", target)
+            return out.sql(dialect=DIALECT)
+        return target.sql(dialect=DIALECT)
 
     def _aggregate(self, name: str) -> str:
         agg = self.checked.aggregate(name)
