@@ -1,8 +1,10 @@
 """Timing channels, measured on real gate processes over their unix sockets.
 
-D and D' differ by one unit, the target, whose one 100 MB string makes a
-case-insensitive LIKE run hundreds of milliseconds longer over D than over
-D' (however contributions are bounded, the target's row is scanned).
+D and D' differ by one unit, the target, whose 100 rows of 1 MB strings (the
+most the policy lets one unit keep: 100 rows of ``max_length`` = 1,000,000
+characters) make a case-insensitive LIKE run hundreds of milliseconds longer
+over D than over D'. (Under the default ``max_length`` of 1,024 characters
+the same unit could add at most ~100 KB of text to scan.)
 Replies are held to the next multiple of ``response_quantum_ms`` after the
 request arrived, so the reply times of the two must be indistinguishable:
 the statistic is a two-sample Kolmogorov-Smirnov test on reply times (D vs
@@ -31,7 +33,8 @@ from tests.conftest import GateProcess
 ALPHA = 1e-3
 QUANTUM_MS = 1500
 REPEATS = 15
-TARGET_CHARS = 100_000_000
+TARGET_ROWS = 100
+TARGET_CHARS = 1_000_000
 SQL = "SELECT COUNT(*) FROM t WHERE s ILIKE '%a%b%z%'"
 
 POLICY = """
@@ -43,14 +46,14 @@ query_timeout_s = {timeout}
 [datasets.d]
 database = "{name}.duckdb"
 privacy_unit = "pid"
-# The target's one heavy row is kept at load, so it reaches the query.
-max_rows_per_partition = 1
+# The target's heavy rows are kept at load, so they reach the query.
+max_rows_per_partition = 100
 user_budget = {{ epsilon = 1000.0 }}
 notebook_budget = {{ epsilon = 1000.0 }}
 
 [datasets.d.tables.t.columns]
 pid = {{ type = "int" }}
-s = {{ type = "str" }}
+s = {{ type = "str", max_length = 1000000 }}
 """
 
 
@@ -60,8 +63,11 @@ def data(tmp_path_factory) -> Path:
     for name, target in (("with", True), ("without", False)):
         con = duckdb.connect(str(folder / f"{name}.duckdb"))
         con.execute("CREATE TABLE t AS SELECT range AS pid, 'ab' AS s FROM range(2000)")
-        if target:  # one unit, the target, with one very long string
-            con.execute(f"INSERT INTO t VALUES (999999, repeat('ab', {TARGET_CHARS // 2}))")
+        if target:  # one unit, the target, with as much text as the policy keeps
+            con.execute(
+                f"INSERT INTO t SELECT 999999, repeat('ab', {TARGET_CHARS // 2}) "
+                f"FROM range({TARGET_ROWS})"
+            )
         con.close()
     return folder
 
