@@ -1,0 +1,243 @@
+"""Row expressions that cannot raise (``dpmagic/gate/sql/totality.py``).
+
+Three things are shown here on real DuckDB:
+
+- ``TRY(…)`` turns every error class a row expression can raise (integer
+  overflow in each width, the minimum divided by -1, ``ROUND`` past the
+  maximum, a text cast to a number or a boolean, a division by zero, a text
+  position out of range) into a NULL for the failing row alone, the other
+  rows evaluated as usual; each example raises without it.
+- The proof (``may_raise``) accepts the everyday shapes, so they run bare at
+  full speed, and rejects each raising one, so it is evaluated under ``TRY``.
+- What fails for data-independent reasons is refused before the debit:
+  the generated SQL is run on an empty copy of the tables (``Database.vet``).
+
+That no accepted expression can make the gate's reply hinge on one unit is
+searched for by the grammar fuzzer (``tests/test_fuzz.py``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pytest
+from sqlglot import exp
+
+from dpmagic.gate.engine import Engine
+from dpmagic.gate.errors import Refused
+from dpmagic.gate.policy import load_policy
+from dpmagic.gate.sql.bound import interval
+from dpmagic.gate.sql.check import check
+from dpmagic.gate.sql.parse import DIALECT, parse
+from dpmagic.gate.sql.resolve import resolve
+from dpmagic.gate.sql.rewrite import rewrite
+from dpmagic.gate.sql.totality import may_raise, total
+from tests.gate_helpers import dataset, make_plan
+
+COLUMNS = {
+    "pid": {"type": "int"},
+    "age": {"type": "int", "lower": 0, "upper": 120},
+    "income": {"type": "float", "lower": 0, "upper": 500000},
+    "code": {"type": "str"},
+    "born": {"type": "date", "lower": "1900-01-01", "upper": "2030-12-31"},
+    "ok": {"type": "bool"},
+}
+DS = dataset(COLUMNS)
+
+
+def _where(sql_condition: str) -> exp.Expression:
+    checked = check(resolve(parse(f"SELECT COUNT(*) FROM t WHERE {sql_condition}"), DS))
+    assert checked.where is not None
+    return checked.where
+
+
+def _arg(sql_expr: str) -> exp.Expression:
+    checked = check(resolve(parse(f"SELECT SUM({sql_expr}) FROM t"), DS))
+    arg = checked.aggregates[0].arg
+    assert arg is not None
+    return arg
+
+
+# -- TRY catches every error class, for the failing row alone --------------------------
+
+# Each raises on the row with v = 0 (and only there) when evaluated bare.
+RAISING = [
+    "CAST(CASE WHEN v = 0 THEN 127 ELSE 0 END AS TINYINT) + CAST(1 AS TINYINT)",
+    "CAST(CASE WHEN v = 0 THEN 32767 ELSE 0 END AS SMALLINT) + CAST(1 AS SMALLINT)",
+    "CAST(CASE WHEN v = 0 THEN 2147483647 ELSE 0 END AS INTEGER) * 2",
+    "(CASE WHEN v = 0 THEN big ELSE 0 END) * 4611686018427387904",
+    "(CASE WHEN v = 0 THEN CAST(big AS HUGEINT) ELSE 0 END) * "
+    "CAST(170141183460469231731687303715884105727 AS HUGEINT)",
+    "-(CASE WHEN v = 0 THEN CAST(-9223372036854775808 AS BIGINT) ELSE 0 END)",
+    "abs(CASE WHEN v = 0 THEN CAST(-128 AS TINYINT) ELSE CAST(0 AS TINYINT) END)",
+    "(CASE WHEN v = 0 THEN CAST(-9223372036854775808 AS BIGINT) ELSE 0 END) // -1",
+    "(CASE WHEN v = 0 THEN CAST(-128 AS TINYINT) ELSE CAST(0 AS TINYINT) END) "
+    "% CAST(-1 AS TINYINT)",
+    "round(CASE WHEN v = 0 THEN CAST(127 AS TINYINT) ELSE CAST(0 AS TINYINT) END, -1)",
+    "10 // (CASE WHEN v = 0 THEN 0 ELSE 1 END)",
+    "(CASE WHEN v = 0 THEN s ELSE '1' END) = 5",
+    "NOT (CASE WHEN v = 0 THEN s ELSE 'true' END)",
+    "substring(s, CASE WHEN v = 0 THEN 9223372036854775807 ELSE 1 END, 2)",
+    "left(s, CASE WHEN v = 0 THEN 9223372036854775807 ELSE 1 END)",
+]
+
+
+@pytest.fixture(scope="module")
+def rows() -> duckdb.DuckDBPyConnection:
+    con = duckdb.connect()
+    con.execute(
+        "CREATE TABLE r AS SELECT range AS v, 9223372036854775807 AS big, "
+        "CASE WHEN range = 0 THEN 'x' ELSE '1' END AS s FROM range(5000)"
+    )
+    return con
+
+
+@pytest.mark.parametrize("expr", RAISING)
+def test_try_turns_each_error_class_into_a_null_for_that_row_alone(rows, expr):
+    with pytest.raises(duckdb.Error):
+        rows.execute(f"SELECT {expr} FROM r").fetchall()
+    got = rows.execute(f"SELECT v, TRY({expr}) AS e FROM r ORDER BY v").fetchall()
+    bare = rows.execute(f"SELECT v, {expr} AS e FROM r WHERE v > 0 ORDER BY v").fetchall()
+    assert got[0] == (0, None)  # the failing row alone is NULL
+    assert got[1:] == bare  # every other row as evaluated bare
+
+
+# -- the proof: everyday shapes bare, raising shapes under TRY -----------------------
+
+PROVEN = [
+    "age > 65",
+    "age BETWEEN 18 AND 65 AND code LIKE 'a%'",
+    "income / (age - 40) > 3",
+    "age * 1000000 > 5",
+    "YEAR(born) = 2020 OR MONTH(born) IN (1, 2)",
+    "UPPER(code) = 'X' AND LENGTH(code) > 2",
+    "born > '2020-01-01'",
+    "COALESCE(age, 0) + ABS(age - 60) < 100",
+    "TRY_CAST(code AS INT) > 3",
+    "CASE WHEN age > 60 THEN income ELSE 0 END > 10",
+    "SUBSTRING(code, 1, 3) = 'abc'",
+    "ok AND NOT ok",
+]
+RAISES = [
+    "pid * 4611686018427387904 > 1",  # the unit column has no bounds
+    "TRY_CAST(age AS TINYINT) + 100 > 0",  # TINYINT arithmetic: 127 + 100 overflows
+    "TRY_CAST(age AS SMALLINT) * 1000 > 0",  # 120 * 1000 > 32767
+    "LENGTH(code) * 4611686018427387904 > 1",
+    "(CASE WHEN ok THEN code ELSE '1' END) = 5",  # text cast to a number, row by row
+    "TRY_CAST(pid AS BIGINT) // -1 > 0",  # the minimum divided by -1
+    "ROUND(TRY_CAST(age AS TINYINT), -1) > 0",  # 120 rounds to 130 > 127
+    "NOT code",  # text cast to a boolean
+]
+
+
+@pytest.mark.parametrize("cond", PROVEN)
+def test_everyday_conditions_are_proven_and_run_bare(cond):
+    tree = _where(cond)
+    assert not may_raise(tree, check(resolve(parse("SELECT COUNT(*) FROM t"), DS)).resolved)
+    assert "TRY(" not in total(tree, _resolved(), condition=True).sql(dialect=DIALECT)
+
+
+@pytest.mark.parametrize("cond", RAISES)
+def test_conditions_that_could_raise_run_under_try(cond):
+    tree = _where(cond)
+    assert total(tree, _resolved(), condition=True).sql(dialect=DIALECT).startswith("TRY(")
+
+
+def test_abs_of_a_tinyint_minimum_is_not_proven():
+    # TRY_CAST(income AS TINYINT) lies in [0, 127]: ABS cannot overflow there …
+    assert not may_raise(_arg("ABS(TRY_CAST(income AS TINYINT))"), _resolved())
+    # … but TRY_CAST(age - 128 AS TINYINT) reaches -128, whose ABS is 128.
+    assert may_raise(_arg("ABS(TRY_CAST(age - 128 AS TINYINT))"), _resolved())
+
+
+def test_a_try_cast_interval_is_cut_to_its_type():
+    r = _resolved()
+    assert interval(_arg("TRY_CAST(income AS TINYINT)"), r).hi == 127
+    assert interval(_arg("TRY_CAST(age AS SMALLINT)"), r).hi == 120
+    # Always NULL: a TINYINT cannot hold any value of age + 200.
+    assert interval(_arg("TRY_CAST(age + 200 AS TINYINT)"), r) is None
+
+
+def test_the_issue_s_examples_are_generated_under_try():
+    sums = rewrite(
+        make_plan(
+            "SELECT SUM(TRY_CAST(CASE WHEN age = 39 AND income = 37000 THEN 127 ELSE 0 END "
+            "AS TINYINT) + 1) FROM t",
+            DS,
+        ),
+        seed=1,
+    ).sql
+    assert "TRY(TRY_CAST(CASE" in sums
+    counts = rewrite(
+        make_plan(
+            "SELECT COUNT(*) FROM t WHERE (CASE WHEN age = 39 THEN pid ELSE 0 END) "
+            "* 4611686018427387904 > 1",
+            DS,
+        ),
+        seed=1,
+    ).sql
+    assert "(TRY((CASE WHEN" in counts
+
+
+def _resolved():
+    return check(resolve(parse("SELECT COUNT(*) FROM t"), DS)).resolved
+
+
+# -- data-independent failures: refused before the debit ------------------------------
+
+POLICY = """
+[gate]
+state_dir = "state"
+
+[datasets.d]
+database = "d.duckdb"
+privacy_unit = "pid"
+user_budget = {{ epsilon = 10 }}
+
+[datasets.d.tables.t.columns]
+pid = {{ type = "int" }}
+age = {{ type = "int", lower = 0, upper = 120 }}
+code = {{ type = "str", max_length = {length} }}
+ok = {{ type = "bool" }}
+"""
+
+
+@pytest.fixture
+def engine(tmp_path: Path, monkeypatch) -> Engine:
+    monkeypatch.chdir(tmp_path)
+    con = duckdb.connect("d.duckdb")
+    con.execute(
+        "CREATE TABLE t AS SELECT range AS pid, range % 100 AS age, "
+        "repeat('x', range % 50) AS code, range % 2 = 0 AS ok FROM range(200)"
+    )
+    con.close()
+    Path("p.toml").write_text(POLICY.format(length=20))
+    e = Engine(load_policy(Path("p.toml")))
+    yield e
+    e.close()
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT COUNT(*) FROM t WHERE ok + 1 > 0",  # no BOOLEAN + INTEGER in DuckDB
+        "SELECT COUNT(*) FROM t WHERE GREATEST(age, code) > 0",  # BIGINT with VARCHAR
+        "SELECT COUNT(*) FROM t WHERE COALESCE(age, code) IS NULL",
+    ],
+)
+def test_what_cannot_bind_is_refused_before_the_debit(engine, sql):
+    with pytest.raises(Refused, match="DuckDB cannot run this query"):
+        engine.query("alice", {"sql": sql, "epsilon": 0.5})
+    assert engine.budget("alice", None, "unnamed")["user"]["spent"]["epsilon"] == 0
+    # The verdict is the same on every request: nothing was remembered as charged.
+    with pytest.raises(Refused):
+        engine.query("alice", {"sql": sql, "epsilon": 0.5, "dry_run": True})
+
+
+def test_text_is_cut_to_max_length_at_load(engine):
+    db = engine.databases["d"]
+    (longest,) = db._db.execute("SELECT MAX(LENGTH(code)) FROM t").fetchone()
+    assert longest == 20
+    reply = engine.query("alice", {"sql": "SELECT SUM(LENGTH(code)) FROM t", "epsilon": 1.0})
+    assert reply["plan"][0]["bounds"] == [0, 20]
