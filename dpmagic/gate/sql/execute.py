@@ -5,11 +5,11 @@ extension loading and configuration changes switched off; each query gets a
 fresh connection (cursor) of its own, so no temporary object or setting
 survives it, and a timer interrupts it at the policy's timeout.
 
-At start, the declared tables (from ``sources`` files or from the owner's
-``database``) are copied into a DuckDB file in the gate's state directory,
-readable by the gate's user only, with each private table truncated and
-ranked and counted per privacy unit once (``contribution.prepare_tables``), so
-that no query has to sort the data to bound contributions.
+The database is the dataset's prepared copy (``prepared``): the declared
+tables in a DuckDB file in the gate's state directory, readable by the gate's
+user only, each private table truncated, ranked and counted per privacy unit
+once (``contribution.prepare_tables``), so that no query has to sort the data
+to bound contributions; made at the first start and reused by later ones.
 
 Before anything runs, DuckDB's own parser (independent of the sqlglot one
 the analysis passes use) checks the SQL: exactly one ``SELECT``, reading only
@@ -26,18 +26,17 @@ wrongly let through could not read more than declared tables.
 from __future__ import annotations
 
 import json
-import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import duckdb
 
 from dpmagic.gate.errors import Failed, Refused
 from dpmagic.gate.policy import Dataset, GateConfig
-from dpmagic.gate.sql.contribution import SQL_TYPES, prepare_tables
+from dpmagic.gate.sql.contribution import SQL_TYPES
 from dpmagic.gate.sql.keys import MAX_PARTITIONS
+from dpmagic.gate.sql.prepared import prepared_file
 
 KEY_TYPES = ("int", "str", "bool")  # public columns whose values can serve as group keys
 # Generated SQL texts the guard has passed, remembered: the engine generates the same
@@ -118,7 +117,7 @@ class Database:
             raise FileNotFoundError(
                 f"dataset {dataset.name!r}: database {dataset.database} not found"
             )
-        path = _materialise(dataset, gate.state_dir)
+        path = prepared_file(dataset, gate.state_dir)
         self.timeout_s = gate.query_timeout_s
         self.tables = frozenset(name.lower() for name in dataset.tables)
         # The guard's verdict is a function of the SQL text and ``tables`` alone.
@@ -326,47 +325,3 @@ def _interrupt_after(con: duckdb.DuckDBPyConnection, done: threading.Event, seco
     while not done.is_set():
         con.interrupt()
         done.wait(0.01)
-
-
-def _materialise(dataset: Dataset, state_dir: Path) -> Path:
-    """Copy the declared tables into a private DuckDB file, prepared for bounding and
-    replaced at each start (with a fresh secret seed for the per-unit row order)."""
-    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(state_dir, 0o700)
-    target = state_dir / f"{dataset.name}.duckdb"
-    partial = target.with_suffix(".loading")
-    for p in (partial, partial.with_suffix(".loading.wal")):
-        p.unlink(missing_ok=True)
-    old = os.umask(0o077)
-    try:
-        con = duckdb.connect(str(partial))
-        try:
-            if dataset.database is not None:
-                con.execute("ATTACH ? AS __owner (READ_ONLY)", [str(dataset.database)])
-                present = {
-                    name.lower()
-                    for (name,) in con.execute(
-                        "SELECT table_name FROM duckdb_tables() WHERE database_name = '__owner'"
-                    ).fetchall()
-                }
-                relations = {t: f'__owner."{t}"' for t in dataset.tables if t in present}
-            else:
-                relations = {t: _reader(p) for t, p in dataset.sources.items()}
-            prepare_tables(con, dataset, relations)
-            con.execute("CHECKPOINT")
-        finally:
-            con.close()
-    finally:
-        os.umask(old)
-    os.chmod(partial, 0o600)
-    os.replace(partial, target)
-    return target
-
-
-def _reader(source: Path) -> str:
-    reader = "read_parquet" if source.suffix.lower() == ".parquet" else "read_csv_auto"
-    return f"{reader}({_string(str(source))})"
-
-
-def _string(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
