@@ -10,7 +10,9 @@ data-dependent error.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from sqlglot import exp
@@ -104,15 +106,46 @@ def interval(node: exp.Expression, resolved: Resolved, env: Env = NO_ENV) -> Int
 
     ``env`` narrows columns where a ``CASE`` branch is known to hold.
     """
-    iv = _interval(node, resolved, env)
-    if iv is not None and iv.finite:
-        limit = INT_LIMIT if iv.integral else FLOAT_LIMIT
-        if max(abs(iv.lo), abs(iv.hi)) > limit:
-            raise Refused(
-                f"{node.sql(dialect=DIALECT)} could overflow: its values may reach "
-                f"{max(abs(iv.lo), abs(iv.hi)):.3g} under the declared bounds"
-            )
+    memo = _MEMO.get()
+    key = (id(node), id(env))
+    if memo is not None and key in memo:
+        found = memo[key][2]
+        if isinstance(found, Refused):
+            raise found
+        return found
+    try:
+        iv = _interval(node, resolved, env)
+        if iv is not None and iv.finite:
+            limit = INT_LIMIT if iv.integral else FLOAT_LIMIT
+            if max(abs(iv.lo), abs(iv.hi)) > limit:
+                raise Refused(
+                    f"{node.sql(dialect=DIALECT)} could overflow: its values may reach "
+                    f"{max(abs(iv.lo), abs(iv.hi)):.3g} under the declared bounds"
+                )
+    except Refused as exc:
+        if memo is not None:
+            memo[key] = (node, env, exc)
+        raise
+    if memo is not None:
+        memo[key] = (node, env, iv)  # holding both keeps their ids from being reused
     return iv
+
+
+# Intervals already computed, by node and environment, while a ``memoised`` block runs:
+# a pass that asks for the interval of every node of a tree stays linear in its size.
+_MEMO: ContextVar[
+    dict[tuple[int, int], tuple[exp.Expression, Env, Interval | Refused | None]] | None
+] = ContextVar("interval_memo", default=None)
+
+
+@contextmanager
+def memoised() -> Iterator[None]:
+    """Remember intervals within the block (the trees must not change meanwhile)."""
+    token = _MEMO.set({})
+    try:
+        yield
+    finally:
+        _MEMO.reset(token)
 
 
 def _interval(node: exp.Expression, r: Resolved, env: Env) -> Interval | None:
