@@ -241,3 +241,47 @@ def test_text_is_cut_to_max_length_at_load(engine):
     assert longest == 20
     reply = engine.query("alice", {"sql": "SELECT SUM(LENGTH(code)) FROM t", "epsilon": 1.0})
     assert reply["plan"][0]["bounds"] == [0, 20]
+
+
+# -- planning that depends on the data's statistics: replanned without them -----------
+
+
+def test_a_plan_that_fails_on_the_data_s_statistics_is_replanned_without_them(tmp_path):
+    """DuckDB folds ``pid = <a value outside the column's statistics>`` to FALSE and then
+    fails to rebind the comparison around it: with and without the one unit whose pid
+    it is, the gate must answer alike."""
+    sql = "SELECT COUNT(*) FROM t WHERE '' <= CASE WHEN pid = 9007199254740993 THEN '' END"
+    replies = []
+    for name, extra in (("with", [(9007199254740993, 1, "x", True)]), ("without", [])):
+        folder = tmp_path / name
+        folder.mkdir()
+        con = duckdb.connect(str(folder / "d.duckdb"))
+        con.execute("CREATE TABLE t (pid BIGINT, age BIGINT, code VARCHAR, ok BOOLEAN)")
+        con.executemany(
+            "INSERT INTO t VALUES (?, ?, ?, ?)",
+            [(i, i % 100, "c", True) for i in range(50)] + extra,
+        )
+        con.close()
+        (folder / "p.toml").write_text(
+            POLICY.format(length=20)
+            .replace('state_dir = "state"', f'state_dir = "{folder}/s"')
+            .replace('database = "d.duckdb"', f'database = "{folder}/d.duckdb"')
+        )
+        e = Engine(load_policy(folder / "p.toml"))
+        try:
+            reply = e.query("alice", {"sql": sql, "epsilon": 0.5})
+            replies.append((reply["columns"], len(reply["rows"]), reply["cost"]))
+        finally:
+            e.close()
+    assert replies[0] == replies[1]
+
+
+def test_the_replanning_database_is_locked_and_plans_without_statistics(engine):
+    plain = engine.databases["d"]._plain
+    (disabled,) = plain.execute("SELECT current_setting('disabled_optimizers')").fetchone()
+    assert "statistics_propagation" in disabled
+    for statement in ("SET disabled_optimizers = ''", "SET enable_external_access = true"):
+        with pytest.raises(duckdb.Error):
+            plain.execute(statement)
+    with pytest.raises(duckdb.Error):
+        plain.execute("CREATE TABLE prepared.x (a INT)")  # read-only

@@ -26,9 +26,11 @@ wrongly let through could not read more than declared tables.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import duckdb
 
@@ -37,6 +39,8 @@ from dpmagic.gate.policy import Dataset, GateConfig
 from dpmagic.gate.sql.contribution import SQL_TYPES
 from dpmagic.gate.sql.keys import MAX_PARTITIONS
 from dpmagic.gate.sql.prepared import prepared_file
+
+log = logging.getLogger("dpmagic.gate")
 
 KEY_TYPES = ("int", "str", "bool")  # public columns whose values can serve as group keys
 # Generated SQL texts the guard has passed, remembered: the engine generates the same
@@ -104,6 +108,10 @@ LOCKED: dict[str, object] = {
     "allow_community_extensions": False,
     "lock_configuration": True,
 }
+# DuckDB's optimisers that plan from the data's statistics: off in the replanning
+# database (``Database.run``).
+STATISTICS_OPTIMIZERS = "statistics_propagation,compressed_materialization"
+PLAIN_CATALOG = "prepared"  # the name the replanning database attaches the file under
 # Rows fetched at a time when each batch is reduced as it arrives.
 BATCH_ROWS = 65_536
 
@@ -128,6 +136,7 @@ class Database:
             config={**LOCKED, "memory_limit": gate.memory_limit, "threads": gate.threads},
         )
         self._empty = _empty_copy(self._db)
+        self._plain = _without_statistics(path, gate)
 
     def vet(self, sql: str) -> None:
         """Refuse, before the debit, SQL the guard will not run or that fails for reasons
@@ -161,8 +170,34 @@ class Database:
         release pass needs every row at once. With private keys the result has a
         row per key found, as many as the table has rows: ``keep`` (the noisy
         threshold) then reduces each batch as it is fetched, so only the kept keys
-        are ever held in Python."""
-        con = self._db.cursor()
+        are ever held in Python.
+
+        DuckDB plans with the data's statistics (each column's smallest and largest
+        value), and planning can fail where the statistics let its optimiser fold an
+        expression that it then cannot rebind (seen: ``'' <= CASE WHEN pid = <a value
+        no unit has> THEN '' END``). Whether that happens depends on the data, so a
+        query that fails here for any reason but time or memory is run again on the
+        same file planned without statistics (``_plain``), whose plan is a function
+        of the SQL alone; the fuzzer (``tests/test_fuzz_error_oracle.py``) searches
+        for what would still differ."""
+        try:
+            return self._execute(self._db, sql, keep)
+        except (QueryTimeout, duckdb.OutOfMemoryException):
+            raise
+        except duckdb.Error as exc:
+            log.warning("query replanned without statistics after %s", type(exc).__name__)
+            return self._execute(self._plain, sql, keep, catalog=PLAIN_CATALOG)
+
+    def _execute(
+        self,
+        db: duckdb.DuckDBPyConnection,
+        sql: str,
+        keep: Callable[[list[tuple]], list[tuple]] | None,
+        catalog: str | None = None,
+    ) -> ExactResult:
+        con = db.cursor()
+        if catalog is not None:  # each cursor starts in the in-memory catalog
+            con.execute(f"USE {catalog}")
         done = threading.Event()
         watchdog = threading.Thread(target=_interrupt_after, args=(con, done, self.timeout_s))
         watchdog.start()
@@ -220,6 +255,7 @@ class Database:
 
     def close(self) -> None:
         self._db.close()
+        self._plain.close()
         self._empty.close()
 
     def _guard(self, con: duckdb.DuckDBPyConnection, sql: str) -> None:
@@ -248,6 +284,32 @@ class Database:
         for node in _nodes(tree):
             if not _safe(node, self.tables | ctes):
                 raise UnsafeSQL()
+
+
+def _without_statistics(path: Path, gate: GateConfig) -> duckdb.DuckDBPyConnection:
+    """The prepared file, read-only, in a database of its own whose optimiser does not
+    use the data's statistics (DuckDB keeps one configuration per open file, so the
+    file is attached to an in-memory database rather than opened twice); then locked
+    like the main one."""
+    db = duckdb.connect(
+        ":memory:",
+        config={
+            **LOCKED,
+            "enable_external_access": True,  # to attach the file; switched off below
+            "lock_configuration": False,
+            "disabled_optimizers": STATISTICS_OPTIMIZERS,
+            "memory_limit": gate.memory_limit,
+            "threads": gate.threads,
+        },
+    )
+    db.execute(f"ATTACH {_literal(str(path))} AS {PLAIN_CATALOG} (READ_ONLY)")
+    db.execute("SET enable_external_access = false")
+    db.execute("SET lock_configuration = true")
+    return db
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
 
 
 def _empty_copy(db: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:

@@ -106,23 +106,25 @@ def total(tree: exp.Expression, resolved: Resolved, condition: bool = False) -> 
 
 
 def generated(tree: exp.Expression) -> exp.Expression:
-    """The user's tree as the gate writes it: a zero divisor gives NULL, decimals are
-    doubles (no DECIMAL overflow), columns are quoted."""
+    """The user's tree as the gate writes it: every divisor ``NULLIF(d, 0)`` (a zero
+    divisor gives NULL), decimals doubles (no DECIMAL overflow), columns quoted.
 
-    def fix(node: exp.Expression) -> exp.Expression:
-        if isinstance(node, exp.Div | exp.IntDiv | exp.Mod):
-            divisor = node.expression
-            return node.__class__(
-                this=node.this,
-                expression=exp.Nullif(this=divisor.copy(), expression=exp.Literal.number(0)),
-            )
+    Divisors are wrapped in place, each node of the copy visited once: a transform
+    that replaces a node does not descend into its replacement, which would leave
+    a division nested in a divisor or dividend unguarded."""
+    out = tree.copy()
+    for node in [n for n in out.walk() if isinstance(n, exp.Div | exp.IntDiv | exp.Mod)]:
+        divisor = node.expression
+        node.set("expression", exp.Nullif(this=divisor, expression=exp.Literal.number(0)))
+
+    def leaf(node: exp.Expression) -> exp.Expression:
         if isinstance(node, exp.Literal) and not node.is_string and not node.is_int:
             return exp.cast(exp.Literal.string(node.this), exp.DataType.Type.DOUBLE)
         if isinstance(node, exp.Column):
             return exp.column(node.name, table=node.table or None, quoted=True)
         return node
 
-    return tree.copy().transform(fix)
+    return out.transform(leaf, copy=False)
 
 
 def may_raise(tree: exp.Expression, resolved: Resolved) -> bool:
@@ -183,10 +185,12 @@ def _kind(node: exp.Expression, r: Resolved) -> Kind | None:
     if isinstance(node, exp.Div | exp.Sqrt | exp.Floor | exp.Ceil):
         return Kind("float")
     if isinstance(node, exp.Add | exp.Sub | exp.Mul | exp.IntDiv | exp.Mod):
-        return _arithmetic(kind(node.this, r), kind(node.expression, r))
+        return _constant(node, r, _arithmetic(kind(node.this, r), kind(node.expression, r)))
     if isinstance(node, exp.Neg | exp.Abs | exp.Round):
         inner = kind(node.this, r)
-        return inner if inner is not None and inner.family in ("int", "float") else None
+        if inner is None or inner.family not in ("int", "float"):
+            return None
+        return _constant(node, r, inner)
     if isinstance(node, _BOOLEAN_NODES):
         return Kind("bool")
     if isinstance(node, exp.Case):
@@ -407,6 +411,19 @@ def _arithmetic(a: Kind | None, b: Kind | None) -> Kind | None:
     if "float" in families:
         return Kind("float")
     return Kind("int", max(a.bits, b.bits))
+
+
+def _constant(node: exp.Expression, r: Resolved, found: Kind | None) -> Kind | None:
+    """An integer expression without columns is folded to a literal by DuckDB (``-128`` is
+    the TINYINT literal -128, not the negation of 128), which may type it as narrowly
+    as its value fits: such an expression is claimed no wider than that."""
+    if found is None or found.family != "int" or any(True for _ in node.find_all(exp.Column)):
+        return found
+    span = _interval(node, r)
+    if span is None or not span.finite:
+        return found
+    narrowest = max(_int_literal(int(span.lo)).bits, _int_literal(int(span.hi)).bits)
+    return Kind("int", min(found.bits, narrowest)) if narrowest else found
 
 
 def _int_literal(value: int) -> Kind:
