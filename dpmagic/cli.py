@@ -38,11 +38,22 @@ class CommandError(Exception):
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    from dpmagic.supervisor import Stopped, exit_by_signal
+
     try:
         return args.run(args)
     except (CommandError, PolicyError) as exc:
         print(f"dpmagic: error: {exc}", file=sys.stderr)
         return USAGE_ERROR
+    except Stopped as stop:
+        # `lab` and `demo` have stopped their children and removed their
+        # temporary folder by now; end the way the signal asked.
+        with contextlib.suppress(OSError):  # SIGHUP: the terminal may be gone
+            print(f"dpmagic: {stop}: stopped everything it started", file=sys.stderr)
+            sys.stdout.flush()
+            sys.stderr.flush()
+        exit_by_signal(stop.signum)
+        return 128 + stop.signum
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -220,13 +231,13 @@ def _demo(args: argparse.Namespace) -> int:
 def _lab(args: argparse.Namespace) -> int:
     """Start a gate (on the example clinic unless --policy) and JupyterLab with
     the gated kernel; the gate stops when JupyterLab exits."""
-    from dpmagic.lab import LabUnavailable, run_lab
+    from dpmagic.lab import LabError, run_lab
 
     try:
         return run_lab(
             policy=args.policy, port=args.port, patients=args.patients, browser=not args.no_browser
         )
-    except LabUnavailable as exc:
+    except LabError as exc:
         raise CommandError(str(exc)) from None
 
 
