@@ -35,7 +35,7 @@ from traitlets.config import Config
 
 from dpmagic.examples.clinic import generate
 from dpmagic.plain_result import result_text
-from dpmagic.supervisor import Supervisor
+from dpmagic.supervisor import Stopped, Supervisor
 
 GATE_START_TIMEOUT_S = 120.0
 GATE_STOP_TIMEOUT_S = 15.0
@@ -193,7 +193,6 @@ def run_notebook(path: Path, env: dict[str, str], out: TextIO, sockets: Path) ->
     Returns False (after printing the error) if a cell fails.
     """
     nb = nbformat.read(path, as_version=4)
-    code = [i for i, cell in enumerate(nb.cells) if cell.cell_type == "code"]
     config = Config()
     config.KernelManager.transport = "ipc"
     config.KernelManager.ip = str(sockets / "kernel")
@@ -205,27 +204,38 @@ def run_notebook(path: Path, env: dict[str, str], out: TextIO, sockets: Path) ->
         resources={"metadata": {"path": str(path.parent)}},
         config=config,
     )
-    ok = True
     with client.setup_kernel(env=env):
-        for index, cell in enumerate(nb.cells):
-            if cell.cell_type == "markdown":
-                print(f"\n{cell.source.strip()}", file=out)
-                continue
-            if cell.cell_type != "code":
-                continue
-            print(f"\nrunning cell {code.index(index) + 1}/{len(code)} …", file=out)
-            print(_indent(cell.source, "  >>> "), file=out)
-            try:
-                client.execute_cell(cell, index)
-            except (CellExecutionError, CellTimeoutError, DeadKernelError) as exc:
-                print(_indent(_ANSI.sub("", str(exc)).strip(), "  ! "), file=out)
-                ok = False
-                break
-            for text in _texts(cell.outputs):
-                print(_indent(text.rstrip(), "    "), file=out)
-            out.flush()
+        try:
+            ok = _run_cells(client, nb, out)
+        except Stopped:
+            # Stopping anyway: no polite shutdown request racing the running
+            # cell (the kernel would print a traceback as its sockets close).
+            client.shutdown_kernel = "immediate"
+            raise
     nbformat.write(nb, path)
     return ok
+
+
+def _run_cells(client: NotebookClient, nb: nbformat.NotebookNode, out: TextIO) -> bool:
+    """Each cell in turn; False (with the error printed) at the first that fails."""
+    code = [i for i, cell in enumerate(nb.cells) if cell.cell_type == "code"]
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type == "markdown":
+            print(f"\n{cell.source.strip()}", file=out)
+            continue
+        if cell.cell_type != "code":
+            continue
+        print(f"\nrunning cell {code.index(index) + 1}/{len(code)} …", file=out)
+        print(_indent(cell.source, "  >>> "), file=out)
+        try:
+            client.execute_cell(cell, index)
+        except (CellExecutionError, CellTimeoutError, DeadKernelError) as exc:
+            print(_indent(_ANSI.sub("", str(exc)).strip(), "  ! "), file=out)
+            return False
+        for text in _texts(cell.outputs):
+            print(_indent(text.rstrip(), "    "), file=out)
+        out.flush()
+    return True
 
 
 def run_demo(keep: Path | None = None, patients: int = 5000, out: TextIO = sys.stdout) -> int:

@@ -8,6 +8,9 @@ import sys
 from pathlib import Path
 
 import nbformat
+import pytest
+
+from tests.stopping import STOP_SIGNALS, Command, stop_and_check
 
 
 def test_demo_runs_the_quickstart(tmp_path: Path) -> None:
@@ -49,3 +52,17 @@ def test_demo_removes_its_folder(tmp_path: Path) -> None:
     folder = re.search(r"in (\S+dpmagic-demo-\S+)", done.stdout)
     assert folder is not None
     assert not Path(folder.group(1)).exists()
+
+
+@pytest.mark.signals
+@pytest.mark.parametrize("signum", STOP_SIGNALS, ids=lambda s: s.name)
+def test_demo_stops_everything_on_a_signal(tmp_path: Path, signum: int) -> None:
+    """Mid-notebook: the kernel (in a session of its own) and the gate stop and
+    the scratch folder with the data copy is removed."""
+    demo = Command(["demo", "--patients", "100"], tmp_path / "demo.log")
+    try:
+        demo.wait_for(lambda: "running cell 3/" in demo.output(), "a running notebook")
+        stop_and_check(demo, signum, demo.folder("dpmagic-demo-"), min_children=2)
+    finally:
+        if demo.proc.poll() is None:
+            demo.kill()
