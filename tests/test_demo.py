@@ -33,7 +33,17 @@ def test_demo_runs_the_quickstart(tmp_path: Path) -> None:
     for key in ("pulmonology", "endocrinology", "respiratory infection", "back pain", "80+"):
         assert key in out.split("SELECT", 1)[1], key
     assert "refused:" in out
-    assert re.search(r"budget left: this notebook ε \d+\.\d\d of 3; you overall ε \d+\.\d\d", out)
+    # The explanations, whole, so a reader knows what each answer means.
+    notebook = nbformat.read(keep / "quickstart.ipynb", 4)
+    for cell in notebook.cells:
+        if cell.cell_type == "markdown":
+            assert cell.source.strip() in out
+    # Noisy values beside their intervals, e.g. "126 [0, 414]".
+    assert len(re.findall(r"-?\d[\d.]* \[-?\d[\d.]*, -?\d[\d.]*\]", out)) >= 10
+    assert "95% intervals beside each noisy value" in out
+    # Kernels over IPC: no warning about unencrypted TCP.
+    assert "TCP" not in out + done.stderr
+    assert re.search(r"budget left: this notebook ε [\d.]+ of 3; you overall ε [\d.]+ of 10", out)
     assert "gate stopped" in out
     # The executed notebook is kept, with outputs from the gate in it.
     executed = nbformat.read(keep / "quickstart.ipynb", 4)
