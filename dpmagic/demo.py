@@ -33,7 +33,7 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 from traitlets.config import Config
 
-from dpmagic.examples.clinic import generate
+from dpmagic.examples.clinic import generate, write_policy
 from dpmagic.plain_result import result_text
 from dpmagic.supervisor import Stopped, Supervisor
 
@@ -139,9 +139,7 @@ def prepare_example(workdir: Path, patients: int) -> Path:
     folder, so the gate's ledger stays inside ``workdir`` too.
     """
     generate(workdir, patients=patients)
-    policy = workdir / "clinic.toml"
-    policy.write_text(example_file("clinic.toml").read_text())
-    return policy
+    return write_policy(workdir)
 
 
 def example_file(name: str) -> Path:
