@@ -87,8 +87,12 @@ def test_lab_stops_everything_on_a_signal(tmp_path: Path, signum: int) -> None:
         )
         # Answered once the kernel's process is started.
         urllib.request.urlopen(start, timeout=120).close()
+        # Over unix sockets, its connection file in the lab's folder.
+        folder = lab.folder("dpmagic-lab-")
+        (connection,) = folder.glob("runtime/kernel-*.json")
+        assert json.loads(connection.read_text())["transport"] == "ipc"
         # The gate, JupyterLab and the kernel.
-        stop_and_check(lab, signum, lab.folder("dpmagic-lab-"), min_children=3)
+        stop_and_check(lab, signum, folder, min_children=3)
     finally:
         if lab.proc.poll() is None:
             lab.kill()
