@@ -24,6 +24,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Iterator, Sequence
 from types import FrameType
 from typing import Any
@@ -58,6 +59,7 @@ class Supervisor:
         self._holding = 0
         self._pending: int | None = None
         self._previous: dict[int, Any] = {}
+        self._children: list[subprocess.Popen[Any]] = []
 
     def __enter__(self) -> Supervisor:
         for signum in STOP_SIGNALS:
@@ -79,29 +81,49 @@ class Supervisor:
             proc = subprocess.Popen(cmd, process_group=self.pgid or 0, **kwargs)
             if self.pgid is None:
                 self.pgid = proc.pid
+            self._children.append(proc)
         return proc
 
     def stop(self) -> None:
         """SIGTERM to the group and every descendant's own shutdown, then SIGKILL
-        to whatever is left after the grace period; every child reaped."""
+        to whatever is left after the grace period; every child reaped.
+
+        Our own children are waited for through their Popen, so their exit
+        status stays readable; other descendants through psutil.
+        """
         if self._stopping:
             return
         self._stopping = True
         if self.pgid is None:
             return
-        procs = psutil.Process().children(recursive=True)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pgid, signal.SIGTERM)
-        _, alive = psutil.wait_procs(procs, timeout=self.grace)
+        ours = {child.pid for child in self._children}
+        others = [p for p in psutil.Process().children(recursive=True) if p.pid not in ours]
+        self._signal_group(signal.SIGTERM)
+        deadline = time.monotonic() + self.grace
+        for child in self._children:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(max(0.0, deadline - time.monotonic()))
+        _, alive = psutil.wait_procs(others, timeout=max(0.0, deadline - time.monotonic()))
         # Outside the group (kernels) and not shut down by their parent.
         for proc in alive:
             with contextlib.suppress(psutil.NoSuchProcess):
                 proc.terminate()
         _, alive = psutil.wait_procs(alive, timeout=self.grace / 2)
+        self._signal_group(signal.SIGKILL)
         for proc in alive:
             with contextlib.suppress(psutil.NoSuchProcess):
                 proc.kill()
+        for child in self._children:
+            child.wait()
         psutil.wait_procs(alive, timeout=self.grace / 2)
+
+    def _signal_group(self, signum: int) -> None:
+        """Signal the children's group, only while one of them runs: a group
+        id whose members are all gone could be taken by someone else's."""
+        if self.pgid is None or all(child.poll() is not None for child in self._children):
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pgid, signum)
 
     @contextlib.contextmanager
     def _deferred(self) -> Iterator[None]:
