@@ -270,7 +270,8 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _lab(args: argparse.Namespace) -> int:
     """Start a gate (on the example clinic unless --policy) and JupyterLab with
-    the gated kernel; the gate stops when JupyterLab exits."""
+    the gated kernel. When JupyterLab exits, or on SIGTERM, SIGHUP or SIGINT,
+    everything started stops and the temporary folder is removed."""
     from dpmagic.lab import LabError, run_lab
 
     try:

@@ -90,3 +90,10 @@ def test_signals_during_the_cleanup_do_not_interrupt_it() -> None:
         os.kill(os.getpid(), signal.SIGTERM)  # ignored: already stopping
         time.sleep(0.2)
     assert child.poll() is not None
+
+
+def test_an_exception_stops_the_children_too() -> None:
+    with pytest.raises(RuntimeError, match="a bug"), Supervisor(grace=5) as supervisor:
+        child = supervisor.popen(SLEEP)
+        raise RuntimeError("a bug")
+    assert child.poll() == -signal.SIGTERM
