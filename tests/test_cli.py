@@ -5,12 +5,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
+import duckdb
 import pytest
 
 from dpmagic.cli import main
@@ -94,6 +96,28 @@ def test_init_from_one_file_names_the_dataset_after_it(
     assert "dataset 'visits'" in said and f"dpmagic serve --policy {out}" in said
     columns = policy.dataset("visits").tables["visits"].columns
     assert columns["cost"].type == "float" and columns["department"].type == "str"
+
+
+def test_init_on_real_microdata_writes_no_value_of_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """PUMS with 1 to 4 rows per person: every column typed, and none of its
+    values (incomes, ages) in the skeleton, which only the owner may fill."""
+    data = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "PUMS_dup.csv"
+    if not data.is_file():
+        pytest.skip("../shared (real microdata) is absent")
+    out = tmp_path / "policy.toml"
+    assert main(["init", "--from", str(data), "--privacy-unit", "pid", "-o", str(out)]) == 0
+    capsys.readouterr()
+    text = out.read_text()
+    columns = load_policy(out).dataset("pums_dup").tables["pums_dup"].columns
+    assert set(columns) == {"age", "sex", "educ", "race", "income", "married", "pid"}
+    assert {c.type for c in columns.values()} == {"int"}
+    assert all(c.lower is None and c.public_values is None for c in columns.values())
+    numbers = set(re.findall(r"\d+", text))
+    values = duckdb.sql(f"SELECT DISTINCT income::VARCHAR FROM '{data}' WHERE income >= 100")
+    assert not numbers & {v for (v,) in values.fetchall()}
+    assert len(unfilled(text)) == 6  # every column but the privacy unit
 
 
 def test_init_without_privacy_unit_lists_the_columns(
