@@ -87,7 +87,9 @@ def _parser() -> argparse.ArgumentParser:
         "lab", help="JupyterLab with a gate and the gated kernel", description=_lab.__doc__
     )
     p.add_argument("--policy", type=Path, help="serve this policy instead of the example")
-    p.add_argument("--port", type=_positive, help="JupyterLab's port")
+    p.add_argument(
+        "--port", type=_positive, help="JupyterLab's port (taken: an error, never another port)"
+    )
     p.add_argument("--patients", type=_positive, default=5000, help="patients in the example")
     p.add_argument(
         "--no-browser", action="store_true", help="do not open a browser (remote or headless)"
