@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -56,12 +57,16 @@ class Command:
         assert found, self.output()
         return Path(found.group(1))
 
-    def kill(self) -> None:
-        """Last resort in a failing test: nothing may outlive it."""
+    def kill(self, folder_prefix: str) -> None:
+        """Last resort in a failing test: nothing may outlive it, not even the
+        folder a SIGKILLed command cannot remove."""
         for proc in [*_descendants(self.proc.pid), psutil.Process(self.proc.pid)]:
             with contextlib.suppress(psutil.NoSuchProcess):
                 proc.kill()
         self.proc.wait()
+        found = re.search(rf"in (\S*{folder_prefix}\S*)", self.output())
+        if found:
+            shutil.rmtree(found.group(1), ignore_errors=True)
 
 
 def stop_and_check(command: Command, signum: int, folder: Path, min_children: int) -> None:
@@ -74,7 +79,7 @@ def stop_and_check(command: Command, signum: int, folder: Path, min_children: in
     try:
         code = command.proc.wait(STOP_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        command.kill()
+        command.kill(folder.name.rsplit("-", 1)[0])
         raise AssertionError(f"still running {STOP_TIMEOUT_S:.0f}s after the signal") from None
     # Ended by the signal it was sent, after its cleanup (not killed by it
     # unhandled: then the message below would be missing).

@@ -75,4 +75,4 @@ def test_demo_stops_everything_on_a_signal(tmp_path: Path, signum: int) -> None:
         stop_and_check(demo, signum, demo.folder("dpmagic-demo-"), min_children=2)
     finally:
         if demo.proc.poll() is None:
-            demo.kill()
+            demo.kill("dpmagic-demo-")

@@ -95,7 +95,7 @@ def test_lab_stops_everything_on_a_signal(tmp_path: Path, signum: int) -> None:
         stop_and_check(lab, signum, folder, min_children=3)
     finally:
         if lab.proc.poll() is None:
-            lab.kill()
+            lab.kill("dpmagic-lab-")
 
 
 def test_lab_port_in_use_fails_clearly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
