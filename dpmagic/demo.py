@@ -186,8 +186,8 @@ def run_notebook(path: Path, env: dict[str, str], out: TextIO, sockets: Path) ->
     cell and its output, noisy answers with their intervals.
 
     The kernel talks to us over unix sockets under ``sockets`` (IPC transport):
-    local, not readable by other users, and without ipykernel's warning about
-    unencrypted TCP. The executed notebook is written back to ``path``.
+    no TCP port on the host for another local user to try, and no ipykernel
+    warning about unencrypted TCP. The executed notebook is written back to ``path``.
     Returns False (after printing the error) if a cell fails.
     """
     nb = nbformat.read(path, as_version=4)
