@@ -38,11 +38,22 @@ class CommandError(Exception):
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    from dpmagic.supervisor import Stopped, exit_by_signal
+
     try:
         return args.run(args)
     except (CommandError, PolicyError) as exc:
         print(f"dpmagic: error: {exc}", file=sys.stderr)
         return USAGE_ERROR
+    except Stopped as stop:
+        # `lab` and `demo` have stopped their children and removed their
+        # temporary folder by now; end the way the signal asked.
+        with contextlib.suppress(OSError):  # SIGHUP: the terminal may be gone
+            print(f"dpmagic: {stop}: stopped everything it started", file=sys.stderr)
+            sys.stdout.flush()
+            sys.stderr.flush()
+        exit_by_signal(stop.signum)
+        return 128 + stop.signum
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -76,7 +87,9 @@ def _parser() -> argparse.ArgumentParser:
         "lab", help="JupyterLab with a gate and the gated kernel", description=_lab.__doc__
     )
     p.add_argument("--policy", type=Path, help="serve this policy instead of the example")
-    p.add_argument("--port", type=_positive, help="JupyterLab's port")
+    p.add_argument(
+        "--port", type=_positive, help="JupyterLab's port (taken: an error, never another port)"
+    )
     p.add_argument("--patients", type=_positive, default=5000, help="patients in the example")
     p.add_argument(
         "--no-browser", action="store_true", help="do not open a browser (remote or headless)"
@@ -105,12 +118,26 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "init", help="write a policy skeleton from data files", description=_init.__doc__
     )
-    p.add_argument("data", nargs="+", type=Path, metavar="DATA", help="CSV or Parquet files")
+    p.add_argument("data", nargs="*", type=Path, metavar="DATA", help="CSV or Parquet files")
     p.add_argument(
-        "--privacy-unit", required=True, metavar="COL", help="the column identifying a person"
+        "--from",
+        dest="sources",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a CSV or Parquet file, one table (repeatable; the same as DATA)",
+    )
+    p.add_argument(
+        "--privacy-unit",
+        metavar="COL",
+        help="the column identifying a person (left out: the columns are listed)",
     )
     p.add_argument("-o", "--output", type=Path, required=True, help="the policy file to write")
-    p.add_argument("--dataset", help="dataset name (default: from the output file's name)")
+    p.add_argument(
+        "--dataset",
+        help="dataset name (default: the file's name, or the folder several files share)",
+    )
     p.add_argument("--force", action="store_true", help="replace an existing output file")
     p.set_defaults(run=_init)
 
@@ -201,11 +228,37 @@ def _positive(text: str) -> int:
 def _serve(args: argparse.Namespace) -> int:
     """Run the gate for a policy until SIGTERM or SIGINT, then exit 0."""
     policy = load_policy(args.policy)
+    _check_example_data(policy)
+    from dpmagic.init_policy import unfilled
+
+    left = unfilled(policy.path.read_text())
+    if left:
+        raise CommandError(
+            f"{policy.path.name} still has {len(left)} placeholder(s) from dpmagic init: "
+            + "; ".join(left)
+            + ". Declare each, or delete its TODO comment to serve the column without"
+        )
     from dpmagic.gate.server import serve
 
     if args.jupyterhub and importlib.util.find_spec("jupyterhub") is None:
         raise CommandError("--jupyterhub needs JupyterHub: pip install 'dpmagic[hub]'")
     return serve(policy, args.listen, jupyterhub=args.jupyterhub)
+
+
+def _check_example_data(policy: Policy) -> None:
+    """Say how to get the bundled example's data when ``policy`` is that
+    example without it: the data is generated, not shipped."""
+    from dpmagic.demo import example_file
+
+    if policy.path.read_text() != example_file("clinic.toml").read_text():
+        return
+    missing = [p for ds in policy.datasets.values() for p in ds.sources.values() if not p.exists()]
+    if missing:
+        raise CommandError(
+            f"{missing[0]} not found: this is the bundled example, whose data is generated; "
+            "`python -m dpmagic.examples.clinic DIR` writes it and this policy into DIR, "
+            "then run `dpmagic serve --policy DIR/clinic.toml`"
+        )
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -219,14 +272,15 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _lab(args: argparse.Namespace) -> int:
     """Start a gate (on the example clinic unless --policy) and JupyterLab with
-    the gated kernel; the gate stops when JupyterLab exits."""
-    from dpmagic.lab import LabUnavailable, run_lab
+    the gated kernel. When JupyterLab exits, or on SIGTERM, SIGHUP or SIGINT,
+    everything started stops and the temporary folder is removed."""
+    from dpmagic.lab import LabError, run_lab
 
     try:
         return run_lab(
             policy=args.policy, port=args.port, patients=args.patients, browser=not args.no_browser
         )
-    except LabUnavailable as exc:
+    except LabError as exc:
         raise CommandError(str(exc)) from None
 
 
@@ -248,16 +302,27 @@ def _kernel_install(args: argparse.Namespace) -> int:
 
 def _init(args: argparse.Namespace) -> int:
     """Write a policy skeleton from the schema (names and types) of data files.
-    No data value is read into it: declare bounds and public values yourself."""
-    from dpmagic.init_policy import InitError, write_skeleton
+    No data value is read into it: declare bounds and public values yourself,
+    where it says TODO(dpmagic init); serve refuses the file until you have."""
+    from dpmagic.init_policy import InitError, unfilled, write_skeleton
 
+    files = [*args.sources, *args.data]
+    if not files:
+        raise CommandError("name the data: dpmagic init --from FILE --privacy-unit COL -o P")
     try:
         out = write_skeleton(
-            args.data, args.privacy_unit, args.output, dataset=args.dataset, force=args.force
+            files, args.privacy_unit, args.output, dataset=args.dataset, force=args.force
         )
     except InitError as exc:
         raise CommandError(str(exc)) from None
-    print(f"wrote {out}: declare the bounds and public values marked '?' before serving it")
+    policy = load_policy(out)
+    left = len(unfilled(out.read_text()))
+    print(
+        f"wrote {out}: dataset {next(iter(policy.datasets))!r} "
+        f"({', '.join(policy.dataset(None).tables)}); "
+        f"settle its {left} TODO(dpmagic init) placeholder(s), then: "
+        f"dpmagic serve --policy {out}"
+    )
     return 0
 
 

@@ -5,6 +5,10 @@ a scratch folder, a gate is started as a *separate process* on a unix socket,
 and the quickstart notebook is executed by a real ``python3`` kernel (through
 nbclient) whose only way to the data is ``DPMAGIC_GATE``. Nothing is
 simulated, so a demo that passes is evidence that the parts fit together.
+
+The gate and the kernel are children of a :class:`~dpmagic.supervisor.Supervisor`:
+whatever ends the demo (a failing cell, Ctrl-C, ``kill``, a closed terminal),
+they stop and the scratch folder with its copy of the data is removed.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from importlib import resources
 from pathlib import Path
 from typing import TextIO
@@ -27,8 +31,11 @@ from typing import TextIO
 import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+from traitlets.config import Config
 
-from dpmagic.examples.clinic import generate
+from dpmagic.examples.clinic import generate, write_policy
+from dpmagic.plain_result import result_text
+from dpmagic.supervisor import Stopped, Supervisor
 
 GATE_START_TIMEOUT_S = 120.0
 GATE_STOP_TIMEOUT_S = 15.0
@@ -51,8 +58,15 @@ class GateProcess:
     shown whole without risk of the pipe filling up while it runs.
     """
 
-    def __init__(self, policy: Path, socket: Path, log: Path) -> None:
+    def __init__(
+        self,
+        policy: Path,
+        socket: Path,
+        log: Path,
+        spawn: Callable[..., subprocess.Popen[str]] = subprocess.Popen,
+    ) -> None:
         self.policy = policy
+        self._spawn = spawn
         self.socket = socket
         self.log = log
         self.address = f"unix:{socket}"
@@ -66,7 +80,7 @@ class GateProcess:
         ]  # fmt: skip
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         with self.log.open("w") as err:
-            self._proc = subprocess.Popen(
+            self._proc = self._spawn(
                 cmd,
                 stdout=subprocess.PIPE,
                 stderr=err,
@@ -125,9 +139,7 @@ def prepare_example(workdir: Path, patients: int) -> Path:
     folder, so the gate's ledger stays inside ``workdir`` too.
     """
     generate(workdir, patients=patients)
-    policy = workdir / "clinic.toml"
-    policy.write_text(example_file("clinic.toml").read_text())
-    return policy
+    return write_policy(workdir)
 
 
 def example_file(name: str) -> Path:
@@ -136,19 +148,29 @@ def example_file(name: str) -> Path:
 
 
 def socket_path(workdir: Path, stack: contextlib.ExitStack) -> Path:
-    """``workdir/gate.sock``, or a short temporary folder when that path is too long."""
-    path = workdir / "gate.sock"
-    if len(str(path)) <= _MAX_SOCKET_PATH:
-        return path
-    short = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dpmagic-")))
-    return short / "gate.sock"
+    """``workdir/gate.sock``, or in a short temporary folder when that path is too long."""
+    return short_folder(workdir, stack) / "gate.sock"
+
+
+def short_folder(workdir: Path, stack: contextlib.ExitStack) -> Path:
+    """``workdir``, or a temporary folder removed with ``stack`` when unix socket
+    paths under ``workdir`` could be too long."""
+    if len(str(workdir)) <= _MAX_SOCKET_PATH - 20:
+        return workdir
+    return Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dpmagic-")))
 
 
 def start_gate(
-    policy: Path, workdir: Path, stack: contextlib.ExitStack, out: TextIO
+    policy: Path,
+    workdir: Path,
+    stack: contextlib.ExitStack,
+    out: TextIO,
+    supervisor: Supervisor,
 ) -> GateProcess | None:
-    """A gate subprocess stopped when ``stack`` closes; None (reported) if it won't start."""
-    gate = GateProcess(policy, socket_path(workdir, stack), workdir / "gate.log")
+    """A gate in the supervisor's group, stopped when ``stack`` closes; None
+    (reported) if it won't start."""
+    sock = socket_path(workdir, stack)
+    gate = GateProcess(policy, sock, workdir / "gate.log", spawn=supervisor.popen)
     try:
         gate.start()
     except GateStartError as exc:
@@ -159,62 +181,86 @@ def start_gate(
     return gate
 
 
-def run_notebook(path: Path, env: dict[str, str], out: TextIO) -> bool:
-    """Execute the notebook cell by cell, printing each code cell and its output.
+def run_notebook(path: Path, env: dict[str, str], out: TextIO, sockets: Path) -> bool:
+    """Execute the notebook cell by cell, printing its explanations, each code
+    cell and its output, noisy answers with their intervals.
 
-    The executed notebook is written back to ``path``. Returns False (after
-    printing the error) if a cell fails.
+    The kernel talks to us over unix sockets under ``sockets`` (IPC transport):
+    no TCP port on the host for another local user to try, and no ipykernel
+    warning about unencrypted TCP. The executed notebook is written back to ``path``.
+    Returns False (after printing the error) if a cell fails.
     """
     nb = nbformat.read(path, as_version=4)
-    code = [i for i, cell in enumerate(nb.cells) if cell.cell_type == "code"]
+    config = Config()
+    config.KernelManager.transport = "ipc"
+    config.KernelManager.ip = str(sockets / "kernel")
+    config.KernelManager.connection_file = str(sockets / "kernel.json")
     client = NotebookClient(
         nb,
         kernel_name="python3",
         timeout=CELL_TIMEOUT_S,
         resources={"metadata": {"path": str(path.parent)}},
+        config=config,
     )
-    ok = True
     with client.setup_kernel(env=env):
-        for index, cell in enumerate(nb.cells):
-            if cell.cell_type == "markdown":
-                heading = cell.source.splitlines()[0] if cell.source else ""
-                if heading.startswith("#"):
-                    print(f"\n{heading}", file=out)
-                continue
-            if cell.cell_type != "code":
-                continue
-            print(f"\nrunning cell {code.index(index) + 1}/{len(code)} …", file=out)
-            print(_indent(cell.source, "  >>> "), file=out)
-            try:
-                client.execute_cell(cell, index)
-            except (CellExecutionError, CellTimeoutError, DeadKernelError) as exc:
-                print(_indent(_ANSI.sub("", str(exc)).strip(), "  ! "), file=out)
-                ok = False
-                break
-            for text in _texts(cell.outputs):
-                print(_indent(text.rstrip(), "    "), file=out)
-            out.flush()
+        try:
+            ok = _run_cells(client, nb, out)
+        except Stopped:
+            # Stopping anyway: no polite shutdown request racing the running
+            # cell (the kernel would print a traceback as its sockets close).
+            client.shutdown_kernel = "immediate"
+            raise
     nbformat.write(nb, path)
     return ok
 
 
+def _run_cells(client: NotebookClient, nb: nbformat.NotebookNode, out: TextIO) -> bool:
+    """Each cell in turn; False (with the error printed) at the first that fails."""
+    code = [i for i, cell in enumerate(nb.cells) if cell.cell_type == "code"]
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type == "markdown":
+            print(f"\n{cell.source.strip()}", file=out)
+            continue
+        if cell.cell_type != "code":
+            continue
+        print(f"\nrunning cell {code.index(index) + 1}/{len(code)} …", file=out)
+        print(_indent(cell.source, "  >>> "), file=out)
+        try:
+            client.execute_cell(cell, index)
+        except (CellExecutionError, CellTimeoutError, DeadKernelError) as exc:
+            print(_indent(_ANSI.sub("", str(exc)).strip(), "  ! "), file=out)
+            return False
+        for text in _texts(cell.outputs):
+            print(_indent(text.rstrip(), "    "), file=out)
+        out.flush()
+    return True
+
+
 def run_demo(keep: Path | None = None, patients: int = 5000, out: TextIO = sys.stdout) -> int:
-    """The ``dpmagic demo`` command; returns the exit code."""
-    with contextlib.ExitStack() as stack:
+    """The ``dpmagic demo`` command; returns the exit code.
+
+    A stop signal raises :class:`~dpmagic.supervisor.Stopped` out of here after
+    the kernel and the gate have stopped and the scratch folder is gone.
+    """
+    with Supervisor() as supervisor, contextlib.ExitStack() as stack:
         if keep is None:
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dpmagic-demo-")))
         else:
             workdir = keep.resolve()
             workdir.mkdir(parents=True, exist_ok=True)
+        # Registered after the folder, so it runs first: children stop before
+        # the folder they work in is removed.
+        stack.callback(supervisor.stop)
         print(f"generating the clinic example ({patients} patients) in {workdir}", file=out)
         policy = prepare_example(workdir, patients)
         notebook = workdir / NOTEBOOK
         shutil.copyfile(example_file(NOTEBOOK), notebook)
-        gate = start_gate(policy, workdir, stack, out)
+        gate = start_gate(policy, workdir, stack, out, supervisor)
         if gate is None:
             return 1
         env = {**os.environ, "DPMAGIC_GATE": gate.address, "JPY_SESSION_NAME": NOTEBOOK}
-        if not run_notebook(notebook, env, out):
+        sockets = short_folder(workdir, stack)
+        if not run_notebook(notebook, env, out, sockets):
             print("\nthe demo failed: a cell raised an error (above)", file=out)
             return 1
         print(f"\n{_budget_line(gate.address)}", file=out)
@@ -235,7 +281,7 @@ def _budget_line(address: str) -> str:
     parts = []
     for scope, who in (("notebook", "this notebook"), ("user", "you overall")):
         left, limit = budget[scope]["remaining"]["epsilon"], budget[scope]["limit"]["epsilon"]
-        parts.append(f"{who} ε {left:.2f} of {limit:g}")
+        parts.append(f"{who} ε {left:g} of {limit:g}")
     return "budget left: " + "; ".join(parts)
 
 
@@ -245,7 +291,8 @@ def _texts(outputs: list) -> Iterator[str]:
         if kind == "stream":
             yield output.get("text", "")
         elif kind in ("execute_result", "display_data"):
-            text = output.get("data", {}).get("text/plain")
+            data = output.get("data", {})
+            text = result_text(data.get("text/html", "")) or data.get("text/plain")
             if text:
                 yield text
         elif kind == "error":

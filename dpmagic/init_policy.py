@@ -4,7 +4,9 @@ Only the *schema* is read (names and types, as DuckDB infers them); no data
 value goes into the policy. Bounds and public key lists are facts the data
 owner must declare from knowledge of the domain: copying the observed minimum,
 maximum or distinct values into a public file would itself leak the data.
-The skeleton therefore leaves them as commented placeholders to fill in.
+The skeleton therefore leaves them as commented placeholders to fill in, each
+marked ``TODO(dpmagic init)``; ``dpmagic serve`` refuses a policy that still has
+one (:func:`unfilled` names them), so a skeleton is never served by mistake.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ _TYPES: dict[str, str] = {
     "VARCHAR": "str",
 }  # fmt: skip
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+PLACEHOLDER = "TODO(dpmagic init)"
+_COLUMNS_HEADER = re.compile(r"^\s*\[datasets\.(?:[^.\]]+|\"[^\"]*\")\.tables\.(.+)\.columns\]")
 
 
 class InitError(ValueError):
@@ -53,18 +57,26 @@ def describe(path: Path) -> list[tuple[str, str]]:
     return [(str(name), str(dtype)) for name, dtype, *_ in rows]
 
 
-def skeleton(files: list[Path], privacy_unit: str, dataset: str, out: Path) -> str:
+def skeleton(files: list[Path], privacy_unit: str | None, dataset: str, out: Path) -> str:
     """The TOML text of a policy for ``files``, written to live at ``out``."""
     tables: dict[str, tuple[Path, list[tuple[str, str]]]] = {}
     for path in files:
         if not path.is_file():
             raise InitError(f"{path}: no such file")
-        name = path.name.split(".")[0].lower()
+        name = _table_name(path)
         if name in tables:
             raise InitError(f"two files would both become table {name!r}: rename one")
         columns = describe(path)
+        names = ", ".join(c for c, _ in columns)
+        if privacy_unit is None:
+            raise InitError(
+                f"name the column that identifies a person with --privacy-unit "
+                f"({path.name} has {names})"
+            )
         if privacy_unit.lower() not in {c.lower() for c, _ in columns}:
-            raise InitError(f"{path.name}: has no privacy unit column {privacy_unit!r}")
+            raise InitError(
+                f"{path.name}: has no privacy unit column {privacy_unit!r} (it has {names})"
+            )
         tables[name] = (path, columns)
 
     base = out.resolve().parent
@@ -73,9 +85,11 @@ def skeleton(files: list[Path], privacy_unit: str, dataset: str, out: Path) -> s
     )
     lines = [
         "# Policy skeleton written by `dpmagic init` from the files' schemas only.",
-        "# Before serving it: declare public bounds for the numeric columns you will",
-        "# aggregate and public_values for the columns you will GROUP BY, from what",
-        "# you know of the domain, never from the data. Then review the budgets.",
+        f"# Before serving it, settle every {PLACEHOLDER} below: declare public bounds",
+        "# for the numeric columns you will aggregate and public_values for the columns",
+        "# you will GROUP BY, from what you know of the domain, never from the data,",
+        "# or delete the comment to leave the column without. `dpmagic serve` refuses",
+        "# this file while one is left. Then review the budgets.",
         "",
         "[gate]",
         'state_dir = "state"          # ledger and audit log, next to this file',
@@ -102,14 +116,14 @@ def skeleton(files: list[Path], privacy_unit: str, dataset: str, out: Path) -> s
 
 def write_skeleton(
     files: list[Path],
-    privacy_unit: str,
+    privacy_unit: str | None,
     out: Path,
     *,
     dataset: str | None = None,
     force: bool = False,
 ) -> Path:
     """Write the skeleton to ``out``; refuses to replace a file unless ``force``."""
-    name = dataset or _dataset_name(out)
+    name = dataset or dataset_name(files)
     try:
         text = skeleton(files, privacy_unit, name, out)
     except PolicyError as exc:
@@ -137,15 +151,45 @@ def _column(name: str, dtype: str, privacy_unit: str) -> str:
     if name.lower() == privacy_unit.lower():
         return decl
     if ctype in ("int", "float"):
-        return f"{decl}  # lower = ?, upper = ?  (declare public bounds)"
+        return f"{decl}  # {PLACEHOLDER}: lower = ?, upper = ?  (public bounds, to SUM/AVG it" + (
+            "; or public_values = [...] to GROUP BY it)" if ctype == "int" else ")"
+        )
     if ctype == "str":
-        return f"{decl}  # public_values = [...]  (to GROUP BY it)"
+        return f"{decl}  # {PLACEHOLDER}: public_values = [...]  (to GROUP BY it)"
     return decl
 
 
-def _dataset_name(out: Path) -> str:
-    stem = re.sub(r"[^a-z0-9_]+", "_", out.stem.lower()).strip("_")
-    return stem or "data"
+def unfilled(policy_text: str) -> list[str]:
+    """``table.column (what)`` for each placeholder still in a policy's text.
+
+    Placeholders are comments, invisible to TOML, so the text is read line by
+    line, each under the last ``[...columns]`` header seen. A line that is all
+    comment (the file's own instructions, a column commented out) has none.
+    """
+    table = "?"
+    found = []
+    for line in policy_text.splitlines():
+        header = _COLUMNS_HEADER.match(line)
+        if header:
+            table = header.group(1).strip('"')
+        elif PLACEHOLDER in line and not line.lstrip().startswith("#"):
+            column = line.split("=", 1)[0].strip().strip('"')
+            what = line.split(PLACEHOLDER, 1)[1].lstrip(": ").split("  ")[0]
+            names = ", ".join(re.findall(r"(\w+) = ", what)) or what
+            found.append(f"{table}.{column} ({names})")
+    return found
+
+
+def dataset_name(files: list[Path]) -> str:
+    """Named for the data, never for the policy file (``policy.toml`` would
+    make it "policy"): one file's name, or the folder the files share."""
+    folders = {p.resolve().parent for p in files}
+    name = _table_name(files[0]) if len(files) == 1 or len(folders) > 1 else folders.pop().name
+    return re.sub(r"[^a-z0-9_]+", "_", name.lower()).strip("_") or "data"
+
+
+def _table_name(path: Path) -> str:
+    return path.name.split(".")[0].lower()
 
 
 def _key(name: str) -> str:

@@ -225,6 +225,16 @@ def generate(
     return written
 
 
+def write_policy(out_dir: Path, fmt: Format = "csv") -> Path:
+    """Put a copy of ``clinic.toml`` beside the generated files, its sources
+    naming them in ``fmt``; its relative paths (data, ``state_dir``) then
+    resolve in ``out_dir``, so the gate's ledger lives there too."""
+    text = Path(__file__).with_name("clinic.toml").read_text()
+    policy = Path(out_dir) / "clinic.toml"
+    policy.write_text(text.replace('.csv"', f'.{fmt}"'))
+    return policy
+
+
 def _quote(path: Path) -> str:
     return str(path).replace("'", "''")
 
@@ -232,7 +242,8 @@ def _quote(path: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m dpmagic.examples.clinic",
-        description="Write the synthetic clinic dataset (patients, visits).",
+        description="Write the synthetic clinic dataset (patients, visits) and its policy, "
+        "clinic.toml, ready for dpmagic serve --policy OUT_DIR/clinic.toml.",
     )
     parser.add_argument("out_dir", type=Path, help="folder to write the files into")
     parser.add_argument("--patients", type=int, default=5000, help="number of patients")
@@ -243,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--patients must be at least 1")
     for name, path in generate(args.out_dir, args.patients, args.seed, args.fmt).items():
         print(f"{name}: {path}")
+    print(f"policy: {write_policy(args.out_dir, args.fmt)}")
     return 0
 
 

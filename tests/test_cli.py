@@ -5,24 +5,30 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
+import duckdb
 import pytest
 
 from dpmagic.cli import main
 from dpmagic.client import Gate
-from dpmagic.demo import GateProcess, prepare_example
+from dpmagic.demo import GateProcess, example_file, prepare_example
 from dpmagic.examples.clinic import generate
 from dpmagic.gate.policy import load_policy
+from dpmagic.init_policy import unfilled
 
 
-def _dpmagic(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def _dpmagic(
+    *args: str, timeout: float = 60, module: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """``dpmagic ARGS``, or ``python ARGS`` when ``module``."""
     return subprocess.run(
-        [sys.executable, "-m", "dpmagic", *args],
+        [sys.executable, *(args if module else ("-m", "dpmagic", *args))],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -31,7 +37,7 @@ def _dpmagic(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str
 
 @pytest.fixture
 def clinic_csv(tmp_path: Path) -> dict[str, Path]:
-    return generate(tmp_path / "data", patients=60)
+    return generate(tmp_path / "clinic", patients=60)
 
 
 def test_help_for_every_command() -> None:
@@ -64,10 +70,11 @@ def test_init_writes_types_not_values(
     assert visits["cost"] == {"type": "float"}
     assert visits["stay_days"] == {"type": "int"}
     assert visits["diagnosis"] == {"type": "str"}
-    assert 'cost = { type = "float" }  # lower = ?, upper = ?' in text
+    assert 'cost = { type = "float" }  # TODO(dpmagic init): lower = ?, upper = ?' in text
+    # Named for the folder the files share, not for the policy file.
     assert raw["datasets"]["clinic"]["sources"] == {
-        "patients": "data/patients.csv",
-        "visits": "data/visits.csv",
+        "patients": "clinic/patients.csv",
+        "visits": "clinic/visits.csv",
     }
     # Schema only: no category, no number from the data made it into the file.
     for value in ('"checkup"', '"CA"', '"medicare"', '"F"', "2019", "2024"):
@@ -75,6 +82,102 @@ def test_init_writes_types_not_values(
     policy = load_policy(out)
     assert policy.dataset("clinic").privacy_unit == "patient_id"
     assert out.stat().st_mode & 0o777 == 0o600  # the gate's file, nobody else's
+
+
+def test_init_from_one_file_names_the_dataset_after_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = generate(tmp_path / "d", patients=30, fmt="parquet")["visits"]
+    out = tmp_path / "policy.toml"
+    assert main(["init", "--from", str(data), "--privacy-unit", "patient_id", "-o", str(out)]) == 0
+    said = capsys.readouterr().out
+    policy = load_policy(out)
+    assert list(policy.datasets) == ["visits"]  # not "policy"
+    assert "dataset 'visits'" in said and f"dpmagic serve --policy {out}" in said
+    columns = policy.dataset("visits").tables["visits"].columns
+    assert columns["cost"].type == "float" and columns["department"].type == "str"
+
+
+def test_init_on_real_microdata_writes_no_value_of_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """PUMS with 1 to 4 rows per person: every column typed, and none of its
+    values (incomes, ages) in the skeleton, which only the owner may fill."""
+    data = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "PUMS_dup.csv"
+    if not data.is_file():
+        pytest.skip("../shared (real microdata) is absent")
+    out = tmp_path / "policy.toml"
+    assert main(["init", "--from", str(data), "--privacy-unit", "pid", "-o", str(out)]) == 0
+    capsys.readouterr()
+    text = out.read_text()
+    columns = load_policy(out).dataset("pums_dup").tables["pums_dup"].columns
+    assert set(columns) == {"age", "sex", "educ", "race", "income", "married", "pid"}
+    assert {c.type for c in columns.values()} == {"int"}
+    assert all(c.lower is None and c.public_values is None for c in columns.values())
+    numbers = set(re.findall(r"\d+", text))
+    values = duckdb.sql(f"SELECT DISTINCT income::VARCHAR FROM '{data}' WHERE income >= 100")
+    assert not numbers & {v for (v,) in values.fetchall()}
+    assert len(unfilled(text)) == 6  # every column but the privacy unit
+
+
+def test_init_without_privacy_unit_lists_the_columns(
+    tmp_path: Path, clinic_csv: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "p.toml"
+    assert main(["init", "--from", str(clinic_csv["patients"]), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--privacy-unit" in err and err.count("\n") == 1
+    for column in ("patient_id", "age", "insurance"):
+        assert column in err
+    assert not out.exists()
+    assert main(["init", "-o", str(out), "--privacy-unit", "x"]) == 2
+    assert "--from FILE" in capsys.readouterr().err
+
+
+def test_serve_refuses_a_skeleton_until_the_owner_fills_it(
+    tmp_path: Path, clinic_csv: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The README's path from a CSV file to a served policy, step by step."""
+    out = tmp_path / "policy.toml"
+    source = str(clinic_csv["visits"])
+    assert main(["init", "--from", source, "--privacy-unit", "patient_id", "-o", str(out)]) == 0
+    capsys.readouterr()
+    skeleton = out.read_text()
+    todo = unfilled(skeleton)
+    assert "visits.cost (lower, upper)" in todo and "visits.diagnosis (public_values)" in todo
+    refused = _dpmagic("serve", "--policy", str(out))
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+    for item in todo:
+        assert item in refused.stderr
+    # The owner declares what they know of the domain, and drops the rest.
+    declared = {
+        "cost": "lower = 0, upper = 50000",
+        "diagnosis": 'public_values = ["checkup", "asthma"]',
+    }
+    lines = []
+    for line in skeleton.splitlines():
+        name = line.split(" = ", 1)[0]
+        if name in declared:
+            line = line.split(" }", 1)[0] + f", {declared[name]} }}"
+        lines.append(line.split("  # TODO(dpmagic init)", 1)[0])
+    out.write_text("\n".join(lines) + "\n")
+    assert unfilled(out.read_text()) == []
+    with GateProcess(out, tmp_path / "gate.sock", tmp_path / "gate.log") as gate:
+        answer = Gate(gate.address).query(
+            "SELECT diagnosis, AVG(cost) AS c FROM visits GROUP BY diagnosis", epsilon=1.0
+        )
+    assert sorted(answer.df["diagnosis"]) == ["asthma", "checkup"]
+
+
+def test_serve_the_bundled_example_says_how_to_get_its_data(tmp_path: Path) -> None:
+    refused = _dpmagic("serve", "--policy", str(example_file("clinic.toml")))
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+    assert "python -m dpmagic.examples.clinic DIR" in refused.stderr
+    # What it says works: the data and the policy, served.
+    made = _dpmagic("-m", "dpmagic.examples.clinic", str(tmp_path), "--patients", "20", module=True)
+    assert made.returncode == 0, made.stderr
+    with GateProcess(tmp_path / "clinic.toml", tmp_path / "g.sock", tmp_path / "g.log") as gate:
+        assert Gate(gate.address).health()
 
 
 def test_init_refuses_to_overwrite(

@@ -8,6 +8,9 @@ import sys
 from pathlib import Path
 
 import nbformat
+import pytest
+
+from tests.stopping import STOP_SIGNALS, Command, stop_and_check
 
 
 def test_demo_runs_the_quickstart(tmp_path: Path) -> None:
@@ -30,7 +33,17 @@ def test_demo_runs_the_quickstart(tmp_path: Path) -> None:
     for key in ("pulmonology", "endocrinology", "respiratory infection", "back pain", "80+"):
         assert key in out.split("SELECT", 1)[1], key
     assert "refused:" in out
-    assert re.search(r"budget left: this notebook ε \d+\.\d\d of 3; you overall ε \d+\.\d\d", out)
+    # The explanations, whole, so a reader knows what each answer means.
+    notebook = nbformat.read(keep / "quickstart.ipynb", 4)
+    for cell in notebook.cells:
+        if cell.cell_type == "markdown":
+            assert cell.source.strip() in out
+    # Noisy values beside their intervals, e.g. "126 [0, 414]".
+    assert len(re.findall(r"-?\d[\d.]* \[-?\d[\d.]*, -?\d[\d.]*\]", out)) >= 10
+    assert "95% intervals beside each noisy value" in out
+    # Kernels over IPC: no warning about unencrypted TCP.
+    assert "TCP" not in out + done.stderr
+    assert re.search(r"budget left: this notebook ε [\d.]+ of 3; you overall ε [\d.]+ of 10", out)
     assert "gate stopped" in out
     # The executed notebook is kept, with outputs from the gate in it.
     executed = nbformat.read(keep / "quickstart.ipynb", 4)
@@ -49,3 +62,17 @@ def test_demo_removes_its_folder(tmp_path: Path) -> None:
     folder = re.search(r"in (\S+dpmagic-demo-\S+)", done.stdout)
     assert folder is not None
     assert not Path(folder.group(1)).exists()
+
+
+@pytest.mark.signals
+@pytest.mark.parametrize("signum", STOP_SIGNALS, ids=lambda s: s.name)
+def test_demo_stops_everything_on_a_signal(tmp_path: Path, signum: int) -> None:
+    """Mid-notebook: the kernel (in a session of its own) and the gate stop and
+    the scratch folder with the data copy is removed."""
+    demo = Command(["demo", "--patients", "100"], tmp_path / "demo.log")
+    try:
+        demo.wait_for(lambda: "running cell 3/" in demo.output(), "a running notebook")
+        stop_and_check(demo, signum, demo.folder("dpmagic-demo-"), min_children=2)
+    finally:
+        if demo.proc.poll() is None:
+            demo.kill("dpmagic-demo-")

@@ -134,6 +134,12 @@ def test_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert clinic.main([str(tmp_path), "--patients", "20"]) == 0
     assert "visits:" in capsys.readouterr().out
     assert _rows(tmp_path / "patients.csv", "SELECT count(*) FROM {t}") == [(20,)]
+    # The policy beside the data, ready to serve.
+    assert load_policy(tmp_path / "clinic.toml").dataset("clinic").tables["visits"]
+    parquet = tmp_path / "parquet"
+    assert clinic.main([str(parquet), "--patients", "20", "--format", "parquet"]) == 0
+    sources = load_policy(parquet / "clinic.toml").dataset("clinic").sources
+    assert {p.name for p in sources.values()} == {"patients.parquet", "visits.parquet"}
 
 
 def test_quickstart_notebook_is_valid() -> None:

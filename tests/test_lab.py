@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from dpmagic.client import Gate
+from dpmagic.lab import check_port
+from tests.stopping import STOP_SIGNALS, Command, stop_and_check
 
 pytest.importorskip("jupyterlab", reason="JupyterLab is the optional extra dpmagic[lab]")
 TOKEN = "dpmagic-lab-test-token"
@@ -59,13 +61,59 @@ def test_lab_serves_the_gated_kernel_and_the_quickstart(tmp_path: Path) -> None:
         assert "quickstart.ipynb" in names
     finally:
         lab.send_signal(signal.SIGINT)
-        try:
-            lab.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            lab.send_signal(signal.SIGINT)  # JupyterLab asks to confirm the first Ctrl-C
-            lab.wait(timeout=30)
+        lab.wait(timeout=60)
     # The gate and JupyterLab itself go with the lab, even when the signal
     # reached `dpmagic lab` alone (no terminal sends it to the whole group).
     assert not Gate(address).health()
     with pytest.raises(OSError):
         _get(port, "/api/status")
+
+
+@pytest.mark.signals
+@pytest.mark.parametrize("signum", STOP_SIGNALS, ids=lambda s: s.name)
+def test_lab_stops_everything_on_a_signal(tmp_path: Path, signum: int) -> None:
+    """JupyterLab, a running kernel (in a session of its own) and the gate stop,
+    and the folder with the data copy, ledger and runtime files is removed."""
+    port = _free_port()
+    env = {"JUPYTER_TOKEN": TOKEN, "JUPYTER_CONFIG_DIR": str(tmp_path / "cfg")}
+    args = ["lab", "--port", str(port), "--no-browser", "--patients", "100"]
+    lab = Command(args, tmp_path / "lab.log", env)
+    try:
+        lab.wait_for(lambda: _answers(port), "JupyterLab")
+        start = urllib.request.Request(
+            f"http://127.0.0.1:{port}/api/kernels?token={TOKEN}",
+            data=json.dumps({"name": "dpmagic"}).encode(),
+            method="POST",
+        )
+        # Answered once the kernel's process is started.
+        urllib.request.urlopen(start, timeout=120).close()
+        # Over unix sockets, its connection file in the lab's folder.
+        folder = lab.folder("dpmagic-lab-")
+        (connection,) = folder.glob("runtime/kernel-*.json")
+        assert json.loads(connection.read_text())["transport"] == "ipc"
+        # The gate, JupyterLab and the kernel.
+        stop_and_check(lab, signum, folder, min_children=3)
+    finally:
+        if lab.proc.poll() is None:
+            lab.kill("dpmagic-lab-")
+
+
+def test_lab_port_in_use_fails_clearly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from dpmagic.cli import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["lab", "--port", str(port), "--no-browser"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"dpmagic: error: port {port} is in use") and err.count("\n") == 1
+    check_port(port)  # free again: the check reports what it sees
+
+
+def _answers(port: int) -> bool:
+    try:
+        _get(port, "/api/status")
+    except OSError:
+        return False
+    return True
