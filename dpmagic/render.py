@@ -44,6 +44,12 @@ STYLE = """<style>
 .dpmagic .dpm-bar > span { display: block; height: 100%; flex: none; }
 .dpmagic td.dpm-nowrap { white-space: nowrap; }
 .dpmagic .dpm-muted { color: var(--jp-ui-font-color2, inherit); }
+.dpmagic td.dpm-dominated { color: var(--jp-ui-font-color2, inherit); }
+.dpmagic .dpm-flag { font-size: 0.75em; margin-left: 0.4em; padding: 0 0.3em;
+  border: 1px solid var(--jp-warn-color1, currentColor); border-radius: 0.3em;
+  color: var(--jp-warn-color1, inherit); white-space: nowrap; }
+.dpmagic .dpm-mock { margin: 0.2em 0; padding: 0.15em 0.5em; display: inline-block;
+  border: 1px dashed var(--jp-warn-color1, currentColor); color: var(--jp-warn-color1, inherit); }
 .dpmagic svg text { fill: var(--jp-ui-font-color2, currentColor); font-size: 10px; }
 </style>"""
 
