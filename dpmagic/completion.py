@@ -64,17 +64,18 @@ def make_matcher(sources: Sources) -> Callable[[CompletionContext], SimpleMatche
     def dpsql_matcher(context: CompletionContext) -> SimpleMatcherResult:
         before = context.full_text[: _offset(context)]
         token = context.token
+        whole = context.full_text
         if CELL_MAGIC.match(before):
             first_line = "\n" not in before
             if first_line:
                 found = _option_completions(before, token, sources)
             else:
-                found = _sql_completions(before, token, sources)
+                found = _sql_completions(before, token, sources, whole)
         elif LINE_MAGIC.match(context.line_with_cursor) and "\n" not in before:
             if token.startswith("-"):
                 found = _option_completions(before, token, sources)
             else:
-                found = _sql_completions(before, token, sources)
+                found = _sql_completions(before, token, sources, whole)
         else:
             return {"completions": [], "suppress": False}
         return {"completions": found, "suppress": True}
@@ -83,13 +84,14 @@ def make_matcher(sources: Sources) -> Callable[[CompletionContext], SimpleMatche
 
 
 def sql_completions(
-    text_before_token: str, token: str, schema: dict[str, Any] | None
+    text_before_token: str, token: str, schema: dict[str, Any] | None, whole: str = ""
 ) -> list[SimpleCompletion]:
-    """What may follow ``text_before_token`` when the word being typed is ``token``."""
+    """What may follow ``text_before_token`` when the word being typed is ``token``;
+    ``whole`` is the whole cell, whose FROM and JOIN clauses name the tables in use."""
     tables = (schema or {}).get("tables") or {}
     if TABLE_CONTEXT.search(text_before_token):
         return _matching(token, tables, "table")
-    aliases = _aliases(text_before_token, tables)
+    aliases = _aliases(whole or text_before_token, tables)
     if "." in token:
         alias, _, part = token.rpartition(".")
         table = aliases.get(alias, alias if alias in tables else None)
@@ -111,9 +113,11 @@ def sql_completions(
     )
 
 
-def _sql_completions(before: str, token: str, sources: Sources) -> list[SimpleCompletion]:
+def _sql_completions(
+    before: str, token: str, sources: Sources, whole: str
+) -> list[SimpleCompletion]:
     text = before[: len(before) - len(token)] if token else before
-    return sql_completions(text, token, _safe(sources.schema))
+    return sql_completions(text, token, _safe(sources.schema), whole)
 
 
 def _option_completions(before: str, token: str, sources: Sources) -> list[SimpleCompletion]:

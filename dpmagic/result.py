@@ -179,6 +179,11 @@ class DPResult:
         parts = []
         if self.mock:
             parts.append(f"{MOCK_LABEL}: fake rows drawn from the public schema, nothing charged")
+        elif self.dry_run and self.reply.get("offline"):
+            parts.append(
+                f"dry run: nothing charged; it would spend {_amount(self.cost)} "
+                "(its plan is not in the transcript: ask the gate for it)"
+            )
         elif self.dry_run:
             parts.append(f"dry run: nothing charged; it would spend {_amount(self.cost)}")
         elif self.replayed:
