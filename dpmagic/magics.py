@@ -31,6 +31,7 @@ from dpmagic.client import Gate, connect
 from dpmagic.completion import Sources, make_matcher
 from dpmagic.errors import DPError
 from dpmagic.identity import notebook_name
+from dpmagic.plot import KINDS
 from dpmagic.progress import Interrupted, Progress, wait_for
 from dpmagic.result import BudgetView, DatasetBudget, DPResult, SchemaView
 from dpmagic.settings import load_project_settings
@@ -231,6 +232,7 @@ class DpSql(Magics):
         self._client: Gate | TranscriptGate | None = None
         self._schemas: dict[str | None, dict[str, Any] | None] = {}
         self.snippets = Snippets()
+        self._last: DPResult | None = None
         super().__init__(shell=shell, **kwargs)
 
     @observe("gate", "token", "timeout")
@@ -356,6 +358,7 @@ class DpSql(Magics):
         result.display_limit = self.displaylimit or None
         result.intervals = self.intervals
         result.notebook = notebook
+        self._last = result
         if target:
             self._store(target, result)
         return result
@@ -434,6 +437,40 @@ class DpSql(Magics):
                 for name in history["datasets"]
             ]
         return BudgetView(views, self.notebook)
+
+    @line_magic
+    def dpplot(self, line: str) -> Any:
+        """Plot a result with its 95% intervals as error bars (needs matplotlib).
+
+            %dpplot [bar|hist|line] [VAR] [--x COLUMN] [--y COLUMN]
+
+        VAR is a variable holding a DPResult (`-o VAR`); without it, the last
+        %%dpsql answer. The x axis defaults to the first group key, y to the
+        first noisy column. A value where noise dominates is drawn hatched.
+        """
+        words = line.split()
+        columns: dict[str, str] = {}
+        for option in ("--x", "--y"):
+            if option in words:
+                at = words.index(option)
+                if at + 1 >= len(words):
+                    raise UsageError(f"option {option} needs a column name")
+                columns[option[2:]] = words[at + 1]
+                del words[at : at + 2]
+        kind = words.pop(0) if words and words[0] in KINDS else "bar"
+        if len(words) > 1:
+            raise UsageError("usage: %dpplot [bar|hist|line] [VAR] [--x COLUMN] [--y COLUMN]")
+        result = self.shell.user_ns.get(words[0]) if words else self._last
+        if not isinstance(result, DPResult):
+            what = f"{words[0]} is not a %%dpsql result" if words else "no %%dpsql answer yet"
+            raise UsageError(f"{what}; store one with -o VAR (not as a DataFrame) and plot VAR")
+        try:
+            return result.plot(kind, x=columns.get("x"), y=columns.get("y"))
+        except ImportError as exc:
+            print(f"dpmagic: {exc}", file=sys.stderr)
+            return None
+        except (KeyError, ValueError) as exc:
+            raise UsageError(str(exc).strip("'\"")) from None
 
     @line_magic
     def dpschema(self, line: str) -> SchemaView:
