@@ -439,7 +439,7 @@ class DpSql(Magics):
         return BudgetView(views, self.notebook)
 
     @line_magic
-    def dpplot(self, line: str) -> Any:
+    def dpplot(self, line: str) -> None:
         """Plot a result with its 95% intervals as error bars (needs matplotlib).
 
             %dpplot [bar|hist|line] [VAR] [--x COLUMN] [--y COLUMN]
@@ -465,10 +465,11 @@ class DpSql(Magics):
             what = f"{words[0]} is not a %%dpsql result" if words else "no %%dpsql answer yet"
             raise UsageError(f"{what}; store one with -o VAR (not as a DataFrame) and plot VAR")
         try:
-            return result.plot(kind, x=columns.get("x"), y=columns.get("y"))
+            # Drawn through pyplot, so the notebook shows the figure; returning the
+            # Axes too would print its repr under it.
+            result.plot(kind, x=columns.get("x"), y=columns.get("y"))
         except ImportError as exc:
             print(f"dpmagic: {exc}", file=sys.stderr)
-            return None
         except (KeyError, ValueError) as exc:
             raise UsageError(str(exc).strip("'\"")) from None
 

@@ -552,24 +552,35 @@ class SchemaView:
         return " · ".join(["private", held, *(f"links {link}" for link in links), bounds])
 
     def _use(self, column: str, info: dict[str, Any], public: bool, unit: str | None) -> str:
-        """How the column can appear in a query, from the policy's declarations alone."""
+        """Every way the column can appear in a query, from the policy's declarations alone."""
         if public:
-            return "public table: no privacy cost"
+            return "public table: join, filter and group by it at no privacy cost"
         if column == unit:
-            return "privacy unit: never shown or grouped by"
+            return "privacy unit: COUNT(DISTINCT …) and joins on it; never shown or grouped by"
         randomized = info.get("randomized_response")
         if isinstance(randomized, dict):
             return (
                 f"randomized response (p = {format_exact(randomized.get('p'))}): "
                 "GROUP BY with COUNT, SUM/AVG, debiased"
             )
+        kind = str(info.get("type", ""))
+        bounded = info.get("lower") is not None and info.get("upper") is not None
         uses = []
         if info.get("public_values") is not None:
             uses.append("GROUP BY")
+        elif kind == "int" and bounded:
+            uses.append(f"GROUP BY {column} or {column} // 10 (every value in its bounds)")
+        elif kind == "date" and bounded:
+            uses.append(f"GROUP BY YEAR({column}), MONTH({column}), QUARTER({column})")
         elif self.reply.get("accountant") == "approx":
             uses.append("GROUP BY with δ > 0 (keys kept by DP partition selection)")
-        if info.get("lower") is not None and info.get("upper") is not None:
+        if bounded and kind in ("int", "float"):
+            uses.append("SUM/AVG/VARIANCE/STDDEV")
+            uses.append("MEDIAN/MIN/MAX/quantiles")
+        elif bounded and kind == "bool":
             uses.append("SUM/AVG")
+        if kind == "str":
+            uses.append("text functions (UPPER, LENGTH, …)")
         return ", ".join([*uses, "WHERE, COUNT"])
 
     def _repr_html_(self) -> str:

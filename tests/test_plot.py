@@ -74,7 +74,10 @@ def test_the_magic_plots_a_stored_result(capsys):
     shell = InteractiveShell.instance(config=config)
     register(shell)
     shell.user_ns["costs"] = averages()
-    axes = shell.run_line_magic("dpplot", "line costs --y n")
+    import matplotlib.pyplot as plt
+
+    assert shell.run_line_magic("dpplot", "line costs --y n") is None
+    axes = plt.gcf().axes[0]
     assert list(axes.lines[0].get_ydata()) == [2, 300, 250]
     from IPython.core.error import UsageError
 

@@ -295,8 +295,13 @@ def test_schema_view():
         "budget: user ε 5, notebook ε 2, query default ε 0.1"
     )
     html = view._repr_html_()
-    assert "<td>age</td><td>int</td><td>[0, 100]</td><td></td><td>SUM/AVG, WHERE, COUNT" in html
-    assert "<td>name</td><td>str</td><td></td><td></td><td>public table: no privacy cost" in html
+    # every way a column can be used: grouping by an expression, sums, quantiles
+    assert (
+        "<td>age</td><td>int</td><td>[0, 100]</td><td></td><td>GROUP BY age or age // 10 "
+        "(every value in its bounds), SUM/AVG/VARIANCE/STDDEV, MEDIAN/MIN/MAX/quantiles, "
+        "WHERE, COUNT</td>"
+    ) in html
+    assert "<td>name</td><td>str</td><td></td><td></td><td>public table: join, filter" in html
     assert "<td>sex</td><td>int</td><td></td><td>0, 1</td>" in html
     assert "<strong>states (public)</strong>" in html
     assert "states (public)" in repr(view)
