@@ -19,7 +19,6 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-import duckdb
 import numpy as np
 import pandas as pd
 
@@ -100,6 +99,8 @@ def mock_query(
     units: int | None = None,
 ) -> DPResult:
     """Run ``sql`` on mock tables in a private in-memory DuckDB; costs nothing."""
+    import duckdb  # here, not above: a kernel loads DuckDB only if it runs a mock
+
     units = DEFAULT_UNITS if units is None else units
     con = duckdb.connect(":memory:", config={"enable_external_access": False})
     try:
