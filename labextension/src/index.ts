@@ -3,10 +3,11 @@
  *
  * Three small things, none of which holds or computes anything private:
  *
- * - `%%dpsql` cells are edited as SQL: their editor's MIME type is switched
- *   to `text/x-sql` while the cell starts with `%%dpsql`, and switched back
- *   when it no longer does (the notebook resets it on kernel changes, so the
- *   switch is re-applied whenever the MIME type moves).
+ * - `%%dpsql` cells are edited as SQL: every editor gets a CodeMirror
+ *   extension that, while its text starts with `%%dpsql`, adds JupyterLab's
+ *   own SQL language at the highest precedence, so it wins over the
+ *   notebook's Python (which JupyterLab sets, and resets on kernel changes,
+ *   through the cell's MIME type; the cell's MIME type is left alone).
  * - Completion is the kernel's: dpmagic registers an IPython completer fed
  *   from the gate's public schema, so it works in every front end; JupyterLab
  *   already shows kernel completions, nothing is added here for it.
@@ -19,8 +20,19 @@ import {
   JupyterFrontEnd,
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
-import { ICellModel } from '@jupyterlab/cells';
+import {
+  EditorExtensionRegistry,
+  IEditorExtensionRegistry,
+  IEditorLanguageRegistry
+} from '@jupyterlab/codemirror';
 import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
+import {
+  Compartment,
+  EditorState,
+  Extension,
+  Prec,
+  Text
+} from '@codemirror/state';
 import { KernelMessage } from '@jupyterlab/services';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { Widget } from '@lumino/widgets';
@@ -48,39 +60,27 @@ function isBudgetNote(value: unknown): value is IBudgetNote {
   );
 }
 
-/** Keep a code cell's editor in SQL mode exactly while it is a `%%dpsql` cell. */
-function followMagic(panel: NotebookPanel, cell: ICellModel): void {
-  if (cell.type !== 'code') {
-    return;
-  }
-  const apply = (): void => {
-    const isSql = MAGIC.test(cell.sharedModel.getSource());
-    if (isSql && cell.mimeType !== SQL_MIME) {
-      cell.mimeType = SQL_MIME;
-    } else if (!isSql && cell.mimeType === SQL_MIME) {
-      cell.mimeType = panel.content.codeMimetype;
-    }
-  };
-  cell.contentChanged.connect(apply);
-  cell.mimeTypeChanged.connect(apply);
-  apply();
+/** Whether an editor's text is a `%%dpsql` cell. */
+function isDpsql(doc: Text): boolean {
+  return MAGIC.test(doc.sliceString(0, Math.min(doc.length, 200)));
 }
 
-function followNotebook(panel: NotebookPanel): void {
-  const model = panel.content.model;
-  if (!model) {
-    return;
-  }
-  for (const cell of model.cells) {
-    followMagic(panel, cell);
-  }
-  model.cells.changed.connect((_, change) => {
-    if (change.type === 'add') {
-      for (const cell of change.newValues) {
-        followMagic(panel, cell);
-      }
+/**
+ * The extension given to every editor: a compartment holding JupyterLab's SQL
+ * support while the text starts with `%%dpsql`, nothing otherwise, switched
+ * when an edit adds or removes the magic.
+ */
+function dpsqlLanguage(sql: Extension, initial: string): Extension {
+  const slot = new Compartment();
+  const wanted = (isSql: boolean): Extension => (isSql ? Prec.highest(sql) : []);
+  const follow = EditorState.transactionExtender.of(tr => {
+    const now = isDpsql(tr.newDoc);
+    if (!tr.docChanged || now === isDpsql(tr.startState.doc)) {
+      return null;
     }
+    return { effects: slot.reconfigure(wanted(now)) };
   });
+  return [slot.of(wanted(MAGIC.test(initial))), follow];
 }
 
 /** The last budget note among a saved notebook's outputs, if any. */
@@ -129,13 +129,28 @@ const plugin: JupyterFrontEndPlugin<void> = {
   description:
     'SQL editing for %%dpsql cells and the ε left in the status bar',
   autoStart: true,
-  requires: [INotebookTracker],
+  requires: [INotebookTracker, IEditorExtensionRegistry, IEditorLanguageRegistry],
   optional: [IStatusBar],
-  activate: (
+  activate: async (
     app: JupyterFrontEnd,
     tracker: INotebookTracker,
+    extensions: IEditorExtensionRegistry,
+    languages: IEditorLanguageRegistry,
     statusBar: IStatusBar | null
   ) => {
+    // Loaded before any editor asks for it: JupyterLab restores notebooks only
+    // once every plugin has activated.
+    const sql = (await languages.getLanguage(SQL_MIME))?.support;
+    if (sql) {
+      extensions.addExtension({
+        name: 'dpmagic-jupyterlab:dpsql-language',
+        factory: options =>
+          EditorExtensionRegistry.createImmutableExtension(
+            dpsqlLanguage(sql, options.model.sharedModel.getSource())
+          )
+      });
+    }
+
     const notes = new WeakMap<NotebookPanel, IBudgetNote | null>();
     const item = new BudgetItem();
     const refresh = (): void => {
@@ -145,7 +160,6 @@ const plugin: JupyterFrontEndPlugin<void> = {
 
     tracker.widgetAdded.connect((_, panel) => {
       void panel.context.ready.then(() => {
-        followNotebook(panel);
         notes.set(panel, savedNote(panel));
         refresh();
       });
