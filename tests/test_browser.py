@@ -303,9 +303,14 @@ def _check_the_extension(page) -> None:
     assert {"age", "age_band", "avg", "abs", "and"} <= set(offered), offered
     _shoot(page, "lab-completion-light.png")
     page.keyboard.press("Escape")
-    # ... and table names after FROM.
+    # ... and only table names after FROM; Enter takes the one offered.
     page.keyboard.type(" FROM p")
     page.keyboard.press("Tab")
+    completer.wait_for()
+    offered = completer.locator(".jp-Completer-item .jp-Completer-match").all_inner_texts()
+    assert offered == ["patients"], offered
+    _shoot(page, "lab-completion-from-light.png")
+    page.keyboard.press("Enter")
     page.locator(".jp-Cell").last.locator(".cm-line", has_text="FROM patients").wait_for()
 
 
