@@ -114,10 +114,12 @@ def spend_chart(costs: Sequence[float], limit: float, title: str) -> str:
         f'viewBox="0 0 {width} {height}"><title>{escape(title)}</title>'
         f'<line x1="{pad}" x2="{width - pad}" y1="{limit_y:.1f}" y2="{limit_y:.1f}" '
         f'stroke="{THIS_QUERY}" stroke-dasharray="4 3"/>'
-        f'<text x="{width - pad}" y="{limit_y - 3:.1f}" text-anchor="end">limit ε {limit:g}</text>'
+        # Spaces around each label: where a viewer drops the SVG, its text stays readable.
+        f'<text x="{width - pad}" y="{limit_y - 3:.1f}" text-anchor="end">'
+        f" limit ε {limit:g} </text>"
         f'<polyline fill="none" stroke="{SPENT}" stroke-width="2" points="{" ".join(points)}"/>'
-        f'<text x="{pad}" y="{height - 2}">query 1</text>'
-        f'<text x="{width - pad}" y="{height - 2}" text-anchor="end">{len(costs)}</text>'
+        f'<text x="{pad}" y="{height - 2}"> query 1 </text>'
+        f'<text x="{width - pad}" y="{height - 2}" text-anchor="end"> … {len(costs)} </text>'
         "</svg>"
     )
 

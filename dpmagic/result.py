@@ -461,6 +461,51 @@ class BudgetView:
             )
         return f'<div class="dpmagic dpmagic-budget">{"".join(parts)}</div>'
 
+    def _repr_markdown_(self) -> str:
+        """The same tables for viewers that drop HTML's styles; the chart as numbers."""
+        parts = []
+        for entry in self.datasets:
+            headers, rows = self._scopes(entry)
+            parts.append(f"**dataset {markdown_escape(entry.name)}**\n")
+            parts.append(markdown_table(headers, [row for _, row in rows]))
+            history = self._history_rows(entry)
+            if not history:
+                parts.append("\n_no queries from this notebook yet_\n")
+                continue
+            shown = [[t, _shorten(sql, SQL_SHOWN_CHARS), c, st] for t, sql, c, st in history]
+            parts.append("\n" + markdown_table(HISTORY_HEADERS, shown))
+            total, steps = 0.0, []
+            for item in entry.history:
+                total += float((item.get("cost") or {}).get("epsilon") or 0)
+                steps.append(f"{total:g}")
+            limit = _epsilon(entry.budget, "notebook", "limit") or 0.0
+            parts.append(
+                f"\n_ε spent by notebook {markdown_escape(self.notebook)}, query by query: "
+                f"{' → '.join(steps)} (limit {limit:g})_\n"
+            )
+        return "\n".join(parts)
+
+    def _repr_mimebundle_(
+        self, include: Any = None, exclude: Any = None
+    ) -> tuple[dict[str, str], dict[str, Any]]:
+        """As a result's: HTML, Markdown and text, and the notebook's ε left for the
+        status bar (of the only dataset shown, when one is)."""
+        data = {
+            "text/html": self._repr_html_(),
+            "text/markdown": self._repr_markdown_(),
+            "text/plain": repr(self),
+        }
+        if len(self.datasets) != 1:
+            return data, {}
+        budget = self.datasets[0].budget
+        left = _epsilon(budget, "notebook", "remaining")
+        limit = _epsilon(budget, "notebook", "limit")
+        if left is None or limit is None:
+            return data, {}
+        note = {"notebook": self.notebook, "dataset": self.datasets[0].name,
+                "epsilon_left": left, "epsilon_limit": limit}  # fmt: skip
+        return data, {BUDGET_METADATA: note}
+
     def __repr__(self) -> str:
         parts = []
         for entry in self.datasets:
@@ -592,6 +637,13 @@ class SchemaView:
             )
             parts.append(table(SCHEMA_HEADERS, rows, text=True))
         return f'<div class="dpmagic dpmagic-schema">{"".join(parts)}</div>'
+
+    def _repr_markdown_(self) -> str:
+        parts = [f"_{markdown_escape(self.summary())}_\n"]
+        for title, privacy, rows in self._tables():
+            parts.append(f"**{markdown_escape(title)}** {markdown_escape(privacy)}\n")
+            parts.append(markdown_table(SCHEMA_HEADERS, rows) + "\n")
+        return "\n".join(parts)
 
     def __repr__(self) -> str:
         parts = [self.summary()]

@@ -480,3 +480,25 @@ def test_schema_shows_each_tables_unit_links_and_bounds():
 def test_a_row_level_dataset_says_each_row_is_a_unit():
     view = SchemaView({"privacy_unit": None, "tables": {"t": {"public": False, "columns": {}}}})
     assert "t: private · each row is its own privacy unit" in repr(view)
+
+
+def test_budget_and_schema_views_read_as_markdown_and_publish_the_budget():
+    view = BudgetView([DatasetBudget({"dataset": "d", **budget(0.5, 3.5)}, HISTORY)], "nb")
+    data, metadata = view._repr_mimebundle_()
+    markdown = data["text/markdown"]
+    assert "| you, all notebooks | 1.5 | 5 | 3.5 |" in markdown
+    assert "0.5 → 0.5 → 1.5 (limit 2)" in markdown  # the chart, as numbers
+    assert metadata["dpmagic"]["epsilon_left"] == 0.5
+    schema = SchemaView(
+        {
+            "dataset": "d",
+            "privacy_unit": "pid",
+            "tables": {"t": {"public": False, "columns": {"pid": {"type": "int"}}}},
+        }
+    )
+    assert "| pid | int |" in schema._repr_markdown_()  # fmt: skip
+    # where a viewer drops the SVG, the chart's labels do not run together
+    svg = re.search(r"<svg.*</svg>", view._repr_html_()).group()
+    assert re.sub(r"<[^>]+>", "", svg).split() == ["ε", "spent", "by", "notebook", "nb,",
+                                                   "query", "by", "query", "limit", "ε", "2",
+                                                   "query", "1", "…", "3"]  # fmt: skip
