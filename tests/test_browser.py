@@ -256,13 +256,16 @@ def _walk_through_the_quickstart(lab: str, page) -> None:
     token = dry.locator(".cm-line span", has_text=re.compile("^SELECT$")).first
     assert token.evaluate("el => getComputedStyle(el).color") == keyword
     _shoot(page, "lab-sql-dark.png")
-    page.locator(".jp-Cell").last.scroll_into_view_if_needed()
-    page.locator(".jp-Cell").last.click()
-    page.keyboard.press("Enter")
+    refused = page.locator(".jp-CodeCell", has_text="SELECT * FROM visits").last
+    refused.scroll_into_view_if_needed()
+    refused.locator(".cm-content").click()
     page.keyboard.press("Control+End")
     page.keyboard.type("\nWHERE a")
     page.keyboard.press("Tab")
-    page.locator(".jp-Completer").wait_for()
+    completer = page.locator(".jp-Completer")
+    completer.wait_for()
+    offered = completer.locator(".jp-Completer-item .jp-Completer-match").all_inner_texts()
+    assert {"age", "age_band", "and"} <= set(offered), offered
     _shoot(page, "lab-completion-dark.png")
     page.keyboard.press("Escape")
 
