@@ -389,6 +389,14 @@ class BudgetView:
         self.datasets = datasets
         self.notebook = notebook
 
+    def rename_note(self) -> str:
+        """What the notebook's name means for its budget: users rename notebooks."""
+        return (
+            f"charged as notebook {self.notebook}; renamed or moved, a notebook starts a "
+            "new notebook budget, drawn from the same user budget (its answers still "
+            "replay at no cost)"
+        )
+
     def __getitem__(self, dataset: str) -> DatasetBudget:
         for entry in self.datasets:
             if entry.name == dataset:
@@ -427,6 +435,7 @@ class BudgetView:
 
     def _repr_html_(self) -> str:
         parts = [STYLE]
+        parts.append(f'<div style="{MUTED}">{escape(self.rename_note())}</div>')
         for entry in self.datasets:
             headers, rows = self._scopes(entry)
             body = []
@@ -463,7 +472,7 @@ class BudgetView:
 
     def _repr_markdown_(self) -> str:
         """The same tables for viewers that drop HTML's styles; the chart as numbers."""
-        parts = []
+        parts = [f"_{markdown_escape(self.rename_note())}_\n"]
         for entry in self.datasets:
             headers, rows = self._scopes(entry)
             parts.append(f"**dataset {markdown_escape(entry.name)}**\n")
@@ -507,7 +516,7 @@ class BudgetView:
         return data, {BUDGET_METADATA: note}
 
     def __repr__(self) -> str:
-        parts = []
+        parts = [self.rename_note()]
         for entry in self.datasets:
             headers, rows = self._scopes(entry)
             frame = pd.DataFrame([row for _, row in rows], columns=headers)

@@ -234,6 +234,7 @@ def test_budget_view():
     assert 'title="SELECT AVG(age) AS &lt;a&gt; FROM t WHERE' in html
     text = repr(view)
     assert "dataset d" in text and "left ε" in text and "replayed (no cost)" in text
+    assert "renamed or moved, a notebook starts a new notebook budget" in text
     assert view["d"].history == HISTORY
     with pytest.raises(KeyError):
         view["e"]
