@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 from dpmagic.errors import ERROR_KINDS, DPError, GateUnavailable
+from dpmagic.mock import mock_query
 from dpmagic.result import DPResult
 from dpmagic.transcript import SCHEME, TranscriptGate
 
@@ -78,7 +79,16 @@ class Gate:
     request opens its own connection: requests are rare and slow next to a
     connect, and a fresh connection never resends a request on a stale
     keep-alive socket.
+
+    ``Gate()`` without an address under ``$DPMAGIC_TRANSCRIPT`` is the
+    transcript's replayer (a :class:`TranscriptGate`), as the magics are: a
+    graded notebook's Python cells replay from the same file.
     """
+
+    def __new__(cls, address: str | None = None, *args: Any, **kwargs: Any) -> Any:
+        if address is None and cls is Gate and os.environ.get(ENV_TRANSCRIPT):
+            return TranscriptGate(os.environ[ENV_TRANSCRIPT])
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -118,12 +128,19 @@ class Gate:
         params: dict[str, Any] | None = None,
         accuracy: float | None = None,
         alpha: float | None = None,
+        mock: bool = False,
+        mock_rows: int | None = None,
     ) -> DPResult:
         """Run ``sql`` through the gate; the reply's cost is already charged.
 
         ``accuracy=A`` (with ``alpha``, default 0.05) asks instead of an ε for the
         least cost at which every noisy cell's (1 - alpha) interval is ±A.
+        ``mock=True`` instead answers on fake tables drawn from the public schema,
+        in this process (``mock_rows`` privacy units, default 1000): only the
+        schema is fetched, the query never reaches the gate, nothing is charged.
         """
+        if mock:
+            return mock_query(sql, self.schema(dataset), params, mock_rows)
         body: dict[str, Any] = {"sql": sql, "dry_run": dry_run, "fresh": fresh}
         optional = {
             "epsilon": epsilon,

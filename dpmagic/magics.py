@@ -8,12 +8,11 @@ fails with one line that says why, never a traceback.
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,17 +25,22 @@ from IPython.core.magic import (
     no_var_expand,
 )
 from IPython.display import display
-from traitlets import Bool, Float, Int, Unicode, observe
+from traitlets import Bool, Enum, Float, Int, Unicode, observe
 
 from dpmagic.client import Gate, connect
+from dpmagic.completion import Sources, make_matcher
 from dpmagic.errors import DPError
+from dpmagic.identity import notebook_name
+from dpmagic.plot import KINDS
 from dpmagic.progress import Interrupted, Progress, wait_for
 from dpmagic.result import BudgetView, DatasetBudget, DPResult, SchemaView
 from dpmagic.settings import load_project_settings
+from dpmagic.snippets import Snippets
 from dpmagic.templates import bind_templates
 from dpmagic.transcript import TranscriptGate
 
 ERROR_PREFIX = {
+    "mock": "mock run failed ",
     "refused": "query refused: ",
     "budget": "not enough privacy budget: ",
     "auth": "the gate refused access: ",
@@ -44,6 +48,8 @@ ERROR_PREFIX = {
     "failed": "gate error: ",
 }
 IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
+COMPLETION_TIMEOUT_S = 2.0
+"""A completion waits this long for the schema at most: a keystroke must not hang."""
 ASSIGN = re.compile(r"\s*([A-Za-z_]\w*)\s*<<")
 # `$name` outside string literals and quoted identifiers: a query parameter.
 QUOTED = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"")
@@ -62,10 +68,17 @@ class QueryOptions:
     out: str | None = None
     accuracy: float | None = None
     alpha: float | None = None
+    mock: bool = False
+    mock_rows: int | None = None
+    save: str | None = None
+    with_: list[str] = field(default_factory=list)
 
 
-FLAGS = {"--dry-run": "dry_run", "--fresh": "fresh"}
+FLAGS = {"--dry-run": "dry_run", "--fresh": "fresh", "--mock": "mock"}
 VALUED = {
+    "--mock-rows": "mock_rows",
+    "--save": "save",
+    "--with": "with_",
     "-e": "epsilon",
     "--epsilon": "epsilon",
     "-d": "delta",
@@ -102,7 +115,11 @@ def parse_line(text: str) -> tuple[QueryOptions, str]:
                     raise UsageError(f"option {name} needs a value")
                 i += 1
                 inline = tokens[i].group()
-            setattr(opts, VALUED[name], _option_value(VALUED[name], name, inline))
+            value = _option_value(VALUED[name], name, inline)
+            if VALUED[name] == "with_":
+                opts.with_.append(str(value))
+            else:
+                setattr(opts, VALUED[name], value)
         elif re.match(r"--?[A-Za-z]", token):
             raise UsageError(f"unknown option {name}; see %dpsql?")
         else:
@@ -112,7 +129,7 @@ def parse_line(text: str) -> tuple[QueryOptions, str]:
     return opts, rest
 
 
-def _option_value(field: str, name: str, raw: str) -> float | str:
+def _option_value(field: str, name: str, raw: str) -> float | int | str:
     if field in ("epsilon", "delta", "accuracy", "alpha"):
         try:
             value = float(raw)
@@ -123,8 +140,13 @@ def _option_value(field: str, name: str, raw: str) -> float | str:
         if field == "alpha" and value >= 1:
             raise UsageError(f"option {name} must be between 0 and 1, not {raw!r}")
         return value
-    if field == "out" and not IDENTIFIER.fullmatch(raw):
-        raise UsageError(f"option {name} needs a Python variable name, not {raw!r}")
+    if field == "mock_rows":
+        if not raw.isdigit() or int(raw) < 1:
+            raise UsageError(f"option {name} needs a whole number of rows, not {raw!r}")
+        return int(raw)
+    if field in ("out", "save", "with_") and not IDENTIFIER.fullmatch(raw):
+        what = "a Python variable name" if field == "out" else "a snippet name (an SQL identifier)"
+        raise UsageError(f"option {name} needs {what}, not {raw!r}")
     return raw
 
 
@@ -153,11 +175,6 @@ def _plain(name: str, value: Any) -> Any:
 
 def _first(*values: Any) -> Any:
     return next((v for v in values if v is not None), None)
-
-
-def notebook_name(user_ns: dict[str, Any]) -> str:
-    """The notebook the kernel claims to run: a sub-budget key, not an identity."""
-    return os.environ.get("JPY_SESSION_NAME") or str(user_ns.get("__session__") or "unnamed")
 
 
 @contextmanager
@@ -203,14 +220,37 @@ class DpSql(Magics):
         config=True
     )
     timeout = Float(120.0, help="Seconds to wait for the gate's reply.").tag(config=True)
+    intervals = Enum(
+        ["hover", "inline"],
+        "hover",
+        help="hover: 95% intervals in tooltips and behind a toggle; "
+        "inline: value ± half-width in every noisy cell.",
+    ).tag(config=True)
 
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
-        super().__init__(shell=shell, **kwargs)
+        # Set first: configuration applied by the base class fires the observers below.
         self._client: Gate | TranscriptGate | None = None
+        self._schemas: dict[str | None, dict[str, Any] | None] = {}
+        self.snippets = Snippets()
+        self._last: DPResult | None = None
+        super().__init__(shell=shell, **kwargs)
 
     @observe("gate", "token", "timeout")
     def _forget_client(self, change: Any) -> None:
         self._client = None
+        self._schemas.clear()
+
+    def completion_schema(self) -> dict[str, Any] | None:
+        """The public schema for completion, fetched once per gate and dataset; None
+        without a gate (completion then offers keywords, functions and options only)."""
+        key = self.dataset
+        if key not in self._schemas:
+            try:
+                client = connect(self.gate, self.token, timeout=COMPLETION_TIMEOUT_S)
+                self._schemas[key] = client.schema(self.dataset)
+            except DPError:
+                return None
+        return self._schemas[key]
 
     @observe("autopandas", "autopolars")
     def _one_frame_kind(self, change: Any) -> None:
@@ -237,7 +277,8 @@ class DpSql(Magics):
         """Run differentially private SQL through the gate and show the noisy answer.
 
             %%dpsql [-e EPS | --accuracy A [--alpha 0.05]] [-d DELTA] [--dataset NAME]
-                    [--dry-run] [--fresh] [-o VAR] [VAR <<]
+                    [--dry-run] [--fresh] [--mock [--mock-rows N]] [--save NAME]
+                    [--with NAME ...] [-o VAR] [VAR <<]
             SELECT ...
 
             %dpsql [options] SELECT ...
@@ -250,6 +291,12 @@ class DpSql(Magics):
         --dataset NAME     dataset to query (default: DpSql.dataset, then the gate's only one)
         --dry-run          show the plan and what it would cost; nothing is charged
         --fresh            spend again instead of replaying a stored answer
+        --mock             answer on fake tables drawn from the public schema, in this
+                           kernel: the query never reaches the gate, nothing is charged
+        --mock-rows N      privacy units in the mock tables (default 1000)
+        --save NAME        keep the cell's SQL as snippet NAME (it is not run)
+        --with NAME        prefix the query with the saved snippet as `WITH NAME AS (…)`;
+                           repeatable; the gate analyses the whole query
         -o VAR, VAR <<     also store the DPResult in VAR (VAR.df is the DataFrame)
 
         `$name` or `{{name}}` in the SQL is bound from the notebook variable
@@ -268,6 +315,12 @@ class DpSql(Magics):
         target = opts.out or target
         if not sql.strip():
             raise UsageError("no SQL to run; write the query after %dpsql or below %%dpsql")
+        if opts.save:
+            self.snippets.save(opts.save, sql, opts.with_)
+            if self.feedback:
+                print(f"saved snippet {opts.save} (not run: use it with --with {opts.save})")
+            return None
+        sql = self.snippets.compose(sql, opts.with_)
         if opts.alpha is not None and opts.accuracy is None:
             raise UsageError("--alpha goes with --accuracy")
         if opts.accuracy is not None and opts.epsilon is not None:
@@ -278,22 +331,34 @@ class DpSql(Magics):
         notebook = self.notebook
         with gate_errors():
             client = self.client
-            result = self._wait(
-                client,
-                lambda: client.query(
+            if opts.mock:
+                result = client.query(
                     sql,
-                    epsilon=epsilon,
-                    delta=opts.delta if opts.delta is not None else self.delta,
                     dataset=opts.dataset or self.dataset,
-                    notebook=notebook,
-                    dry_run=opts.dry_run,
-                    fresh=opts.fresh,
                     params=params or None,
-                    accuracy=opts.accuracy,
-                    alpha=opts.alpha,
-                ),
-            )
+                    mock=True,
+                    mock_rows=opts.mock_rows,
+                )
+            else:
+                result = self._wait(
+                    client,
+                    lambda: client.query(
+                        sql,
+                        epsilon=epsilon,
+                        delta=opts.delta if opts.delta is not None else self.delta,
+                        dataset=opts.dataset or self.dataset,
+                        notebook=notebook,
+                        dry_run=opts.dry_run,
+                        fresh=opts.fresh,
+                        params=params or None,
+                        accuracy=opts.accuracy,
+                        alpha=opts.alpha,
+                    ),
+                )
         result.display_limit = self.displaylimit or None
+        result.intervals = self.intervals
+        result.notebook = notebook
+        self._last = result
         if target:
             self._store(target, result)
         return result
@@ -374,6 +439,41 @@ class DpSql(Magics):
         return BudgetView(views, self.notebook)
 
     @line_magic
+    def dpplot(self, line: str) -> None:
+        """Plot a result with its 95% intervals as error bars (needs matplotlib).
+
+            %dpplot [bar|hist|line] [VAR] [--x COLUMN] [--y COLUMN]
+
+        VAR is a variable holding a DPResult (`-o VAR`); without it, the last
+        %%dpsql answer. The x axis defaults to the first group key, y to the
+        first noisy column. A value where noise dominates is drawn hatched.
+        """
+        words = line.split()
+        columns: dict[str, str] = {}
+        for option in ("--x", "--y"):
+            if option in words:
+                at = words.index(option)
+                if at + 1 >= len(words):
+                    raise UsageError(f"option {option} needs a column name")
+                columns[option[2:]] = words[at + 1]
+                del words[at : at + 2]
+        kind = words.pop(0) if words and words[0] in KINDS else "bar"
+        if len(words) > 1:
+            raise UsageError("usage: %dpplot [bar|hist|line] [VAR] [--x COLUMN] [--y COLUMN]")
+        result = self.shell.user_ns.get(words[0]) if words else self._last
+        if not isinstance(result, DPResult):
+            what = f"{words[0]} is not a %%dpsql result" if words else "no %%dpsql answer yet"
+            raise UsageError(f"{what}; store one with -o VAR (not as a DataFrame) and plot VAR")
+        try:
+            # Drawn through pyplot, so the notebook shows the figure; returning the
+            # Axes too would print its repr under it.
+            result.plot(kind, x=columns.get("x"), y=columns.get("y"))
+        except ImportError as exc:
+            print(f"dpmagic: {exc}", file=sys.stderr)
+        except (KeyError, ValueError) as exc:
+            raise UsageError(str(exc).strip("'\"")) from None
+
+    @line_magic
     def dpschema(self, line: str) -> SchemaView:
         """Show the tables that may be queried, their columns, bounds and the policy.
 
@@ -423,8 +523,27 @@ def register(ipython: Any) -> None:
     """
     magics = DpSql(ipython)
     path, problems = load_project_settings(magics, Path.cwd())
+    _register_completer(ipython, magics)
     for problem in problems:
         print(f"dpmagic: [tool.dpmagic] in {path}: {problem}", file=sys.stderr)
     if path is not None and magics.feedback:
         print(f"dpmagic: settings from [tool.dpmagic] in {path}")
     ipython.register_magics(magics)
+
+
+def _register_completer(ipython: Any, magics: DpSql) -> None:
+    """Tab completion in ``%%dpsql`` cells, replacing any from an earlier load."""
+    completer = getattr(ipython, "Completer", None)
+    if completer is None:
+        return
+    matcher = make_matcher(
+        Sources(
+            schema=magics.completion_schema,
+            options=lambda: [*FLAGS, *VALUED],
+            snippets=lambda: list(magics.snippets),
+        )
+    )
+    completer.custom_matchers[:] = [
+        m for m in completer.custom_matchers if getattr(m, "__name__", "") != matcher.__name__
+    ]
+    completer.custom_matchers.append(matcher)

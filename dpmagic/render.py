@@ -44,6 +44,12 @@ STYLE = """<style>
 .dpmagic .dpm-bar > span { display: block; height: 100%; flex: none; }
 .dpmagic td.dpm-nowrap { white-space: nowrap; }
 .dpmagic .dpm-muted { color: var(--jp-ui-font-color2, inherit); }
+.dpmagic td.dpm-dominated { color: var(--jp-ui-font-color2, inherit); }
+.dpmagic .dpm-flag { font-size: 0.75em; margin-left: 0.4em; padding: 0 0.3em;
+  border: 1px solid var(--jp-warn-color1, currentColor); border-radius: 0.3em;
+  color: var(--jp-warn-color1, inherit); white-space: nowrap; }
+.dpmagic .dpm-mock { margin: 0.2em 0; padding: 0.15em 0.5em; display: inline-block;
+  border: 1px dashed var(--jp-warn-color1, currentColor); color: var(--jp-warn-color1, inherit); }
 .dpmagic svg text { fill: var(--jp-ui-font-color2, currentColor); font-size: 10px; }
 </style>"""
 
@@ -108,10 +114,12 @@ def spend_chart(costs: Sequence[float], limit: float, title: str) -> str:
         f'viewBox="0 0 {width} {height}"><title>{escape(title)}</title>'
         f'<line x1="{pad}" x2="{width - pad}" y1="{limit_y:.1f}" y2="{limit_y:.1f}" '
         f'stroke="{THIS_QUERY}" stroke-dasharray="4 3"/>'
-        f'<text x="{width - pad}" y="{limit_y - 3:.1f}" text-anchor="end">limit ε {limit:g}</text>'
+        # Spaces around each label: where a viewer drops the SVG, its text stays readable.
+        f'<text x="{width - pad}" y="{limit_y - 3:.1f}" text-anchor="end">'
+        f" limit ε {limit:g} </text>"
         f'<polyline fill="none" stroke="{SPENT}" stroke-width="2" points="{" ".join(points)}"/>'
-        f'<text x="{pad}" y="{height - 2}">query 1</text>'
-        f'<text x="{width - pad}" y="{height - 2}" text-anchor="end">{len(costs)}</text>'
+        f'<text x="{pad}" y="{height - 2}"> query 1 </text>'
+        f'<text x="{width - pad}" y="{height - 2}" text-anchor="end"> … {len(costs)} </text>'
         "</svg>"
     )
 

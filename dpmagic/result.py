@@ -10,6 +10,7 @@ everything is HTML-escaped; colours are inherited from the front end's theme
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property
@@ -18,13 +19,29 @@ from typing import Any
 
 import pandas as pd
 
+from dpmagic.cells import CellAccuracy, cell_accuracy
+from dpmagic.plan_view import HEADERS, plan_rows
 from dpmagic.render import MUTED, STYLE, budget_bar, spend_chart, table
+
+MOCK_LABEL = "mock data — not the real dataset"
+MOCK_MEANING = (
+    "answered on fake rows drawn from the public schema (declared bounds and values) in "
+    "this kernel; the query never reached the gate and nothing was charged"
+)
+BUDGET_METADATA = "dpmagic"
+"""Key of the output metadata that carries the notebook's ε left (the status bar reads it)."""
 
 
 class DPResult:
-    """One reply to ``POST /v1/query``: noisy rows plus their cost and accuracy."""
+    """One reply to ``POST /v1/query``: noisy rows plus their cost and accuracy.
 
-    def __init__(self, reply: dict[str, Any], display_limit: int | None = None) -> None:
+    JupySQL's result names work too: ``DataFrame()``, ``PolarsDataFrame()``,
+    ``csv()``, ``dict()``, ``len()`` and iteration over the rows as tuples.
+    """
+
+    def __init__(
+        self, reply: dict[str, Any], display_limit: int | None = None, intervals: str = "hover"
+    ) -> None:
         self.reply = reply
         self.dataset: str = reply.get("dataset", "")
         self.columns: list[str] = list(reply.get("columns", []))
@@ -34,9 +51,16 @@ class DPResult:
         self.budget: dict[str, Any] = reply.get("budget", {})
         self.replayed: bool = bool(reply.get("replayed", False))
         self.dry_run: bool = bool(reply.get("dry_run", False))
+        self.mock: bool = bool(reply.get("mock"))
+        """Answered on fake tables made from the public schema (``--mock``), not the data."""
         self.plan: list[dict[str, Any]] = list(reply.get("plan", []))
         self.display_limit = display_limit
         """Rows shown by the HTML and text views; ``None`` or 0 shows all."""
+        self.intervals = intervals
+        """``"hover"``: intervals in tooltips and behind a toggle; ``"inline"``:
+        ``value ± half-width`` in every noisy cell."""
+        self.notebook: str | None = None
+        """The notebook that was charged, for the status bar; set by the magic."""
 
     @cached_property
     def df(self) -> pd.DataFrame:
@@ -54,14 +78,47 @@ class DPResult:
             self.rows, schema=self.columns, orient="row", strict=False, infer_schema_length=None
         )
 
+    def DataFrame(self) -> pd.DataFrame:
+        """``.df`` under JupySQL's name."""
+        return self.df
+
+    def PolarsDataFrame(self) -> Any:
+        """``.pl`` under JupySQL's name."""
+        return self.pl
+
+    def dict(self) -> dict[str, tuple[Any, ...]]:
+        """Column name → its values, as JupySQL's ``ResultSet.dict()``."""
+        return {c: tuple(row[i] for row in self.rows) for i, c in enumerate(self.columns)}
+
+    def csv(self, filename: str | None = None, **kwargs: Any) -> str | None:
+        """The noisy rows as CSV: returned, or written to ``filename``."""
+        return self.df.to_csv(filename, index=False, **kwargs)
+
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        return (tuple(row) for row in self.rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def plot(self, kind: str = "bar", x: str | None = None, y: str | None = None) -> Any:
+        """Bars, a histogram or a line with 95% intervals as error bars (matplotlib)."""
+        from dpmagic.plot import plot
+
+        return plot(self, kind=kind, x=x, y=y)
+
     @property
     def confidence(self) -> float:
         """The coverage of the reported intervals, e.g. 0.95."""
         return 1.0 - float(self.accuracy.get("alpha", 0.05))
 
+    @property
+    def keys(self) -> list[str]:
+        """The group-key columns: those that carry no noise."""
+        return [c for i, c in enumerate(self.columns) if self._column_accuracy(i) is None]
+
     def interval(self, column: str) -> pd.DataFrame:
-        """Each row's interval for ``column`` as a DataFrame of ``lo`` and ``hi``
-        (NaN where an expression's interval is unknown)."""
+        """Each row's interval for ``column``: the group keys, then ``lower`` and ``upper``
+        (NaN where an expression's interval is unknown), in the rows' order."""
         info = self._noisy_column(column)
         if "rank_radius" in info:
             raise ValueError(
@@ -70,7 +127,10 @@ class DPResult:
             )
         nan = float("nan")
         pairs = [(p[0], p[1]) if p else (nan, nan) for p in info["intervals"]]
-        return pd.DataFrame(pairs, columns=["lo", "hi"], index=self.df.index)
+        frame = self.df[self.keys].copy()
+        frame["lower"] = [p[0] for p in pairs]
+        frame["upper"] = [p[1] for p in pairs]
+        return frame
 
     def rank_radius(self, column: str) -> float:
         """For a quantile column, ``r`` such that with the reported confidence each
@@ -80,6 +140,11 @@ class DPResult:
         if "rank_radius" not in info:
             raise ValueError(f"column {column!r} is not a quantile: see interval({column!r})")
         return float(info["rank_radius"])
+
+    def noise_dominates(self, column: str) -> list[bool]:
+        """Per row, whether noise dominates the cell (see the README's "Honest displays")."""
+        index = self.columns.index(column)
+        return [bool((a := self._cell(index, r)) and a.dominated) for r in range(len(self.rows))]
 
     def _noisy_column(self, column: str) -> dict[str, Any]:
         if column not in self.columns:
@@ -93,36 +158,33 @@ class DPResult:
         columns = self.accuracy.get("columns") or []
         return columns[index] if index < len(columns) else None
 
-    def _interval_at(self, column: int, row: int) -> tuple[Any, Any] | None:
-        info = self._column_accuracy(column)
-        intervals = (info or {}).get("intervals") or []
-        pair = intervals[row] if row < len(intervals) else None
-        return (pair[0], pair[1]) if pair else None
-
-    def _accuracy_text(self, column: int, row: int, percent: str) -> tuple[str, str] | None:
-        """A cell's accuracy as its hidden span and its tooltip, if it has one."""
-        info = self._column_accuracy(column) or {}
-        if "rank_radius" in info:
-            radius = format_value(float(info["rank_radius"]))
-            level = format_value(float(info["level"]))
-            tip = f"{percent}: rank within ±{radius} of the {level}-quantile's, ties aside"
-            return f"±{radius} ranks", tip
-        pair = self._interval_at(column, row)
-        if pair is None:
-            return None
-        span = f"[{format_value(pair[0])}, {format_value(pair[1])}]"
-        if info.get("interval") == "normal approximation":  # randomized response, debiased
-            return span, f"{percent} interval {span}, a normal approximation"
-        return span, f"{percent} interval {span}"
+    def _cell(self, column: int, row: int) -> CellAccuracy | None:
+        reply = {"rows": self.rows, "accuracy": self.accuracy, "plan": self.plan}
+        return cell_accuracy(reply, column, row, format_value, f"{self.confidence:.0%}")
 
     def _shown_rows(self) -> list[int]:
         limit = self.display_limit or len(self.rows)
         return list(range(min(limit, len(self.rows))))
 
+    def _dominated_count(self) -> int:
+        return sum(
+            1
+            for r in self._shown_rows()
+            for c in range(len(self.columns))
+            if (a := self._cell(c, r)) and a.dominated
+        )
+
     def footer(self) -> str:
         """One line: what this query cost and what is left."""
         parts = []
-        if self.dry_run:
+        if self.mock:
+            parts.append(f"{MOCK_LABEL}: fake rows drawn from the public schema, nothing charged")
+        elif self.dry_run and self.reply.get("offline"):
+            parts.append(
+                f"dry run: nothing charged; it would spend {_amount(self.cost)} "
+                "(its plan is not in the transcript: ask the gate for it)"
+            )
+        elif self.dry_run:
             parts.append(f"dry run: nothing charged; it would spend {_amount(self.cost)}")
         elif self.replayed:
             parts.append("replayed (no cost)")
@@ -137,14 +199,52 @@ class DPResult:
                 f"keys chosen from the data: kept where noisy units ≥ {chosen['threshold']} "
                 f"(δ={format_exact(chosen['delta'])})"
             )
+        dominated = 0 if self.dry_run else self._dominated_count()
+        if dominated:
+            cells = "cell" if dominated == 1 else "cells"
+            parts.append(f"noise dominates {dominated} {cells}: read them as noise, not facts")
         shown = len(self._shown_rows())
         if shown < len(self.rows):
             parts.append(f"showing {shown} of {len(self.rows)} rows")
         return " · ".join(parts)
 
+    def budget_note(self) -> dict[str, Any] | None:
+        """What the status bar shows: this notebook's ε left, if the gate said."""
+        left = _epsilon(self.budget, "notebook", "remaining")
+        limit = _epsilon(self.budget, "notebook", "limit")
+        if left is None or limit is None or self.mock:
+            return None
+        return {
+            "notebook": self.notebook or "",
+            "dataset": self.dataset,
+            "epsilon_left": left,
+            "epsilon_limit": limit,
+        }
+
+    def _repr_mimebundle_(
+        self, include: Any = None, exclude: Any = None
+    ) -> tuple[dict[str, str], dict[str, Any]]:
+        """HTML for notebooks, Markdown for viewers that strip HTML's styles, plain text
+        for terminals; this notebook's ε left in the metadata, for the status bar."""
+        data = {
+            "text/html": self._repr_html_(),
+            "text/markdown": self._repr_markdown_(),
+            "text/plain": repr(self),
+        }
+        note = self.budget_note()
+        return data, ({BUDGET_METADATA: note} if note else {})
+
     def _repr_html_(self) -> str:
         body = self._plan_html() if self.dry_run else self._table_html()
-        return f'<div class="dpmagic dpmagic-result">{STYLE}{body}{self._footer_html()}</div>'
+        banner = (
+            f'<div class="dpm-mock" title="{escape(MOCK_MEANING)}">'
+            f"<strong>{escape(MOCK_LABEL)}</strong></div>"
+            if self.mock
+            else ""
+        )
+        return (
+            f'<div class="dpmagic dpmagic-result">{STYLE}{banner}{body}{self._footer_html()}</div>'
+        )
 
     def _footer_html(self) -> str:
         bars = []
@@ -155,93 +255,118 @@ class DPResult:
                 continue
             this = 0.0 if self.replayed or self.dry_run else float(self.cost.get("epsilon") or 0)
             bar = budget_bar(spent, limit, this, scope)
-            bars.append(f'<span class="dpm-muted">{scope}</span>{bar}')
+            bars.append(f'<span class="dpm-muted">{scope}</span>{bar} ')
         return (
             f'<div class="dpmagic-footer" style="{MUTED}">'
-            f'<span class="dpm-footer-text">{escape(self.footer())}</span>'
+            f'<span class="dpm-footer-text">{escape(self.footer())}</span> '
             f'<div class="dpm-bars">{"".join(bars)}</div></div>'
         )
 
     def _table_html(self) -> str:
         percent = f"{self.confidence:.0%}"
-        noisy = any(self._column_accuracy(c) for c in range(len(self.columns)))
+        inline = self.intervals == "inline"
+        noisy = False
         body = []
         for r in self._shown_rows():
             cells = []
             for c, value in enumerate(self.rows[r]):
                 text = escape(format_value(value))
-                shown = self._accuracy_text(c, r, percent)
+                shown = self._cell(c, r)
                 if shown is None:
                     cells.append(f"<td>{text}</td>")
                     continue
-                span, tip = shown
-                cells.append(
-                    f'<td class="dpm-noisy" title="{escape(tip)}">{text}'
-                    f'<span class="dpm-int" style="display:none">{escape(span)}</span></td>'
-                )
+                noisy = True
+                if inline:
+                    extra = (
+                        f" ± {format_value(shown.half_width)}"
+                        if shown.half_width is not None
+                        else f" ({shown.short})"
+                    )
+                    text += escape(extra)
+                else:
+                    # A space before the hidden span: where a viewer drops the style that
+                    # hides it, the interval reads "424 [136, 712]", not "424[136, 712]".
+                    text += (
+                        f' <span class="dpm-int" style="display:none">{escape(shown.short)}</span>'
+                    )
+                if shown.dominated:
+                    text += ' <span class="dpm-flag">noise dominates</span>'
+                classes = "dpm-noisy dpm-dominated" if shown.dominated else "dpm-noisy"
+                cells.append(f'<td class="{classes}" title="{escape(shown.tip)}">{text}</td>')
             body.append(cells)
         toggle = (
             f'<details class="dpm-toggle"><summary>{percent} intervals</summary></details>'
-            if noisy and body
+            if noisy and body and not inline
             else ""
         )
         return toggle + table(self.columns, body, raw=True)
 
     def _plan_html(self) -> str:
-        return table(PLAN_HEADERS, [_plan_row(step) for step in self.plan])
+        head = "".join(f'<th title="{escape(tip)}">{escape(h)}</th>' for h, tip in PLAN_HEADERS)
+        rows = "".join(
+            "<tr>" + "".join(f"<td>{escape(v)}</td>" for v in row) + "</tr>"
+            for row in self._plan_rows()
+        )
+        return f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+
+    def _plan_rows(self) -> list[list[str]]:
+        return plan_rows(self.plan, zcdp="rho" in self.cost, fmt=format_exact)
+
+    def _text_rows(self) -> list[list[str]]:
+        """The shown rows as text with each interval beside its value: a plain view's table."""
+        out = []
+        for r in self._shown_rows():
+            row = []
+            for c, value in enumerate(self.rows[r]):
+                text = format_value(value)
+                shown = self._cell(c, r)
+                if shown is not None:
+                    text += f" {shown.short}"
+                    if shown.dominated:
+                        text += " (noise dominates)"
+                row.append(text)
+            out.append(row)
+        return out
+
+    def _repr_markdown_(self) -> str:
+        if self.dry_run:
+            headers, rows = [h for h, _ in PLAN_HEADERS], self._plan_rows()
+        else:
+            headers, rows = self.columns, self._text_rows()
+        parts = [f"**{MOCK_LABEL}**\n"] if self.mock else []
+        parts.append(markdown_table(headers, rows) if rows else "(no rows)")
+        parts.append(f"\n_{markdown_escape(self.footer())}_")
+        return "\n".join(parts)
 
     def __repr__(self) -> str:
         if self.dry_run:
-            table = pd.DataFrame([_plan_row(s) for s in self.plan], columns=PLAN_HEADERS)
+            frame = pd.DataFrame(self._plan_rows(), columns=[h for h, _ in PLAN_HEADERS])
         else:
-            shown = [[format_value(v) for v in self.rows[r]] for r in self._shown_rows()]
-            table = pd.DataFrame(shown, columns=self.columns)
-        text = table.to_string(index=False) if len(table) else "(no rows)"
-        return f"{text}\n{self.footer()}"
+            frame = pd.DataFrame(self._text_rows(), columns=self.columns)
+        text = frame.to_string(index=False) if len(frame) else "(no rows)"
+        banner = f"{MOCK_LABEL}\n" if self.mock else ""
+        return f"{banner}{text}\n{self.footer()}"
 
 
-PLAN_HEADERS = (
-    "aggregate",
-    "bounds",
-    "sensitivity",
-    "mechanism",
-    "scale",
-    "cost",
-    "95% error ±",
-    "keys",
-)
+PLAN_HEADERS = HEADERS
 
 
-def _plan_row(step: dict[str, Any]) -> list[str]:
-    bounds = step.get("bounds")
-    cost = step.get("cost") or {"epsilon": step.get("epsilon")}
-    keys = step.get("keys") or []
-    return [
-        str(step.get("aggregate", "")),
-        f"[{format_exact(bounds[0])}, {format_exact(bounds[1])}]" if bounds else "",
-        f"{format_exact(step.get('sensitivity'))} {step.get('norm', '')}".strip(),
-        str(step.get("mechanism", "")),
-        format_exact(step.get("scale")),
-        _step_cost(cost),
-        format_exact(step.get("accuracy")),
-        ", ".join(_key_text(k, step) for k in keys),
+def markdown_table(headers: list[str] | tuple[str, ...], rows: list[list[str]]) -> str:
+    """A GitHub-flavoured Markdown table: what shared and untrusted notebooks can show."""
+    lines = [
+        "| " + " | ".join(markdown_escape(h) for h in headers) + " |",
+        "|" + "---|" * len(headers),
     ]
+    lines += ["| " + " | ".join(markdown_escape(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
 
 
-def _step_cost(cost: dict[str, Any]) -> str:
-    if "rho" in cost:
-        return f"ρ={format_exact(cost['rho'])}"
-    text = f"ε={format_exact(cost['epsilon'])}"
-    return text + (f", δ={format_exact(cost['delta'])}" if cost.get("delta") else "")
-
-
-def _key_text(key: dict[str, Any], step: dict[str, Any]) -> str:
-    """A public key with how many values it has; a private one with how it is chosen."""
-    if key.get("public", True):
-        return f"{key['column']} ({key['values']} public)"
-    if step.get("kind") == "partition_selection":
-        return f"{key['column']} (private: kept if noisy units ≥ {step.get('threshold')})"
-    return f"{key['column']} (private: DP partition selection)"
+def markdown_escape(text: str) -> str:
+    """Text safe in a Markdown table cell: no pipes, no HTML, no emphasis."""
+    text = escape(" ".join(str(text).split()), quote=False)
+    for char in "\\|*_`[]":
+        text = text.replace(char, "\\" + char)
+    return text
 
 
 @dataclass(frozen=True)
@@ -263,6 +388,14 @@ class BudgetView:
     def __init__(self, datasets: list[DatasetBudget], notebook: str) -> None:
         self.datasets = datasets
         self.notebook = notebook
+
+    def rename_note(self) -> str:
+        """What the notebook's name means for its budget: users rename notebooks."""
+        return (
+            f"charged as notebook {self.notebook}; renamed or moved, a notebook starts a "
+            "new notebook budget, drawn from the same user budget (its answers still "
+            "replay at no cost)"
+        )
 
     def __getitem__(self, dataset: str) -> DatasetBudget:
         for entry in self.datasets:
@@ -302,6 +435,7 @@ class BudgetView:
 
     def _repr_html_(self) -> str:
         parts = [STYLE]
+        parts.append(f'<div style="{MUTED}">{escape(self.rename_note())}</div>')
         for entry in self.datasets:
             headers, rows = self._scopes(entry)
             body = []
@@ -336,8 +470,53 @@ class BudgetView:
             )
         return f'<div class="dpmagic dpmagic-budget">{"".join(parts)}</div>'
 
+    def _repr_markdown_(self) -> str:
+        """The same tables for viewers that drop HTML's styles; the chart as numbers."""
+        parts = [f"_{markdown_escape(self.rename_note())}_\n"]
+        for entry in self.datasets:
+            headers, rows = self._scopes(entry)
+            parts.append(f"**dataset {markdown_escape(entry.name)}**\n")
+            parts.append(markdown_table(headers, [row for _, row in rows]))
+            history = self._history_rows(entry)
+            if not history:
+                parts.append("\n_no queries from this notebook yet_\n")
+                continue
+            shown = [[t, _shorten(sql, SQL_SHOWN_CHARS), c, st] for t, sql, c, st in history]
+            parts.append("\n" + markdown_table(HISTORY_HEADERS, shown))
+            total, steps = 0.0, []
+            for item in entry.history:
+                total += float((item.get("cost") or {}).get("epsilon") or 0)
+                steps.append(f"{total:g}")
+            limit = _epsilon(entry.budget, "notebook", "limit") or 0.0
+            parts.append(
+                f"\n_ε spent by notebook {markdown_escape(self.notebook)}, query by query: "
+                f"{' → '.join(steps)} (limit {limit:g})_\n"
+            )
+        return "\n".join(parts)
+
+    def _repr_mimebundle_(
+        self, include: Any = None, exclude: Any = None
+    ) -> tuple[dict[str, str], dict[str, Any]]:
+        """As a result's: HTML, Markdown and text, and the notebook's ε left for the
+        status bar (of the only dataset shown, when one is)."""
+        data = {
+            "text/html": self._repr_html_(),
+            "text/markdown": self._repr_markdown_(),
+            "text/plain": repr(self),
+        }
+        if len(self.datasets) != 1:
+            return data, {}
+        budget = self.datasets[0].budget
+        left = _epsilon(budget, "notebook", "remaining")
+        limit = _epsilon(budget, "notebook", "limit")
+        if left is None or limit is None:
+            return data, {}
+        note = {"notebook": self.notebook, "dataset": self.datasets[0].name,
+                "epsilon_left": left, "epsilon_limit": limit}  # fmt: skip
+        return data, {BUDGET_METADATA: note}
+
     def __repr__(self) -> str:
-        parts = []
+        parts = [self.rename_note()]
         for entry in self.datasets:
             headers, rows = self._scopes(entry)
             frame = pd.DataFrame([row for _, row in rows], columns=headers)
@@ -427,24 +606,35 @@ class SchemaView:
         return " · ".join(["private", held, *(f"links {link}" for link in links), bounds])
 
     def _use(self, column: str, info: dict[str, Any], public: bool, unit: str | None) -> str:
-        """How the column can appear in a query, from the policy's declarations alone."""
+        """Every way the column can appear in a query, from the policy's declarations alone."""
         if public:
-            return "public table: no privacy cost"
+            return "public table: join, filter and group by it at no privacy cost"
         if column == unit:
-            return "privacy unit: never shown or grouped by"
+            return "privacy unit: COUNT(DISTINCT …) and joins on it; never shown or grouped by"
         randomized = info.get("randomized_response")
         if isinstance(randomized, dict):
             return (
                 f"randomized response (p = {format_exact(randomized.get('p'))}): "
                 "GROUP BY with COUNT, SUM/AVG, debiased"
             )
+        kind = str(info.get("type", ""))
+        bounded = info.get("lower") is not None and info.get("upper") is not None
         uses = []
         if info.get("public_values") is not None:
             uses.append("GROUP BY")
+        elif kind == "int" and bounded:
+            uses.append(f"GROUP BY {column} or {column} // 10 (every value in its bounds)")
+        elif kind == "date" and bounded:
+            uses.append(f"GROUP BY YEAR({column}), MONTH({column}), QUARTER({column})")
         elif self.reply.get("accountant") == "approx":
             uses.append("GROUP BY with δ > 0 (keys kept by DP partition selection)")
-        if info.get("lower") is not None and info.get("upper") is not None:
+        if bounded and kind in ("int", "float"):
+            uses.append("SUM/AVG/VARIANCE/STDDEV")
+            uses.append("MEDIAN/MIN/MAX/quantiles")
+        elif bounded and kind == "bool":
             uses.append("SUM/AVG")
+        if kind == "str":
+            uses.append("text functions (UPPER, LENGTH, …)")
         return ", ".join([*uses, "WHERE, COUNT"])
 
     def _repr_html_(self) -> str:
@@ -456,6 +646,13 @@ class SchemaView:
             )
             parts.append(table(SCHEMA_HEADERS, rows, text=True))
         return f'<div class="dpmagic dpmagic-schema">{"".join(parts)}</div>'
+
+    def _repr_markdown_(self) -> str:
+        parts = [f"_{markdown_escape(self.summary())}_\n"]
+        for title, privacy, rows in self._tables():
+            parts.append(f"**{markdown_escape(title)}** {markdown_escape(privacy)}\n")
+            parts.append(markdown_table(SCHEMA_HEADERS, rows) + "\n")
+        return "\n".join(parts)
 
     def __repr__(self) -> str:
         parts = [self.summary()]

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dpmagic.errors import DPError, QueryRefused
+from dpmagic.mock import mock_query
 from dpmagic.result import DPResult
 
 FORMAT = "dpmagic-transcript/1"
@@ -60,11 +61,17 @@ class TranscriptGate:
         params: dict[str, Any] | None = None,
         accuracy: float | None = None,
         alpha: float | None = None,
+        mock: bool = False,
+        mock_rows: int | None = None,
     ) -> DPResult:
         """The stored answer to this exact request, marked replayed; ``fresh``
-        cannot spend anything here, so it replays too."""
+        cannot spend anything here, so it replays too. A mock run uses the
+        transcript's schema; a dry run of a query the transcript does not hold
+        says that its plan is not available offline instead of failing."""
         name = self._dataset(dataset)
         facts = self.datasets[name]
+        if mock:
+            return mock_query(sql, self.schema(name), params, mock_rows)
         request: dict[str, Any] = {
             "dataset": name,
             "sql": sql,
@@ -75,6 +82,18 @@ class TranscriptGate:
         if accuracy is not None:
             request.update(accuracy=float(accuracy), alpha=float(alpha or 0.05))
         stored = self._answers.get(_key(request))
+        if stored is None and dry_run:
+            return DPResult(
+                {
+                    "dataset": name,
+                    "columns": [],
+                    "rows": [],
+                    "dry_run": True,
+                    "offline": True,
+                    "cost": {"epsilon": request["epsilon"], "delta": request["delta"]},
+                    "budget": self.datasets[name]["budget"],
+                }
+            )
         if stored is None:
             raise QueryRefused(
                 f"this query is not in the transcript {self.path.name}: "

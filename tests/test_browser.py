@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -170,11 +171,18 @@ def _walk_through_the_quickstart(lab: str, page) -> None:
     budget.wait_for(timeout=RUN_ALL_S * 1000)
     results = page.locator(".dpmagic-result")
     cells = _dpsql_cells()
-    assert results.count() == len(cells)  # each answer, and the dry run's plan
+    assert results.count() == len(cells)  # each answer, the mock run and the dry run's plan
     assert page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")\
         .count() == 0  # fmt: skip
 
-    first = results.first
+    # The mock rehearsal is labelled in its table and its footer, and charged nothing.
+    mock = results.nth(_index(cells, "--mock"))
+    assert mock.locator(".dpm-mock").inner_text() == "mock data — not the real dataset"
+    assert (
+        mock.locator(".dpm-footer-text").inner_text().startswith("mock data — not the real dataset")
+    )
+
+    first = results.nth(_index(cells, "SELECT COUNT(*) AS visits"))
     first.scroll_into_view_if_needed()
     assert first.locator("th").all_inner_texts() == ["visits"]
     footer = first.locator(".dpm-footer-text").inner_text()
@@ -183,7 +191,7 @@ def _walk_through_the_quickstart(lab: str, page) -> None:
     assert first.locator("[role=meter]").count() == 2
 
     # Departments: every public key is a row; intervals open from the toggle.
-    departments = results.nth(1)
+    departments = results.nth(_index(cells, "GROUP BY department\nORDER BY"))
     departments.scroll_into_view_if_needed()
     assert departments.locator("tbody tr").count() == 10
     interval = departments.locator(".dpm-int").first
@@ -203,10 +211,17 @@ def _walk_through_the_quickstart(lab: str, page) -> None:
     # %dpbudget: the two scopes with bars, this notebook's queries and a chart.
     budget.scroll_into_view_if_needed()
     assert budget.locator("[role=meter]").count() == 2
-    charged = [c for c in cells if "--dry-run" not in c.splitlines()[0]]
+    charged = [c for c in cells if not {"--dry-run", "--mock"} & set(c.splitlines()[0].split())]
     assert budget.locator("code").count() == len(charged)
     assert budget.locator("svg.dpm-chart").count() == 1
     _shoot(page, "lab-budget-light.png")
+
+    # Noise that dominates is flagged, not shown as a plain number.
+    costs = results.nth(_index(cells, "-o costs"))
+    costs.scroll_into_view_if_needed()
+    assert costs.locator(".dpm-flag", has_text="noise dominates").count() >= 1
+    _shoot(page, "lab-noise-light.png")
+    _check_the_extension(page)
 
     # A refused %%dpsql cell typed by the user fails with one line.
     page.locator(".jp-Cell").last.click()
@@ -232,13 +247,97 @@ def _walk_through_the_quickstart(lab: str, page) -> None:
     colour = departments.locator("td").first.evaluate("el => getComputedStyle(el).color")
     assert not _dark(colour), colour
     _shoot(page, "lab-result-dark.png")
+    costs = page.locator(".dpmagic-result").nth(_index(_dpsql_cells(), "-o costs"))
+    costs.scroll_into_view_if_needed()
+    _shoot(page, "lab-noise-dark.png")
+    dry = page.locator(".jp-CodeCell", has_text="stay_days > 0 AND sex = 'F'")
+    dry.scroll_into_view_if_needed()
+    keyword = _css_colour(page, "var(--jp-mirror-editor-keyword-color)")
+    token = dry.locator(".cm-line span", has_text=re.compile("^SELECT$")).first
+    assert token.evaluate("el => getComputedStyle(el).color") == keyword
+    _shoot(page, "lab-sql-dark.png")
+    refused = page.locator(".jp-CodeCell", has_text="SELECT * FROM visits").last
+    refused.scroll_into_view_if_needed()
+    refused.locator(".cm-content").click()
+    page.keyboard.press("Control+End")
+    page.keyboard.type("\nWHERE a")
+    page.keyboard.press("Tab")
+    completer = page.locator(".jp-Completer")
+    completer.wait_for()
+    offered = completer.locator(".jp-Completer-item .jp-Completer-match").all_inner_texts()
+    assert {"age", "age_band", "and"} <= set(offered), offered
+    _shoot(page, "lab-completion-dark.png")
+    page.keyboard.press("Escape")
+
+
+def _check_the_extension(page) -> None:
+    """The prebuilt extension: active, %%dpsql edited as SQL, the kernel's completions
+    shown, the notebook's ε left in the status bar."""
+    config = page.evaluate(
+        "() => JSON.parse(document.getElementById('jupyter-config-data').textContent)"
+    )
+    assert "dpmagic-jupyterlab" in [e["name"] for e in config["federated_extensions"]]
+    status = page.locator(".dpmagic-budget-status")
+    assert re.fullmatch(r"ε left: [\d.]+ of 3", status.inner_text()), status.inner_text()
+
+    # SQL highlighting: keywords in a %%dpsql cell take the theme's keyword colour,
+    # and a string literal ends where SQL says it does.
+    dry = page.locator(".jp-CodeCell", has_text="stay_days > 0 AND sex = 'F'")
+    dry.scroll_into_view_if_needed()
+    keyword = _css_colour(page, "var(--jp-mirror-editor-keyword-color)")
+    string = _css_colour(page, "var(--jp-mirror-editor-string-color)")
+    for word in ("SELECT", "AND", "GROUP"):
+        token = dry.locator(".cm-line span", has_text=re.compile(f"^{word}$")).first
+        assert token.evaluate("el => getComputedStyle(el).color") == keyword, word
+    quoted = dry.locator(".cm-line span", has_text=re.compile("^'F'$")).first
+    assert quoted.evaluate("el => getComputedStyle(el).color") == string
+    _shoot(page, "lab-sql-light.png")
+
+    # Completion, from the kernel: columns, functions and keywords after `SELECT a`.
+    page.locator(".jp-Cell").last.click()
+    page.keyboard.press("Escape")
+    page.keyboard.press("b")
+    page.keyboard.press("Enter")
+    page.keyboard.type("%%dpsql\nSELECT a")
+    page.keyboard.press("Tab")
+    completer = page.locator(".jp-Completer")
+    completer.wait_for()
+    offered = completer.locator(".jp-Completer-item .jp-Completer-match").all_inner_texts()
+    assert {"age", "age_band", "avg", "abs", "and"} <= set(offered), offered
+    _shoot(page, "lab-completion-light.png")
+    page.keyboard.press("Escape")
+    # ... and only table names after FROM; Enter takes the one offered.
+    page.keyboard.type(" FROM p")
+    page.keyboard.press("Tab")
+    completer.wait_for()
+    offered = completer.locator(".jp-Completer-item .jp-Completer-match").all_inner_texts()
+    assert offered == ["patients"], offered
+    _shoot(page, "lab-completion-from-light.png")
+    page.keyboard.press("Enter")
+    page.locator(".jp-Cell").last.locator(".cm-line", has_text="FROM patients").wait_for()
+
+
+def _css_colour(page, value: str) -> str:
+    """``value`` (e.g. a theme variable) as the browser computes it: ``rgb(…)``."""
+    return page.evaluate(
+        """value => { const probe = document.createElement('span');
+        probe.style.color = value; document.body.appendChild(probe);
+        const colour = getComputedStyle(probe).color; probe.remove(); return colour; }""",
+        value,
+    )
+
+
+def _index(cells: list[str], text: str) -> int:
+    """The position among the results of the first cell containing ``text``."""
+    return next(i for i, c in enumerate(cells) if text in c)
 
 
 def _dpsql_cells() -> list[str]:
-    """The quickstart's ``%%dpsql`` cells, read from the notebook the lab serves."""
+    """The quickstart's ``%%dpsql`` cells that show a result (``--save`` only saves),
+    read from the notebook the lab serves."""
     notebook = json.loads(example_file(NOTEBOOK).read_text())
     sources = ["".join(c["source"]) for c in notebook["cells"] if c["cell_type"] == "code"]
-    return [s for s in sources if s.startswith("%%dpsql")]
+    return [s for s in sources if s.startswith("%%dpsql") and "--save" not in s.splitlines()[0]]
 
 
 def _dark(css: str) -> bool:

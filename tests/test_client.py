@@ -38,7 +38,7 @@ def test_query_returns_noisy_rows_cost_and_budget(gate):
     assert result.budget["notebook"]["remaining"]["epsilon"] == pytest.approx(1.5)
     assert result.budget["user"]["remaining"]["epsilon"] == pytest.approx(4.5)
     assert result.accuracy["columns"][0] is None
-    lo, hi = result.interval("n").iloc[0]
+    lo, hi = result.interval("n").iloc[0][["lower", "upper"]]
     assert lo < hi
     # 100 people of each sex; the noise at ε 0.5 is far smaller than 100
     assert all(0 < n < 200 for n in result.df["n"])

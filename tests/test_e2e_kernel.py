@@ -34,6 +34,7 @@ class Outcome:
     text: list[str] = field(default_factory=list)
     streams: str = ""
     reply: dict = field(default_factory=dict)
+    metadata: list[dict] = field(default_factory=list)
 
 
 def execute(client: BlockingKernelClient, code: str) -> Outcome:
@@ -45,6 +46,7 @@ def execute(client: BlockingKernelClient, code: str) -> Outcome:
             continue
         kind, content = msg["msg_type"], msg["content"]
         if kind in ("execute_result", "display_data"):
+            outcome.metadata.append(content.get("metadata", {}))
             outcome.html.append(content["data"].get("text/html", ""))
             outcome.text.append(content["data"].get("text/plain", ""))
         elif kind == "stream":
@@ -106,10 +108,10 @@ def test_notebook_life_across_kernel_and_gate_restarts(gate):
         (html,) = first.html
         assert "<th>sex</th><th>n</th><th>mean_age</th>" in table_of(html)
         assert 'title="95% interval [' in html
-        assert footer_of(html) == (
+        assert footer_of(html).startswith(
             "ε 0.5 spent · ε 1.5 left for the notebook, ε 4.5 left for the user"
         )
-        assert first.text[0].endswith("ε 4.5 left for the user")
+        assert "ε 4.5 left for the user" in first.text[0].splitlines()[-1]
 
         # A refused cell fails with one line, and no traceback from the gate.
         refused = execute(kc, "%%dpsql -e 0.5\nSELECT pid FROM t\n")
@@ -125,7 +127,7 @@ def test_notebook_life_across_kernel_and_gate_restarts(gate):
         assert execute(kc, "%load_ext dpmagic").status == "ok"
         (replayed,) = execute(kc, CELL).html
         assert table_of(replayed) == table_of(html)
-        assert footer_of(replayed) == (
+        assert footer_of(replayed).startswith(
             "replayed (no cost) · ε 1.5 left for the notebook, ε 4.5 left for the user"
         )
 
@@ -167,3 +169,32 @@ def test_gated_kernelspec_needs_no_load_ext(gate, tmp_path: Path):
         assert execute(kc, "print(type(get_ipython()).__name__)").streams.strip() == (
             "ZMQInteractiveShell"
         )
+
+
+def complete(client: BlockingKernelClient, code: str) -> list[str]:
+    """A front end's ``complete_request`` at the end of ``code``: the matches offered."""
+    msg_id = client.complete(code, len(code))
+    return shell_reply(client, msg_id)["matches"]
+
+
+def test_a_kernel_completes_sql_and_publishes_the_notebooks_budget(gate, tmp_path: Path):
+    """What every front end gets from the kernel: SQL completion in %%dpsql cells, and
+    each answer's metadata with the notebook's ε left (JupyterLab's status bar)."""
+    manager = KernelManager(kernel_name="python3")
+    env = kernel_env(DPMAGIC_GATE=gate.address, JPY_SESSION_NAME="hw2.ipynb")
+    with running_kernel(manager, env) as kc:
+        assert execute(kc, "%load_ext dpmagic").status == "ok"
+        after_select = complete(kc, "%%dpsql\nSELECT a")
+        assert {"age", "abs", "and", "avg"} <= set(after_select)
+        assert complete(kc, "%%dpsql\nSELECT COUNT(*) FROM ") == ["t"]
+        assert "--dry-run" in complete(kc, "%%dpsql --")
+        outcome = execute(kc, CELL)
+        assert outcome.status == "ok", outcome.streams
+        assert outcome.metadata == [
+            {"dpmagic": {"notebook": "hw2.ipynb", "dataset": "d", "epsilon_left": 1.5,
+                         "epsilon_limit": 2.0}}
+        ]  # fmt: skip
+        # A mock run keeps the gate's figure: it publishes none and is charged nothing.
+        mock = execute(kc, "%%dpsql --mock\nSELECT sex, COUNT(*) AS n FROM t GROUP BY sex")
+        assert mock.status == "ok" and mock.metadata == [{}]
+        assert "mock data — not the real dataset" in mock.html[0]

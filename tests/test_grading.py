@@ -290,3 +290,46 @@ def test_the_course_notebook_is_graded_for_free_and_offline(
         elif not source.startswith("%dpbudget"):
             assert a == b
     assert "replayed" in str(outputs(third)[sources.index("%dpbudget")])
+
+
+def test_the_quickstart_as_shipped_is_graded_from_its_transcript(
+    tmp_path: Path, short_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``jupyter execute`` on the bundled quickstart, first against a gate, then from the
+    exported transcript alone: its mock run, dry run, %dpschema, %dpplot, snippets and
+    the Python client's ``Gate()`` all work offline."""
+    policy = prepare_example(tmp_path / "clinic", patients=300)
+    quickstart = tmp_path / "work" / "quickstart.ipynb"
+    quickstart.parent.mkdir()
+    quickstart.write_text(
+        Path(str(files("dpmagic.examples").joinpath("quickstart.ipynb"))).read_text()
+    )
+    execute = [str(Path(sys.executable).parent / "jupyter-execute"), "--inplace", quickstart.name]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DPMAGIC_", "JPY_"))}
+    env.update(HOME=str(tmp_path))
+    env.pop("MPLBACKEND", None)  # the kernel's inline backend shows the plot
+    gate = DemoGate(policy, short_dir / "quickstart.sock", tmp_path / "gate.log")
+    gate.start()
+    try:
+        live = dict(env, DPMAGIC_GATE=gate.address)
+        subprocess.run(execute, cwd=quickstart.parent, env=live, check=True, timeout=300,
+                       capture_output=True)  # fmt: skip
+        # jupyter execute gives the kernel no name: it is named after the file it runs
+        spent = Gate(gate.address).budget(notebook="quickstart.ipynb")["notebook"]["spent"]
+        assert spent["epsilon"] > 0
+        assert export(capsys, policy, tmp_path / "quickstart.json", "quickstart.ipynb") == 0
+    finally:
+        gate.stop()
+    offline = dict(env, DPMAGIC_TRANSCRIPT=str(tmp_path / "quickstart.json"))
+    done = subprocess.run(execute, cwd=quickstart.parent, env=offline, timeout=300,
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    graded = nbformat.read(quickstart, as_version=4)
+    texts = json.dumps(
+        [c.outputs for c in graded.cells if c.cell_type == "code"], ensure_ascii=False
+    )
+    assert "replayed (no cost)" in texts
+    assert "mock data — not the real dataset" in texts
+    assert "its plan is not in the transcript" in texts  # the dry run, offline
+    assert "refused: this query is not in the transcript" in texts  # Gate() replays too
+    assert "image/png" in texts  # %dpplot

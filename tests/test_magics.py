@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import pytest
@@ -9,6 +11,7 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets.config import Config
 
+from dpmagic import identity
 from dpmagic.magics import DpSql, parameter_names, parse_line, register, split_assignment
 from dpmagic.result import BudgetView, DPResult, SchemaView
 from tests.conftest import TOKENS
@@ -154,8 +157,68 @@ def test_notebook_identity_from_the_session(connected, monkeypatch):
     assert "notebook course/week 1/hw1.ipynb" in repr(view)
 
 
-def test_unnamed_notebook(connected):
-    assert connected.run_line_magic("dpbudget", "").notebook == "unnamed"
+def test_a_plain_shell_is_named_after_its_folder(connected):
+    assert connected.run_line_magic("dpbudget", "").notebook == (
+        f"ipython:{identity._short(Path.cwd())}"
+    )
+
+
+def test_a_servers_notebook_is_named_relative_to_the_servers_root(connected, monkeypatch, tmp_path):
+    """Jupyter gives the kernel an absolute path; the footer shows it from the root."""
+    root = tmp_path / "root"
+    (root / "course").mkdir(parents=True)
+    runtime = tmp_path / "runtime"
+    runtime.mkdir()
+    (runtime / f"jpserver-{os.getppid()}.json").write_text(json.dumps({"root_dir": str(root)}))
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(runtime))
+    monkeypatch.setenv("JPY_SESSION_NAME", str(root / "course" / "hw1.ipynb"))
+    result = connected.run_cell_magic("dpsql", "-e 0.5", COUNT_BY_SEX)
+    assert result.budget_note()["notebook"] == "course/hw1.ipynb"
+    assert connected.run_line_magic("dpbudget", "").notebook == "course/hw1.ipynb"
+    # without the server's runtime file, the path is shortened, never dropped
+    (runtime / f"jpserver-{os.getppid()}.json").unlink()
+    assert connected.run_line_magic("dpbudget", "").notebook.endswith("course/hw1.ipynb")
+
+
+def test_mock_runs_cost_nothing_and_say_so(connected):
+    result = connected.run_cell_magic("dpsql", "--mock --mock-rows 20", "SELECT * FROM t")
+    assert result.mock and len(result.rows) == 20
+    assert "mock data — not the real dataset" in result.footer()
+    view = connected.run_line_magic("dpbudget", "")
+    assert view["d"].history == []
+
+
+def test_snippets_become_ctes_the_gate_analyses_whole(connected, capsys):
+    assert (
+        connected.run_cell_magic("dpsql", "--save old", "SELECT * FROM t WHERE age >= 60") is None
+    )
+    assert "saved snippet old" in capsys.readouterr().out
+    connected.run_cell_magic(
+        "dpsql", "--save old_women --with old", "SELECT * FROM old WHERE sex = 1"
+    )
+    result = connected.run_cell_magic(
+        "dpsql", "-e 0.5 --with old_women", "SELECT COUNT(*) AS n FROM old_women"
+    )
+    sent = result.reply["request"]["sql"]
+    assert sent.index("old AS (") < sent.index("old_women AS (") < sent.index("SELECT COUNT")
+    # the answer counts the composed query's rows: at ε = 0.5 a count's discrete Laplace
+    # noise has scale 2, so it misses by more than 30 with probability e^-15 < 1e-6
+    expected = sum(1 for pid in range(200) if 20 + pid % 60 >= 60 and pid % 2 == 1)
+    assert abs(result.rows[0][0] - expected) <= 30
+    # the gate still sees the row-level snippet as part of the query: alone it refuses it
+    with pytest.raises(UsageError, match="query refused"):
+        connected.run_cell_magic("dpsql", "--with old", "SELECT * FROM old")
+    with pytest.raises(UsageError, match="no snippet nope"):
+        connected.run_cell_magic("dpsql", "--with nope", "SELECT COUNT(*) FROM nope")
+
+
+def test_inline_intervals_from_config(connected):
+    connected.run_line_magic("config", "DpSql.intervals = 'inline'")
+    try:
+        result = connected.run_cell_magic("dpsql", "-e 0.5", COUNT_BY_SEX)
+    finally:
+        connected.run_line_magic("config", "DpSql.intervals = 'hover'")  # the shell is shared
+    assert result.intervals == "inline" and " ± " in result._repr_html_()
 
 
 def test_schema_magic(connected):
@@ -164,7 +227,8 @@ def test_schema_magic(connected):
     assert "privacy unit pid" in view.summary()
     assert "<td>age</td><td>int</td><td>[0, 100]</td>" in view._repr_html_()
     assert "<td>sex</td><td>int</td>" in view._repr_html_()
-    assert "<td>0, 1</td><td>GROUP BY, SUM/AVG, WHERE, COUNT</td></tr>" in view._repr_html_()
+    uses = "GROUP BY, SUM/AVG/VARIANCE/STDDEV, MEDIAN/MIN/MAX/quantiles, WHERE, COUNT"
+    assert f"<td>0, 1</td><td>{uses}</td></tr>" in view._repr_html_()
     assert "<td>pid</td><td>int</td><td></td><td></td><td>privacy unit" in view._repr_html_()
     assert "private · privacy unit in column pid · each unit in ≤ 1 groups" in view._repr_html_()
 

@@ -53,8 +53,10 @@ def test_dataframe_and_intervals():
     assert list(result.df.columns) == ["sex", "n", "mean <age>"]
     assert result.df["n"].tolist() == [41.0, 57.0, 3.0]
     intervals = result.interval("n")
-    assert intervals.columns.tolist() == ["lo", "hi"]
-    assert intervals.iloc[0].tolist() == [29.0, 53.0]
+    # aligned with the group keys, as JupySQL users join them
+    assert intervals.columns.tolist() == ["sex", "lower", "upper"]
+    assert intervals.iloc[0].tolist() == [0, 29.0, 53.0]
+    assert intervals["sex"].tolist() == result.df["sex"].tolist()
     with pytest.raises(ValueError, match="group key"):
         result.interval("sex")
     with pytest.raises(KeyError):
@@ -69,7 +71,7 @@ def test_html_table_tooltips_and_footer():
     # a group key carries no noise, so no tooltip
     assert "<td>0</td>" in html
     footer = re.search(r'class="dpm-footer-text">(.*?)</span>', html).group(1)
-    assert footer == "ε 0.5 spent · ε 1.5 left for the notebook, ε 4.5 left for the user"
+    assert footer.startswith("ε 0.5 spent · ε 1.5 left for the notebook, ε 4.5 left for the user")
 
 
 def test_intervals_toggle_open_hidden_spans():
@@ -156,7 +158,7 @@ def test_dry_run_shows_the_plan_and_charges_nothing():
     )
     html = result._repr_html_()
     for header in ("aggregate", "bounds", "sensitivity", "mechanism", "scale", "cost"):
-        assert f"<th>{header}</th>" in html
+        assert re.search(f'<th title="[^"]+">{re.escape(header)}</th>', html), header
     row = (
         "<td>SUM(age)</td><td></td><td>200</td><td>discrete_laplace</td><td>800</td><td>ε=0.25</td>"
     )
@@ -170,8 +172,11 @@ def test_text_repr_matches_the_table():
     text = repr(DPResult(reply()))
     lines = text.splitlines()
     assert lines[0].split() == ["sex", "n", "mean", "<age>"]
-    assert lines[1].split() == ["0", "41", "37.25"]
-    assert lines[-1] == "ε 0.5 spent · ε 1.5 left for the notebook, ε 4.5 left for the user"
+    # plain text shows each interval beside its value
+    assert lines[1].split() == ["0", "41", "[29,", "53]", "37.25", "[30.50,", "44]"]
+    assert lines[-1].startswith(
+        "ε 0.5 spent · ε 1.5 left for the notebook, ε 4.5 left for the user"
+    )
 
 
 def test_display_limit_truncates_and_says_so():
@@ -229,6 +234,7 @@ def test_budget_view():
     assert 'title="SELECT AVG(age) AS &lt;a&gt; FROM t WHERE' in html
     text = repr(view)
     assert "dataset d" in text and "left ε" in text and "replayed (no cost)" in text
+    assert "renamed or moved, a notebook starts a new notebook budget" in text
     assert view["d"].history == HISTORY
     with pytest.raises(KeyError):
         view["e"]
@@ -290,8 +296,13 @@ def test_schema_view():
         "budget: user ε 5, notebook ε 2, query default ε 0.1"
     )
     html = view._repr_html_()
-    assert "<td>age</td><td>int</td><td>[0, 100]</td><td></td><td>SUM/AVG, WHERE, COUNT" in html
-    assert "<td>name</td><td>str</td><td></td><td></td><td>public table: no privacy cost" in html
+    # every way a column can be used: grouping by an expression, sums, quantiles
+    assert (
+        "<td>age</td><td>int</td><td>[0, 100]</td><td></td><td>GROUP BY age or age // 10 "
+        "(every value in its bounds), SUM/AVG/VARIANCE/STDDEV, MEDIAN/MIN/MAX/quantiles, "
+        "WHERE, COUNT</td>"
+    ) in html
+    assert "<td>name</td><td>str</td><td></td><td></td><td>public table: join, filter" in html
     assert "<td>sex</td><td>int</td><td></td><td>0, 1</td>" in html
     assert "<strong>states (public)</strong>" in html
     assert "states (public)" in repr(view)
@@ -320,17 +331,120 @@ def test_a_quantile_shows_its_rank_radius_like_other_cells_show_intervals():
     with pytest.raises(ValueError, match="not a quantile"):
         DPResult(reply()).rank_radius("n")
     html = result._repr_html_()
-    assert html.count('title="95%: rank within ±39.60 of the 0.5-quantile&#x27;s, ties aside"') == 2
+    # whole ranks: a fractional rank radius means nothing to a reader
+    assert html.count("95%: its rank is within ±40 of the 0.5-quantile&#x27;s, ties aside") == 2
     spans = re.findall(r'<span class="dpm-int" style="display:none">(.*?)</span>', html)
-    assert spans == ["±39.60 ranks"] * 2
+    assert spans == ["±40 ranks"] * 2
     assert "<summary>95% intervals</summary>" in html
+
+
+def test_a_quantiles_rank_radius_is_read_against_the_groups_noisy_count():
+    """With a COUNT in the same query, the radius becomes a range of percentiles."""
+    r = quantile_reply()
+    r["columns"] = ["sex", "median <age>", "n"]
+    r["rows"] = [[0, 37.0, 400], [1, 41.0, 30]]
+    r["accuracy"]["columns"].append(
+        {"mechanism": "discrete_laplace", "scale": 4.0, "measurements": ["COUNT(*)"],
+         "intervals": [[388.0, 412.0], [18.0, 42.0]]}
+    )  # fmt: skip
+    result = DPResult(r)
+    html = result._repr_html_()
+    # 400 values: ±40 ranks is the 40th to 60th percentile; 30 values: anything.
+    assert "between the 40th and 60th percentile of the group&#x27;s ≈400 values" in html
+    assert "between the 0th and 100th percentile of the group&#x27;s ≈30 values" in html
+    assert result.noise_dominates("median <age>") == [False, True]
+    assert "p40–p60" in repr(result) and "p0–p100 (noise dominates)" in repr(result)
+
+
+def test_noise_dominates_an_average_whose_interval_covers_its_bounds():
+    """The demo's diagnoses with no visits: AVG(cost) of 0 or 50000 with [0, 50000]."""
+    r = reply(
+        columns=["diagnosis", "avg_cost", "visits"],
+        rows=[["checkup", 512.0, 424], ["copd", 0.0, 27], ["cancer", 50000.0, 0]],
+        accuracy={
+            "alpha": 0.05,
+            "columns": [
+                None,
+                {"mechanism": "post-processing", "measurements": ["SUM(cost)", "COUNT(cost)"],
+                 "intervals": [[400.0, 640.0], [0.0, 26000.0], [0.0, 50000.0]]},
+                {"mechanism": "discrete_laplace", "measurements": ["COUNT(*)"],
+                 "intervals": [[136.0, 712.0], [0.0, 315.0], [0.0, 136.0]]},
+            ],
+        },
+        plan=[{"aggregate": "SUM(cost)", "kind": "sum", "bounds": [0.0, 50000.0]},
+              {"aggregate": "COUNT(cost)", "kind": "count", "bounds": None}],
+    )  # fmt: skip
+    result = DPResult(r)
+    assert result.noise_dominates("avg_cost") == [False, True, True]
+    # a count: noise as large as the value (27 ± 288, 0 ± 136), not 424 ± 288
+    assert result.noise_dominates("visits") == [False, True, True]
+    html = result._repr_html_()
+    assert html.count('<span class="dpm-flag">noise dominates</span>') == 4
+    assert "covers most of the declared bounds [0, 50000]" in html
+    assert "noise dominates 4 cells" in result.footer()
+    # inline intervals: value ± half-width in every noisy cell, no toggle
+    inline = DPResult(r, intervals="inline")._repr_html_()
+    assert "424 ± 288" in inline and "<details" not in inline
+    # the plain text and Markdown views say it too
+    assert "0 [0, 50000] (noise dominates)" in repr(result)
+    assert "0 \\[0, 50000\\] (noise dominates)" in result._repr_markdown_()
+
+
+def test_rich_outputs_carry_markdown_and_the_budget_note():
+    result = DPResult(reply())
+    result.notebook = "hw/1.ipynb"
+    data, metadata = result._repr_mimebundle_()
+    assert set(data) == {"text/html", "text/markdown", "text/plain"}
+    lines = data["text/markdown"].splitlines()
+    assert lines[0] == "| sex | n | mean &lt;age&gt; |"
+    assert lines[2] == "| 0 | 41 \\[29, 53\\] | 37.25 \\[30.50, 44\\] |"
+    assert "<script>" not in data["text/markdown"]
+    assert metadata == {
+        "dpmagic": {"notebook": "hw/1.ipynb", "dataset": "d", "epsilon_left": 1.5,
+                    "epsilon_limit": 2.0}
+    }  # fmt: skip
+
+
+def test_jupysql_result_names():
+    result = DPResult(reply())
+    assert result.DataFrame() is result.df
+    assert result.PolarsDataFrame()["n"].to_list() == [41.0, 57.0, 3.0]
+    assert result.dict()["n"] == (41.0, 57.0, 3.0)
+    assert list(result)[1] == (1, 57.0, 44.5)
+    assert len(result) == 3
+    assert result.csv().splitlines()[:2] == ["sex,n,mean <age>", "0,41.0,37.25"]
+
+
+def test_dry_run_costs_in_epsilon_ranks_for_quantiles_and_the_error_of_an_average():
+    plan = [
+        {"aggregate": "SUM(stay_days)", "kind": "sum", "bounds": [0, 30], "sensitivity": 480.0,
+         "norm": "L1", "mechanism": "discrete_laplace", "scale": 1920.0,
+         "cost": {"epsilon": 0.25, "delta": 0.0, "rho": 0.03125}, "accuracy": 5752.0},
+        {"aggregate": "COUNT(stay_days)", "kind": "count", "bounds": None, "sensitivity": 16.0,
+         "norm": "L1", "mechanism": "discrete_laplace", "scale": 64.0,
+         "cost": {"epsilon": 0.25, "delta": 0.0, "rho": 0.03125}, "accuracy": 192.0},
+        {"aggregate": "MEDIAN(cost)", "kind": "quantile", "bounds": [0.0, 50000.0],
+         "sensitivity": 16, "norm": "symmetric", "mechanism": "exponential", "scale": 320.0,
+         "cost": {"epsilon": 0.1, "delta": 0.0}, "candidates": 1001},
+    ]  # fmt: skip
+    pure = DPResult(reply(rows=[], dry_run=True, plan=plan, cost={"epsilon": 0.6, "delta": 0.0}))
+    text = repr(pure)
+    assert "ρ" not in text and "ε=0.25" in text
+    # MEDIAN: 320 · ln(1001 / 0.05) / 2 = 1584.7 → 1585 ranks, no literal NULL
+    assert "±1585 ranks" in text and "NULL" not in text
+    # AVG(stay_days): (5752 + 30 · 192) / n
+    assert "AVG(stay_days)" in text and "≈ ±11512 / n (±115.12 at n = 100" in text
+    zcdp = DPResult(
+        reply(rows=[], dry_run=True, plan=plan, cost={"epsilon": 0.6, "delta": 0.0, "rho": 0.07})
+    )
+    assert "ρ=0.03125" in repr(zcdp)
 
 
 def test_an_expression_without_an_interval_gives_nan():
     r = reply()
     r["accuracy"]["columns"][2]["intervals"] = [None, [30.5, 44.0], None]
     intervals = DPResult(r).interval("mean <age>")
-    assert intervals["lo"].isna().tolist() == [True, False, True]
+    assert intervals["lower"].isna().tolist() == [True, False, True]
 
 
 def test_schema_shows_each_tables_unit_links_and_bounds():
@@ -367,3 +481,25 @@ def test_schema_shows_each_tables_unit_links_and_bounds():
 def test_a_row_level_dataset_says_each_row_is_a_unit():
     view = SchemaView({"privacy_unit": None, "tables": {"t": {"public": False, "columns": {}}}})
     assert "t: private · each row is its own privacy unit" in repr(view)
+
+
+def test_budget_and_schema_views_read_as_markdown_and_publish_the_budget():
+    view = BudgetView([DatasetBudget({"dataset": "d", **budget(0.5, 3.5)}, HISTORY)], "nb")
+    data, metadata = view._repr_mimebundle_()
+    markdown = data["text/markdown"]
+    assert "| you, all notebooks | 1.5 | 5 | 3.5 |" in markdown
+    assert "0.5 → 0.5 → 1.5 (limit 2)" in markdown  # the chart, as numbers
+    assert metadata["dpmagic"]["epsilon_left"] == 0.5
+    schema = SchemaView(
+        {
+            "dataset": "d",
+            "privacy_unit": "pid",
+            "tables": {"t": {"public": False, "columns": {"pid": {"type": "int"}}}},
+        }
+    )
+    assert "| pid | int |" in schema._repr_markdown_()  # fmt: skip
+    # where a viewer drops the SVG, the chart's labels do not run together
+    svg = re.search(r"<svg.*</svg>", view._repr_html_()).group()
+    assert re.sub(r"<[^>]+>", "", svg).split() == ["ε", "spent", "by", "notebook", "nb,",
+                                                   "query", "by", "query", "limit", "ε", "2",
+                                                   "query", "1", "…", "3"]  # fmt: skip
