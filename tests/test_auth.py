@@ -67,6 +67,7 @@ def test_peer_credentials_refuse_tcp() -> None:
 def write_tokens(folder: Path, text: str) -> Path:
     path = folder / "tokens.toml"
     path.write_text(text)
+    path.chmod(0o600)
     return path
 
 

@@ -265,6 +265,7 @@ def test_tcp_gate_identifies_users_by_token(tmp_path: Path) -> None:
     (tmp_path / "tokens.toml").write_text(
         f'[users]\nalice = "{ALICE_TOKEN}"\nbob = "{BOB_TOKEN}"\n'
     )
+    (tmp_path / "tokens.toml").chmod(0o600)
     gate = Gate(write_policy(tmp_path, 'tokens_file = "tokens.toml"'), "tcp:127.0.0.1:0")
     try:
         address = gate.address
