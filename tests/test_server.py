@@ -261,6 +261,20 @@ def test_tcp_needs_a_tokens_file(tmp_path: Path) -> None:
     assert code == 2 and "gate.tokens_file" in err
 
 
+def test_a_tokens_file_readable_by_others_stops_the_gate(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(f'[users]\nalice = "{ALICE_TOKEN}"\n')
+    tokens.chmod(0o644)
+    gate = Gate(write_policy(tmp_path, 'tokens_file = "tokens.toml"'), "tcp:127.0.0.1:0")
+    code, err = gate.stop()
+    assert gate.line == ""
+    assert code == 2
+    assert err.strip().splitlines() == [
+        f"dpmagic: error: tokens file {tokens} is accessible by group or others (mode 0644); "
+        f"anyone who reads it can act as its users: run `chmod 600 {tokens}`"
+    ]
+
+
 def test_tcp_gate_identifies_users_by_token(tmp_path: Path) -> None:
     (tmp_path / "tokens.toml").write_text(
         f'[users]\nalice = "{ALICE_TOKEN}"\nbob = "{BOB_TOKEN}"\n'

@@ -77,7 +77,8 @@ class QueryRequest:
             "alpha",
         }
         if unknown:
-            raise InvalidBody(f"unknown field {sorted(unknown)[0]!r}")
+            # Cut short: the name is the client's own text, echoed back.
+            raise InvalidBody(f"unknown field {sorted(unknown)[0][:MAX_NOTEBOOK_CHARS]!r}")
         sql = body.get("sql")
         if not isinstance(sql, str):
             raise InvalidBody("`sql` must be a string")
@@ -85,8 +86,10 @@ class QueryRequest:
         if not isinstance(notebook, str) or len(notebook) > MAX_NOTEBOOK_CHARS:
             raise InvalidBody("`notebook` must be a short string")
         dataset = body.get("dataset")
-        if dataset is not None and not isinstance(dataset, str):
-            raise InvalidBody("`dataset` must be a string")
+        if dataset is not None and (
+            not isinstance(dataset, str) or len(dataset) > MAX_NOTEBOOK_CHARS
+        ):
+            raise InvalidBody("`dataset` must be a short string")
         params = body.get("params") or {}
         if not isinstance(params, dict):
             raise InvalidBody("`params` must be an object")
