@@ -23,8 +23,10 @@ open as many connections as they like and send as slowly as they like):
   headers are in; then each user may hold ``USER_CONNECTIONS`` connections
   and run ``USER_REQUESTS`` requests in the engine at once, and the excess is
   refused (``503 busy``) or waits its turn, while other users go on;
-- TCP connections not yet identified share a global cap and must send their
-  headers within ``HEADER_DEADLINE_S``;
+- TCP connections not yet identified must send their headers within
+  ``HEADER_DEADLINE_S`` and share a pool of ``ANONYMOUS_CONNECTIONS``; when
+  it is full, the oldest is dropped for the newcomer, so a flood of slow
+  headers cannot keep an honest client (whose headers arrive at once) out;
 - every request has one deadline for all of it, headers and body
   (``REQUEST_DEADLINE_S`` from accept), not one per read, so dripping a byte
   at a time does not keep a connection; a body over ``MAX_BODY_BYTES`` is
@@ -188,7 +190,10 @@ def _send_and_close(stream: iostream.IOStream, error: GateError) -> None:
         written = stream.write(head.encode("latin1") + b"\r\n" + data)
     except iostream.StreamClosedError:
         return
-    written.add_done_callback(lambda done: (done.exception(), stream.close()))
+    if written.done():  # the usual case: closed at once, not a loop turn later
+        stream.close()
+    else:
+        written.add_done_callback(lambda done: (done.exception(), stream.close()))
 
 
 class _Exchange(httputil.HTTPMessageDelegate):
@@ -351,7 +356,8 @@ class _Server(TCPServer, httputil.HTTPServerConnectionDelegate):
         self.auth_threads = ThreadPoolExecutor(4, "dpmagic-auth")
         self.open: dict[HTTP1ServerConnection, _Connection] = {}
         self.per_user: Counter[str] = Counter()
-        self.anonymous = 0
+        # TCP connections whose headers have not named a user, oldest first.
+        self.anonymous: dict[_Connection, None] = {}
         self.slots: dict[str, asyncio.Semaphore] = {}
         self.in_flight: set[asyncio.Future[None]] = set()
         self.refused: Counter[str] = Counter()
@@ -382,9 +388,13 @@ class _Server(TCPServer, httputil.HTTPServerConnectionDelegate):
         if len(self.open) >= self.max_connections:
             raise Busy("the gate is at its connection limit; try again shortly")
         if conn.user is None:
-            if self.anonymous >= ANONYMOUS_CONNECTIONS:
-                raise Busy("too many connections have not sent their headers; try again shortly")
-            self.anonymous += 1
+            if len(self.anonymous) >= ANONYMOUS_CONNECTIONS:
+                # Not the newcomer but the oldest: an honest client sends its headers
+                # at once, so only one that is dripping them has been waiting long.
+                oldest = next(iter(self.anonymous))
+                del self.anonymous[oldest]
+                oldest.stream.close()
+            self.anonymous[conn] = None
         else:
             self._count_user(conn.user)
 
@@ -410,7 +420,7 @@ class _Server(TCPServer, httputil.HTTPServerConnectionDelegate):
         except Busy as exc:
             self._note_refusal(user, exc)
             raise
-        self.anonymous -= 1
+        self.anonymous.pop(conn, None)
         conn.user = user
 
     def _note_refusal(self, user: str, error: GateError) -> None:
@@ -432,7 +442,7 @@ class _Server(TCPServer, httputil.HTTPServerConnectionDelegate):
         if conn is None:
             return
         if conn.user is None:
-            self.anonymous -= 1
+            self.anonymous.pop(conn, None)
             return
         self.per_user[conn.user] -= 1
         if self.per_user[conn.user] <= 0:
