@@ -17,7 +17,7 @@ from pathlib import Path
 
 import duckdb
 
-from dpmagic.gate.policy import PolicyError, parse_policy
+from dpmagic.gate.policy import DEFAULT_QUANTUM_MS, PolicyError, parse_policy
 
 # DuckDB type names (without precision) -> the policy's column types.
 _TYPES: dict[str, str] = {
@@ -80,6 +80,7 @@ def skeleton(files: list[Path], privacy_unit: str, dataset: str, out: Path) -> s
         "[gate]",
         'state_dir = "state"          # ledger and audit log, next to this file',
         'accountant = "pure"',
+        f"response_quantum_ms = {DEFAULT_QUANTUM_MS:g}  # replies leave on these ticks (0 = off)",
         "",
         f"[datasets.{_key(dataset)}]",
         f"sources = {{ {sources} }}",

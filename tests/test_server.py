@@ -20,6 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from dpmagic.gate.policy import DEFAULT_QUANTUM_MS, load_policy
+from dpmagic.init_policy import write_skeleton
+
 POLICY = """\
 [gate]
 state_dir = "state"
@@ -48,6 +51,8 @@ def write_policy(folder: Path, gate: str = "") -> Path:
     rows = [f"{pid},{(pid * 7) % 90},{pid % 2}" for pid in range(200)]
     (folder / "t.csv").write_text("pid,age,sex\n" + "\n".join(rows) + "\n")
     policy = folder / "policy.toml"
+    if "response_quantum_ms" not in gate:  # padding is on by default; these tests time nothing
+        gate += "\nresponse_quantum_ms = 0"
     policy.write_text(POLICY.format(gate=gate))
     return policy
 
@@ -330,6 +335,32 @@ def test_query_replies_are_padded_to_the_quantum(tmp_path: Path, short_dir: Path
         started = time.monotonic()
         call(gate.address, "GET", "/v1/health")
         assert time.monotonic() - started < quantum  # only query replies are held
+    finally:
+        code, err = gate.stop()
+    assert code == 0, err
+
+
+def test_padding_is_on_by_default(tmp_path: Path, short_dir: Path) -> None:
+    """A policy that says nothing of padding gets the default quantum, and so does
+    the skeleton `dpmagic init` writes; a gate on such a policy pads."""
+    assert DEFAULT_QUANTUM_MS >= 100  # covers the jitter measured by benchmarks/reply_jitter.py
+    policy = tmp_path / "policy.toml"
+    write_policy(tmp_path)
+    policy.write_text(POLICY.format(gate=""))  # no response_quantum_ms at all
+    assert load_policy(policy).gate.response_quantum_ms == DEFAULT_QUANTUM_MS
+    skeleton = write_skeleton([tmp_path / "t.csv"], "pid", tmp_path / "init.toml")
+    assert "response_quantum_ms" in skeleton.read_text()
+    assert load_policy(skeleton).gate.response_quantum_ms == DEFAULT_QUANTUM_MS
+
+    gate = Gate(policy, f"unix:{short_dir / 'gate.sock'}")
+    try:
+        quantum = DEFAULT_QUANTUM_MS / 1000
+        for _ in range(3):
+            started = time.monotonic()
+            status, _ = call(gate.address, "POST", "/v1/query", {**COUNT, "epsilon": 0.1})
+            elapsed = time.monotonic() - started
+            assert status == 200
+            assert elapsed >= quantum and elapsed % quantum < 0.1 * quantum + 0.05, elapsed
     finally:
         code, err = gate.stop()
     assert code == 0, err
