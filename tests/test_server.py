@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from dpmagic.gate.policy import DEFAULT_QUANTUM_MS, load_policy
+from dpmagic.gate.server import ANONYMOUS_CONNECTIONS, HEADER_DEADLINE_S, USER_CONNECTIONS
 from dpmagic.init_policy import write_skeleton
 
 POLICY = """\
@@ -362,5 +363,60 @@ def test_padding_is_on_by_default(tmp_path: Path, short_dir: Path) -> None:
             assert status == 200
             assert elapsed >= quantum and elapsed % quantum < 0.1 * quantum + 0.05, elapsed
     finally:
+        code, err = gate.stop()
+    assert code == 0, err
+
+
+def _silent(address: str) -> socket.socket:
+    """A connection that sends nothing."""
+    if address.startswith("unix:"):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(address.removeprefix("unix:"))
+    else:
+        host, _, port = address.removeprefix("tcp:").rpartition(":")
+        sock = socket.create_connection((host, int(port)))
+    sock.settimeout(HEADER_DEADLINE_S + 5)
+    return sock
+
+
+def test_a_user_holding_too_many_connections_is_refused_until_they_close(
+    unix_gate: Gate,
+) -> None:
+    """The cap applies at accept, before a byte is read; the header deadline frees them."""
+    held = [_silent(unix_gate.address) for _ in range(USER_CONNECTIONS)]
+    try:
+        status, reply = call(unix_gate.address, "GET", "/v1/health")
+        assert (status, reply["error"]["kind"]) == (503, "busy"), reply
+        assert f"{USER_CONNECTIONS} connections open" in reply["error"]["message"]
+        held.pop().close()
+        time.sleep(0.2)  # the gate sees the close on its next loop turn
+        assert call(unix_gate.address, "GET", "/v1/health") == (200, {"ok": True})
+        # Silent connections are closed at the header deadline, with no reply.
+        started = time.monotonic()
+        assert held[0].recv(1) == b""
+        assert HEADER_DEADLINE_S - 0.5 < time.monotonic() - started + 0.2 < HEADER_DEADLINE_S + 3
+    finally:
+        for sock in held:
+            sock.close()
+    status, reply = call(unix_gate.address, "POST", "/v1/query", COUNT)
+    assert status == 200, reply
+
+
+def test_tcp_connections_without_headers_cannot_crowd_out_a_user(tmp_path: Path) -> None:
+    """Over TCP the caller is unknown until its headers: a full pool of silent
+    connections loses its oldest to each newcomer, so a real request gets in."""
+    (tmp_path / "tokens.toml").write_text(f'[users]\nalice = "{ALICE_TOKEN}"\n')
+    (tmp_path / "tokens.toml").chmod(0o600)
+    gate = Gate(write_policy(tmp_path, 'tokens_file = "tokens.toml"'), "tcp:127.0.0.1:0")
+    held: list[socket.socket] = []
+    try:
+        held = [_silent(gate.address) for _ in range(ANONYMOUS_CONNECTIONS)]
+        alice = {"Authorization": f"Bearer {ALICE_TOKEN}"}
+        status, reply = call(gate.address, "POST", "/v1/query", COUNT, headers=alice)
+        assert status == 200, reply
+        assert held[0].recv(1) == b""  # the oldest silent one made room
+    finally:
+        for sock in held:
+            sock.close()
         code, err = gate.stop()
     assert code == 0, err

@@ -3,11 +3,11 @@
 A real gate process serves a victim (this test process) and an attacker (a
 forked child, as uid 65534 on the unix socket, so the gate sees another
 user; over TCP, another user's token). The attacker tries to hold
-``CONNECTIONS`` connections at once for ``FLOOD_S`` seconds: most drip a
-request one byte a second, some send 1 MB bodies at full speed (a body just
-short of its ``Content-Length``, then a drip; or a whole 1 MB body, again and
-again); a connection the gate closes or refuses is opened again a second
-later. Meanwhile the victim runs fresh queries one after another.
+``CONNECTIONS`` connections at once for ``FLOOD_S`` seconds, a quarter of
+each kind: a request dripped a byte a second; 1 MB sent at full speed but
+the last byte of its ``Content-Length``, then a drip; whole 1 MB bodies, one
+after another; silence. A connection the gate closes or refuses is opened
+again a second later. Meanwhile the victim runs fresh queries one after another.
 
 What must hold, and was measured (the figures are printed; run with ``-s``):
 
@@ -29,6 +29,7 @@ thread.
 
 from __future__ import annotations
 
+import errno
 import heapq
 import multiprocessing
 import os
@@ -82,9 +83,9 @@ class _Slot:
     """One of the attacker's connections, opened again whenever the gate drops it."""
 
     def __init__(self, index: int) -> None:
-        # 1 in 4 sends 1 MB but the last byte, 1 in 4 whole 1 MB bodies, the rest drip.
+        # 1 in 4 each: 1 MB but the last byte, whole 1 MB bodies, a drip, silence.
         self.index = index
-        self.kind = ("fill", "blast", "drip", "drip")[index % 4]
+        self.kind = ("fill", "blast", "drip", "silent")[index % 4]
         self.sock: socket.socket | None = None
         self.pending = b""
         self.opened = 0.0
@@ -134,22 +135,22 @@ def _flood(target: tuple[int, object], token: str | None, seconds: float, report
                 later(slot, now + RETRY_S)
                 return
         slot.sock, slot.opened = sock, now
-        slot.pending = head + {"fill": body[:-1], "blast": body, "drip": b""}[slot.kind]
         selector.register(sock, selectors.EVENT_READ)
         by_socket[sock] = slot
         stats["opened"] += 1
-        later(slot, now)
+        if slot.kind != "silent":
+            slot.pending = head + {"fill": body[:-1], "blast": body, "drip": b""}[slot.kind]
+            later(slot, now)
 
     def send(slot: _Slot, now: float) -> None:
         assert slot.sock is not None
         chunk = slot.pending[:65536] if slot.pending else b"x"  # then the drip
         try:
             sent = slot.sock.send(chunk)
-        except (BlockingIOError, InterruptedError):
-            later(slot, now + 0.01)
-            return
-        except OSError:
-            return  # the gate closed it; the read side says how
+        except OSError as exc:
+            if isinstance(exc, BlockingIOError | InterruptedError) or exc.errno == errno.ENOTCONN:
+                later(slot, now + 0.01)  # the buffer is full, or TCP is still connecting
+            return  # otherwise the gate closed it; the read side says how
         slot.pending = slot.pending[sent:]
         later(slot, now if slot.pending else now + DRIP_S)
 
