@@ -344,7 +344,8 @@ def test_query_replies_are_padded_to_the_quantum(tmp_path: Path, short_dir: Path
 def test_padding_is_on_by_default(tmp_path: Path, short_dir: Path) -> None:
     """A policy that says nothing of padding gets the default quantum, and so does
     the skeleton `dpmagic init` writes; a gate on such a policy pads."""
-    assert DEFAULT_QUANTUM_MS >= 100  # covers the jitter measured by benchmarks/reply_jitter.py
+    # Above the p99.9 of cheap replies measured by benchmarks/reply_jitter.py (README).
+    assert DEFAULT_QUANTUM_MS >= 200
     policy = tmp_path / "policy.toml"
     write_policy(tmp_path)
     policy.write_text(POLICY.format(gate=""))  # no response_quantum_ms at all

@@ -136,7 +136,7 @@ class Dataset:
         }
 
 
-DEFAULT_QUANTUM_MS = 100.0
+DEFAULT_QUANTUM_MS = 250.0
 
 
 @dataclass(frozen=True)
