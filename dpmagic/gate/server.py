@@ -260,7 +260,8 @@ class _Exchange(httputil.HTTPMessageDelegate):
     def _answer_now(self, error: GateError) -> None:
         stream = self.request.detach()  # type: ignore[attr-defined]
         _send_and_close(stream, error)
-        log.info("%s %s %s %d", self.user, self.method, self.path, error.status)
+        if not isinstance(error, Busy):  # refusals for busy are logged by count
+            log.info("%s %s %s %d", self.user, self.method, self.path, error.status)
 
     def data_received(self, chunk: bytes) -> None:
         if self.refusal is None:  # a refused request's body is read only to be dropped
