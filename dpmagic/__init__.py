@@ -4,12 +4,20 @@
 in :mod:`dpmagic.gate` and is never imported by the kernel.
 """
 
-from dpmagic.errors import AuthError, BudgetExhausted, DPError, GateUnavailable, QueryRefused
+from dpmagic.errors import (
+    AuthError,
+    BudgetExhausted,
+    DPError,
+    GateBusy,
+    GateUnavailable,
+    QueryRefused,
+)
 
 __all__ = [
     "AuthError",
     "BudgetExhausted",
     "DPError",
+    "GateBusy",
     "GateUnavailable",
     "QueryRefused",
     "load_ipython_extension",

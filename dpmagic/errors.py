@@ -43,9 +43,17 @@ class GateUnavailable(DPError):
     kind = "unavailable"
 
 
+class GateBusy(DPError):
+    """The gate turned the connection away: this user already holds as many as one
+    user may (or the gate is full). Nothing was read or charged; try again."""
+
+    kind = "busy"
+
+
 ERROR_KINDS: dict[str, type[DPError]] = {
     "refused": QueryRefused,
     "budget": BudgetExhausted,
     "auth": AuthError,
     "unavailable": GateUnavailable,
+    "busy": GateBusy,
 }

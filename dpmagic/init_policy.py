@@ -19,7 +19,7 @@ from pathlib import Path
 
 import duckdb
 
-from dpmagic.gate.policy import PolicyError, parse_policy
+from dpmagic.gate.policy import DEFAULT_QUANTUM_MS, PolicyError, parse_policy
 
 # DuckDB type names (without precision) -> the policy's column types.
 _TYPES: dict[str, str] = {
@@ -94,6 +94,7 @@ def skeleton(files: list[Path], privacy_unit: str | None, dataset: str, out: Pat
         "[gate]",
         'state_dir = "state"          # ledger and audit log, next to this file',
         'accountant = "pure"',
+        f"response_quantum_ms = {DEFAULT_QUANTUM_MS:g}  # replies leave on these ticks (0 = off)",
         "",
         f"[datasets.{_key(dataset)}]",
         f"sources = {{ {sources} }}",

@@ -49,7 +49,12 @@ TOKENS = {"alice": "alice-token-0123456789", "bob": "bob-token-0123456789ab"}
 
 
 def write_dataset(folder: Path, gate_options: str = "") -> Path:
-    """Write the policy (with extra ``[gate]`` lines) and its CSV into ``folder``."""
+    """Write the policy (with extra ``[gate]`` lines) and its CSV into ``folder``.
+
+    Padding is off unless ``gate_options`` set it: it is on by default, and the
+    tests that rely on it say so."""
+    if "response_quantum_ms" not in gate_options:
+        gate_options += "response_quantum_ms = 0\n"
     rows = [f"{pid},{20 + pid % 60},{pid % 2}" for pid in range(PEOPLE)]
     (folder / "t.csv").write_text("pid,age,sex\n" + "\n".join(rows) + "\n")
     policy = folder / "policy.toml"

@@ -49,6 +49,7 @@ ROWS, GROUPS = 2, 2  # max_rows_per_partition, max_partitions
 POLICY = f"""
 [gate]
 state_dir = "state"
+response_quantum_ms = 0  # padding off: the audit samples many replies
 
 [datasets.d]
 database = "d.duckdb"

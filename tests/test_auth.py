@@ -67,6 +67,7 @@ def test_peer_credentials_refuse_tcp() -> None:
 def write_tokens(folder: Path, text: str) -> Path:
     path = folder / "tokens.toml"
     path.write_text(text)
+    path.chmod(0o600)
     return path
 
 
@@ -131,3 +132,24 @@ def test_malformed_token_files_are_rejected_at_load(
 def test_a_missing_token_file_is_rejected(tmp_path: Path) -> None:
     with pytest.raises(TokenFileError, match="tokens file not found"):
         load_tokens(tmp_path / "nope.toml")
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o620, 0o602, 0o660, 0o666])
+def test_a_tokens_file_others_can_reach_is_refused(tmp_path: Path, mode: int) -> None:
+    """As ssh does with a private key: anyone who reads the file is every user in it."""
+    path = write_tokens(tmp_path, f'[users]\nalice = "{ALICE_TOKEN}"\n')
+    path.chmod(mode)
+    with pytest.raises(TokenFileError, match=rf"mode {mode:04o}.*`chmod 600 {path}`"):
+        load_tokens(path)
+    path.chmod(0o600)
+    assert load_tokens(path) == {"alice": ALICE_TOKEN}
+    path.chmod(0o400)  # read-only for its owner is fine too
+    assert load_tokens(path) == {"alice": ALICE_TOKEN}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can give a file to another user")
+def test_a_tokens_file_of_another_user_is_refused(tmp_path: Path) -> None:
+    path = write_tokens(tmp_path, f'[users]\nalice = "{ALICE_TOKEN}"\n')
+    os.chown(path, 65534, -1)
+    with pytest.raises(TokenFileError, match=r"belongs to uid 65534.*chown"):
+        load_tokens(path)

@@ -178,6 +178,7 @@ def test_ledger_and_audit_log_survive_restarts(gate):
 NEIGHBOUR_POLICY = """
 [gate]
 state_dir = "state-{name}"
+response_quantum_ms = 0
 
 [datasets.d]
 database = "{name}.duckdb"

@@ -320,6 +320,7 @@ POLICY = """
 [gate]
 state_dir = "state"
 accountant = "{accountant}"
+response_quantum_ms = 0
 
 [datasets.d]
 sources = {{ t = "t.csv" }}

@@ -20,6 +20,10 @@ from pathlib import Path
 
 import pytest
 
+from dpmagic.gate.policy import DEFAULT_QUANTUM_MS, load_policy
+from dpmagic.gate.server import ANONYMOUS_CONNECTIONS, HEADER_DEADLINE_S, USER_CONNECTIONS
+from dpmagic.init_policy import write_skeleton
+
 POLICY = """\
 [gate]
 state_dir = "state"
@@ -48,6 +52,8 @@ def write_policy(folder: Path, gate: str = "") -> Path:
     rows = [f"{pid},{(pid * 7) % 90},{pid % 2}" for pid in range(200)]
     (folder / "t.csv").write_text("pid,age,sex\n" + "\n".join(rows) + "\n")
     policy = folder / "policy.toml"
+    if "response_quantum_ms" not in gate:  # padding is on by default; these tests time nothing
+        gate += "\nresponse_quantum_ms = 0"
     policy.write_text(POLICY.format(gate=gate))
     return policy
 
@@ -261,10 +267,25 @@ def test_tcp_needs_a_tokens_file(tmp_path: Path) -> None:
     assert code == 2 and "gate.tokens_file" in err
 
 
+def test_a_tokens_file_readable_by_others_stops_the_gate(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(f'[users]\nalice = "{ALICE_TOKEN}"\n')
+    tokens.chmod(0o644)
+    gate = Gate(write_policy(tmp_path, 'tokens_file = "tokens.toml"'), "tcp:127.0.0.1:0")
+    code, err = gate.stop()
+    assert gate.line == ""
+    assert code == 2
+    assert err.strip().splitlines() == [
+        f"dpmagic: error: tokens file {tokens} is accessible by group or others (mode 0644); "
+        f"anyone who reads it can act as its users: run `chmod 600 {tokens}`"
+    ]
+
+
 def test_tcp_gate_identifies_users_by_token(tmp_path: Path) -> None:
     (tmp_path / "tokens.toml").write_text(
         f'[users]\nalice = "{ALICE_TOKEN}"\nbob = "{BOB_TOKEN}"\n'
     )
+    (tmp_path / "tokens.toml").chmod(0o600)
     gate = Gate(write_policy(tmp_path, 'tokens_file = "tokens.toml"'), "tcp:127.0.0.1:0")
     try:
         address = gate.address
@@ -316,5 +337,87 @@ def test_query_replies_are_padded_to_the_quantum(tmp_path: Path, short_dir: Path
         call(gate.address, "GET", "/v1/health")
         assert time.monotonic() - started < quantum  # only query replies are held
     finally:
+        code, err = gate.stop()
+    assert code == 0, err
+
+
+def test_padding_is_on_by_default(tmp_path: Path, short_dir: Path) -> None:
+    """A policy that says nothing of padding gets the default quantum, and so does
+    the skeleton `dpmagic init` writes; a gate on such a policy pads."""
+    # Above the p99.9 of cheap replies measured by benchmarks/reply_jitter.py (README).
+    assert DEFAULT_QUANTUM_MS >= 200
+    policy = tmp_path / "policy.toml"
+    write_policy(tmp_path)
+    policy.write_text(POLICY.format(gate=""))  # no response_quantum_ms at all
+    assert load_policy(policy).gate.response_quantum_ms == DEFAULT_QUANTUM_MS
+    skeleton = write_skeleton([tmp_path / "t.csv"], "pid", tmp_path / "init.toml")
+    assert "response_quantum_ms" in skeleton.read_text()
+    assert load_policy(skeleton).gate.response_quantum_ms == DEFAULT_QUANTUM_MS
+
+    gate = Gate(policy, f"unix:{short_dir / 'gate.sock'}")
+    try:
+        quantum = DEFAULT_QUANTUM_MS / 1000
+        for _ in range(3):
+            started = time.monotonic()
+            status, _ = call(gate.address, "POST", "/v1/query", {**COUNT, "epsilon": 0.1})
+            elapsed = time.monotonic() - started
+            assert status == 200
+            assert elapsed >= quantum and elapsed % quantum < 0.1 * quantum + 0.05, elapsed
+    finally:
+        code, err = gate.stop()
+    assert code == 0, err
+
+
+def _silent(address: str) -> socket.socket:
+    """A connection that sends nothing."""
+    if address.startswith("unix:"):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(address.removeprefix("unix:"))
+    else:
+        host, _, port = address.removeprefix("tcp:").rpartition(":")
+        sock = socket.create_connection((host, int(port)))
+    sock.settimeout(HEADER_DEADLINE_S + 5)
+    return sock
+
+
+def test_a_user_holding_too_many_connections_is_refused_until_they_close(
+    unix_gate: Gate,
+) -> None:
+    """The cap applies at accept, before a byte is read; the header deadline frees them."""
+    held = [_silent(unix_gate.address) for _ in range(USER_CONNECTIONS)]
+    try:
+        status, reply = call(unix_gate.address, "GET", "/v1/health")
+        assert (status, reply["error"]["kind"]) == (503, "busy"), reply
+        assert f"{USER_CONNECTIONS} connections open" in reply["error"]["message"]
+        held.pop().close()
+        time.sleep(0.2)  # the gate sees the close on its next loop turn
+        assert call(unix_gate.address, "GET", "/v1/health") == (200, {"ok": True})
+        # Silent connections are closed at the header deadline, with no reply.
+        started = time.monotonic()
+        assert held[0].recv(1) == b""
+        assert HEADER_DEADLINE_S - 0.5 < time.monotonic() - started + 0.2 < HEADER_DEADLINE_S + 3
+    finally:
+        for sock in held:
+            sock.close()
+    status, reply = call(unix_gate.address, "POST", "/v1/query", COUNT)
+    assert status == 200, reply
+
+
+def test_tcp_connections_without_headers_cannot_crowd_out_a_user(tmp_path: Path) -> None:
+    """Over TCP the caller is unknown until its headers: a full pool of silent
+    connections loses its oldest to each newcomer, so a real request gets in."""
+    (tmp_path / "tokens.toml").write_text(f'[users]\nalice = "{ALICE_TOKEN}"\n')
+    (tmp_path / "tokens.toml").chmod(0o600)
+    gate = Gate(write_policy(tmp_path, 'tokens_file = "tokens.toml"'), "tcp:127.0.0.1:0")
+    held: list[socket.socket] = []
+    try:
+        held = [_silent(gate.address) for _ in range(ANONYMOUS_CONNECTIONS)]
+        alice = {"Authorization": f"Bearer {ALICE_TOKEN}"}
+        status, reply = call(gate.address, "POST", "/v1/query", COUNT, headers=alice)
+        assert status == 200, reply
+        assert held[0].recv(1) == b""  # the oldest silent one made room
+    finally:
+        for sock in held:
+            sock.close()
         code, err = gate.stop()
     assert code == 0, err

@@ -11,11 +11,12 @@ only the Hub can resolve to a user. An authenticator is anything with
 from __future__ import annotations
 
 import hmac
+import os
 import pwd
 import socket
+import stat
 import struct
 import tomllib
-from email.message import Message
 from pathlib import Path
 from typing import Protocol
 
@@ -25,14 +26,29 @@ MIN_TOKEN_CHARS = 16
 _CREDENTIALS = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
-class Request(Protocol):
-    """The part of a request handler an authenticator may look at."""
+class Headers(Protocol):
+    def get(self, name: str, default: None = None) -> str | None: ...
 
-    connection: socket.socket
-    headers: Message
+
+class Request(Protocol):
+    """The part of a request an authenticator may look at: its socket and headers."""
+
+    @property
+    def connection(self) -> socket.socket: ...
+
+    @property
+    def headers(self) -> Headers: ...
 
 
 class Authenticator(Protocol):
+    """``at_accept``: it needs only the socket, so the server identifies the caller
+    before reading a byte (and applies the per-user caps from the start).
+    ``blocking``: ``identify`` may wait on the network, so the server calls it off
+    its event loop."""
+
+    at_accept: bool
+    blocking: bool
+
     def identify(self, request: Request) -> str:
         """The user name to charge; raises ``Unauthorized`` if there is none."""
 
@@ -56,12 +72,18 @@ def peer_user(sock: socket.socket) -> str:
 class PeerCredAuth:
     """Unix sockets: the kernel's uid, as the kernel cannot forge it."""
 
+    at_accept = True
+    blocking = False
+
     def identify(self, request: Request) -> str:
         return peer_user(request.connection)
 
 
 class TokenAuth:
     """TCP: ``Authorization: Bearer <token>`` looked up in the tokens file."""
+
+    at_accept = False
+    blocking = False
 
     def __init__(self, tokens: dict[str, str]) -> None:
         self._tokens = [(user, token.encode()) for user, token in tokens.items()]
@@ -100,6 +122,8 @@ class HubTokenAuth:
     claims the kernel makes about itself are never read.
     """
 
+    at_accept = False
+    blocking = True  # asks the Hub over HTTP
     # How long the Hub's answer for a token is reused: long enough to spare
     # the Hub a request per query, short enough that a revoked token stops
     # working soon.
@@ -152,8 +176,13 @@ def _bearer(request: Request, what: str) -> str:
 
 
 def load_tokens(path: Path) -> dict[str, str]:
-    """The ``[users]`` table of a tokens file: user name → token."""
+    """The ``[users]`` table of a tokens file: user name → token.
+
+    Like ssh with a private key, the gate refuses a tokens file that another
+    user could read or change: anyone who reads it can act as every user in it.
+    """
     try:
+        _check_private(Path(path))
         raw = tomllib.loads(Path(path).read_text())
     except FileNotFoundError:
         raise TokenFileError(f"tokens file not found: {path}") from None
@@ -177,3 +206,19 @@ def load_tokens(path: Path) -> dict[str, str]:
             raise TokenFileError(f"tokens file {path}: two users share the token of {user!r}")
         seen.add(token)
     return dict(users)
+
+
+def _check_private(path: Path) -> None:
+    """Refuse a tokens file not owned by the gate's user, or open to group or others."""
+    info = path.stat()
+    if info.st_uid != os.geteuid():
+        raise TokenFileError(
+            f"tokens file {path} belongs to uid {info.st_uid}, not to the gate's user "
+            f"(uid {os.geteuid()}): `chown` it to the gate's user and `chmod 600 {path}`"
+        )
+    mode = stat.S_IMODE(info.st_mode)
+    if mode & 0o077:
+        raise TokenFileError(
+            f"tokens file {path} is accessible by group or others (mode {mode:04o}); "
+            f"anyone who reads it can act as its users: run `chmod 600 {path}`"
+        )

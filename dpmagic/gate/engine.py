@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 from dpmagic.gate.accounting import AccountantError, Cost, make_accountant
 from dpmagic.gate.calibration import REPORT_ALPHA, Accuracy
-from dpmagic.gate.errors import BadRequest, Failed, GateError
+from dpmagic.gate.errors import BadRequest, Failed, GateError, InvalidBody
 from dpmagic.gate.ledger import Ledger
 from dpmagic.gate.policy import Dataset, Policy, PolicyError
 from dpmagic.gate.sql.bound import bound
@@ -60,8 +60,10 @@ class QueryRequest:
 
     @classmethod
     def from_body(cls, body: object) -> QueryRequest:
+        """The request a parsed body asks for; `InvalidBody` (nothing charged) if the
+        body's shape is wrong. Only the body's form is judged here, never its SQL."""
         if not isinstance(body, dict):
-            raise BadRequest("the request body must be a JSON object")
+            raise InvalidBody("the request body must be a JSON object")
         unknown = set(body) - {
             "sql",
             "dataset",
@@ -75,29 +77,35 @@ class QueryRequest:
             "alpha",
         }
         if unknown:
-            raise BadRequest(f"unknown field {sorted(unknown)[0]!r}")
+            # Cut short: the name is the client's own text, echoed back.
+            raise InvalidBody(f"unknown field {sorted(unknown)[0][:MAX_NOTEBOOK_CHARS]!r}")
         sql = body.get("sql")
         if not isinstance(sql, str):
-            raise BadRequest("`sql` must be a string")
+            raise InvalidBody("`sql` must be a string")
         notebook = body.get("notebook") or "unnamed"
         if not isinstance(notebook, str) or len(notebook) > MAX_NOTEBOOK_CHARS:
-            raise BadRequest("`notebook` must be a short string")
+            raise InvalidBody("`notebook` must be a short string")
         dataset = body.get("dataset")
-        if dataset is not None and not isinstance(dataset, str):
-            raise BadRequest("`dataset` must be a string")
+        if dataset is not None and (
+            not isinstance(dataset, str) or len(dataset) > MAX_NOTEBOOK_CHARS
+        ):
+            raise InvalidBody("`dataset` must be a short string")
         params = body.get("params") or {}
         if not isinstance(params, dict):
-            raise BadRequest("`params` must be an object")
+            raise InvalidBody("`params` must be an object")
         accuracy = _number(body, "accuracy")
         if accuracy == 0:
-            raise BadRequest("`accuracy` must be positive")
+            raise InvalidBody("`accuracy` must be positive")
         alpha = _number(body, "alpha")
         if alpha is not None and not 0 < alpha < 1:
-            raise BadRequest("`alpha` must be between 0 and 1")
+            raise InvalidBody("`alpha` must be between 0 and 1")
         if alpha is not None and accuracy is None:
-            raise BadRequest("`alpha` goes with `accuracy`")
+            raise InvalidBody("`alpha` goes with `accuracy`")
         if accuracy is not None and body.get("epsilon") is not None:
-            raise BadRequest("ask with `epsilon` or with `accuracy`, not both")
+            raise InvalidBody("ask with `epsilon` or with `accuracy`, not both")
+        for flag in ("dry_run", "fresh"):
+            if not isinstance(body.get(flag, False), bool):
+                raise InvalidBody(f"`{flag}` must be true or false")
         return cls(
             sql=sql,
             dataset=dataset,
@@ -490,14 +498,20 @@ def _number(body: dict, key: str) -> float | None:
     value = body.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise BadRequest(f"`{key}` must be a finite number")
-    if value < 0 or (key == "epsilon" and value == 0):
-        raise BadRequest(f"`{key}` must be positive")
-    if key == "epsilon" and value < MIN_EPSILON:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidBody(f"`{key}` must be a finite number")
+    try:
+        number = float(value)  # a big int overflows here, not later in the engine
+    except OverflowError:
+        raise InvalidBody(f"`{key}` must be a finite number") from None
+    if not math.isfinite(number):
+        raise InvalidBody(f"`{key}` must be a finite number")
+    if number < 0 or (key == "epsilon" and number == 0):
+        raise InvalidBody(f"`{key}` must be positive")
+    if key == "epsilon" and number < MIN_EPSILON:
         # Split over measurements, a smaller ε can round to zero.
-        raise BadRequest(f"`epsilon` must be at least {MIN_EPSILON:g}")
-    return float(value)
+        raise InvalidBody(f"`epsilon` must be at least {MIN_EPSILON:g}")
+    return number
 
 
 def _flag(body: dict, key: str) -> bool:

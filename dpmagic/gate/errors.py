@@ -32,6 +32,24 @@ class BadRequest(GateError):
     status = 400
 
 
+class InvalidBody(BadRequest):
+    """A malformed request body, refused before anything could be charged.
+
+    The message says so: a client must never have to wonder whether a typo
+    in its request cost budget.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"{message}; nothing was charged")
+
+
+class Busy(GateError):
+    """The caller already holds as many connections as one user may; nothing was read."""
+
+    kind = "busy"
+    status = 503
+
+
 class OverBudget(GateError):
     kind = "budget"
     status = 403

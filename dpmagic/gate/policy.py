@@ -144,13 +144,18 @@ class Dataset:
         }
 
 
+DEFAULT_QUANTUM_MS = 250.0
+
+
 @dataclass(frozen=True)
 class GateConfig:
     listen: str
     state_dir: Path
     accountant: str = "pure"
     tokens_file: Path | None = None
-    response_quantum_ms: float = 0.0
+    # Padding is on unless the owner turns it off (0): the default covers the gate's
+    # own reply-time jitter for cheap queries (benchmarks/reply_jitter.py, README).
+    response_quantum_ms: float = DEFAULT_QUANTUM_MS
     query_timeout_s: float = 30.0
     memory_limit: str = "2GB"
     threads: int = 2
@@ -229,7 +234,9 @@ def _gate(raw: dict, base: Path) -> GateConfig:
         state_dir=_path(raw.get("state_dir", "state"), base),
         accountant=accountant,
         tokens_file=_path(tokens, base) if tokens else None,
-        response_quantum_ms=_number(raw, "response_quantum_ms", "gate", 0.0, minimum=0.0),
+        response_quantum_ms=_number(
+            raw, "response_quantum_ms", "gate", DEFAULT_QUANTUM_MS, minimum=0.0
+        ),
         query_timeout_s=_number(raw, "query_timeout_s", "gate", 30.0, minimum=0.001),
         memory_limit=str(raw.get("memory_limit", "2GB")),
         threads=int(_number(raw, "threads", "gate", 2, minimum=1)),

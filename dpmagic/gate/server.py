@@ -12,30 +12,56 @@ the engine does:
   ``response_quantum_ms``, so how long a query took does not leak;
 - the access log names the user, route and status, never the SQL.
 
+And the rules that keep one user from starving the others (a local user can
+open as many connections as they like and send as slowly as they like):
+
+- one event loop (tornado) serves every connection, so a connection costs a
+  socket and a buffer, not a thread; the engine, which blocks (DuckDB,
+  SQLite), runs in a pool of threads beside it, never on the loop;
+- the caller is identified before a byte is read where the transport allows:
+  on a unix socket at accept (``SO_PEERCRED``), over TCP as soon as the
+  headers are in; then each user may hold ``USER_CONNECTIONS`` connections
+  and run ``USER_REQUESTS`` requests in the engine at once, and the excess is
+  refused (``503 busy``) or waits its turn, while other users go on;
+- TCP connections not yet identified must send their headers within
+  ``HEADER_DEADLINE_S`` and share a pool of ``ANONYMOUS_CONNECTIONS``; when
+  it is full, the oldest is dropped for the newcomer, so a flood of slow
+  headers cannot keep an honest client (whose headers arrive at once) out;
+- every request has one deadline for all of it, headers and body
+  (``REQUEST_DEADLINE_S`` from accept), not one per read, so dripping a byte
+  at a time does not keep a connection; a body over ``MAX_BODY_BYTES`` is
+  refused from its ``Content-Length`` before it is read, and none is buffered
+  beyond it.
+
 Run it with ``dpmagic serve`` or ``python -m dpmagic.gate.server``.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import json
 import logging
 import math
 import os
+import resource
 import signal
 import socket
-import socketserver
 import stat
 import sys
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
+
+from tornado import httputil, iostream, netutil
+from tornado.http1connection import HTTP1ConnectionParameters, HTTP1ServerConnection
+from tornado.tcpserver import TCPServer
 
 from dpmagic.gate.auth import (
     Authenticator,
@@ -45,26 +71,39 @@ from dpmagic.gate.auth import (
     TokenAuth,
     TokenFileError,
 )
+from dpmagic.gate.body import parse_body
 from dpmagic.gate.engine import Engine
-from dpmagic.gate.errors import BadRequest, Failed, GateError
+from dpmagic.gate.errors import BadRequest, Busy, Failed, GateError, Unauthorized
 from dpmagic.gate.policy import Policy, PolicyError, load_policy
 
 log = logging.getLogger("dpmagic.gate")
 
 LISTENING = "dpmagic gate listening on"
 MAX_BODY_BYTES = 1 << 20
-# A client that stops sending mid-request must not hold a thread (and the
-# clean shutdown, which waits for request threads) for ever.
-CONNECTION_TIMEOUT_S = 60.0
+MAX_HEADER_BYTES = 16 << 10
+# The whole request, headers and body, must be in this long after accept.
+REQUEST_DEADLINE_S = 30.0
+# The headers must be in this long after accept; until then a TCP caller is anonymous.
+HEADER_DEADLINE_S = 5.0
+# Per user: connections open at once, and requests in the engine at once.
+USER_CONNECTIONS = 32
+USER_REQUESTS = 4
+# TCP connections whose headers have not named a user yet, all together.
+ANONYMOUS_CONNECTIONS = 256
+# File descriptors kept free of connections, for the data, the ledger and the threads.
+RESERVED_FILES = 256
+# Threads running the engine; each request holds one while it is analysed and run.
+ENGINE_THREADS = 16
 # sun_path is 108 bytes including the terminating NUL.
 MAX_SOCKET_PATH_BYTES = 107
 USAGE_ERROR = 2
-LISTEN_BACKLOG = 128
-# Request threads kept at most; each serves one connection at a time.
-MAX_REQUEST_THREADS = 512
+LISTEN_BACKLOG = 1024
+# Refused connections are logged per user at most this often, with their count.
+BUSY_LOG_INTERVAL_S = 10.0
 # Entries of /v1/history: the newest ones, by default and at most.
 HISTORY_DEFAULT = 100
 HISTORY_MAX = 1000
+ALLOWED_METHODS = ("GET", "POST")
 
 
 class ListenError(ValueError):
@@ -72,7 +111,7 @@ class ListenError(ValueError):
 
 
 class _HTTPError(BadRequest):
-    """A ``bad_request`` with its own HTTP status (400, 404, 405, 411, 413)."""
+    """A ``bad_request`` with its own HTTP status (400, 404, 405, 411, 413, 501)."""
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
@@ -81,138 +120,359 @@ class _HTTPError(BadRequest):
 
 @dataclass(frozen=True)
 class App:
-    """What every request handler needs: the engine and who is asking."""
+    """What every request needs: the engine, who is asking, and the padding quantum."""
 
     engine: Engine
     auth: Authenticator
     quantum_s: float
 
 
-class GateHandler(BaseHTTPRequestHandler):
-    """One request: route, authenticate, answer JSON, then close."""
+@dataclass(frozen=True)
+class _Caller:
+    """What an authenticator may look at: the socket and the request's headers."""
 
-    server_version = "dpmagic-gate"
-    sys_version = ""
-    timeout = CONNECTION_TIMEOUT_S
+    connection: socket.socket
+    headers: httputil.HTTPHeaders = field(default_factory=httputil.HTTPHeaders)
 
-    def __init__(self, app: App, *args: object) -> None:
-        self.app = app
+
+@dataclass(eq=False)
+class _Connection:
+    """One accepted connection: its stream, its deadline and whom it counts against
+    (``None``: the anonymous TCP pool, until its headers name a user)."""
+
+    stream: iostream.IOStream
+    accepted: float
+    user: str | None = None
+    responding: bool = False
+
+    @property
+    def deadline(self) -> float:
+        """Loop time by which the request must be in: short while anonymous."""
+        limit = REQUEST_DEADLINE_S if self.user is not None else HEADER_DEADLINE_S
+        return self.accepted + limit
+
+
+def _run(handler: Callable[[], dict[str, object]]) -> tuple[int, bytes]:
+    """Run a route in an engine thread; its reply as (status, JSON bytes)."""
+    try:
+        status, reply = 200, handler()
+    except GateError as exc:
+        status, reply = exc.status, exc.as_reply()
+    except Exception as exc:
+        log.error("request failed: %s", type(exc).__name__)
+        status, reply = 500, Failed().as_reply()
+    return status, json.dumps(reply, default=str).encode()
+
+
+def _response(status: int, data: bytes) -> tuple[httputil.ResponseStartLine, httputil.HTTPHeaders]:
+    headers = httputil.HTTPHeaders(
+        {
+            "Content-Type": "application/json",
+            "Content-Length": str(len(data)),
+            "Cache-Control": "no-store",
+            "Connection": "close",
+        }
+    )
+    if status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    if status == 503:
+        headers["Retry-After"] = "1"
+    return httputil.ResponseStartLine("HTTP/1.1", status, HTTPStatus(status).phrase), headers
+
+
+def _send_and_close(stream: iostream.IOStream, error: GateError) -> None:
+    """Answer ``error`` on a stream no HTTP parser owns any more, then close it."""
+    data = json.dumps(error.as_reply()).encode()
+    start, headers = _response(error.status, data)
+    head = f"{start.version} {start.code} {start.reason}\r\n"
+    head += "".join(f"{name}: {value}\r\n" for name, value in headers.get_all())
+    try:
+        written = stream.write(head.encode("latin1") + b"\r\n" + data)
+    except iostream.StreamClosedError:
+        return
+    if written.done():  # the usual case: closed at once, not a loop turn later
+        stream.close()
+    else:
+        written.add_done_callback(lambda done: (done.exception(), stream.close()))
+
+
+class _Exchange(httputil.HTTPMessageDelegate):
+    """One request on one connection: route, identify, read the body, answer."""
+
+    def __init__(
+        self, server: _Server, conn: _Connection, request: httputil.HTTPConnection
+    ) -> None:
+        self.server = server
+        self.conn = conn
+        self.request = request
         self.arrival = time.monotonic()
-        self.body_read = False
-        super().__init__(*args)  # type: ignore[arg-type]
+        self.method = "-"
+        self.path = "-"
+        self.query = ""
+        self.route: Route | None = None
+        self.refusal: GateError | None = None
+        self.body = bytearray()
+        self.closed = False
 
-    def parse_request(self) -> bool:
-        # The request line has just arrived: the padding clock starts here.
+    @property
+    def user(self) -> str:
+        return self.conn.user or "-"
+
+    async def headers_received(
+        self,
+        start_line: httputil.RequestStartLine | httputil.ResponseStartLine,
+        headers: httputil.HTTPHeaders,
+    ) -> None:
+        # The request line and headers are in: the padding clock starts here.
         self.arrival = time.monotonic()
-        self.body_read = False
-        return super().parse_request()
-
-    def do_GET(self) -> None:
-        self._dispatch("GET")
-
-    def do_POST(self) -> None:
-        self._dispatch("POST")
-
-    def _dispatch(self, method: str) -> None:
-        url = urlsplit(self.path)
-        user = "-"
+        assert isinstance(start_line, httputil.RequestStartLine)
+        url = urlsplit(start_line.path)
+        self.method, self.path, self.query = start_line.method, url.path, url.query
         try:
-            route = ROUTES.get(url.path)
-            if route is None:
-                raise _HTTPError(404, f"no such endpoint: {url.path}")
-            if route.method != method:
-                raise _HTTPError(405, f"{url.path} takes {route.method}, not {method}")
-            if route.authenticated:
-                user = self.app.auth.identify(self)
-            status, reply = 200, route.run(self, user, url.query)
-        except GateError as exc:
-            status, reply = exc.status, exc.as_reply()
-        except Exception as exc:
-            log.error("%s %s failed: %s", method, url.path, type(exc).__name__)
-            status, reply = 500, Failed().as_reply()
-        if method == "POST" and not self.body_read:
-            self._discard_body()
-        if url.path == "/v1/query":
-            self._hold_until_quantum()
-        self._reply(status, reply)
-        log.info("%s %s %s %d", user, method, url.path, status)
-
-    def _discard_body(self) -> None:
-        """Read a body the request was refused before reading: a client still
-        sending it when the reply and the close came would see a broken pipe
-        instead of the reply."""
-        self.body_read = True
-        length = self.headers.get("Content-Length", "")
-        if not length.isdigit() or int(length) > MAX_BODY_BYTES:
-            self.close_connection = True
+            self.route = self._route()
+            if self.route.authenticated and self.conn.user is None:
+                await self.server.identify(self.conn, headers)
+            if self.method == "POST":
+                _check_length(headers)
+        except (Unauthorized, Busy, _TooLarge) as exc:
+            # Decided from the headers alone: answered now, the body never read.
+            self._answer_now(exc)
             return
-        try:
-            self.rfile.read(int(length))
-        except OSError:
-            self.close_connection = True
+        except _HTTPError as exc:
+            self.refusal = exc  # answered once the (bounded) body is read and dropped
+        except Exception as exc:  # e.g. from the Hub's client: only its type is logged
+            log.error("identifying a caller failed: %s", type(exc).__name__)
+            self._answer_now(Failed("the gate could not identify the caller; nothing was charged"))
+            return
+        remaining = self.conn.deadline - self.server.loop.time()
+        self.request.set_body_timeout(max(remaining, 0.001))  # type: ignore[attr-defined]
 
-    def _hold_until_quantum(self) -> None:
-        quantum = self.app.quantum_s
+    def _route(self) -> Route:
+        if self.method not in ALLOWED_METHODS:
+            raise _HTTPError(501, f"the gate does not implement {self.method}")
+        route = ROUTES.get(self.path)
+        if route is None:
+            raise _HTTPError(404, f"no such endpoint: {self.path}")
+        if route.method != self.method:
+            raise _HTTPError(405, f"{self.path} takes {route.method}, not {self.method}")
+        return route
+
+    def _answer_now(self, error: GateError) -> None:
+        stream = self.request.detach()  # type: ignore[attr-defined]
+        _send_and_close(stream, error)
+        if not isinstance(error, Busy):  # refusals for busy are logged by count
+            log.info("%s %s %s %d", self.user, self.method, self.path, error.status)
+
+    def data_received(self, chunk: bytes) -> None:
+        if self.refusal is None:  # a refused request's body is read only to be dropped
+            self.body.extend(chunk)
+
+    def finish(self) -> None:
+        self.conn.responding = True
+        self.server.track(asyncio.ensure_future(self._respond()))
+
+    def on_connection_close(self) -> None:
+        self.closed = True
+
+    async def _respond(self) -> None:
+        try:
+            status, data = await self._outcome()
+        except Exception as exc:  # never a traceback that might quote a value
+            log.error("request failed: %s", type(exc).__name__)
+            status, data = 500, json.dumps(Failed().as_reply()).encode()
+        if self.path == "/v1/query":
+            await self._hold_until_quantum()
+        self._reply(status, data)
+        log.info("%s %s %s %d", self.user, self.method, self.path, status)
+
+    async def _outcome(self) -> tuple[int, bytes]:
+        if self.refusal is not None:
+            return self.refusal.status, json.dumps(self.refusal.as_reply()).encode()
+        route, engine, user = self.route, self.server.app.engine, self.user
+        assert route is not None
+        body, self.body = bytes(self.body), bytearray()
+
+        def handler() -> dict[str, object]:
+            return route.run(engine, user, self.query, body)
+
+        if not route.authenticated:
+            return _run(handler)
+        async with self.server.slot(user):
+            return await self.server.loop.run_in_executor(self.server.engine_threads, _run, handler)
+
+    async def _hold_until_quantum(self) -> None:
+        quantum = self.server.app.quantum_s
         if quantum <= 0:
             return
         elapsed = time.monotonic() - self.arrival
         release_at = self.arrival + quantum * max(1, math.ceil(elapsed / quantum))
         while (wait := release_at - time.monotonic()) > 0:
-            time.sleep(wait)
+            await asyncio.sleep(wait)
 
-    def _reply(self, status: int, body: dict[str, object]) -> None:
-        data = json.dumps(body, default=str).encode()
+    def _reply(self, status: int, data: bytes) -> None:
+        if self.closed:  # the client went away; nothing to tell it
+            return
+        start, headers = _response(status, data)
         try:
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.send_header("Cache-Control", "no-store")
-            if status == 401:
-                self.send_header("WWW-Authenticate", "Bearer")
-            self.end_headers()
-            self.wfile.write(data)
-        except OSError:  # the client went away; nothing to tell it
-            self.close_connection = True
+            self.request.write_headers(start, headers, data)
+            self.request.finish()
+        except (iostream.StreamClosedError, httputil.HTTPOutputError):
+            pass
 
-    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-        """Malformed HTTP (bad request line, unknown method) answered as JSON."""
-        self.close_connection = True
-        text = message or HTTPStatus(code).phrase
-        self._reply(code, {"error": {"kind": "bad_request", "message": text}})
 
-    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
-        """Silenced: the default line quotes the request; `_dispatch` logs its own."""
+class _TooLarge(_HTTPError):
+    """A body refused from its headers (length missing, malformed or over the limit)."""
 
-    def log_message(self, format: str, *args: object) -> None:
-        """Silenced for the same reason as `log_request`."""
 
-    def read_json(self) -> object:
-        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            raise _HTTPError(411, "send the body with a Content-Length, not chunked")
-        length = self.headers.get("Content-Length")
-        if length is None:
-            raise _HTTPError(411, "a request body needs a Content-Length header")
+def _check_length(headers: httputil.HTTPHeaders) -> None:
+    if "chunked" in headers.get("Transfer-Encoding", "").lower():
+        raise _TooLarge(411, "send the body with a Content-Length, not chunked")
+    length = headers.get("Content-Length")
+    if length is None:
+        raise _TooLarge(411, "a request body needs a Content-Length header")
+    if not length.strip().isdigit():
+        raise _TooLarge(400, "Content-Length must be a whole number")
+    if int(length) > MAX_BODY_BYTES:
+        raise _TooLarge(413, f"the request body is over {MAX_BODY_BYTES} bytes")
+
+
+class _Server(TCPServer, httputil.HTTPServerConnectionDelegate):
+    """Accepts connections, counts them per user, and hands each to tornado's HTTP/1
+    parser with this gate's limits."""
+
+    def __init__(self, app: App, max_connections: int) -> None:
+        super().__init__(max_buffer_size=MAX_BODY_BYTES + MAX_HEADER_BYTES)
+        self.app = app
+        self.max_connections = max_connections
+        self.params = HTTP1ConnectionParameters(
+            no_keep_alive=True,
+            header_timeout=HEADER_DEADLINE_S,
+            max_header_size=MAX_HEADER_BYTES,
+            max_body_size=MAX_BODY_BYTES,
+            body_timeout=REQUEST_DEADLINE_S,
+            decompress=False,
+        )
+        self.engine_threads = ThreadPoolExecutor(ENGINE_THREADS, "dpmagic-engine")
+        # Identities that wait on the network (the Hub) get threads of their own.
+        self.auth_threads = ThreadPoolExecutor(4, "dpmagic-auth")
+        self.open: dict[HTTP1ServerConnection, _Connection] = {}
+        self.per_user: Counter[str] = Counter()
+        # TCP connections whose headers have not named a user, oldest first.
+        self.anonymous: dict[_Connection, None] = {}
+        self.slots: dict[str, asyncio.Semaphore] = {}
+        self.in_flight: set[asyncio.Future[None]] = set()
+        self.refused: Counter[str] = Counter()
+        self.next_busy_log: dict[str, float] = {}
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return asyncio.get_running_loop()
+
+    def handle_stream(self, stream: iostream.IOStream, address: object) -> None:
+        conn = _Connection(stream, accepted=self.loop.time())
         try:
-            size = int(length)
-        except ValueError:
-            raise _HTTPError(400, "Content-Length must be a number") from None
-        if size < 0:
-            raise _HTTPError(400, "Content-Length must not be negative")
-        if size > MAX_BODY_BYTES:
-            self.close_connection = True
-            raise _HTTPError(413, f"the request body is over {MAX_BODY_BYTES} bytes")
-        self.body_read = True
+            if self.app.auth.at_accept:
+                conn.user = self.app.auth.identify(_Caller(stream.socket))
+            self._admit(conn)
+        except GateError as exc:
+            self._note_refusal(conn.user or "-", exc)
+            _send_and_close(stream, exc)
+            return
+        except OSError:  # the peer left before we could ask who it was
+            stream.close()
+            return
+        server_conn = HTTP1ServerConnection(stream, self.params)
+        self.open[server_conn] = conn
+        server_conn.start_serving(self)
+
+    def _admit(self, conn: _Connection) -> None:
+        if len(self.open) >= self.max_connections:
+            raise Busy("the gate is at its connection limit; try again shortly")
+        if conn.user is None:
+            if len(self.anonymous) >= ANONYMOUS_CONNECTIONS:
+                # Not the newcomer but the oldest: an honest client sends its headers
+                # at once, so only one that is dripping them has been waiting long.
+                oldest = next(iter(self.anonymous))
+                del self.anonymous[oldest]
+                oldest.stream.close()
+            self.anonymous[conn] = None
+        else:
+            self._count_user(conn.user)
+
+    def _count_user(self, user: str) -> None:
+        if self.per_user[user] >= USER_CONNECTIONS:
+            raise Busy(
+                f"{user} already has {USER_CONNECTIONS} connections open to the gate; "
+                "wait for their replies"
+            )
+        self.per_user[user] += 1
+
+    async def identify(self, conn: _Connection, headers: httputil.HTTPHeaders) -> None:
+        """Name the user of an anonymous connection from its headers and move it
+        from the anonymous pool to that user's count."""
+        caller = _Caller(conn.stream.socket, headers)
+        auth = self.app.auth
+        if auth.blocking:
+            user = await self.loop.run_in_executor(self.auth_threads, auth.identify, caller)
+        else:
+            user = auth.identify(caller)
         try:
-            raw = self.rfile.read(size)
-        except OSError:
-            self.close_connection = True
-            raise _HTTPError(400, "the request body did not arrive") from None
-        if len(raw) != size:
-            raise _HTTPError(400, "the request body is shorter than its Content-Length")
-        try:
-            return json.loads(raw)
-        except (UnicodeDecodeError, ValueError):
-            raise _HTTPError(400, "the request body is not valid JSON") from None
+            self._count_user(user)
+        except Busy as exc:
+            self._note_refusal(user, exc)
+            raise
+        self.anonymous.pop(conn, None)
+        conn.user = user
+
+    def _note_refusal(self, user: str, error: GateError) -> None:
+        """Log refused connections per user, at most once per interval, with their count."""
+        self.refused[user] += 1
+        now = time.monotonic()
+        if now >= self.next_busy_log.get(user, 0.0):
+            count = self.refused.pop(user)
+            log.info("%s - - %d (%d connections refused)", user, error.status, count)
+            self.next_busy_log[user] = now + BUSY_LOG_INTERVAL_S
+
+    def start_request(
+        self, server_conn: object, request_conn: httputil.HTTPConnection
+    ) -> httputil.HTTPMessageDelegate:
+        return _Exchange(self, self.open[server_conn], request_conn)  # type: ignore[index]
+
+    def on_close(self, server_conn: object) -> None:
+        conn = self.open.pop(server_conn, None)  # type: ignore[arg-type]
+        if conn is None:
+            return
+        if conn.user is None:
+            self.anonymous.pop(conn, None)
+            return
+        self.per_user[conn.user] -= 1
+        if self.per_user[conn.user] <= 0:
+            del self.per_user[conn.user]
+
+    @contextlib.asynccontextmanager
+    async def slot(self, user: str) -> AsyncIterator[None]:
+        """One of the user's ``USER_REQUESTS`` places in the engine; waits for one."""
+        semaphore = self.slots.setdefault(user, asyncio.Semaphore(USER_REQUESTS))
+        async with semaphore:
+            yield
+
+    def track(self, task: asyncio.Future[None]) -> None:
+        self.in_flight.add(task)
+        task.add_done_callback(self.in_flight.discard)
+
+    async def drain(self) -> None:
+        """Stop accepting, drop requests not yet read (nothing was charged for them),
+        and let those being answered finish, so their releases are recorded."""
+        self.stop()
+        for conn in list(self.open.values()):
+            if not conn.responding:
+                conn.stream.close()
+        while self.in_flight:
+            await asyncio.gather(*self.in_flight, return_exceptions=True)
+        for conn in list(self.open.values()):
+            conn.stream.close()
+        self.engine_threads.shutdown(wait=True)
+        self.auth_threads.shutdown(wait=True)
 
 
 def _params(query: str, allowed: set[str]) -> dict[str, str]:
@@ -226,29 +486,29 @@ def _params(query: str, allowed: set[str]) -> dict[str, str]:
     return {name: values[0] for name, values in parsed.items()}
 
 
-def _query(handler: GateHandler, user: str, query: str) -> dict[str, object]:
+def _query(engine: Engine, user: str, query: str, body: bytes) -> dict[str, object]:
     _params(query, set())
-    return handler.app.engine.query(user, handler.read_json())
+    return engine.query(user, parse_body(body))
 
 
-def _budget(handler: GateHandler, user: str, query: str) -> dict[str, object]:
+def _budget(engine: Engine, user: str, query: str, body: bytes) -> dict[str, object]:
     params = _params(query, {"dataset", "notebook"})
-    return handler.app.engine.budget(user, params.get("dataset"), params.get("notebook"))
+    return engine.budget(user, params.get("dataset"), params.get("notebook"))
 
 
-def _history(handler: GateHandler, user: str, query: str) -> dict[str, object]:
+def _history(engine: Engine, user: str, query: str, body: bytes) -> dict[str, object]:
     params = _params(query, {"dataset", "notebook", "limit"})
     raw = params.get("limit", str(HISTORY_DEFAULT))
     if not raw.isdigit() or not 1 <= int(raw) <= HISTORY_MAX:
         raise _HTTPError(400, f"limit must be a whole number from 1 to {HISTORY_MAX}")
-    return handler.app.engine.history(user, params.get("dataset"), params.get("notebook"), int(raw))
+    return engine.history(user, params.get("dataset"), params.get("notebook"), int(raw))
 
 
-def _schema(handler: GateHandler, user: str, query: str) -> dict[str, object]:
-    return handler.app.engine.schema(_params(query, {"dataset"}).get("dataset"))
+def _schema(engine: Engine, user: str, query: str, body: bytes) -> dict[str, object]:
+    return engine.schema(_params(query, {"dataset"}).get("dataset"))
 
 
-def _health(handler: GateHandler, user: str, query: str) -> dict[str, object]:
+def _health(engine: Engine, user: str, query: str, body: bytes) -> dict[str, object]:
     return {"ok": True}
 
 
@@ -256,7 +516,7 @@ def _health(handler: GateHandler, user: str, query: str) -> dict[str, object]:
 class Route:
     method: str
     authenticated: bool
-    run: Callable[[GateHandler, str, str], dict[str, object]]
+    run: Callable[[Engine, str, str, bytes], dict[str, object]]
 
 
 ROUTES: dict[str, Route] = {
@@ -268,54 +528,18 @@ ROUTES: dict[str, Route] = {
 }
 
 
-class _Pooled(socketserver.ThreadingMixIn):
-    """A thread per connection, as ``ThreadingMixIn``, but kept for the next one.
-
-    A request on a fresh thread took ~1.3 ms longer: the first calls into DuckDB,
-    OpenDP's sampler and pandas on a thread pay for its set-up. Threads are added
-    whenever none is idle (up to ``MAX_REQUEST_THREADS``), so a slow query or a
-    slow client never holds up the others. Joined at close: a query in flight at
-    shutdown finishes and records its release before the ledger closes.
-    """
-
-    _pool: ThreadPoolExecutor | None = None
-
-    def process_request(self, request: object, client_address: object) -> None:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(MAX_REQUEST_THREADS, "dpmagic-request")
-        self._pool.submit(self.process_request_thread, request, client_address)
-
-    def server_close(self) -> None:
-        super().server_close()  # closes the socket (no thread of its own to join)
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-
-
-class _UnixServer(_Pooled, socketserver.UnixStreamServer):
-    # socketserver's backlog of 5 turns a sixth simultaneous connect away (EAGAIN).
-    request_queue_size = LISTEN_BACKLOG
-
-
-class _TCPServer(_Pooled, socketserver.TCPServer):
-    request_queue_size = LISTEN_BACKLOG
-    allow_reuse_address = True
-
-
-class _TCP6Server(_TCPServer):
-    address_family = socket.AF_INET6
-
-
 @dataclass(frozen=True)
 class _Listener:
-    """A bound, listening socket (and its file, for a unix socket)."""
+    """Bound, listening sockets (and the file, for a unix socket)."""
 
-    server: socketserver.BaseServer
+    sockets: list[socket.socket]
     address: str
     socket_path: Path | None = None
     socket_inode: int | None = None
 
     def close(self) -> None:
-        self.server.server_close()
+        for sock in self.sockets:
+            sock.close()
         path = self.socket_path
         # Only our own socket: a gate started after us may have replaced it.
         if path is not None and path.exists() and path.stat().st_ino == self.socket_inode:
@@ -323,22 +547,23 @@ class _Listener:
 
 
 class RunningGate:
-    """A listening server and its engine; ``close`` releases both and the socket file."""
+    """Listening sockets and the engine; ``run`` serves until asked to stop, and
+    ``close`` releases the engine and the socket file."""
 
-    def __init__(self, listener: _Listener, engine: Engine) -> None:
+    def __init__(self, listener: _Listener, app: App) -> None:
         self._listener = listener
-        self.engine = engine
+        self.app = app
+        self.engine = app.engine
         self.address = listener.address
 
-    def serve_forever(self) -> None:
-        self._listener.server.serve_forever()
-
-    def shutdown(self) -> None:
-        """Stop the serving loop; call from a thread other than the one serving."""
-        self._listener.server.shutdown()
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve until ``stop`` is set, then finish the requests being answered."""
+        server = _Server(self.app, _connection_limit())
+        server.add_sockets(self._listener.sockets)
+        await stop.wait()
+        await server.drain()
 
     def close(self) -> None:
-        # Request threads are joined first, so the engine closes after the last reply.
         self._listener.close()
         self.engine.close()
 
@@ -361,14 +586,7 @@ def open_gate(policy: Policy, listen: str, jupyterhub: bool = False) -> RunningG
                 "policy to a TOML file with a [users] table, or listen on a unix socket"
             )
         auth = TokenAuth.from_file(policy.gate.tokens_file)
-
-    def handler(*args: object) -> GateHandler:
-        # `app` is bound below, before the first request is served.
-        return GateHandler(app, *args)
-
-    listener = (
-        _bind_unix(_socket_path(where), handler) if kind == "unix" else _bind_tcp(where, handler)
-    )
+    listener = _bind_unix(_socket_path(where)) if kind == "unix" else _bind_tcp(where)
     try:
         _private_dir(policy.gate.state_dir)
         engine = Engine(policy)
@@ -376,26 +594,42 @@ def open_gate(policy: Policy, listen: str, jupyterhub: bool = False) -> RunningG
         listener.close()
         raise
     app = App(engine=engine, auth=auth, quantum_s=policy.gate.response_quantum_ms / 1000)
-    return RunningGate(listener, engine)
+    return RunningGate(listener, app)
 
 
-def _bind_unix(path: Path, handler: Callable[..., GateHandler]) -> _Listener:
+def _bind_unix(path: Path) -> _Listener:
     _clear_stale_socket(path)
-    server = _UnixServer(str(path), handler)
     # Anyone local may connect: identity comes from SO_PEERCRED, not the mode.
-    os.chmod(path, 0o666)
-    return _Listener(server, f"unix:{path}", path, path.stat().st_ino)
+    sock = netutil.bind_unix_socket(str(path), mode=0o666, backlog=LISTEN_BACKLOG)
+    return _Listener([sock], f"unix:{path}", path, path.stat().st_ino)
 
 
-def _bind_tcp(where: str, handler: Callable[..., GateHandler]) -> _Listener:
+def _bind_tcp(where: str) -> _Listener:
     host, port = _host_port(where)
-    server_class = _TCP6Server if ":" in host else _TCPServer
-    server = server_class((host, port), handler)
-    bound_host, bound_port = server.server_address[:2]
+    sockets = netutil.bind_sockets(port, host, backlog=LISTEN_BACKLOG)
+    bound_host, bound_port = sockets[0].getsockname()[:2]
     shown = f"[{bound_host}]" if ":" in str(bound_host) else str(bound_host)
     if not _loopback(str(bound_host)):
         log.warning("tokens travel in clear text over tcp: put TLS in front of this gate")
-    return _Listener(server, f"tcp:{shown}:{bound_port}")
+    return _Listener(sockets, f"tcp:{shown}:{bound_port}")
+
+
+def _connection_limit() -> int:
+    """Connections the gate keeps open at most: what the open-files limit allows."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 1 << 16
+    return max(USER_CONNECTIONS, soft - RESERVED_FILES)
+
+
+def raise_open_files_limit() -> None:
+    """Lift the soft open-files limit to the hard one, so a thousand connections fit
+    (the soft limit is often 1024, counting the gate's own files)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == hard:
+        return
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def hub_listen() -> str:
@@ -419,9 +653,10 @@ def serve(policy: Policy, listen: str | None = None, jupyterhub: bool = False) -
     Prints exactly one line, ``dpmagic gate listening on ADDRESS``, once the
     socket accepts connections, so a supervisor can wait for it.
     """
-    # Our access log at INFO; libraries (jupyterhub's, under --jupyterhub) only warnings.
+    # Our access log at INFO; libraries (tornado's, jupyterhub's) only warnings.
     logging.basicConfig(level=logging.WARNING, format="dpmagic gate: %(message)s")
     log.setLevel(logging.INFO)
+    raise_open_files_limit()
     try:
         if jupyterhub and listen is None:
             listen = hub_listen()
@@ -430,20 +665,24 @@ def serve(policy: Policy, listen: str | None = None, jupyterhub: bool = False) -
         print(f"dpmagic: error: {exc}", file=sys.stderr)
         return USAGE_ERROR
     print(f"{LISTENING} {gate.address}", flush=True)
-
-    def stop(signum: int, frame: object) -> None:
-        # shutdown() waits for the serving loop, which runs in this very
-        # thread: ask for it from another one.
-        threading.Thread(target=gate.shutdown, daemon=True).start()
-
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        gate.serve_forever()
+        asyncio.run(_serve_until_signalled(gate))
     finally:
+        # After the last reply: the engine (and its ledger) closes last.
         gate.close()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
     return 0
+
+
+async def _serve_until_signalled(gate: RunningGate) -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await gate.run(stop)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
 
 
 def _split_listen(listen: str) -> tuple[str, str]:
