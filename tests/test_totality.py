@@ -285,3 +285,10 @@ def test_the_replanning_database_is_locked_and_plans_without_statistics(engine):
             plain.execute(statement)
     with pytest.raises(duckdb.Error):
         plain.execute("CREATE TABLE prepared.x (a INT)")  # read-only
+
+
+def test_a_query_nested_too_deeply_is_refused_free(engine):
+    sql = "SELECT COUNT(*) FROM t WHERE " + "(" * 5000 + "age > 1" + ")" * 5000
+    with pytest.raises(Refused, match="nested too deeply"):
+        engine.query("alice", {"sql": sql, "epsilon": 0.5})
+    assert engine.budget("alice", None, "unnamed")["user"]["spent"]["epsilon"] == 0

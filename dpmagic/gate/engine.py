@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 from dpmagic.gate.accounting import AccountantError, Cost, make_accountant
 from dpmagic.gate.calibration import REPORT_ALPHA, Accuracy
-from dpmagic.gate.errors import BadRequest, Failed, GateError, InvalidBody
+from dpmagic.gate.errors import BadRequest, Failed, GateError, InvalidBody, Refused
 from dpmagic.gate.ledger import Ledger
 from dpmagic.gate.policy import Dataset, Policy, PolicyError
 from dpmagic.gate.sql.bound import bound
@@ -195,6 +195,14 @@ class Engine:
         return found
 
     def _analysed(self, dataset: Dataset, request: QueryRequest) -> Analysis:
+        try:
+            return self._analysed_once(dataset, request)
+        except RecursionError:
+            # A tree nested deeper than the passes recurse (thousands of parentheses):
+            # a fact of the text alone, refused before the debit like any other.
+            raise Refused("the query is nested too deeply to analyse") from None
+
+    def _analysed_once(self, dataset: Dataset, request: QueryRequest) -> Analysis:
         the_plan = self.analyse(dataset, request)
         rewritten = rewrite(the_plan, self._seeds[dataset.name])
         # Whatever could make the SQL fail without depending on the data is refused here,
