@@ -38,6 +38,7 @@ from dpmagic.gate.sql import check
 from dpmagic.gate.sql.parse import DIALECT
 
 NUM, TEXT, DATE, BOOL = "number", "text", "date", "bool"
+TEXTUAL = "textual"  # text that text functions accept (no CASE, COALESCE or NULL)
 FAMILIES = (NUM, TEXT, DATE, BOOL)
 Strategy = st.SearchStrategy[exp.Expression]
 
@@ -79,8 +80,13 @@ def date_literal(text: str) -> exp.Expression:
     return exp.Cast(this=exp.Literal.string(text), to=exp.DataType.build("DATE"))
 
 
+# The edges of the narrow integer types, which the checker's 64-bit bounds allow: drawn
+# most often, since an operand there is what overflows TINYINT … INTEGER arithmetic.
+NARROW_EDGES = [1, 2, 100, 127, 128, 255, 256, 32767, 32768, 65535, 2**31 - 1, 2**31, 2**32]
 ints = st.one_of(
+    st.sampled_from(NARROW_EDGES),
     st.sampled_from(EXTREME_INTS),
+    st.sampled_from(NARROW_EDGES).map(lambda v: -v),
     st.sampled_from(EXTREME_INTS).map(lambda v: -v),
     st.integers(-(2**64), 2**64),
 )
@@ -288,24 +294,30 @@ def _like(node: type[exp.Expression]) -> Builder:
     return build
 
 
+def _dated(g: Grammar) -> Strategy:
+    """What a date part reads: the checker wants a date column or a date literal."""
+    column = g.schema.column(DATE)
+    return date_literals if column is None else st.one_of(column, date_literals)
+
+
 def _extract(g: Grammar, family: str, depth: int) -> Strategy | None:
     if family != NUM:
         return None
-    return st.tuples(st.sampled_from(sorted(check.EXTRACT_UNITS)), g.expr(DATE, depth - 1)).map(
+    return st.tuples(st.sampled_from(sorted(check.EXTRACT_UNITS)), _dated(g)).map(
         lambda t: exp.Extract(this=exp.var(t[0]), expression=t[1])
     )
 
 
 def _date_part(node: type[exp.Expression]) -> Builder:
     def build(g: Grammar, family: str, depth: int) -> Strategy | None:
-        return g.expr(DATE, depth - 1).map(lambda e: node(this=e)) if family == NUM else None
+        return _dated(g).map(lambda e: node(this=e)) if family == NUM else None
 
     return build
 
 
 def _text_unary(node: type[exp.Expression]) -> Builder:
     def build(g: Grammar, family: str, depth: int) -> Strategy | None:
-        return g.expr(TEXT, depth - 1).map(lambda e: node(this=e)) if family == TEXT else None
+        return g.textual(depth - 1).map(lambda e: node(this=e)) if family == TEXT else None
 
     return build
 
@@ -314,7 +326,7 @@ def _trim(g: Grammar, family: str, depth: int) -> Strategy | None:
     if family != TEXT:
         return None
     chars = st.none() | st.sampled_from(["", " ", "z", "0123456789"]).map(exp.Literal.string)
-    return st.tuples(g.expr(TEXT, depth - 1), chars).map(
+    return st.tuples(g.textual(depth - 1), chars).map(
         lambda t: exp.Trim(this=t[0], expression=t[1])
     )
 
@@ -323,7 +335,7 @@ def _substring(g: Grammar, family: str, depth: int) -> Strategy | None:
     if family != TEXT:
         return None
     length = st.none() | positions.map(int_literal)
-    return st.tuples(g.expr(TEXT, depth - 1), positions.map(int_literal), length).map(
+    return st.tuples(g.textual(depth - 1), positions.map(int_literal), length).map(
         lambda t: exp.Substring(this=t[0], start=t[1], length=t[2])
     )
 
@@ -332,7 +344,7 @@ def _left_right(node: type[exp.Expression]) -> Builder:
     def build(g: Grammar, family: str, depth: int) -> Strategy | None:
         if family != TEXT:
             return None
-        return st.tuples(g.expr(TEXT, depth - 1), positions.map(int_literal)).map(
+        return st.tuples(g.textual(depth - 1), positions.map(int_literal)).map(
             lambda t: node(this=t[0], expression=t[1])
         )
 
@@ -340,7 +352,7 @@ def _left_right(node: type[exp.Expression]) -> Builder:
 
 
 def _length(g: Grammar, family: str, depth: int) -> Strategy | None:
-    return g.expr(TEXT, depth - 1).map(lambda e: exp.Length(this=e)) if family == NUM else None
+    return g.textual(depth - 1).map(lambda e: exp.Length(this=e)) if family == NUM else None
 
 
 def _dpipe(g: Grammar, family: str, depth: int) -> Strategy | None:
@@ -354,7 +366,9 @@ def _concat(g: Grammar, family: str, depth: int) -> Strategy | None:
     if family != TEXT:
         return None
     operand = st.sampled_from(FAMILIES).flatmap(lambda f: g.expr(f, depth - 1))
-    return st.lists(operand, min_size=1, max_size=3).map(lambda a: exp.Concat(expressions=a))
+    return st.lists(operand, min_size=1, max_size=3).map(
+        lambda a: exp.Concat(expressions=a, safe=True, coalesce=True)  # CONCAT(…), not ||
+    )
 
 
 def _extract_var(g: Grammar, family: str, depth: int) -> Strategy | None:
@@ -385,7 +399,14 @@ BUILDERS: dict[type[exp.Expression], Builder] = {
     exp.Right: _left_right(exp.Right), exp.Length: _length,
     exp.DPipe: _dpipe, exp.Concat: _concat,
 }  # fmt: skip
-LEAVES = (exp.Literal, exp.Boolean, exp.Null, exp.Column)
+LEAVES = (exp.Column, exp.Literal, exp.Boolean, exp.Null)
+# Where engines break: integer arithmetic in narrow types, casts, positions and lengths,
+# branches on one unit. These are drawn this many times as often as the other nodes.
+WEIGHTS: dict[type[exp.Expression], int] = {
+    exp.Add: 3, exp.Mul: 3, exp.Sub: 2, exp.IntDiv: 2, exp.Mod: 2, exp.Neg: 2,
+    exp.TryCast: 6, exp.Case: 3, exp.Substring: 3, exp.Left: 2, exp.Right: 2, exp.Length: 3,
+    exp.Column: 2,
+}  # fmt: skip
 
 ROW_NODES = check.SCALAR_NODES + check.ROW_ONLY_NODES
 _missing = [n.__name__ for n in ROW_NODES if n not in BUILDERS]
@@ -425,9 +446,12 @@ def aggregate(template: str, arg: exp.Expression, level: str = "0.5") -> exp.Exp
 class Grammar:
     """Typed row expressions over ``schema``, at most ``depth`` nodes deep."""
 
-    def __init__(self, schema: Schema, depth: int = 3) -> None:
+    def __init__(
+        self, schema: Schema, depth: int = 2, enabled: frozenset[type] | None = None
+    ) -> None:
         self.schema = schema
         self.depth = depth
+        self.enabled = frozenset(ROW_NODES) if enabled is None else enabled | set(LEAVES)
         self._cache: dict[tuple[str, int], Strategy] = {}
         self._built: dict[tuple[str, int], Strategy] = {}
 
@@ -438,6 +462,11 @@ class Grammar:
             self._cache[key] = _drawn(self, family, depth)
         return self._cache[key]
 
+    def textual(self, depth: int) -> Strategy:
+        """What a text function reads: the checker wants a text column, a string literal,
+        or another text function or concatenation."""
+        return self.expr(TEXTUAL, depth)
+
     def options(self, family: str, depth: int) -> Strategy:
         """The alternatives for one family and depth, built once when first drawn."""
         key = (family, depth)
@@ -446,13 +475,21 @@ class Grammar:
         return self._built[key]
 
     def _build(self, family: str, depth: int) -> Strategy:
+        if family == TEXTUAL:
+            nodes = (exp.Column, exp.Literal)
+            if depth > 0:
+                nodes += tuple(n for n in check.TEXT_FUNCTIONS + check.CONCATENATION
+                               if n is not exp.Length and n in self.enabled)  # fmt: skip
+            built = [BUILDERS[n](self, TEXT, depth) for n in nodes]
+            return st.one_of([b for b in built if b is not None])
         types = LEAVES if depth == 0 else ROW_NODES
         options = []
         for node in types:  # leaves first: Hypothesis shrinks towards the first options
-            built = BUILDERS[node](self, family, depth)
+            built = BUILDERS[node](self, family, depth) if node in self.enabled else None
             if built is not None:
-                options.append(built)
-        return st.one_of(options)
+                options += [built] * WEIGHTS.get(node, 1)
+        # sampled_from, not one_of: one_of drops repeated alternatives, and so the weights.
+        return st.sampled_from(options).flatmap(_itself)
 
     # Queries: a row expression placed where the gate evaluates rows.
 
@@ -511,11 +548,13 @@ class Grammar:
         key = st.sampled_from(FAMILIES).flatmap(lambda f: self.expr(f))
         return st.tuples(key, st.booleans()).map(render)
 
-    def row_query(self, tables: tuple[str, ...]) -> st.SearchStrategy[str]:
-        """Any row-level placement, over any of ``tables`` (FROM clauses)."""
-        return st.sampled_from(tables).flatmap(
-            lambda t: st.one_of(self.targeted(t), self.where(t), self.aggregated(t), self.grouped(t))
-        )
+    def row_query(self, table: str) -> st.SearchStrategy[str]:
+        """Any row-level placement over ``table`` (a FROM clause)."""
+        targeted = self.targeted(table)  # half of them: any error there is an oracle
+        return st.one_of(
+            targeted, self.where(table), targeted, self.aggregated(table), targeted,
+            self.grouped(table),
+        )  # fmt: skip
 
     def released(self, table: str) -> st.SearchStrategy[str]:
         """Release-level expressions over aggregates: arithmetic in the SELECT list,
@@ -543,6 +582,29 @@ class Grammar:
             st.none() | st.sampled_from(["<", ">", "="]),
             st.booleans(),
         ).map(render)
+
+
+def swarm(schemas: dict[str, Schema], placement: str = "row_query") -> st.SearchStrategy[str]:
+    """Queries over one of ``schemas`` (FROM clause -> schema), each from a grammar with a
+    random subset of the allowed node types switched on: swarm testing (Groce et al.,
+    ISSTA 2012). A narrow grammar nests its few operators densely (a TRY_CAST to TINYINT
+    under an addition), which the full grammar reaches rarely; and shrinking switches
+    node types off, towards the smallest grammar that still fails."""
+    switchable = [n for n in ROW_NODES if n not in LEAVES]
+
+    @st.composite
+    def draw_query(draw: st.DrawFn) -> str:
+        table = draw(st.sampled_from(sorted(schemas)))
+        on = draw(st.lists(st.booleans(), min_size=len(switchable), max_size=len(switchable)))
+        enabled = frozenset(n for n, flag in zip(switchable, on, strict=True) if flag)
+        grammar = Grammar(schemas[table], enabled=enabled)
+        return draw(getattr(grammar, placement)(table))
+
+    return draw_query()
+
+
+def _itself(strategy: Strategy) -> Strategy:
+    return strategy
 
 
 @st.composite
