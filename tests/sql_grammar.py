@@ -47,7 +47,7 @@ Strategy = st.SearchStrategy[exp.Expression]
 _TYPE_EDGES = [2**7, 2**8, 2**15, 2**16, 2**31, 2**32, 2**63, 2**64, 2**127, 2**128]
 EXTREME_INTS = sorted(
     {0, 1, 2, 3, 7, 10, 100, 120, 1000, 10**6, 2**53, 2**53 + 1, 2**62, 2**62 + 1}
-    | {e + d for e in _TYPE_EDGES for d in (-1, 0)}
+    | {e + d for e in _TYPE_EDGES for d in (-1, 0, 1)}
 )
 EXTREME_DECIMALS = [
     "0.5", "1.5", "0.1", "1e308", "1.7976931348623157e308", "4.9e-324", "1e-400", "1e400",
@@ -90,7 +90,11 @@ ints = st.one_of(
     st.sampled_from(EXTREME_INTS).map(lambda v: -v),
     st.integers(-(2**64), 2**64),
 )
-positions = st.one_of(st.sampled_from(EXTREME_INTS), st.integers(-3, 2**63 + 1))
+positions = st.one_of(
+    st.sampled_from(EXTREME_INTS),
+    st.sampled_from([-1, -2, -(2**31), -(2**62), -(2**63)]),
+    st.integers(-3, 2**63 + 1),
+)
 number_literals = st.one_of(
     ints.map(int_literal),
     st.sampled_from(EXTREME_DECIMALS).map(exp.Literal.number),
@@ -182,9 +186,11 @@ def _is(g: Grammar, family: str, depth: int) -> Strategy | None:
         return None
     return st.tuples(st.sampled_from(FAMILIES), st.booleans()).flatmap(
         lambda fb: g.expr(fb[0], depth - 1).map(
-            lambda e: exp.Is(this=e, expression=exp.Null())
-            if fb[1]
-            else exp.Not(this=exp.Is(this=e, expression=exp.Null()))
+            lambda e: (
+                exp.Is(this=e, expression=exp.Null())
+                if fb[1]
+                else exp.Not(this=exp.Is(this=e, expression=exp.Null()))
+            )
         )
     )
 

@@ -42,8 +42,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from hypothesis import HealthCheck, event, given, note, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, Phase, event, given, note, settings
 
 from dpmagic.gate.engine import Engine, QueryRequest
 from dpmagic.gate.errors import Failed, GateError
@@ -142,7 +141,9 @@ def _write(folder: Path, name: str, with_target: bool) -> Path:
     con.executemany(f"INSERT INTO t ({T_COLUMNS}) VALUES ({', '.join('?' * 11)})", t)
     con.execute("CREATE TABLE v (pid BIGINT, amount BIGINT, kind VARCHAR, paid DATE)")
     con.executemany("INSERT INTO v VALUES (?, ?, ?, ?)", v)
-    con.execute("CREATE TABLE r AS SELECT * FROM (VALUES ('a', 10), ('b', 20), ('c', 30)) x(city, pop)")
+    con.execute(
+        "CREATE TABLE r AS SELECT * FROM (VALUES ('a', 10), ('b', 20), ('c', 30)) x(city, pop)"
+    )
     con.close()
     policy = folder / f"{name}.toml"
     policy.write_text(POLICY.format(name=name))
@@ -215,7 +216,10 @@ class Pair:
     first_mismatch: str | None = None
     # Each text's outcomes, asked once: Hypothesis often draws the same text again, and
     # replays a failing one while it shrinks.
-    seen: dict[str, tuple[Outcome, Outcome]] = field(default_factory=dict, repr=False)
+    seen: dict[str, tuple[Outcome, Outcome]] = field(default_factory=dict)
+
+    def __repr__(self) -> str:  # Hypothesis prints the arguments of a failing example
+        return f"Pair({len(self.seen)} queries asked)"
 
 
 @pytest.fixture(scope="module")
@@ -311,6 +315,7 @@ def _compare(pair: Pair, sql: str, release_level: bool = False) -> None:
 
 DEFAULT = settings(
     derandomize=True,
+    phases=[p for p in Phase if p is not Phase.explain],  # explain reruns every example
     database=None,
     deadline=None,
     max_examples=400,
@@ -377,7 +382,7 @@ def _post(address: str, sql: str, notebook: str) -> tuple[int, str, str, tuple]:
     if "error" in reply:
         return status, reply["error"]["kind"], reply["error"]["message"], ()
     shape = (tuple(reply["columns"]), len(reply["rows"]), json.dumps(reply["cost"]))
-    return status, "ok", "", shape + (json.dumps(reply["budget"]["notebook"]["spent"]),)
+    return status, "ok", "", (*shape, json.dumps(reply["budget"]["notebook"]["spent"]))
 
 
 @pytest.fixture(scope="module")

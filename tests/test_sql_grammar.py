@@ -1,109 +1,107 @@
 """The fuzzer's grammar keeps up with the checker's allow-list.
 
-``sql_grammar`` refuses to import when an allowed node type has no builder;
-this test also draws queries from it and checks, on the SQL the gate would
-parse, that every allowed node type, cast target, date part, EXTRACT unit,
-text function and aggregate is actually generated. A node type added to
-``check.py`` without a way to generate it fails here, so the fuzzer cannot
-silently fall behind the checker.
+``sql_grammar`` refuses to import when an allowed node type has no builder.
+These tests go further: for every node type, cast target, date part, EXTRACT
+unit, text function and aggregate the checker allows, Hypothesis must find a
+generated query that contains it *as the gate parses the query back*, so a
+builder that never fires, or writes SQL that parses to something else, fails
+here. A node type added to ``check.py`` without a way to generate it fails
+too, so the fuzzer cannot silently fall behind the checker.
 """
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, Phase, given, settings
+from collections.abc import Callable
+
+import pytest
+from hypothesis import HealthCheck, Phase, find, settings
 from sqlglot import exp
 
 from dpmagic.gate.sql import check
 from dpmagic.gate.sql.parse import DIALECT, parse
-from tests.sql_grammar import AGGREGATE_SQL, BUILDERS, EXTREME_DATES, Schema, swarm
+from tests.sql_grammar import (
+    AGGREGATE_SQL,
+    BUILDERS,
+    LEAVES,
+    Grammar,
+    Schema,
+    date_literals,
+    number_literals,
+    positions,
+    text_literals,
+)
 
-SCHEMAS = {
-    "t": Schema(
-        {
-            "number": ("t.n", "t.unit"),
-            "text": ("t.s",),
-            "date": ("t.d",),
-            "bool": ("t.b",),
-        },
-        ("t.unit = 1",),
+SCHEMA = Schema(
+    {"number": ("t.n", "t.unit"), "text": ("t.s",), "date": ("t.d",), "bool": ("t.b",)},
+    ("t.unit = 1",),
+)
+SEARCH = settings(
+    max_examples=2000,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    phases=[Phase.generate],
+    suppress_health_check=list(HealthCheck),
+)
+
+
+def _finds(enabled: set[type], wanted: Callable[[exp.Expression], bool], how: str = "row_query"):
+    """A query from the grammar with only ``enabled`` (and leaves) switched on, whose
+    parsed tree has a node for which ``wanted`` holds; fails if none is generated."""
+    grammar = Grammar(SCHEMA, enabled=frozenset(enabled))
+    strategy = getattr(grammar, how)("t")
+    return find(
+        strategy, lambda sql: any(wanted(n) for n in parse(sql, {}).tree.walk()), settings=SEARCH
     )
-}
-DRAWS = 1500
 
 
-def _generated() -> tuple[set, set, set, list[str]]:
-    """Node types, cast targets and EXTRACT units in ``DRAWS`` queries, as parsed back."""
-    nodes: set[type] = set()
-    casts: set[exp.DataType.Type] = set()
-    units: set[str] = set()
-    texts: list[str] = []
-
-    @settings(
-        max_examples=DRAWS,
-        derandomize=True,
-        database=None,
-        deadline=None,
-        phases=[Phase.generate],
-        suppress_health_check=list(HealthCheck),
-    )
-    @given(sql=swarm(SCHEMAS) | swarm(SCHEMAS, placement="aggregated"))
-    def collect(sql: str) -> None:
-        texts.append(sql)
-        tree = parse(sql, {}).tree
-        for node in tree.walk():
-            nodes.add(type(node))
-            if isinstance(node, exp.TryCast):
-                casts.add(node.to.this)
-            if isinstance(node, exp.Extract):
-                units.add(node.this.name.upper())
-
-    collect()
-    return nodes, casts, units, texts
+ROW_NODES = [n for n in check.SCALAR_NODES + check.ROW_ONLY_NODES if n not in LEAVES]
 
 
-GENERATED = _generated()
-
-
-def test_every_allowed_node_type_is_generated():
-    nodes = GENERATED[0]
-    allowed = set(check.SCALAR_NODES + check.ROW_ONLY_NODES)
-    assert allowed <= set(BUILDERS)
-    missing = sorted(n.__name__ for n in allowed - nodes)
-    assert not missing, f"the grammar never generates {missing}"
-
-
-def test_every_text_function_date_part_and_aggregate_is_generated():
-    nodes = GENERATED[0]
-    for group in (check.TEXT_FUNCTIONS, check.CONCATENATION, tuple(check.DATE_PARTS)):
-        missing = sorted(n.__name__ for n in group if n not in nodes)
-        assert not missing, f"the grammar never generates {missing}"
+def test_every_allowed_node_type_has_a_builder():
+    assert set(check.SCALAR_NODES + check.ROW_ONLY_NODES) <= set(BUILDERS)
     assert set(check.AGGREGATES) <= set(AGGREGATE_SQL)
-    for node, forms in AGGREGATE_SQL.items():
-        for form in forms:  # each written form parses to the node it stands for
-            tree = parse(f"SELECT {form.replace('{q}', '0.5')} FROM t", {}).tree
-            assert any(isinstance(n, node) for n in tree.walk()), form
-    missing = sorted(n.__name__ for n in check.AGGREGATES if n not in nodes)
-    assert not missing, f"the grammar never generates {missing}"
 
 
-def test_every_cast_target_and_extract_unit_is_generated():
-    _, casts, units, _ = GENERATED
-    assert check.CAST_TYPES <= casts, sorted(t.value for t in check.CAST_TYPES - casts)
-    # sqlglot writes some units in a canonical spelling (DOW as DAYOFWEEK): what must be
-    # covered is every part the checker knows.
-    parts = {check.EXTRACT_UNITS[u] for u in units if u in check.EXTRACT_UNITS}
-    assert parts == set(check.EXTRACT_UNITS.values())
+@pytest.mark.parametrize("node", ROW_NODES + list(LEAVES), ids=lambda n: n.__name__)
+def test_every_allowed_node_type_is_generated(node):
+    _finds({node}, lambda n: isinstance(n, node))
 
 
-def test_extreme_literals_reach_the_sql():
-    texts = "\n".join(GENERATED[3])
-    for literal in ("127", "128", "32768", "2147483648", "9223372036854775808"):
-        assert literal in texts, literal
-    assert any(d in texts for d in EXTREME_DATES)
-    assert "'nan'" in texts.lower() or "'inf'" in texts.lower()
-    assert "NULL" in texts and "''" in texts
+@pytest.mark.parametrize("target", sorted(check.CAST_TYPES, key=lambda t: t.value))
+def test_every_cast_target_is_generated(target):
+    _finds({exp.TryCast}, lambda n: isinstance(n, exp.TryCast) and n.to.this == target)
 
 
-def test_queries_render_as_the_gate_parses_them():
-    for sql in GENERATED[3][:200]:
-        assert parse(sql, {}).tree.sql(dialect=DIALECT)
+@pytest.mark.parametrize("part", sorted(set(check.EXTRACT_UNITS.values())))
+def test_every_extract_part_is_generated(part):
+    # sqlglot writes some units in a canonical spelling (DOW as DAYOFWEEK): what must
+    # be covered is every part the checker knows.
+    _finds({exp.Extract}, lambda n: isinstance(n, exp.Extract) and check.date_part(n) == part)
+
+
+@pytest.mark.parametrize("node", list(check.AGGREGATES), ids=lambda n: n.__name__)
+def test_every_aggregate_is_generated(node):
+    _finds(set(), lambda n: isinstance(n, node), how="aggregated")
+
+
+@pytest.mark.parametrize(
+    "literal", ["127", "-129", "32768", "2147483648", "4611686018427387904", "1e308", "-1e308"]
+)
+def test_extreme_numbers_are_generated(literal):
+    find(number_literals, lambda n: n.sql(dialect=DIALECT) == literal, settings=SEARCH)
+
+
+@pytest.mark.parametrize("text", ["", "nan", "inf", "z" * 3000, "9223372036854775808"])
+def test_extreme_texts_are_generated(text):
+    find(text_literals, lambda n: n.this == text, settings=SEARCH)
+
+
+@pytest.mark.parametrize("day", ["0001-01-01", "9999-12-31"])
+def test_dates_at_the_ends_of_the_calendar_are_generated(day):
+    find(date_literals, lambda n: n.this.this == day, settings=SEARCH)
+
+
+@pytest.mark.parametrize("position", [0, -1, 2**31, 2**62, 2**63 - 1, -(2**63)])
+def test_huge_and_negative_positions_are_generated(position):
+    find(positions, lambda p: p == position, settings=SEARCH)
