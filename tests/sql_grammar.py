@@ -83,6 +83,7 @@ def date_literal(text: str) -> exp.Expression:
 # The edges of the narrow integer types, which the checker's 64-bit bounds allow: drawn
 # most often, since an operand there is what overflows TINYINT … INTEGER arithmetic.
 NARROW_EDGES = [1, 2, 100, 127, 128, 255, 256, 32767, 32768, 65535, 2**31 - 1, 2**31, 2**32]
+NARROW_TYPES = (exp.DataType.Type.TINYINT, exp.DataType.Type.SMALLINT, exp.DataType.Type.INT)
 ints = st.one_of(
     st.sampled_from(NARROW_EDGES),
     st.sampled_from(EXTREME_INTS),
@@ -274,11 +275,12 @@ def _try_cast(g: Grammar, family: str, depth: int) -> Strategy | None:
     (text that reads as ``nan``, ``inf`` or an integer at a type's edge)."""
     if family == NUM:
         targets = sorted(t.value for t in check.CAST_TYPES if t != exp.DataType.Type.BOOLEAN)
+        targets += [t.value for t in NARROW_TYPES]  # twice as often: their arithmetic overflows
     elif family == BOOL:
         targets = [exp.DataType.Type.BOOLEAN.value]
     else:
         return None
-    source = st.sampled_from((NUM, TEXT, BOOL)).flatmap(lambda f: g.expr(f, depth - 1))
+    source = st.sampled_from((NUM, NUM, TEXT, BOOL)).flatmap(lambda f: g.expr(f, depth - 1))
     return st.tuples(source, st.sampled_from(targets)).map(
         lambda t: exp.TryCast(this=t[0], to=exp.DataType.build(t[1]))
     )

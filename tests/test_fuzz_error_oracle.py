@@ -37,7 +37,7 @@ import socket
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
@@ -204,19 +204,18 @@ class Outcome:
     charged: tuple[float, float]  # what the ledger holds for the query's notebook
 
 
-@dataclass(eq=False)
 class Pair:
-    """Gates on D (``with_target``) and D' (``without``) and a notebook counter, so
-    every query is charged afresh in a notebook of its own on both."""
+    """Gates on D (``with_target``) and D' (``without``); each query text is asked once,
+    on both, in a notebook of its own, so every answer is charged afresh. Outcomes are
+    kept by text: Hypothesis often draws the same text again, and replays a failing
+    one while it shrinks."""
 
-    with_target: Engine
-    without: Engine
-    asked: itertools.count
-    started: float
-    first_mismatch: str | None = None
-    # Each text's outcomes, asked once: Hypothesis often draws the same text again, and
-    # replays a failing one while it shrinks.
-    seen: dict[str, tuple[Outcome, Outcome]] = field(default_factory=dict)
+    def __init__(self, with_target: Engine, without: Engine) -> None:
+        self.with_target = with_target
+        self.without = without
+        self.started = time.monotonic()
+        self.first_mismatch: str | None = None
+        self.seen: dict[str, tuple[Outcome, Outcome]] = {}
 
     def __repr__(self) -> str:  # Hypothesis prints the arguments of a failing example
         return f"Pair({len(self.seen)} queries asked)"
@@ -237,7 +236,7 @@ def pair(folder: Path) -> Iterator[Pair]:
         for name, with_target in (("with", True), ("without", False))
     ]
     try:
-        yield Pair(*engines, asked=itertools.count(), started=time.monotonic())
+        yield Pair(*engines)
     finally:
         for e in engines:
             e.close()
@@ -286,8 +285,7 @@ def _duckdb_error(engine: Engine, sql: str) -> str:
 
 def _compare(pair: Pair, sql: str, release_level: bool = False) -> None:
     if sql not in pair.seen:
-        n = next(pair.asked)
-        notebook = f"nb{n}"
+        notebook = f"nb{len(pair.seen)}"
         pair.seen[sql] = (_ask(pair.with_target, sql, notebook), _ask(pair.without, sql, notebook))
     a, b = pair.seen[sql]
     event(f"outcome: {a.kind}")
@@ -325,7 +323,7 @@ FUZZ = settings(
     DEFAULT,
     derandomize=False,
     database=settings.default.database,
-    max_examples=4000,
+    max_examples=5000,
 )
 
 
@@ -349,7 +347,7 @@ def test_fuzz_row_expressions_never_hinge_on_one_unit(pair: Pair, sql: str) -> N
 
 
 @pytest.mark.fuzz
-@settings(FUZZ, max_examples=400)
+@settings(FUZZ, max_examples=500)
 @given(sql=RELEASE_QUERIES)
 def test_fuzz_release_expressions_differ_by_noise_only(pair: Pair, sql: str) -> None:
     _compare(pair, sql, release_level=True)
@@ -407,9 +405,20 @@ def processes(folder: Path) -> Iterator[dict[str, GateProcess]]:
 _process_queries = itertools.count()
 
 
-@settings(DEFAULT, max_examples=12)
-@given(sql=ROW_QUERIES)
-def test_statuses_over_the_socket_never_hinge_on_one_unit(processes, sql: str) -> None:
+def _compare_over_sockets(processes: dict[str, GateProcess], sql: str) -> None:
     notebook = f"sock{next(_process_queries)}"
     a, b = (_post(g.address, sql, notebook) for g in processes.values())
     assert a == b, f"the reply hinges on the target unit: {sql}\n  D : {a}\n  D': {b}"
+
+
+@settings(DEFAULT, max_examples=12)
+@given(sql=ROW_QUERIES)
+def test_statuses_over_the_socket_never_hinge_on_one_unit(processes, sql: str) -> None:
+    _compare_over_sockets(processes, sql)
+
+
+@pytest.mark.fuzz
+@settings(FUZZ, max_examples=100)
+@given(sql=ROW_QUERIES)
+def test_fuzz_statuses_over_the_socket_never_hinge_on_one_unit(processes, sql: str) -> None:
+    _compare_over_sockets(processes, sql)
