@@ -316,7 +316,7 @@ DEFAULT = settings(
     phases=[p for p in Phase if p is not Phase.explain],  # explain reruns every example
     database=None,
     deadline=None,
-    max_examples=300,
+    max_examples=400,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 FUZZ = settings(
