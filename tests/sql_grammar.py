@@ -482,6 +482,17 @@ class Grammar:
             self._built[key] = self._build(family, depth)
         return self._built[key]
 
+    def _narrow_leaf(self) -> Strategy | None:
+        """``TRY_CAST(<column or literal> AS TINYINT|SMALLINT|INT)``: a leaf whose arithmetic
+        DuckDB does in 8, 16 or 32 bits, while the checker's bounds are 64-bit."""
+        if exp.TryCast not in self.enabled:
+            return None
+        column = self.schema.column(NUM)
+        source = number_literals if column is None else st.one_of(column, number_literals)
+        return st.tuples(source, st.sampled_from(NARROW_TYPES)).map(
+            lambda t: exp.TryCast(this=t[0], to=exp.DataType.build(t[1].value))
+        )
+
     def _build(self, family: str, depth: int) -> Strategy:
         if family == TEXTUAL:
             nodes = (exp.Column, exp.Literal)
@@ -496,6 +507,9 @@ class Grammar:
             built = BUILDERS[node](self, family, depth) if node in self.enabled else None
             if built is not None:
                 options += [built] * WEIGHTS.get(node, 1)
+        narrow = self._narrow_leaf() if family == NUM else None
+        if narrow is not None:
+            options += [narrow] * 2
         # sampled_from, not one_of: one_of drops repeated alternatives, and so the weights.
         return st.sampled_from(options).flatmap(_itself)
 
