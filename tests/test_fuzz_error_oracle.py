@@ -323,7 +323,7 @@ FUZZ = settings(
     DEFAULT,
     derandomize=False,
     database=settings.default.database,
-    max_examples=5000,
+    max_examples=4000,
 )
 
 
