@@ -283,6 +283,12 @@ def _duckdb_error(engine: Engine, sql: str) -> str:
     return "DuckDB ran it without an error"
 
 
+def _before_the_noise(o: Outcome) -> Outcome:
+    if o.kind == "refused":
+        return o
+    return Outcome("charged", 0, "", (), o.charged)
+
+
 def _compare(pair: Pair, sql: str, release_level: bool = False) -> None:
     if sql not in pair.seen:
         notebook = f"nb{len(pair.seen)}"
@@ -291,9 +297,8 @@ def _compare(pair: Pair, sql: str, release_level: bool = False) -> None:
     event(f"outcome: {a.kind}")
     if release_level:
         # Post-processing of noisy values may succeed on one and fail on the other;
-        # what the gate decides before the noise may not differ.
-        a = Outcome(a.kind == "refused", 0, a.message if a.kind == "refused" else "", (), a.charged)
-        b = Outcome(b.kind == "refused", 0, b.message if b.kind == "refused" else "", (), b.charged)
+        # what the gate decides before the noise (a refusal, its text, the charge) may not.
+        a, b = _before_the_noise(a), _before_the_noise(b)
     if a == b:
         return
     failed = pair.with_target if a.kind == "failed" else pair.without
