@@ -13,7 +13,7 @@ Three things are shown here on real DuckDB:
   the generated SQL is run on an empty copy of the tables (``Database.vet``).
 
 That no accepted expression can make the gate's reply hinge on one unit is
-searched for by the grammar fuzzer (``tests/test_fuzz.py``).
+searched for by the grammar fuzzer (``tests/test_fuzz_error_oracle.py``).
 """
 
 from __future__ import annotations

@@ -197,10 +197,17 @@ class Engine:
     def _analysed(self, dataset: Dataset, request: QueryRequest) -> Analysis:
         try:
             return self._analysed_once(dataset, request)
+        except GateError:
+            raise
         except RecursionError:
             # A tree nested deeper than the passes recurse (thousands of parentheses):
             # a fact of the text alone, refused before the debit like any other.
             raise Refused("the query is nested too deeply to analyse") from None
+        except Exception as exc:
+            # The analysis reads the query and the policy, never private data: whatever
+            # fails in it fails alike on every dataset, and nothing has been charged.
+            log.error("analysis failed: %s", type(exc).__name__)
+            raise Refused(f"the gate could not analyse this query ({type(exc).__name__})") from None
 
     def _analysed_once(self, dataset: Dataset, request: QueryRequest) -> Analysis:
         the_plan = self.analyse(dataset, request)

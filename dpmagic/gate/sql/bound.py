@@ -201,7 +201,7 @@ def _interval(node: exp.Expression, r: Resolved, env: Env) -> Interval | None:
         return Interval(low, max(abs(a.lo), abs(a.hi)), a.integral)
     if isinstance(node, exp.Round | exp.Floor | exp.Ceil):
         a = interval(node.this, r, env)
-        if a is None or a.integral:
+        if a is None or a.integral or not a.finite:
             return a
         # ROUND(x, n) may land up to half a unit beyond the interval's ends.
         return Interval(math.floor(a.lo) - 1, math.ceil(a.hi) + 1, False)
@@ -412,6 +412,8 @@ def _narrow(cond: exp.Expression, holds: bool, r: Resolved, env: Env) -> Env:
         op = _NEGATE[op]
     current = env.get(_key(column)) or Interval(col.lower, col.upper, col.type == "int")
     c = float(number.this)
+    if not math.isfinite(c):  # 1e400: nothing to narrow to
+        return env
     lo, hi = current.lo, current.hi
     step = 1 if current.integral else 0  # a strict bound on an int moves to the next int
     if op is exp.EQ:
