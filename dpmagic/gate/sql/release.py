@@ -8,9 +8,9 @@ count clamped into the value's bounds. Whatever this computes is
 post-processing of DP outputs and costs no privacy.
 
 Each released cell carries a 95% interval: the noise's own interval for a
-single count or sum, Fieller's interval for an average (``fieller``), and
-interval arithmetic over the aggregates' intervals (Bonferroni-adjusted) for
-expressions of several and for variances. A quantile cell carries no
+single count or sum, calibrated intervals for an average (Fieller's) and a
+variance (``intervals``), and interval arithmetic over the aggregates'
+intervals (Bonferroni-adjusted) for expressions of several. A quantile cell carries no
 value interval but a rank radius instead (``QuantileNoise.rank_radius``): the
 mechanism's guarantee is in ranks, and turning ranks into values would take
 the data's distribution.
@@ -38,7 +38,7 @@ from sqlglot import exp
 
 from dpmagic.gate.mechanisms import GaussianNoise
 from dpmagic.gate.sql.check import VARIANCES, Checked
-from dpmagic.gate.sql.fieller import fieller
+from dpmagic.gate.sql.intervals import fieller, variance_half_width
 from dpmagic.gate.sql.noise import Noisy, Partition
 from dpmagic.gate.sql.parse import DIALECT
 from dpmagic.gate.sql.plan import Measurement, Plan, Selection
@@ -243,10 +243,10 @@ class _PostExpr:
 
     def estimates_in(self, node: exp.Expression) -> int:
         """How many estimates with intervals of their own ``node`` combines (for the
-        Bonferroni split): one per debiased aggregate and per average (each has an
-        interval of its own at the level it is given), one per other measurement."""
+        Bonferroni split): one per debiased aggregate, average and variance (each has
+        an interval of its own at the level it is given), one per other measurement."""
         names = {n.name for n in node.walk() if isinstance(n, exp.Column)}
-        whole = {n for n in names if n in self.plan.debiased or _is_avg(self.plan, n)}
+        whole = {n for n in names if n in self.plan.debiased or _is_whole(self.plan, n)}
         others = {m for n in names - whole if n in self.plan.uses for m in self.plan.uses[n]}
         return len(whole) + len(others)
 
@@ -292,8 +292,9 @@ class _PostExpr:
         return f"SQRT({var})" if agg.func.startswith("stddev") else var
 
 
-def _is_avg(plan: Plan, name: str) -> bool:
-    return name in plan.uses and plan.checked.aggregate(name).func == "avg"
+def _is_whole(plan: Plan, name: str) -> bool:
+    """Whether the aggregate's interval is its own, not one per measurement."""
+    return name in plan.uses and plan.checked.aggregate(name).func in ("avg", *VARIANCES)
 
 
 def _max_variance(plan: Plan, name: str) -> float:
@@ -353,9 +354,47 @@ class _Intervals:
             return self._measured(ms[0], pid, alpha)
         if agg.func == "avg":
             return self._means(name, alpha)[pid]
-        n, s1, s2 = (self._measured(m, pid, alpha) for m in ms)
+        widest = _max_variance(self.plan, name)
+        calibrated = self._variance(agg.func, ms, pid, alpha, widest)
+        if calibrated is not None:
+            return calibrated
+        # Interval arithmetic over the three measurements' intervals, alpha/3 each.
+        n, s1, s2 = (self._measured(m, pid, alpha / 3) for m in ms)
         c1, c2 = ms[1].centre_value, ms[2].centre_value
-        return _variance(agg.func, n, (c1, s1), (c2, s2), widest=_max_variance(self.plan, name))
+        return _variance(agg.func, n, (c1, s1), (c2, s2), widest=widest)
+
+    def _variance(
+        self, func: str, ms: list[Measurement], pid: int, alpha: float, widest: float
+    ) -> Bounds | None:
+        """The calibrated interval of a variance's cell (``intervals.variance_half_width``)
+        around the released estimate, or None where it does not apply: noises of
+        different kinds, or a count not well above its noise (below twice its own
+        interval's half-width)."""
+        count, total, squares = ms
+        if not (type(count.noise) is type(total.noise) is type(squares.noise)):
+            return None
+        if min(count.scale, total.scale, squares.scale) <= 0 or not count.noise.sensitivity:
+            return None
+        n = float(self.noisy.values[count.name][pid])
+        if n <= max(2 * count.noise.half_width(alpha), 2.0):
+            return None
+        assert total.clamp is not None and squares.clamp is not None
+        c1, c2 = total.centre_value, squares.centre_value
+        m = c1 + float(self.noisy.values[total.name][pid]) / n
+        q = c2 + float(self.noisy.values[squares.name][pid]) / n
+        estimate = q - m * m
+        m = _within(m, total.clamp.lo, total.clamp.hi)
+        q = _within(q, m * m, squares.clamp.hi)
+        scales = (count.scale, total.scale, squares.scale)
+        gaussian = isinstance(count.noise, GaussianNoise)
+        half = variance_half_width(n, m, q, (c1, c2), scales, gaussian, alpha)
+        lo, hi = estimate - half, estimate + half
+        if func.endswith("samp"):
+            lo, hi, widest = lo * n / (n - 1), hi * n / (n - 1), widest * n / (n - 1)
+        lo, hi = _within(lo, 0.0, widest), _within(hi, 0.0, widest)
+        if func.startswith("stddev"):
+            return math.sqrt(lo), math.sqrt(hi)
+        return lo, hi
 
     def _means(self, name: str, alpha: float) -> list[Bounds]:
         """The intervals of an average's cells, all computed at once (remembered per
