@@ -44,8 +44,8 @@ from statistics import NormalDist
 
 import numpy as np
 
-# Bisection steps: the interval's ends to within 2**-40 of the bounds' range.
-_STEPS = 40
+# Bisection steps: an interval's ends to within 2**-30 of their bracket.
+_STEPS = 30
 
 
 def laplace_sum_tail(z: np.ndarray, b1: float, b2: np.ndarray) -> np.ndarray:
@@ -86,26 +86,32 @@ def fieller(
     scale, or Gaussian σ, in released units). A cell whose set within the bounds is
     empty (the estimate far outside them) gets the bound nearest its estimate."""
     tail = gaussian_sum_tail if gaussian else laplace_sum_tail
+    size = len(sums)
+    # Both ends at once: the lower end's search in the first half, the upper's in the second.
+    s2, n2 = np.concatenate([sums, sums]), np.concatenate([counts, counts])
 
     def inside(u: np.ndarray) -> np.ndarray:
-        return tail(np.abs(sums - u * counts), sum_scale, np.abs(u) * count_scale) > alpha
+        return tail(np.abs(s2 - u * n2), sum_scale, np.abs(u) * count_scale) > alpha
 
     point = np.clip(sums / counts, low, high)
-    member = inside(point)
-    ends = []
-    for bound in (low, high):
-        far = np.full_like(point, bound)
-        done = inside(far)
-        near, out = point.copy(), far
-        for _ in range(_STEPS):
-            mid = (near + out) / 2
-            ok = inside(mid)
-            near = np.where(ok, mid, near)
-            out = np.where(ok, out, mid)
-        ends.append(np.where(done, far, near))
-    lo_end = np.where(member, ends[0], point)
-    hi_end = np.where(member, ends[1], point)
-    return lo_end, hi_end
+    # Bracket each end: the bound, or nearer, ten standard deviations of the estimate
+    # out (never inside the set but at its own bound, which is then the end).
+    sd = np.sqrt(2 * (sum_scale**2 + (point * count_scale) ** 2)) / counts
+    reach = 10 * sd
+    near = np.concatenate([point, point])
+    far = np.concatenate([np.maximum(point - reach, low), np.minimum(point + reach, high)])
+    far = np.where(inside(far), np.concatenate([np.full(size, low), np.full(size, high)]), far)
+    done = inside(far)
+    member = inside(near)
+    out = far.copy()
+    for _ in range(_STEPS):
+        mid = (near + out) / 2
+        ok = inside(mid)
+        near = np.where(ok, mid, near)
+        out = np.where(ok, out, mid)
+    ends = np.where(done, far, near)
+    ends = np.where(member, ends, np.concatenate([point, point]))
+    return ends[:size], ends[size:]
 
 
 def laplace_mix_tail(z: float, scales: list[float]) -> float:
@@ -134,7 +140,7 @@ def mix_quantile(scales: list[float], gaussian: bool, alpha: float) -> float:
         apart.append(max(b, apart[-1] * 1.001))
     # A union bound gives an end that is certainly wide enough.
     low, high = 0.0, math.log(len(apart) / alpha) * math.fsum(apart)
-    for _ in range(_STEPS + 20):
+    for _ in range(_STEPS):
         mid = (low + high) / 2
         low, high = (mid, high) if laplace_mix_tail(mid, apart) > alpha else (low, mid)
     return high
