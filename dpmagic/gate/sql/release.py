@@ -355,7 +355,7 @@ class _Intervals:
         if agg.func == "avg":
             return self._means(name, alpha)[pid]
         widest = _max_variance(self.plan, name)
-        calibrated = self._variance(agg.func, ms, pid, alpha, widest)
+        calibrated = self._calibrated_variance(agg.func, ms, pid, alpha, widest)
         if calibrated is not None:
             return calibrated
         # Interval arithmetic over the three measurements' intervals, alpha/3 each.
@@ -363,7 +363,7 @@ class _Intervals:
         c1, c2 = ms[1].centre_value, ms[2].centre_value
         return _variance(agg.func, n, (c1, s1), (c2, s2), widest=widest)
 
-    def _variance(
+    def _calibrated_variance(
         self, func: str, ms: list[Measurement], pid: int, alpha: float, widest: float
     ) -> Bounds | None:
         """The calibrated interval of a variance's cell (``intervals.variance_half_width``)
