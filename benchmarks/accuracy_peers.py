@@ -142,7 +142,9 @@ def run_opendp_polars(args: argparse.Namespace, queries: list[dict]) -> dict:
             privacy_loss=dp.loss_of(epsilon=args.epsilon),
             split_evenly_over=1,
             # The row count bounds each group's too, taken as public like the gate's keys.
-            margins=[dp.polars.Margin(by=b, max_length=max_length) for b in ([], by)],
+            margins=[
+                dp.polars.Margin(by=b, max_length=max_length) for b in [[], by][: 1 + bool(by)]
+            ],
         )
         # A person's rows over all groups, as SmartNoise's ``max_ids``: the same L1 bound
         # (``truncate_num_groups`` with one key fails in this version's Polars plan).
