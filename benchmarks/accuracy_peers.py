@@ -9,7 +9,9 @@ gives no interval), or ``{"status": …}`` for a query the tool refuses.
 
 The contribution bounds are the gate's: a person's rows in at most K groups
 and M rows in each, so an L1 sensitivity of K·M rows in a grouped query and M
-in an ungrouped one. SmartNoise SQL gives no intervals (1.0.10 removed them) and bounds a
+in an ungrouped one. SmartNoise SQL spends its ε on each noisy column (an AVG is charged 2ε), so it
+is given the ε that makes the whole query cost the same; it gives no
+intervals (1.0.10 removed them) and bounds a
 person's rows in all (``max_ids``),
 so it gets K·M for a grouped query and M otherwise; so does OpenDP's Polars
 front end (``truncate_per_group`` over a person's rows). The sensitivities are
@@ -56,7 +58,7 @@ def run_smartnoise(args: argparse.Namespace, queries: list[dict]) -> dict:
 
     con = duckdb.connect(str(args.folder / "raw.duckdb"), read_only=True)
 
-    def reader(max_ids: int):
+    def reader(max_ids: int, epsilon: float):
         meta = {
             "bench": {
                 "main": {
@@ -73,15 +75,16 @@ def run_smartnoise(args: argparse.Namespace, queries: list[dict]) -> dict:
                 }
             }
         }
-        privacy = snsql.Privacy(epsilon=args.epsilon, delta=1e-6)
+        privacy = snsql.Privacy(epsilon=epsilon, delta=1e-6)
         return snsql.from_connection(_DbApi(con), engine="postgres", privacy=privacy, metadata=meta)
-
-    grouped = reader(args.max_partitions * args.max_rows)
-    single = reader(args.max_rows)
 
     def run(q: dict) -> list:
         sql = q["smartnoise_sql"].replace("FROM visits", "FROM main.visits")
-        r = grouped if q["keys"] else single
+        max_ids = args.max_rows * (args.max_partitions if q["keys"] else 1)
+        # SmartNoise spends its ε on every noisy column it computes (an AVG costs 2ε):
+        # scaled down so that the whole query costs the ε the others are given.
+        cost = reader(max_ids, args.epsilon).get_privacy_cost(sql)[0]
+        r = reader(max_ids, args.epsilon * args.epsilon / cost)
         # Its intervals (``execute_with_accuracy``) are gone from this version: "Simple
         # accuracy has been removed".
         return [[*row, None, None] for row in r.execute(sql)[1:]]  # the first row: header
