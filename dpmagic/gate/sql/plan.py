@@ -84,7 +84,8 @@ class Centre:
     two integers of an integer sum, so the centre is a whole number of half
     units), the bounds are ``[−R, R]``, ``R`` half the width: under
     ``add_remove`` half the raw sum's sensitivity ``rows·max(|L|, |H|)`` per
-    group, in released units, when ``L ≤ 0 ≤ H``, and never more than it
+    group, in released units, when the bounds do not straddle 0 (``L ≥ 0`` or
+    ``H ≤ 0``), and never more than it
     otherwise. The noise is released in units of ``2**grid_exp / per_grid``.
     """
 
