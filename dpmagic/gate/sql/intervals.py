@@ -44,8 +44,10 @@ from statistics import NormalDist
 
 import numpy as np
 
-# Bisection steps: an interval's ends to within 2**-30 of their bracket.
-_STEPS = 30
+# Bisection steps: each end is the outer end of a final bracket 2**-14 of the first
+# (ten standard deviations wide for an average): wider than exact by at most
+# a thousandth of a standard deviation, never narrower, in 14 steps a cell.
+_STEPS = 14
 
 
 def laplace_sum_tail(z: np.ndarray, b1: float, b2: np.ndarray) -> np.ndarray:
@@ -109,7 +111,7 @@ def fieller(
         ok = inside(mid)
         near = np.where(ok, mid, near)
         out = np.where(ok, out, mid)
-    ends = np.where(done, far, near)
+    ends = np.where(done, far, out)
     ends = np.where(member, ends, np.concatenate([point, point]))
     return ends[:size], ends[size:]
 
