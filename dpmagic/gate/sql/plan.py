@@ -76,7 +76,8 @@ class Centre:
     Privacy: a row the count counts adds to ``S`` either its clamped value ``v``
     in ``[L, H]`` or 0 (a value the sum's cast reads as NULL), so its term
     ``per_grid·v − units`` lies in ``[per_grid·min(L, 0) − units, per_grid·max(H,
-    0) − units]``; a row the count does not count adds nothing to either. The
+    0) − units]``; a row the count does not count has a NULL argument, which
+    the sum reads as NULL too, and adds nothing to either. The
     centred sum is thus a per-partition sum of values within those bounds over
     the same bounded rows, and ``sum_sensitivity`` of those bounds bounds it (the
     proof of ``sum_sensitivity`` holds for any bounds). With ``units`` the middle
@@ -85,8 +86,8 @@ class Centre:
     units), the bounds are ``[−R, R]``, ``R`` half the width: under
     ``add_remove`` half the raw sum's sensitivity ``rows·max(|L|, |H|)`` per
     group, in released units, when the bounds do not straddle 0 (``L ≥ 0`` or
-    ``H ≤ 0``), and never more than it
-    otherwise. The noise is released in units of ``2**grid_exp / per_grid``.
+    ``H ≤ 0``), and never more than it otherwise. The noise is released in
+    units of ``2**grid_exp / per_grid``.
     """
 
     count: str
@@ -460,7 +461,8 @@ def _avg_weights(c: Contribution, neighbouring: str, gaussian: bool) -> tuple[fl
     at a bound 3% larger.
     """
     s, n = _unit_sensitivities(c, neighbouring, gaussian)
-    return _split((s, n / math.sqrt(3)), gaussian)  # type: ignore[return-value]
+    total, count = _split((s, n / math.sqrt(3)), gaussian)
+    return total, count
 
 
 def _variance_weights(
@@ -479,7 +481,8 @@ def _variance_weights(
     count (``2m² − q + c₂ = 1.5m²``, ``E m⁴ = R⁴/5``).
     """
     s, n = _unit_sensitivities(c, neighbouring, gaussian)
-    return _split((1.5 / math.sqrt(5) * n, 2 / math.sqrt(3) * s, s / 2), gaussian)  # type: ignore[return-value]
+    count, total, squares = _split((1.5 / math.sqrt(5) * n, 2 / math.sqrt(3) * s, s / 2), gaussian)
+    return count, total, squares
 
 
 def _target(target: Target, asked: Cost | None, total_weight: float, weight: float) -> Target:
