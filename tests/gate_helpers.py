@@ -14,6 +14,7 @@ from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
 from dpmagic.gate.sql.contribution import prepare_tables
 from dpmagic.gate.sql.execute import ExactResult
+from dpmagic.gate.sql.noise import exact_units
 from dpmagic.gate.sql.parse import parse
 from dpmagic.gate.sql.plan import Plan, plan
 from dpmagic.gate.sql.resolve import resolve
@@ -67,8 +68,9 @@ def run_exact(p: Plan, con: duckdb.DuckDBPyConnection, seed: int) -> ExactResult
 
 
 def exact_vectors(p: Plan, con: duckdb.DuckDBPyConnection, seed: int) -> dict[str, list]:
-    """Exact per-partition values of each measurement, in grid units; for each
-    selection, the histogram of candidate indices per partition."""
+    """Exact per-partition values of each measurement, in its noise's units (a centred
+    sum's as ``noise.exact_units`` computes it); for each selection, the histogram of
+    candidate indices per partition."""
     rw = rewrite(p, seed=seed)
     rows = run_exact(p, con, seed).rows
     index = {part: i for i, part in enumerate(p.partitions)}
@@ -80,7 +82,7 @@ def exact_vectors(p: Plan, con: duckdb.DuckDBPyConnection, seed: int) -> dict[st
         i = index[tuple(row[: rw.keys])]
         for name, value in zip(rw.measurements, row[rw.keys :], strict=True):
             out[name][i] = dict(value or {}) if name in selections else int(value or 0)
-    return out
+    return exact_units(p, out)
 
 
 def load_table(con: duckdb.DuckDBPyConnection, name: str, columns: list[str], rows: list[tuple]):

@@ -72,7 +72,7 @@ def test_dry_run_shows_the_plan_and_charges_nothing(engine):
     )
     assert reply["rows"] == [] and reply["dry_run"] is True
     assert reply["cost"]["epsilon"] == 1.0
-    assert {p["aggregate"] for p in reply["plan"]} == {"SUM(age)", "COUNT(age)"}
+    assert {p["aggregate"] for p in reply["plan"]} == {"SUM(age) centred on 50", "COUNT(age)"}
     assert spent(engine) == 0.0
 
 

@@ -237,10 +237,15 @@ def test_having_order_limit_run_on_noisy_values():
 def test_counts_are_floored_at_zero_and_averages_clamped():
     r = _released(
         "SELECT g, COUNT(*), AVG(y) FROM t GROUP BY g",
-        {"COUNT(*)": [-4, 7, 2], "SUM(y)": [100.0, -3.0, 2.0], "COUNT(y)": [1, 4, 0]},
+        {
+            "COUNT(*)": [-4, 7, 2],
+            "SUM(y) centred on 1.25": [98.75, -8.0, 0.75],
+            "COUNT(y)": [1, 4, 0],
+        },
     )
     assert [row[1] for row in r.rows] == [0, 7, 2]
-    # 100/1 is clamped to the upper bound 2.5; -3/4 to 0; 2/max(0,1) = 2.
+    # The centre plus the centred sum over the count: 1.25 + 98.75/1 is clamped to the
+    # upper bound 2.5; 1.25 - 8/4 to 0; 1.25 + 0.75/max(0, 1) = 2.
     assert [row[2] for row in r.rows] == [2.5, 0.0, 2.0]
     avg_intervals = r.accuracy["columns"][2]["intervals"]
     assert all(0.0 <= lo <= hi <= 2.5 for lo, hi in avg_intervals)

@@ -34,7 +34,7 @@ from dpmagic.gate.sql import execute
 from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
 from dpmagic.gate.sql.execute import ExactResult
-from dpmagic.gate.sql.noise import noise
+from dpmagic.gate.sql.noise import exact_units, noise
 from dpmagic.gate.sql.parse import parse
 from dpmagic.gate.sql.plan import Plan, plan
 from dpmagic.gate.sql.resolve import resolve
@@ -171,9 +171,20 @@ def _approx_plan(sql: str, ds) -> Plan:
 
 
 def _by_key(p: Plan, con: duckdb.DuckDBPyConnection, seed: int) -> dict[tuple, tuple]:
+    """Each kept key's exact values, measurements in their noise's units (a centred sum
+    as ``noise.exact_units`` computes it)."""
     rw = rewrite(p, seed=seed)
     rows = run_exact(p, con, seed).rows
-    return {tuple(r[: rw.keys]): tuple(r[rw.keys :]) for r in rows}
+    sums = {m.name for m in p.measurements}
+    columns = {
+        name: [int(r[rw.keys + i] or 0) if name in sums else r[rw.keys + i] for r in rows]
+        for i, name in enumerate(rw.measurements)
+    }
+    columns = exact_units(p, columns)
+    return {
+        tuple(r[: rw.keys]): tuple(columns[name][j] for name in rw.measurements)
+        for j, r in enumerate(rows)
+    }
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])

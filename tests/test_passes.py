@@ -197,10 +197,16 @@ def test_bound_refuses_unbounded_aggregates_naming_the_column():
 
 def test_plan_splits_epsilon_over_distinct_measurements():
     p = make_plan("SELECT AVG(age), SUM(age), COUNT(age), COUNT(*) FROM t", DS, epsilon=0.9)
-    # AVG(age) is SUM(age) and COUNT(age): shared with the other two, plus COUNT(*).
-    assert sorted(m.label for m in p.measurements) == ["COUNT(*)", "COUNT(age)", "SUM(age)"]
-    assert all(m.cost.epsilon == pytest.approx(0.3) for m in p.measurements)
-    assert sum(m.noise.epsilon for m in p.measurements) <= 0.9 + 1e-12
+    # AVG(age) is a centred SUM(age) and COUNT(age), the count shared with COUNT(age);
+    # SUM(age) is summed raw, plus COUNT(*).
+    labels = sorted(m.label for m in p.measurements)
+    assert labels == ["COUNT(*)", "COUNT(age)", "SUM(age)", "SUM(age) centred on 50"]
+    costs = {m.label: m.cost.epsilon for m in p.measurements}
+    # The shared count keeps the even share COUNT(age) asks for; the centred sum gets
+    # AVG's weight for it, more than an even share.
+    assert costs["COUNT(*)"] == costs["COUNT(age)"] == costs["SUM(age)"]
+    assert costs["SUM(age) centred on 50"] > costs["SUM(age)"]
+    assert sum(m.noise.epsilon for m in p.measurements) <= 0.9
     assert p.cost.epsilon == 0.9
 
 

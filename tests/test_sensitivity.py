@@ -45,6 +45,10 @@ QUERIES = [
     "SELECT g, SUM(LEAST(y, 1.0)), SUM(CASE WHEN x > 2 THEN 2 WHEN x < 0 THEN -x ELSE x END) "
     "FROM t GROUP BY g",
     "SELECT AVG(CASE WHEN y >= 1 OR x = 0 THEN 1 ELSE y END) FROM t",
+    # Centred sums: around 1 of [-3, 5]; in half units around 1/2 of [0, 1]; around 4.
+    "SELECT g, AVG(x) FROM t GROUP BY g",
+    "SELECT AVG(CASE WHEN x > 0 THEN 1 ELSE 0 END), COUNT(x) FROM t",
+    "SELECT g, AVG(x + 3), VAR_SAMP(x + 3), STDDEV_POP(y) FROM t GROUP BY g",
     "SELECT g, COUNT(DISTINCT x), COUNT(DISTINCT pid) FROM t GROUP BY g",
     "SELECT VAR_POP(x), STDDEV_SAMP(y) FROM t WHERE g <> 1",
     "SELECT g, MEDIAN(x), MIN(y), quantile_cont(y, 0.9) FROM t GROUP BY g",
@@ -152,6 +156,31 @@ def test_worst_case_unit_at_the_bounds_reaches_the_sum_bound():
     (m,) = p.measurements
     # Clamped to [-3, 5], three rows kept: 15 versus -9.
     assert _l1(high[m.name], low[m.name]) == 24 == m.noise.sensitivity
+
+
+@pytest.mark.parametrize(
+    ("sql", "high", "low", "sensitivity"),
+    [
+        # x in [-3, 5]: centred on 1, each term in [-4, 4]; 2 rows kept in one group.
+        ("SELECT AVG(x) FROM t", 99, -99, 16),
+        # 0/1 values centred on 1/2 in half units: terms in [-1, 1], released as ±0.5.
+        ("SELECT AVG(CASE WHEN x > 0 THEN 1 ELSE 0 END) FROM t", 1, -1, 4),
+    ],
+)
+def test_worst_case_unit_reaches_the_centred_sum_bound(sql, high, low, sensitivity):
+    """Under substitute, a unit at the top of the range replaced by one at the bottom
+    moves the centred sum by exactly its sensitivity: the bound is tight, so a centred
+    sum noised for half of it (the rule's broken variant) would be caught here."""
+    ds = dataset(COLUMNS, max_partitions=1, max_rows=2, neighbouring="substitute")
+    p = make_plan(sql, ds)
+    (m,) = [m for m in p.measurements if m.centre is not None]
+    con = duckdb.connect()
+    others = [(2, 0, 1, 0.0)]
+    load_table(con, "t", ORDER, [(1, 0, high, 0.0)] * 3 + others)
+    top = exact_vectors(p, con, seed=1)
+    load_table(con, "t", ORDER, [(1, 0, low, 0.0)] * 3 + others)
+    bottom = exact_vectors(p, con, seed=1)
+    assert _l1(top[m.name], bottom[m.name]) == sensitivity == m.noise.sensitivity
 
 
 @pytest.mark.parametrize(

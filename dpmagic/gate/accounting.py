@@ -67,8 +67,10 @@ class Accountant(Protocol):
     def query_cost(self, epsilon: float, delta: float) -> Cost:
         """The cost of a query asked for at (ε, δ), for one privacy unit."""
 
-    def share(self, cost: Cost, parts: int) -> Cost:
-        """One of ``parts`` equal shares of ``cost``: what one measurement may use."""
+    def share(self, cost: Cost, parts: float) -> Cost:
+        """One of ``parts`` equal shares of ``cost``: what one measurement may use
+        (``parts`` need not be whole: a weighted share is ``cost`` over total weight
+        divided by the weight)."""
 
     def total(self, parts: Iterable[Cost], delta: float) -> Cost:
         """The cost of releasing measurements of these costs together."""
@@ -111,7 +113,7 @@ class PureAccountant:
             )
         return _pure(float(epsilon))
 
-    def share(self, cost: Cost, parts: int) -> Cost:
+    def share(self, cost: Cost, parts: float) -> Cost:
         return _pure(cost.epsilon / parts)
 
     def total(self, parts: Iterable[Cost], delta: float) -> Cost:
@@ -140,7 +142,7 @@ class ApproxAccountant(PureAccountant):
         _check_delta(delta)
         return _approx(float(epsilon), float(delta))
 
-    def share(self, cost: Cost, parts: int) -> Cost:
+    def share(self, cost: Cost, parts: float) -> Cost:
         return _approx(cost.epsilon / parts, cost.delta / parts)
 
     def total(self, parts: Iterable[Cost], delta: float) -> Cost:
@@ -167,7 +169,7 @@ class ZCDPAccountant:
             raise AccountantError("the zcdp accountant needs delta > 0 to state a cost in (ε, δ)")
         return Cost(float(epsilon), float(delta), rho_for(float(epsilon), float(delta)))
 
-    def share(self, cost: Cost, parts: int) -> Cost:
+    def share(self, cost: Cost, parts: float) -> Cost:
         return Cost(0.0, 0.0, cost.rho / parts)
 
     def total(self, parts: Iterable[Cost], delta: float) -> Cost:

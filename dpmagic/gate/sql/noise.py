@@ -6,6 +6,10 @@ of released keys comes from the policy, never from the data. With private
 keys, the released partitions are those the plan's noisy threshold keeps
 (``partition_selection``), in key order, and every measurement is noised
 over those only.
+
+A centred sum (``plan.Centre``) is noised around its centre: its exact value,
+in noise units, is computed here from the exact sum and the exact count of
+its rows that the SQL returns, and only that value plus noise leaves.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ def noise(plan: Plan, rewritten: Rewritten, exact: ExactResult) -> Noisy:
                 histograms[name][i] = dict(value or {})
             elif name in units:
                 units[name][i] = int(value or 0)
+    units = exact_units(plan, units)
     values: dict[str, list[int | float]] = {}
     for s in plan.selections:
         values[s.name] = [s.grid.value(s.noise.select(h)) for h in histograms[s.name]]
@@ -62,6 +67,22 @@ def noise(plan: Plan, rewritten: Rewritten, exact: ExactResult) -> Noisy:
         step = m.noise.granularity
         values[m.name] = noisy if step == 1.0 else [v * step for v in noisy]
     return Noisy(plan=plan, values=values, partitions=partitions)
+
+
+def exact_units(plan: Plan, sums: dict[str, list[int]]) -> dict[str, list[int]]:
+    """Each measurement's exact vector in its noise's units, from the exact vectors the
+    SQL returns: a centred sum is ``per_grid·S − units·N`` per partition, for its sum
+    ``S`` (in grid units) and the count ``N`` of the rows it adds up; the others are
+    as returned. Exact integer arithmetic: nothing is rounded before the noise."""
+    out = dict(sums)
+    for m in plan.measurements:
+        c = m.centre
+        if c is not None:
+            counts = sums[c.count]
+            out[m.name] = [
+                c.per_grid * s - c.units * n for s, n in zip(sums[m.name], counts, strict=True)
+            ]
+    return out
 
 
 def key_threshold(plan: Plan, rewritten: Rewritten) -> Callable[[list[tuple]], list[tuple]]:

@@ -8,8 +8,9 @@ count clamped into the value's bounds. Whatever this computes is
 post-processing of DP outputs and costs no privacy.
 
 Each released cell carries a 95% interval: the noise's own interval for a
-single aggregate, and interval arithmetic over the aggregates' intervals
-(Bonferroni-adjusted) for expressions of several. A quantile cell carries no
+single count or sum, calibrated intervals for an average (Fieller's) and a
+variance (``intervals``), and interval arithmetic over the aggregates'
+intervals (Bonferroni-adjusted) for expressions of several. A quantile cell carries no
 value interval but a rank radius instead (``QuantileNoise.rank_radius``): the
 mechanism's guarantee is in ranks, and turning ranks into values would take
 the data's distribution.
@@ -31,10 +32,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import duckdb
+import numpy as np
 import pandas as pd
 from sqlglot import exp
 
+from dpmagic.gate.mechanisms import GaussianNoise
 from dpmagic.gate.sql.check import VARIANCES, Checked
+from dpmagic.gate.sql.intervals import fieller, variance_half_width
 from dpmagic.gate.sql.noise import Noisy, Partition
 from dpmagic.gate.sql.parse import DIALECT
 from dpmagic.gate.sql.plan import Measurement, Plan, Selection
@@ -239,11 +243,12 @@ class _PostExpr:
 
     def estimates_in(self, node: exp.Expression) -> int:
         """How many estimates with intervals of their own ``node`` combines (for the
-        Bonferroni split): one per debiased aggregate, one per other measurement."""
+        Bonferroni split): one per debiased aggregate, average and variance (each has
+        an interval of its own at the level it is given), one per other measurement."""
         names = {n.name for n in node.walk() if isinstance(n, exp.Column)}
-        debiased = names & set(self.plan.debiased)
-        others = {m for n in names - debiased if n in self.plan.uses for m in self.plan.uses[n]}
-        return len(debiased) + len(others)
+        whole = {n for n in names if n in self.plan.debiased or _is_whole(self.plan, n)}
+        others = {m for n in names - whole if n in self.plan.uses for m in self.plan.uses[n]}
+        return len(whole) + len(others)
 
     def sql(self, node: exp.Expression) -> str:
         def swap(n: exp.Expression) -> exp.Expression:
@@ -276,20 +281,30 @@ class _PostExpr:
             return f"GREATEST({cols[0]}, 0)"
         if agg.func in ("sum", "quantile"):
             return cols[0]
+        ms = [self.plan.measurement(n) for n in self.plan.uses[name]]
         if agg.func == "avg":
-            total_m = self.plan.measurement(self.plan.uses[name][0])
-            assert total_m.clamp is not None
-            lo, hi = _literal(total_m.clamp.lo), _literal(total_m.clamp.hi)
-            return f"LEAST(GREATEST({cols[0]} / GREATEST({cols[1]}, 1), {lo}), {hi})"
+            assert ms[0].clamp is not None
+            lo, hi = _literal(ms[0].clamp.lo), _literal(ms[0].clamp.hi)
+            mean = f"{_literal(ms[0].centre_value)} + {cols[0]} / GREATEST({cols[1]}, 1)"
+            return f"LEAST(GREATEST({mean}, {lo}), {hi})"
         count, s1, s2 = cols
         widest = _literal(_max_variance(self.plan, name))
         n = f"GREATEST({count}, {2 if agg.func.endswith('samp') else 1})"
-        pop = f"({s2} / {n} - ({s1} / {n}) * ({s1} / {n}))"
+        # Means of the values' distance to the middle of the bounds and of its square:
+        # each sum is released centred on its own centre.
+        m1 = f"({_literal(ms[1].centre_value)} + {s1} / {n})"
+        m2 = f"({_literal(ms[2].centre_value)} + {s2} / {n})"
+        pop = f"({m2} - {m1} * {m1})"
         if agg.func.endswith("samp"):
             var = f"LEAST(GREATEST({pop} * {n} / ({n} - 1), 0), {widest} * {n} / ({n} - 1))"
         else:
             var = f"LEAST(GREATEST({pop}, 0), {widest})"
         return f"SQRT({var})" if agg.func.startswith("stddev") else var
+
+
+def _is_whole(plan: Plan, name: str) -> bool:
+    """Whether the aggregate's interval is its own, not one per measurement."""
+    return name in plan.uses and plan.checked.aggregate(name).func in ("avg", *VARIANCES)
 
 
 def _max_variance(plan: Plan, name: str) -> float:
@@ -309,6 +324,7 @@ class _Intervals:
         self.noisy = noisy
         self.alpha = alpha
         self.debiased = debiased
+        self._mean_cache: dict[tuple[str, float], list[Bounds]] = {}
 
     def cells(self, node: exp.Expression, pids: list[int], parts: int) -> list[list[float] | None]:
         """The JSON intervals of one output's cells, in ``pids`` order. A bare count or
@@ -347,17 +363,100 @@ class _Intervals:
         if agg.func not in ("avg", *VARIANCES):
             return self._measured(ms[0], pid, alpha)
         if agg.func == "avg":
-            total_m, count = ms
-            assert total_m.clamp is not None
-            s = self._measured(total_m, pid, alpha)
-            c = self._measured(count, pid, alpha)
-            lo, hi = total_m.clamp.lo, total_m.clamp.hi
-            if c[0] < 1:
-                return lo, hi
-            corners = [a / b for a in s for b in c]
-            return _within(min(corners), lo, hi), _within(max(corners), lo, hi)
-        return _variance(agg.func, *(self._measured(m, pid, alpha) for m in ms),
-                         widest=_max_variance(self.plan, name))  # fmt: skip
+            return self._means(name, alpha)[pid]
+        widest = _max_variance(self.plan, name)
+        calibrated = self._calibrated_variance(agg.func, ms, pid, alpha, widest)
+        if calibrated is not None:
+            return calibrated
+        # Interval arithmetic over the three measurements' intervals, alpha/3 each.
+        n, s1, s2 = (self._measured(m, pid, alpha / 3) for m in ms)
+        c1, c2 = ms[1].centre_value, ms[2].centre_value
+        return _variance(agg.func, n, (c1, s1), (c2, s2), widest=widest)
+
+    def _calibrated_variance(
+        self, func: str, ms: list[Measurement], pid: int, alpha: float, widest: float
+    ) -> Bounds | None:
+        """The calibrated interval of a variance's cell (``intervals.variance_half_width``)
+        around the released estimate, or None where it does not apply: noises of
+        different kinds, or a count not well above its noise (below twice its own
+        interval's half-width)."""
+        count, total, squares = ms
+        if not (type(count.noise) is type(total.noise) is type(squares.noise)):
+            return None
+        if min(count.scale, total.scale, squares.scale) <= 0 or not count.noise.sensitivity:
+            return None
+        n = float(self.noisy.values[count.name][pid])
+        if n <= max(2 * count.noise.half_width(alpha), 2.0):
+            return None
+        assert total.clamp is not None and squares.clamp is not None
+        c1, c2 = total.centre_value, squares.centre_value
+        m = c1 + float(self.noisy.values[total.name][pid]) / n
+        q = c2 + float(self.noisy.values[squares.name][pid]) / n
+        estimate = q - m * m
+        m = _within(m, total.clamp.lo, total.clamp.hi)
+        q = _within(q, m * m, squares.clamp.hi)
+        scales = (count.scale, total.scale, squares.scale)
+        gaussian = isinstance(count.noise, GaussianNoise)
+        half = variance_half_width(n, m, q, (c1, c2), scales, gaussian, alpha)
+        lo, hi = estimate - half, estimate + half
+        if func.endswith("samp"):
+            lo, hi, widest = lo * n / (n - 1), hi * n / (n - 1), widest * n / (n - 1)
+        lo, hi = _within(lo, 0.0, widest), _within(hi, 0.0, widest)
+        if func.startswith("stddev"):
+            return math.sqrt(lo), math.sqrt(hi)
+        return lo, hi
+
+    def _means(self, name: str, alpha: float) -> list[Bounds]:
+        """The intervals of an average's cells, all computed at once (remembered per
+        aggregate and level): Fieller's where it applies, else the box of its sum's
+        and its count's intervals at ``alpha/2`` each."""
+        known = self._mean_cache.get((name, alpha))
+        if known is not None:
+            return known
+        total_m, count = (self.plan.measurement(n) for n in self.plan.uses[name])
+        assert total_m.clamp is not None
+        lo, hi, centre = total_m.clamp.lo, total_m.clamp.hi, total_m.centre_value
+        sums = np.asarray(self.noisy.values[total_m.name], dtype=float)
+        counts = np.asarray(self.noisy.values[count.name], dtype=float)
+        usable = (
+            type(total_m.noise) is type(count.noise)
+            and total_m.scale > 0
+            and count.scale > 0
+            and count.noise.sensitivity > 0
+        )
+        if not usable:
+            out = [self._box(total_m, count, pid, alpha / 2) for pid in range(len(sums))]
+        else:
+            floor = 2 * count.noise.half_width(alpha)
+            ends = fieller(
+                sums,
+                np.maximum(counts, 1.0),
+                lo - centre,
+                hi - centre,
+                total_m.scale,
+                count.scale,
+                isinstance(count.noise, GaussianNoise),
+                alpha,
+            )
+            out = [
+                (centre + float(a), centre + float(b))
+                if n > floor
+                else self._box(total_m, count, i, alpha / 2)
+                for i, (a, b, n) in enumerate(zip(*ends, counts, strict=True))
+            ]
+        self._mean_cache[(name, alpha)] = out
+        return out
+
+    def _box(self, total_m: Measurement, count: Measurement, pid: int, alpha: float) -> Bounds:
+        """Where ``centre + S/N`` lies when the sum and the count lie in their intervals."""
+        assert total_m.clamp is not None
+        lo, hi = total_m.clamp.lo, total_m.clamp.hi
+        s = self._measured(total_m, pid, alpha)
+        c = self._measured(count, pid, alpha)
+        if c[0] < 1:
+            return lo, hi
+        corners = [total_m.centre_value + a / b for a in s for b in c]
+        return _within(min(corners), lo, hi), _within(max(corners), lo, hi)
 
     def _eval(self, node: exp.Expression, pid: int, alpha: float) -> Bounds | None:
         if isinstance(node, exp.Paren):
@@ -390,21 +489,25 @@ class _Intervals:
         return None
 
 
-def _variance(func: str, n: Bounds, s1: Bounds, s2: Bounds, widest: float) -> Bounds:
-    """Where the variance lies when the count, the centred sum and the centred sum
-    of squares lie in their intervals; the bounds' own range when the count may be
-    too small to say anything."""
+def _variance(
+    func: str, n: Bounds, s1: tuple[float, Bounds], s2: tuple[float, Bounds], widest: float
+) -> Bounds:
+    """Where the variance lies when the count, the sum of the values' distances to the
+    middle of the bounds and the sum of their squares lie in their intervals (each
+    sum with the centre it is released around); the bounds' own range when the
+    count may be too small to say anything."""
+    (c1, s1), (c2, s2) = s1, s2
     samp = func.endswith("samp")
     low_n = 2 if samp else 1
     top = widest * (2 if samp else 1)
     if n[0] < low_n:
         lo, hi = 0.0, top
     else:
-        means = [a / b for a in s1 for b in n]
+        means = [c1 + a / b for a in s1 for b in n]
         m_lo, m_hi = min(means), max(means)
         sq_lo = 0.0 if m_lo <= 0 <= m_hi else min(m_lo * m_lo, m_hi * m_hi)
         sq_hi = max(m_lo * m_lo, m_hi * m_hi)
-        q = [a / b for a in s2 for b in n]
+        q = [c2 + a / b for a in s2 for b in n]
         lo, hi = max(min(q) - sq_hi, 0.0), min(max(q) - sq_lo, widest)
         if samp:
             lo, hi = lo * n[1] / (n[1] - 1), hi * n[0] / (n[0] - 1)
