@@ -345,6 +345,13 @@ class DPResult:
             frame = pd.DataFrame(self._text_rows(), columns=self.columns)
         text = frame.to_string(index=False) if len(frame) else "(no rows)"
         banner = f"{MOCK_LABEL}\n" if self.mock else ""
+        if not self.dry_run and any(
+            self._cell(c, r) is not None
+            for r in self._shown_rows()
+            for c in range(len(self.columns))
+        ):
+            # In a terminal or a plain log a bare noisy -53 reads as a fact.
+            text += f"\n({self.confidence:.0%} intervals beside each noisy value)"
         return f"{banner}{text}\n{self.footer()}"
 
 
