@@ -23,9 +23,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from tools import DuckDbApi
 
 ALPHA = 0.05
 
@@ -76,7 +79,9 @@ def run_smartnoise(args: argparse.Namespace, queries: list[dict]) -> dict:
             }
         }
         privacy = snsql.Privacy(epsilon=epsilon, delta=1e-6)
-        return snsql.from_connection(_DbApi(con), engine="postgres", privacy=privacy, metadata=meta)
+        return snsql.from_connection(
+            DuckDbApi(con), engine="postgres", privacy=privacy, metadata=meta
+        )
 
     def run(q: dict) -> list:
         sql = q["smartnoise_sql"].replace("FROM visits", "FROM main.visits")
@@ -90,37 +95,6 @@ def run_smartnoise(args: argparse.Namespace, queries: list[dict]) -> dict:
         return [[*row, None, None] for row in r.execute(sql)[1:]]  # the first row: header
 
     return {q["name"]: _repeat(lambda q=q: run(q), args.reps) for q in queries}
-
-
-class _DbApi:
-    """The DB-API surface SmartNoise's PostgreSQL reader uses, over a DuckDB connection."""
-
-    def __init__(self, con) -> None:
-        self.con = con
-
-    def cursor(self):
-        return _Cursor(self.con.cursor())
-
-    def commit(self) -> None:
-        """Reads only: nothing to commit."""
-
-    def rollback(self) -> None:
-        """Reads only: nothing to roll back."""
-
-
-class _Cursor:
-    def __init__(self, cur) -> None:
-        self.cur = cur
-        self.description = None
-
-    def execute(self, sql: str) -> None:
-        # DuckDB refuses a volatile window order; a hash of the row sorts the same way.
-        sql = re.sub(r"ORDER BY RANDOM \( \)", "ORDER BY hash(COLUMNS(*))", sql, flags=re.I)
-        self.cur.execute(sql)
-        self.description = self.cur.description
-
-    def __iter__(self):
-        return iter(self.cur.fetchall())
 
 
 def run_opendp_polars(args: argparse.Namespace, queries: list[dict]) -> dict:

@@ -91,7 +91,9 @@ def run_smartnoise(folder: Path, reps: int, epsilon: float) -> dict:
     }
     privacy = snsql.Privacy(epsilon=epsilon, delta=1e-6)
     # SmartNoise has no DuckDB reader; its PostgreSQL one speaks a dialect DuckDB accepts.
-    reader = snsql.from_connection(_DbApi(con), engine="postgres", privacy=privacy, metadata=meta)
+    reader = snsql.from_connection(
+        DuckDbApi(con), engine="postgres", privacy=privacy, metadata=meta
+    )
 
     def run(sql: str) -> list:
         sql = sql.replace("FROM visits", "FROM main.visits").replace(
@@ -103,7 +105,7 @@ def run_smartnoise(folder: Path, reps: int, epsilon: float) -> dict:
     return {q.name: _timed(lambda q=q: run(q.sql), reps) for q in QUERIES}
 
 
-class _DbApi:
+class DuckDbApi:
     """The DB-API surface SmartNoise's PostgreSQL reader uses, over a DuckDB connection."""
 
     def __init__(self, con) -> None:

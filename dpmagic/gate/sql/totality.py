@@ -272,32 +272,35 @@ def _node_may_raise(node: exp.Expression, r: Resolved) -> bool:
     return not isinstance(node, _TOTAL_NODES)
 
 
+def _width(node: exp.Expression, r: Resolved) -> int | None:
+    """An arithmetic node's integer width; 0 for a float (which never raises in DuckDB);
+    None when its kind is unknown or not a number."""
+    found = kind(node, r)
+    if found is None or found.family not in ("int", "float"):
+        return None
+    return found.bits if found.family == "int" else 0
+
+
 def _overflows(node: exp.Expression, r: Resolved) -> bool:
     """Integer ``+ - * -x ABS`` raise when the result leaves their type's range."""
-    found = kind(node, r)
-    if found is None:
+    bits = _width(node, r)
+    if bits is None:
         return True
-    if found.family == "float":
-        return False
-    if found.family != "int":
-        return True
-    return not _fits(node, r, found.bits)
+    return bits > 0 and not _fits(node, r, bits)
 
 
 def _divides_minimum(node: exp.IntDiv | exp.Mod, r: Resolved) -> bool:
     """``//`` and ``%`` of integers raise only for the type's minimum over ``-1`` (the
     divisor is ``NULLIF(d, 0)``, so never zero)."""
-    found = kind(node, r)
-    if found is None:
+    bits = _width(node, r)
+    if bits is None:
         return True
-    if found.family == "float":
+    if bits == 0:
         return False
-    if found.family != "int":
-        return True
     dividend, divisor = _interval(node.this, r), _interval(node.expression, r)
     if dividend is None or divisor is None:
         return True
-    low = INT_RANGES[found.bits][0]
+    low = INT_RANGES[bits][0]
     return dividend.lo <= low and divisor.lo <= -1 <= divisor.hi
 
 
