@@ -53,9 +53,6 @@ class Cost:
         return out
 
 
-ZERO = Cost(0.0, 0.0, 0.0)
-
-
 class AccountantError(ValueError):
     """A requested (ε, δ) the accountant cannot honour."""
 
@@ -221,12 +218,6 @@ def remaining(accountant: Accountant, spent: Cost, limit: Budget) -> Budget:
     """What is left of ``limit`` after ``spent``, never below zero, in (ε, δ)."""
     left = accountant.view(spent, limit)["remaining"]
     return Budget(left["epsilon"], left["delta"])
-
-
-def spent_budget(accountant: Accountant, spent: Cost, limit: Budget) -> Budget:
-    """What ``spent`` amounts to in (ε, δ), as the accountant states it against ``limit``."""
-    used = accountant.view(spent, limit)["spent"]
-    return Budget(used["epsilon"], used["delta"])
 
 
 @lru_cache(maxsize=4096)

@@ -40,7 +40,3 @@ def sum_l2_squared(lower: int, upper: int, c: Contribution, neighbouring: str) -
     width = c.rows * (max(upper, 0) - min(lower, 0))
     fewest = max(0, 2 * c.groups - c.partitions)
     return max(s * width * width + 2 * (c.groups - s) * reach * reach for s in (fewest, c.groups))
-
-
-def count_l2_sensitivity(c: Contribution, neighbouring: str) -> float:
-    return sum_l2_sensitivity(1, 1, c, neighbouring)
