@@ -1,7 +1,7 @@
 """The kernel's only way to the data: HTTP/JSON requests to the gate.
 
 This module runs in the untrusted kernel, so it imports nothing from
-``dpmagic.gate``. It speaks the contract of DESIGN.md §6 over a unix socket
+``dpmagic.gate``. It speaks the HTTP API of docs/http-api.md over a unix socket
 (``unix:/path``; the gate learns who we are from the socket's peer
 credentials) or over TCP (``http://host:port`` with a bearer token).
 

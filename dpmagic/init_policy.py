@@ -129,7 +129,7 @@ def write_skeleton(
         text = skeleton(files, privacy_unit, name, out)
     except PolicyError as exc:
         raise InitError(str(exc)) from None
-    # The policy is the gate's file: readable by its owner only (DESIGN.md §7).
+    # The policy is the gate's file: readable by its owner only (SECURITY.md, Deployment rules).
     flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if force else os.O_EXCL)
     try:
         fd = os.open(out, flags, 0o600)

@@ -2,7 +2,7 @@
 
 The kernel-side tests talk to the same server the notebook would, started as
 a subprocess (``python -m dpmagic.gate.server``), so what they check is the
-HTTP contract of DESIGN.md §6 rather than a stand-in for it.
+HTTP contract of docs/http-api.md rather than a stand-in for it.
 """
 
 from __future__ import annotations

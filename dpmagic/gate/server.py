@@ -1,4 +1,4 @@
-"""The gate's HTTP/JSON API (DESIGN.md §6) on a unix socket or TCP.
+"""The gate's HTTP/JSON API (docs/http-api.md) on a unix socket or TCP.
 
 This is the process boundary the privacy model rests on: the kernel gets
 only what these handlers write back. Hence the rules kept here, whatever

@@ -1,1 +1,1 @@
-"""The query analysis pipeline, one module per pass (DESIGN.md §3)."""
+"""The query analysis pipeline, one module per pass (README, How a query is answered)."""
