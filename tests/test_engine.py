@@ -171,3 +171,6 @@ def test_a_bare_quantile_carries_its_level_and_rank_radius_but_no_value_interval
     assert 0 < m["rank_radius"] < float("inf")
     assert m["intervals"] == [None, None]
     assert "rank_radius" not in m1  # ranks of a transformed value are not the value's
+    # The dry run promises the same radius before anything is charged.
+    (step,) = [s for s in reply["plan"] if s["kind"] == "quantile"]
+    assert step["level"] == 0.5 and step["rank_radius"] == m["rank_radius"]

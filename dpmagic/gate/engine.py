@@ -442,6 +442,10 @@ def _plan_summary(the_plan: Plan) -> list[dict[str, object]]:
                 "epsilon": s.epsilon,
                 "cost": {"epsilon": s.epsilon, "delta": 0.0},
                 "candidates": s.grid.size,
+                # A quantile's accuracy is in ranks: how far, at 95%, the released
+                # value's rank may lie from the level's, whatever the data.
+                "level": s.noise.level,
+                "rank_radius": s.noise.rank_radius(REPORT_ALPHA),
                 "partitions": partitions,
                 "keys": keys,
                 "contribution": {
