@@ -292,3 +292,30 @@ def test_a_query_nested_too_deeply_is_refused_free(engine):
     with pytest.raises(Refused, match="nested too deeply"):
         engine.query("alice", {"sql": sql, "epsilon": 0.5})
     assert engine.budget("alice", None, "unnamed")["user"]["spent"]["epsilon"] == 0
+
+
+def test_a_quantile_whose_grid_floats_collapse_never_fails_on_one_row():
+    """Found by the long fuzz run: bounds near 2^63 made the candidate grid's step 0.0 as
+    doubles, and the gate's own snap to the grid cast a NaN to BIGINT on the one row the
+    CASE lets through. The grid is then a single point and the snap a TRY_CAST."""
+    ds = dataset(
+        {
+            "pid": {"type": "int"},
+            "age": {"type": "int", "lower": 0, "upper": 120},
+            "income": {"type": "int", "lower": 0, "upper": 1000000},
+        }
+    )
+    p = make_plan(
+        "SELECT MIN(CASE WHEN age = 120 AND income = 1000000 "
+        "THEN -age + CEIL(9223372036854775807.5) END) FROM t",
+        ds,
+    )
+    g = p.selections[0].grid
+    assert g.size == 1 or g.step > 0
+    con = duckdb.connect()
+    con.execute(
+        "CREATE TABLE t AS SELECT 1::BIGINT AS pid, 120::BIGINT AS age, "
+        '1000000::BIGINT AS income, 1::BIGINT AS "__dpmagic_rank"'
+    )
+    (row,) = con.execute(rewrite(p, seed=1).sql).fetchall()  # the target's row: no error
+    assert len(row) == 1

@@ -58,9 +58,11 @@ def grid(lo: float, hi: float, integral: bool) -> Grid:
         lo, hi = math.floor(lo), math.ceil(hi)
         step = max(1, math.ceil((hi - lo) / (GRID_POINTS - 1)))
         return Grid(lo, hi, step, -(-(hi - lo) // step) + 1, True)
-    if hi == lo:
+    step = (hi - lo) / (GRID_POINTS - 1)
+    if not (step > 0 and math.isfinite(step)):
+        # One point, or bounds so far out that doubles cannot tell their steps apart.
         return Grid(lo, hi, 1.0, 1, False)
-    return Grid(lo, hi, (hi - lo) / (GRID_POINTS - 1), GRID_POINTS, False)
+    return Grid(lo, hi, step, GRID_POINTS, False)
 
 
 @dataclass(frozen=True)

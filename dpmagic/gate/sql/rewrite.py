@@ -269,9 +269,11 @@ def _snap(s: Selection, row: _Rows) -> str:
     g = s.grid
     value = _clamp(f"TRY_CAST({row.total(s.arg)} AS DOUBLE)", Interval(g.lo, g.hi, False))
     lo, step = _number(g.lo, False), _number(g.step, False)
-    index = f"CAST(ROUND(({value} - {lo}) / {step}) AS BIGINT)"
+    # TRY_CAST: a NaN or an index past BIGINT (a grid whose floats lose their steps)
+    # is a NULL for that row alone, never an error that depends on the row.
+    index = f"TRY_CAST(ROUND(({value} - {lo}) / {step}) AS BIGINT)"
     return (
-        f"(CASE WHEN {value} IS NULL THEN NULL ELSE LEAST(GREATEST({index}, 0), {g.size - 1}) END)"
+        f"(CASE WHEN {index} IS NULL THEN NULL ELSE LEAST(GREATEST({index}, 0), {g.size - 1}) END)"
     )
 
 
