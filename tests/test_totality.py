@@ -319,3 +319,17 @@ def test_a_quantile_whose_grid_floats_collapse_never_fails_on_one_row():
     )
     (row,) = con.execute(rewrite(p, seed=1).sql).fetchall()  # the target's row: no error
     assert len(row) == 1
+
+
+def test_an_expression_written_twice_inside_try_stays_inside_it(engine):
+    """Found by the long fuzz run: DuckDB's common-subexpression optimiser hoists
+    ``pid * pid`` out of ``TRY(…)`` when it is written twice; the gate turns it off."""
+    db = engine.databases["d"]
+    (disabled,) = db._db.execute("SELECT current_setting('disabled_optimizers')").fetchone()
+    assert "common_subexpressions" in disabled
+    sql = (
+        "SELECT COUNT(CASE WHEN (pid * 4611686018427387904) IS NULL THEN NULL "
+        "ELSE LEAST(1, pid * 4611686018427387904) END) FROM t"
+    )
+    reply = engine.query("alice", {"sql": sql, "epsilon": 0.5})  # pids 2.. overflow
+    assert reply["rows"]

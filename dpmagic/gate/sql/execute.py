@@ -99,18 +99,25 @@ class ExactResult:
     thresholded: bool = False
 
 
+# DuckDB's common-subexpression optimiser hoists an expression written twice inside a
+# ``TRY(…)`` out of it, where its error is no longer caught (``TRY(CASE WHEN (pid * pid)
+# IS NULL … LEAST(1, pid * pid) END)`` overflowed on one unit's row): off everywhere.
+TRY_BREAKING_OPTIMIZERS = "common_subexpressions"
 # The configuration of every connection that runs generated SQL: no file, network,
-# extension or setting can be reached from it.
+# extension or setting can be reached from it, and ``TRY`` means what it says.
 LOCKED: dict[str, object] = {
     "enable_external_access": False,
     "autoinstall_known_extensions": False,
     "autoload_known_extensions": False,
     "allow_community_extensions": False,
     "lock_configuration": True,
+    "disabled_optimizers": TRY_BREAKING_OPTIMIZERS,
 }
-# DuckDB's optimisers that plan from the data's statistics: off in the replanning
+# DuckDB's optimisers that plan from the data's statistics: off too in the replanning
 # database (``Database.run``).
-STATISTICS_OPTIMIZERS = "statistics_propagation,compressed_materialization"
+STATISTICS_OPTIMIZERS = (
+    f"{TRY_BREAKING_OPTIMIZERS},statistics_propagation,compressed_materialization"
+)
 PLAIN_CATALOG = "prepared"  # the name the replanning database attaches the file under
 # Rows fetched at a time when each batch is reduced as it arrives.
 BATCH_ROWS = 65_536
