@@ -4,7 +4,7 @@ median time, ratio to DuckDB, relative error and peak memory, then the noise
 sampler, the notebook round trip and the gate under many clients.
 
     python benchmarks/run.py --rows 1M            # develop on this
-    python benchmarks/run.py --rows 10M --peers   # the README's table
+    python benchmarks/run.py --rows 10M --peers   # the tables of docs/speed.md
 
 Not a test: timings depend on the machine. Every tool answers the same SQL on
 the same rows with the same ε and the same bound on a person's rows (5).

@@ -23,7 +23,7 @@ from IPython.core.completer import (
     context_matcher,
 )
 
-# What the gate's pipeline accepts (README, "What SQL is answered").
+# What the gate's pipeline accepts (docs/sql.md).
 KEYWORDS = (
     "SELECT", "FROM", "WHERE", "GROUP BY", "HAVING", "ORDER BY", "LIMIT", "OFFSET", "AS",
     "AND", "OR", "NOT", "IN", "BETWEEN", "IS NULL", "IS NOT NULL", "LIKE", "CASE", "WHEN",

@@ -72,7 +72,7 @@ def _error(step: dict[str, Any], fmt: Any) -> str:
 
 def rank_radius(step: dict[str, Any], alpha: float = 0.05) -> float | None:
     """``scale · ln(candidates / alpha) / d``, d the denominator of the level q
-    (README, "Accuracy of quantiles"), when the step names its level."""
+    (docs/accuracy.md, "Accuracy of quantiles"), when the step names its level."""
     level = step.get("level")
     if level is None:
         level = _level(str(step.get("aggregate", "")))

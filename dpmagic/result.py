@@ -135,14 +135,14 @@ class DPResult:
     def rank_radius(self, column: str) -> float:
         """For a quantile column, ``r`` such that with the reported confidence each
         released value's rank imbalance is within ``r`` of the best candidate's
-        (see the README's "Accuracy of quantiles")."""
+        (docs/accuracy.md, "Accuracy of quantiles")."""
         info = self._noisy_column(column)
         if "rank_radius" not in info:
             raise ValueError(f"column {column!r} is not a quantile: see interval({column!r})")
         return float(info["rank_radius"])
 
     def noise_dominates(self, column: str) -> list[bool]:
-        """Per row, whether noise dominates the cell (see the README's "Honest displays")."""
+        """Per row, whether noise dominates the cell (docs/user-guide.md, "Reading an answer")."""
         index = self.columns.index(column)
         return [bool((a := self._cell(index, r)) and a.dominated) for r in range(len(self.rows))]
 

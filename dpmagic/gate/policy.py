@@ -154,7 +154,7 @@ class GateConfig:
     accountant: str = "pure"
     tokens_file: Path | None = None
     # Padding is on unless the owner turns it off (0): the default covers the gate's
-    # own reply-time jitter for cheap queries (benchmarks/reply_jitter.py, README).
+    # own reply-time jitter for cheap queries (benchmarks/reply_jitter.py, docs/policy.md).
     response_quantum_ms: float = DEFAULT_QUANTUM_MS
     query_timeout_s: float = 30.0
     memory_limit: str = "2GB"

@@ -1,1 +1,1 @@
-"""The query analysis pipeline, one module per pass (README, How a query is answered)."""
+"""The query analysis pipeline, one module per pass (docs: How a query is answered)."""
