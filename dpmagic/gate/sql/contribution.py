@@ -77,6 +77,7 @@ and the policy: ``K`` is.
 from __future__ import annotations
 
 import secrets
+from dataclasses import dataclass
 
 import duckdb
 
@@ -111,14 +112,60 @@ def rows_per_unit(dataset: Dataset, grouped: bool, partitions: int) -> int:
     return min(dataset.max_partitions, partitions) * dataset.max_rows_per_partition
 
 
-def ranked_rows(
-    dataset: Dataset, resolved: Resolved, grouped: bool, partitions: int, kinds: set[str]
-) -> int | None:
-    """``K`` when the load-time ranks alone bound this query, else None (see above)."""
-    if dataset.privacy_unit is None or "count_unit" in kinds:
-        return None
+@dataclass(frozen=True)
+class RowLevel:
+    """No privacy unit: each row is its own unit, one row in one partition."""
+
+    def contribution(self, partitions: int) -> Contribution:
+        return Contribution.bounded(1, 1, partitions)
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """Bounded by the load-time ranks alone: each private scan keeps a unit's first
+    ``rows`` ranks, a join's later scans only what its earlier ones leave room for
+    (``scan_bounds``); ``rows`` rows in any partitions."""
+
+    rows: int
+
+    def contribution(self, partitions: int) -> Contribution:
+        return Contribution.bounded(1, self.rows, partitions)
+
+
+@dataclass(frozen=True)
+class Window:
+    """Bounded per query after the joins (``rewrite.bound_contributions``): at most
+    ``rows`` rows per unit and partition, in at most ``groups`` partitions."""
+
+    groups: int
+    rows: int
+
+    def contribution(self, partitions: int) -> Contribution:
+        return Contribution.bounded(self.groups, self.rows, partitions)
+
+
+Bounding = RowLevel | Ranked | Window
+
+
+def bounding(
+    dataset: Dataset,
+    resolved: Resolved,
+    grouped: bool,
+    partitions: int,
+    kinds: set[str],
+    private_keys: bool,
+) -> Bounding:
+    """How this query bounds each unit's contribution (see above), decided once: the
+    plan's sensitivity and the generated SQL both read it. ``private_keys``: keys
+    chosen by partition selection, whose count of keys a unit reaches only the
+    window bounds."""
+    if dataset.privacy_unit is None:
+        return RowLevel()
+    window = Window(dataset.max_partitions if grouped else 1, dataset.max_rows_per_partition)
+    if private_keys or "count_unit" in kinds:
+        return window
     if len(resolved.scans) > MAX_RANKED_SCANS or any(s.table.public for s in resolved.scans):
-        return None
+        return window
     k = rows_per_unit(dataset, grouped, partitions)
     if (
         len(resolved.scans) > 1
@@ -128,21 +175,8 @@ def ranked_rows(
         # Gaussian noise scales with the L2 sensitivity, which is larger for K rows
         # anywhere than for the window's rows per group in each of several groups:
         # such a join keeps the window rather than get noisier than it was.
-        return None
-    return k
-
-
-def contribution(
-    dataset: Dataset, ranked: int | None, grouped: bool, partitions: int
-) -> Contribution:
-    """What one unit can contribute: ``ranked`` rows in any partitions, or, bounded by
-    the window, ``max_rows_per_partition`` rows in each of ``max_partitions`` groups."""
-    if dataset.privacy_unit is None:  # each row is its own unit
-        return Contribution.bounded(1, 1, partitions)
-    if ranked is not None:
-        return Contribution.bounded(1, ranked, partitions)
-    groups = dataset.max_partitions if grouped else 1
-    return Contribution.bounded(groups, dataset.max_rows_per_partition, partitions)
+        return window
+    return Ranked(k)
 
 
 def scan_bounds(tables: list[str], ranked: int) -> list[str]:

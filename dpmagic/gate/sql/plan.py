@@ -39,8 +39,7 @@ from dpmagic.gate.sensitivity import (
 )
 from dpmagic.gate.sql.bound import Bounded, Interval
 from dpmagic.gate.sql.check import AggregateCall, Checked, GroupKey
-from dpmagic.gate.sql.contribution import contribution as unit_contribution
-from dpmagic.gate.sql.contribution import ranked_rows
+from dpmagic.gate.sql.contribution import Bounding, bounding
 from dpmagic.gate.sql.keys import MAX_PARTITIONS, KeyDomain
 from dpmagic.gate.sql.parse import DIALECT
 from dpmagic.gate.sql.randomized import Debias, debiasing
@@ -158,6 +157,7 @@ class Plan:
     keys: tuple[GroupKey, ...]
     domains: tuple[KeyDomain, ...]
     partitions: tuple[tuple[object, ...], ...]
+    bounding: Bounding  # how the SQL bounds each unit's rows, which ``contribution`` is of
     contribution: Contribution
     measurements: tuple[Measurement, ...]
     selections: tuple[Selection, ...]
@@ -229,8 +229,8 @@ def plan(
         uses[agg.name] = keys
 
     kinds = {kind for kind, *_ in wanted.values()}
-    ranked = None if private else ranked_rows(dataset, resolved, bool(checked.keys), reach, kinds)
-    contribution = unit_contribution(dataset, ranked, bool(checked.keys), reach)
+    bounds = bounding(dataset, resolved, bool(checked.keys), reach, kinds, private is not None)
+    contribution = bounds.contribution(reach)
     weights = _weights(checked, uses, wanted, contribution, dataset, accountant)
     total_weight = math.fsum(weights.values()) + len(quantiles) + (1 if private else 0)
     share = None if asked is None else accountant.share(asked, total_weight)
@@ -267,6 +267,7 @@ def plan(
         keys=checked.keys,
         domains=bounded.domains,
         partitions=partitions,
+        bounding=bounds,
         contribution=contribution,
         measurements=measurements,
         selections=selections,

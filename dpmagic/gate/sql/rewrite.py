@@ -50,9 +50,9 @@ from dpmagic.gate.errors import Refused
 from dpmagic.gate.policy import Column
 from dpmagic.gate.sensitivity import Contribution
 from dpmagic.gate.sql.bound import Interval
+from dpmagic.gate.sql.contribution import Ranked, Window, scan_bounds
 from dpmagic.gate.sql.contribution import clamp as _clamp
 from dpmagic.gate.sql.contribution import number as _number
-from dpmagic.gate.sql.contribution import ranked_rows, scan_bounds
 from dpmagic.gate.sql.keys import KeyDomain
 from dpmagic.gate.sql.parse import DIALECT
 from dpmagic.gate.sql.plan import Measurement, Plan, Selection
@@ -100,7 +100,7 @@ def rewrite(plan: Plan, seed: int | None = None) -> Rewritten:
         + ")"
     ]
     final_source = "kept_rows"
-    if resolved.unit is not None and _ranked(plan) is None:
+    if resolved.unit is not None and isinstance(plan.bounding, Window):
         more, final_source = bound_contributions(plan.contribution, keys, values, seed)
         ctes += more
 
@@ -154,7 +154,8 @@ def _from(plan: Plan, row: _Rows) -> tuple[str, list[str]]:
     if resolved.unit is not None:
         trees.append(resolved.unit)
     used = _used(resolved, trees + conjuncts)
-    return _reads(resolved.scans, conjuncts, used, row, _ranked(plan))
+    ranked = plan.bounding.rows if isinstance(plan.bounding, Ranked) else None
+    return _reads(resolved.scans, conjuncts, used, row, ranked)
 
 
 def _used(resolved: Resolved, trees: list[exp.Expression]) -> dict[str, dict[str, Column]]:
@@ -231,18 +232,6 @@ def _semijoins(sql: str, resolved: Resolved, row: _Rows) -> str:
         token = row.total(exp.column(j.name, table=SEMI))
         sql = sql.replace(token, f"COALESCE({test}, FALSE)" if j.exists else f"({test})")
     return sql
-
-
-def _ranked(plan: Plan) -> int | None:
-    if plan.key_selection is not None:  # the window bounds how many keys a unit reaches
-        return None
-    return ranked_rows(
-        plan.dataset,
-        plan.checked.resolved,
-        bool(plan.keys),
-        len(plan.partitions),
-        {m.kind for m in plan.measurements},
-    )
 
 
 def _conjuncts(cond: exp.Expression) -> list[exp.Expression]:
