@@ -54,7 +54,7 @@ def _plan(accountant: str = "pure"):
 def _noisy(p, mean: float, rows: int, rng: np.random.Generator) -> tuple[Noisy, float]:
     """``CELLS`` cells of ``rows`` rows each whose exact average is about ``mean``,
     with the plan's noise added to the exact centred sum and count of each."""
-    total_m, count = (p.measurement(n) for n in p.uses[p.checked.aggregates[0].name])
+    total_m, count = (p.measurement(n) for n in p.parts[p.checked.aggregates[0].name].names)
     step = total_m.noise.granularity
     centre = total_m.centre_value
     # Exact centred sums in noise units, spread a little so cells differ.
@@ -101,14 +101,14 @@ def test_avg_intervals_cover_close_to_their_level(case):
 def _box_intervals(p, noisy: Noisy) -> list[tuple[float, float]]:
     """The box the sum's and count's 97.5% intervals span: the gate's interval before."""
     intervals = _Intervals(p, noisy, 0.05, {})
-    total_m, count = (p.measurement(n) for n in p.uses[p.checked.aggregates[0].name])
+    total_m, count = (p.measurement(n) for n in p.parts[p.checked.aggregates[0].name].names)
     return [intervals._box(total_m, count, pid, 0.025) for pid in range(CELLS)]
 
 
 def _old_plan(p):
     """The plan as the gate made it before: the raw sum (twice the centred sum's
     sensitivity) and the count, each at half the ε."""
-    total_m, count = (p.measurement(n) for n in p.uses[p.checked.aggregates[0].name])
+    total_m, count = (p.measurement(n) for n in p.parts[p.checked.aggregates[0].name].names)
     old_total = dataclasses.replace(
         total_m,
         centre=None,
@@ -129,7 +129,7 @@ def test_the_box_corner_interval_misses_the_band():
 def test_an_interval_that_forgets_the_counts_noise_misses_the_band():
     p = _plan()
     noisy, truth = _noisy(p, 195_000.0, 5_000, np.random.default_rng(9))
-    total_m, count = (p.measurement(n) for n in p.uses[p.checked.aggregates[0].name])
+    total_m, count = (p.measurement(n) for n in p.parts[p.checked.aggregates[0].name].names)
     centre = total_m.centre_value
     lo, hi = fieller(
         np.asarray(noisy.values[total_m.name], dtype=float),
@@ -149,7 +149,7 @@ def test_the_centred_sum_halves_the_noise_and_the_split_favours_it():
     """On the benchmark's plan: the centred sum's sensitivity is half the raw sum's, and
     its share of ε is larger than the count's."""
     p = _plan()
-    total_m, count = (p.measurement(n) for n in p.uses[p.checked.aggregates[0].name])
+    total_m, count = (p.measurement(n) for n in p.parts[p.checked.aggregates[0].name].names)
     assert total_m.sensitivity == pytest.approx(3 * 3 * HIGH / 2, rel=1e-6)
     assert total_m.centre_value == pytest.approx(HIGH / 2)
     assert total_m.cost.epsilon > count.cost.epsilon
@@ -174,7 +174,7 @@ def test_variance_intervals_cover_close_to_their_level(case):
         p = make_plan(sql, ds)
     else:
         p = plan(bound(check(resolve(parse(sql), ds))), 1.0, 1e-6, ZCDPAccountant())
-    count, total, squares = (p.measurement(n) for n in p.uses[p.checked.aggregates[0].name])
+    count, total, squares = (p.measurement(n) for n in p.parts[p.checked.aggregates[0].name].names)
     rng = np.random.default_rng(11)
     # Distances to the middle of the bounds (the SQL sums those): their mean and spread.
     means = rng.uniform(-60_000, 60_000, CELLS)

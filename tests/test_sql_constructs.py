@@ -167,7 +167,7 @@ def test_variance_is_made_of_a_count_and_centred_sums():
     assert (square.clamp.lo, square.clamp.hi) == (0, 2500)
     assert (
         square.sensitivity
-        == p.measurement(p.uses[p.checked.aggregates[2].name][0]).sensitivity * 25
+        == p.measurement(p.parts[p.checked.aggregates[2].name].names[0]).sensitivity * 25
     )
     total = sum(m.cost.epsilon for m in p.measurements)
     assert 0.999 < total <= 1.0

@@ -114,6 +114,13 @@ class Measurement:
     centre: Centre | None = None
 
     @property
+    def bounds(self) -> Interval:
+        """A sum's clamp. A count has none: asking for it is the gate's own bug."""
+        if self.clamp is None:
+            raise ValueError(f"measurement {self.name} is a count: it has no bounds")
+        return self.clamp
+
+    @property
     def centre_value(self) -> float:
         """What the released value is centred on, in released units (0 when plain)."""
         return 0.0 if self.centre is None else self.centre.value(self.noise.granularity)
@@ -151,6 +158,63 @@ class Selection:
 
 
 @dataclass(frozen=True)
+class Measured:
+    """An aggregate that is one noisy value: a count, a distinct count, a plain sum
+    (measurement ``name``) or a quantile (selection ``name``)."""
+
+    name: str
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.name,)
+
+
+@dataclass(frozen=True)
+class Avg:
+    """``AVG``: the sum ``total`` (centred, or raw when debiased) over ``count``, the
+    count of the same rows."""
+
+    total: str
+    count: str
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.total, self.count)
+
+
+@dataclass(frozen=True)
+class DebiasedSum:
+    """``SUM`` of a randomized-response column: debiasing reads how many answers
+    ``total`` adds up, ``count``."""
+
+    total: str
+    count: str
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.total, self.count)
+
+
+@dataclass(frozen=True)
+class Variance:
+    """A variance or standard deviation: from ``count`` and the sums of the values'
+    distance to ``centre`` (the middle of their bounds), ``centred``, and of its
+    square, ``squares`` (each sum measured around the middle of its own range)."""
+
+    count: str
+    centred: str
+    squares: str
+    centre: float
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.count, self.centred, self.squares)
+
+
+Parts = Measured | Avg | DebiasedSum | Variance
+
+
+@dataclass(frozen=True)
 class Plan:
     checked: Checked
     dataset: Dataset
@@ -161,7 +225,7 @@ class Plan:
     contribution: Contribution
     measurements: tuple[Measurement, ...]
     selections: tuple[Selection, ...]
-    uses: dict[str, tuple[str, ...]]  # aggregate name -> the measurements it is made of
+    parts: dict[str, Parts]  # aggregate name -> the measurements it is made of
     epsilon: float
     cost: Cost  # what is charged: the group's cost under the policy's group_size
     unit_cost: Cost  # what the noise costs one privacy unit
@@ -271,7 +335,10 @@ def plan(
         contribution=contribution,
         measurements=measurements,
         selections=selections,
-        uses={name: tuple(names[k] for k in parts) for name, parts in uses.items()},
+        parts={
+            agg.name: _typed_parts(agg, tuple(names[k] for k in uses[agg.name]), bounded)
+            for agg in checked.aggregates
+        },
         epsilon=cost.epsilon,
         cost=cost,
         unit_cost=asked,
@@ -370,7 +437,7 @@ def _parts(
         return [total, count] if debiased else [total]
     if agg.func == "avg":
         return [total, count] if debiased else [(*total[:4], 1), count]
-    centre = math.floor((clamp.lo + clamp.hi) / 2) if clamp.integral else (clamp.lo + clamp.hi) / 2
+    centre = _variance_centre(clamp)
     number = exp.Literal.number(centre if clamp.integral else repr(float(centre)))
     deviation = exp.Sub(this=exp.Paren(this=arg.copy()), expression=exp.Paren(this=number))
     square = exp.Mul(this=exp.Paren(this=deviation.copy()), expression=exp.Paren(this=deviation))
@@ -382,6 +449,25 @@ def _parts(
         ("sum", square, Interval(0, reach * reach, clamp.integral),
          f"SUM(({arg_sql} - {centre})^2)", 0),
     ]  # fmt: skip
+
+
+def _typed_parts(agg: AggregateCall, names: tuple[str, ...], bounded: Bounded) -> Parts:
+    """The measurements ``_parts`` made for ``agg`` (in its order), named by role."""
+    if len(names) == 1:
+        return Measured(names[0])
+    if agg.func == "avg":
+        return Avg(*names)
+    if agg.func == "sum":
+        return DebiasedSum(*names)
+    return Variance(*names, centre=_variance_centre(bounded.bounds[agg.name]))
+
+
+def _variance_centre(clamp: Interval) -> float:
+    """The middle of a variance's bounds, as its SQL subtracts it (a whole number for
+    integers, so the differences stay integers)."""
+    if clamp.integral:
+        return math.floor((clamp.lo + clamp.hi) / 2)
+    return (clamp.lo + clamp.hi) / 2
 
 
 def _want(wanted: dict[Key, Wanted], part: Wanted) -> Key:

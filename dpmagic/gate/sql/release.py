@@ -37,11 +37,11 @@ import pandas as pd
 from sqlglot import exp
 
 from dpmagic.gate.mechanisms import GaussianNoise
-from dpmagic.gate.sql.check import VARIANCES, Checked
+from dpmagic.gate.sql.check import Checked
 from dpmagic.gate.sql.intervals import fieller, variance_half_width
 from dpmagic.gate.sql.noise import Noisy, Partition
 from dpmagic.gate.sql.parse import DIALECT
-from dpmagic.gate.sql.plan import Measurement, Plan, Selection
+from dpmagic.gate.sql.plan import Avg, DebiasedSum, Measured, Measurement, Plan, Selection, Variance
 from dpmagic.gate.sql.randomized import Debiased, debias
 from dpmagic.gate.sql.totality import generated
 
@@ -175,7 +175,7 @@ def _randomized_accuracy(plan: Plan, node: exp.Expression) -> dict[str, object]:
     d = plan.debiased.get(node.name) if isinstance(node, exp.Column) else None
     if d is None:
         return {}
-    first = plan.measurement(plan.uses[node.name][0])
+    first = plan.measurement(plan.parts[node.name].names[0])  # the count, sum or mean's sum
     return {
         "mechanism": f"randomized response + {first.noise.mechanism}",
         "scale": first.scale,
@@ -188,9 +188,12 @@ def _debiased(plan: Plan, noisy: Noisy) -> dict[str, Debiased]:
     """Each randomized-response aggregate debiased from its noisy measurements."""
     out = {}
     for name, d in plan.debiased.items():
-        ms = [noisy.values[m] for m in plan.uses[name]]
+        parts = plan.parts[name]
         groups = _groups_over(noisy.partitions, d.key) if d.key is not None else []
-        out[name] = debias(d, ms[0], ms[1] if len(ms) > 1 else None, groups)
+        if isinstance(parts, Avg | DebiasedSum):
+            out[name] = debias(d, noisy.values[parts.total], noisy.values[parts.count], groups)
+        elif isinstance(parts, Measured):
+            out[name] = debias(d, noisy.values[parts.name], None, groups)
     return out
 
 
@@ -235,8 +238,8 @@ class _PostExpr:
     def measurements_in(self, node: exp.Expression) -> list[str]:
         names: list[str] = []
         for n in node.walk():
-            if isinstance(n, exp.Column) and n.name in self.plan.uses:
-                for name in self.plan.uses[n.name]:
+            if isinstance(n, exp.Column) and n.name in self.plan.parts:
+                for name in self.plan.parts[n.name].names:
                     if name not in names:
                         names.append(name)
         return names
@@ -247,12 +250,14 @@ class _PostExpr:
         an interval of its own at the level it is given), one per other measurement."""
         names = {n.name for n in node.walk() if isinstance(n, exp.Column)}
         whole = {n for n in names if n in self.plan.debiased or _is_whole(self.plan, n)}
-        others = {m for n in names - whole if n in self.plan.uses for m in self.plan.uses[n]}
+        others = {
+            m for n in names - whole if n in self.plan.parts for m in self.plan.parts[n].names
+        }
         return len(whole) + len(others)
 
     def sql(self, node: exp.Expression) -> str:
         def swap(n: exp.Expression) -> exp.Expression:
-            if isinstance(n, exp.Column) and n.name in self.plan.uses:
+            if isinstance(n, exp.Column) and n.name in self.plan.parts:
                 return exp.maybe_parse(self._aggregate(n.name), dialect=DIALECT)
             return n
 
@@ -276,19 +281,21 @@ class _PostExpr:
             # Already clipped where the estimate has bounds: only counts are floored here.
             column = _q(_debiased_column(name))
             return f"GREATEST({column}, 0)" if agg.func == "count" else column
-        cols = [f'"__{n}"' for n in self.plan.uses[name]]
-        if agg.func in ("count", "count_distinct"):
-            return f"GREATEST({cols[0]}, 0)"
-        if agg.func in ("sum", "quantile"):
-            return cols[0]
-        ms = [self.plan.measurement(n) for n in self.plan.uses[name]]
-        if agg.func == "avg":
-            assert ms[0].clamp is not None
-            lo, hi = _literal(ms[0].clamp.lo), _literal(ms[0].clamp.hi)
-            mean = f"{_literal(ms[0].centre_value)} + {cols[0]} / GREATEST({cols[1]}, 1)"
+        parts = self.plan.parts[name]
+        if isinstance(parts, Measured):
+            column = f'"__{parts.name}"'
+            return f"GREATEST({column}, 0)" if agg.func in ("count", "count_distinct") else column
+        if isinstance(parts, Avg):
+            total = self.plan.measurement(parts.total)
+            lo, hi = _literal(total.bounds.lo), _literal(total.bounds.hi)
+            total_col, count_col = f'"__{parts.total}"', f'"__{parts.count}"'
+            mean = f"{_literal(total.centre_value)} + {total_col} / GREATEST({count_col}, 1)"
             return f"LEAST(GREATEST({mean}, {lo}), {hi})"
-        count, s1, s2 = cols
-        widest = _literal(_max_variance(self.plan, name))
+        if not isinstance(parts, Variance):
+            raise ValueError(f"{name}: a debiased sum is released from its debiased column")
+        count, s1, s2 = (f'"__{n}"' for n in parts.names)
+        ms = [self.plan.measurement(n) for n in parts.names]
+        widest = _literal(_max_variance(self.plan, parts))
         n = f"GREATEST({count}, {2 if agg.func.endswith('samp') else 1})"
         # Means of the values' distance to the middle of the bounds and of its square:
         # each sum is released centred on its own centre.
@@ -304,14 +311,13 @@ class _PostExpr:
 
 def _is_whole(plan: Plan, name: str) -> bool:
     """Whether the aggregate's interval is its own, not one per measurement."""
-    return name in plan.uses and plan.checked.aggregate(name).func in ("avg", *VARIANCES)
+    return isinstance(plan.parts.get(name), Avg | Variance)
 
 
-def _max_variance(plan: Plan, name: str) -> float:
+def _max_variance(plan: Plan, parts: Variance) -> float:
     """The largest population variance of values within the argument's bounds."""
-    deviation = plan.measurement(plan.uses[name][1])
-    assert deviation.clamp is not None
-    return ((deviation.clamp.hi - deviation.clamp.lo) / 2) ** 2
+    deviation = plan.measurement(parts.centred).bounds
+    return ((deviation.hi - deviation.lo) / 2) ** 2
 
 
 class _Intervals:
@@ -330,13 +336,15 @@ class _Intervals:
         """The JSON intervals of one output's cells, in ``pids`` order. A bare count or
         sum (most cells of a large GROUP BY) is its measurement's interval, read
         without walking the expression; other expressions are evaluated cell by cell."""
-        agg = None
-        if isinstance(node, exp.Column) and node.name in self.plan.uses:
-            agg = self.plan.checked.aggregate(node.name).func
-        if agg not in ("count", "count_distinct", "sum") or node.name in self.debiased:
+        found = self.plan.parts.get(node.name) if isinstance(node, exp.Column) else None
+        agg = None if found is None else self.plan.checked.aggregate(node.name).func
+        if (
+            not isinstance(found, Measured)
+            or agg not in ("count", "count_distinct", "sum")
+            or node.name in self.debiased
+        ):
             return [_json_pair(self.of(node, pid, parts)) for pid in pids]
-        assert isinstance(node, exp.Column)
-        m = self.plan.measurement(self.plan.uses[node.name][0])
+        m = self.plan.measurement(found.name)
         alpha = self.alpha / parts
         return [_json_pair(self._measured(m, pid, alpha)) for pid in pids]
 
@@ -355,16 +363,17 @@ class _Intervals:
         agg = self.plan.checked.aggregate(name)
         if agg.func == "quantile":
             return None  # the exponential mechanism's error is in ranks, not in values
-        ms = [self.plan.measurement(n) for n in self.plan.uses[name]]
+        parts_of = self.plan.parts[name]
+        ms = [self.plan.measurement(n) for n in parts_of.names]
         if name in self.debiased:
             widths = [m.noise.half_width(alpha) if m.noise.sensitivity else 0.0 for m in ms]
             second = widths[1] if len(widths) > 1 else 0.0
             return self.debiased[name].interval(pid, alpha, (widths[0], second))
-        if agg.func not in ("avg", *VARIANCES):
+        if isinstance(parts_of, Measured | DebiasedSum):
             return self._measured(ms[0], pid, alpha)
-        if agg.func == "avg":
-            return self._means(name, alpha)[pid]
-        widest = _max_variance(self.plan, name)
+        if isinstance(parts_of, Avg):
+            return self._means(name, parts_of, alpha)[pid]
+        widest = _max_variance(self.plan, parts_of)
         calibrated = self._calibrated_variance(agg.func, ms, pid, alpha, widest)
         if calibrated is not None:
             return calibrated
@@ -388,13 +397,12 @@ class _Intervals:
         n = float(self.noisy.values[count.name][pid])
         if n <= max(2 * count.noise.half_width(alpha), 2.0):
             return None
-        assert total.clamp is not None and squares.clamp is not None
         c1, c2 = total.centre_value, squares.centre_value
         m = c1 + float(self.noisy.values[total.name][pid]) / n
         q = c2 + float(self.noisy.values[squares.name][pid]) / n
         estimate = q - m * m
-        m = _within(m, total.clamp.lo, total.clamp.hi)
-        q = _within(q, m * m, squares.clamp.hi)
+        m = _within(m, total.bounds.lo, total.bounds.hi)
+        q = _within(q, m * m, squares.bounds.hi)
         scales = (count.scale, total.scale, squares.scale)
         gaussian = isinstance(count.noise, GaussianNoise)
         half = variance_half_width(n, m, q, (c1, c2), scales, gaussian, alpha)
@@ -406,16 +414,15 @@ class _Intervals:
             return math.sqrt(lo), math.sqrt(hi)
         return lo, hi
 
-    def _means(self, name: str, alpha: float) -> list[Bounds]:
+    def _means(self, name: str, parts: Avg, alpha: float) -> list[Bounds]:
         """The intervals of an average's cells, all computed at once (remembered per
         aggregate and level): Fieller's where it applies, else the box of its sum's
         and its count's intervals at ``alpha/2`` each."""
         known = self._mean_cache.get((name, alpha))
         if known is not None:
             return known
-        total_m, count = (self.plan.measurement(n) for n in self.plan.uses[name])
-        assert total_m.clamp is not None
-        lo, hi, centre = total_m.clamp.lo, total_m.clamp.hi, total_m.centre_value
+        total_m, count = self.plan.measurement(parts.total), self.plan.measurement(parts.count)
+        lo, hi, centre = total_m.bounds.lo, total_m.bounds.hi, total_m.centre_value
         sums = np.asarray(self.noisy.values[total_m.name], dtype=float)
         counts = np.asarray(self.noisy.values[count.name], dtype=float)
         usable = (
@@ -449,8 +456,7 @@ class _Intervals:
 
     def _box(self, total_m: Measurement, count: Measurement, pid: int, alpha: float) -> Bounds:
         """Where ``centre + S/N`` lies when the sum and the count lie in their intervals."""
-        assert total_m.clamp is not None
-        lo, hi = total_m.clamp.lo, total_m.clamp.hi
+        lo, hi = total_m.bounds.lo, total_m.bounds.hi
         s = self._measured(total_m, pid, alpha)
         c = self._measured(count, pid, alpha)
         if c[0] < 1:
@@ -465,7 +471,7 @@ class _Intervals:
             v = float(node.this)
             return v, v
         if isinstance(node, exp.Column):
-            if node.name in self.plan.uses:
+            if node.name in self.plan.parts:
                 return self._aggregate(node.name, pid, alpha)
             key = next((i for i, k in enumerate(self.plan.keys) if k.name == node.name), None)
             if key is None:
