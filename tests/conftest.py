@@ -45,6 +45,22 @@ START_TIMEOUT_S = 60.0
 MAX_SOCKET_PATH = 100
 
 
+# Markers of system suites with a line of their own in .ci/run; every other test under
+# tests/system/ is marked ``system``. The default run (``pytest -q``) leaves them all out.
+OWN_SUITES = ("browser", "hub", "audit", "signals", "flood", "fuzz", "spark")
+SYSTEM_TESTS = Path(__file__).resolve().parent / "system"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the tests under tests/system/ before ``-m`` selects (see ``OWN_SUITES``)."""
+    for item in items:
+        if SYSTEM_TESTS in item.path.parents and not any(
+            item.get_closest_marker(m) for m in OWN_SUITES
+        ):
+            item.add_marker(pytest.mark.system)
+
+
 TOKENS = {"alice": "alice-token-0123456789", "bob": "bob-token-0123456789ab"}
 
 

@@ -1,15 +1,19 @@
-"""Building blocks for tests of the gate's passes: a policy in memory and
-the analysis pipeline run pass by pass, on DuckDB tables the test creates."""
+"""Building blocks for tests of the gate: a real ``Engine`` over rows a test gives
+(``running_engine``, the one way tests build an engine from a policy and rows), a
+policy in memory, and the analysis pipeline run pass by pass on DuckDB tables the
+test creates."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import duckdb
 
 from dpmagic.gate.accounting import PureAccountant
-from dpmagic.gate.policy import Dataset, parse_policy
+from dpmagic.gate.engine import Engine
+from dpmagic.gate.policy import Dataset, load_policy, parse_policy
 from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
 from dpmagic.gate.sql.contribution import prepare_tables
@@ -19,6 +23,27 @@ from dpmagic.gate.sql.parse import parse
 from dpmagic.gate.sql.plan import Plan, plan
 from dpmagic.gate.sql.resolve import resolve
 from dpmagic.gate.sql.rewrite import rewrite
+
+Rows = tuple[str, Iterable[Sequence[object]]]  # a CSV header, and the rows under it
+
+
+@contextmanager
+def running_engine(
+    folder: Path, policy: str, tables: Mapping[str, Rows] | None = None
+) -> Iterator[Engine]:
+    """A real ``Engine`` under ``policy`` (TOML text, written to ``folder/policy.toml``)
+    over ``tables`` (each written to ``folder/NAME.csv``, as the policy's sources
+    name them), closed on exit; its state directory is the policy's."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, (header, rows) in (tables or {}).items():
+        lines = [header] + [",".join("" if v is None else str(v) for v in row) for row in rows]
+        (folder / f"{name}.csv").write_text("\n".join(lines) + "\n")
+    (folder / "policy.toml").write_text(policy)
+    engine = Engine(load_policy(folder / "policy.toml"))
+    try:
+        yield engine
+    finally:
+        engine.close()
 
 
 def dataset(

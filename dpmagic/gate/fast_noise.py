@@ -24,7 +24,7 @@ Every quantity stays below ``2**64`` in the vectorised loops because
 then (each with probability below ``1/STEPS!`` or ``exp(-STEPS)``) continue
 the very same draw in Python integers, so nothing is truncated or redrawn
 and the distribution stays exact. Scales outside this range go to OpenDP's
-own sampler. ``tests/test_fast_noise.py`` compares the two statistically.
+own sampler. ``tests/unit/test_fast_noise.py`` compares the two statistically.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Each case in ``cases.sql`` (a policy from ``policies/``, an ε and a query) is run
 through the gate's passes, with a fixed seed, to the plan summary the dry run
 shows and the SQL the gate generates; ``expected/NAME.txt`` holds both, reviewed
-as data. ``tests/test_golden.py`` compares; after a deliberate change,
+as data. ``tests/unit/test_golden.py`` compares; after a deliberate change,
 
     python -m tests.golden.run --update
 

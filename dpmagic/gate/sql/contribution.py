@@ -31,7 +31,7 @@ replacement, ``K·(max(hi, 0) - min(lo, 0))`` with one partition and
 ``2K·max(|lo|, |hi|)`` with more (the replaced rows in one partition, the
 new ones in another). That is ``sensitivity.sum_sensitivity`` for a
 contribution of one group of ``K`` rows, which ``contribution`` returns, and
-what ``tests/test_sensitivity.py`` checks by brute force, seed by seed.
+what ``tests/unit/test_sensitivity.py`` checks by brute force, seed by seed.
 
 Joins of private tables only. A join may multiply a unit's rows (a unit's
 ``a`` rows joined to its ``b`` rows give up to ``a·b``), so each scan's rank

@@ -185,7 +185,7 @@ class Database:
         no unit has> THEN '' END``). Whether that happens depends on the data, so a
         query that fails here for any reason but time or memory is run again on the
         same file planned without statistics (``_plain``), whose plan is a function
-        of the SQL alone; the fuzzer (``tests/test_fuzz_error_oracle.py``) searches
+        of the SQL alone; the fuzzer (``tests/{unit,system}/test_fuzz_error_oracle.py``) searches
         for what would still differ."""
         try:
             return self._execute(self._db, sql, keep)

@@ -26,7 +26,7 @@ holds the answer with probability at least ``1 − alpha`` too, but by a union
 bound over two events that are rarely both near their edge: measured at 98.7%
 for a 95% level. Fieller's set is the tightest of this kind, at its level.
 
-Two approximations remain, both shown by ``tests/test_intervals.py`` to keep the
+Two approximations remain, both shown by ``tests/unit/test_intervals.py`` to keep the
 coverage within [93%, 97.5%] at a 95% level: the noises are the discrete
 Laplace or Gaussian on a fine grid, whose tails are taken to be the
 continuous distributions' of the same scale (they differ by about one grid

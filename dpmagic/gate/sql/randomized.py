@@ -26,7 +26,7 @@ quadrature with the central noise's own (OpenDP) half-width of the same
 linear combination. Quadrature is exact for normal errors and gives the
 noise's own interval when the randomization is negligible; for the sum of a normal
 and Laplace errors of any relative size it was checked by simulation to cover
-at least the nominal 95%. ``tests/test_randomized_response.py`` measures the
+at least the nominal 95%. ``tests/unit/test_randomized_response.py`` measures the
 coverage of the whole pipeline. Each row's answer is assumed randomized
 independently of every other row's, as the survey design declares.
 """

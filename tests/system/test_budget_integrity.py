@@ -1,0 +1,204 @@
+"""Budget integrity against a real gate process: racing clients (threads and
+processes) never overspend, ``kill -9`` between the debit and the reply leaves
+the debit recorded and the ledger readable, the ledger and audit log survive
+restarts, and what a query costs never depends on the data.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from dpmagic import BudgetExhausted
+from dpmagic.client import Gate
+from tests.conftest import GateProcess
+
+# The `gate` fixture's policy: user budget 5.0, notebook budget 2.0.
+USER_LIMIT = 5.0
+COST = 0.3
+WINS = int(USER_LIMIT / COST + 1e-9)  # 16 queries of 0.3 fit in 5.0; a 17th would not
+SQL = "SELECT COUNT(*) FROM t"
+
+
+def _spend_until_refused(address: str, notebook: str) -> int:
+    """Fresh queries until the gate says the budget is gone; how many were answered."""
+    client = Gate(address)
+    answered = 0
+    while True:
+        try:
+            client.query(SQL, epsilon=COST, notebook=notebook, fresh=True)
+        except BudgetExhausted:
+            return answered
+        answered += 1
+
+
+def _check_no_overspend(gate: GateProcess, answered: int) -> None:
+    budget = Gate(gate.address).budget()
+    spent = budget["user"]["spent"]["epsilon"]
+    assert answered == WINS, answered
+    assert spent == pytest.approx(WINS * COST)
+    assert spent <= USER_LIMIT  # overspend = 0
+
+
+@pytest.mark.parametrize("clients", [12])
+def test_racing_threads_never_overspend(gate, clients):
+    # A notebook each: the user's budget, shared by all of them, is what they race for.
+    with ThreadPoolExecutor(clients) as pool:
+        wins = list(
+            pool.map(lambda i: _spend_until_refused(gate.address, f"nb{i}"), range(clients))
+        )
+    print(f"\n{clients} racing threads: {sum(wins)} answered, limit allows {WINS}")
+    _check_no_overspend(gate, sum(wins))
+
+
+def test_racing_processes_never_overspend(gate):
+    clients = 8
+    context = multiprocessing.get_context("fork")
+    with context.Pool(clients) as pool:
+        wins = pool.starmap(
+            _spend_until_refused, [(gate.address, f"nb{i}") for i in range(clients)]
+        )
+    print(f"\n{clients} racing processes: {sum(wins)} answered, limit allows {WINS}")
+    _check_no_overspend(gate, sum(wins))
+
+
+# -- a gate killed between the debit and the reply --------------------------------
+
+SLOW_POLICY = """
+[gate]
+state_dir = "state"
+response_quantum_ms = 4000
+
+[datasets.d]
+database = "slow.duckdb"
+privacy_unit = "pid"
+user_budget = { epsilon = 5.0 }
+notebook_budget = { epsilon = 5.0 }
+
+[datasets.d.tables.t.columns]
+pid = { type = "int" }
+s = { type = "str" }
+"""
+SLOW_SQL = "SELECT COUNT(*) FROM t WHERE s LIKE '%a%b%a%b%z%'"
+
+
+@pytest.fixture
+def slow_gate(tmp_path: Path, short_dir: Path):
+    con = duckdb.connect(str(tmp_path / "slow.duckdb"))
+    con.execute("CREATE TABLE t AS SELECT range AS pid, repeat('ab', 40) AS s FROM range(1000000)")
+    con.close()
+    (tmp_path / "policy.toml").write_text(SLOW_POLICY)
+    process = GateProcess(tmp_path / "policy.toml", f"unix:{short_dir / 'slow.sock'}")
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+def _entries(ledger: Path) -> list[tuple[str, float]]:
+    con = sqlite3.connect(f"file:{ledger}?mode=ro", uri=True)
+    try:
+        return con.execute("SELECT status, epsilon FROM entries ORDER BY id").fetchall()
+    finally:
+        con.close()
+
+
+def test_kill_9_between_debit_and_reply_keeps_the_debit(slow_gate):
+    ledger = slow_gate.state_dir / "ledger.sqlite3"
+    outcome: dict[str, object] = {}
+
+    def ask() -> None:
+        try:
+            outcome["reply"] = Gate(slow_gate.address).query(SLOW_SQL, epsilon=0.5)
+        except Exception as exc:  # the gate dies under it
+            outcome["error"] = exc
+
+    asking = threading.Thread(target=ask)
+    asking.start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not _entries(ledger):
+        time.sleep(0.005)
+    assert slow_gate.proc is not None
+    os.kill(slow_gate.proc.pid, signal.SIGKILL)  # before the reply: it is held to 4 s
+    asking.join(timeout=30)
+    assert "reply" not in outcome, "the reply left before the kill"
+    slow_gate.proc.wait()
+
+    (status, epsilon), *_ = _entries(ledger)
+    assert status in ("charged", "released") and epsilon == 0.5
+    with sqlite3.connect(ledger) as con:
+        assert con.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+
+    slow_gate.start()  # the same state directory, after a crash
+    budget = Gate(slow_gate.address).budget()
+    assert budget["user"]["spent"]["epsilon"] == pytest.approx(0.5)
+
+
+def test_ledger_and_audit_log_survive_restarts(gate):
+    client = Gate(gate.address)
+    first = client.query(SQL, epsilon=0.2, notebook="nb")
+    client.query("SELECT AVG(age) FROM t", epsilon=0.3, notebook="nb")
+    gate.restart()
+    client = Gate(gate.address)
+    assert client.budget(notebook="nb")["notebook"]["spent"]["epsilon"] == pytest.approx(0.5)
+    again = client.query(SQL, epsilon=0.2, notebook="nb")
+    assert again.replayed and again.rows == first.rows
+    gate.stop()  # the admin view reads the ledger the gate left
+    audit = subprocess.run(
+        [sys.executable, "-m", "dpmagic", "audit", "--policy", str(gate.policy), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert audit.returncode == 0, audit.stderr
+    rows = json.loads(audit.stdout)
+    assert [r["sql"] for r in rows].count(SQL) == 2  # the release and its replay
+    assert any(r["sql"] == "SELECT AVG(age) FROM t" for r in rows)
+    gate.start()
+
+
+# -- cost never depends on the data ----------------------------------------------
+
+NEIGHBOUR_POLICY = """
+[gate]
+state_dir = "state-{name}"
+response_quantum_ms = 0
+
+[datasets.d]
+database = "{name}.duckdb"
+privacy_unit = "pid"
+max_partitions = 2
+max_rows_per_partition = 2
+user_budget = {{ epsilon = 3.0 }}
+notebook_budget = {{ epsilon = 2.0 }}
+query_default = {{ epsilon = 0.25 }}
+
+[datasets.d.tables.t.columns]
+pid = {{ type = "int" }}
+age = {{ type = "int", lower = 0, upper = 100 }}
+sex = {{ type = "int", public_values = [0, 1] }}
+"""
+QUERIES = [
+    ("SELECT COUNT(*) FROM t", None),
+    ("SELECT sex, COUNT(*), AVG(age) FROM t GROUP BY sex", 0.5),
+    ("SELECT SUM(age) FROM t WHERE age > 90", None),
+    ("SELECT MEDIAN(age) FROM t", 0.3),
+    ("SELECT COUNT(*) FROM t WHERE age / (age - 99) > 1", None),
+    ("SELECT * FROM t", None),  # refused
+    ("SELECT SUM(age * age * age * age * age * age * age * age * age * age) FROM t", None),
+    ("SELECT COUNT(*) FROM t", 1.0),  # more than the notebook has left: refused for budget
+    ("SELECT COUNT(*) FROM t", None),  # a replay
+]

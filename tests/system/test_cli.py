@@ -1,0 +1,173 @@
+"""The ``dpmagic`` command, run as users run it: in a subprocess where it serves."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dpmagic.cli import main
+from dpmagic.client import Gate
+from dpmagic.demo import GateProcess, example_file, prepare_example
+from dpmagic.examples.clinic import generate
+from dpmagic.init_policy import unfilled
+
+
+def _dpmagic(
+    *args: str, timeout: float = 60, module: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """``dpmagic ARGS``, or ``python ARGS`` when ``module``."""
+    return subprocess.run(
+        [sys.executable, *(args if module else ("-m", "dpmagic", *args))],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture
+def clinic_csv(tmp_path: Path) -> dict[str, Path]:
+    return generate(tmp_path / "clinic", patients=60)
+
+
+def test_serve_refuses_a_skeleton_until_the_owner_fills_it(
+    tmp_path: Path, clinic_csv: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The README's path from a CSV file to a served policy, step by step."""
+    out = tmp_path / "policy.toml"
+    source = str(clinic_csv["visits"])
+    assert main(["init", "--from", source, "--privacy-unit", "patient_id", "-o", str(out)]) == 0
+    capsys.readouterr()
+    skeleton = out.read_text()
+    todo = unfilled(skeleton)
+    assert "visits.cost (lower, upper)" in todo and "visits.diagnosis (public_values)" in todo
+    refused = _dpmagic("serve", "--policy", str(out))
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+    for item in todo:
+        assert item in refused.stderr
+    # The owner declares what they know of the domain, and drops the rest.
+    declared = {
+        "cost": "lower = 0, upper = 50000",
+        "diagnosis": 'public_values = ["checkup", "asthma"]',
+    }
+    lines = []
+    for line in skeleton.splitlines():
+        name = line.split(" = ", 1)[0]
+        if name in declared:
+            line = line.split(" }", 1)[0] + f", {declared[name]} }}"
+        lines.append(line.split("  # TODO(dpmagic init)", 1)[0])
+    out.write_text("\n".join(lines) + "\n")
+    assert unfilled(out.read_text()) == []
+    with GateProcess(out, tmp_path / "gate.sock", tmp_path / "gate.log") as gate:
+        answer = Gate(gate.address).query(
+            "SELECT diagnosis, AVG(cost) AS c FROM visits GROUP BY diagnosis", epsilon=1.0
+        )
+    assert sorted(answer.df["diagnosis"]) == ["asthma", "checkup"]
+
+
+def test_serve_the_bundled_example_says_how_to_get_its_data(tmp_path: Path) -> None:
+    refused = _dpmagic("serve", "--policy", str(example_file("clinic.toml")))
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+    assert "python -m dpmagic.examples.clinic DIR" in refused.stderr
+    # What it says works: the data and the policy, served.
+    made = _dpmagic("-m", "dpmagic.examples.clinic", str(tmp_path), "--patients", "20", module=True)
+    assert made.returncode == 0, made.stderr
+    with GateProcess(tmp_path / "clinic.toml", tmp_path / "g.sock", tmp_path / "g.log") as gate:
+        assert Gate(gate.address).health()
+
+
+def test_bad_policy_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[gate]\naccountant = "magic"\n')
+    for args in (
+        ["serve", "--policy", str(bad)],
+        ["budget", "show", "--policy", str(bad)],
+        ["audit", "--policy", str(tmp_path / "missing.toml")],
+    ):
+        done = _dpmagic(*args)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.startswith("dpmagic: error:")
+        assert done.stderr.count("\n") == 1
+        assert done.stdout == ""
+
+
+def test_bad_option_is_exit_2() -> None:
+    assert _dpmagic("demo", "--patients", "0").returncode == 2
+    assert _dpmagic("frobnicate").returncode == 2
+
+
+def test_serve_prints_address_and_stops_on_sigterm(tmp_path: Path) -> None:
+    policy = prepare_example(tmp_path, patients=50)
+    sock = tmp_path / "gate.sock"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dpmagic",
+            "serve",
+            "--policy",
+            str(policy),
+            "--listen",
+            f"unix:{sock}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("dpmagic gate listening on"), (
+            proc.stderr.read() if proc.stderr else ""
+        )
+        assert f"unix:{sock}" in line
+        assert Gate(f"unix:{sock}").health()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def spent_gate(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A gate's policy whose ledger holds real queries: two charged, one replayed."""
+    workdir = tmp_path_factory.mktemp("ledger")
+    policy = prepare_example(workdir, patients=80)
+    with GateProcess(policy, workdir / "gate.sock", workdir / "gate.log") as gate:
+        client = Gate(gate.address)
+        client.query("SELECT COUNT(*) AS n FROM visits", epsilon=0.25, notebook="a.ipynb")
+        client.query("SELECT COUNT(*) AS n FROM visits", epsilon=0.25, notebook="a.ipynb")
+        client.query(
+            "SELECT sex, COUNT(*) AS n FROM patients GROUP BY sex", epsilon=0.5, notebook="b.ipynb"
+        )
+    return policy
+
+
+def test_budget_show(spent_gate: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["budget", "show", "--policy", str(spent_gate), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    by_notebook = {r["notebook"]: r for r in rows}
+    assert set(by_notebook) == {"(all notebooks)", "a.ipynb", "b.ipynb"}
+    assert {r["user"] for r in rows} == {rows[0]["user"]}
+    total = by_notebook["(all notebooks)"]
+    assert total["spent_epsilon"] == pytest.approx(0.75)
+    assert total["remaining_epsilon"] == pytest.approx(9.25)
+    assert by_notebook["a.ipynb"]["spent_epsilon"] == pytest.approx(0.25)
+    assert by_notebook["b.ipynb"]["limit_epsilon"] == pytest.approx(3.0)
+
+    assert main(["budget", "show", "--policy", str(spent_gate)]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split()[:3] == ["dataset", "user", "notebook"]
+    assert len(table) == 2 + len(rows)
+    assert any("a.ipynb" in line and "0.250" in line for line in table)
+
+    assert main(["budget", "show", "--policy", str(spent_gate), "--user", "nobody"]) == 0
+    assert capsys.readouterr().out.strip() == "no budget spent yet"

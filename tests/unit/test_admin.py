@@ -1,0 +1,150 @@
+"""Admin tools: ``dpmagic budget show|grant|reset`` and ``dpmagic audit``, on the
+ledger directly and against a running gate, whose next query must see a change."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from dpmagic.cli import main
+from dpmagic.gate.accounting import Cost, PureAccountant
+from dpmagic.gate.errors import OverBudget
+from dpmagic.gate.ledger import Ledger
+from dpmagic.gate.policy import Budget
+from tests.conftest import write_dataset
+
+USER_CAP = Budget(1.0)
+NOTEBOOK_CAP = Budget(0.6)
+COUNT = "SELECT COUNT(*) AS n FROM t"
+
+
+@pytest.fixture
+def ledger(tmp_path: Path):
+    led = Ledger(tmp_path / "state" / "ledger.sqlite3", PureAccountant())
+    yield led
+    led.close()
+
+
+def charge(ledger: Ledger, epsilon: float, notebook: str = "a.ipynb", key: str | None = None):
+    return ledger.debit(
+        user="alice",
+        dataset="d",
+        notebook=notebook,
+        cost=Cost(epsilon),
+        user_limit=USER_CAP,
+        notebook_limit=NOTEBOOK_CAP,
+        sql=f"SELECT {epsilon}",
+        replay_key=key,
+    )
+
+
+def test_a_user_grant_raises_the_user_limit_only(ledger: Ledger) -> None:
+    charge(ledger, 0.5, "a.ipynb")
+    charge(ledger, 0.5, "b.ipynb")
+    with pytest.raises(OverBudget):
+        charge(ledger, 0.1, "c.ipynb")
+    ledger.grant(user="alice", dataset="d", notebook=None, amount=Budget(2.0), note="more")
+    assert ledger.limit(USER_CAP, "alice", "d") == Budget(3.0)
+    assert ledger.limit(NOTEBOOK_CAP, "alice", "d", "c.ipynb") == NOTEBOOK_CAP
+    assert ledger.limit(USER_CAP, "bob", "d") == USER_CAP
+    charge(ledger, 0.6, "c.ipynb")
+    with pytest.raises(OverBudget, match=r"for notebook 'c\.ipynb'"):
+        charge(ledger, 0.1, "c.ipynb")  # the notebook's own cap still holds
+    assert ledger.spent("alice", "d") == Cost(pytest.approx(1.6))
+
+
+def test_a_notebook_grant_raises_that_notebook_only(ledger: Ledger) -> None:
+    charge(ledger, 0.6, "a.ipynb")
+    ledger.grant(user="alice", dataset="d", notebook="a.ipynb", amount=Budget(0.2), note="")
+    charge(ledger, 0.2, "a.ipynb")
+    with pytest.raises(OverBudget):
+        charge(ledger, 0.1, "a.ipynb")
+    assert ledger.limit(NOTEBOOK_CAP, "alice", "d", "b.ipynb") == NOTEBOOK_CAP
+
+
+def test_a_reset_starts_from_zero_and_forgets_grants(ledger: Ledger) -> None:
+    charge(ledger, 0.5, "a.ipynb", key="k")
+    ledger.record_release(1, {"rows": [[1]]})
+    charge(ledger, 0.5, "b.ipynb")
+    ledger.grant(user="alice", dataset="d", notebook=None, amount=Budget(2.0), note="")
+    ledger.reset(user="alice", dataset="d", notebook=None, note="new term")
+    assert ledger.spent("alice", "d") == Cost(0.0)
+    assert ledger.spent("alice", "d", "a.ipynb") == Cost(0.0)
+    assert ledger.limit(USER_CAP, "alice", "d") == USER_CAP
+    # What was released before stays replayable: it was paid for.
+    assert ledger.find_release("alice", "d", "k") == {"rows": [[1]]}
+    charge(ledger, 0.6, "a.ipynb")
+
+
+def test_a_notebook_reset_gives_back_nothing_of_the_user_budget(ledger: Ledger) -> None:
+    charge(ledger, 0.6, "a.ipynb")
+    charge(ledger, 0.4, "b.ipynb")
+    ledger.reset(user="alice", dataset="d", notebook="a.ipynb", note="")
+    assert ledger.spent("alice", "d", "a.ipynb") == Cost(0.0)
+    assert ledger.spent("alice", "d") == Cost(pytest.approx(1.0))
+    with pytest.raises(OverBudget, match="for user alice"):
+        charge(ledger, 0.1, "a.ipynb")
+
+
+def test_admin_actions_are_in_the_audit_log(ledger: Ledger) -> None:
+    charge(ledger, 0.5)
+    ledger.grant(user="alice", dataset="d", notebook=None, amount=Budget(0.25), note="why")
+    ledger.reset(user="alice", dataset="d", notebook="a.ipynb", note="again")
+    rows = ledger.history(user="alice")
+    assert [r["status"] for r in rows] == ["reset", "granted", "charged"]
+    assert rows[1]["epsilon"] == 0.25 and rows[1]["sql"] == "why"
+    assert rows[0]["notebook"] == "a.ipynb"
+
+
+def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("amount", ["-1", "nan", "inf", "lots"])
+def test_a_bad_amount_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], amount: str
+) -> None:
+    policy = write_dataset(tmp_path)
+    with pytest.raises(SystemExit) as caught:
+        main(["budget", "grant", "--policy", str(policy), "--user", "u", "--epsilon", amount])
+    assert caught.value.code == 2
+    assert "argument --epsilon: " in capsys.readouterr().err
+    assert not (tmp_path / "state").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--epsilon", "0"], "a grant needs --epsilon or --delta above 0"),
+        (["--epsilon", "1", "--dataset", "nope"], "unknown dataset"),
+    ],
+)
+def test_bad_grants_are_one_line_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    policy = write_dataset(tmp_path)
+    code, _, err = cli(capsys, "budget", "grant", "--policy", str(policy), "--user", "u", *args)
+    assert code == 2
+    assert err.startswith("dpmagic: error: ") and message in err
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "state").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to hand the ledger to another user")
+def test_admin_commands_refuse_another_users_ledger(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    policy = write_dataset(tmp_path)
+    state = tmp_path / "state"
+    Ledger(state / "ledger.sqlite3", PureAccountant()).close()
+    nobody = 65534
+    for path in (state, *state.iterdir()):
+        os.chown(path, nobody, nobody)
+    code, _, err = cli(capsys, "budget", "show", "--policy", str(policy))
+    assert code == 2
+    assert "the ledger belongs to user" in err and "sudo -u" in err
+    assert {p.stat().st_uid for p in state.iterdir()} == {nobody}

@@ -1,0 +1,82 @@
+"""The magics in a real IPython shell, against a real gate process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+from traitlets.config import Config
+
+from dpmagic.magics import DpSql, parameter_names, parse_line, register, split_assignment
+
+COUNT_BY_SEX = "SELECT sex, COUNT(*) AS n FROM t GROUP BY sex ORDER BY sex"
+
+
+@pytest.fixture(scope="module")
+def ipython() -> InteractiveShell:
+    config = Config()
+    config.HistoryManager.hist_file = ":memory:"
+    return InteractiveShell.instance(config=config)
+
+
+@pytest.fixture
+def shell(ipython: InteractiveShell, monkeypatch) -> InteractiveShell:
+    """The shell with the extension loaded afresh and no gate configured."""
+    monkeypatch.delenv("DPMAGIC_GATE", raising=False)
+    monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
+    ipython.user_ns.pop("__session__", None)
+    ipython.configurables[:] = [c for c in ipython.configurables if not isinstance(c, DpSql)]
+    register(ipython)
+    return ipython
+
+
+def test_unreachable_gate_is_a_usage_error_naming_it(shell, short_dir: Path):
+    address = f"unix:{short_dir / 'nobody.sock'}"
+    shell.run_line_magic("config", f"DpSql.gate = {address!r}")
+    with pytest.raises(UsageError, match=f"no gate answers at {address}"):
+        shell.run_cell_magic("dpsql", "", COUNT_BY_SEX)
+
+
+def test_no_gate_configured_says_how_to_set_one(shell):
+    with pytest.raises(UsageError, match="DPMAGIC_GATE"):
+        shell.run_line_magic("dpbudget", "")
+
+
+def test_bad_options_are_usage_errors(shell):
+    for line, reason in [
+        ("-e", "needs a value"),
+        ("-e zero", "needs a number"),
+        ("-e -1", "positive"),
+        ("--nope", "unknown option --nope"),
+        ("-o 1x", "variable name"),
+        ("-o a b <<", "name different variables"),
+    ]:
+        with pytest.raises(UsageError, match=reason):
+            shell.run_cell_magic("dpsql", line, COUNT_BY_SEX)
+    with pytest.raises(UsageError, match="no SQL"):
+        shell.run_cell_magic("dpsql", "-e 0.5", "\n")
+
+
+def test_the_line_is_not_expanded_from_python_variables(shell):
+    """`{name}` and `$name` belong to the SQL; IPython must not substitute them."""
+    shell.user_ns["name"] = "result"
+    with pytest.raises(UsageError, match=r"variable name, not '\{name\}'"):
+        shell.run_line_magic("dpsql", "-o {name} SELECT 1")
+    with pytest.raises(UsageError, match=r"variable name, not '\$name'"):
+        shell.run_line_magic("dpsql", "-o $name SELECT 1")
+
+
+def test_parse_line_stops_at_the_sql_and_keeps_it_verbatim():
+    opts, rest = parse_line("-e 0.5 --dataset=d --fresh SELECT 'a  b' AS \"x\" WHERE y > -1")
+    assert (opts.epsilon, opts.dataset, opts.fresh, opts.dry_run) == (0.5, "d", True, False)
+    assert rest == "SELECT 'a  b' AS \"x\" WHERE y > -1"
+    assert parse_line("-- SELECT 1")[1] == "SELECT 1"
+
+
+def test_split_assignment_and_parameters():
+    assert split_assignment("  x << SELECT 1") == ("x", " SELECT 1")
+    assert split_assignment("SELECT 1 << 2") == (None, "SELECT 1 << 2")
+    sql = "SELECT COUNT(*) FROM t WHERE a > $lo AND b = '$not' AND a < $hi AND c = $lo"
+    assert parameter_names(sql) == ["lo", "hi"]
