@@ -26,6 +26,7 @@ from sqlglot import exp
 from dpmagic.gate.errors import Refused
 from dpmagic.gate.sql.parse import DIALECT
 from dpmagic.gate.sql.resolve import Resolved
+from dpmagic.gate.sql.trees import display, unparen
 
 # What each aggregate is made of, by SQL node type.
 AGGREGATES: dict[type[exp.Expression], str] = {
@@ -210,11 +211,11 @@ def _group_keys(resolved: Resolved, tree: exp.Select) -> tuple[GroupKey, ...]:
             if node.name.lower() not in outputs:
                 raise Refused(f"GROUP BY {node.name}: no such column or output")
             expr = outputs[node.name.lower()]
-        label = _display(node)
+        label = display(node)
         if any(isinstance(n, exp.AggFunc | exp.Filter) for n in expr.walk()):
             raise Refused(f"GROUP BY {label}: a group key cannot be an aggregate")
         _row_expr(expr, resolved, f"GROUP BY {label}")
-        if resolved.is_unit(_unparen(expr)):
+        if resolved.is_unit(unparen(expr)):
             raise Refused(
                 f"grouping by the privacy unit {label!r} would release each unit's values"
             )
@@ -262,7 +263,7 @@ class _Release:
 
     def _aggregate(self, node: exp.Expression) -> AggregateCall | None:
         condition = None
-        label = _display(node)
+        label = display(node)
         if isinstance(node, exp.Filter):
             condition = node.expression.this
             node = node.this
@@ -376,7 +377,7 @@ def _row_expr(node: exp.Expression, resolved: Resolved, where: str) -> None:
         if isinstance(n, ARITHMETIC):
             for operand in (n.this, n.args.get("expression")):
                 if operand is not None and _family(operand, resolved) in ("text", "date"):
-                    raise Refused(f"{_display(n)}: arithmetic needs numbers, not text or dates")
+                    raise Refused(f"{display(n)}: arithmetic needs numbers, not text or dates")
         _allowed(n, SCALAR_NODES + ROW_ONLY_NODES + (exp.Identifier,), f"in {where}")
 
 
@@ -404,25 +405,25 @@ def _comparable(node: exp.Expression, resolved: Resolved) -> None:
                     raise Refused(f"{o.this!r} is not a date (use YYYY-MM-DD)") from None
         return
     if len(kinds) > 1:
-        raise Refused(f"{_display(node)} compares {' with '.join(sorted(kinds))}")
+        raise Refused(f"{display(node)} compares {' with '.join(sorted(kinds))}")
 
 
 def _text_function(node: exp.Expression, resolved: Resolved) -> None:
     if _family(node.this, resolved) != "text":
-        raise Refused(f"{_display(node)}: {_name(node)} needs a text column or text value")
+        raise Refused(f"{display(node)}: {_name(node)} needs a text column or text value")
     for key in ("start", "length", "expression"):
         arg = node.args.get(key)
         if arg is None:
             continue
         if isinstance(node, exp.Trim):
             if not (isinstance(arg, exp.Literal) and arg.is_string):
-                raise Refused(f"{_display(node)}: TRIM takes literal characters")
+                raise Refused(f"{display(node)}: TRIM takes literal characters")
         elif not (isinstance(arg, exp.Literal) and arg.is_int):
-            raise Refused(f"{_display(node)}: positions and lengths must be integer literals")
+            raise Refused(f"{display(node)}: positions and lengths must be integer literals")
         elif abs(int(arg.this)) > TEXT_POSITION_LIMIT:
             # DuckDB raises on every row for a position or length beyond ±2^32.
             raise Refused(
-                f"{_display(node)}: positions and lengths must lie within ±{TEXT_POSITION_LIMIT:,}"
+                f"{display(node)}: positions and lengths must lie within ±{TEXT_POSITION_LIMIT:,}"
             )
 
 
@@ -457,11 +458,11 @@ def _date_part(node: exp.Expression, resolved: Resolved) -> None:
     DuckDB after the budget is charged."""
     part = date_part(node)
     if part is None:
-        raise Refused(f"{_display(node)}: extract one of {', '.join(EXTRACT_UNITS)}")
+        raise Refused(f"{display(node)}: extract one of {', '.join(EXTRACT_UNITS)}")
     arg = node.expression if isinstance(node, exp.Extract) else node.this
     col = resolved.column(arg)
     if not (_date_literal(arg) or (col is not None and col.type == "date")):
-        raise Refused(f"{_display(node)}: date parts need a date column")
+        raise Refused(f"{display(node)}: date parts need a date column")
 
 
 def _date_literal(node: exp.Expression) -> bool:
@@ -495,12 +496,6 @@ def _allowed(node: exp.Expression, allowed: tuple[type[exp.Expression], ...], wh
         raise Refused(f"{_name(node)} is not allowed {where}")
 
 
-def _unparen(node: exp.Expression) -> exp.Expression:
-    while isinstance(node, exp.Paren):
-        node = node.this
-    return node
-
-
 def _name(node: exp.Expression) -> str:
     if isinstance(node, exp.IgnoreNulls | exp.RespectNulls):
         return _name(node.this)
@@ -516,18 +511,7 @@ def _output_name(item: exp.Expression, expr: exp.Expression) -> str:
         return item.alias
     if isinstance(expr, exp.Column):
         return expr.name
-    return _display(expr)
-
-
-def _display(expr: exp.Expression) -> str:
-    """An unnamed output's name: its SQL without the gate's scan qualifiers."""
-
-    def bare(n: exp.Expression) -> exp.Expression:
-        if isinstance(n, exp.Column) and n.table.startswith("__s"):
-            return exp.column(n.name)
-        return n
-
-    return expr.copy().transform(bare).sql(dialect=DIALECT)
+    return display(expr)
 
 
 def _count(tree: exp.Select, key: str) -> int | None:

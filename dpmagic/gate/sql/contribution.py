@@ -85,6 +85,7 @@ from dpmagic.gate.policy import Column, Dataset, Table
 from dpmagic.gate.sensitivity import Contribution
 from dpmagic.gate.sql.bound import Interval
 from dpmagic.gate.sql.resolve import Resolved
+from dpmagic.gate.sql.trees import quoted
 
 RANK = "__dpmagic_rank"
 ROWS = "__dpmagic_rows_"  # + a private table's name: its unit's count of kept rows there
@@ -187,8 +188,8 @@ def scan_bounds(tables: list[str], ranked: int) -> list[str]:
     product = None
     for table in tables:
         room = str(ranked) if product is None else f"({ranked} // {product})"
-        filters.append(f"{_q(RANK)} <= {room}")
-        factor = f"GREATEST(1, LEAST({_q(ROWS + table)}, {room}))"
+        filters.append(f"{quoted(RANK)} <= {room}")
+        factor = f"GREATEST(1, LEAST({quoted(ROWS + table)}, {room}))"
         product = factor if product is None else f"({product} * {factor})"
     return filters
 
@@ -212,30 +213,30 @@ def prepare_tables(
     for name, relation in relations.items():
         target = STAGE + name if name in counted else name
         select = prepare_sql(dataset, dataset.tables[name], relation, seed)
-        con.execute(f"CREATE OR REPLACE TABLE {schema}.{_q(target)} AS {select}")
+        con.execute(f"CREATE OR REPLACE TABLE {schema}.{quoted(target)} AS {select}")
     for name in counted:
         table = dataset.tables[name]
         columns, joins = ["__t.*"], []
         for i, other in enumerate(counted):
             kept = (
-                f"SELECT {_unit(dataset.tables[other])} AS __u, max({_q(RANK)}) AS __n "
-                f"FROM {schema}.{_q(STAGE + other)} GROUP BY __u"
+                f"SELECT {_unit(dataset.tables[other])} AS __u, max({quoted(RANK)}) AS __n "
+                f"FROM {schema}.{quoted(STAGE + other)} GROUP BY __u"
             )
             on = f"__t.{_unit(table)} = __c{i}.__u"
             if _unit_type(table) != _unit_type(dataset.tables[other]):
                 on = f"CAST(__t.{_unit(table)} AS VARCHAR) = CAST(__c{i}.__u AS VARCHAR)"
-            columns.append(f"COALESCE(__c{i}.__n, 0) AS {_q(ROWS + other)}")
+            columns.append(f"COALESCE(__c{i}.__n, 0) AS {quoted(ROWS + other)}")
             joins.append(f"LEFT JOIN ({kept}) AS __c{i} ON {on}")
         con.execute(
-            f"CREATE OR REPLACE TABLE {schema}.{_q(name)} AS SELECT {', '.join(columns)} "
-            f"FROM {schema}.{_q(STAGE + name)} AS __t {' '.join(joins)}"
+            f"CREATE OR REPLACE TABLE {schema}.{quoted(name)} AS SELECT {', '.join(columns)} "
+            f"FROM {schema}.{quoted(STAGE + name)} AS __t {' '.join(joins)}"
         )
     for name in counted:
-        con.execute(f"DROP TABLE {schema}.{_q(STAGE + name)}")
+        con.execute(f"DROP TABLE {schema}.{quoted(STAGE + name)}")
 
 
 def _unit(table: Table) -> str:
-    return _q(table.columns[table.unit].name)  # type: ignore[index]
+    return quoted(table.columns[table.unit].name)  # type: ignore[index]
 
 
 def _unit_type(table: Table) -> str:
@@ -268,7 +269,8 @@ def prepare_sql(dataset: Dataset, table: Table, source: str, seed: int | None = 
 
 def _stored_columns(table: Table, row: str) -> str:
     return ", ".join(
-        f"{stored(c, f'{row}.{_q(c.name)}')} AS {_q(c.name)}" for c in table.columns.values()
+        f"{stored(c, f'{row}.{quoted(c.name)}')} AS {quoted(c.name)}"
+        for c in table.columns.values()
     )
 
 
@@ -306,7 +308,3 @@ def number(value: float, integral: bool) -> str:
     if integral:
         return str(int(value))
     return f"CAST('{float(value)!r}' AS DOUBLE)"
-
-
-def _q(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from sqlglot import exp
 
 from dpmagic.gate.errors import Refused
+from dpmagic.gate.sql.trees import unparen
 
 if TYPE_CHECKING:
     from dpmagic.gate.sql.bound import Interval
@@ -46,7 +47,7 @@ BOOLEANS = KeyDomain((False, True))
 
 
 def key_domain(key: GroupKey, resolved: Resolved, iv: Interval | None) -> KeyDomain:
-    expr = _unparen(key.expr)
+    expr = unparen(key.expr)
     col = resolved.column(expr)
     if col is not None and col.public_values is not None:
         return KeyDomain(tuple(col.public_values), _whole_range(col.public_values, col.type))
@@ -96,7 +97,7 @@ def _literal_outcomes(expr: exp.Expression, label: str) -> tuple[object, ...] | 
         return None
     values: list[object] = []
     for b in branches:
-        b = _unparen(b) if b is not None else None
+        b = unparen(b) if b is not None else None
         if b is None or isinstance(b, exp.Null):
             continue
         if isinstance(b, exp.Boolean):
@@ -112,9 +113,3 @@ def _literal_outcomes(expr: exp.Expression, label: str) -> tuple[object, ...] | 
     if len({isinstance(v, str) for v in values}) > 1:
         raise Refused(f"GROUP BY {label}: its outcomes mix text and numbers")
     return tuple(values)
-
-
-def _unparen(node: exp.Expression) -> exp.Expression:
-    while isinstance(node, exp.Paren):
-        node = node.this
-    return node

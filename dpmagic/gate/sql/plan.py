@@ -44,6 +44,7 @@ from dpmagic.gate.sql.keys import MAX_PARTITIONS, KeyDomain
 from dpmagic.gate.sql.parse import DIALECT
 from dpmagic.gate.sql.randomized import Debias, debiasing
 from dpmagic.gate.sql.resolve import Resolved
+from dpmagic.gate.sql.trees import display
 
 MAX_SCORES = 2_000_000  # candidates scored over all partitions of one quantile
 # No table served by one DuckDB process has more rows than this; with it the
@@ -424,7 +425,7 @@ def _parts(
     which debiasing reads.
     """
     arg = agg.arg
-    arg_sql = "*" if arg is None else _display(arg)
+    arg_sql = "*" if arg is None else display(arg)
     if agg.func == "count":
         return [("count", arg, None, f"COUNT({arg_sql})", None)]
     if agg.func == "count_distinct":
@@ -580,15 +581,6 @@ def _target(target: Target, asked: Cost | None, total_weight: float, weight: flo
         return target
     share = target.accountant.share(asked, total_weight / weight * (1 + 1e-12))
     return Target(target.accountant, share=share)
-
-
-def _display(arg: exp.Expression) -> str:
-    def bare(n: exp.Expression) -> exp.Expression:
-        if isinstance(n, exp.Column) and n.table.startswith("__s"):
-            return exp.column(n.name)
-        return n
-
-    return arg.copy().transform(bare).sql(dialect=DIALECT)
 
 
 def _partitions(

@@ -42,6 +42,7 @@ from sqlglot import exp
 from dpmagic.gate.errors import Refused
 from dpmagic.gate.policy import Column
 from dpmagic.gate.sql.check import Checked
+from dpmagic.gate.sql.trees import unparen
 
 SUPPORTED = "supported: COUNT(*) or COUNT(column) grouped by it, SUM and AVG of it"
 
@@ -119,7 +120,7 @@ def _grouped_counts(checked: Checked, key: int, col: Column) -> dict[str, Debias
     """GROUP BY the column: every aggregate must be a count of rows or of a column."""
     assert col.randomized_response is not None
     for agg in checked.aggregates:
-        counted = agg.arg is None or isinstance(_unparen(agg.arg), exp.Column)
+        counted = agg.arg is None or isinstance(unparen(agg.arg), exp.Column)
         if agg.func != "count" or not counted:
             raise Refused(
                 f"{agg.label} beside GROUP BY {col.name} (randomized response): only "
@@ -172,14 +173,8 @@ def _bare(node: exp.Expression | None, checked: Checked) -> Column | None:
     """The randomized-response column ``node`` is, if it is one and nothing more."""
     if node is None:
         return None
-    col = checked.resolved.column(_unparen(node))
+    col = checked.resolved.column(unparen(node))
     return col if col is not None and col.randomized_response is not None else None
-
-
-def _unparen(node: exp.Expression) -> exp.Expression:
-    while isinstance(node, exp.Paren):
-        node = node.this
-    return node
 
 
 def _number(value: object) -> bool:

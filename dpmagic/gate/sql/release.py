@@ -44,6 +44,7 @@ from dpmagic.gate.sql.parse import DIALECT
 from dpmagic.gate.sql.plan import Avg, DebiasedSum, Measured, Measurement, Plan, Selection, Variance
 from dpmagic.gate.sql.randomized import Debiased, debias
 from dpmagic.gate.sql.totality import generated
+from dpmagic.gate.sql.trees import quoted
 
 ALPHA = 0.05
 PID = "__pid"
@@ -68,7 +69,7 @@ def release(noisy: Noisy, alpha: float = ALPHA) -> Released:
     table = _noisy_table(plan, noisy, debiased)
     post = _PostExpr(plan, checked)
     exprs = [f'"{PID}"', *(post.sql(o.expr) for o in checked.outputs)]
-    names = [_q(PID), *(_q(o.name) for o in checked.outputs)]
+    names = [quoted(PID), *(quoted(o.name) for o in checked.outputs)]
     sql = f"SELECT {', '.join(f'{e} AS {n}' for e, n in zip(exprs, names, strict=True))} FROM noisy"
     if checked.having is not None:
         sql += f" WHERE {post.sql(checked.having)}"
@@ -279,7 +280,7 @@ class _PostExpr:
         agg = self.checked.aggregate(name)
         if name in self.plan.debiased:
             # Already clipped where the estimate has bounds: only counts are floored here.
-            column = _q(_debiased_column(name))
+            column = quoted(_debiased_column(name))
             return f"GREATEST({column}, 0)" if agg.func == "count" else column
         parts = self.plan.parts[name]
         if isinstance(parts, Measured):
@@ -579,7 +580,3 @@ def _json_pair(pair: Bounds | None) -> list[float] | None:
     if pair is None or not all(math.isfinite(x) for x in pair):
         return None
     return [pair[0], pair[1]]
-
-
-def _q(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'

@@ -26,6 +26,7 @@ from sqlglot import exp
 from dpmagic.gate.errors import Refused
 from dpmagic.gate.policy import Column, Dataset, Table
 from dpmagic.gate.sql.parse import DIALECT, Parsed
+from dpmagic.gate.sql.trees import conjuncts
 
 # sqlglot 30 names these arguments with a trailing underscore.
 FROM = "from_" if "from_" in exp.Select.arg_types else "from"
@@ -332,7 +333,7 @@ class _Flattener:
         sub_env, filters = sub.from_clause(select, ctes, "from")
         where = select.args.get("where")
         link: tuple[exp.Expression, exp.Expression] | None = None
-        for conj in _conjuncts(where.this) if where is not None else []:
+        for conj in conjuncts(where.this) if where is not None else []:
             try:
                 filters.append(sub.substitute(conj, sub_env, frozenset(), "WHERE"))
                 continue
@@ -517,7 +518,7 @@ def _unit(scans: tuple[Scan, ...], filters: list, dataset: Dataset) -> exp.Colum
         return x
 
     def tie(cond: exp.Expression, only: str | None) -> None:
-        for conj in _conjuncts(cond):
+        for conj in conjuncts(cond):
             if not isinstance(conj, exp.EQ):
                 continue
             a, b = _unit_of(conj.this, scans), _unit_of(conj.expression, scans)
@@ -549,14 +550,6 @@ def _unit_of(node: exp.Expression, scans: tuple[Scan, ...]) -> str | None:
     if scan is None or scan.table.public or scan.table.unit != node.name:
         return None
     return scan.name
-
-
-def _conjuncts(cond: exp.Expression) -> list[exp.Expression]:
-    while isinstance(cond, exp.Paren):
-        cond = cond.this
-    if isinstance(cond, exp.And):
-        return _conjuncts(cond.this) + _conjuncts(cond.expression)
-    return [cond]
 
 
 def _name(node: exp.Expression) -> str:

@@ -58,6 +58,7 @@ from dpmagic.gate.sql.parse import DIALECT
 from dpmagic.gate.sql.plan import Measurement, Plan, Selection
 from dpmagic.gate.sql.resolve import PRESENT, SEMI, Resolved, Scan
 from dpmagic.gate.sql.totality import comparable, total
+from dpmagic.gate.sql.trees import conjuncts, quoted
 
 UNIT = "__unit"
 KEY_COUNT = "__keys"
@@ -73,19 +74,21 @@ class Rewritten:
 def rewrite(plan: Plan, seed: int | None = None) -> Rewritten:
     seed = secrets.randbits(62) if seed is None else seed
     resolved = plan.checked.resolved
-    keys = [_q(k.name) for k in plan.keys]
-    values = [_q("__v_" + m.name) for m in plan.measurements if m.arg is not None]
-    values += [_q("__v_" + s.name) for s in plan.selections]
+    keys = [quoted(k.name) for k in plan.keys]
+    values = [quoted("__v_" + m.name) for m in plan.measurements if m.arg is not None]
+    values += [quoted("__v_" + s.name) for s in plan.selections]
 
     row = _Rows(resolved)
-    row_cols = [f"{row.total(resolved.unit)} AS {_q(UNIT)}"] if resolved.unit is not None else []
+    row_cols = (
+        [f"{row.total(resolved.unit)} AS {quoted(UNIT)}"] if resolved.unit is not None else []
+    )
     row_cols += [f"{row.total(k.expr)} AS {q}" for k, q in zip(plan.keys, keys, strict=True)]
     row_cols += [
-        f"{row.total(m.arg)} AS {_q('__v_' + m.name)}"
+        f"{row.total(m.arg)} AS {quoted('__v_' + m.name)}"
         for m in plan.measurements
         if m.arg is not None
     ]
-    row_cols += [f"{_snap(s, row)} AS {_q('__v_' + s.name)}" for s in plan.selections]
+    row_cols += [f"{_snap(s, row)} AS {quoted('__v_' + s.name)}" for s in plan.selections]
     if not row_cols:
         row_cols = ["1 AS __one"]
 
@@ -104,11 +107,14 @@ def rewrite(plan: Plan, seed: int | None = None) -> Rewritten:
         more, final_source = bound_contributions(plan.contribution, keys, values, seed)
         ctes += more
 
-    outputs = [*keys, *(f"{_aggregate(m, resolved)} AS {_q(m.name)}" for m in plan.measurements)]
-    outputs += [f"{_histogram(s.name)} AS {_q(s.name)}" for s in plan.selections]
+    outputs = [
+        *keys,
+        *(f"{_aggregate(m, resolved)} AS {quoted(m.name)}" for m in plan.measurements),
+    ]
+    outputs += [f"{_histogram(s.name)} AS {quoted(s.name)}" for s in plan.selections]
     if plan.key_selection is not None:
-        units = f"COUNT(DISTINCT {_q(UNIT)})" if resolved.unit is not None else "COUNT(*)"
-        outputs.append(f"{units} AS {_q(KEY_COUNT)}")
+        units = f"COUNT(DISTINCT {quoted(UNIT)})" if resolved.unit is not None else "COUNT(*)"
+        outputs.append(f"{units} AS {quoted(KEY_COUNT)}")
     sql = f"WITH {', '.join(ctes)} SELECT {', '.join(outputs)} FROM {final_source}"
     if keys:
         sql += f" GROUP BY {', '.join(keys)}"
@@ -126,8 +132,8 @@ def bound_contributions(
     partition, in at most ``c.groups`` partitions per unit; and the source the
     final aggregation reads. Runs after every join, so however a join
     multiplies a unit's rows, what it contributes stays within the bounds."""
-    by_row = ", ".join([_q(UNIT), *keys])
-    content = ", ".join([_q(UNIT), *keys, *values, str(seed)])
+    by_row = ", ".join([quoted(UNIT), *keys])
+    content = ", ".join([quoted(UNIT), *keys, *values, str(seed)])
     ctes = [
         f"ranked AS (SELECT *, row_number() OVER (PARTITION BY {by_row} "
         f"ORDER BY hash({content})) AS __row FROM kept_rows)"
@@ -136,8 +142,8 @@ def bound_contributions(
     if keys:
         key_list = ", ".join(keys)
         ctes.append(
-            f"grouped AS (SELECT *, dense_rank() OVER (PARTITION BY {_q(UNIT)} "
-            f"ORDER BY hash({_q(UNIT)}, {key_list}, {seed}), {key_list}) AS __group "
+            f"grouped AS (SELECT *, dense_rank() OVER (PARTITION BY {quoted(UNIT)} "
+            f"ORDER BY hash({quoted(UNIT)}, {key_list}, {seed}), {key_list}) AS __group "
             f"FROM ranked WHERE __row <= {c.rows})"
         )
         source = f"grouped WHERE __group <= {c.groups}"
@@ -150,12 +156,12 @@ def _from(plan: Plan, row: _Rows) -> tuple[str, list[str]]:
     trees = [k.expr for k in plan.keys]
     trees += [m.arg for m in plan.measurements if m.arg is not None]
     trees += [s.arg for s in plan.selections]
-    conjuncts = _conjuncts(plan.checked.where) if plan.checked.where is not None else []
+    terms = conjuncts(plan.checked.where) if plan.checked.where is not None else []
     if resolved.unit is not None:
         trees.append(resolved.unit)
-    used = _used(resolved, trees + conjuncts)
+    used = _used(resolved, trees + terms)
     ranked = plan.bounding.rows if isinstance(plan.bounding, Ranked) else None
-    return _reads(resolved.scans, conjuncts, used, row, ranked)
+    return _reads(resolved.scans, terms, used, row, ranked)
 
 
 def _used(resolved: Resolved, trees: list[exp.Expression]) -> dict[str, dict[str, Column]]:
@@ -175,7 +181,7 @@ def _used(resolved: Resolved, trees: list[exp.Expression]) -> dict[str, dict[str
 
 def _reads(
     scans: tuple[Scan, ...],
-    conjuncts: list[exp.Expression],
+    terms: list[exp.Expression],
     used: dict[str, dict[str, Column]],
     row: _Rows,
     ranked: int | None = None,
@@ -191,19 +197,19 @@ def _reads(
     if ranked is not None:
         filters = scan_bounds([s.table.name for s in scans], ranked)
         bounds = {s.name: f for s, f in zip(scans, filters, strict=True)}
-    for conj in conjuncts:
+    for conj in terms:
         last = max((order[c.table] for c in conj.find_all(exp.Column) if c.table in order),
                    default=0)  # fmt: skip
         scan = scans[last]
         (placed[scan.name] if scan.kind == "inner" else where).append(f"({row.condition(conj)})")
     parts = []
     for scan in scans:
-        cols = [f"{_project(c)} AS {_q(c.name)}" for c in used[scan.name].values()]
+        cols = [f"{_project(c)} AS {quoted(c.name)}" for c in used[scan.name].values()]
         if scan.kind == "left":
-            cols.append(f"TRUE AS {_q(PRESENT)}")
+            cols.append(f"TRUE AS {quoted(PRESENT)}")
         columns = ", ".join(cols) or "1 AS __one"
         bound = f" WHERE {bounds[scan.name]}" if scan.name in bounds else ""
-        read = f"(SELECT {columns} FROM {_q(scan.table.name)}{bound}) AS {_q(scan.name)}"
+        read = f"(SELECT {columns} FROM {quoted(scan.table.name)}{bound}) AS {quoted(scan.name)}"
         if scan.kind == "from":
             parts.append(read)
         elif scan.kind == "left":
@@ -234,14 +240,6 @@ def _semijoins(sql: str, resolved: Resolved, row: _Rows) -> str:
     return sql
 
 
-def _conjuncts(cond: exp.Expression) -> list[exp.Expression]:
-    while isinstance(cond, exp.Paren):
-        cond = cond.this
-    if isinstance(cond, exp.And):
-        return _conjuncts(cond.this) + _conjuncts(cond.expression)
-    return [cond]
-
-
 def _key_filter(key: str, domain: KeyDomain) -> str:
     """Only declared keys; a whole integer range is one ``BETWEEN`` (``IN`` a list of
     50 values costs DuckDB 0.7 ms more a query)."""
@@ -267,7 +265,7 @@ def _snap(s: Selection, row: _Rows) -> str:
 
 
 def _histogram(name: str) -> str:
-    v = _q("__v_" + name)
+    v = quoted("__v_" + name)
     return f"histogram({v}) FILTER (WHERE {v} IS NOT NULL)"
 
 
@@ -275,16 +273,16 @@ def _project(col: Column) -> str:
     """A column as stored: the gate stored it at load in its declared type, clamped into
     its declared bounds, NULL staying NULL (``contribution.stored``), so the scan that
     dominates a query's time reads it bare."""
-    return _q(col.name)
+    return quoted(col.name)
 
 
 def _aggregate(m: Measurement, resolved: Resolved) -> str:
     if m.kind == "count":
-        return "COUNT(*)" if m.arg is None else f"COUNT({_q('__v_' + m.name)})"
+        return "COUNT(*)" if m.arg is None else f"COUNT({quoted('__v_' + m.name)})"
     if m.kind in ("count_distinct", "count_unit"):
-        return f"COUNT(DISTINCT {_q('__v_' + m.name)})"
+        return f"COUNT(DISTINCT {quoted('__v_' + m.name)})"
     assert m.clamp is not None
-    v = _q("__v_" + m.name)
+    v = quoted("__v_" + m.name)
     # DuckDB sums BIGINTs exactly into a HUGEINT (128 bits, whose overflow the plan
     # has ruled out), faster than it sums HUGEINTs: each value is cast to BIGINT when
     # every clamped value on the grid fits in one.
@@ -325,7 +323,3 @@ class _Rows:
 
     def condition(self, tree: exp.Expression) -> str:
         return total(tree, self.resolved, condition=True).sql(dialect=DIALECT)
-
-
-def _q(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
