@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 
 from dpmagic.gate.accounting import Accountant, Cost, rho_for
+from dpmagic.gate.errors import required
 from dpmagic.gate.l2_sensitivity import sum_l2_sensitivity
 from dpmagic.gate.mechanisms import (
     GaussianNoise,
@@ -55,20 +56,20 @@ class Target:
         """The ε a pure-DP mechanism (a quantile's exponential mechanism) may use
         within the share: ε itself, or under zCDP the ε whose ε²/2 is the share's ρ
         (ε-DP implies ε²/2-zCDP, Bun and Steinke 2016, Proposition 1.4)."""
-        assert self.share is not None
+        share = required(self.share, "the ε share of a pure-DP mechanism")
         if self.accountant.gaussian:
-            return math.sqrt(2 * self.share.rho)
-        return self.share.epsilon
+            return math.sqrt(2 * share.rho)
+        return share.epsilon
 
     def scale_estimate(self, l1: float) -> float:
         """A rough noise scale for a real-valued L1 sensitivity, used only to pick the
         grid float sums are rounded to (fine beside the noise)."""
         if self.accuracy is not None:
             return self.accuracy.half_width / 8
-        assert self.share is not None
+        share = required(self.share, "the share a granularity is chosen for")
         if self.accountant.gaussian:
-            return l1 / math.sqrt(2 * self.share.rho)
-        return l1 / self.share.epsilon
+            return l1 / math.sqrt(2 * share.rho)
+        return l1 / share.epsilon
 
 
 def noise_for(
@@ -94,8 +95,7 @@ def noise_for(
         if gaussian:
             return gaussian_for_accuracy(l2, a.half_width, a.alpha, granularity)
         return laplace_for_accuracy(l1, a.half_width, a.alpha, granularity)
-    share = target.share
-    assert share is not None
+    share = required(target.share, "the share noise is calibrated to")
     if gaussian:
         return calibrate_gaussian(l2, share.rho, granularity)
     laplace = calibrate(l1, share.epsilon, granularity)
@@ -113,6 +113,5 @@ def spent(noise: Noise, target: Target) -> Cost:
     if target.accountant.gaussian:
         return Cost(0.0, 0.0, noise.rho)
     if isinstance(noise, GaussianNoise):
-        assert target.share is not None
-        return target.share
+        return required(target.share, "the share Gaussian noise spends")
     return Cost(noise.epsilon, 0.0, noise.rho)

@@ -7,6 +7,10 @@ reported with a fixed text.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
+T = TypeVar("T")
+
 
 class GateError(Exception):
     kind = "failed"
@@ -68,3 +72,12 @@ class Failed(GateError):
 
     def __init__(self, message: str = "the query failed after it was charged") -> None:
         super().__init__(message)
+
+
+def required(value: T | None, what: str) -> T:
+    """``value``, which the pass that made it guarantees is set here. A ``None`` is a
+    bug of the gate's, raised as one even under ``python -O`` (an ``assert`` would
+    vanish there); its message names the value, never data."""
+    if value is None:
+        raise RuntimeError(f"internal error: {what} is missing")
+    return value

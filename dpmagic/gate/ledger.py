@@ -50,7 +50,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from dpmagic.gate.accounting import Accountant, Cost
-from dpmagic.gate.errors import OverBudget
+from dpmagic.gate.errors import OverBudget, required
 from dpmagic.gate.policy import Budget
 
 # Long enough that a burst of debits from many processes queues rather than
@@ -173,8 +173,7 @@ class Ledger:
                 ),
             )
             charge_id = cursor.lastrowid
-        assert charge_id is not None
-        return charge_id
+        return required(charge_id, "the ledger row's id")
 
     def record_release(self, charge_id: int, reply: dict) -> None:
         """Keep the released reply so the same query can be replayed for free."""

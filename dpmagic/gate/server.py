@@ -73,7 +73,7 @@ from dpmagic.gate.auth import (
 )
 from dpmagic.gate.body import parse_body
 from dpmagic.gate.engine import Engine
-from dpmagic.gate.errors import BadRequest, Busy, Failed, GateError, Unauthorized
+from dpmagic.gate.errors import BadRequest, Busy, Failed, GateError, Unauthorized, required
 from dpmagic.gate.policy import Policy, PolicyError, load_policy
 
 log = logging.getLogger("dpmagic.gate")
@@ -225,7 +225,8 @@ class _Exchange(httputil.HTTPMessageDelegate):
     ) -> None:
         # The request line and headers are in: the padding clock starts here.
         self.arrival = time.monotonic()
-        assert isinstance(start_line, httputil.RequestStartLine)
+        if not isinstance(start_line, httputil.RequestStartLine):  # a response's line
+            raise TypeError("the gate reads requests only")
         url = urlsplit(start_line.path)
         self.method, self.path, self.query = start_line.method, url.path, url.query
         try:
@@ -288,8 +289,8 @@ class _Exchange(httputil.HTTPMessageDelegate):
     async def _outcome(self) -> tuple[int, bytes]:
         if self.refusal is not None:
             return self.refusal.status, json.dumps(self.refusal.as_reply()).encode()
-        route, engine, user = self.route, self.server.app.engine, self.user
-        assert route is not None
+        engine, user = self.server.app.engine, self.user
+        route = required(self.route, "the request's route")
         body, self.body = bytes(self.body), bytearray()
 
         def handler() -> dict[str, object]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
-from dpmagic.gate.errors import Refused
+from dpmagic.gate.errors import Refused, required
 from dpmagic.gate.sql.check import (
     CONCATENATION,
     TEXT_FUNCTIONS,
@@ -436,16 +436,16 @@ def _key(column: exp.Column) -> str:
 
 
 def _unbounded_reason(agg: AggregateCall, r: Resolved) -> str:
-    assert agg.arg is not None
-    if _interval(agg.arg, r, NO_ENV) is None:
+    arg = required(agg.arg, "an aggregate's argument")
+    if _interval(arg, r, NO_ENV) is None:
         return f"{agg.label} aggregates a value that is not a number"
-    units = sorted({c.name for c in agg.arg.find_all(exp.Column) if r.is_unit(c)})
+    units = sorted({c.name for c in arg.find_all(exp.Column) if r.is_unit(c)})
     if units:
         return (
             f"{agg.label} would release values of the privacy unit {units[0]!r}: "
             f"only COUNT(DISTINCT {units[0]}) may aggregate it"
         )
-    declared = [(c, r.column(c)) for c in agg.arg.find_all(exp.Column)]
+    declared = [(c, r.column(c)) for c in arg.find_all(exp.Column)]
     unbounded = sorted(
         {
             col.name
@@ -459,7 +459,7 @@ def _unbounded_reason(agg: AggregateCall, r: Resolved) -> str:
             + ", ".join(repr(c) for c in unbounded)
             + " in the policy"
         )
-    if any(True for _ in agg.arg.find_all(exp.Div)):
+    if any(True for _ in arg.find_all(exp.Div)):
         return f"{agg.label} has no finite bound: a divisor can come arbitrarily close to zero"
     return (
         f"{agg.label} has no finite bound: clamp its argument, e.g. LEAST(GREATEST(x, low), high)"

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dpmagic.gate.errors import required
 from dpmagic.gate.sql.execute import ExactResult
 from dpmagic.gate.sql.plan import Plan
 from dpmagic.gate.sql.rewrite import KEY_COUNT, Rewritten
@@ -90,8 +91,7 @@ def key_threshold(plan: Plan, rewritten: Rewritten) -> Callable[[list[tuple]], l
     each batch as the exact result is fetched, so that only kept keys are held. The
     released keys are then sorted (a function of the released set alone, never of
     the data's row order)."""
-    selection = plan.key_selection
-    assert selection is not None
+    selection = required(plan.key_selection, "the plan's partition selection")
     column = rewritten.keys + rewritten.measurements.index(KEY_COUNT)
 
     def keep(rows: list[tuple]) -> list[tuple]:

@@ -26,7 +26,7 @@ from sqlglot import exp
 
 from dpmagic.gate.accounting import Accountant, Cost
 from dpmagic.gate.calibration import Accuracy, Target, noise_for, spent
-from dpmagic.gate.errors import Refused
+from dpmagic.gate.errors import Refused, required
 from dpmagic.gate.l2_sensitivity import sum_l2_squared
 from dpmagic.gate.mechanisms import Noise
 from dpmagic.gate.partition_selection import KeySelection, calibrate_selection
@@ -281,9 +281,9 @@ def plan(
     uses: dict[str, tuple[Key, ...]] = {}
     for agg in checked.aggregates:
         if agg.func == "quantile":
-            assert agg.arg is not None and agg.level is not None
-            key = (agg.level, agg.arg.sql(dialect=DIALECT))
-            quantiles.setdefault(key, (agg.arg, bounded.bounds[agg.name], agg.label))
+            arg = required(agg.arg, "a quantile's argument")
+            key = (required(agg.level, "a quantile's level"), arg.sql(dialect=DIALECT))
+            quantiles.setdefault(key, (arg, bounded.bounds[agg.name], agg.label))
             uses[agg.name] = (("quantile", f"{key[0]}|{key[1]}"),)
             continue
         parts = _parts(agg, bounded.bounds.get(agg.name), resolved, agg.name in debiased)
@@ -324,7 +324,7 @@ def plan(
     )
     key_selection = None
     if private is not None:
-        assert share is not None
+        share = required(share, "the ε share of partition selection")
         key_selection = _key_selection(contribution, dataset, share)
     return Plan(
         checked=checked,
@@ -431,7 +431,8 @@ def _parts(
     if agg.func == "count_distinct":
         kind = "count_unit" if resolved.is_unit(arg) else "count_distinct"
         return [(kind, arg, None, f"COUNT(DISTINCT {arg_sql})", None)]
-    assert arg is not None and clamp is not None
+    arg = required(arg, "a sum's argument")
+    clamp = required(clamp, "a sum's bounds")
     total: Wanted = ("sum", arg, clamp, f"SUM({arg_sql})", None)
     count: Wanted = ("count", arg, None, f"COUNT({arg_sql})", None)
     if agg.func == "sum":
@@ -611,7 +612,7 @@ def _selection(
             f"{label}: {partitions} groups of {g.size} candidates each are too many to score; "
             "group by fewer keys"
         )
-    assert target.share is not None  # accuracy-first plans have no selections
+    required(target.share, "a quantile's ε share")  # accuracy-first plans have none
     epsilon = target.pure_epsilon()
     noise = calibrate_quantile(level, g.size, distance, epsilon)
     return Selection(name, arg, g, noise, epsilon, label)
@@ -632,7 +633,7 @@ def _measurement(
         # A unit's rows bring at most ``rows`` distinct values to a partition.
         noise = noise_for(1, 1, contribution, dataset.neighbouring, target)
         return Measurement(name, kind, arg, None, 0, noise, spent(noise, target), label)
-    assert clamp is not None
+    clamp = required(clamp, "a sum's bounds")
     grid_exp = 0 if clamp.integral else _grid_exp(clamp, contribution, dataset, target)
     lo, hi = _grid_bounds(clamp, grid_exp)
     if MAX_ROWS * max(abs(lo), abs(hi)) >= SUM_LIMIT:

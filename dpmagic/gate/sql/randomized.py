@@ -39,7 +39,7 @@ from statistics import NormalDist
 
 from sqlglot import exp
 
-from dpmagic.gate.errors import Refused
+from dpmagic.gate.errors import Refused, required
 from dpmagic.gate.policy import Column
 from dpmagic.gate.sql.check import Checked
 from dpmagic.gate.sql.trees import unparen
@@ -103,7 +103,7 @@ def debiasing(checked: Checked) -> dict[str, Debias]:
         if col is None or agg.func == "count":
             # Whether an answer was given is not randomized: COUNT(column) needs no debiasing.
             continue
-        assert col.randomized_response is not None
+        required(col.randomized_response, "a randomized column's probability")
         if agg.func not in ("sum", "avg"):
             raise Refused(f"{agg.label}: {col.name!r} is collected by randomized response; "
                           f"{SUPPORTED}")  # fmt: skip
@@ -118,7 +118,7 @@ def debiasing(checked: Checked) -> dict[str, Debias]:
 
 def _grouped_counts(checked: Checked, key: int, col: Column) -> dict[str, Debias]:
     """GROUP BY the column: every aggregate must be a count of rows or of a column."""
-    assert col.randomized_response is not None
+    required(col.randomized_response, "a randomized column's probability")
     for agg in checked.aggregates:
         counted = agg.arg is None or isinstance(unparen(agg.arg), exp.Column)
         if agg.func != "count" or not counted:
@@ -224,7 +224,7 @@ def debias(
     randomized key: its k reported values within one group of the other keys."""
     if d.func == "count":
         return _counts(d, first, groups)
-    assert second is not None
+    second = required(second, "the count a debiased sum or mean is over")
     if d.func == "sum":
         return _sums(d, first, second)
     return _averages(d, first, second)

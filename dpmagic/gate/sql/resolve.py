@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
-from dpmagic.gate.errors import Refused
+from dpmagic.gate.errors import Refused, required
 from dpmagic.gate.policy import Column, Dataset, Table
 from dpmagic.gate.sql.parse import DIALECT, Parsed
 from dpmagic.gate.sql.trees import conjuncts
@@ -537,8 +537,7 @@ def _unit(scans: tuple[Scan, ...], filters: list, dataset: Dataset) -> exp.Colum
                 f"units ({root.table.name}.{root.table.unit} = {s.table.name}.{s.table.unit}): "
                 "otherwise a joined row would mix two units' data"
             )
-    assert root.table.unit is not None
-    return exp.column(root.table.unit, table=root.name)
+    return exp.column(required(root.table.unit, "a private table's unit"), table=root.name)
 
 
 def _unit_of(node: exp.Expression, scans: tuple[Scan, ...]) -> str | None:

@@ -281,12 +281,12 @@ def _aggregate(m: Measurement, resolved: Resolved) -> str:
         return "COUNT(*)" if m.arg is None else f"COUNT({quoted('__v_' + m.name)})"
     if m.kind in ("count_distinct", "count_unit"):
         return f"COUNT(DISTINCT {quoted('__v_' + m.name)})"
-    assert m.clamp is not None
     v = quoted("__v_" + m.name)
+    clamp = m.bounds
     # DuckDB sums BIGINTs exactly into a HUGEINT (128 bits, whose overflow the plan
     # has ruled out), faster than it sums HUGEINTs: each value is cast to BIGINT when
     # every clamped value on the grid fits in one.
-    widest = max(abs(m.clamp.lo), abs(m.clamp.hi)) * 2.0**-m.grid_exp
+    widest = max(abs(clamp.lo), abs(clamp.hi)) * 2.0**-m.grid_exp
     bits = "BIGINT" if widest < 2.0**62 else "HUGEINT"
     if _stored_within(m, resolved):
         # A bare column is read as stored at load: already of its type, NULL or
@@ -294,9 +294,9 @@ def _aggregate(m: Measurement, resolved: Resolved) -> str:
         # stored``), so clamping again would change nothing and costs a CASE a row.
         clamped = v
     else:
-        cast = "BIGINT" if m.clamp.integral else "DOUBLE"
-        clamped = _clamp(f"TRY_CAST({v} AS {cast})", m.clamp)
-    if m.clamp.integral:
+        cast = "BIGINT" if clamp.integral else "DOUBLE"
+        clamped = _clamp(f"TRY_CAST({v} AS {cast})", clamp)
+    if clamp.integral:
         return f"SUM(CAST({clamped} AS {bits}))"
     scale = _number(2.0**-m.grid_exp, integral=False)
     return f"SUM(CAST(ROUND({clamped} * {scale}) AS {bits}))"
