@@ -13,7 +13,8 @@ stay the same across runs of the same notebook:
 - in VS Code, the notebook file it names in ``__vsc_ipynb_file__``;
 - elsewhere (plain IPython, a console), ``ipython:`` and the folder it runs in.
 
-A renamed or moved notebook is a new notebook to the gate: see docs/user-guide.md, "Which notebook is charged".
+A renamed or moved notebook is a new notebook to the gate: see docs/user-guide.md,
+"Which notebook is charged".
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from typing import Protocol
 
 import opendp.prelude as dp
 
-from dpmagic.gate.policy import Budget
+from dpmagic.gate.policy import AccountantKind, Budget
 
 dp.enable_features("contrib", "honest-but-curious")
 
@@ -99,7 +99,7 @@ def compose(costs: Iterable[Cost]) -> Cost:
 class PureAccountant:
     """ε-differential privacy with basic composition: costs add up."""
 
-    name = "pure"
+    name = AccountantKind.PURE
     gaussian = False
 
     def query_cost(self, epsilon: float, delta: float) -> Cost:
@@ -132,7 +132,7 @@ class PureAccountant:
 class ApproxAccountant(PureAccountant):
     """(ε, δ)-differential privacy with basic composition: ε and δ add up."""
 
-    name = "approx"
+    name = AccountantKind.APPROX
 
     def query_cost(self, epsilon: float, delta: float) -> Cost:
         _check_epsilon(epsilon)
@@ -156,7 +156,7 @@ class ApproxAccountant(PureAccountant):
 class ZCDPAccountant:
     """ρ-zCDP: ρ adds up; every amount shown in (ε, δ) at the budget's δ."""
 
-    name = "zcdp"
+    name = AccountantKind.ZCDP
     gaussian = True
 
     def query_cost(self, epsilon: float, delta: float) -> Cost:
@@ -199,9 +199,9 @@ class ZCDPAccountant:
 
 
 ACCOUNTANTS: dict[str, type] = {
-    "pure": PureAccountant,
-    "approx": ApproxAccountant,
-    "zcdp": ZCDPAccountant,
+    AccountantKind.PURE: PureAccountant,
+    AccountantKind.APPROX: ApproxAccountant,
+    AccountantKind.ZCDP: ZCDPAccountant,
 }
 
 

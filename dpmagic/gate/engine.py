@@ -22,7 +22,7 @@ from dpmagic.gate.accounting import AccountantError, Cost, make_accountant
 from dpmagic.gate.calibration import REPORT_ALPHA, Accuracy
 from dpmagic.gate.errors import BadRequest, Failed, GateError, InvalidBody, Refused
 from dpmagic.gate.ledger import Ledger
-from dpmagic.gate.policy import Dataset, Policy, PolicyError
+from dpmagic.gate.policy import AccountantKind, Dataset, Policy, PolicyError
 from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
 from dpmagic.gate.sql.execute import Database
@@ -502,7 +502,7 @@ def _cost_dict(cost: Cost) -> dict[str, float]:
 def _default_delta(dataset: Dataset) -> float:
     """A query's δ when it names none: the policy's default, and under zCDP (where δ
     only states a cost in (ε, δ)) the notebook budget's δ."""
-    if dataset.query_default.delta or dataset.accountant != "zcdp":
+    if dataset.query_default.delta or dataset.accountant != AccountantKind.ZCDP:
         return dataset.query_default.delta
     return dataset.notebook_budget.delta
 

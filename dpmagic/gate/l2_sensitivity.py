@@ -18,24 +18,26 @@ worse end, since ``width`` can reach ``2·reach``.
 from __future__ import annotations
 
 from dpmagic.gate.mechanisms import sqrt_up
-from dpmagic.gate.policy import NEIGHBOURING
+from dpmagic.gate.policy import NEIGHBOURING, Neighbouring
 from dpmagic.gate.sensitivity import Contribution
 
 
-def sum_l2_sensitivity(lower: int, upper: int, c: Contribution, neighbouring: str) -> float:
+def sum_l2_sensitivity(
+    lower: int, upper: int, c: Contribution, neighbouring: Neighbouring
+) -> float:
     """An upper bound (rounded up) on the L2 change of per-partition sums of values
     in ``[lower, upper]`` between neighbours."""
     return sqrt_up(sum_l2_squared(lower, upper, c, neighbouring))
 
 
-def sum_l2_squared(lower: int, upper: int, c: Contribution, neighbouring: str) -> int:
+def sum_l2_squared(lower: int, upper: int, c: Contribution, neighbouring: Neighbouring) -> int:
     """The exact worst-case squared L2 change, an integer in grid units."""
     if lower > upper:
         raise ValueError("lower bound above upper bound")
     if neighbouring not in NEIGHBOURING:
         raise ValueError(f"unknown neighbouring relation {neighbouring!r}")
     reach = c.rows * max(abs(lower), abs(upper))
-    if neighbouring == "add_remove":
+    if neighbouring == Neighbouring.ADD_REMOVE:
         return c.groups * reach * reach
     width = c.rows * (max(upper, 0) - min(lower, 0))
     fewest = max(0, 2 * c.groups - c.partitions)

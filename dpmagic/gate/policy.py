@@ -11,6 +11,7 @@ import datetime as dt
 import math
 import tomllib
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from pathlib import Path
 from typing import Literal
 
@@ -21,8 +22,27 @@ COLUMN_TYPES: tuple[str, ...] = ("int", "float", "str", "bool", "date")
 # slow a query by much (SECURITY.md, per-unit work).
 DEFAULT_MAX_LENGTH = 1024
 MAX_MAX_LENGTH = 1_000_000
-ACCOUNTANTS: tuple[str, ...] = ("pure", "approx", "zcdp")
-NEIGHBOURING: tuple[str, ...] = ("add_remove", "substitute")
+
+
+class AccountantKind(StrEnum):
+    """How a dataset's spending composes (``accounting``): pure ε-DP, approximate
+    (ε, δ)-DP, or zero-concentrated DP with Gaussian noise."""
+
+    PURE = "pure"
+    APPROX = "approx"
+    ZCDP = "zcdp"
+
+
+class Neighbouring(StrEnum):
+    """Which datasets are neighbours: one unit added or removed, or one unit's rows
+    replaced by any others."""
+
+    ADD_REMOVE = "add_remove"
+    SUBSTITUTE = "substitute"
+
+
+ACCOUNTANTS: tuple[str, ...] = tuple(AccountantKind)
+NEIGHBOURING: tuple[str, ...] = tuple(Neighbouring)
 
 
 class PolicyError(ValueError):
@@ -106,14 +126,14 @@ class Dataset:
     database: Path | None
     sources: dict[str, Path]
     privacy_unit: str | None
-    neighbouring: str
+    neighbouring: Neighbouring
     max_partitions: int
     max_rows_per_partition: int
     user_budget: Budget
     notebook_budget: Budget
     query_default: Budget
     tables: dict[str, Table]
-    accountant: str = "pure"
+    accountant: AccountantKind = AccountantKind.PURE
     group_size: int = 1
 
     def table(self, name: str) -> Table | None:
@@ -151,7 +171,7 @@ DEFAULT_QUANTUM_MS = 250.0
 class GateConfig:
     listen: str
     state_dir: Path
-    accountant: str = "pure"
+    accountant: AccountantKind = AccountantKind.PURE
     tokens_file: Path | None = None
     # Padding is on unless the owner turns it off (0): the default covers the gate's
     # own reply-time jitter for cheap queries (benchmarks/reply_jitter.py, docs/policy.md).
@@ -228,6 +248,7 @@ def _gate(raw: dict, base: Path) -> GateConfig:
     accountant = raw.get("accountant", "pure")
     if accountant not in ACCOUNTANTS:
         raise PolicyError(f"gate.accountant must be one of {', '.join(ACCOUNTANTS)}")
+    accountant = AccountantKind(accountant)
     tokens = raw.get("tokens_file")
     return GateConfig(
         listen=str(raw.get("listen", "unix:" + str(base / "gate.sock"))),
@@ -243,7 +264,9 @@ def _gate(raw: dict, base: Path) -> GateConfig:
     )
 
 
-def _dataset(name: str, raw: dict, base: Path, default_accountant: str = "pure") -> Dataset:
+def _dataset(
+    name: str, raw: dict, base: Path, default_accountant: str = AccountantKind.PURE
+) -> Dataset:
     where = f"datasets.{name}"
     _only(
         raw,
@@ -270,6 +293,7 @@ def _dataset(name: str, raw: dict, base: Path, default_accountant: str = "pure")
     neighbouring = raw.get("neighbouring", "add_remove")
     if neighbouring not in NEIGHBOURING:
         raise PolicyError(f"{where}.neighbouring must be one of {', '.join(NEIGHBOURING)}")
+    neighbouring = Neighbouring(neighbouring)
     unit = raw.get("privacy_unit")
     tables = {
         tname.lower(): _table_decl(tname, traw, f"{where}.tables.{tname}")
@@ -287,7 +311,8 @@ def _dataset(name: str, raw: dict, base: Path, default_accountant: str = "pure")
     accountant = raw.get("accountant", default_accountant)
     if accountant not in ACCOUNTANTS:
         raise PolicyError(f"{where}.accountant must be one of {', '.join(ACCOUNTANTS)}")
-    if accountant == "zcdp" and not (user_budget.delta and notebook_budget.delta):
+    accountant = AccountantKind(accountant)
+    if accountant == AccountantKind.ZCDP and not (user_budget.delta and notebook_budget.delta):
         raise PolicyError(
             f"{where}: the zcdp accountant keeps budgets in (ε, δ); give user_budget and "
             "notebook_budget a delta > 0"

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dpmagic.gate.policy import NEIGHBOURING
+from dpmagic.gate.policy import NEIGHBOURING, Neighbouring
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class Contribution:
         return cls(groups=min(max_groups, partitions), rows=max_rows, partitions=partitions)
 
 
-def sum_sensitivity(lower: int, upper: int, c: Contribution, neighbouring: str) -> int:
+def sum_sensitivity(lower: int, upper: int, c: Contribution, neighbouring: Neighbouring) -> int:
     """L1 sensitivity of per-partition sums of values in ``[lower, upper]``.
 
     A unit's total in one partition lies in ``[rows*min(lower,0), rows*max(upper,0)]``
@@ -55,25 +55,25 @@ def sum_sensitivity(lower: int, upper: int, c: Contribution, neighbouring: str) 
     if neighbouring not in NEIGHBOURING:
         raise ValueError(f"unknown neighbouring relation {neighbouring!r}")
     reach = c.rows * max(abs(lower), abs(upper))
-    if neighbouring == "add_remove":
+    if neighbouring == Neighbouring.ADD_REMOVE:
         return c.groups * reach
     width = c.rows * (max(upper, 0) - min(lower, 0))
     shared = max(0, 2 * c.groups - c.partitions)
     return shared * width + 2 * (c.groups - shared) * reach
 
 
-def count_sensitivity(c: Contribution, neighbouring: str) -> int:
+def count_sensitivity(c: Contribution, neighbouring: Neighbouring) -> int:
     """L1 sensitivity of per-partition counts: a sum of ones. It also bounds a count
     of distinct values, since a unit's ``rows`` rows bring at most that many values
     to a partition; ``COUNT(DISTINCT unit)`` is the case ``rows = 1``."""
     return sum_sensitivity(1, 1, c, neighbouring)
 
 
-def selection_distance(c: Contribution, neighbouring: str) -> int:
+def selection_distance(c: Contribution, neighbouring: Neighbouring) -> int:
     """How many values one unit can add or remove, over all partitions, in the
     multisets a quantile is chosen from. Unlike a sum, a replacement cannot cancel:
     the old unit's values leave and the new one's arrive."""
     if neighbouring not in NEIGHBOURING:
         raise ValueError(f"unknown neighbouring relation {neighbouring!r}")
     reach = c.groups * c.rows
-    return reach if neighbouring == "add_remove" else 2 * reach
+    return reach if neighbouring == Neighbouring.ADD_REMOVE else 2 * reach

@@ -81,9 +81,10 @@ from dataclasses import dataclass
 
 import duckdb
 
-from dpmagic.gate.policy import Column, Dataset, Table
+from dpmagic.gate.policy import AccountantKind, Column, Dataset, Table
 from dpmagic.gate.sensitivity import Contribution
 from dpmagic.gate.sql.bound import Interval
+from dpmagic.gate.sql.kinds import MeasureKind
 from dpmagic.gate.sql.resolve import Resolved
 from dpmagic.gate.sql.trees import quoted
 
@@ -153,7 +154,7 @@ def bounding(
     resolved: Resolved,
     grouped: bool,
     partitions: int,
-    kinds: set[str],
+    kinds: set[MeasureKind],
     private_keys: bool,
 ) -> Bounding:
     """How this query bounds each unit's contribution (see above), decided once: the
@@ -163,14 +164,14 @@ def bounding(
     if dataset.privacy_unit is None:
         return RowLevel()
     window = Window(dataset.max_partitions if grouped else 1, dataset.max_rows_per_partition)
-    if private_keys or "count_unit" in kinds:
+    if private_keys or MeasureKind.COUNT_UNIT in kinds:
         return window
     if len(resolved.scans) > MAX_RANKED_SCANS or any(s.table.public for s in resolved.scans):
         return window
     k = rows_per_unit(dataset, grouped, partitions)
     if (
         len(resolved.scans) > 1
-        and dataset.accountant != "pure"
+        and dataset.accountant != AccountantKind.PURE
         and k > dataset.max_rows_per_partition
     ):
         # Gaussian noise scales with the L2 sensitivity, which is larger for K rows

@@ -30,7 +30,7 @@ from dpmagic.gate.errors import Refused, required
 from dpmagic.gate.l2_sensitivity import sum_l2_squared
 from dpmagic.gate.mechanisms import Noise
 from dpmagic.gate.partition_selection import KeySelection, calibrate_selection
-from dpmagic.gate.policy import Dataset
+from dpmagic.gate.policy import AccountantKind, Dataset, Neighbouring
 from dpmagic.gate.selection import Grid, QuantileNoise, calibrate_quantile, grid
 from dpmagic.gate.sensitivity import (
     Contribution,
@@ -41,6 +41,7 @@ from dpmagic.gate.sql.bound import Bounded, Interval
 from dpmagic.gate.sql.check import AggregateCall, Checked, GroupKey
 from dpmagic.gate.sql.contribution import Bounding, bounding
 from dpmagic.gate.sql.keys import MAX_PARTITIONS, KeyDomain
+from dpmagic.gate.sql.kinds import MeasureKind
 from dpmagic.gate.sql.parse import DIALECT
 from dpmagic.gate.sql.randomized import Debias, debiasing
 from dpmagic.gate.sql.resolve import Resolved
@@ -105,7 +106,7 @@ class Measurement:
     the ``2**grid_exp`` grid (centred when ``centre`` is set)."""
 
     name: str  # its column in the generated SQL
-    kind: str  # count | count_distinct | count_unit (COUNT(DISTINCT unit)) | sum
+    kind: MeasureKind
     arg: exp.Expression | None  # None: COUNT(*)
     clamp: Interval | None  # sums: each value is clamped into this before summing
     grid_exp: int  # sums of floats: values are rounded to multiples of 2**grid_exp
@@ -245,7 +246,7 @@ class Plan:
 
 # A measurement before calibration: (kind, argument, clamp, label, and for a sum
 # measured around its centre, the index in the same list of the count of its rows).
-Wanted = tuple[str, exp.Expression | None, Interval | None, str, int | None]
+Wanted = tuple[MeasureKind, exp.Expression | None, Interval | None, str, int | None]
 Key = tuple[str, str]
 
 
@@ -354,7 +355,7 @@ def _private_keys_allowed(
 ) -> None:
     """Keys read from the data are released only by DP partition selection, whose
     (ε, δ) the approx accountant can charge; say what would make the query possible."""
-    if accountant.name == "pure":
+    if accountant.name == AccountantKind.PURE:
         raise Refused(
             f"{reason} (keys found in the data are released only by DP partition "
             "selection, which needs δ > 0: this dataset's accountant is pure)"
@@ -376,7 +377,7 @@ def _private_keys_allowed(
 def _key_selection(c: Contribution, dataset: Dataset, share: Cost) -> KeySelection:
     """A unit counts once in each of the ``c.groups`` keys it may reach; replaced by
     another unit, it leaves its keys and the other reaches as many new ones."""
-    l0 = c.groups * (2 if dataset.neighbouring == "substitute" else 1)
+    l0 = c.groups * (2 if dataset.neighbouring == Neighbouring.SUBSTITUTE else 1)
     return calibrate_selection(l0, 1, share.epsilon, share.delta)
 
 
@@ -427,14 +428,14 @@ def _parts(
     arg = agg.arg
     arg_sql = "*" if arg is None else display(arg)
     if agg.func == "count":
-        return [("count", arg, None, f"COUNT({arg_sql})", None)]
+        return [(MeasureKind.COUNT, arg, None, f"COUNT({arg_sql})", None)]
     if agg.func == "count_distinct":
-        kind = "count_unit" if resolved.is_unit(arg) else "count_distinct"
+        kind = MeasureKind.COUNT_UNIT if resolved.is_unit(arg) else MeasureKind.COUNT_DISTINCT
         return [(kind, arg, None, f"COUNT(DISTINCT {arg_sql})", None)]
     arg = required(arg, "a sum's argument")
     clamp = required(clamp, "a sum's bounds")
-    total: Wanted = ("sum", arg, clamp, f"SUM({arg_sql})", None)
-    count: Wanted = ("count", arg, None, f"COUNT({arg_sql})", None)
+    total: Wanted = (MeasureKind.SUM, arg, clamp, f"SUM({arg_sql})", None)
+    count: Wanted = (MeasureKind.COUNT, arg, None, f"COUNT({arg_sql})", None)
     if agg.func == "sum":
         return [total, count] if debiased else [total]
     if agg.func == "avg":
@@ -446,9 +447,9 @@ def _parts(
     reach = max(centre - clamp.lo, clamp.hi - centre)
     return [
         count,
-        ("sum", deviation, Interval(clamp.lo - centre, clamp.hi - centre, clamp.integral),
+        (MeasureKind.SUM, deviation, Interval(clamp.lo - centre, clamp.hi - centre, clamp.integral),
          f"SUM({arg_sql} - {centre})", 0),
-        ("sum", square, Interval(0, reach * reach, clamp.integral),
+        (MeasureKind.SUM, square, Interval(0, reach * reach, clamp.integral),
          f"SUM(({arg_sql} - {centre})^2)", 0),
     ]  # fmt: skip
 
@@ -627,9 +628,9 @@ def _measurement(
     count: str | None,
 ) -> Measurement:
     kind, arg, clamp, label, _ = part
-    if kind == "count_unit":  # COUNT(DISTINCT unit): one per unit and partition
+    if kind == MeasureKind.COUNT_UNIT:  # one per unit and partition
         contribution = Contribution(contribution.groups, 1, contribution.partitions)
-    if kind in ("count", "count_distinct", "count_unit"):
+    if kind != MeasureKind.SUM:
         # A unit's rows bring at most ``rows`` distinct values to a partition.
         noise = noise_for(1, 1, contribution, dataset.neighbouring, target)
         return Measurement(name, kind, arg, None, 0, noise, spent(noise, target), label)

@@ -39,6 +39,7 @@ from sqlglot import exp
 from dpmagic.gate.mechanisms import GaussianNoise
 from dpmagic.gate.sql.check import Checked
 from dpmagic.gate.sql.intervals import fieller, variance_half_width
+from dpmagic.gate.sql.kinds import MeasureKind
 from dpmagic.gate.sql.noise import Noisy, Partition
 from dpmagic.gate.sql.parse import DIALECT
 from dpmagic.gate.sql.plan import Avg, DebiasedSum, Measured, Measurement, Plan, Selection, Variance
@@ -356,7 +357,7 @@ class _Intervals:
     def _measured(self, m: Measurement, pid: int, alpha: float) -> Bounds:
         value = self.noisy.values[m.name][pid]
         half = m.noise.half_width(alpha) if m.noise.sensitivity else 0.0
-        if m.kind != "sum":
+        if m.kind != MeasureKind.SUM:
             return max(0.0, value - half), max(0.0, value + half)
         return value - half, value + half
 

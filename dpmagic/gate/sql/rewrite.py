@@ -54,6 +54,7 @@ from dpmagic.gate.sql.contribution import Ranked, Window, scan_bounds
 from dpmagic.gate.sql.contribution import clamp as _clamp
 from dpmagic.gate.sql.contribution import number as _number
 from dpmagic.gate.sql.keys import KeyDomain
+from dpmagic.gate.sql.kinds import MeasureKind
 from dpmagic.gate.sql.parse import DIALECT
 from dpmagic.gate.sql.plan import Measurement, Plan, Selection
 from dpmagic.gate.sql.resolve import PRESENT, SEMI, Resolved, Scan
@@ -277,9 +278,9 @@ def _project(col: Column) -> str:
 
 
 def _aggregate(m: Measurement, resolved: Resolved) -> str:
-    if m.kind == "count":
+    if m.kind == MeasureKind.COUNT:
         return "COUNT(*)" if m.arg is None else f"COUNT({quoted('__v_' + m.name)})"
-    if m.kind in ("count_distinct", "count_unit"):
+    if m.kind in (MeasureKind.COUNT_DISTINCT, MeasureKind.COUNT_UNIT):
         return f"COUNT(DISTINCT {quoted('__v_' + m.name)})"
     v = quoted("__v_" + m.name)
     clamp = m.bounds
