@@ -1,4 +1,5 @@
-"""The gate's request handling: analyse, charge, run, noise, release.
+"""The gate's request handling: the passes of ``sql/pipeline.py``, and around them
+the service work: the cache of analyses, the ledger, replay and the reply.
 
 Order matters for privacy. Everything that can refuse a query (parsing,
 names, the allow-list, bounds, the plan, the budget) happens before the data
@@ -18,21 +19,16 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 
-from dpmagic.gate.accounting import AccountantError, Cost, make_accountant
+from dpmagic.gate.accounting import AccountantError, make_accountant
 from dpmagic.gate.calibration import REPORT_ALPHA, Accuracy
 from dpmagic.gate.errors import BadRequest, Failed, GateError, InvalidBody, Refused
 from dpmagic.gate.ledger import Ledger
 from dpmagic.gate.policy import AccountantKind, Dataset, Policy, PolicyError
-from dpmagic.gate.sql.bound import bound
-from dpmagic.gate.sql.check import check
 from dpmagic.gate.sql.execute import Database
-from dpmagic.gate.sql.keys import KeyDomain
-from dpmagic.gate.sql.noise import key_threshold, noise
-from dpmagic.gate.sql.parse import parse
-from dpmagic.gate.sql.plan import Plan, plan
-from dpmagic.gate.sql.release import release
-from dpmagic.gate.sql.resolve import resolve
-from dpmagic.gate.sql.rewrite import Rewritten, rewrite
+from dpmagic.gate.sql.pipeline import Analysed, Asked, analyse, execute, generate
+from dpmagic.gate.sql.plan import Plan
+from dpmagic.gate.sql.rewrite import Rewritten
+from dpmagic.gate.sql.summary import summary
 
 log = logging.getLogger("dpmagic.gate")
 
@@ -123,11 +119,18 @@ class QueryRequest:
 @dataclass(frozen=True)
 class Analysis:
     """What a query's text, parameters and asked budget determine, before any data:
-    the plan, the SQL generated from it and the replay key."""
+    the analysis passes' result (``pipeline``) and the replay key."""
 
-    plan: Plan
-    rewritten: Rewritten
+    analysed: Analysed
     replay_key: str
+
+    @property
+    def plan(self) -> Plan:
+        return self.analysed.plan
+
+    @property
+    def rewritten(self) -> Rewritten:
+        return self.analysed.rewritten
 
 
 class Engine:
@@ -158,16 +161,15 @@ class Engine:
         self.ledger.close()
 
     def analyse(self, dataset: Dataset, request: QueryRequest) -> Plan:
-        """Every check that can refuse a query; touches no data, costs nothing."""
-        accountant = self.accountants[dataset.name]
+        """Every check that can refuse a query (``pipeline.analyse``); touches no
+        data, costs nothing."""
         epsilon, delta = _asked(dataset, request)
         accuracy = None
         if request.accuracy is not None:
             accuracy = Accuracy(request.accuracy, request.alpha)
-        parsed = parse(request.sql, request.params)  # type: ignore[arg-type]
-        checked = check(resolve(parsed, dataset))
+        asked = Asked(request.sql, request.params, epsilon, delta, accuracy)
         try:
-            return plan(bound(checked), epsilon, delta, accountant, accuracy)
+            return analyse(asked, dataset, self.accountants[dataset.name])
         except AccountantError as exc:
             raise BadRequest(str(exc)) from None
 
@@ -211,15 +213,10 @@ class Engine:
 
     def _analysed_once(self, dataset: Dataset, request: QueryRequest) -> Analysis:
         the_plan = self.analyse(dataset, request)
-        rewritten = rewrite(the_plan, self._seeds[dataset.name])
         # Whatever could make the SQL fail without depending on the data is refused here,
         # before the debit: after it, only time and memory can run out.
-        self.databases[dataset.name].vet(rewritten.sql)
-        return Analysis(
-            plan=the_plan,
-            rewritten=rewritten,
-            replay_key=self._replay_key(dataset, the_plan, request),
-        )
+        analysed = generate(the_plan, self._seeds[dataset.name], self.databases[dataset.name])
+        return Analysis(analysed, replay_key=self._replay_key(dataset, the_plan, request))
 
     def query(self, user: str, body: object) -> dict[str, object]:
         request = QueryRequest.from_body(body)
@@ -230,7 +227,7 @@ class Engine:
         reply: dict[str, object] = {
             "dataset": dataset.name,
             "cost": the_plan.cost.as_dict(),
-            "plan": _plan_summary(the_plan),
+            "plan": summary(the_plan),
             "dry_run": request.dry_run,
             "replayed": False,
             # What was asked, with the policy's defaults filled in: a transcript
@@ -280,11 +277,7 @@ class Engine:
             accountant=self.accountants[dataset.name],
         )
         try:
-            rewritten = analysis.rewritten
-            keep = None if the_plan.key_selection is None else key_threshold(the_plan, rewritten)
-            exact = self.databases[dataset.name].run(rewritten.sql, keep)
-            alpha = REPORT_ALPHA if the_plan.accuracy is None else the_plan.accuracy.alpha
-            released = release(noise(the_plan, rewritten, exact), alpha)
+            released = execute(analysis.analysed, self.databases[dataset.name])
         except GateError as exc:
             self.ledger.record_failure(charge)
             raise Failed(exc.message) if not isinstance(exc, Failed) else exc from None
@@ -386,117 +379,6 @@ def history_entries(rows: list[dict[str, object]]) -> list[dict[str, object]]:
         }
         for row in reversed(rows)
     ]
-
-
-def _plan_summary(the_plan: Plan) -> list[dict[str, object]]:
-    """The plan per measurement, all of it public: bounds, sensitivity, mechanism,
-    scale, cost, the expected 95% error, and where the group keys come from."""
-    keys = [
-        {
-            "column": k.label,
-            "public": d.private is None,
-            "values": None if d.private else len(d.values),
-            "source": _key_source(d),
-        }
-        for k, d in zip(the_plan.keys, the_plan.domains, strict=True)
-    ]
-    partitions = None if the_plan.key_selection else len(the_plan.partitions)
-    steps = []
-    for m in the_plan.measurements:
-        step: dict[str, object] = {
-            "aggregate": m.label,
-            "kind": m.kind,
-            "bounds": None if m.clamp is None else [m.clamp.lo, m.clamp.hi],
-            "sensitivity": m.sensitivity,
-            "norm": "L2" if m.noise.mechanism.endswith("gaussian") else "L1",
-            "mechanism": m.noise.mechanism,
-            "scale": m.scale,
-            "epsilon": m.cost.epsilon,
-            "cost": _cost_dict(m.cost),
-            "accuracy": m.noise.half_width(REPORT_ALPHA),
-            "partitions": partitions,
-            "keys": keys,
-            "contribution": {
-                "groups": the_plan.contribution.groups,
-                "rows": the_plan.contribution.rows,
-            },
-        }
-        if the_plan.accuracy is not None:
-            step["requested"] = {
-                "accuracy": the_plan.accuracy.half_width,
-                "alpha": the_plan.accuracy.alpha,
-                "half_width": m.noise.half_width(the_plan.accuracy.alpha),
-            }
-        steps.append(step)
-    return (
-        steps
-        + [
-            {
-                "aggregate": s.label,
-                "kind": "quantile",
-                "bounds": [s.grid.lo, s.grid.hi],
-                "sensitivity": s.sensitivity,
-                "norm": "symmetric",
-                "mechanism": s.noise.mechanism,
-                "scale": s.scale,
-                "epsilon": s.epsilon,
-                "cost": {"epsilon": s.epsilon, "delta": 0.0},
-                "candidates": s.grid.size,
-                # A quantile's accuracy is in ranks: how far, at 95%, the released
-                # value's rank may lie from the level's, whatever the data.
-                "level": s.noise.level,
-                "rank_radius": s.noise.rank_radius(REPORT_ALPHA),
-                "partitions": partitions,
-                "keys": keys,
-                "contribution": {
-                    "groups": the_plan.contribution.groups,
-                    "rows": the_plan.contribution.rows,
-                },
-            }
-            for s in the_plan.selections
-        ]
-        + _key_selection_step(the_plan, keys)
-    )
-
-
-def _key_source(domain: KeyDomain) -> str:
-    if domain.private:
-        return "DP partition selection"
-    return "integer range" if domain.span else "declared values"
-
-
-def _key_selection_step(the_plan: Plan, keys: list[dict[str, object]]) -> list[dict[str, object]]:
-    """The noisy threshold that chooses private keys: its scale, threshold and (ε, δ)."""
-    ks = the_plan.key_selection
-    if ks is None:
-        return []
-    return [
-        {
-            "aggregate": "GROUP BY " + ", ".join(k.label for k in the_plan.keys),
-            "kind": "partition_selection",
-            "bounds": None,
-            "sensitivity": ks.l0 * ks.linf,
-            "norm": f"L0 ≤ {ks.l0}, L∞ ≤ {ks.linf}",
-            "mechanism": ks.mechanism,
-            "scale": ks.scale,
-            "threshold": ks.threshold,
-            "epsilon": ks.epsilon,
-            "cost": {"epsilon": ks.epsilon, "delta": ks.delta},
-            "partitions": None,
-            "keys": keys,
-            "contribution": {
-                "groups": the_plan.contribution.groups,
-                "rows": the_plan.contribution.rows,
-            },
-        }
-    ]
-
-
-def _cost_dict(cost: Cost) -> dict[str, float]:
-    out = {"epsilon": cost.epsilon, "delta": cost.delta}
-    if cost.rho and math.isfinite(cost.rho):
-        out["rho"] = cost.rho
-    return out
 
 
 def _default_delta(dataset: Dataset) -> float:

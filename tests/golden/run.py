@@ -19,14 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dpmagic.gate.accounting import make_accountant
-from dpmagic.gate.engine import _plan_summary
 from dpmagic.gate.policy import load_policy
-from dpmagic.gate.sql.bound import bound
-from dpmagic.gate.sql.check import check
-from dpmagic.gate.sql.parse import parse
-from dpmagic.gate.sql.plan import plan
-from dpmagic.gate.sql.resolve import resolve
+from dpmagic.gate.sql.pipeline import Asked, analyse
 from dpmagic.gate.sql.rewrite import rewrite
+from dpmagic.gate.sql.summary import summary as plan_summary
 
 HERE = Path(__file__).resolve().parent
 SEED = 20261124  # the per-start seed of the window bounding, fixed here
@@ -63,10 +59,8 @@ def render(case: Case) -> str:
     dataset = load_policy(HERE / "policies" / f"{case.policy}.toml").dataset(None)
     accountant = make_accountant(dataset.accountant)
     delta = dataset.user_budget.delta / 100 if dataset.user_budget.delta else 0.0
-    the_plan = plan(
-        bound(check(resolve(parse(case.sql), dataset))), case.epsilon, delta, accountant
-    )
-    summary = json.dumps(_plan_summary(the_plan), indent=1, sort_keys=True)
+    the_plan = analyse(Asked(case.sql, {}, case.epsilon, delta), dataset, accountant)
+    summary = json.dumps(plan_summary(the_plan), indent=1, sort_keys=True)
     sql = rewrite(the_plan, SEED).sql
     return f"-- query\n{case.sql}\n-- plan\n{summary}\n-- sql\n{sql}\n"
 

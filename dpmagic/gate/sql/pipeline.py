@@ -1,0 +1,94 @@
+"""The gate's passes, in order: the one place that says what happens to a query.
+
+Analysis, a function of the query text, its parameters, the asked budget and the
+policy, never of the data. Every refusal happens here, before anything is charged:
+
+    ============  ==========================  ==========  =====================
+    pass          from                        to          module
+    ============  ==========================  ==========  =====================
+    parse         SQL text, parameters        Parsed      ``sql/parse.py``
+    resolve       Parsed, Dataset             Resolved    ``sql/resolve.py``
+    check         Resolved                    Checked     ``sql/check.py``
+    bound         Checked                     Bounded     ``sql/bound.py``
+    plan          Bounded, asked budget       Plan        ``sql/plan.py``
+    rewrite       Plan, seed                  Rewritten   ``sql/rewrite.py``
+    vet           Rewritten                   Rewritten   ``sql/execute.py``
+    ============  ==========================  ==========  =====================
+
+Execution, after the engine has debited the plan's cost:
+
+    ============  ==========================  ===========  ====================
+    run           Rewritten                   ExactResult  ``sql/execute.py``
+    noise         Plan, Rewritten, exact      Noisy        ``sql/noise.py``
+    release       Noisy                       Released     ``sql/release.py``
+    ============  ==========================  ===========  ====================
+
+Each pass decides what it decides once and hands it on as a typed value; a later
+pass reads what it needs from the value it is given. The engine
+(``dpmagic/gate/engine.py``) runs ``analyse`` and ``execute`` and does the
+service work around them: the cache of analyses, the ledger, replay, the reply.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dpmagic.gate.accounting import Accountant
+from dpmagic.gate.calibration import REPORT_ALPHA, Accuracy
+from dpmagic.gate.policy import Dataset
+from dpmagic.gate.sql.bound import bound
+from dpmagic.gate.sql.check import check
+from dpmagic.gate.sql.execute import Database
+from dpmagic.gate.sql.noise import key_threshold, noise
+from dpmagic.gate.sql.parse import Param, parse
+from dpmagic.gate.sql.plan import Plan, plan
+from dpmagic.gate.sql.release import Released, release
+from dpmagic.gate.sql.resolve import resolve
+from dpmagic.gate.sql.rewrite import Rewritten, rewrite
+
+
+@dataclass(frozen=True)
+class Asked:
+    """What a query asks of the analysis, the policy's defaults filled in."""
+
+    sql: str
+    params: dict[str, Param]
+    epsilon: float
+    delta: float
+    accuracy: Accuracy | None = None
+
+
+@dataclass(frozen=True)
+class Analysed:
+    """The analysis's result: the plan, and the SQL that computes it, vetted."""
+
+    plan: Plan
+    rewritten: Rewritten
+
+
+def analyse(asked: Asked, dataset: Dataset, accountant: Accountant) -> Plan:
+    """parse → resolve → check → bound → plan: every check that can refuse the query
+    from its text and the policy. Touches no data, costs nothing."""
+    parsed = parse(asked.sql, asked.params)
+    resolved = resolve(parsed, dataset)
+    checked = check(resolved)
+    bounded = bound(checked)
+    return plan(bounded, asked.epsilon, asked.delta, accountant, asked.accuracy)
+
+
+def generate(the_plan: Plan, seed: int, database: Database) -> Analysed:
+    """rewrite → vet: the plan's SQL, refused if it would fail on empty tables (a
+    failure that depends on no data, found before the debit)."""
+    rewritten = rewrite(the_plan, seed)
+    database.vet(rewritten.sql)
+    return Analysed(plan=the_plan, rewritten=rewritten)
+
+
+def execute(analysed: Analysed, database: Database) -> Released:
+    """run → noise → release: the exact aggregates (never leaving the gate), the
+    noise, and what the reply may carry. Called only after the debit."""
+    the_plan, rewritten = analysed.plan, analysed.rewritten
+    keep = None if the_plan.key_selection is None else key_threshold(the_plan, rewritten)
+    exact = database.run(rewritten.sql, keep)
+    alpha = REPORT_ALPHA if the_plan.accuracy is None else the_plan.accuracy.alpha
+    return release(noise(the_plan, rewritten, exact), alpha)
