@@ -98,7 +98,7 @@ def main() -> int:
         (folder / "t.csv").write_text("pid,age,sex\n" + "\n".join(rows) + "\n")
         (folder / "policy.toml").write_text(POLICY)
         listen = f"unix:{folder / 'gate.sock'}"
-        command = [sys.executable, "-m", "dpmagic.gate.server", "--policy", "policy.toml"]
+        command = [sys.executable, "-m", "dpmagic.gate.service.server", "--policy", "policy.toml"]
         gate_process = subprocess.Popen(
             [*command, "--listen", listen],
             cwd=folder,

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from dpmagic.gate.policy import Policy, PolicyError, load_policy
 
 if TYPE_CHECKING:
-    from dpmagic.gate.ledger import Ledger
+    from dpmagic.gate.service.ledger import Ledger
 
 USAGE_ERROR = 2
 LEDGER_FILE = "ledger.sqlite3"
@@ -238,7 +238,7 @@ def _serve(args: argparse.Namespace) -> int:
             + "; ".join(left)
             + ". Declare each, or delete its TODO comment to serve the column without"
         )
-    from dpmagic.gate.server import serve
+    from dpmagic.gate.service.server import serve
 
     if args.jupyterhub and importlib.util.find_spec("jupyterhub") is None:
         raise CommandError("--jupyterhub needs JupyterHub: pip install 'dpmagic[hub]'")
@@ -376,7 +376,7 @@ def _transcript_export(args: argparse.Namespace) -> int:
     """Write a signed transcript of the answers released to a user in a notebook;
     with DPMAGIC_TRANSCRIPT=FILE, a kernel answers from it without a gate."""
     policy = load_policy(args.policy)
-    from dpmagic.gate.transcript import TranscriptError, export
+    from dpmagic.gate.service.transcript import TranscriptError, export
 
     with _ledger(policy) as ledger:
         if ledger is None:
@@ -395,7 +395,7 @@ def _transcript_verify(args: argparse.Namespace) -> int:
     """Check that a transcript was written by this gate and not changed since;
     exit 0 if so, 1 if not."""
     policy = load_policy(args.policy)
-    from dpmagic.gate.transcript import KEY_FILE, TranscriptError, signing_key, verify
+    from dpmagic.gate.service.transcript import KEY_FILE, TranscriptError, signing_key, verify
 
     if not (policy.gate.state_dir / KEY_FILE).exists():
         raise CommandError("this gate has never exported a transcript")
@@ -445,7 +445,7 @@ def budget_rows(policy: Policy, datasets: list[str], user: str | None) -> list[d
         if ledger is None:
             return []
         from dpmagic.gate.accounting import make_accountant
-        from dpmagic.gate.ledger import WHOLE_USER
+        from dpmagic.gate.service.ledger import WHOLE_USER
 
         rows: list[dict[str, object]] = []
         for name in datasets:
@@ -512,7 +512,7 @@ def _ledger(policy: Policy, create: bool = False) -> Iterator[Ledger | None]:
         return
     _check_owner(path if path.exists() else policy.gate.state_dir)
     from dpmagic.gate.accounting import make_accountant
-    from dpmagic.gate.ledger import Ledger
+    from dpmagic.gate.service.ledger import Ledger
 
     ledger = Ledger(path, make_accountant(policy.gate.accountant))
     try:

@@ -1,7 +1,7 @@
 """Shared fixtures: a real gate process on a unix socket, over a small dataset.
 
 The kernel-side tests talk to the same server the notebook would, started as
-a subprocess (``python -m dpmagic.gate.server``), so what they check is the
+a subprocess (``python -m dpmagic.gate.service.server``), so what they check is the
 HTTP contract of docs/http-api.md rather than a stand-in for it.
 """
 
@@ -100,7 +100,7 @@ class GateProcess:
             [
                 sys.executable,
                 "-m",
-                "dpmagic.gate.server",
+                "dpmagic.gate.service.server",
                 "--policy",
                 str(self.policy),
                 "--listen",

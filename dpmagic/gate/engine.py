@@ -22,8 +22,9 @@ from dataclasses import dataclass, replace
 from dpmagic.gate.accounting import AccountantError, make_accountant
 from dpmagic.gate.calibration import REPORT_ALPHA, Accuracy
 from dpmagic.gate.errors import BadRequest, Failed, GateError, InvalidBody, Refused
-from dpmagic.gate.ledger import Ledger
 from dpmagic.gate.policy import AccountantKind, Dataset, Policy, PolicyError
+from dpmagic.gate.service.ledger import Ledger
+from dpmagic.gate.service.views import budget_views, history_entries
 from dpmagic.gate.sql.execute import Database
 from dpmagic.gate.sql.pipeline import Analysed, Asked, analyse, execute, generate
 from dpmagic.gate.sql.plan import Plan
@@ -344,41 +345,6 @@ class Engine:
         }
         text = json.dumps(identity, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()
-
-
-def budget_views(
-    ledger: Ledger, user: str, dataset: Dataset, notebook: str
-) -> dict[str, dict[str, dict[str, float]]]:
-    """The ``budget`` object of a reply: the user's and the notebook's spent,
-    limit (with grants) and remaining, as the dataset's accountant states them."""
-    accountant = make_accountant(dataset.accountant)
-    views = {}
-    for scope, limit, nb in (
-        ("user", dataset.user_budget, None),
-        ("notebook", dataset.notebook_budget, notebook),
-    ):
-        spent = ledger.spent(user, dataset.name, nb)
-        views[scope] = accountant.view(spent, ledger.limit(limit, user, dataset.name, nb))
-    user_left = views["user"]["remaining"]
-    nb_view = views["notebook"]
-    # A notebook draws on the user's budget: it can never have more left than the user.
-    nb_view["remaining"] = {k: min(v, user_left[k]) for k, v in nb_view["remaining"].items()}
-    return views
-
-
-def history_entries(rows: list[dict[str, object]]) -> list[dict[str, object]]:
-    """Ledger rows (newest first) as ``/v1/history`` shows them, oldest first."""
-    return [
-        {
-            "time": row["time"],
-            "dataset": row["dataset"],
-            "sql": row["sql"],
-            "cost": {"epsilon": row["epsilon"], "delta": row["delta"]},
-            "status": row["status"],
-            "replayed": row["replayed"],
-        }
-        for row in reversed(rows)
-    ]
 
 
 def _default_delta(dataset: Dataset) -> float:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from dpmagic.client import Gate
-from dpmagic.gate.body import MAX_DEPTH
+from dpmagic.gate.service.body import MAX_DEPTH
 from tests.conftest import GateProcess, write_dataset
 from tests.system.test_server import call
 

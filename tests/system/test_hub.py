@@ -330,7 +330,7 @@ except urllib.error.HTTPError as exc:
 def test_a_hub_gate_needs_its_service_name_and_url(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from dpmagic.gate.auth import HubConfigError, HubTokenAuth
+    from dpmagic.gate.service.auth import HubConfigError, HubTokenAuth
     from tests.conftest import write_dataset
 
     for name in (

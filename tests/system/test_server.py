@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from dpmagic.gate.policy import DEFAULT_QUANTUM_MS, load_policy
-from dpmagic.gate.server import ANONYMOUS_CONNECTIONS, HEADER_DEADLINE_S, USER_CONNECTIONS
+from dpmagic.gate.service.server import ANONYMOUS_CONNECTIONS, HEADER_DEADLINE_S, USER_CONNECTIONS
 from dpmagic.init_policy import write_skeleton
 
 POLICY = """\
@@ -59,10 +59,10 @@ def write_policy(folder: Path, gate: str = "") -> Path:
 
 
 class Gate:
-    """``python -m dpmagic.gate.server`` as a child process."""
+    """``python -m dpmagic.gate.service.server`` as a child process."""
 
     def __init__(self, policy: Path, listen: str) -> None:
-        command = [sys.executable, "-m", "dpmagic.gate.server"]
+        command = [sys.executable, "-m", "dpmagic.gate.service.server"]
         self.proc = subprocess.Popen(
             [*command, "--policy", str(policy), "--listen", listen],
             stdout=subprocess.PIPE,

@@ -53,7 +53,7 @@ from pathlib import Path
 import pytest
 
 from dpmagic.client import Gate
-from dpmagic.gate.server import ANONYMOUS_CONNECTIONS, REQUEST_DEADLINE_S, USER_CONNECTIONS
+from dpmagic.gate.service.server import ANONYMOUS_CONNECTIONS, REQUEST_DEADLINE_S, USER_CONNECTIONS
 from tests.conftest import GateProcess, free_port, write_dataset
 
 pytestmark = pytest.mark.flood

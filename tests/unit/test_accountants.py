@@ -23,9 +23,9 @@ from dpmagic.gate.accounting import (
 )
 from dpmagic.gate.engine import Engine
 from dpmagic.gate.errors import BadRequest, OverBudget
-from dpmagic.gate.ledger import Ledger
 from dpmagic.gate.mechanisms import GaussianNoise, calibrate_gaussian
 from dpmagic.gate.policy import Budget, PolicyError, load_policy, parse_policy
+from dpmagic.gate.service.ledger import Ledger
 from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
 from dpmagic.gate.sql.parse import parse

@@ -11,8 +11,8 @@ import pytest
 from dpmagic.cli import main
 from dpmagic.gate.accounting import Cost, PureAccountant
 from dpmagic.gate.errors import OverBudget
-from dpmagic.gate.ledger import Ledger
 from dpmagic.gate.policy import Budget
+from dpmagic.gate.service.ledger import Ledger
 from tests.conftest import write_dataset
 
 USER_CAP = Budget(1.0)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from dpmagic.gate.auth import PeerCredAuth, TokenAuth, TokenFileError, load_tokens
 from dpmagic.gate.errors import Unauthorized
+from dpmagic.gate.service.auth import PeerCredAuth, TokenAuth, TokenFileError, load_tokens
 
 ALICE_TOKEN = "alice-0123456789abcdef"
 BOB_TOKEN = "bob-fedcba9876543210"

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from dpmagic.gate.body import MAX_DEPTH, MAX_NUMBER_CHARS, parse_body
 from dpmagic.gate.engine import Engine, QueryRequest
 from dpmagic.gate.errors import InvalidBody
 from dpmagic.gate.policy import load_policy
+from dpmagic.gate.service.body import MAX_DEPTH, MAX_NUMBER_CHARS, parse_body
 from tests.conftest import write_dataset
 
 SQL = "SELECT COUNT(*) FROM t"

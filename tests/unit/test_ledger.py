@@ -12,8 +12,8 @@ import pytest
 
 from dpmagic.gate.accounting import Cost, PureAccountant
 from dpmagic.gate.errors import OverBudget
-from dpmagic.gate.ledger import Ledger
 from dpmagic.gate.policy import Budget
+from dpmagic.gate.service.ledger import Ledger
 
 USER_CAP = Budget(1.0)
 NOTEBOOK_CAP = Budget(0.6)

@@ -51,10 +51,10 @@ def write_policy(folder: Path, gate: str = "") -> Path:
 
 
 class Gate:
-    """``python -m dpmagic.gate.server`` as a child process."""
+    """``python -m dpmagic.gate.service.server`` as a child process."""
 
     def __init__(self, policy: Path, listen: str) -> None:
-        command = [sys.executable, "-m", "dpmagic.gate.server"]
+        command = [sys.executable, "-m", "dpmagic.gate.service.server"]
         self.proc = subprocess.Popen(
             [*command, "--policy", str(policy), "--listen", listen],
             stdout=subprocess.PIPE,

@@ -22,9 +22,9 @@ import secrets
 from datetime import UTC, datetime
 from pathlib import Path
 
-from dpmagic.gate.engine import budget_views, history_entries
-from dpmagic.gate.ledger import RELEASED, REPLAYED, Ledger
 from dpmagic.gate.policy import Policy
+from dpmagic.gate.service.ledger import RELEASED, REPLAYED, Ledger
+from dpmagic.gate.service.views import budget_views, history_entries
 
 FORMAT = "dpmagic-transcript/1"
 KEY_FILE = "transcript.key"

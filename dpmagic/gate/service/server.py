@@ -33,7 +33,7 @@ open as many connections as they like and send as slowly as they like):
   refused from its ``Content-Length`` before it is read, and none is buffered
   beyond it.
 
-Run it with ``dpmagic serve`` or ``python -m dpmagic.gate.server``.
+Run it with ``dpmagic serve`` or ``python -m dpmagic.gate.service.server``.
 """
 
 from __future__ import annotations
@@ -63,7 +63,10 @@ from tornado import httputil, iostream, netutil
 from tornado.http1connection import HTTP1ConnectionParameters, HTTP1ServerConnection
 from tornado.tcpserver import TCPServer
 
-from dpmagic.gate.auth import (
+from dpmagic.gate.engine import Engine
+from dpmagic.gate.errors import BadRequest, Busy, Failed, GateError, Unauthorized, required
+from dpmagic.gate.policy import Policy, PolicyError, load_policy
+from dpmagic.gate.service.auth import (
     Authenticator,
     HubConfigError,
     HubTokenAuth,
@@ -71,10 +74,7 @@ from dpmagic.gate.auth import (
     TokenAuth,
     TokenFileError,
 )
-from dpmagic.gate.body import parse_body
-from dpmagic.gate.engine import Engine
-from dpmagic.gate.errors import BadRequest, Busy, Failed, GateError, Unauthorized, required
-from dpmagic.gate.policy import Policy, PolicyError, load_policy
+from dpmagic.gate.service.body import parse_body
 
 log = logging.getLogger("dpmagic.gate")
 
@@ -742,7 +742,7 @@ def _private_dir(path: Path) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m dpmagic.gate.server", description="Run the dpmagic gate."
+        prog="python -m dpmagic.gate.service.server", description="Run the dpmagic gate."
     )
     parser.add_argument("--policy", type=Path, required=True, help="the policy TOML file")
     parser.add_argument("--listen", help="unix:PATH or tcp:HOST:PORT (default: gate.listen)")
