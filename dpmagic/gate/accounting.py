@@ -28,6 +28,7 @@ from typing import Protocol
 
 import opendp.prelude as dp
 
+from dpmagic.gate.dp.group_privacy import approx_group, pure_group, zcdp_group
 from dpmagic.gate.policy import AccountantKind, Budget
 
 dp.enable_features("contrib", "honest-but-curious")
@@ -117,7 +118,7 @@ class PureAccountant:
         return _pure(math.fsum(p.epsilon for p in parts))
 
     def group(self, cost: Cost, k: int) -> Cost:
-        return _pure(k * cost.epsilon)
+        return _pure(pure_group(cost.epsilon, k))
 
     def fits(self, spent: Cost, cost: Cost, limit: Budget) -> bool:
         return _fits_basic(spent, cost, limit)
@@ -147,10 +148,9 @@ class ApproxAccountant(PureAccountant):
         return _approx(math.fsum(p.epsilon for p in parts), math.fsum(p.delta for p in parts))
 
     def group(self, cost: Cost, k: int) -> Cost:
-        """(kε, k·e^{(k−1)ε}·δ) (Dwork and Roth 2014, Theorem 2.2 generalised; Vadhan
-        2017, Lemma 2.2)."""
-        delta = k * math.exp((k - 1) * cost.epsilon) * cost.delta
-        return Cost(k * cost.epsilon, delta, k * k * cost.rho)
+        """``dp/group_privacy``: (kε, k·e^{(k−1)ε}·δ)."""
+        epsilon, delta = approx_group(cost.epsilon, cost.delta, k)
+        return Cost(epsilon, delta, zcdp_group(cost.rho, k))
 
 
 class ZCDPAccountant:
@@ -173,8 +173,8 @@ class ZCDPAccountant:
         return self._at(math.fsum(p.rho for p in parts), delta)
 
     def group(self, cost: Cost, k: int) -> Cost:
-        """k²ρ (Bun and Steinke 2016, Proposition 1.9)."""
-        return self._at(k * k * cost.rho, cost.delta)
+        """``dp/group_privacy``: k²ρ."""
+        return self._at(zcdp_group(cost.rho, k), cost.delta)
 
     def fits(self, spent: Cost, cost: Cost, limit: Budget) -> bool:
         return spent.rho + cost.rho <= limit_rho(limit) * (1 + _SLACK)

@@ -13,8 +13,9 @@ import math
 from dataclasses import dataclass
 
 from dpmagic.gate.accounting import Accountant, Cost, rho_for
+from dpmagic.gate.dp.contribution import Contribution
+from dpmagic.gate.dp.sums import sum_l2_sensitivity, sum_sensitivity
 from dpmagic.gate.errors import required
-from dpmagic.gate.l2_sensitivity import sum_l2_sensitivity
 from dpmagic.gate.mechanisms import (
     GaussianNoise,
     Noise,
@@ -23,7 +24,6 @@ from dpmagic.gate.mechanisms import (
     gaussian_for_accuracy,
     laplace_for_accuracy,
 )
-from dpmagic.gate.sensitivity import Contribution, sum_sensitivity
 
 # The level of the interval every plan step reports, whatever the query asked for.
 REPORT_ALPHA = 0.05

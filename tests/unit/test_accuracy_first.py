@@ -10,11 +10,11 @@ import pytest
 
 from dpmagic.gate.accounting import ZCDPAccountant
 from dpmagic.gate.calibration import Accuracy, Target, noise_for
+from dpmagic.gate.dp.contribution import Contribution
 from dpmagic.gate.engine import Engine
 from dpmagic.gate.errors import BadRequest, OverBudget, Refused
 from dpmagic.gate.mechanisms import calibrate, laplace_for_accuracy
 from dpmagic.gate.policy import load_policy
-from dpmagic.gate.sensitivity import Contribution
 from tests.unit.test_engine import write_policy
 
 POLICY = """

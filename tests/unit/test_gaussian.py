@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from dpmagic.gate.accounting import ZCDPAccountant
-from dpmagic.gate.l2_sensitivity import sum_l2_squared
+from dpmagic.gate.dp.contribution import Contribution
+from dpmagic.gate.dp.sums import sum_l2_squared
 from dpmagic.gate.mechanisms import GaussianNoise, calibrate_gaussian, gaussian_for_accuracy
-from dpmagic.gate.sensitivity import Contribution
 from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
 from dpmagic.gate.sql.noise import noise

@@ -17,12 +17,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dpmagic.gate.sensitivity import (
-    Contribution,
-    count_sensitivity,
-    selection_distance,
-    sum_sensitivity,
-)
+from dpmagic.gate.dp.contribution import Contribution
+from dpmagic.gate.dp.counts import count_sensitivity
+from dpmagic.gate.dp.quantiles import selection_distance
+from dpmagic.gate.dp.sums import sum_sensitivity
 from dpmagic.gate.sql.rewrite import rewrite
 from tests.gate_helpers import dataset, exact_vectors, load_table, make_plan, neighbours
 

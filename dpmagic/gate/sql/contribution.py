@@ -81,8 +81,8 @@ from dataclasses import dataclass
 
 import duckdb
 
+from dpmagic.gate.dp.contribution import Contribution
 from dpmagic.gate.policy import AccountantKind, Column, Dataset, Table
-from dpmagic.gate.sensitivity import Contribution
 from dpmagic.gate.sql.bound import Interval
 from dpmagic.gate.sql.kinds import MeasureKind
 from dpmagic.gate.sql.resolve import Resolved

@@ -26,17 +26,15 @@ from sqlglot import exp
 
 from dpmagic.gate.accounting import Accountant, Cost
 from dpmagic.gate.calibration import Accuracy, Target, noise_for, spent
+from dpmagic.gate.dp.contribution import Contribution
+from dpmagic.gate.dp.partition_selection import key_reach
+from dpmagic.gate.dp.quantiles import selection_distance
+from dpmagic.gate.dp.sums import sum_l2_squared, sum_sensitivity
 from dpmagic.gate.errors import Refused, required
-from dpmagic.gate.l2_sensitivity import sum_l2_squared
 from dpmagic.gate.mechanisms import Noise
 from dpmagic.gate.partition_selection import KeySelection, calibrate_selection
-from dpmagic.gate.policy import AccountantKind, Dataset, Neighbouring
+from dpmagic.gate.policy import AccountantKind, Dataset
 from dpmagic.gate.selection import Grid, QuantileNoise, calibrate_quantile, grid
-from dpmagic.gate.sensitivity import (
-    Contribution,
-    selection_distance,
-    sum_sensitivity,
-)
 from dpmagic.gate.sql.bound import Bounded, Interval
 from dpmagic.gate.sql.check import AggregateCall, Checked, GroupKey
 from dpmagic.gate.sql.contribution import Bounding, bounding
@@ -377,8 +375,8 @@ def _private_keys_allowed(
 def _key_selection(c: Contribution, dataset: Dataset, share: Cost) -> KeySelection:
     """A unit counts once in each of the ``c.groups`` keys it may reach; replaced by
     another unit, it leaves its keys and the other reaches as many new ones."""
-    l0 = c.groups * (2 if dataset.neighbouring == Neighbouring.SUBSTITUTE else 1)
-    return calibrate_selection(l0, 1, share.epsilon, share.delta)
+    l0, linf = key_reach(c, dataset.neighbouring)
+    return calibrate_selection(l0, linf, share.epsilon, share.delta)
 
 
 def _accuracy_applies(checked: Checked, debiased: dict[str, Debias]) -> None:

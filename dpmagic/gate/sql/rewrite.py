@@ -46,9 +46,9 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
+from dpmagic.gate.dp.contribution import Contribution
 from dpmagic.gate.errors import Refused
 from dpmagic.gate.policy import Column
-from dpmagic.gate.sensitivity import Contribution
 from dpmagic.gate.sql.bound import Interval
 from dpmagic.gate.sql.contribution import Ranked, Window, scan_bounds
 from dpmagic.gate.sql.contribution import clamp as _clamp
