@@ -7,8 +7,10 @@ under-estimating version of the rule caught):
 - ``counts``: counts and distinct counts, sums of ones;
 - ``quantiles``: how many values a unit moves in the multisets a quantile scores;
 - ``partition_selection``: how many keys a unit can make appear or vanish;
-- ``group_privacy``: the cost for groups of ``k`` units, per accountant.
+- ``group_privacy``: the cost for groups of ``k`` units, per accountant;
+- ``join_bounding``: a join of one unit's rows keeps at most ``K`` joined rows;
+- ``randomized_response``: debiasing is unbiased post-processing.
 
-How the generated SQL enforces the contribution bound (load-time ranks, a join's
-room, the per-query window) is argued in ``dpmagic/gate/sql/contribution.py``.
+How the generated SQL enforces these (load-time ranks, a join's room, the
+per-query window) is in ``dpmagic/gate/sql/contribution.py``.
 """

@@ -34,37 +34,24 @@ contribution of one group of ``K`` rows, which ``contribution`` returns, and
 what ``tests/unit/test_sensitivity.py`` checks by brute force, seed by seed.
 
 Joins of private tables only. A join may multiply a unit's rows (a unit's
-``a`` rows joined to its ``b`` rows give up to ``a·b``), so each scan's rank
-filter is not enough by itself; counts stored at load are. Each kept row of
-a private table ``T`` also carries, for every private table ``U`` of the
-dataset, ``__dpmagic_rows_U``: how many rows its unit kept in ``U`` at load
-(0 if none), again a function of that unit's own rows. For a join of private
-scans over tables ``T_1 … T_m`` (``resolve`` has proven that every joined
-row's private rows belong to one unit, the row's unit), scan ``i`` keeps,
-with a filter on its own columns only, the ranks ``<= K // p_(i-1)``, where
-``p_0 = 1`` and ``p_i = p_(i-1) · GREATEST(1, LEAST(n_i, K // p_(i-1)))``
-with ``n_i`` the unit's count in ``T_i``. ``p_i`` is the same on every row of
-one unit, at least 1 and at most ``K``. A unit's joined rows after scan
-``i`` number at most ``p_i``: each row before it is completed by at most
-``LEAST(n_i, K // p_(i-1))`` matches (the ranks kept, and the rows it has in
-``T_i``), or by one NULL in a ``LEFT JOIN``. So a unit keeps at most
-``p_m <= K`` joined rows, chosen from its own rows and the seed alone, and
-the argument above holds unchanged: the same ``K``, the same sensitivity,
-seed by seed. Under an accountant that may add Gaussian noise, a join takes
+``a`` rows joined to its ``b`` rows give up to ``a·b``), so each kept row of a
+private table ``T`` also carries, for every private table ``U`` of the dataset,
+``__dpmagic_rows_U``: how many rows its unit kept in ``U`` at load (0 if none),
+again a function of that unit's own rows; each scan of a join keeps only the
+ranks its unit's earlier scans leave room for (``scan_bounds``), so that a unit
+keeps at most ``K`` joined rows. The rule and its proof are
+``dpmagic/gate/dp/join_bounding.py``; its brute-force test is beside it in
+``tests/unit/dp/``. Under an accountant that may add Gaussian noise, a join takes
 this path only where ``K`` is ``max_rows_per_partition``: elsewhere the L2
-sensitivity of ``K`` rows anywhere exceeds that of the window's rows in
-several groups, and the window stays. When a unit's rows multiply to at
-most ``K`` (a fact table joined to a table of one row per unit), nothing of
-it is dropped; beyond
-that, the earlier tables keep more rows and the later ones fewer. Being
-filters on each scan, these bounds cost no sort, no aggregate per unit and
-no extra column carried through the join (a 1M-row join: 17 ms, against
-225 ms with the window sorts). A public table in the join could multiply a
-unit's rows by its own duplicates, and a count of distinct units could
-spend a unit's ``K`` rows in ``K`` partitions, one unit each: those queries
-keep the per-query window bounding of ``rewrite.bound_contributions`` after
-their joins, on tables already truncated at load, which only ever removes
-rows of the unit they belong to.
+sensitivity of ``K`` rows anywhere exceeds that of the window's rows in several
+groups, and the window stays. These bounds are filters on each scan: no sort, no
+aggregate per unit, no extra column carried through the join (a 1M-row join:
+17 ms, against 225 ms with the window sorts). A public table in the join could
+multiply a unit's rows by its own duplicates, and a count of distinct units could
+spend a unit's ``K`` rows in ``K`` partitions, one unit each: those queries keep
+the per-query window bounding of ``rewrite.bound_contributions`` after their
+joins, on tables already truncated at load, which only ever removes rows of the
+unit they belong to.
 
 ``K`` is ``max_rows_per_partition`` without a ``GROUP BY``, and
 ``min(max_partitions, partitions) × max_rows_per_partition`` with one: the
@@ -183,8 +170,9 @@ def bounding(
 
 def scan_bounds(tables: list[str], ranked: int) -> list[str]:
     """The filter each private scan of a query (over ``tables``, in join order) puts on
-    its own columns so that a unit keeps at most ``ranked`` rows (see above): the
-    first ``ranked`` ranks of a single table, less room for a join's later scans."""
+    its own columns so that a unit keeps at most ``ranked`` rows: the first
+    ``ranked`` ranks of a single table, less room for a join's later scans. This is
+    ``dp.join_bounding.rooms`` written in SQL over the counts stored at load."""
     filters = []
     product = None
     for table in tables:

@@ -19,7 +19,8 @@ COUNT(DISTINCT), beside other aggregates in a GROUP BY over it) is refused by
 :func:`debiasing`, from the query and the policy alone, before data is read.
 
 Debiasing (:func:`debias`) is post-processing of the noisy measurements: it
-costs no privacy and the central noise is unchanged. Its interval is a
+costs no privacy and the central noise is unchanged (the rule and its proof:
+``dpmagic/gate/dp/randomized_response.py``). Its interval is a
 *normal approximation*: the randomization's standard deviation (a plug-in
 estimate, see the functions below) times the normal quantile, combined in
 quadrature with the central noise's own (OpenDP) half-width of the same
@@ -39,6 +40,7 @@ from statistics import NormalDist
 
 from sqlglot import exp
 
+from dpmagic.gate.dp.randomized_response import random_share, true_count, true_sum
 from dpmagic.gate.errors import Refused, required
 from dpmagic.gate.policy import Column
 from dpmagic.gate.sql.check import Checked
@@ -232,7 +234,7 @@ def debias(
 
 def _counts(d: Debias, counts: list[float], groups: list[list[int]]) -> Debiased:
     """``t_v = (c_v − r·n)/p`` in each group, ``n`` its noisy total, ``r = (1−p)/k``."""
-    r = (1 - d.p) / d.k  # the chance a respondent reports any one value at random
+    r = random_share(d.p, d.k)
     own = (1 - r) / d.p  # the weight of c_v's noise in t_v; each other count's is r/p
     gain = math.sqrt(own * own + (d.k - 1) * (r / d.p) ** 2)
     values = [0.0] * len(counts)
@@ -240,7 +242,7 @@ def _counts(d: Debias, counts: list[float], groups: list[list[int]]) -> Debiased
     for group in groups:
         n = max(sum(counts[i] for i in group), 0.0)
         for i in group:
-            t = (counts[i] - r * n) / d.p
+            t = true_count(counts[i], n, d.p, d.k)
             values[i] = t
             sds[i] = math.sqrt(_count_variance(t, n, d.p, r)) / d.p
     return Debiased(values, sds, [(gain, 0.0)] * len(counts), (0.0, math.inf))
@@ -257,7 +259,7 @@ def _sums(d: Debias, sums: list[float], counts: list[float]) -> Debiased:
     values, sds, gains = [], [], []
     for s, c in zip(sums, counts, strict=True):
         n = max(c, 0.0)
-        total = (s - (1 - d.p) * d.mean * c) / d.p
+        total = true_sum(s, c, d.p, d.mean)
         values.append(total)
         sds.append(math.sqrt(_sum_variance(d, total / n if n >= 1 else d.mean, n)) / d.p)
         gains.append((1 / d.p, (1 - d.p) * abs(d.mean) / d.p))
