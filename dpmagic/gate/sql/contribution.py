@@ -67,6 +67,7 @@ import secrets
 from dataclasses import dataclass
 
 import duckdb
+from sqlglot import exp
 
 from dpmagic.gate.dp.contribution import Contribution
 from dpmagic.gate.policy import AccountantKind, Column, Dataset, Table
@@ -168,18 +169,23 @@ def bounding(
     return Ranked(k)
 
 
-def scan_bounds(tables: list[str], ranked: int) -> list[str]:
+def scan_bounds(tables: list[str], ranked: int) -> list[exp.Expression]:
     """The filter each private scan of a query (over ``tables``, in join order) puts on
     its own columns so that a unit keeps at most ``ranked`` rows: the first
     ``ranked`` ranks of a single table, less room for a join's later scans. This is
     ``dp.join_bounding.rooms`` written in SQL over the counts stored at load."""
-    filters = []
-    product = None
+    filters: list[exp.Expression] = []
+    product: exp.Expression | None = None
     for table in tables:
-        room = str(ranked) if product is None else f"({ranked} // {product})"
-        filters.append(f"{quoted(RANK)} <= {room}")
-        factor = f"GREATEST(1, LEAST({quoted(ROWS + table)}, {room}))"
-        product = factor if product is None else f"({product} * {factor})"
+        k = exp.Literal.number(ranked)
+        room = k if product is None else exp.Paren(this=exp.IntDiv(this=k, expression=product))
+        filters.append(exp.LTE(this=exp.column(RANK, quoted=True), expression=room))
+        count = exp.column(ROWS + table, quoted=True)
+        least = exp.Least(this=count, expressions=[room.copy()], ignore_nulls=True)
+        factor = exp.Greatest(this=exp.Literal.number(1), expressions=[least], ignore_nulls=True)
+        product = (
+            factor if product is None else exp.Paren(this=exp.Mul(this=product, expression=factor))
+        )
     return filters
 
 
@@ -291,6 +297,28 @@ def clamp(value: str, bounds: Interval) -> str:
         f"(CASE WHEN {value} IS NULL THEN NULL WHEN {value} < {lo} THEN {lo} "
         f"WHEN {value} > {hi} THEN {hi} ELSE {value} END)"
     )
+
+
+def clamped(value: exp.Expression, bounds: Interval) -> exp.Expression:
+    """``clamp`` as a tree, for the SQL of each query."""
+    lo, hi = literal(bounds.lo, bounds.integral), literal(bounds.hi, bounds.integral)
+    return exp.Paren(
+        this=exp.Case(
+            ifs=[
+                exp.If(this=exp.Is(this=value.copy(), expression=exp.Null()), true=exp.Null()),
+                exp.If(this=exp.LT(this=value.copy(), expression=lo), true=lo.copy()),
+                exp.If(this=exp.GT(this=value.copy(), expression=hi), true=hi.copy()),
+            ],
+            default=value.copy(),
+        )
+    )
+
+
+def literal(value: float, integral: bool) -> exp.Expression:
+    """``number`` as a tree: an integer, or a double written exactly."""
+    if integral:
+        return exp.Literal.number(int(value))
+    return exp.cast(exp.Literal.string(repr(float(value))), exp.DataType.Type.DOUBLE)
 
 
 def number(value: float, integral: bool) -> str:

@@ -1,0 +1,43 @@
+"""What differs between the engines the gate's SQL runs on: one profile each.
+
+``rewrite`` builds the query as a sqlglot tree; where an engine's SQL differs (its
+keyed hash, its exact sum, how it counts rows per quantile candidate, how a row
+expression is kept from raising), the rewrite asks the profile, and the profile
+renders the finished tree. DuckDB's is the one profile today.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlglot import exp
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """An engine's SQL, as far as the gate's generated queries need it."""
+
+    sqlglot: str  # the sqlglot dialect the tree is rendered in
+
+    def hash(self, *args: exp.Expression) -> exp.Expression:
+        """A keyed 64-bit hash of ``args`` (the seed among them), for row orders."""
+        return exp.Anonymous(this="hash", expressions=list(args))
+
+    def exact_sum(self, value: exp.Expression, wide: bool) -> exp.Expression:
+        """An exact sum of integers: DuckDB sums BIGINTs into a HUGEINT (128 bits, whose
+        overflow the plan has ruled out), faster than HUGEINTs; ``wide`` when a value
+        may not fit in a BIGINT."""
+        kind = exp.DataType.Type.INT128 if wide else exp.DataType.Type.BIGINT
+        return exp.Sum(this=exp.cast(value, kind))
+
+    def histogram(self, value: exp.Expression) -> exp.Expression:
+        """The count of rows per value (a quantile's candidate index), NULLs left out."""
+        counts = exp.Anonymous(this="histogram", expressions=[value])
+        kept = exp.Where(this=exp.Not(this=exp.Is(this=value.copy(), expression=exp.Null())))
+        return exp.Filter(this=counts, expression=kept)
+
+    def render(self, tree: exp.Expression) -> str:
+        return tree.sql(dialect=self.sqlglot)
+
+
+DUCKDB = Dialect("duckdb")
