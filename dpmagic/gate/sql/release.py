@@ -27,7 +27,6 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -38,14 +37,13 @@ from sqlglot import exp
 
 from dpmagic.gate.mechanisms import GaussianNoise
 from dpmagic.gate.sql.check import Checked
+from dpmagic.gate.sql.dialect import DUCKDB
 from dpmagic.gate.sql.intervals import fieller, variance_half_width
 from dpmagic.gate.sql.kinds import MeasureKind
 from dpmagic.gate.sql.noise import Noisy, Partition
-from dpmagic.gate.sql.parse import DIALECT
 from dpmagic.gate.sql.plan import Avg, DebiasedSum, Measured, Measurement, Plan, Selection, Variance
 from dpmagic.gate.sql.randomized import Debiased, debias
 from dpmagic.gate.sql.totality import generated
-from dpmagic.gate.sql.trees import quoted
 
 ALPHA = 0.05
 PID = "__pid"
@@ -69,24 +67,26 @@ def release(noisy: Noisy, alpha: float = ALPHA) -> Released:
     debiased = _debiased(plan, noisy)
     table = _noisy_table(plan, noisy, debiased)
     post = _PostExpr(plan, checked)
-    exprs = [f'"{PID}"', *(post.sql(o.expr) for o in checked.outputs)]
-    names = [quoted(PID), *(quoted(o.name) for o in checked.outputs)]
-    sql = f"SELECT {', '.join(f'{e} AS {n}' for e, n in zip(exprs, names, strict=True))} FROM noisy"
-    if checked.having is not None:
-        sql += f" WHERE {post.sql(checked.having)}"
-    if checked.order:
-        sql += " ORDER BY " + ", ".join(post.sql(o) for o in checked.order)
-    if checked.limit is not None:
-        sql += f" LIMIT {checked.limit}"
-    if checked.offset is not None:
-        sql += f" OFFSET {checked.offset}"
+    exprs = [_col(PID), *(post.tree(o.expr) for o in checked.outputs)]
+    names = [PID, *(o.name for o in checked.outputs)]
     plain = checked.having is None and not checked.order and checked.limit is checked.offset is None
     result = _direct(table, exprs) if plain else None
     if result is None:
+        query = exp.select(
+            *(exp.alias_(e, n, quoted=True) for e, n in zip(exprs, names, strict=True))
+        ).from_("noisy")
+        if checked.having is not None:
+            query = query.where(post.tree(checked.having))
+        if checked.order:
+            query = query.order_by(*(post.tree(o) for o in checked.order))
+        if checked.limit is not None:
+            query = query.limit(checked.limit)
+        if checked.offset is not None:
+            query = query.offset(checked.offset)
         con = _POST_DB.cursor()
         try:
             con.register("noisy", table)
-            result = con.execute(sql).fetchall()
+            result = con.execute(DUCKDB.render(query)).fetchall()
         finally:
             con.close()
 
@@ -123,11 +123,7 @@ def release(noisy: Noisy, alpha: float = ALPHA) -> Released:
     )
 
 
-_COLUMN = re.compile(r'"((?:[^"]|"")+)"')
-_FLOORED = re.compile(r'GREATEST\("((?:[^"]|"")+)", 0\)')
-
-
-def _direct(table: pd.DataFrame, exprs: list[str]) -> list[tuple] | None:
+def _direct(table: pd.DataFrame, exprs: list[exp.Expression]) -> list[tuple] | None:
     """What DuckDB returns for ``SELECT exprs FROM table`` when every expression is a
     bare column or a column floored at zero (keys, counts, sums, quantiles: most
     queries), computed here from the same typed columns; None for anything else.
@@ -135,20 +131,33 @@ def _direct(table: pd.DataFrame, exprs: list[str]) -> list[tuple] | None:
     as the rest of the release pass."""
     columns = []
     for e in exprs:
-        match = _FLOORED.fullmatch(e) or _COLUMN.fullmatch(e)
-        name = None if match is None else match[1].replace('""', '"')
-        if match is None or name not in table.columns:
+        floored = _floored(e)
+        column = floored if floored is not None else e
+        if not isinstance(column, exp.Column) or column.name not in table.columns:
             return None
+        name = column.name
         values = _plain(table[name])
         if values is None:
             return None
-        if match.re is _FLOORED:
+        if floored is not None:
             if table[name].dtype.kind not in "if":
                 return None
             zero = 0.0 if table[name].dtype.kind == "f" else 0
             values = [max(v, zero) for v in values]
         columns.append(values)
     return list(zip(*columns, strict=True))
+
+
+def _floored(e: exp.Expression) -> exp.Column | None:
+    """The column of ``GREATEST(column, 0)``, the form a count is released in."""
+    if (
+        isinstance(e, exp.Greatest)
+        and isinstance(e.this, exp.Column)
+        and len(e.expressions) == 1
+        and e.expressions[0] == exp.Literal.number(0)
+    ):
+        return e.this
+    return None
 
 
 def _plain(column: pd.Series) -> list[object] | None:
@@ -257,10 +266,10 @@ class _PostExpr:
         }
         return len(whole) + len(others)
 
-    def sql(self, node: exp.Expression) -> str:
+    def tree(self, node: exp.Expression) -> exp.Expression:
         def swap(n: exp.Expression) -> exp.Expression:
             if isinstance(n, exp.Column) and n.name in self.plan.parts:
-                return exp.maybe_parse(self._aggregate(n.name), dialect=DIALECT)
+                return self._aggregate(n.name)
             return n
 
         # Post-processing cannot raise either: an error would cost the user the ε
@@ -274,41 +283,43 @@ class _PostExpr:
             target = exp.Try(this=target)
         if isinstance(out, exp.Ordered):
             out.set("this", target)
-            return out.sql(dialect=DIALECT)
-        return target.sql(dialect=DIALECT)
+            return out
+        return target
 
-    def _aggregate(self, name: str) -> str:
+    def _aggregate(self, name: str) -> exp.Expression:
+        """The released value of aggregate ``name``, over the noisy table's columns."""
         agg = self.checked.aggregate(name)
         if name in self.plan.debiased:
             # Already clipped where the estimate has bounds: only counts are floored here.
-            column = quoted(_debiased_column(name))
-            return f"GREATEST({column}, 0)" if agg.func == "count" else column
+            column = _col(_debiased_column(name))
+            return _at_least(column, 0) if agg.func == "count" else column
         parts = self.plan.parts[name]
         if isinstance(parts, Measured):
-            column = f'"__{parts.name}"'
-            return f"GREATEST({column}, 0)" if agg.func in ("count", "count_distinct") else column
+            column = _col(f"__{parts.name}")
+            return _at_least(column, 0) if agg.func in ("count", "count_distinct") else column
         if isinstance(parts, Avg):
             total = self.plan.measurement(parts.total)
-            lo, hi = _literal(total.bounds.lo), _literal(total.bounds.hi)
-            total_col, count_col = f'"__{parts.total}"', f'"__{parts.count}"'
-            mean = f"{_literal(total.centre_value)} + {total_col} / GREATEST({count_col}, 1)"
-            return f"LEAST(GREATEST({mean}, {lo}), {hi})"
+            share = _col(f"__{parts.total}") / _at_least(_col(f"__{parts.count}"), 1)
+            mean = _literal(total.centre_value) + share
+            return _within_sql(mean, _literal(total.bounds.lo), _literal(total.bounds.hi))
         if not isinstance(parts, Variance):
             raise ValueError(f"{name}: a debiased sum is released from its debiased column")
-        count, s1, s2 = (f'"__{n}"' for n in parts.names)
+        count, s1, s2 = (_col(f"__{n}") for n in parts.names)
         ms = [self.plan.measurement(n) for n in parts.names]
         widest = _literal(_max_variance(self.plan, parts))
-        n = f"GREATEST({count}, {2 if agg.func.endswith('samp') else 1})"
+        n = _at_least(count, 2 if agg.func.endswith("samp") else 1)
         # Means of the values' distance to the middle of the bounds and of its square:
         # each sum is released centred on its own centre.
-        m1 = f"({_literal(ms[1].centre_value)} + {s1} / {n})"
-        m2 = f"({_literal(ms[2].centre_value)} + {s2} / {n})"
-        pop = f"({m2} - {m1} * {m1})"
+        m1 = exp.Paren(this=_literal(ms[1].centre_value) + s1 / n)
+        m2 = exp.Paren(this=_literal(ms[2].centre_value) + s2 / n)
+        pop = exp.Paren(this=m2 - m1 * m1.copy())
         if agg.func.endswith("samp"):
-            var = f"LEAST(GREATEST({pop} * {n} / ({n} - 1), 0), {widest} * {n} / ({n} - 1))"
+            less_one = exp.Paren(this=n.copy() - 1)
+            var = _within_sql(pop * n.copy() / less_one, exp.Literal.number(0),
+                              widest * n.copy() / less_one.copy())  # fmt: skip
         else:
-            var = f"LEAST(GREATEST({pop}, 0), {widest})"
-        return f"SQRT({var})" if agg.func.startswith("stddev") else var
+            var = _within_sql(pop, exp.Literal.number(0), widest)
+        return exp.Sqrt(this=var) if agg.func.startswith("stddev") else var
 
 
 def _is_whole(plan: Plan, name: str) -> bool:
@@ -563,8 +574,22 @@ def _within(value: float, lo: float, hi: float) -> float:
     return min(max(value, lo), hi)
 
 
-def _literal(value: float) -> str:
-    return f"CAST('{float(value)!r}' AS DOUBLE)"
+def _literal(value: float) -> exp.Expression:
+    return exp.cast(exp.Literal.string(repr(float(value))), exp.DataType.Type.DOUBLE)
+
+
+def _col(name: str) -> exp.Column:
+    return exp.column(name, quoted=True)
+
+
+def _at_least(value: exp.Expression, floor: int) -> exp.Expression:
+    return exp.Greatest(this=value, expressions=[exp.Literal.number(floor)], ignore_nulls=True)
+
+
+def _within_sql(value: exp.Expression, lo: exp.Expression, hi: exp.Expression) -> exp.Expression:
+    """``LEAST(GREATEST(value, lo), hi)``."""
+    low = exp.Greatest(this=value, expressions=[lo], ignore_nulls=True)
+    return exp.Least(this=low, expressions=[hi], ignore_nulls=True)
 
 
 def _json(value: object) -> object:
