@@ -33,7 +33,7 @@ from dpmagic.gate.sql.randomized import Debias, debias
 from dpmagic.gate.sql.resolve import resolve
 from dpmagic.gate.sql.rewrite import rewrite
 from dpmagic.result import DPResult, SchemaView
-from tests.gate_helpers import dataset, make_plan
+from tests.gate_helpers import dataset, make_plan, running_engine
 
 SMOKER = {"type": "int", "public_values": [0, 1], "randomized_response": {"p": 0.75}}
 DRINKS = {"type": "int", "public_values": [0, 1, 2], "randomized_response": {"p": 0.6}}
@@ -171,13 +171,10 @@ smoker = { type = "int", public_values = [0, 1], randomized_response = { p = 0.7
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory):
+    rows = [(i, 20 + i % 60, int(i % 3 == 0)) for i in range(300)]
     folder = tmp_path_factory.mktemp("rr")
-    rows = [f"{i},{20 + i % 60},{i % 3 == 0:d}" for i in range(300)]
-    (folder / "t.csv").write_text("pid,age,smoker\n" + "\n".join(rows) + "\n")
-    (folder / "policy.toml").write_text(textwrap.dedent(POLICY))
-    e = Engine(load_policy(folder / "policy.toml"))
-    yield e
-    e.close()
+    with running_engine(folder, textwrap.dedent(POLICY), {"t": ("pid,age,smoker", rows)}) as e:
+        yield e
 
 
 @pytest.mark.parametrize(
