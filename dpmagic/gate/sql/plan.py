@@ -265,33 +265,11 @@ def plan(
     asked = None if accuracy is not None else accountant.query_cost(epsilon, delta)
     private = next((d.private for d in bounded.domains if d.private), None)
     if private is not None:
-        _private_keys_allowed(private, accountant, delta, accuracy)
-        if any(d.key is not None for d in debiased.values()):
-            # Debiasing a count needs every value of the column in each group.
-            raise Refused(
-                f"{private}: a randomized-response column can only be grouped with public keys"
-            )
+        _private_keys_allowed(private, accountant, delta, accuracy, debiased)
     partitions = () if private else _partitions(checked.keys, bounded.domains)
     reach = ANY_PARTITIONS if private else len(partitions)
 
-    wanted: dict[Key, Wanted] = {}
-    counted: dict[Key, Key] = {}  # a centred sum -> the count of the rows it adds up
-    quantiles: dict[tuple[float, str], tuple[exp.Expression, Interval, str]] = {}
-    uses: dict[str, tuple[Key, ...]] = {}
-    for agg in checked.aggregates:
-        if agg.func == "quantile":
-            arg = required(agg.arg, "a quantile's argument")
-            key = (required(agg.level, "a quantile's level"), arg.sql(dialect=DIALECT))
-            quantiles.setdefault(key, (arg, bounded.bounds[agg.name], agg.label))
-            uses[agg.name] = (("quantile", f"{key[0]}|{key[1]}"),)
-            continue
-        parts = _parts(agg, bounded.bounds.get(agg.name), resolved, agg.name in debiased)
-        keys = tuple(_want(wanted, part) for part in parts)
-        for key, part in zip(keys, parts, strict=True):
-            if part[4] is not None:
-                counted[key] = keys[part[4]]
-        uses[agg.name] = keys
-
+    wanted, counted, quantiles, uses = _wanted(bounded, debiased)
     kinds = {kind for kind, *_ in wanted.values()}
     bounds = bounding(dataset, resolved, bool(checked.keys), reach, kinds, private is not None)
     contribution = bounds.contribution(reach)
@@ -348,8 +326,43 @@ def plan(
     )
 
 
+Quantiles = dict[tuple[float, str], tuple[exp.Expression, Interval, str]]
+
+
+def _wanted(
+    bounded: Bounded, debiased: dict[str, Debias]
+) -> tuple[dict[Key, Wanted], dict[Key, Key], Quantiles, dict[str, tuple[Key, ...]]]:
+    """What the aggregates are measured by, each measurement once however many
+    aggregates read it: the measurements, each centred sum's count, the quantiles,
+    and per aggregate the keys of what it is made of."""
+    checked = bounded.checked
+    wanted: dict[Key, Wanted] = {}
+    counted: dict[Key, Key] = {}  # a centred sum -> the count of the rows it adds up
+    quantiles: Quantiles = {}
+    uses: dict[str, tuple[Key, ...]] = {}
+    for agg in checked.aggregates:
+        if agg.func == "quantile":
+            arg = required(agg.arg, "a quantile's argument")
+            key = (required(agg.level, "a quantile's level"), arg.sql(dialect=DIALECT))
+            quantiles.setdefault(key, (arg, bounded.bounds[agg.name], agg.label))
+            uses[agg.name] = (("quantile", f"{key[0]}|{key[1]}"),)
+            continue
+        bounds = bounded.bounds.get(agg.name)
+        parts = _parts(agg, bounds, checked.resolved, agg.name in debiased)
+        keys = tuple(_want(wanted, part) for part in parts)
+        for key, part in zip(keys, parts, strict=True):
+            if part[4] is not None:
+                counted[key] = keys[part[4]]
+        uses[agg.name] = keys
+    return wanted, counted, quantiles, uses
+
+
 def _private_keys_allowed(
-    reason: str, accountant: Accountant, delta: float, accuracy: Accuracy | None
+    reason: str,
+    accountant: Accountant,
+    delta: float,
+    accuracy: Accuracy | None,
+    debiased: dict[str, Debias],
 ) -> None:
     """Keys read from the data are released only by DP partition selection, whose
     (ε, δ) the approx accountant can charge; say what would make the query possible."""
@@ -369,6 +382,11 @@ def _private_keys_allowed(
         raise Refused(
             f"{reason}; or ask with a δ > 0 (for example -d 1e-6) to release the keys found "
             "in the data by DP partition selection"
+        )
+    if any(d.key is not None for d in debiased.values()):
+        # Debiasing a count needs every value of the column in each group.
+        raise Refused(
+            f"{reason}: a randomized-response column can only be grouped with public keys"
         )
 
 
