@@ -2,8 +2,8 @@
 
 ``rewrite`` builds the query as a sqlglot tree; where an engine's SQL differs (its
 keyed hash, its exact sum, how it counts rows per quantile candidate, how a row
-expression is kept from raising), the rewrite asks the profile, and the profile
-renders the finished tree. DuckDB's is the one profile today.
+expression is kept from raising: ``total``), the rewrite asks the profile, and the
+profile renders the finished tree. DuckDB's is the one profile today.
 """
 
 from __future__ import annotations
@@ -11,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sqlglot import exp
+
+from dpmagic.gate.sql.resolve import Resolved
+from dpmagic.gate.sql.totality import total
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,14 @@ class Dialect:
         counts = exp.Anonymous(this="histogram", expressions=[value])
         kept = exp.Where(this=exp.Not(this=exp.Is(this=value.copy(), expression=exp.Null())))
         return exp.Filter(this=counts, expression=kept)
+
+    def total(
+        self, tree: exp.Expression, resolved: Resolved, condition: bool = False
+    ) -> exp.Expression:
+        """``tree`` (a row expression over private rows) in a form that cannot raise on
+        any row: DuckDB's is proven total from types and intervals, else under ``TRY``
+        (``totality``); ``condition`` for a WHERE or ON."""
+        return total(tree, resolved, condition)
 
     def render(self, tree: exp.Expression) -> str:
         return tree.sql(dialect=self.sqlglot)

@@ -59,7 +59,7 @@ from dpmagic.gate.sql.keys import KeyDomain
 from dpmagic.gate.sql.kinds import MeasureKind
 from dpmagic.gate.sql.plan import Measurement, Plan, Selection
 from dpmagic.gate.sql.resolve import PRESENT, SEMI, Resolved, Scan
-from dpmagic.gate.sql.totality import comparable, total
+from dpmagic.gate.sql.totality import comparable
 from dpmagic.gate.sql.trees import conjuncts
 
 UNIT = "__unit"
@@ -81,7 +81,7 @@ def rewrite(plan: Plan, seed: int | None = None, dialect: Dialect = DUCKDB) -> R
     values = ["__v_" + m.name for m in plan.measurements if m.arg is not None]
     values += ["__v_" + s.name for s in plan.selections]
 
-    row = _Rows(resolved)
+    row = _Rows(resolved, dialect)
     row_cols = [_as(row.total(resolved.unit), UNIT)] if resolved.unit is not None else []
     row_cols += [_as(row.total(k.expr), k.name) for k in plan.keys]
     row_cols += [
@@ -344,16 +344,18 @@ def _stored_within(m: Measurement, resolved: Resolved) -> bool:
 
 @dataclass(frozen=True)
 class _Rows:
-    """The query's row expressions, each total (``totality``): every expression
-    evaluated on private rows goes through here."""
+    """The query's row expressions, each made unable to raise by the dialect's rule
+    (DuckDB's: ``totality``): every expression evaluated on private rows goes
+    through here."""
 
     resolved: Resolved
+    dialect: Dialect
 
     def total(self, tree: exp.Expression) -> exp.Expression:
-        return total(tree, self.resolved)
+        return self.dialect.total(tree, self.resolved)
 
     def condition(self, tree: exp.Expression) -> exp.Expression:
-        return total(tree, self.resolved, condition=True)
+        return self.dialect.total(tree, self.resolved, condition=True)
 
 
 def _ident(name: str) -> exp.Identifier:
