@@ -13,7 +13,7 @@ import duckdb
 
 from dpmagic.gate.accounting import PureAccountant
 from dpmagic.gate.engine import Engine
-from dpmagic.gate.policy import Dataset, load_policy, parse_policy
+from dpmagic.gate.policy import Dataset, Policy, load_policy, parse_policy
 from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
 from dpmagic.gate.sql.contribution import prepare_tables
@@ -27,19 +27,24 @@ from dpmagic.gate.sql.rewrite import rewrite
 Rows = tuple[str, Iterable[Sequence[object]]]  # a CSV header, and the rows under it
 
 
-@contextmanager
-def running_engine(
-    folder: Path, policy: str, tables: Mapping[str, Rows] | None = None
-) -> Iterator[Engine]:
-    """A real ``Engine`` under ``policy`` (TOML text, written to ``folder/policy.toml``)
-    over ``tables`` (each written to ``folder/NAME.csv``, as the policy's sources
-    name them), closed on exit; its state directory is the policy's."""
+def write_gate(folder: Path, policy: str, tables: Mapping[str, Rows] | None = None) -> Policy:
+    """``policy`` (TOML text) written to ``folder/policy.toml`` and ``tables`` (each
+    to ``folder/NAME.csv``, as the policy's sources name them), the policy loaded."""
     folder.mkdir(parents=True, exist_ok=True)
     for name, (header, rows) in (tables or {}).items():
         lines = [header] + [",".join("" if v is None else str(v) for v in row) for row in rows]
         (folder / f"{name}.csv").write_text("\n".join(lines) + "\n")
     (folder / "policy.toml").write_text(policy)
-    engine = Engine(load_policy(folder / "policy.toml"))
+    return load_policy(folder / "policy.toml")
+
+
+@contextmanager
+def running_engine(
+    folder: Path, policy: str, tables: Mapping[str, Rows] | None = None
+) -> Iterator[Engine]:
+    """A real ``Engine`` over ``write_gate``'s files, closed on exit; its state
+    directory is the policy's."""
+    engine = Engine(write_gate(folder, policy, tables))
     try:
         yield engine
     finally:

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from dpmagic.gate.engine import Engine
 from dpmagic.gate.errors import GateError
-from dpmagic.gate.policy import load_policy
+from tests.gate_helpers import running_engine
 
 SHARED = Path(__file__).resolve().parents[3] / "shared"
 pytestmark = pytest.mark.skipif(
@@ -42,8 +41,7 @@ def engine(tmp_path_factory):
             ),
         ]
     )
-    (folder / "policy.toml").write_text(
-        f"""
+    policy = f"""
 [gate]
 state_dir = "state"
 
@@ -59,10 +57,8 @@ query_default = {{ epsilon = 1.0 }}
 [datasets.pums.tables.pums.columns]
 {columns}
 """
-    )
-    e = Engine(load_policy(folder / "policy.toml"))
-    yield e
-    e.close()
+    with running_engine(folder, policy) as e:
+        yield e
 
 
 @pytest.mark.parametrize("sql", _lines("refuse.sql") if SHARED.is_dir() else [])

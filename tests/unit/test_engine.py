@@ -9,7 +9,7 @@ import pytest
 
 from dpmagic.gate.engine import Engine
 from dpmagic.gate.errors import BadRequest, Failed, OverBudget, Refused
-from dpmagic.gate.policy import load_policy
+from tests.gate_helpers import running_engine, write_gate
 
 POLICY = """
 [gate]
@@ -32,19 +32,20 @@ sex = {{ type = "int", public_values = [0, 1] }}
 """
 
 
+def _people(rows: int) -> list[tuple[int, int, int]]:
+    return [(i // 2, (i * 37) % 90, i % 2) for i in range(rows)]
+
+
 def write_policy(path, rows: int = 300, timeout: float = 30.0):
-    path.mkdir(parents=True, exist_ok=True)
-    lines = ["pid,age,sex"] + [f"{i // 2},{(i * 37) % 90},{i % 2}" for i in range(rows)]
-    (path / "t.csv").write_text("\n".join(lines) + "\n")
-    (path / "policy.toml").write_text(textwrap.dedent(POLICY.format(timeout=timeout)))
-    return load_policy(path / "policy.toml")
+    text = textwrap.dedent(POLICY.format(timeout=timeout))
+    return write_gate(path, text, {"t": ("pid,age,sex", _people(rows))})
 
 
 @pytest.fixture
 def engine(tmp_path):
-    e = Engine(write_policy(tmp_path))
-    yield e
-    e.close()
+    text = textwrap.dedent(POLICY.format(timeout=30.0))
+    with running_engine(tmp_path, text, {"t": ("pid,age,sex", _people(300))}) as e:
+        yield e
 
 
 def spent(engine: Engine, notebook: str = "nb") -> float:
