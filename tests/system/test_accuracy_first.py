@@ -1,28 +1,14 @@
-"""Accuracy first: ``accuracy=A`` buys the least cost at which every noisy cell's
-(1 - alpha) interval is ±A, and the interval holds at its stated rate."""
+"""Accuracy first: ``accuracy=A`` buys the least cost at which every noisy cell's (1 -
+alpha) interval is ±A, and the interval holds at its stated rate.
+
+Through real processes (gate, kernel or CLI); the in-process tests of the same subject,
+and the helpers used here, are in tests/unit/test_accuracy_first.py."""
 
 from __future__ import annotations
 
 import pytest
 
-POLICY = """
-[gate]
-state_dir = "state"
-
-[datasets.d]
-sources = {{ t = "t.csv" }}
-privacy_unit = "pid"
-accountant = "{accountant}"
-max_partitions = 2
-max_rows_per_partition = 2
-user_budget = {{ epsilon = {budget}, delta = 1e-6 }}
-query_default = {{ epsilon = 0.5 }}
-
-[datasets.d.tables.t.columns]
-pid = {{ type = "int" }}
-age = {{ type = "int", lower = 0, upper = 100 }}
-sex = {{ type = "int", public_values = [0, 1] }}
-"""
+from tests.unit.test_accuracy_first import POLICY  # noqa: F401
 
 
 def test_client_and_magic_ask_for_accuracy_through_a_real_gate(gate):

@@ -1,5 +1,8 @@
-"""Admin tools: ``dpmagic budget show|grant|reset`` and ``dpmagic audit``, on the
-ledger directly and against a running gate, whose next query must see a change."""
+"""Admin tools: ``dpmagic budget show|grant|reset`` and ``dpmagic audit``, on the ledger
+directly and against a running gate, whose next query must see a change.
+
+Through real processes (gate, kernel or CLI); the in-process tests of the same subject,
+and the helpers used here, are in tests/unit/test_admin.py."""
 
 from __future__ import annotations
 
@@ -8,25 +11,14 @@ import json
 
 import pytest
 
-from dpmagic.cli import main
 from dpmagic.client import Gate
 from dpmagic.errors import BudgetExhausted
-from dpmagic.gate.policy import Budget
 from tests.conftest import GateProcess
-
-USER_CAP = Budget(1.0)
-NOTEBOOK_CAP = Budget(0.6)
-COUNT = "SELECT COUNT(*) AS n FROM t"
+from tests.unit.test_admin import COUNT, NOTEBOOK_CAP, USER_CAP, cli  # noqa: F401
 
 
 def budget(gate: GateProcess, notebook: str = "a.ipynb") -> dict:
     return Gate(gate.address).budget(notebook=notebook)
-
-
-def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_grant_and_reset_reach_a_running_gate(

@@ -1,15 +1,11 @@
-"""Malformed request bodies: each is a ``400 bad_request`` that charges nothing
-and says so, on a real gate over its unix socket and in the engine itself.
+"""Malformed request bodies: each is a ``400 bad_request`` that charges nothing and says
+so, on a real gate over its unix socket and in the engine itself.
 
-Before, a number with hundreds of digits overflowed inside the engine and was
-answered ``500 failed`` with "the query failed after it was charged", and JSON
-nested 100,000 deep raised ``RecursionError`` the same way, though nothing had
-been charged.
-"""
+Through real processes (gate, kernel or CLI); the in-process tests of the same subject,
+and the helpers used here, are in tests/unit/test_bad_bodies.py."""
 
 from __future__ import annotations
 
-import json
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,38 +13,9 @@ from pathlib import Path
 import pytest
 
 from dpmagic.client import Gate
-from dpmagic.gate.service.body import MAX_DEPTH
 from tests.conftest import GateProcess, write_dataset
 from tests.system.test_server import call
-
-SQL = "SELECT COUNT(*) FROM t"
-NOTHING = "nothing was charged"
-
-
-def _nested(depth: int) -> str:
-    return "[" * depth + "1" + "]" * depth
-
-
-# Each a whole request body, as bytes on the wire.
-BAD_BODIES = {
-    "int with 400 digits": f'{{"sql": "{SQL}", "epsilon": 1{"0" * 399}}}',
-    "int past Python's 4300-digit limit": f'{{"sql": "{SQL}", "epsilon": {"9" * 5000}}}',
-    "float that overflows": f'{{"sql": "{SQL}", "epsilon": 1e400}}',
-    "float with 300 digits": f'{{"sql": "{SQL}", "epsilon": 0.{"1" * 300}}}',
-    "NaN": f'{{"sql": "{SQL}", "epsilon": NaN}}',
-    "Infinity": f'{{"sql": "{SQL}", "accuracy": Infinity}}',
-    "nested 100,000 deep": f'{{"sql": "{SQL}", "params": {{"a": {_nested(100_000)}}}}}',
-    "nested just past the limit": f'{{"sql": "{SQL}", "params": {{"a": {_nested(MAX_DEPTH)}}}}}',
-    "a 900 kB notebook name": json.dumps({"sql": SQL, "notebook": "n" * 900_000}),
-    "a 900 kB dataset name": json.dumps({"sql": SQL, "dataset": "d" * 900_000}),
-    "a 900 kB unknown field": json.dumps({"sql": SQL, "x" * 900_000: 1}),
-    "not UTF-8": '{"sql": "\udcff"}',
-    "a flag that is a string": json.dumps({"sql": SQL, "fresh": "yes"}),
-}
-
-
-def _wire(text: str) -> bytes:
-    return text.encode("utf-8", "surrogateescape")
+from tests.unit.test_bad_bodies import BAD_BODIES, NOTHING, SQL, _nested, _wire  # noqa: F401
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,10 @@
-"""Budget integrity against a real gate process: racing clients (threads and
-processes) never overspend, ``kill -9`` between the debit and the reply leaves
-the debit recorded and the ledger readable, the ledger and audit log survive
-restarts, and what a query costs never depends on the data.
-"""
+"""Budget integrity against a real gate process: racing clients (threads and processes)
+never overspend, ``kill -9`` between the debit and the reply leaves the debit recorded
+and the ledger readable, the ledger and audit log survive restarts, and what a query
+costs never depends on the data.
+
+Through real processes (gate, kernel or CLI); the in-process tests of the same subject,
+and the helpers used here, are in tests/unit/test_budget_integrity.py."""
 
 from __future__ import annotations
 
@@ -24,12 +26,16 @@ import pytest
 from dpmagic import BudgetExhausted
 from dpmagic.client import Gate
 from tests.conftest import GateProcess
-
-# The `gate` fixture's policy: user budget 5.0, notebook budget 2.0.
-USER_LIMIT = 5.0
-COST = 0.3
-WINS = int(USER_LIMIT / COST + 1e-9)  # 16 queries of 0.3 fit in 5.0; a 17th would not
-SQL = "SELECT COUNT(*) FROM t"
+from tests.unit.test_budget_integrity import (  # noqa: F401
+    COST,
+    NEIGHBOUR_POLICY,
+    QUERIES,
+    SLOW_POLICY,
+    SLOW_SQL,
+    SQL,
+    USER_LIMIT,
+    WINS,
+)
 
 
 def _spend_until_refused(address: str, notebook: str) -> int:
@@ -75,23 +81,6 @@ def test_racing_processes_never_overspend(gate):
 
 
 # -- a gate killed between the debit and the reply --------------------------------
-
-SLOW_POLICY = """
-[gate]
-state_dir = "state"
-response_quantum_ms = 4000
-
-[datasets.d]
-database = "slow.duckdb"
-privacy_unit = "pid"
-user_budget = { epsilon = 5.0 }
-notebook_budget = { epsilon = 5.0 }
-
-[datasets.d.tables.t.columns]
-pid = { type = "int" }
-s = { type = "str" }
-"""
-SLOW_SQL = "SELECT COUNT(*) FROM t WHERE s LIKE '%a%b%a%b%z%'"
 
 
 @pytest.fixture
@@ -171,34 +160,3 @@ def test_ledger_and_audit_log_survive_restarts(gate):
 
 
 # -- cost never depends on the data ----------------------------------------------
-
-NEIGHBOUR_POLICY = """
-[gate]
-state_dir = "state-{name}"
-response_quantum_ms = 0
-
-[datasets.d]
-database = "{name}.duckdb"
-privacy_unit = "pid"
-max_partitions = 2
-max_rows_per_partition = 2
-user_budget = {{ epsilon = 3.0 }}
-notebook_budget = {{ epsilon = 2.0 }}
-query_default = {{ epsilon = 0.25 }}
-
-[datasets.d.tables.t.columns]
-pid = {{ type = "int" }}
-age = {{ type = "int", lower = 0, upper = 100 }}
-sex = {{ type = "int", public_values = [0, 1] }}
-"""
-QUERIES = [
-    ("SELECT COUNT(*) FROM t", None),
-    ("SELECT sex, COUNT(*), AVG(age) FROM t GROUP BY sex", 0.5),
-    ("SELECT SUM(age) FROM t WHERE age > 90", None),
-    ("SELECT MEDIAN(age) FROM t", 0.3),
-    ("SELECT COUNT(*) FROM t WHERE age / (age - 99) > 1", None),
-    ("SELECT * FROM t", None),  # refused
-    ("SELECT SUM(age * age * age * age * age * age * age * age * age * age) FROM t", None),
-    ("SELECT COUNT(*) FROM t", 1.0),  # more than the notebook has left: refused for budget
-    ("SELECT COUNT(*) FROM t", None),  # a replay
-]

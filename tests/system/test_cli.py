@@ -1,4 +1,9 @@
-"""The ``dpmagic`` command, run as users run it: in a subprocess where it serves."""
+"""The ``dpmagic`` command, run as users run it: in a subprocess where it serves.
+
+Through real processes (gate, kernel or CLI); the in-process tests of the same subject,
+and the helpers used here, are in tests/unit/test_cli.py."""
+
+# ruff: noqa: F811 - fixtures shared with the unit tests are imported from them
 
 from __future__ import annotations
 
@@ -14,8 +19,8 @@ import pytest
 from dpmagic.cli import main
 from dpmagic.client import Gate
 from dpmagic.demo import GateProcess, example_file, prepare_example
-from dpmagic.examples.clinic import generate
 from dpmagic.init_policy import unfilled
+from tests.unit.test_cli import clinic_csv, spent_gate  # noqa: F401
 
 
 def _dpmagic(
@@ -28,11 +33,6 @@ def _dpmagic(
         text=True,
         timeout=timeout,
     )
-
-
-@pytest.fixture
-def clinic_csv(tmp_path: Path) -> dict[str, Path]:
-    return generate(tmp_path / "clinic", patients=60)
 
 
 def test_serve_refuses_a_skeleton_until_the_owner_fills_it(
@@ -134,21 +134,6 @@ def test_serve_prints_address_and_stops_on_sigterm(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-
-
-@pytest.fixture(scope="module")
-def spent_gate(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A gate's policy whose ledger holds real queries: two charged, one replayed."""
-    workdir = tmp_path_factory.mktemp("ledger")
-    policy = prepare_example(workdir, patients=80)
-    with GateProcess(policy, workdir / "gate.sock", workdir / "gate.log") as gate:
-        client = Gate(gate.address)
-        client.query("SELECT COUNT(*) AS n FROM visits", epsilon=0.25, notebook="a.ipynb")
-        client.query("SELECT COUNT(*) AS n FROM visits", epsilon=0.25, notebook="a.ipynb")
-        client.query(
-            "SELECT sex, COUNT(*) AS n FROM patients GROUP BY sex", epsilon=0.5, notebook="b.ipynb"
-        )
-    return policy
 
 
 def test_budget_show(spent_gate: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,4 +1,7 @@
-"""The client against a real gate process: answers, replay, refusals, budget, outages."""
+"""The client against a real gate process: answers, replay, refusals, budget, outages.
+
+Through real processes (gate, kernel or CLI); the in-process tests of the same subject,
+and the helpers used here, are in tests/unit/test_client.py."""
 
 from __future__ import annotations
 
@@ -9,8 +12,7 @@ import pytest
 from dpmagic.client import Gate
 from dpmagic.errors import AuthError, BudgetExhausted, DPError, QueryRefused
 from tests.conftest import TOKENS
-
-COUNT_BY_SEX = "SELECT sex, COUNT(*) AS n FROM t GROUP BY sex ORDER BY sex"
+from tests.unit.test_client import COUNT_BY_SEX
 
 
 def test_health_schema_and_fresh_budget(gate):

@@ -1,21 +1,16 @@
-"""Completion in %%dpsql cells: the IPython matcher the kernel answers with, fed by a
-real gate's public schema, asked through IPython's own completer as a front end asks."""
+"""Completion in %%dpsql cells: the IPython matcher the kernel answers with, fed by a real
+gate's public schema, asked through IPython's own completer as a front end asks.
+
+Through real processes (gate, kernel or CLI); the in-process tests of the same subject,
+and the helpers used here, are in tests/unit/test_completion.py."""
 
 # ruff: noqa: F811 - the shell fixtures are test_magics.py's
 from __future__ import annotations
 
 import pytest
-from IPython.core.completer import provisionalcompleter
-from IPython.core.interactiveshell import InteractiveShell
 
 from tests.system.test_magics import connected, ipython, shell  # noqa: F401
-
-
-def complete(shell: InteractiveShell, text: str, cursor: int | None = None) -> list[tuple]:
-    at = len(text) if cursor is None else cursor
-    with provisionalcompleter():
-        found = shell.Completer.completions(text, at)
-        return [(c.text, c.type) for c in found]
+from tests.unit.test_completion import complete
 
 
 def texts(found: list[tuple]) -> list[str]:

@@ -1,4 +1,9 @@
-"""The magics in a real IPython shell, against a real gate process."""
+"""The magics in a real IPython shell, against a real gate process.
+
+Through real processes (gate, kernel or CLI); the in-process tests of the same subject,
+and the helpers used here, are in tests/unit/test_magics.py."""
+
+# ruff: noqa: F811 - fixtures shared with the unit tests are imported from them
 
 from __future__ import annotations
 
@@ -9,32 +14,11 @@ from pathlib import Path
 import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
-from traitlets.config import Config
 
 from dpmagic import identity
-from dpmagic.magics import DpSql, register
 from dpmagic.result import BudgetView, DPResult, SchemaView
 from tests.conftest import TOKENS
-
-COUNT_BY_SEX = "SELECT sex, COUNT(*) AS n FROM t GROUP BY sex ORDER BY sex"
-
-
-@pytest.fixture(scope="module")
-def ipython() -> InteractiveShell:
-    config = Config()
-    config.HistoryManager.hist_file = ":memory:"
-    return InteractiveShell.instance(config=config)
-
-
-@pytest.fixture
-def shell(ipython: InteractiveShell, monkeypatch) -> InteractiveShell:
-    """The shell with the extension loaded afresh and no gate configured."""
-    monkeypatch.delenv("DPMAGIC_GATE", raising=False)
-    monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
-    ipython.user_ns.pop("__session__", None)
-    ipython.configurables[:] = [c for c in ipython.configurables if not isinstance(c, DpSql)]
-    register(ipython)
-    return ipython
+from tests.unit.test_magics import COUNT_BY_SEX, ipython, shell  # noqa: F401
 
 
 @pytest.fixture
