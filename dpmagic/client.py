@@ -130,11 +130,14 @@ class Gate:
         alpha: float | None = None,
         mock: bool = False,
         mock_rows: int | None = None,
+        bounding_report: float | None = None,
     ) -> DPResult:
         """Run ``sql`` through the gate; the reply's cost is already charged.
 
         ``accuracy=A`` (with ``alpha``, default 0.05) asks instead of an ε for the
         least cost at which every noisy cell's (1 - alpha) interval is ±A.
+        ``bounding_report=S`` spends the share ``S`` of the query's ε on a noisy
+        count of the rows the contribution bounds left out (``DPResult.bounding``).
         ``mock=True`` instead answers on fake tables drawn from the public schema,
         in this process (``mock_rows`` privacy units, default 1000): only the
         schema is fetched, the query never reaches the gate, nothing is charged.
@@ -147,6 +150,7 @@ class Gate:
             "delta": delta,
             "accuracy": accuracy,
             "alpha": alpha,
+            "bounding_report": bounding_report,
             "dataset": dataset,
             "notebook": notebook,
             "params": params,

@@ -72,6 +72,7 @@ class QueryOptions:
     mock_rows: int | None = None
     save: str | None = None
     with_: list[str] = field(default_factory=list)
+    bounding_report: float | None = None
 
 
 FLAGS = {"--dry-run": "dry_run", "--fresh": "fresh", "--mock": "mock"}
@@ -86,6 +87,7 @@ VALUED = {
     "--dataset": "dataset",
     "--accuracy": "accuracy",
     "--alpha": "alpha",
+    "--bounding-report": "bounding_report",
     "-o": "out",
     "--out": "out",
 }
@@ -130,14 +132,14 @@ def parse_line(text: str) -> tuple[QueryOptions, str]:
 
 
 def _option_value(field: str, name: str, raw: str) -> float | int | str:
-    if field in ("epsilon", "delta", "accuracy", "alpha"):
+    if field in ("epsilon", "delta", "accuracy", "alpha", "bounding_report"):
         try:
             value = float(raw)
         except ValueError:
             raise UsageError(f"option {name} needs a number, not {raw!r}") from None
         if not (value > 0 or (field == "delta" and value == 0)) or value == float("inf"):
             raise UsageError(f"option {name} must be a positive number, not {raw!r}")
-        if field == "alpha" and value >= 1:
+        if field in ("alpha", "bounding_report") and value >= 1:
             raise UsageError(f"option {name} must be between 0 and 1, not {raw!r}")
         return value
     if field == "mock_rows":
@@ -277,7 +279,8 @@ class DpSql(Magics):
         """Run differentially private SQL through the gate and show the noisy answer.
 
             %%dpsql [-e EPS | --accuracy A [--alpha 0.05]] [-d DELTA] [--dataset NAME]
-                    [--dry-run] [--fresh] [--mock [--mock-rows N]] [--save NAME]
+                    [--bounding-report SHARE] [--dry-run] [--fresh]
+                    [--mock [--mock-rows N]] [--save NAME]
                     [--with NAME ...] [-o VAR] [VAR <<]
             SELECT ...
 
@@ -289,6 +292,9 @@ class DpSql(Magics):
                            cell's interval ±A (COUNT and SUM outputs)
         --alpha ALPHA      the interval's level for --accuracy: 1 - ALPHA (default 0.05)
         --dataset NAME     dataset to query (default: DpSql.dataset, then the gate's only one)
+        --bounding-report SHARE
+                           spend SHARE (0 to 1) of this query's ε on a noisy count of
+                           the rows the contribution bounds left out, shown in the footer
         --dry-run          show the plan and what it would cost; nothing is charged
         --fresh            spend again instead of replaying a stored answer
         --mock             answer on fake tables drawn from the public schema, in this
@@ -325,6 +331,8 @@ class DpSql(Magics):
             raise UsageError("--alpha goes with --accuracy")
         if opts.accuracy is not None and opts.epsilon is not None:
             raise UsageError("give -e or --accuracy, not both")
+        if opts.bounding_report is not None and (opts.accuracy is not None or opts.mock):
+            raise UsageError("--bounding-report goes with an ε, not with --accuracy or --mock")
         epsilon = None if opts.accuracy is not None else _first(opts.epsilon, self.epsilon)
         sql, as_strings = bind_templates(sql)
         params = self._parameters(sql, as_strings)
@@ -353,6 +361,7 @@ class DpSql(Magics):
                         params=params or None,
                         accuracy=opts.accuracy,
                         alpha=opts.alpha,
+                        bounding_report=opts.bounding_report,
                     ),
                 )
         result.display_limit = self.displaylimit or None

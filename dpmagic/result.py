@@ -193,6 +193,9 @@ class DPResult:
         left = _left(self.budget)
         if left:
             parts.append(left)
+        bounded = bounding_note(self.reply.get("bounding"))
+        if bounded:
+            parts.append(bounded)
         chosen = self.accuracy.get("partition_selection")
         if chosen:
             parts.append(
@@ -356,6 +359,42 @@ class DPResult:
 
 
 PLAN_HEADERS = HEADERS
+
+
+def bounding_note(bounding: Any) -> str:
+    """The footer's words on contribution bounding: the bounds every answer is over
+    (the gate's ``bounding`` statement), and the bounding report when one was bought."""
+    if not isinstance(bounding, dict):
+        return ""
+    unit = bounding.get("unit")
+    bounds = []
+    if bounding.get("rows_per_unit"):
+        bounds.append(f"≤ {bounding['rows_per_unit']} rows per {unit}")
+    elif bounding.get("rows_per_group"):
+        groups = bounding.get("groups_per_unit")
+        bounds.append(
+            f"≤ {bounding['rows_per_group']} rows per {unit} and group"
+            + (f", ≤ {groups} groups" if groups and groups > 1 else "")
+        )
+    for clamp in bounding.get("clamps") or []:
+        lo, hi = clamp["bounds"]
+        bounds.append(f"{clamp['aggregate']} clamped to [{format_value(lo)}, {format_value(hi)}]")
+    note = "over bounded data: " + "; ".join(bounds) if bounds else ""
+    left = bounding.get("left_out")
+    if isinstance(left, dict):
+        rows, units = left["rows"], left["units"]
+        note += (
+            f" · left out by the bounds: {_whole(rows['value'])} rows "
+            f"[{_whole(rows['interval'][0])}, {_whole(rows['interval'][1])}] "
+            f"(≤ {left['cap']} counted per {unit}) of {_whole(units['value'])} {unit}s "
+            f"[{_whole(units['interval'][0])}, {_whole(units['interval'][1])}]"
+        )
+    return note
+
+
+def _whole(value: Any) -> str:
+    """A noisy count, with thousands separators."""
+    return f"{round(float(value)):,}"
 
 
 def markdown_table(headers: list[str] | tuple[str, ...], rows: list[list[str]]) -> str:

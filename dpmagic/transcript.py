@@ -63,6 +63,7 @@ class TranscriptGate:
         alpha: float | None = None,
         mock: bool = False,
         mock_rows: int | None = None,
+        bounding_report: float | None = None,
     ) -> DPResult:
         """The stored answer to this exact request, marked replayed; ``fresh``
         cannot spend anything here, so it replays too. A mock run uses the
@@ -81,6 +82,8 @@ class TranscriptGate:
         }
         if accuracy is not None:
             request.update(accuracy=float(accuracy), alpha=float(alpha or 0.05))
+        if bounding_report is not None:
+            request.update(bounding_report=float(bounding_report))
         stored = self._answers.get(_key(request))
         if stored is None and dry_run:
             return DPResult(

@@ -25,6 +25,7 @@ from dpmagic.gate.errors import BadRequest, Failed, GateError, InvalidBody, Refu
 from dpmagic.gate.policy import AccountantKind, Dataset, Policy, PolicyError
 from dpmagic.gate.service.ledger import Ledger
 from dpmagic.gate.service.views import budget_views, history_entries
+from dpmagic.gate.sql import bounding
 from dpmagic.gate.sql.execute import Database
 from dpmagic.gate.sql.pipeline import Analysed, Asked, analyse, execute, generate
 from dpmagic.gate.sql.plan import Plan
@@ -54,6 +55,8 @@ class QueryRequest:
     params: dict[str, object]
     accuracy: float | None = None
     alpha: float = REPORT_ALPHA
+    # The share of the budget for the bounding report (``sql/bounding.py``), if any.
+    bounding_report: float | None = None
 
     @classmethod
     def from_body(cls, body: object) -> QueryRequest:
@@ -72,6 +75,7 @@ class QueryRequest:
             "params",
             "accuracy",
             "alpha",
+            "bounding_report",
         }
         if unknown:
             # Cut short: the name is the client's own text, echoed back.
@@ -100,6 +104,9 @@ class QueryRequest:
             raise InvalidBody("`alpha` goes with `accuracy`")
         if accuracy is not None and body.get("epsilon") is not None:
             raise InvalidBody("ask with `epsilon` or with `accuracy`, not both")
+        report = _number(body, "bounding_report")
+        if report is not None and not 0 < report < 1:
+            raise InvalidBody("`bounding_report` is a share of the budget, between 0 and 1")
         for flag in ("dry_run", "fresh"):
             if not isinstance(body.get(flag, False), bool):
                 raise InvalidBody(f"`{flag}` must be true or false")
@@ -114,6 +121,7 @@ class QueryRequest:
             params=params,
             accuracy=accuracy,
             alpha=REPORT_ALPHA if alpha is None else alpha,
+            bounding_report=report,
         )
 
 
@@ -168,7 +176,9 @@ class Engine:
         accuracy = None
         if request.accuracy is not None:
             accuracy = Accuracy(request.accuracy, request.alpha)
-        asked = Asked(request.sql, request.params, epsilon, delta, accuracy)
+        asked = Asked(
+            request.sql, request.params, epsilon, delta, accuracy, request.bounding_report
+        )
         try:
             return analyse(asked, dataset, self.accountants[dataset.name])
         except AccountantError as exc:
@@ -184,7 +194,8 @@ class Engine:
             params = json.dumps(request.params, sort_keys=True)
         except (TypeError, ValueError):  # not from a JSON body: not worth a key
             return self._analysed(dataset, request)
-        key = (dataset.name, request.sql, params, eps, delta, request.accuracy, request.alpha)
+        key = (dataset.name, request.sql, params, eps, delta, request.accuracy, request.alpha,
+               request.bounding_report)  # fmt: skip
         with self._analyses_lock:
             found = self._analyses.get(key)
             if found is not None:
@@ -229,6 +240,9 @@ class Engine:
             "dataset": dataset.name,
             "cost": the_plan.cost.as_dict(),
             "plan": summary(the_plan),
+            # The bounds the answer is over, said before any data is read: a dry run
+            # names the bounds a query will be answered under.
+            "bounding": bounding.statement(the_plan),
             "dry_run": request.dry_run,
             "replayed": False,
             # What was asked, with the policy's defaults filled in: a transcript
@@ -241,6 +255,11 @@ class Engine:
                 **(
                     {"accuracy": request.accuracy, "alpha": request.alpha}
                     if request.accuracy is not None
+                    else {}
+                ),
+                **(
+                    {"bounding_report": request.bounding_report}
+                    if request.bounding_report is not None
                     else {}
                 ),
             },
@@ -278,7 +297,7 @@ class Engine:
             accountant=self.accountants[dataset.name],
         )
         try:
-            released = execute(analysis.analysed, self.databases[dataset.name])
+            answer = execute(analysis.analysed, self.databases[dataset.name])
         except GateError as exc:
             self.ledger.record_failure(charge)
             raise Failed(exc.message) if not isinstance(exc, Failed) else exc from None
@@ -287,7 +306,11 @@ class Engine:
             log.error("query failed after the debit: %s", type(exc).__name__)
             self.ledger.record_failure(charge)
             raise Failed() from None
-        reply.update(columns=released.columns, rows=released.rows, accuracy=released.accuracy)
+        released = answer.released
+        accuracy = {**released.accuracy, "bounds": reply["bounding"]["text"]}  # type: ignore[index]
+        reply.update(columns=released.columns, rows=released.rows, accuracy=accuracy)
+        if answer.left_out is not None:
+            reply["bounding"] = {**reply["bounding"], "left_out": answer.left_out}  # type: ignore[dict-item]
         self.ledger.record_release(charge, reply)
         return self._with_budget(reply, user, dataset, request.notebook)
 
@@ -343,6 +366,9 @@ class Engine:
             "mechanisms": [m.noise.mechanism for m in the_plan.measurements]
             + [s.noise.mechanism for s in the_plan.selections],
         }
+        if request.bounding_report is not None:
+            # Only then: the keys of answers stored without a report stay what they were.
+            identity["bounding_report"] = request.bounding_report
         text = json.dumps(identity, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()
 

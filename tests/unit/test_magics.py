@@ -75,6 +75,13 @@ def test_parse_line_stops_at_the_sql_and_keeps_it_verbatim():
     assert parse_line("-- SELECT 1")[1] == "SELECT 1"
 
 
+def test_bounding_report_takes_a_share_between_0_and_1():
+    assert parse_line("--bounding-report 0.1 SELECT 1")[0].bounding_report == 0.1
+    for bad in ("0", "1", "1.5", "half", "-0.2"):
+        with pytest.raises(UsageError):
+            parse_line(f"--bounding-report {bad} SELECT 1")
+
+
 def test_split_assignment_and_parameters():
     assert split_assignment("  x << SELECT 1") == ("x", " SELECT 1")
     assert split_assignment("SELECT 1 << 2") == (None, "SELECT 1 << 2")

@@ -503,3 +503,28 @@ def test_budget_and_schema_views_read_as_markdown_and_publish_the_budget():
     assert re.sub(r"<[^>]+>", "", svg).split() == ["ε", "spent", "by", "notebook", "nb,",
                                                    "query", "by", "query", "limit", "ε", "2",
                                                    "query", "1", "…", "3"]  # fmt: skip
+
+
+def test_the_footer_says_what_bounds_the_answer_is_over_and_what_they_left_out():
+    bounding = {
+        "unit": "pid",
+        "rows_per_unit": 3,
+        "rows_per_group": None,
+        "groups_per_unit": None,
+        "clamps": [{"aggregate": "AVG(age)", "bounds": [0, 100]}],
+        "text": "Over bounded data: …",
+    }
+    footer = DPResult(reply(bounding=bounding)).footer()
+    assert "over bounded data: ≤ 3 rows per pid; AVG(age) clamped to [0, 100]" in footer
+    assert "left out" not in footer
+    left = {
+        "rows": {"value": 19870, "interval": [19812, 19928]},
+        "units": {"value": 9904, "interval": [9875, 9933]},
+        "cap": 9,
+    }
+    footer = DPResult(reply(bounding={**bounding, "left_out": left})).footer()
+    assert "left out by the bounds: 19,870 rows [19,812, 19,928] (≤ 9 counted per pid)" in footer
+    assert "of 9,904 pids [9,875, 9,933]" in footer
+    window = {**bounding, "rows_per_unit": None, "rows_per_group": 2, "groups_per_unit": 3}
+    assert "≤ 2 rows per pid and group, ≤ 3 groups" in DPResult(reply(bounding=window)).footer()
+    assert "bounded" not in DPResult(reply()).footer()  # an older gate's reply says nothing

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from sqlglot import exp
 
-from dpmagic.gate.sql.contribution import RANK, Ranked, Window
+from dpmagic.gate.sql.contribution import RANK, Ranked, Window, load_cap
 from dpmagic.gate.sql.resolve import SEMI
 from dpmagic.gate.sql.rewrite import rewrite
 from tests.gate_helpers import dataset, make_plan
@@ -33,9 +33,22 @@ def test_the_tree_bounds_units_as_the_plan_decided(sql):
     plan = make_plan(sql, dataset(COLUMNS, more_tables=MORE))
     tree = rewrite(plan, seed=7).tree
     windowed = any(isinstance(n, exp.RowNumber) for n in tree.walk())
-    ranked = any(isinstance(n, exp.Column) and n.name == RANK for n in tree.walk())
     assert windowed is isinstance(plan.bounding, Window)
-    assert ranked is isinstance(plan.bounding, Ranked)
+    # Every private scan filters on its rank: by the plan's K when the ranks bound the
+    # query, else by the load cap, which only bounds the work one unit causes.
+    scans = [n for n in tree.find_all(exp.Select) if _scanned(n) in ("t", "u")]
+    assert scans
+    for scan in scans:
+        (test,) = [
+            n
+            for n in scan.args["where"].find_all(exp.LTE)
+            if isinstance(n.this, exp.Column) and n.this.name == RANK
+        ]
+        bound = test.expression
+        if isinstance(plan.bounding, Ranked) and scan is scans[0]:
+            assert bound.to_py() == plan.bounding.rows
+        elif not isinstance(plan.bounding, Ranked):
+            assert bound.to_py() == load_cap(plan.dataset)
 
 
 @pytest.mark.parametrize("sql", [q for q in QUERIES if "SELECT 1" in q or "IN (" in q])
@@ -50,3 +63,9 @@ def test_the_rendered_sql_is_the_tree_rendered():
     plan = make_plan("SELECT g, COUNT(*) FROM t GROUP BY g", dataset(COLUMNS))
     out = rewrite(plan, seed=7)
     assert out.sql == out.tree.sql(dialect="duckdb")
+
+
+def _scanned(select: exp.Select) -> str | None:
+    """The table a SELECT reads directly (a scan of the generated SQL), if any."""
+    source = select.args.get("from_") or select.args.get("from")
+    return source.this.name if source is not None and isinstance(source.this, exp.Table) else None

@@ -95,8 +95,15 @@ def rows() -> duckdb.DuckDBPyConnection:
 
 @pytest.mark.parametrize("expr", RAISING)
 def test_try_turns_each_error_class_into_a_null_for_that_row_alone(rows, expr):
-    with pytest.raises(duckdb.Error):
+    try:
         rows.execute(f"SELECT {expr} FROM r").fetchall()
+    except duckdb.Error:
+        pass
+    else:
+        # DuckDB 2.0.1 answers TINYINT −128 % −1 with 0 where 2.0.0 raised: on a DuckDB
+        # that answers, there is no error to catch (the proof stays conservative).
+        assert "%" in expr, f"{expr} no longer raises on this DuckDB"
+        pytest.skip("this DuckDB answers it without an error")
     got = rows.execute(f"SELECT v, TRY({expr}) AS e FROM r ORDER BY v").fetchall()
     bare = rows.execute(f"SELECT v, {expr} AS e FROM r WHERE v > 0 ORDER BY v").fetchall()
     assert got[0] == (0, None)  # the failing row alone is NULL

@@ -5,16 +5,20 @@ over the unit and the group key, as SmartNoise SQL's reservoir sampling
 does) costs a sort of the whole table per query: 10-50× the query itself.
 Here the sort happens once, when the gate loads a dataset:
 
-1. **At load** (``prepare_sql``), each private table keeps, for each unit,
-   at most ``load_cap`` rows (``max_partitions × max_rows_per_partition``),
-   and each kept row gets its rank ``__dpmagic_rank`` (1, 2, …) in an order
-   drawn by a keyed hash, under a secret seed, of the row's content and its
-   copy number among identical rows of the unit; ties are broken by the
-   content itself, so the order is total. Rows whose unit is NULL (or not of its declared
-   type) belong to no one we can bound and are dropped.
+1. **At load** (``prepare_sql``), each row of a private table gets its rank
+   ``__dpmagic_rank`` (1, 2, …) within its unit, in an order drawn by a keyed
+   hash, under a secret seed, of the row's content and its copy number among
+   identical rows of the unit; ties are broken by the content itself, so the
+   order is total. Rows whose unit is NULL (or not of its declared type)
+   belong to no one we can bound and are dropped.
 2. **Per query** (``scan_bounds``), only rows with rank ``<= rows_per_unit``
    are read, *before* the user's ``WHERE``: a plain filter on an integer
-   column, which DuckDB evaluates during the scan.
+   column, which DuckDB evaluates during the scan. A scan bounded otherwise
+   (after its joins, by the window) still reads at most ``load_cap`` ranks
+   (``max_partitions × max_rows_per_partition``) of a unit, which bounds the
+   work one unit can cause. Rows ranked beyond every query's reach are kept
+   all the same, so that the bounding report (``rewrite.left_out``) can count
+   what the bounds leave out.
 
 Privacy argument. Fix the seed. A unit's ranks are a function of that unit's
 own rows and the seed only: the partition of the window is the unit, and the
@@ -36,7 +40,8 @@ what ``tests/unit/test_sensitivity.py`` checks by brute force, seed by seed.
 Joins of private tables only. A join may multiply a unit's rows (a unit's
 ``a`` rows joined to its ``b`` rows give up to ``a·b``), so each kept row of a
 private table ``T`` also carries, for every private table ``U`` of the dataset,
-``__dpmagic_rows_U``: how many rows its unit kept in ``U`` at load (0 if none),
+``__dpmagic_rows_U``: how many rows its unit has in ``U`` (0 if none, at most
+``load_cap``),
 again a function of that unit's own rows; each scan of a join keeps only the
 ranks its unit's earlier scans leave room for (``scan_bounds``), so that a unit
 keeps at most ``K`` joined rows. The rule and its proof are
@@ -92,7 +97,7 @@ SQL_TYPES = {
 
 
 def load_cap(dataset: Dataset) -> int:
-    """The most rows of one unit any query can read: nothing beyond is kept."""
+    """The most rows of one unit any query's scan reads (its first ``load_cap`` ranks)."""
     return dataset.max_partitions * dataset.max_rows_per_partition
 
 
@@ -214,7 +219,8 @@ def prepare_tables(
         columns, joins = ["__t.*"], []
         for i, other in enumerate(counted):
             kept = (
-                f"SELECT {_unit(dataset.tables[other])} AS __u, max({quoted(RANK)}) AS __n "
+                f"SELECT {_unit(dataset.tables[other])} AS __u, "
+                f"least(max({quoted(RANK)}), {load_cap(dataset)}) AS __n "
                 f"FROM {schema}.{quoted(STAGE + other)} GROUP BY __u"
             )
             on = f"__t.{_unit(table)} = __c{i}.__u"
@@ -240,7 +246,7 @@ def _unit_type(table: Table) -> str:
 
 def prepare_sql(dataset: Dataset, table: Table, source: str, seed: int | None = None) -> str:
     """``SELECT`` the prepared rows of ``table`` from the relation ``source``: its declared
-    columns as ``stored``, and for a private table with a unit, ranked and truncated.
+    columns as ``stored``, and for a private table with a unit, ranked.
 
     ``source`` is SQL the gate wrote (a table name or a file reader), never
     user text. A table that declares no columns (a public one) is copied whole.
@@ -258,7 +264,7 @@ def prepare_sql(dataset: Dataset, table: Table, source: str, seed: int | None = 
         f"FROM {source} AS __src) "
         f"SELECT {_stored_columns(table, '__row')}, row_number() OVER (PARTITION BY {key} "
         f'ORDER BY hash(__row, __copy, {seed}), __row, __copy) AS "{RANK}" '
-        f'FROM __rows WHERE {key} IS NOT NULL QUALIFY "{RANK}" <= {load_cap(dataset)}'
+        f"FROM __rows WHERE {key} IS NOT NULL"
     )
 
 

@@ -7,7 +7,7 @@ survives it, and a timer interrupts it at the policy's timeout.
 
 The database is the dataset's prepared copy (``prepared``): the declared
 tables in a DuckDB file in the gate's state directory, readable by the gate's
-user only, each private table truncated, ranked and counted per privacy unit
+user only, each private table ranked and counted per privacy unit
 once (``contribution.prepare_tables``), so that no query has to sort the data
 to bound contributions; made at the first start and reused by later ones.
 

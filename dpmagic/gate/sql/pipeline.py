@@ -21,7 +21,11 @@ Execution, after the engine has debited the plan's cost:
     run           Rewritten                   ExactResult  ``sql/execute.py``
     noise         Plan, Rewritten, exact      Noisy        ``sql/noise.py``
     release       Noisy                       Released     ``sql/release.py``
+    report        Plan, exact left-out count  dict         ``sql/bounding.py``
     ============  ==========================  ===========  ====================
+
+A plan with a bounding report (``plan.LeftOut``) also has a second query,
+``rewrite.left_out``, vetted with the first and run after it.
 
 Each pass decides what it decides once and hands it on as a typed value; a later
 pass reads what it needs from the value it is given. The engine
@@ -36,6 +40,7 @@ from dataclasses import dataclass
 from dpmagic.gate.accounting import Accountant
 from dpmagic.gate.calibration import REPORT_ALPHA, Accuracy
 from dpmagic.gate.policy import Dataset
+from dpmagic.gate.sql import bounding
 from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
 from dpmagic.gate.sql.execute import Database
@@ -44,7 +49,7 @@ from dpmagic.gate.sql.parse import Param, parse
 from dpmagic.gate.sql.plan import Plan, plan
 from dpmagic.gate.sql.release import Released, release
 from dpmagic.gate.sql.resolve import resolve
-from dpmagic.gate.sql.rewrite import Rewritten, rewrite
+from dpmagic.gate.sql.rewrite import Rewritten, left_out, rewrite
 
 
 @dataclass(frozen=True)
@@ -56,14 +61,26 @@ class Asked:
     epsilon: float
     delta: float
     accuracy: Accuracy | None = None
+    report: float | None = None  # the bounding report's share of the budget
 
 
 @dataclass(frozen=True)
 class Analysed:
-    """The analysis's result: the plan, and the SQL that computes it, vetted."""
+    """The analysis's result: the plan, and the SQL that computes it, vetted (and the
+    bounding report's, when the plan has one)."""
 
     plan: Plan
     rewritten: Rewritten
+    report: Rewritten | None = None
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What ``execute`` hands the engine: the released table, and the bounding report
+    when one was asked for (``bounding.report``)."""
+
+    released: Released
+    left_out: dict[str, object] | None
 
 
 def analyse(asked: Asked, dataset: Dataset, accountant: Accountant) -> Plan:
@@ -73,7 +90,7 @@ def analyse(asked: Asked, dataset: Dataset, accountant: Accountant) -> Plan:
     resolved = resolve(parsed, dataset)
     checked = check(resolved)
     bounded = bound(checked)
-    return plan(bounded, asked.epsilon, asked.delta, accountant, asked.accuracy)
+    return plan(bounded, asked.epsilon, asked.delta, accountant, asked.accuracy, asked.report)
 
 
 def generate(the_plan: Plan, seed: int, database: Database) -> Analysed:
@@ -81,14 +98,23 @@ def generate(the_plan: Plan, seed: int, database: Database) -> Analysed:
     failure that depends on no data, found before the debit)."""
     rewritten = rewrite(the_plan, seed)
     database.vet(rewritten.sql)
-    return Analysed(plan=the_plan, rewritten=rewritten)
+    report = None
+    if the_plan.left_out is not None:
+        report = left_out(the_plan, seed)
+        database.vet(report.sql)
+    return Analysed(plan=the_plan, rewritten=rewritten, report=report)
 
 
-def execute(analysed: Analysed, database: Database) -> Released:
+def execute(analysed: Analysed, database: Database) -> Answer:
     """run → noise → release: the exact aggregates (never leaving the gate), the
-    noise, and what the reply may carry. Called only after the debit."""
+    noise, and what the reply may carry; then the bounding report's count, noised
+    likewise. Called only after the debit."""
     the_plan, rewritten = analysed.plan, analysed.rewritten
     keep = None if the_plan.key_selection is None else key_threshold(the_plan, rewritten)
     exact = database.run(rewritten.sql, keep)
     alpha = REPORT_ALPHA if the_plan.accuracy is None else the_plan.accuracy.alpha
-    return release(noise(the_plan, rewritten, exact), alpha)
+    released = release(noise(the_plan, rewritten, exact), alpha)
+    if analysed.report is None:
+        return Answer(released, None)
+    (counts,) = database.run(analysed.report.sql).rows
+    return Answer(released, bounding.report(the_plan, counts, alpha))

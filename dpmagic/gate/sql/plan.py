@@ -37,7 +37,7 @@ from dpmagic.gate.policy import AccountantKind, Dataset
 from dpmagic.gate.selection import Grid, QuantileNoise, calibrate_quantile, grid
 from dpmagic.gate.sql.bound import Bounded, Interval
 from dpmagic.gate.sql.check import AggregateCall, Checked, GroupKey
-from dpmagic.gate.sql.contribution import Bounding, bounding
+from dpmagic.gate.sql.contribution import Bounding, bounding, load_cap
 from dpmagic.gate.sql.keys import MAX_PARTITIONS, KeyDomain
 from dpmagic.gate.sql.kinds import MeasureKind
 from dpmagic.gate.sql.parse import DIALECT
@@ -215,6 +215,29 @@ Parts = Measured | Avg | DebiasedSum | Variance
 
 
 @dataclass(frozen=True)
+class LeftOut:
+    """The bounding report: a noisy count of the rows the query's contribution bounds
+    left out, and of the units that had rows left out, bought with ``share`` of the
+    query's budget (the rest goes to the query's own measurements).
+
+    Each unit's left-out rows are counted up to ``cap`` (``rewrite.left_out``
+    computes, per unit, ``min(max(all − kept, 0), cap)``, a function of that
+    unit's own rows): the rows sum is a sum of one value in ``[0, cap]`` per
+    unit, the units count a count of one row per unit, so their sensitivities
+    are ``sum_sensitivity(0, cap)`` and ``sum_sensitivity(1, 1)`` for one row
+    of one unit in one partition."""
+
+    share: float
+    cap: int
+    rows: Noise
+    units: Noise
+    cost: Cost  # the two noises' cost together, part of the query's
+
+
+MAX_REPORT_SHARE = 0.9
+
+
+@dataclass(frozen=True)
 class Plan:
     checked: Checked
     dataset: Dataset
@@ -234,6 +257,7 @@ class Plan:
     key_selection: KeySelection | None = None
     # aggregate name -> how release undoes a randomized-response column's randomization
     debiased: dict[str, Debias] = field(default_factory=dict)
+    left_out: LeftOut | None = None  # the bounding report, when one was asked for
 
     def measurement(self, name: str) -> Measurement:
         return next(m for m in self.measurements if m.name == name)
@@ -254,14 +278,18 @@ def plan(
     delta: float,
     accountant: Accountant,
     accuracy: Accuracy | None = None,
+    report: float | None = None,
 ) -> Plan:
-    """With ``accuracy``, ``epsilon`` is ignored: the cost is the least that gives it."""
+    """With ``accuracy``, ``epsilon`` is ignored: the cost is the least that gives it.
+    ``report``: the share of the query's budget for the bounding report (``LeftOut``)."""
     checked = bounded.checked
     resolved = checked.resolved
     dataset = resolved.dataset
     debiased = debiasing(checked)
     if accuracy is not None:
         _accuracy_applies(checked, debiased)
+    if report is not None:
+        _report_allowed(report, dataset, accuracy)
     asked = None if accuracy is not None else accountant.query_cost(epsilon, delta)
     private = next((d.private for d in bounded.domains if d.private), None)
     if private is not None:
@@ -275,6 +303,9 @@ def plan(
     contribution = bounds.contribution(reach)
     weights = _weights(checked, uses, wanted, contribution, dataset, accountant)
     total_weight = math.fsum(weights.values()) + len(quantiles) + (1 if private else 0)
+    # The report takes its share of the whole: a weight w with w / (T + w) = report.
+    report_weight = 0.0 if report is None else total_weight * report / (1 - report)
+    total_weight += report_weight
     share = None if asked is None else accountant.share(asked, total_weight)
     target = Target(accountant, share=share, accuracy=accuracy)
     names = {key: f"m{i}" for i, key in enumerate(wanted)}
@@ -303,6 +334,11 @@ def plan(
     if private is not None:
         share = required(share, "the ε share of partition selection")
         key_selection = _key_selection(contribution, dataset, share)
+    left_out = None
+    if report is not None:
+        whole = accountant.share(required(asked, "the asked budget"), total_weight / report_weight)
+        half = _target(target, asked, total_weight, report_weight / 2)
+        left_out = _left_out(report, dataset, half, whole)
     return Plan(
         checked=checked,
         dataset=dataset,
@@ -323,7 +359,32 @@ def plan(
         accuracy=accuracy,
         key_selection=key_selection,
         debiased=debiased,
+        left_out=left_out,
     )
+
+
+def _report_allowed(report: float, dataset: Dataset, accuracy: Accuracy | None) -> None:
+    if not 0 < report <= MAX_REPORT_SHARE:
+        raise Refused(
+            f"the bounding report's share of the budget must be above 0 and at most "
+            f"{MAX_REPORT_SHARE}"
+        )
+    if dataset.privacy_unit is None:
+        raise Refused(
+            "this dataset has no privacy unit: each row is its own unit, and no bound "
+            "leaves a row out, so there is nothing to report"
+        )
+    if accuracy is not None:
+        raise Refused("ask for the bounding report with an ε, not with an accuracy")
+
+
+def _left_out(report: float, dataset: Dataset, half: Target, whole: Cost) -> LeftOut:
+    """The report's two noises, each at half of its share (see :class:`LeftOut`)."""
+    one = Contribution.bounded(1, 1, 1)
+    cap = load_cap(dataset)
+    rows = noise_for(0, cap, one, dataset.neighbouring, half)
+    units = noise_for(1, 1, one, dataset.neighbouring, half)
+    return LeftOut(report, cap, rows, units, whole)
 
 
 Quantiles = dict[tuple[float, str], tuple[exp.Expression, Interval, str]]

@@ -2,8 +2,8 @@
 
 At load the declared tables are copied into a DuckDB file in the gate's state
 directory, readable by the gate's user only: each column cast to its declared
-type and clamped into its bounds, each private table truncated, ranked and
-counted per unit (``contribution.prepare_tables``). Copying 10M rows takes
+type and clamped into its bounds, each private table ranked and counted per
+unit (``contribution.prepare_tables``). Copying 10M rows takes
 seconds, so the file is kept and reused by later starts as long as nothing it
 was made from has changed: its name carries a fingerprint of the sources
 (path, size, modification time and inode of each file or folder entry) and of
@@ -36,7 +36,7 @@ log = logging.getLogger("dpmagic.gate")
 
 # Part of every fingerprint: a change to how tables are prepared must not reuse files
 # prepared the old way.
-FORMAT = "1"
+FORMAT = "2"
 SUFFIX = ".duckdb"
 
 

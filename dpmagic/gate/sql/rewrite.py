@@ -50,10 +50,19 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from dpmagic.gate.dp.contribution import Contribution
-from dpmagic.gate.errors import Refused
+from dpmagic.gate.errors import Refused, required
 from dpmagic.gate.policy import Column
 from dpmagic.gate.sql.bound import Interval
-from dpmagic.gate.sql.contribution import Ranked, Window, clamped, literal, scan_bounds
+from dpmagic.gate.sql.contribution import (
+    RANK,
+    Ranked,
+    Window,
+    bounded_by_units,
+    clamped,
+    literal,
+    load_cap,
+    scan_bounds,
+)
 from dpmagic.gate.sql.dialect import DUCKDB, Dialect
 from dpmagic.gate.sql.keys import KeyDomain
 from dpmagic.gate.sql.kinds import MeasureKind
@@ -78,30 +87,8 @@ def rewrite(plan: Plan, seed: int | None = None, dialect: Dialect = DUCKDB) -> R
     seed = secrets.randbits(62) if seed is None else seed
     resolved = plan.checked.resolved
     keys = [k.name for k in plan.keys]
-    values = ["__v_" + m.name for m in plan.measurements if m.arg is not None]
-    values += ["__v_" + s.name for s in plan.selections]
-
     row = _Rows(resolved, dialect)
-    row_cols = [_as(row.total(resolved.unit), UNIT)] if resolved.unit is not None else []
-    row_cols += [_as(row.total(k.expr), k.name) for k in plan.keys]
-    row_cols += [
-        _as(row.total(m.arg), "__v_" + m.name) for m in plan.measurements if m.arg is not None
-    ]
-    row_cols += [_as(_snap(s, row), "__v_" + s.name) for s in plan.selections]
-    if not row_cols:
-        row_cols = [exp.alias_(exp.Literal.number(1), "__one")]
-
-    source, filters = _from(plan, row)
-    if resolved.unit is not None:
-        filters.insert(0, _not_null(row.total(resolved.unit)))
-    for key, domain in zip(plan.keys, plan.domains, strict=True):
-        filters.append(_key_filter(row.total(key.expr), domain))
-    kept = _select(row_cols, source, filters)
-    ctes: list[tuple[str, exp.Select]] = [("kept_rows", kept)]
-    final: tuple[str, exp.Expression | None] = ("kept_rows", None)
-    if resolved.unit is not None and isinstance(plan.bounding, Window):
-        more, final = bound_contributions(plan.contribution, keys, values, seed, dialect)
-        ctes += more
+    ctes, final = _bounded(plan, row, seed)
 
     outputs: list[exp.Expression] = [_col(k) for k in keys]
     outputs += [_as(_aggregate(m, resolved, dialect), m.name) for m in plan.measurements]
@@ -125,6 +112,109 @@ def rewrite(plan: Plan, seed: int | None = None, dialect: Dialect = DUCKDB) -> R
     if plan.key_selection is not None:
         names += (KEY_COUNT,)
     return Rewritten(tree=tree, sql=dialect.render(tree), keys=len(keys), measurements=names)
+
+
+def _bounded(
+    plan: Plan, row: _Rows, seed: int
+) -> tuple[list[tuple[str, exp.Select]], tuple[str, exp.Expression | None]]:
+    """The CTEs of the query's rows, each unit's bounded as the plan decided, and the
+    table and condition that select them."""
+    resolved = plan.checked.resolved
+    keys = [k.name for k in plan.keys]
+    values = ["__v_" + m.name for m in plan.measurements if m.arg is not None]
+    values += ["__v_" + s.name for s in plan.selections]
+    row_cols = [_as(row.total(resolved.unit), UNIT)] if resolved.unit is not None else []
+    row_cols += [_as(row.total(k.expr), k.name) for k in plan.keys]
+    row_cols += [
+        _as(row.total(m.arg), "__v_" + m.name) for m in plan.measurements if m.arg is not None
+    ]
+    row_cols += [_as(_snap(s, row), "__v_" + s.name) for s in plan.selections]
+    if not row_cols:
+        row_cols = [exp.alias_(exp.Literal.number(1), "__one")]
+    ranked = plan.bounding.rows if isinstance(plan.bounding, Ranked) else None
+    source, filters = _from(plan, row, _scan_filters(resolved, resolved.scans, ranked))
+    units, keyed = _row_filters(plan, row)
+    kept = _select(row_cols, source, units + filters + keyed)
+    ctes: list[tuple[str, exp.Select]] = [("kept_rows", kept)]
+    if resolved.unit is not None and isinstance(plan.bounding, Window):
+        more, final = bound_contributions(plan.contribution, keys, values, seed, row.dialect)
+        return ctes + more, final
+    return ctes, ("kept_rows", None)
+
+
+def _row_filters(plan: Plan, row: _Rows) -> tuple[list[exp.Expression], list[exp.Expression]]:
+    """Rows with a unit; and only declared keys."""
+    resolved = plan.checked.resolved
+    units = [_not_null(row.total(resolved.unit))] if resolved.unit is not None else []
+    keys = [_key_filter(row.total(k.expr), d) for k, d in zip(plan.keys, plan.domains, strict=True)]
+    return units, keys
+
+
+def left_out(plan: Plan, seed: int, dialect: Dialect = DUCKDB) -> Rewritten:
+    """The bounding report's SQL (``plan.LeftOut``): one row, the number of rows the
+    query's bounds left out, each unit's counted up to ``cap``, and the number of
+    units that had rows left out.
+
+    Per unit ``u``: ``all_u``, its rows among the query's rows before bounding (the
+    same scans, joins, ``WHERE`` and key filters; in a join each private scan
+    reads the unit's first ``load_cap`` ranks, which bounds the work), and
+    ``kept_u``, its rows the query kept (the query's own bounded rows). Its term
+    is ``min(max(all_u − kept_u, 0), cap)``, in ``[0, cap]`` whatever the data, and a
+    function of ``u``'s own rows (and of public tables and the seed): every
+    filter and join reads one unit's rows at a time (``resolve`` proves a join's
+    private rows share their unit), and the bounds rank each unit's rows apart.
+    Adding, removing or replacing one unit thus moves the rows total by at most
+    ``cap`` and the units count by at most 1."""
+    report = required(plan.left_out, "the plan's bounding report")
+    resolved = plan.checked.resolved
+    required(resolved.unit, "the privacy unit the report counts by")
+    row = _Rows(resolved, dialect)
+    ctes, (table, condition) = _bounded(plan, row, seed)
+    caps = _scan_filters(resolved, resolved.scans, None) if len(resolved.scans) > 1 else {}
+    source, filters = _from(plan, row, caps)
+    unit = [_as(row.total(resolved.unit), UNIT)]
+    units, keyed = _row_filters(plan, row)
+    ctes.append(("all_rows", _select(unit, source, units + filters + keyed)))
+    count = exp.Count(this=exp.Star())
+    ctes.append(("all_units", _per_unit("all_rows", count, None)))
+    ctes.append(("kept_units", _per_unit(table, count.copy(), condition)))
+    kept = exp.Coalesce(this=exp.column("__n", "k"), expressions=[exp.Literal.number(0)])
+    left = exp.Greatest(
+        this=exp.Sub(this=exp.column("__n", "a"), expression=kept),
+        expressions=[exp.Literal.number(0)],
+        ignore_nulls=True,
+    )
+    term = exp.Least(this=left, expressions=[exp.Literal.number(report.cap)], ignore_nulls=True)
+    units = (
+        exp.select(_as(term, "__left"))
+        .from_(exp.alias_(exp.table_("all_units"), "a", table=True))
+        .join(
+            exp.alias_(exp.table_("kept_units"), "k", table=True),
+            on=exp.EQ(this=_col_of("a", UNIT), expression=_col_of("k", UNIT)),
+            join_type="left",
+        )
+    )
+    ctes.append(("left_units", units))
+    left = exp.column("__left")
+    tree = (
+        exp.select(
+            _as(exp.Coalesce(this=exp.Sum(this=left), expressions=[exp.Literal.number(0)]), "rows"),
+            _as(exp.Count(this=exp.Star()), "units"),
+        )
+        .from_("left_units")
+        .where(exp.GT(this=left.copy(), expression=exp.Literal.number(0)))
+    )
+    for name, cte in ctes:
+        tree = tree.with_(name, as_=cte)
+    tree = _semijoins(tree, resolved, row)
+    return Rewritten(tree=tree, sql=dialect.render(tree), keys=0, measurements=("rows", "units"))
+
+
+def _per_unit(table: str, value: exp.Expression, condition: exp.Expression | None) -> exp.Select:
+    query = exp.select(_col(UNIT), _as(value, "__n", quoted=False)).from_(table)
+    if condition is not None:
+        query = query.where(condition)
+    return query.group_by(_col(UNIT))
 
 
 def bound_contributions(
@@ -161,8 +251,11 @@ def bound_contributions(
     )
 
 
-def _from(plan: Plan, row: _Rows) -> tuple[list[exp.Expression], list[exp.Expression]]:
-    """The FROM clause (the first scan, then its joins) and the filters left for WHERE."""
+def _from(
+    plan: Plan, row: _Rows, bounds: dict[str, exp.Expression]
+) -> tuple[list[exp.Expression], list[exp.Expression]]:
+    """The FROM clause (the first scan, then its joins, each scan filtered by its
+    entry in ``bounds``) and the filters left for WHERE."""
     resolved = plan.checked.resolved
     trees = [k.expr for k in plan.keys]
     trees += [m.arg for m in plan.measurements if m.arg is not None]
@@ -171,8 +264,24 @@ def _from(plan: Plan, row: _Rows) -> tuple[list[exp.Expression], list[exp.Expres
     if resolved.unit is not None:
         trees.append(resolved.unit)
     used = _used(resolved, trees + terms)
-    ranked = plan.bounding.rows if isinstance(plan.bounding, Ranked) else None
-    return _reads(resolved.scans, terms, used, row, ranked)
+    return _reads(resolved.scans, terms, used, row, bounds)
+
+
+def _scan_filters(
+    resolved: Resolved, scans: tuple[Scan, ...], ranked: int | None
+) -> dict[str, exp.Expression]:
+    """The rank filter of each private scan: with ``ranked``, the load-time ranks bound
+    the query (``contribution.scan_bounds``); otherwise each scan reads at most a
+    unit's first ``load_cap`` ranks, which bounds the work one unit causes."""
+    if ranked is not None:
+        filters = scan_bounds([s.table.name for s in scans], ranked)
+        return {s.name: f for s, f in zip(scans, filters, strict=True)}
+    cap = exp.Literal.number(load_cap(resolved.dataset))
+    return {
+        s.name: exp.LTE(this=exp.column(RANK, quoted=True), expression=cap.copy())
+        for s in scans
+        if bounded_by_units(resolved.dataset, s.table)
+    }
 
 
 def _used(resolved: Resolved, trees: list[exp.Expression]) -> dict[str, dict[str, Column]]:
@@ -195,19 +304,14 @@ def _reads(
     terms: list[exp.Expression],
     used: dict[str, dict[str, Column]],
     row: _Rows,
-    ranked: int | None = None,
+    bounds: dict[str, exp.Expression],
 ) -> tuple[list[exp.Expression], list[exp.Expression]]:
-    """Each scan reads its used columns, typed and clamped; each filter goes to the
-    inner join that completes it, else to WHERE. ``ranked``, when the load-time
-    ranks bound the query, keeps each unit's first rows of every private scan,
-    and of a join's later scans only as many as its bound leaves room for."""
+    """Each scan reads its used columns, typed and clamped, and the rows its filter in
+    ``bounds`` keeps; each of the query's filters goes to the inner join that
+    completes it, else to WHERE."""
     order = {s.name: i for i, s in enumerate(scans)}
     placed: dict[str, list[exp.Expression]] = {s.name: [] for s in scans}
     where: list[exp.Expression] = []
-    bounds: dict[str, exp.Expression] = {}
-    if ranked is not None:
-        filters = scan_bounds([s.table.name for s in scans], ranked)
-        bounds = {s.name: f for s, f in zip(scans, filters, strict=True)}
     for conj in terms:
         last = max((order[c.table] for c in conj.find_all(exp.Column) if c.table in order),
                    default=0)  # fmt: skip
@@ -253,7 +357,8 @@ def _semijoins(tree: exp.Select, resolved: Resolved, row: _Rows) -> exp.Select:
     for j in reversed(resolved.semijoins):
         if not comparable([j.lhs, j.value], resolved):
             raise Refused("IN (SELECT …) compares values of different kinds")
-        source, where = _reads(j.scans, [j.where] if j.where is not None else [], used, row)
+        terms = [j.where] if j.where is not None else []
+        source, where = _reads(j.scans, terms, used, row, _scan_filters(resolved, j.scans, None))
         if j.exists or any(not scan.table.public for scan in j.scans):
             # Over private rows a NULL in the set would turn NOT IN to NULL for every
             # row, letting one unit's NULL decide other units' rows: NULLs are left out.
@@ -364,6 +469,10 @@ def _ident(name: str) -> exp.Identifier:
 
 def _col(name: str) -> exp.Column:
     return exp.column(name, quoted=True)
+
+
+def _col_of(table: str, name: str) -> exp.Column:
+    return exp.column(name, table, quoted=True)
 
 
 def _as(node: exp.Expression, name: str, quoted: bool = True) -> exp.Expression:
