@@ -50,8 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     database = visits_file(args.rows)
     print(f"{args.rows:,} rows; load average {os.getloadavg()[0]:.2f} at start")
     raw = _raw(database, args.reps)
-    gate, start_s = _gate(database, args.reps)
-    print(f"gate start on {args.rows:,} rows: {start_s:.2f} s")
+    gate, start_s, peak_mb = _gate(database, args.reps)
+    print(f"gate start on {args.rows:,} rows: {start_s:.2f} s; gate peak memory {peak_mb:.0f} MB, "
+          f"raw DuckDB's process {_peak_mb('self'):.0f} MB")  # fmt: skip
     print("\n| query | raw DuckDB | gate | × |\n|---|---|---|---|")
     for name in QUERIES:
         r, g = statistics.median(raw[name]), statistics.median(gate[name])
@@ -96,7 +97,7 @@ def _raw(database: Path, reps: int) -> dict[str, list[float]]:
         con.close()
 
 
-def _gate(database: Path, reps: int) -> tuple[dict[str, list[float]], float]:
+def _gate(database: Path, reps: int) -> tuple[dict[str, list[float]], float, float]:
     from dpmagic.client import Gate
 
     with tempfile.TemporaryDirectory() as work:
@@ -121,10 +122,18 @@ def _gate(database: Path, reps: int) -> tuple[dict[str, list[float]], float]:
                 name: _timed(lambda sql=sql: client.query(sql, epsilon=1.0, fresh=True), reps)
                 for name, sql in QUERIES.items()
             }
+            peak_mb = _peak_mb(str(proc.pid))
         finally:
             proc.terminate()
             proc.wait(30)
-    return times, start_s
+    return times, start_s, peak_mb
+
+
+def _peak_mb(pid: str) -> float:
+    """A process's peak resident memory (Linux: VmHWM)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    line = next(x for x in status.splitlines() if x.startswith("VmHWM"))
+    return int(line.split()[1]) / 1024
 
 
 def _policy(database: Path, work: Path) -> str:

@@ -109,7 +109,9 @@ def exact_vectors(p: Plan, con: duckdb.DuckDBPyConnection, seed: int) -> dict[st
         name: [{} if name in selections else 0 for _ in p.partitions] for name in rw.measurements
     }
     for row in rows:
-        i = index[tuple(row[: rw.keys])]
+        i = index.get(tuple(row[: rw.keys]))
+        if i is None:  # a key not declared: the SQL may return it, nothing releases it
+            continue
         for name, value in zip(rw.measurements, row[rw.keys :], strict=True):
             out[name][i] = dict(value or {}) if name in selections else int(value or 0)
     return exact_units(p, out)

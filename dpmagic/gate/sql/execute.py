@@ -177,7 +177,8 @@ class Database:
         release pass needs every row at once. With private keys the result has a
         row per key found, as many as the table has rows: ``keep`` (the noisy
         threshold) then reduces each batch as it is fetched, so only the kept keys
-        are ever held in Python.
+        are ever held in Python; so it does, with keys declared value by value and
+        tested at fetch (``Plan.listed_at_fetch``), for the keys nobody declared.
 
         DuckDB plans with the data's statistics (each column's smallest and largest
         value), and planning can fail where the statistics let its optimiser fold an

@@ -86,6 +86,18 @@ def exact_units(plan: Plan, sums: dict[str, list[int]]) -> dict[str, list[int]]:
     return out
 
 
+def declared_keys(plan: Plan, rewritten: Rewritten) -> Callable[[list[tuple]], list[tuple]]:
+    """The rows whose key is declared, on each batch as the exact result is fetched:
+    with ``Plan.listed_at_fetch`` the SQL returns every key it finds, and only the
+    declared ones are held."""
+    declared, keys = plan.partition_set, rewritten.keys
+
+    def keep(rows: list[tuple]) -> list[tuple]:
+        return [row for row in rows if tuple(row[:keys]) in declared]
+
+    return keep
+
+
 def key_threshold(plan: Plan, rewritten: Rewritten) -> Callable[[list[tuple]], list[tuple]]:
     """The rows whose key passes the plan's noisy threshold, drawn once per row: run on
     each batch as the exact result is fetched, so that only kept keys are held. The

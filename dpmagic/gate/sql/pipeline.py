@@ -44,7 +44,7 @@ from dpmagic.gate.sql import bounding
 from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
 from dpmagic.gate.sql.execute import Database
-from dpmagic.gate.sql.noise import key_threshold, noise
+from dpmagic.gate.sql.noise import declared_keys, key_threshold, noise
 from dpmagic.gate.sql.parse import Param, parse
 from dpmagic.gate.sql.plan import Plan, plan
 from dpmagic.gate.sql.release import Released, release
@@ -111,6 +111,8 @@ def execute(analysed: Analysed, database: Database) -> Answer:
     likewise. Called only after the debit."""
     the_plan, rewritten = analysed.plan, analysed.rewritten
     keep = None if the_plan.key_selection is None else key_threshold(the_plan, rewritten)
+    if keep is None and the_plan.keys and the_plan.listed_at_fetch:
+        keep = declared_keys(the_plan, rewritten)
     exact = database.run(rewritten.sql, keep)
     alpha = REPORT_ALPHA if the_plan.accuracy is None else the_plan.accuracy.alpha
     released = release(noise(the_plan, rewritten, exact), alpha)

@@ -143,10 +143,15 @@ def _bounded(
 
 
 def _row_filters(plan: Plan, row: _Rows) -> tuple[list[exp.Expression], list[exp.Expression]]:
-    """Rows with a unit; and only declared keys."""
+    """Rows with a unit; and only declared keys (those listed value by value tested
+    at fetch instead, where the plan says so: ``Plan.listed_at_fetch``)."""
     resolved = plan.checked.resolved
     units = [_not_null(row.total(resolved.unit))] if resolved.unit is not None else []
-    keys = [_key_filter(row.total(k.expr), d) for k, d in zip(plan.keys, plan.domains, strict=True)]
+    keys = [
+        _key_filter(row.total(k.expr), d)
+        for k, d in zip(plan.keys, plan.domains, strict=True)
+        if not (plan.listed_at_fetch and d.span is None and d.private is None)
+    ]
     return units, keys
 
 
