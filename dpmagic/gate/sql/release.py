@@ -44,6 +44,7 @@ from dpmagic.gate.sql.noise import Noisy, Partition
 from dpmagic.gate.sql.plan import Avg, DebiasedSum, Measured, Measurement, Plan, Selection, Variance
 from dpmagic.gate.sql.randomized import Debiased, debias
 from dpmagic.gate.sql.totality import generated
+from dpmagic.gate.sql.trees import unparen
 
 ALPHA = 0.05
 PID = "__pid"
@@ -125,12 +126,19 @@ def release(noisy: Noisy, alpha: float = ALPHA) -> Released:
 
 def _direct(table: pd.DataFrame, exprs: list[exp.Expression]) -> list[tuple] | None:
     """What DuckDB returns for ``SELECT exprs FROM table`` when every expression is a
-    bare column or a column floored at zero (keys, counts, sums, quantiles: most
-    queries), computed here from the same typed columns; None for anything else.
-    Registering the table in DuckDB and running the query costs about 1.2 ms, as much
-    as the rest of the release pass."""
+    bare column, a column floored at zero or an average (keys, counts, sums,
+    quantiles, averages: most queries), computed here from the same typed columns;
+    None for anything else. Registering the table in DuckDB and running the query
+    costs 1.2–3 ms, as much as the rest of the release pass."""
     columns = []
     for e in exprs:
+        mean = _mean(e)
+        if mean is not None:
+            values = _mean_values(table, *mean)
+            if values is None:
+                return None
+            columns.append(values)
+            continue
         floored = _floored(e)
         column = floored if floored is not None else e
         if not isinstance(column, exp.Column) or column.name not in table.columns:
@@ -146,6 +154,70 @@ def _direct(table: pd.DataFrame, exprs: list[exp.Expression]) -> list[tuple] | N
             values = [max(v, zero) for v in values]
         columns.append(values)
     return list(zip(*columns, strict=True))
+
+
+Mean = tuple[float, str, str, float, float]  # centre, total, count, lo, hi
+
+
+def _mean(e: exp.Expression) -> Mean | None:
+    """The parts of an average as ``_PostExpr`` releases it, ``LEAST(GREATEST(centre
+    + (total / NULLIF(GREATEST(count, 1), 0)), lo), hi)`` with the three numbers as
+    DOUBLE literals; None for any other tree."""
+    if not (isinstance(e, exp.Least) and len(e.expressions) == 1):
+        return None
+    low, hi = e.this, _double(e.expressions[0])
+    if not (isinstance(low, exp.Greatest) and len(low.expressions) == 1):
+        return None
+    lo, value = _double(low.expressions[0]), low.this
+    if not isinstance(value, exp.Add):
+        return None
+    centre, share = _double(value.this), unparen(value.expression)
+    if not isinstance(share, exp.Div):
+        return None
+    count = share.expression
+    if isinstance(count, exp.Nullif) and count.expression == exp.Literal.number(0):
+        count = count.this  # NULLIF(GREATEST(n, 1), 0): never 0, the same value
+    if not (
+        isinstance(share.this, exp.Column)
+        and isinstance(count, exp.Greatest)
+        and isinstance(count.this, exp.Column)
+        and len(count.expressions) == 1
+        and count.expressions[0] == exp.Literal.number(1)
+    ):
+        return None
+    if centre is None or lo is None or hi is None:
+        return None
+    return centre, share.this.name, count.this.name, lo, hi
+
+
+def _double(e: exp.Expression) -> float | None:
+    """The value of ``_literal``'s ``CAST('…' AS DOUBLE)``; None for anything else."""
+    if (
+        isinstance(e, exp.Cast)
+        and e.to.this == exp.DataType.Type.DOUBLE
+        and isinstance(e.this, exp.Literal)
+        and e.this.is_string
+    ):
+        return float(e.this.this)
+    return None
+
+
+def _mean_values(
+    table: pd.DataFrame, centre: float, total: str, count: str, lo: float, hi: float
+) -> list[object] | None:
+    """The average per row as DuckDB computes it: both columns as DOUBLE, divided,
+    added to the centre, then clamped into ``[lo, hi]``."""
+    if total not in table.columns or count not in table.columns:
+        return None
+    if table[total].dtype.kind not in "if" or table[count].dtype.kind != "i":
+        return None
+    out = []
+    for t, n in zip(table[total].tolist(), table[count].tolist(), strict=True):
+        value = centre + float(t) / float(max(n, 1))
+        if not math.isfinite(value):
+            return None
+        out.append(min(max(value, lo), hi))
+    return out
 
 
 def _floored(e: exp.Expression) -> exp.Column | None:
