@@ -132,6 +132,7 @@ class Analysis:
 
     analysed: Analysed
     replay_key: str
+    bounds: dict[str, object]  # ``bounding.statement``: the bounds every answer is over
 
     @property
     def plan(self) -> Plan:
@@ -228,7 +229,11 @@ class Engine:
         # Whatever could make the SQL fail without depending on the data is refused here,
         # before the debit: after it, only time and memory can run out.
         analysed = generate(the_plan, self._seeds[dataset.name], self.databases[dataset.name])
-        return Analysis(analysed, replay_key=self._replay_key(dataset, the_plan, request))
+        return Analysis(
+            analysed,
+            replay_key=self._replay_key(dataset, the_plan, request),
+            bounds=bounding.statement(the_plan),
+        )
 
     def query(self, user: str, body: object) -> dict[str, object]:
         request = QueryRequest.from_body(body)
@@ -242,7 +247,7 @@ class Engine:
             "plan": summary(the_plan),
             # The bounds the answer is over, said before any data is read: a dry run
             # names the bounds a query will be answered under.
-            "bounding": bounding.statement(the_plan),
+            "bounding": analysis.bounds,
             "dry_run": request.dry_run,
             "replayed": False,
             # What was asked, with the policy's defaults filled in: a transcript
