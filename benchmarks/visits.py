@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.rows:,} rows; load average {os.getloadavg()[0]:.2f} at start")
     raw = _raw(database, args.reps)
     gate, start_s, peak_mb = _gate(database, args.reps)
-    print(f"gate start on {args.rows:,} rows: {start_s:.2f} s; gate peak memory {peak_mb:.0f} MB, "
+    print(f"gate start on {args.rows:,} rows: {start_s[0]:.2f} s preparing the data, "
+          f"{start_s[1]:.2f} s restarting on it; gate peak memory {peak_mb:.0f} MB, "
           f"raw DuckDB's process {_peak_mb('self'):.0f} MB")  # fmt: skip
     print("\n| query | raw DuckDB | gate | × |\n|---|---|---|---|")
     for name in QUERIES:
@@ -97,26 +98,20 @@ def _raw(database: Path, reps: int) -> dict[str, list[float]]:
         con.close()
 
 
-def _gate(database: Path, reps: int) -> tuple[dict[str, list[float]], float, float]:
+def _gate(database: Path, reps: int) -> tuple[dict[str, list[float]], tuple[float, float], float]:
+    """The gate's times per query; its start with a first preparation of the data and
+    its restart reusing it (``start_s``); and its peak memory."""
     from dpmagic.client import Gate
 
     with tempfile.TemporaryDirectory() as work:
         policy = Path(work) / "policy.toml"
         policy.write_text(_policy(database, Path(work)))
         address = f"unix:{Path(work) / 'gate.sock'}"
-        start = time.perf_counter()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "dpmagic", "serve", "--policy", str(policy),
-             "--listen", address],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-        )  # fmt: skip
+        proc, first_s = _start(policy, address)
+        proc.terminate()
+        proc.wait(30)
+        proc, again_s = _start(policy, address)
         try:
-            for line in proc.stdout or ():
-                if "listening" in line:
-                    break
-            else:
-                raise RuntimeError("the gate exited before listening")
-            start_s = time.perf_counter() - start
             client = Gate(address, timeout=600)
             times = {
                 name: _timed(lambda sql=sql: client.query(sql, epsilon=1.0, fresh=True), reps)
@@ -126,7 +121,20 @@ def _gate(database: Path, reps: int) -> tuple[dict[str, list[float]], float, flo
         finally:
             proc.terminate()
             proc.wait(30)
-    return times, start_s, peak_mb
+    return times, (first_s, again_s), peak_mb
+
+
+def _start(policy: Path, address: str) -> tuple[subprocess.Popen, float]:
+    """A gate process, once it listens, and how long that took."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dpmagic", "serve", "--policy", str(policy), "--listen", address],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    for line in proc.stdout or ():
+        if "listening" in line:
+            return proc, time.perf_counter() - start
+    raise RuntimeError("the gate exited before listening")
 
 
 def _peak_mb(pid: str) -> float:
