@@ -369,11 +369,11 @@ def bounding_note(bounding: Any) -> str:
     unit = bounding.get("unit")
     bounds = []
     if bounding.get("rows_per_unit"):
-        bounds.append(f"≤ {bounding['rows_per_unit']} rows per {unit}")
+        bounds.append(f"≤ {_rows(bounding['rows_per_unit'])} per {unit}")
     elif bounding.get("rows_per_group"):
         groups = bounding.get("groups_per_unit")
         bounds.append(
-            f"≤ {bounding['rows_per_group']} rows per {unit} and group"
+            f"≤ {_rows(bounding['rows_per_group'])} per {unit} and group"
             + (f", ≤ {groups} groups" if groups and groups > 1 else "")
         )
     for clamp in bounding.get("clamps") or []:
@@ -390,6 +390,10 @@ def bounding_note(bounding: Any) -> str:
             f"[{_whole(units['interval'][0])}, {_whole(units['interval'][1])}]"
         )
     return note
+
+
+def _rows(n: int) -> str:
+    return f"{n} row" if n == 1 else f"{n} rows"
 
 
 def _whole(value: Any) -> str:

@@ -31,7 +31,10 @@ def test_cell_magic_returns_a_result_with_its_footer(connected):
     result = connected.run_cell_magic("dpsql", "-e 0.5", COUNT_BY_SEX)
     assert isinstance(result, DPResult)
     assert result.columns == ["sex", "n"]
-    assert result.footer() == "ε 0.5 spent · ε 1.5 left for the notebook, ε 4.5 left for the user"
+    assert result.footer() == (
+        "ε 0.5 spent · ε 1.5 left for the notebook, ε 4.5 left for the user"
+        " · over bounded data: ≤ 1 row per pid"
+    )
     assert "<table>" in result._repr_html_()
 
 
