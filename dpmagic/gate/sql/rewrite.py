@@ -123,7 +123,7 @@ def _bounded(
     keys = [k.name for k in plan.keys]
     values = ["__v_" + m.name for m in plan.measurements if m.arg is not None]
     values += ["__v_" + s.name for s in plan.selections]
-    row_cols = [_as(row.total(resolved.unit), UNIT)] if resolved.unit is not None else []
+    row_cols = [_as(row.total(resolved.unit), UNIT)] if plan.reads_unit else []
     row_cols += [_as(row.total(k.expr), k.name) for k in plan.keys]
     row_cols += [
         _as(row.total(m.arg), "__v_" + m.name) for m in plan.measurements if m.arg is not None
@@ -133,7 +133,7 @@ def _bounded(
         row_cols = [exp.alias_(exp.Literal.number(1), "__one")]
     ranked = plan.bounding.rows if isinstance(plan.bounding, Ranked) else None
     source, filters = _from(plan, row, _scan_filters(resolved, resolved.scans, ranked))
-    units, keyed = _row_filters(plan, row)
+    units, keyed = _row_filters(plan, row, plan.reads_unit)
     kept = _select(row_cols, source, units + filters + keyed)
     ctes: list[tuple[str, exp.Select]] = [("kept_rows", kept)]
     if resolved.unit is not None and isinstance(plan.bounding, Window):
@@ -142,11 +142,14 @@ def _bounded(
     return ctes, ("kept_rows", None)
 
 
-def _row_filters(plan: Plan, row: _Rows) -> tuple[list[exp.Expression], list[exp.Expression]]:
-    """Rows with a unit; and only declared keys (those listed value by value tested
-    at fetch instead, where the plan says so: ``Plan.listed_at_fetch``)."""
+def _row_filters(
+    plan: Plan, row: _Rows, with_unit: bool
+) -> tuple[list[exp.Expression], list[exp.Expression]]:
+    """Rows with a unit (where the unit is read); and only declared keys (those listed
+    value by value tested at fetch instead, where the plan says so:
+    ``Plan.listed_at_fetch``)."""
     resolved = plan.checked.resolved
-    units = [_not_null(row.total(resolved.unit))] if resolved.unit is not None else []
+    units = [_not_null(row.total(resolved.unit))] if with_unit and resolved.unit else []
     keys = [
         _key_filter(row.total(k.expr), d)
         for k, d in zip(plan.keys, plan.domains, strict=True)
@@ -178,7 +181,7 @@ def left_out(plan: Plan, seed: int, dialect: Dialect = DUCKDB) -> Rewritten:
     caps = _scan_filters(resolved, resolved.scans, None) if len(resolved.scans) > 1 else {}
     source, filters = _from(plan, row, caps)
     unit = [_as(row.total(resolved.unit), UNIT)]
-    units, keyed = _row_filters(plan, row)
+    units, keyed = _row_filters(plan, row, True)
     ctes.append(("all_rows", _select(unit, source, units + filters + keyed)))
     count = exp.Count(this=exp.Star())
     ctes.append(("all_units", _per_unit("all_rows", count, None)))
@@ -266,7 +269,7 @@ def _from(
     trees += [m.arg for m in plan.measurements if m.arg is not None]
     trees += [s.arg for s in plan.selections]
     terms = conjuncts(plan.checked.where) if plan.checked.where is not None else []
-    if resolved.unit is not None:
+    if plan.reads_unit:
         trees.append(resolved.unit)
     used = _used(resolved, trees + terms)
     return _reads(resolved.scans, terms, used, row, bounds)
