@@ -29,8 +29,8 @@ from tests.unit.test_sensitivity import (
     JOIN_QUERIES,
     JOINED,
     ORDER,
-    PUBLIC_ROWS,
     QUERIES,
+    joined_neighbours,
     joined_unit,
     unit_rows,
     units,
@@ -163,23 +163,11 @@ def test_one_unit_moves_a_joins_report_within_its_sensitivity(
         more_tables=JOINED,
     )
     p = reported(query, ds)
-    con = duckdb.connect()
-    load_table(con, "pub", ["g", "w"], PUBLIC_ROWS)
-
-    def load(members: dict[int, tuple]) -> tuple[int, int]:
-        load_table(con, "t", ORDER, [(pid, *r) for pid, (rs, _) in members.items() for r in rs])
-        load_table(
-            con, "u", ["pid", "z"], [(pid, z) for pid, (_, zs) in members.items() for z in zs]
-        )
-        return exact_report(p, con, seed)
-
-    members = dict(enumerate(per_unit, start=1))
-    base = load(members)
-    for pid in members:
-        others = {k: v for k, v in members.items() if k != pid}
-        if neighbouring == "substitute":
-            others[pid] = replacement
-        _assert_within(p, base, load(others))
+    pairs = joined_neighbours(
+        per_unit, replacement, neighbouring, lambda c: exact_report(p, c, seed)
+    )
+    for base, other in pairs:
+        _assert_within(p, base, other)
 
 
 def _assert_within(p: Plan, base: tuple[int, int], other: tuple[int, int]) -> None:
