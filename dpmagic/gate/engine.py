@@ -312,10 +312,10 @@ class Engine:
             self.ledger.record_failure(charge)
             raise Failed() from None
         released = answer.released
-        accuracy = {**released.accuracy, "bounds": reply["bounding"]["text"]}  # type: ignore[index]
+        accuracy = {**released.accuracy, "bounds": analysis.bounds["text"]}
         reply.update(columns=released.columns, rows=released.rows, accuracy=accuracy)
         if answer.left_out is not None:
-            reply["bounding"] = {**reply["bounding"], "left_out": answer.left_out}  # type: ignore[dict-item]
+            reply["bounding"] = {**analysis.bounds, "left_out": answer.left_out}
         self.ledger.record_release(charge, reply)
         return self._with_budget(reply, user, dataset, request.notebook)
 
