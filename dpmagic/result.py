@@ -186,6 +186,8 @@ class DPResult:
             )
         elif self.dry_run:
             parts.append(f"dry run: nothing charged; it would spend {_amount(self.cost)}")
+            if self.reply.get("engine") == "spark":
+                parts.append("answered by Spark")
         elif self.replayed:
             parts.append("replayed (no cost)")
         else:

@@ -47,7 +47,7 @@ MAX_SOCKET_PATH = 100
 
 # Markers of system suites with a line of their own in .ci/run; every other test under
 # tests/system/ is marked ``system``. The default run (``pytest -q``) leaves them all out.
-OWN_SUITES = ("browser", "hub", "audit", "signals", "flood", "fuzz")
+OWN_SUITES = ("browser", "hub", "audit", "signals", "flood", "fuzz", "spark")
 SYSTEM_TESTS = Path(__file__).resolve().parent / "system"
 
 

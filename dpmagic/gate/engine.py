@@ -26,7 +26,7 @@ from dpmagic.gate.policy import AccountantKind, Dataset, Policy, PolicyError
 from dpmagic.gate.service.ledger import Ledger
 from dpmagic.gate.service.views import budget_views, history_entries
 from dpmagic.gate.sql import bounding
-from dpmagic.gate.sql.execute import Database
+from dpmagic.gate.sql.execute import open_store
 from dpmagic.gate.sql.pipeline import Analysed, Asked, analyse, execute, generate
 from dpmagic.gate.sql.plan import Plan
 from dpmagic.gate.sql.rewrite import Rewritten
@@ -157,7 +157,7 @@ class Engine:
             name: make_accountant(ds.accountant) for name, ds in policy.datasets.items()
         }
         # Data first: a policy whose files are missing fails before any state is written.
-        self.databases = {name: Database(ds, policy.gate) for name, ds in policy.datasets.items()}
+        self.databases = {name: open_store(ds, policy.gate) for name, ds in policy.datasets.items()}
         # A public table's contents are public: its columns' values become known keys.
         datasets = {n: self.databases[n].public_keys(ds) for n, ds in policy.datasets.items()}
         self.policy = policy = replace(policy, datasets=datasets)
@@ -243,6 +243,7 @@ class Engine:
         eps, delta = _asked(dataset, request)
         reply: dict[str, object] = {
             "dataset": dataset.name,
+            "engine": dataset.engine,
             "cost": the_plan.cost.as_dict(),
             "plan": summary(the_plan),
             # The bounds the answer is over, said before any data is read: a dry run

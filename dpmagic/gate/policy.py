@@ -41,7 +41,34 @@ class Neighbouring(StrEnum):
     SUBSTITUTE = "substitute"
 
 
+class EngineKind(StrEnum):
+    """What runs a dataset's generated SQL: DuckDB in the gate's process (one machine),
+    or Apache Spark (a local session, a cluster or Spark Connect)."""
+
+    DUCKDB = "duckdb"
+    SPARK = "spark"
+
+
+@dataclass(frozen=True)
+class SparkConfig:
+    """How the gate reaches Spark: ``master`` (``local[2]``, ``spark://host:7077``) for a
+    session the gate starts, or ``remote`` (``sc://host:15002``) for Spark Connect;
+    ``conf`` is passed to the session as it is (the gate's own settings win);
+    ``prepared`` is where the prepared tables are written (a folder or URI only the
+    gate's principal can read; default: ``spark/`` in the gate's state directory)."""
+
+    master: str | None
+    remote: str | None
+    conf: tuple[tuple[str, str], ...] = ()
+    prepared: str | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        """The public part, for ``/v1/schema``: where Spark runs, not how it is set."""
+        return {"master": self.master} if self.master else {"remote": self.remote}
+
+
 ACCOUNTANTS: tuple[str, ...] = tuple(AccountantKind)
+ENGINES: tuple[str, ...] = tuple(EngineKind)
 NEIGHBOURING: tuple[str, ...] = tuple(Neighbouring)
 
 
@@ -135,6 +162,8 @@ class Dataset:
     tables: dict[str, Table]
     accountant: AccountantKind = AccountantKind.PURE
     group_size: int = 1
+    engine: EngineKind = EngineKind.DUCKDB
+    spark: SparkConfig | None = None
 
     def table(self, name: str) -> Table | None:
         return self.tables.get(name.lower())
@@ -152,6 +181,8 @@ class Dataset:
             "query_default": self.query_default.as_dict(),
             "accountant": self.accountant,
             "group_size": self.group_size,
+            "engine": self.engine,
+            **({"spark": self.spark.as_dict()} if self.spark else {}),
             "tables": {
                 t.name: {
                     "public": t.public,
@@ -227,6 +258,13 @@ def parse_policy(raw: dict, path: Path) -> Policy:
         name: _dataset(name, _table(datasets_raw, name, f"datasets.{name}"), base, gate.accountant)
         for name in datasets_raw
     }
+    sessions = {
+        (d.spark.master, d.spark.remote, d.spark.conf) for d in datasets.values() if d.spark
+    }
+    if len(sessions) > 1:
+        # A process has one Spark session (its JVM's): every Spark dataset shares it.
+        raise PolicyError("the Spark datasets of one gate must declare the same master or remote "
+                          "and the same conf")  # fmt: skip
     return Policy(path=path, gate=gate, datasets=datasets)
 
 
@@ -284,12 +322,20 @@ def _dataset(
             "tables",
             "accountant",
             "group_size",
+            "engine",
+            "spark",
         },
     )
+    engine, spark = _engine(raw, where)
     database = raw.get("database")
     sources = raw.get("sources", {})
     if (database is None) == (not sources):
         raise PolicyError(f"{where}: declare exactly one of `database` or `sources`")
+    if database is not None and engine == EngineKind.SPARK:
+        raise PolicyError(
+            f"{where}: `database` is a DuckDB file; a Spark dataset declares `sources` "
+            "(Parquet files or folders, CSV files)"
+        )
     neighbouring = raw.get("neighbouring", "add_remove")
     if neighbouring not in NEIGHBOURING:
         raise PolicyError(f"{where}.neighbouring must be one of {', '.join(NEIGHBOURING)}")
@@ -334,7 +380,40 @@ def _dataset(
         tables=tables,
         accountant=accountant,
         group_size=int(group_size),
+        engine=engine,
+        spark=spark,
     )
+
+
+def _engine(raw: dict, where: str) -> tuple[EngineKind, SparkConfig | None]:
+    """The dataset's ``engine`` and, for Spark, its ``spark`` table."""
+    engine = raw.get("engine", EngineKind.DUCKDB)
+    if engine not in ENGINES:
+        raise PolicyError(f"{where}.engine must be one of {', '.join(ENGINES)}")
+    if engine == EngineKind.DUCKDB:
+        if "spark" in raw:
+            raise PolicyError(f'{where}.spark: only a dataset with engine = "spark" has one')
+        return EngineKind.DUCKDB, None
+    spark = _table(raw, "spark", where + ".spark")
+    _only(spark, where + ".spark", {"master", "remote", "conf", "prepared"})
+    master, remote = spark.get("master"), spark.get("remote")
+    if (master is None) == (remote is None):
+        raise PolicyError(
+            f"{where}.spark: declare exactly one of `master` (a session the gate starts, "
+            'e.g. "local[2]") or `remote` (Spark Connect, e.g. "sc://host:15002")'
+        )
+    for key in ("master", "remote", "prepared"):
+        if key in spark and not (isinstance(spark[key], str) and spark[key]):
+            raise PolicyError(f"{where}.spark.{key} must be a non-empty string")
+    if remote is not None and not remote.startswith("sc://"):
+        raise PolicyError(f"{where}.spark.remote must be a Spark Connect URL (sc://host:port)")
+    conf = _table(spark, "conf", where + ".spark.conf", required=False)
+    for key, value in conf.items():
+        if not isinstance(value, str | int | float | bool):
+            raise PolicyError(f"{where}.spark.conf.{key} must be a string, number or boolean")
+    pairs = tuple(sorted((k, str(v).lower() if isinstance(v, bool) else str(v))
+                         for k, v in conf.items()))  # fmt: skip
+    return EngineKind.SPARK, SparkConfig(master, remote, pairs, spark.get("prepared"))
 
 
 def _table_decl(name: str, raw: dict, where: str) -> Table:

@@ -21,6 +21,7 @@ from pathlib import Path
 from dpmagic.gate.accounting import make_accountant
 from dpmagic.gate.policy import load_policy
 from dpmagic.gate.sql.pipeline import Asked, analyse
+from dpmagic.gate.sql.plan import Plan
 from dpmagic.gate.sql.rewrite import rewrite
 from dpmagic.gate.sql.summary import summary as plan_summary
 
@@ -56,13 +57,18 @@ def cases() -> list[Case]:
 
 def render(case: Case) -> str:
     """The plan summary and the generated SQL, as the fixture file holds them."""
-    dataset = load_policy(HERE / "policies" / f"{case.policy}.toml").dataset(None)
-    accountant = make_accountant(dataset.accountant)
-    delta = dataset.user_budget.delta / 100 if dataset.user_budget.delta else 0.0
-    the_plan = analyse(Asked(case.sql, {}, case.epsilon, delta), dataset, accountant)
+    the_plan = plan_of(case)
     summary = json.dumps(plan_summary(the_plan), indent=1, sort_keys=True)
     sql = rewrite(the_plan, SEED).sql
     return f"-- query\n{case.sql}\n-- plan\n{summary}\n-- sql\n{sql}\n"
+
+
+def plan_of(case: Case) -> Plan:
+    """The case's plan, from its policy, ε and (under δ-accountants) δ = budget / 100."""
+    dataset = load_policy(HERE / "policies" / f"{case.policy}.toml").dataset(None)
+    accountant = make_accountant(dataset.accountant)
+    delta = dataset.user_budget.delta / 100 if dataset.user_budget.delta else 0.0
+    return analyse(Asked(case.sql, {}, case.epsilon, delta), dataset, accountant)
 
 
 def main() -> None:

@@ -166,6 +166,9 @@ def test_dry_run_shows_the_plan_and_charges_nothing():
     assert "dry run: nothing charged; it would spend ε 0.5" in html
     text = repr(result)
     assert "COUNT(*)" in text and "dry run: nothing charged" in text
+    assert "Spark" not in text
+    on_spark = DPResult(reply(rows=[], dry_run=True, plan=plan, engine="spark"))
+    assert "dry run: nothing charged; it would spend ε 0.5 · answered by Spark" in repr(on_spark)
 
 
 def test_text_repr_matches_the_table():

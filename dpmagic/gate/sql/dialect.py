@@ -3,7 +3,8 @@
 ``rewrite`` builds the query as a sqlglot tree; where an engine's SQL differs (its
 keyed hash, its exact sum, how it counts rows per quantile candidate, how a row
 expression is kept from raising: ``total``), the rewrite asks the profile, and the
-profile renders the finished tree. DuckDB's is the one profile today.
+profile renders the finished tree. DuckDB's profile is here; Spark's, which refuses
+what Spark would answer differently, is ``spark_dialect.py``.
 """
 
 from __future__ import annotations
@@ -49,6 +50,11 @@ class Dialect:
 
     def render(self, tree: exp.Expression) -> str:
         return tree.sql(dialect=self.sqlglot)
+
+    @property
+    def engine(self) -> str:
+        """The engine's name as replies and the dry run give it."""
+        return "DuckDB"
 
 
 DUCKDB = Dialect("duckdb")

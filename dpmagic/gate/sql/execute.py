@@ -31,12 +31,14 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Protocol
 
 import duckdb
 
 from dpmagic.gate.errors import Failed, Refused
-from dpmagic.gate.policy import Dataset, GateConfig
+from dpmagic.gate.policy import Dataset, EngineKind, GateConfig
 from dpmagic.gate.sql.contribution import SQL_TYPES
+from dpmagic.gate.sql.dialect import DUCKDB, Dialect
 from dpmagic.gate.sql.keys import MAX_PARTITIONS
 from dpmagic.gate.sql.prepared import prepared_file
 
@@ -123,7 +125,36 @@ PLAIN_CATALOG = "prepared"  # the name the replanning database attaches the file
 BATCH_ROWS = 65_536
 
 
+class Store(Protocol):
+    """What the engine needs of a dataset's tables, whichever engine holds them."""
+
+    dialect: Dialect
+
+    def vet(self, sql: str) -> None: ...
+
+    def run(
+        self, sql: str, keep: Callable[[list[tuple]], list[tuple]] | None = None
+    ) -> ExactResult: ...
+
+    def public_keys(self, dataset: Dataset) -> Dataset: ...
+
+    def close(self) -> None: ...
+
+
+def open_store(dataset: Dataset, gate: GateConfig) -> Store:
+    """The dataset's tables on the engine its policy names (prepared, or reused)."""
+    if dataset.engine == EngineKind.SPARK:
+        from dpmagic.gate.spark.database import SparkDatabase  # pyspark only when used
+
+        return SparkDatabase(dataset, gate)
+    return Database(dataset, gate)
+
+
 class Database:
+    """A DuckDB dataset's prepared file, locked and read-only (see the module's docstring)."""
+
+    dialect = DUCKDB
+
     def __init__(self, dataset: Dataset, gate: GateConfig) -> None:
         missing = [p for p in dataset.sources.values() if not p.exists()]
         if missing:

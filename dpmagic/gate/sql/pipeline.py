@@ -43,7 +43,7 @@ from dpmagic.gate.policy import Dataset
 from dpmagic.gate.sql import bounding
 from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
-from dpmagic.gate.sql.execute import Database
+from dpmagic.gate.sql.execute import Store
 from dpmagic.gate.sql.noise import declared_keys, key_threshold, noise
 from dpmagic.gate.sql.parse import Param, parse
 from dpmagic.gate.sql.plan import Plan, plan
@@ -93,19 +93,19 @@ def analyse(asked: Asked, dataset: Dataset, accountant: Accountant) -> Plan:
     return plan(bounded, asked.epsilon, asked.delta, accountant, asked.accuracy, asked.report)
 
 
-def generate(the_plan: Plan, seed: int, database: Database) -> Analysed:
+def generate(the_plan: Plan, seed: int, database: Store) -> Analysed:
     """rewrite → vet: the plan's SQL, refused if it would fail on empty tables (a
     failure that depends on no data, found before the debit)."""
-    rewritten = rewrite(the_plan, seed)
+    rewritten = rewrite(the_plan, seed, database.dialect)
     database.vet(rewritten.sql)
     report = None
     if the_plan.left_out is not None:
-        report = left_out(the_plan, seed)
+        report = left_out(the_plan, seed, database.dialect)
         database.vet(report.sql)
     return Analysed(plan=the_plan, rewritten=rewritten, report=report)
 
 
-def execute(analysed: Analysed, database: Database) -> Answer:
+def execute(analysed: Analysed, database: Store) -> Answer:
     """run → noise → release: the exact aggregates (never leaving the gate), the
     noise, and what the reply may carry; then the bounding report's count, noised
     likewise. Called only after the debit."""

@@ -1,0 +1,201 @@
+"""Pass 7 on Spark: generated SQL run over the prepared tables, with a timeout.
+
+The session sees the prepared tables as temporary views of the dataset's table
+names, over the Parquet the preparation wrote (``prepare``); the guard
+(``guard``) passes only SQL that reads those views. Before the debit each query
+is run on empty views of the same schema in a session of its own (``vet``), so
+that a failure that depends on no data is a free refusal, as on DuckDB. After
+the debit it runs under a job tag that a timer interrupts at the policy's
+timeout; its rows are collected into the gate's process, batch by batch where
+``keep`` (the private keys' noisy threshold) reduces them. Executors compute
+exact aggregates only: noise, the ledger and the release never leave the gate.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import replace
+from decimal import Decimal
+from typing import TYPE_CHECKING
+
+from dpmagic.gate.errors import Failed, Refused
+from dpmagic.gate.policy import Dataset, GateConfig
+from dpmagic.gate.spark import session as sessions
+from dpmagic.gate.spark.guard import guard
+from dpmagic.gate.spark.prepare import SPARK_TYPES, prepared_tables
+from dpmagic.gate.sql.execute import KEY_TYPES, VETTED_CACHE_SIZE, ExactResult, QueryTimeout
+from dpmagic.gate.sql.keys import MAX_PARTITIONS
+from dpmagic.gate.sql.spark_dialect import SPARK
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger("dpmagic.gate")
+
+BATCH_ROWS = 65_536
+
+
+class CannotRunOnSpark(Refused):
+    """Generated SQL that fails on empty views of the tables: the failure cannot
+    depend on the data, so its first line (Spark's error class) is quoted."""
+
+    def __init__(self, error: Exception) -> None:
+        text = str(error).strip()
+        first = text.splitlines()[0] if text else type(error).__name__
+        super().__init__(f"Spark cannot run this query: {first[:300]}")
+
+
+class SparkDatabase:
+    """A Spark dataset's tables as the engine queries them (``execute.Database``'s
+    interface: ``dialect``, ``vet``, ``run``, ``public_keys``, ``close``)."""
+
+    dialect = SPARK
+
+    def __init__(self, dataset: Dataset, gate: GateConfig) -> None:
+        config = dataset.spark
+        if config is None:
+            raise ValueError(f"dataset {dataset.name!r} has no [spark] settings")
+        missing = [t for t in dataset.tables if t not in dataset.sources]
+        if missing:
+            raise FileNotFoundError(
+                f"dataset {dataset.name!r}: table {missing[0]!r} has no source (a Spark "
+                "dataset reads each table from a Parquet or CSV source)"
+            )
+        absent = [p for p in dataset.sources.values() if not p.exists()]
+        if absent:
+            raise FileNotFoundError(f"dataset {dataset.name!r}: source {absent[0]} not found")
+        self.timeout_s = gate.query_timeout_s
+        self.tables = frozenset(dataset.tables)
+        self._vetted: set[str] = set()
+        self._lock = threading.Lock()
+        self.spark = sessions.isolated(config)
+        self._classic = config.remote is None
+        root = config.prepared or str(gate.state_dir / "spark")
+        if config.prepared is None:
+            (gate.state_dir / "spark").mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.locations = prepared_tables(self.spark, dataset, root)
+        self._views(self.spark, empty=False)
+        # The empty copy lives in a session of its own: same names, no row.
+        self._empty = sessions.isolated(config)
+        self._views(self._empty, empty=True)
+
+    def _views(self, spark: SparkSession, empty: bool) -> None:
+        for name, location in self.locations.items():
+            frame = spark.read.parquet(location)
+            if empty:
+                frame = spark.createDataFrame([], frame.schema)
+            frame.createOrReplaceTempView(name)
+
+    def vet(self, sql: str) -> None:
+        """Refuse, before the debit, SQL the guard will not run or that fails on empty
+        views of the tables (a failure no data can be in)."""
+        if sql in self._vetted:
+            return
+        guard(sql, self.tables)
+        try:
+            self._empty.sql(sql).collect()
+        except Exception as exc:  # Spark raises many kinds; none holds data here
+            raise CannotRunOnSpark(exc) from None
+        with self._lock:
+            if len(self._vetted) >= VETTED_CACHE_SIZE:
+                self._vetted.clear()
+            self._vetted.add(sql)
+
+    def run(
+        self, sql: str, keep: Callable[[list[tuple]], list[tuple]] | None = None
+    ) -> ExactResult:
+        """The exact rows, interrupted at the timeout. Spark's errors are not quoted:
+        after the debit, a message could carry a value."""
+        if sql not in self._vetted:
+            guard(sql, self.tables)
+        tag = f"dpmagic-{uuid.uuid4().hex}"
+        done = threading.Event()
+        timed_out = threading.Event()
+        timer = threading.Thread(target=self._interrupt, args=(tag, done, timed_out))
+        if self._classic:
+            # The query's jobs in a group of their own (per thread), whose cancelling
+            # also interrupts its tasks' threads.
+            self.spark.sparkContext.setJobGroup(tag, "dpmagic query", interruptOnCancel=True)
+        else:
+            self.spark.addTag(tag)  # Spark Connect's way to name what to interrupt
+        timer.start()
+        try:
+            frame = self.spark.sql(sql)
+            if keep is None:
+                rows = [_exact(r) for r in frame.collect()]
+            else:
+                rows, batch = [], []
+                for r in frame.toLocalIterator():
+                    batch.append(_exact(r))
+                    if len(batch) >= BATCH_ROWS:
+                        rows.extend(keep(batch))
+                        batch = []
+                rows.extend(keep(batch))
+        except Exception as exc:
+            if timed_out.is_set():
+                raise QueryTimeout() from None
+            log.error("Spark query failed after the debit: %s", type(exc).__name__)
+            raise Failed() from None
+        finally:
+            done.set()
+            timer.join()
+            if self._classic:
+                self.spark.sparkContext.setJobGroup("", "")
+            else:
+                self.spark.removeTag(tag)
+        if timed_out.is_set():
+            raise QueryTimeout()
+        return ExactResult(rows=rows, thresholded=keep is not None)
+
+    def _interrupt(self, tag: str, done: threading.Event, timed_out: threading.Event) -> None:
+        if done.wait(self.timeout_s):
+            return
+        timed_out.set()
+        while not done.is_set():
+            if self._classic:
+                self.spark.sparkContext.cancelJobGroup(tag)
+            else:
+                self.spark.interruptTag(tag)
+            done.wait(0.05)
+
+    def public_keys(self, dataset: Dataset) -> Dataset:
+        """As ``execute.Database.public_keys``: a public table's distinct values of each
+        key column, when there are few enough, become declared keys."""
+        from pyspark.sql import functions as F
+
+        tables = dict(dataset.tables)
+        for table in dataset.tables.values():
+            if not table.public or table.name not in self.locations:
+                continue
+            columns = dict(table.columns)
+            frame = self.spark.table(table.name)
+            for col in table.columns.values():
+                if col.public_values is not None or col.type not in KEY_TYPES:
+                    continue
+                values = (
+                    frame.select(F.col(col.name).try_cast(SPARK_TYPES[col.type]).alias("v"))
+                    .where("v IS NOT NULL")
+                    .distinct()
+                    .orderBy("v")
+                    .limit(MAX_PARTITIONS + 1)
+                    .collect()
+                )
+                if 0 < len(values) <= MAX_PARTITIONS:
+                    columns[col.name] = replace(col, public_values=tuple(v for (v,) in values))
+            tables[table.name] = replace(table, columns=columns)
+        return replace(dataset, tables=tables)
+
+    def close(self) -> None:
+        """The session stays: it is the process's, shared by its Spark datasets."""
+        self._vetted.clear()
+
+
+def _exact(row: object) -> tuple:
+    """A Spark row as DuckDB's would be: an exact DECIMAL(38,0) sum as an integer."""
+    return tuple(
+        int(v) if isinstance(v, Decimal) and v == v.to_integral_value() else v
+        for v in row  # type: ignore[attr-defined]
+    )

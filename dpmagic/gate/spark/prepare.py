@@ -1,0 +1,229 @@
+"""Load-time preparation as a Spark job: the same prepared tables as DuckDB's.
+
+``sql/contribution.py`` states the rule and its privacy argument; this module
+carries it out with Spark's DataFrame API (not DuckDB SQL transpiled):
+
+1. each declared column is cast to its declared type (``try_cast``: a value that
+   is not one becomes NULL; a fraction cast to an integer is rounded first, as
+   DuckDB rounds), clamped into its bounds, text cut to ``max_length``;
+2. each private table's rows are ranked within their unit (``__dpmagic_rank``) in
+   a *total* order on row contents: the keyed hash ``xxhash64(seed, row, copy)``,
+   then the row itself, then ``copy``, the number of an identical row among its
+   copies. An order that were only partial would let Spark's partitioning decide
+   which rows a unit keeps, and the rows kept could then change between runs;
+   under a total order they are a function of the unit's own rows and the seed
+   alone, however the data is split, so the bound holds for any fixed seed (and
+   ``tests/system/test_spark_prepare.py`` repartitions the data to show it);
+3. each private table's rows carry, for every private table ``U``, their unit's
+   count of rows there (``__dpmagic_rows_U``, at most ``load_cap``), counted from
+   the same rows the ranks number;
+4. the tables are written as Parquet under a folder named by the fingerprint of
+   the sources and the policy (``sql/prepared.fingerprint``), marked complete last,
+   and reused by later starts while the fingerprint matches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import urlparse
+
+from dpmagic.gate.policy import Column, Dataset, Table
+from dpmagic.gate.sql.contribution import RANK, ROWS, bounded_by_units, load_cap
+from dpmagic.gate.sql.prepared import fingerprint
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column as SparkColumn
+    from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger("dpmagic.gate")
+
+SPARK_TYPES = {"int": "bigint", "float": "double", "str": "string", "bool": "boolean",
+               "date": "date"}  # fmt: skip
+# Part of every version's name: a change to how Spark prepares tables is a new version.
+FORMAT = "spark-1"
+COMPLETE = "_dpmagic_complete"  # written last: a folder without it is never reused
+COPY = "__dpmagic_copy"
+
+
+def prepared_tables(
+    spark: SparkSession, dataset: Dataset, root: str, seed: int | None = None
+) -> dict[str, str]:
+    """Each table's prepared Parquet location: reused when a complete version with the
+    dataset's fingerprint exists under ``root``, else prepared anew (older versions
+    in a local ``root`` are then deleted)."""
+    key = hashlib.sha256(f"{FORMAT}:{fingerprint(dataset)}".encode()).hexdigest()
+    version = f"{root.rstrip('/')}/{dataset.name}.{key[:24]}"
+    locations = {name: f"{version}/{name}" for name in dataset.tables if name in dataset.sources}
+    if _complete(spark, version):
+        log.info("dataset %s: reusing its prepared tables on Spark", dataset.name)
+        return locations
+    log.info("dataset %s: preparing its tables on Spark", dataset.name)
+    prepare(spark, dataset, locations, seed)
+    spark.createDataFrame([(1,)], "done int").write.mode("overwrite").parquet(
+        f"{version}/{COMPLETE}"
+    )
+    _delete_others(root, Path(version).name, dataset.name)
+    return locations
+
+
+def prepare(
+    spark: SparkSession, dataset: Dataset, locations: dict[str, str], seed: int | None = None
+) -> None:
+    """Write every table of ``locations`` as prepared (see the module's docstring)."""
+    seed = secrets.randbits(62) if seed is None else seed
+    frames = {
+        name: prepared_frame(
+            read(spark, dataset.sources[name]), dataset, dataset.tables[name], seed
+        )
+        for name in locations
+    }
+    counted = [n for n in frames if bounded_by_units(dataset, dataset.tables[n])]
+    counts = {n: _unit_counts(frames[n], dataset, dataset.tables[n]) for n in counted}
+    for name, prepared in frames.items():
+        if name in counted:
+            prepared = _with_counts(prepared, dataset.tables[name], counts)
+        prepared.write.mode("overwrite").parquet(locations[name])
+
+
+def read(spark: SparkSession, source: Path) -> DataFrame:
+    """A source as DuckDB's load reads it: Parquet (a file or a folder of files), else
+    CSV with a header and inferred types."""
+    path = str(source)
+    if source.is_dir() or source.suffix.lower() == ".parquet":
+        return spark.read.option("recursiveFileLookup", "true").parquet(path)
+    return spark.read.option("header", "true").option("inferSchema", "true").csv(path)
+
+
+def prepared_frame(source: DataFrame, dataset: Dataset, table: Table, seed: int) -> DataFrame:
+    """``source`` as prepared: declared columns stored, and for a private table with a
+    unit, its rows ranked per unit in the total order above; rows without a unit
+    (NULL, or not of the unit's type) are dropped."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    if not table.columns:
+        return source
+    raw = {c.name: _raw(source, c.name) for c in table.columns.values()}
+    stored = [stored_column(raw[c.name], c, source).alias(c.name) for c in table.columns.values()]
+    if not bounded_by_units(dataset, table):
+        return source.select(*stored)
+    unit = table.columns[table.unit]  # type: ignore[index]
+    key = typed(raw[unit.name], unit, source)  # as DuckDB's: cast, not clamped
+    content = [source[c] for c in source.columns]  # the whole source row, as DuckDB's
+    copies = Window.partitionBy(*content).orderBy(*content)
+    numbered = source.where(key.isNotNull()).withColumn(COPY, F.row_number().over(copies))
+    row = [numbered[c] for c in source.columns]
+    order = [F.xxhash64(F.lit(seed), *row, numbered[COPY]), *row, numbered[COPY]]
+    ranked = F.row_number().over(Window.partitionBy(key).orderBy(*order))
+    return numbered.select(*stored, ranked.alias(RANK))
+
+
+def typed(raw: SparkColumn, col: Column, source: DataFrame) -> SparkColumn:
+    """``raw`` cast to the column's declared type, NULL where it is not one. A fraction
+    cast to an integer is rounded first: DuckDB's cast of 2.5 gives 3, Spark's 2."""
+    from pyspark.sql import functions as F
+
+    if col.type == "int" and _fractional(source, col.name):
+        raw = F.round(raw)
+    return raw.try_cast(SPARK_TYPES[col.type])
+
+
+def stored_column(raw: SparkColumn, col: Column, source: DataFrame) -> SparkColumn:
+    """A declared column as the gate stores it (``contribution.stored``, in Spark)."""
+    from pyspark.sql import functions as F
+
+    value = typed(raw, col, source)
+    if col.max_length is not None:
+        return F.substring(value, 1, col.max_length)
+    if col.type in ("int", "float") and col.lower is not None and col.upper is not None:
+        cast = int if col.type == "int" else float
+        lo, hi = F.lit(cast(col.lower)), F.lit(cast(col.upper))
+        if col.type == "float":
+            lo, hi = lo.cast("double"), hi.cast("double")
+        # NaN is above every number in Spark as in DuckDB: clamped to the upper bound.
+        return F.when(value < lo, lo).when(value > hi, hi).otherwise(value)
+    if col.dates is not None:
+        lo, hi = (F.lit(d).cast("date") for d in col.dates)
+        return F.when(value < lo, lo).when(value > hi, hi).otherwise(value)
+    return value
+
+
+def _raw(source: DataFrame, name: str) -> SparkColumn:
+    """The source's column of that name, matched without regard to case as DuckDB's is."""
+    from pyspark.sql import functions as F
+
+    for c in source.columns:
+        if c.lower() == name.lower():
+            return source[c]
+    return F.lit(None)  # a declared column the source lacks is all NULL
+
+
+def _fractional(source: DataFrame, name: str) -> bool:
+    for field in source.schema.fields:
+        if field.name.lower() == name.lower():
+            return field.dataType.typeName() in ("double", "float", "decimal")
+    return False
+
+
+def _unit_counts(prepared: DataFrame, dataset: Dataset, table: Table) -> DataFrame:
+    """Each unit's rows in ``table``, at most ``load_cap``: its largest rank, counted over
+    the stored unit as DuckDB's preparation counts it. (The ranking is computed again
+    for this; the total order makes it the same ranking.)"""
+    from pyspark.sql import functions as F
+
+    unit = table.columns[table.unit].name  # type: ignore[index]
+    return prepared.groupBy(prepared[unit].cast("string").alias("__u")).agg(
+        F.least(F.max(RANK), F.lit(load_cap(dataset))).alias("__n")
+    )
+
+
+def _with_counts(prepared: DataFrame, table: Table, counts: dict[str, DataFrame]) -> DataFrame:
+    """``prepared`` with its unit's count of rows in every counted table (0 if none).
+    Units are matched as text, which also joins tables whose unit types differ, as
+    DuckDB's preparation does."""
+    from pyspark.sql import functions as F
+
+    unit = table.columns[table.unit].name  # type: ignore[index]
+    out = prepared
+    for i, (other, frame) in enumerate(counts.items()):
+        alias = f"__c{i}"
+        joined = frame.select(F.col("__u").alias(alias + "u"), F.col("__n").alias(alias + "n"))
+        out = out.join(joined, out[unit].cast("string") == joined[alias + "u"], "left")
+        out = out.withColumn(ROWS + other, F.coalesce(F.col(alias + "n"), F.lit(0)).cast("bigint"))
+        out = out.drop(alias + "u", alias + "n")
+    return out
+
+
+def _complete(spark: SparkSession, version: str) -> bool:
+    local = _local(version)
+    if local is not None:
+        return (local / COMPLETE).is_dir()
+    try:
+        spark.read.parquet(f"{version}/{COMPLETE}").count()
+    except Exception:  # any failure to read the marker: not complete
+        return False
+    return True
+
+
+def _delete_others(root: str, keep: str, dataset: str) -> None:
+    """Delete older versions of the dataset's prepared tables in a local ``root`` (older
+    copies of private data); on a cluster's storage, the owner's retention applies."""
+    folder = _local(root)
+    if folder is None:
+        return
+    for stale in folder.glob(f"{dataset}.*"):
+        if stale.name != keep and stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def _local(location: str) -> Path | None:
+    """``location`` as a local path, or None for a cluster's storage (``hdfs://``, …)."""
+    parsed = urlparse(location)
+    if parsed.scheme == "file":
+        return Path(parsed.path)
+    return Path(location) if parsed.scheme == "" else None
