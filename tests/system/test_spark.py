@@ -158,8 +158,13 @@ def _exact(sql: str, dataset: Dataset, store, delta: float) -> list[tuple]:
 
 
 def _same(a: list[tuple], b: list[tuple]) -> bool:
-    """Equal as multisets of rows (the engines order rows as they like)."""
-    return Counter(map(repr, a)) == Counter(map(repr, b))
+    """Equal as multisets of rows (the engines order rows, and a histogram's entries,
+    as they like)."""
+
+    def canonical(row: tuple) -> str:
+        return repr(tuple(sorted(v.items()) if isinstance(v, dict) else v for v in row))
+
+    return Counter(map(canonical, a)) == Counter(map(canonical, b))
 
 
 def _agreement(tmp: Path, policy: str, queries: list[str], paths: dict[str, Path]) -> Counter:
@@ -195,7 +200,7 @@ def test_golden_cases_and_constructs_give_the_same_exact_rows_on_spark_and_duckd
     print("\nSpark against DuckDB (golden cases and constructs):", dict(tally))
     refused = sum(n for k, n in tally.items() if k.startswith("refused"))
     assert tally["same"] + refused == sum(len(q) for q in by_policy.values())
-    assert refused <= 3, tally  # the quantile cases: Spark counts no histogram yet
+    assert refused == 1, tally  # ROUND(cost, -2): DuckDB answers it under TRY
 
 
 @pytest.mark.skipif(not (SHARED / "corpus").exists(), reason="../shared is not beside the repo")
@@ -235,7 +240,7 @@ def test_the_shared_accept_corpus_gives_the_same_exact_rows(tmp_path: Path) -> N
         tally["same"] += 1
     duck_store.close()
     print("\nSpark against DuckDB (accept corpus):", dict(tally))
-    assert tally["same"] >= 16, tally  # 20 queries; 4 hold quantiles (MEDIAN, MIN, MAX)
+    assert tally == Counter(same=20), tally
 
 
 def _visits(tmp: Path, name: str, rows: int = 600) -> dict:
@@ -429,8 +434,10 @@ def test_a_gate_process_serves_a_spark_dataset_over_its_socket(
         assert all(abs(r[1] - 150) < 30 for r in reply["rows"])
         assert reply["budget"]["user"]["spent"]["epsilon"] == pytest.approx(1.0)
         with pytest.raises(QueryRefused, match="served by Spark"):
-            client.query("SELECT MEDIAN(age) FROM patients", dataset="clinic", epsilon=1.0)
-        assert client.budget("clinic")["user"]["spent"]["epsilon"] == pytest.approx(1.0)
+            client.query("SELECT COUNT(*) FROM patients WHERE age", dataset="clinic", epsilon=1.0)
+        median = client.query("SELECT MEDIAN(age) FROM patients", dataset="clinic", epsilon=1.0)
+        assert 0 <= median.reply["rows"][0][0] <= 100
+        assert client.budget("clinic")["user"]["spent"]["epsilon"] == pytest.approx(2.0)
         print(f"\ngate start with Spark: {start_s:.1f} s")
     finally:
         process.stop()

@@ -11,7 +11,9 @@ functions the gate generates:
 * functions: only those the rewrite and the allowed row expressions produce, by
   sqlglot node type, plus ``xxhash64``; so no ``reflect``/``java_method``, no
   ``read_files``, no UDF, no catalog, file or session function, no aggregate
-  that returns row values (``collect_list``, ``first``, …), no generator;
+  that returns row values (``first``, …), no generator; a list aggregate only as
+  a quantile's counts per candidate, ``MAP_FROM_ENTRIES(COLLECT_LIST(STRUCT(c, n)))``
+  over two plain columns;
 * no sampling clause, no lateral view, no hint.
 """
 
@@ -60,6 +62,41 @@ def guard(sql: str, tables: frozenset[str]) -> None:
             raise UnsafeSparkSQL()
 
 
+def _histogram_part(node: exp.Expression) -> bool:
+    """``MAP_FROM_ENTRIES(COLLECT_LIST(STRUCT(__c, __n)))`` read straight from a subquery
+    ``__counted`` whose ``__n`` is a ``COUNT(*)``: a quantile's counts per candidate
+    gathered into a map (``rewrite._histograms_apart``), the one use of a list
+    aggregate the gate makes. Any other list would carry a row's values."""
+    gathered = node if isinstance(node, exp.MapFromEntries) else node.parent
+    if isinstance(node, exp.Struct):
+        gathered = node.parent.parent if node.parent else None
+    if not isinstance(gathered, exp.MapFromEntries):
+        return False
+    listed = gathered.this
+    if not isinstance(listed, exp.ArrayAgg) or not isinstance(listed.this, exp.Struct):
+        return False
+    fields = [f.expression if isinstance(f, exp.PropertyEQ) else f for f in listed.this.expressions]
+    if [f.name if isinstance(f, exp.Column) else None for f in fields] != ["__c", "__n"]:
+        return False
+    select = gathered.find_ancestor(exp.Select)
+    source = select.args.get("from_") if select else None
+    counted = source.this if source else None
+    if not isinstance(counted, exp.Subquery) or counted.alias != "__counted":
+        return False
+    inner = counted.this
+    if not isinstance(inner, exp.Select):
+        return False
+    named = {e.alias: e.this for e in inner.expressions if isinstance(e, exp.Alias)}
+    count, candidate = named.get("__n"), named.get("__c")
+    # The candidate is a kept row's snapped index (``__v_<quantile>``), never a column.
+    return (
+        isinstance(count, exp.Count)
+        and isinstance(count.this, exp.Star)
+        and isinstance(candidate, exp.Column)
+        and candidate.name.startswith("__v_")
+    )
+
+
 def _allowed(node: exp.Expression, names: frozenset[str] | set[str]) -> bool:
     if isinstance(node, exp.Table):
         return (
@@ -68,6 +105,8 @@ def _allowed(node: exp.Expression, names: frozenset[str] | set[str]) -> bool:
             and not node.args.get("catalog")
             and node.name.lower() in names
         )
+    if isinstance(node, exp.MapFromEntries | exp.ArrayAgg | exp.Struct):
+        return _histogram_part(node)
     if isinstance(node, exp.Anonymous):
         return str(node.this).lower() in NAMED_FUNCTIONS
     if isinstance(node, exp.Func):

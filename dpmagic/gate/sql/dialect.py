@@ -22,6 +22,9 @@ class Dialect:
     """An engine's SQL, as far as the gate's generated queries need it."""
 
     sqlglot: str  # the sqlglot dialect the tree is rendered in
+    # Whether quantiles' counts per candidate are gathered apart from the other
+    # aggregates (``rewrite._histograms_apart``), for an engine without ``histogram``.
+    histograms_apart: bool = False
 
     def hash(self, *args: exp.Expression) -> exp.Expression:
         """A keyed 64-bit hash of ``args`` (the seed among them), for row orders."""

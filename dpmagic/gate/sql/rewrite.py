@@ -90,9 +90,11 @@ def rewrite(plan: Plan, seed: int | None = None, dialect: Dialect = DUCKDB) -> R
     row = _Rows(resolved, dialect)
     ctes, final = _bounded(plan, row, seed)
 
+    apart = bool(plan.selections) and dialect.histograms_apart
     outputs: list[exp.Expression] = [_col(k) for k in keys]
     outputs += [_as(_aggregate(m, resolved, dialect), m.name) for m in plan.measurements]
-    outputs += [_as(dialect.histogram(_col("__v_" + s.name)), s.name) for s in plan.selections]
+    if not apart:
+        outputs += [_as(dialect.histogram(_col("__v_" + s.name)), s.name) for s in plan.selections]
     if plan.key_selection is not None:
         units = (
             exp.Count(this=exp.Distinct(expressions=[_col(UNIT)]))
@@ -105,6 +107,9 @@ def rewrite(plan: Plan, seed: int | None = None, dialect: Dialect = DUCKDB) -> R
         tree = tree.where(final[1])
     if keys:
         tree = tree.group_by(*(_col(k) for k in keys))
+    if apart:
+        tree, more = _histograms_apart(tree, plan, final)
+        ctes = ctes + more
     for name, cte in ctes:
         tree = tree.with_(name, as_=cte)
     tree = _semijoins(tree, resolved, row)
@@ -112,6 +117,48 @@ def rewrite(plan: Plan, seed: int | None = None, dialect: Dialect = DUCKDB) -> R
     if plan.key_selection is not None:
         names += (KEY_COUNT,)
     return Rewritten(tree=tree, sql=dialect.render(tree), keys=len(keys), measurements=names)
+
+
+def _histograms_apart(
+    main: exp.Select, plan: Plan, final: tuple[str, exp.Expression | None]
+) -> tuple[exp.Select, list[tuple[str, exp.Select]]]:
+    """For an engine without a histogram aggregate (Spark): each quantile's rows per
+    candidate counted by ``GROUP BY`` the keys and the candidate index in a CTE of its
+    own, gathered into one map per key (candidate index → count: what DuckDB's
+    ``histogram`` gives), and joined to the other aggregates on the keys (null-safe).
+    The outer query lists the columns in the order the noise pass reads them."""
+    keys = [k.name for k in plan.keys]
+    if not main.expressions:  # quantiles alone: one row all the same, as DuckDB's
+        main = main.select(_as(exp.Count(this=exp.Star()), "__rows"))
+    ctes: list[tuple[str, exp.Select]] = []
+    outer = exp.select(*(_col_of("__main", k) for k in keys))
+    outer = outer.select(*(_col_of("__main", m.name) for m in plan.measurements))
+    outer = outer.from_(exp.alias_(exp.Subquery(this=main), "__main", quoted=True))
+    for s in plan.selections:
+        value = _col("__v_" + s.name)
+        counted = exp.select(*(_col(k) for k in keys), _as(value.copy(), "__c"))
+        counted = counted.select(_as(exp.Count(this=exp.Star()), "__n"))
+        counted = counted.from_(exp.table_(final[0]))
+        counted = counted.where(_not_null(value.copy()))
+        if final[1] is not None:
+            counted = counted.where(final[1].copy())
+        counted = counted.group_by(*(_col(k) for k in keys), value.copy())
+        entries = exp.Struct(expressions=[_col("__c"), _col("__n")])
+        gathered = exp.MapFromEntries(this=exp.ArrayAgg(this=entries))
+        per_key = exp.select(*(_col(k) for k in keys), _as(gathered, "__map"))
+        per_key = per_key.from_(exp.Subquery(this=counted, alias=_ident("__counted")))
+        if keys:
+            per_key = per_key.group_by(*(_col(k) for k in keys))
+        name = "__candidates_" + s.name
+        ctes.append((name, per_key))
+        on = [exp.NullSafeEQ(this=_col_of("__main", k), expression=_col_of(name, k)) for k in keys]
+        outer = outer.join(
+            exp.table_(name, quoted=True), on=exp.and_(*on) if on else exp.true(), join_type="left"
+        )
+        outer = outer.select(_as(_col_of(name, "__map"), s.name))
+    if plan.key_selection is not None:
+        outer = outer.select(_col_of("__main", KEY_COUNT))
+    return outer, ctes
 
 
 def _bounded(
