@@ -67,6 +67,7 @@ class SparkConfig:
         return {"master": self.master} if self.master else {"remote": self.remote}
 
 
+CATALOG_PREFIX = "table:"  # a source read from Spark's catalog by name
 ACCOUNTANTS: tuple[str, ...] = tuple(AccountantKind)
 ENGINES: tuple[str, ...] = tuple(EngineKind)
 NEIGHBOURING: tuple[str, ...] = tuple(Neighbouring)
@@ -164,6 +165,8 @@ class Dataset:
     group_size: int = 1
     engine: EngineKind = EngineKind.DUCKDB
     spark: SparkConfig | None = None
+    # Spark only: tables read from the session's catalog by name (``"table:db.name"``).
+    catalog: dict[str, str] = field(default_factory=dict)
 
     def table(self, name: str) -> Table | None:
         return self.tables.get(name.lower())
@@ -349,9 +352,21 @@ def _dataset(
         raise PolicyError(f"{where}: declare at least one table under [{where}.tables]")
     tables = _units(tables, unit.lower() if unit else None, where)
     _randomized_tables(tables, where)
-    for tname in sources:
+    for tname, source in sources.items():
         if tname.lower() not in tables:
             raise PolicyError(f"{where}.sources.{tname}: no such table is declared")
+        if not isinstance(source, str) or not source:
+            raise PolicyError(f"{where}.sources.{tname} must be a file, a folder or table:NAME")
+        if source.startswith(CATALOG_PREFIX) and engine != EngineKind.SPARK:
+            raise PolicyError(
+                f"{where}.sources.{tname}: {source!r} names a catalog table, which only a "
+                'dataset with engine = "spark" reads'
+            )
+    catalog = {
+        t.lower(): s.removeprefix(CATALOG_PREFIX)
+        for t, s in sources.items()
+        if s.startswith(CATALOG_PREFIX)
+    }
     user_budget = _budget(raw, "user_budget", where, None)
     notebook_budget = _budget(raw, "notebook_budget", where, user_budget)
     accountant = raw.get("accountant", default_accountant)
@@ -369,7 +384,11 @@ def _dataset(
     return Dataset(
         name=name,
         database=_path(database, base) if database else None,
-        sources={t.lower(): _path(p, base) for t, p in sources.items()},
+        sources={
+            t.lower(): _path(p, base)
+            for t, p in sources.items()
+            if not p.startswith(CATALOG_PREFIX)
+        },
         privacy_unit=unit.lower() if unit else None,
         neighbouring=neighbouring,
         max_partitions=int(_number(raw, "max_partitions", where, 1, minimum=1)),
@@ -382,6 +401,7 @@ def _dataset(
         group_size=int(group_size),
         engine=engine,
         spark=spark,
+        catalog=catalog,
     )
 
 

@@ -329,6 +329,28 @@ def test_prepared_tables_are_reused_until_the_policy_or_the_sources_change(
     ) == 0 or folder.parent.parent.stat().st_mode & 0o077 == 0
 
 
+def test_a_catalog_table_is_a_source_and_new_files_in_it_prepare_it_anew(tmp_path: Path) -> None:
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.builder.master("local[2]").getOrCreate()
+    raw = _one(tmp_path)
+    frame = spark.read.parquet(str(tmp_path / "v.parquet"))
+    lake = tmp_path / "lake"
+    spark.sql(f"CREATE DATABASE IF NOT EXISTS dpm_lake LOCATION '{lake}'")
+    table = frame.write.mode("overwrite").option("path", str(lake / "visits"))
+    table.saveAsTable("dpm_lake.visits")
+    raw["datasets"]["v"]["sources"] = {"visits": "table:dpm_lake.visits"}
+    policy = parse_policy(raw, tmp_path / "p.toml")
+    store = SparkDatabase(policy.dataset("v"), policy.gate)
+    assert store.run("SELECT COUNT(*) FROM visits").rows == [(600,)]
+    folder = Path(store.locations["visits"]).parent
+    frame.limit(100).write.mode("append").saveAsTable("dpm_lake.visits")
+    again = SparkDatabase(policy.dataset("v"), policy.gate)
+    assert Path(again.locations["visits"]).parent != folder
+    assert again.run("SELECT COUNT(*) FROM visits").rows == [(700,)]
+    spark.sql("DROP DATABASE dpm_lake CASCADE")
+
+
 def test_two_spark_datasets_with_tables_of_one_name_each_read_their_own(tmp_path: Path) -> None:
     raw = _one(tmp_path)
     raw["datasets"]["w"] = _visits(tmp_path, "w", rows=420)

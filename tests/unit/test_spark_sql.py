@@ -73,6 +73,16 @@ def test_bad_engine_settings_are_refused_with_the_key_at_fault(dataset, message)
     assert message in str(caught.value)
 
 
+def test_catalog_tables_are_sources_of_spark_datasets_only() -> None:
+    spark = parse_policy(
+        _raw(engine="spark", spark={"master": "local"}, sources={"t": "table:lake.t"}),
+        Path("p.toml"),
+    ).dataset("d")
+    assert spark.catalog == {"t": "lake.t"} and spark.sources == {}
+    with pytest.raises(PolicyError, match='only a dataset with engine = "spark" reads'):
+        parse_policy(_raw(sources={"t": "table:lake.t"}), Path("p.toml"))
+
+
 def test_a_spark_dataset_reads_sources_not_a_duckdb_file() -> None:
     raw = _raw(engine="spark", spark={"master": "local[2]"})
     raw["datasets"]["d"].pop("sources")

@@ -58,11 +58,11 @@ class SparkDatabase:
         config = dataset.spark
         if config is None:
             raise ValueError(f"dataset {dataset.name!r} has no [spark] settings")
-        missing = [t for t in dataset.tables if t not in dataset.sources]
+        missing = [t for t in dataset.tables if t not in dataset.sources | dataset.catalog]
         if missing:
             raise FileNotFoundError(
                 f"dataset {dataset.name!r}: table {missing[0]!r} has no source (a Spark "
-                "dataset reads each table from a Parquet or CSV source)"
+                "dataset reads each table from Parquet, CSV or table:NAME in its catalog)"
             )
         absent = [p for p in dataset.sources.values() if not p.exists()]
         if absent:

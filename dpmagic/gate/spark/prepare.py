@@ -25,6 +25,7 @@ carries it out with Spark's DataFrame API (not DuckDB SQL transpiled):
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import secrets
 import shutil
@@ -56,9 +57,14 @@ def prepared_tables(
     """Each table's prepared Parquet location: reused when a complete version with the
     dataset's fingerprint exists under ``root``, else prepared anew (older versions
     in a local ``root`` are then deleted)."""
-    key = hashlib.sha256(f"{FORMAT}:{fingerprint(dataset)}".encode()).hexdigest()
+    catalog = json.dumps(_catalog_identity(spark, dataset), sort_keys=True)
+    key = hashlib.sha256(f"{FORMAT}:{fingerprint(dataset)}:{catalog}".encode()).hexdigest()
     version = f"{root.rstrip('/')}/{dataset.name}.{key[:24]}"
-    locations = {name: f"{version}/{name}" for name in dataset.tables if name in dataset.sources}
+    locations = {
+        name: f"{version}/{name}"
+        for name in dataset.tables
+        if name in dataset.sources or name in dataset.catalog
+    }
     if _complete(spark, version):
         log.info("dataset %s: reusing its prepared tables on Spark", dataset.name)
         return locations
@@ -77,9 +83,7 @@ def prepare(
     """Write every table of ``locations`` as prepared (see the module's docstring)."""
     seed = secrets.randbits(62) if seed is None else seed
     frames = {
-        name: prepared_frame(
-            read(spark, dataset.sources[name]), dataset, dataset.tables[name], seed
-        )
+        name: prepared_frame(_source(spark, dataset, name), dataset, dataset.tables[name], seed)
         for name in locations
     }
     counted = [n for n in frames if bounded_by_units(dataset, dataset.tables[n])]
@@ -88,6 +92,30 @@ def prepare(
         if name in counted:
             prepared = _with_counts(prepared, dataset.tables[name], counts)
         prepared.write.mode("overwrite").parquet(locations[name])
+
+
+def _source(spark: SparkSession, dataset: Dataset, name: str) -> DataFrame:
+    if name in dataset.catalog:
+        return spark.table(dataset.catalog[name])
+    return read(spark, dataset.sources[name])
+
+
+def _catalog_identity(spark: SparkSession, dataset: Dataset) -> dict[str, list[object]]:
+    """What identifies a catalog table's contents without reading them: its files
+    (each write of a Parquet or Delta table adds files of new names), with size and
+    modification time where they are local."""
+    identity: dict[str, list[object]] = {}
+    for table, name in sorted(dataset.catalog.items()):
+        files: list[object] = []
+        for uri in sorted(spark.table(name).inputFiles()):
+            local = _local(uri)
+            if local is not None and local.exists():
+                st = local.stat()
+                files.append([uri, st.st_size, st.st_mtime_ns])
+            else:
+                files.append(uri)
+        identity[table] = [name, *files]
+    return identity
 
 
 def read(spark: SparkSession, source: Path) -> DataFrame:
