@@ -11,15 +11,19 @@ real process over its unix socket (policy ``max_partitions = 3``,
 ``max_rows_per_partition = 3``, padding off, ε = 1 per query); raw DuckDB reads
 the DuckDB file, raw Spark the Parquet file in a ``local[2]`` session of this
 process. Each gate is started twice: the first start prepares the data (the
-preparation's cost), the second reuses it. Needs the ``spark`` extra and Java.
+preparation's cost), the second reuses it. ``--tumult`` adds Tumult Analytics on
+the same data and Spark, with the same bounds and ε (``tumult_runner.py``). Needs
+the ``spark`` extra and Java.
 Not a test: timings depend on the machine and its load, printed with them.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -28,6 +32,7 @@ import duckdb
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from visits import (
+    CACHE,
     DIAGNOSES,
     QUERIES,
     STATES,
@@ -44,6 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=_count, default=1_000_000, help="1M, 10M or a number")
     parser.add_argument("--reps", type=int, default=3, help="timed runs per query (median)")
+    parser.add_argument(
+        "--tumult", action="store_true",
+        help="also Tumult Analytics on the same Spark (a venv of its own, made on first use)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     database = visits_file(args.rows)
     parquet = _parquet(database)
@@ -51,20 +60,42 @@ def main(argv: list[str] | None = None) -> int:
     raw_duckdb = _raw(database, args.reps)
     raw_spark = _raw_spark(parquet, args.reps)
     results = {engine: _gate(parquet, engine, args.reps) for engine in ("duckdb", "spark")}
+    tumult = _tumult(parquet, args.reps) if args.tumult else None
     for engine, (_, (prepare_s, restart_s)) in results.items():
         print(f"gate on {engine}: first start (preparing {args.rows:,} rows) {prepare_s:.1f} s, "
               f"restart reusing them {restart_s:.1f} s")  # fmt: skip
-    print(
-        "\n| query | raw DuckDB | gate on DuckDB | × | raw Spark | gate on Spark | × |"
-        "\n|---|---|---|---|---|---|---|"
-    )
+    head = "| query | raw DuckDB | gate on DuckDB | × | raw Spark | gate on Spark | × |"
+    rule = "|---|---|---|---|---|---|---|"
+    if tumult is not None:
+        head, rule = head + " Tumult on Spark | × |", rule + "---|---|"
+    print(f"\n{head}\n{rule}")
     for name in QUERIES:
         rd, gd = statistics.median(raw_duckdb[name]), statistics.median(results["duckdb"][0][name])
         rs, gs = statistics.median(raw_spark[name]), statistics.median(results["spark"][0][name])
-        print(f"| {name} | {_ms(rd)} | {_ms(gd)} | {gd / rd:.2f} | {_ms(rs)} | {_ms(gs)} | "
-              f"{gs / rs:.2f} |")  # fmt: skip
+        line = (f"| {name} | {_ms(rd)} | {_ms(gd)} | {gd / rd:.2f} | {_ms(rs)} | {_ms(gs)} | "
+                f"{gs / rs:.2f} |")  # fmt: skip
+        if tumult is not None:
+            t = statistics.median(tumult[name]["times"])
+            line += f" {_ms(t)} | {t / rs:.2f} |"
+        print(line)
     print(f"\nload average {os.getloadavg()[0]:.2f} at the end")
     return 0
+
+
+def _tumult(parquet: Path, reps: int) -> dict[str, dict]:
+    """Tumult Analytics's times on the same Parquet file and Spark (``tumult_runner.py``,
+    in a venv of its own: Tumult pins pyspark < 3.6 and pandas < 2)."""
+    venv = CACHE / "venv-tumult"
+    python = venv / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "tmlt.analytics"], check=True)
+    runner = Path(__file__).resolve().parent / "tumult_runner.py"
+    done = subprocess.run(
+        [str(python), str(runner), str(parquet), "--reps", str(reps)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return json.loads(done.stdout)
 
 
 def _parquet(database: Path) -> Path:
