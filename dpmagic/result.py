@@ -615,6 +615,7 @@ class SchemaView:
                 f"budget: user {_amount(r.get('user_budget') or {})}, "
                 f"notebook {_amount(r.get('notebook_budget') or {})}, "
                 f"query default {_amount(r.get('query_default') or {})}",
+                *(["answered by Spark"] if r.get("engine") == "spark" else []),
             ]
         )
 

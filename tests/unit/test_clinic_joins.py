@@ -112,3 +112,5 @@ def test_the_schema_names_each_tables_unit_links_and_bounds(engine):
     text = repr(SchemaView(schema))
     assert "links visits.patient_id → patients.patient_id" in text
     assert f"each unit in ≤ {schema['max_partitions']} groups" in text
+    assert schema["engine"] == "duckdb" and "Spark" not in text
+    assert "answered by Spark" in repr(SchemaView({**schema, "engine": "spark"}))
