@@ -30,10 +30,11 @@ class Dialect:
         """A keyed 64-bit hash of ``args`` (the seed among them), for row orders."""
         return exp.Anonymous(this="hash", expressions=list(args))
 
-    def exact_sum(self, value: exp.Expression, wide: bool) -> exp.Expression:
-        """An exact sum of integers: DuckDB sums BIGINTs into a HUGEINT (128 bits, whose
-        overflow the plan has ruled out), faster than HUGEINTs; ``wide`` when a value
-        may not fit in a BIGINT."""
+    def exact_sum(self, value: exp.Expression, widest: float) -> exp.Expression:
+        """An exact sum of integers of magnitude at most ``widest``: DuckDB sums BIGINTs
+        into a HUGEINT (128 bits, whose overflow the plan has ruled out), faster than
+        HUGEINTs, so each value is a BIGINT unless one may not fit."""
+        wide = widest >= 2.0**62
         kind = exp.DataType.Type.INT128 if wide else exp.DataType.Type.BIGINT
         return exp.Sum(this=exp.cast(value, kind))
 

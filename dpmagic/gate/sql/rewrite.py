@@ -476,9 +476,7 @@ def _aggregate(m: Measurement, resolved: Resolved, dialect: Dialect) -> exp.Expr
     if m.kind in (MeasureKind.COUNT_DISTINCT, MeasureKind.COUNT_UNIT):
         return exp.Count(this=exp.Distinct(expressions=[v]))
     clamp = m.bounds
-    # Each value is summed as a BIGINT when every clamped value on the grid fits in one.
-    widest = max(abs(clamp.lo), abs(clamp.hi)) * 2.0**-m.grid_exp
-    wide = widest >= 2.0**62
+    widest = max(abs(clamp.lo), abs(clamp.hi)) * 2.0**-m.grid_exp  # one value, grid units
     if _stored_within(m, resolved):
         # A bare column is read as stored at load: already of its type, NULL or
         # clamped into declared bounds that lie within this clamp (``contribution.
@@ -488,9 +486,9 @@ def _aggregate(m: Measurement, resolved: Resolved, dialect: Dialect) -> exp.Expr
         cast = "BIGINT" if clamp.integral else "DOUBLE"
         value = clamped(exp.TryCast(this=v, to=exp.DataType.build(cast)), clamp)
     if clamp.integral:
-        return dialect.exact_sum(value, wide)
+        return dialect.exact_sum(value, widest)
     scale = literal(2.0**-m.grid_exp, integral=False)
-    return dialect.exact_sum(exp.Round(this=exp.Mul(this=value, expression=scale)), wide)
+    return dialect.exact_sum(exp.Round(this=exp.Mul(this=value, expression=scale)), widest)
 
 
 def _stored_within(m: Measurement, resolved: Resolved) -> bool:
