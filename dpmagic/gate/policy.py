@@ -62,9 +62,17 @@ class SparkConfig:
     conf: tuple[tuple[str, str], ...] = ()
     prepared: str | None = None
 
+    @property
+    def where(self) -> str:
+        """The master, or the Connect URL cut to its host and port: its parameters may
+        hold a token, which neither the schema nor the gate's log repeats."""
+        if self.master:
+            return self.master
+        return (self.remote or "").split(";", 1)[0].removesuffix("/")
+
     def as_dict(self) -> dict[str, object]:
         """The public part, for ``/v1/schema``: where Spark runs, not how it is set."""
-        return {"master": self.master} if self.master else {"remote": self.remote}
+        return {"master" if self.master else "remote": self.where}
 
 
 CATALOG_PREFIX = "table:"  # a source read from Spark's catalog by name
@@ -427,6 +435,12 @@ def _engine(raw: dict, where: str) -> tuple[EngineKind, SparkConfig | None]:
             raise PolicyError(f"{where}.spark.{key} must be a non-empty string")
     if remote is not None and not remote.startswith("sc://"):
         raise PolicyError(f"{where}.spark.remote must be a Spark Connect URL (sc://host:port)")
+    if remote is not None and "prepared" not in spark:
+        raise PolicyError(
+            f"{where}.spark: a Spark Connect dataset names `prepared`, the folder or URI on "
+            "the cluster's storage where the gate keeps its prepared tables (readable by the "
+            "gate's principal only): the gate's state_dir is not the cluster's"
+        )
     conf = _table(spark, "conf", where + ".spark.conf", required=False)
     for key, value in conf.items():
         if not isinstance(value, str | int | float | bool):

@@ -47,10 +47,14 @@ def test_engine_defaults_to_duckdb_and_spark_is_declared_with_a_master_or_a_remo
     assert spark.spark is not None and spark.spark.master == "local[2]"
     assert spark.spark.conf == (("b", "true"), ("spark.a", "1"))
     assert spark.as_dict()["spark"] == {"master": "local[2]"}  # the conf is not served
+    url = "sc://cluster:443/;token=SECRET;x-databricks-cluster-id=c1"
     remote = parse_policy(
-        _raw(engine="spark", spark={"remote": "sc://cluster:15002"}), Path("p.toml")
+        _raw(engine="spark", spark={"remote": url, "prepared": "dbfs:/gate"}), Path("p.toml")
     ).dataset("d")
-    assert remote.spark is not None and remote.spark.remote == "sc://cluster:15002"
+    assert remote.spark is not None and remote.spark.remote == url
+    # /v1/schema says where Spark runs; the URL's parameters (a token) stay in the policy.
+    assert remote.as_dict()["spark"] == {"remote": "sc://cluster:443"}
+    assert "SECRET" not in repr(remote.as_dict())
 
 
 @pytest.mark.parametrize(
@@ -61,6 +65,7 @@ def test_engine_defaults_to_duckdb_and_spark_is_declared_with_a_master_or_a_remo
         ({"engine": "spark", "spark": {}}, "exactly one of `master`"),
         ({"engine": "spark", "spark": {"master": "local", "remote": "sc://h:1"}}, "exactly one"),
         ({"engine": "spark", "spark": {"remote": "http://h:1"}}, "Spark Connect URL"),
+        ({"engine": "spark", "spark": {"remote": "sc://h:1"}}, "names `prepared`"),
         ({"engine": "spark", "spark": {"master": ""}}, "master must be a non-empty string"),
         ({"engine": "spark", "spark": {"master": "local", "port": 1}}, "unknown key 'port'"),
         ({"engine": "spark", "spark": {"master": "local", "conf": {"a": [1]}}}, "conf.a must"),

@@ -76,7 +76,7 @@ class SparkDatabase:
         root = config.prepared or str(gate.state_dir / "spark")
         if config.prepared is None:
             (gate.state_dir / "spark").mkdir(mode=0o700, parents=True, exist_ok=True)
-        self.locations = prepared_tables(self.spark, dataset, root)
+        self.locations = prepared_tables(self.spark, dataset, root, remote=not self._classic)
         self._views(self.spark, empty=False)
         # The empty copy lives in a session of its own: same names, no row.
         self._empty = sessions.isolated(config)

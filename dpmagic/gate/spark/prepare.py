@@ -13,7 +13,7 @@ carries it out with Spark's DataFrame API (not DuckDB SQL transpiled):
    which rows a unit keeps, and the rows kept could then change between runs;
    under a total order they are a function of the unit's own rows and the seed
    alone, however the data is split, so the bound holds for any fixed seed (and
-   ``tests/system/test_spark_prepare.py`` repartitions the data to show it);
+   ``tests/system/test_spark.py`` repartitions the data to show it);
 3. each private table's rows carry, for every private table ``U``, their unit's
    count of rows there (``__dpmagic_rows_U``, at most ``load_cap``), counted from
    the same rows the ranks number;
@@ -52,11 +52,18 @@ COPY = "__dpmagic_copy"
 
 
 def prepared_tables(
-    spark: SparkSession, dataset: Dataset, root: str, seed: int | None = None
+    spark: SparkSession,
+    dataset: Dataset,
+    root: str,
+    seed: int | None = None,
+    *,
+    remote: bool = False,
 ) -> dict[str, str]:
     """Each table's prepared Parquet location: reused when a complete version with the
     dataset's fingerprint exists under ``root``, else prepared anew (older versions
-    in a local ``root`` are then deleted)."""
+    in a local ``root`` are then deleted). Over Spark Connect (``remote``) ``root`` is
+    on the server's storage: the gate asks Spark whether a version is complete and
+    leaves older versions to the storage's retention."""
     catalog = json.dumps(_catalog_identity(spark, dataset), sort_keys=True)
     key = hashlib.sha256(f"{FORMAT}:{fingerprint(dataset)}:{catalog}".encode()).hexdigest()
     version = f"{root.rstrip('/')}/{dataset.name}.{key[:24]}"
@@ -65,7 +72,7 @@ def prepared_tables(
         for name in dataset.tables
         if name in dataset.sources or name in dataset.catalog
     }
-    if _complete(spark, version):
+    if _complete(spark, version, remote):
         log.info("dataset %s: reusing its prepared tables on Spark", dataset.name)
         return locations
     log.info("dataset %s: preparing its tables on Spark", dataset.name)
@@ -73,7 +80,8 @@ def prepared_tables(
     spark.createDataFrame([(1,)], "done int").write.mode("overwrite").parquet(
         f"{version}/{COMPLETE}"
     )
-    _delete_others(root, Path(version).name, dataset.name)
+    if not remote:
+        _delete_others(root, Path(version).name, dataset.name)
     return locations
 
 
@@ -227,8 +235,8 @@ def _with_counts(prepared: DataFrame, table: Table, counts: dict[str, DataFrame]
     return out
 
 
-def _complete(spark: SparkSession, version: str) -> bool:
-    local = _local(version)
+def _complete(spark: SparkSession, version: str, remote: bool) -> bool:
+    local = None if remote else _local(version)
     if local is not None:
         return (local / COMPLETE).is_dir()
     try:

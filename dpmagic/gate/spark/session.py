@@ -11,6 +11,9 @@ shares one session (the policy requires the same ``master``/``remote`` and
 * ``spark.sql.runSQLOnFiles = false``: no ``parquet.`/path``` table can name a file.
 * ``spark.sql.session.timeZone = UTC``: dates read and compared the same everywhere.
 * ``spark.ui.enabled = false``: the web UI would show plans and query text.
+
+Over Spark Connect the first three are set on every session the gate opens and
+read back; the UI is the server's, configured by its owner (``docs/spark.md``).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
+from dpmagic.gate.errors import required
 from dpmagic.gate.policy import SparkConfig
 
 if TYPE_CHECKING:
@@ -39,8 +43,9 @@ _lock = threading.Lock()
 class SparkMissing(RuntimeError):
     def __init__(self) -> None:
         super().__init__(
-            'this policy serves a dataset with engine = "spark", but pyspark is not '
-            "installed: pip install 'dpmagic[spark]' (Spark also needs Java 17 or newer)"
+            'this policy serves a dataset with engine = "spark", but pyspark (with its '
+            "Spark Connect client) is not installed: pip install 'dpmagic[spark]' (Spark "
+            "also needs Java 17 or newer)"
         )
 
 
@@ -48,16 +53,9 @@ def isolated(config: SparkConfig) -> SparkSession:
     """A session of its own over the process's Spark (``session``): its own temporary
     views and settings, so that two datasets' tables of the same name never meet."""
     base = session(config)
-    if config.remote is not None:
-        from pyspark.sql import SparkSession
-
-        # A Spark Connect client makes a new server-side session per ``create``.
-        spark = SparkSession.builder.remote(config.remote).create()
-    else:
-        spark = base.newSession()
-    for key, value in PINNED.items():
-        if key.startswith("spark.sql."):
-            spark.conf.set(key, value)
+    # A Spark Connect client makes a new server-side session per ``create``.
+    spark = _connect(config, new=True) if config.remote is not None else base.newSession()
+    _pin(spark)
     return spark
 
 
@@ -69,16 +67,44 @@ def session(config: SparkConfig) -> SparkSession:
     except ImportError:
         raise SparkMissing() from None
     with _lock:
-        builder = SparkSession.builder.appName("dpmagic-gate")
-        builder = builder.remote(config.remote) if config.remote else builder.master(config.master)
-        for key, value in (*config.conf, *PINNED.items()):
-            builder = builder.config(key, value)
-        log.info("starting Spark (%s)", config.remote or config.master)
-        spark = builder.getOrCreate()
-        for key, value in PINNED.items():
-            if key.startswith("spark.sql."):  # the runtime ones, set on the session itself
-                spark.conf.set(key, value)
-        if config.master is not None:
+        log.info("starting Spark (%s)", config.where)
+        if config.remote is not None:
+            spark = _connect(config, new=False)
+        else:
+            master = required(config.master, "the Spark master")
+            builder = SparkSession.builder.appName("dpmagic-gate").master(master)
+            for key, value in (*config.conf, *PINNED.items()):
+                builder = builder.config(key, value)
+            spark = builder.getOrCreate()
             # Spark's own log goes to the gate's stderr: warnings about its setup, not ours.
             spark.sparkContext.setLogLevel("ERROR")
+        _pin(spark)
         return spark
+
+
+def _connect(config: SparkConfig, new: bool) -> SparkSession:
+    """A Spark Connect session. pyspark's builder puts the whole process in Connect
+    mode (its column functions then build Connect expressions), so a process serves
+    Spark through one ``master`` or one ``remote``, as the policy requires. The
+    server's own settings (its UI, its logs) are its owner's: a client sets a
+    session's SQL settings only."""
+    from pyspark.sql import SparkSession
+
+    try:
+        import pyspark.sql.connect.session  # noqa: F401  (the client's gRPC libraries)
+    except ImportError:
+        raise SparkMissing() from None
+    builder = SparkSession.builder.remote(required(config.remote, "the Connect URL"))
+    for key, value in config.conf:
+        builder = builder.config(key, value)
+    return builder.create() if new else builder.getOrCreate()
+
+
+def _pin(spark: SparkSession) -> None:
+    """Set the pinned SQL settings on ``spark`` and read them back: a session that does
+    not hold them (a server that refuses or rewrites one) is not served."""
+    for key, value in PINNED.items():
+        if key.startswith("spark.sql."):  # the runtime ones, set on the session itself
+            spark.conf.set(key, value)
+            if str(spark.conf.get(key)).lower() != value.lower():
+                raise RuntimeError(f"Spark does not hold the gate's setting {key} = {value}")
