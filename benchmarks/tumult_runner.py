@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 
 from pyspark.sql import SparkSession
@@ -70,14 +71,24 @@ def main() -> None:
     args = parser.parse_args()
     # Tumult runs Python on the executors: this venv's, not the first python3 on PATH.
     os.environ["PYSPARK_PYTHON"] = sys.executable
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    frame = spark.read.parquet(args.parquet)
+    # Tumult keeps temporary tables in the session's warehouse: a folder of its own that
+    # goes with the run, not spark-warehouse/ in the working directory.
+    with tempfile.TemporaryDirectory() as warehouse:
+        spark = (
+            SparkSession.builder.master("local[2]")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.sql.warehouse.dir", warehouse)
+            .getOrCreate()
+        )
+        spark.sparkContext.setLogLevel("ERROR")
+        out = _run(spark, args.parquet, args.reps, args.epsilon)
+        spark.stop()
+    print(json.dumps(out, default=str))
+
+
+def _run(spark: SparkSession, parquet: str, reps: int, epsilon: float) -> dict[str, dict]:
+    frame = spark.read.parquet(parquet)
     session = Session.from_dataframe(
         privacy_budget=PureDPBudget(float("inf")),
         source_id="visits",
@@ -87,13 +98,13 @@ def main() -> None:
     out = {}
     for name, query in queries().items():
         times, rows = [], []
-        for rep in range(args.reps + 1):
+        for rep in range(reps + 1):
             start = time.perf_counter()
-            rows = [list(r) for r in session.evaluate(query, PureDPBudget(args.epsilon)).collect()]
+            rows = [list(r) for r in session.evaluate(query, PureDPBudget(epsilon)).collect()]
             if rep:  # the first run warms Spark up
                 times.append(time.perf_counter() - start)
         out[name] = {"times": times, "answer": rows}
-    print(json.dumps(out, default=str))
+    return out
 
 
 if __name__ == "__main__":

@@ -64,7 +64,8 @@ def connect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     not repeat (a stand-in for Databricks's token)."""
     home = Path(pyspark.__file__).parent
     port = _free_port()
-    log = (tmp_path_factory.mktemp("connect") / "server.log").open("w")
+    folder = tmp_path_factory.mktemp("connect")
+    log = (folder / "server.log").open("w")
     server = subprocess.Popen(
         [
             str(home / "bin" / "spark-submit"),
@@ -72,6 +73,7 @@ def connect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             "--master", "local[2]",
             "--conf", f"spark.connect.grpc.binding.port={port}",
             "--conf", "spark.ui.enabled=false",
+            "--conf", f"spark.sql.warehouse.dir={folder / 'warehouse'}",
         ],
         stdout=log, stderr=subprocess.STDOUT,
         env={**os.environ, "SPARK_HOME": str(home)},

@@ -174,7 +174,7 @@ ATTACKS = [
     "SELECT reflect('java.lang.System', 'getProperty', 'user.home')",
     "SELECT java_method('java.lang.Runtime', 'getRuntime')",
     "SELECT * FROM read_files('/etc/passwd')",
-    "SELECT * FROM parquet.`/tmp/other`",
+    "SELECT * FROM parquet.`../other/secret`",
     "SELECT * FROM other_db.visits",
     "SELECT * FROM spark_catalog.default.visits",
     "SELECT * FROM secrets",
