@@ -37,6 +37,11 @@ import numpy as np
 
 TOP_BITS = 56
 STEPS = 128  # in numpy: t·k and U + t·V stay below 2**56 · 2**7 + 2**56 < 2**64
+# Attempts per round: the values wanted over the acceptance rate (guessed at first,
+# then the last round's), plus a few; any shortfall is another round.
+FIRST_ACCEPTANCE = 0.55
+MIN_ACCEPTANCE = 0.05
+SPARE_TRIES = 16
 _U64 = np.uint64
 
 
@@ -51,13 +56,24 @@ def exact_scale(scale: float) -> tuple[int, int] | None:
 
 
 def discrete_laplace(t: int, s: int, size: int) -> np.ndarray:
-    """``size`` independent draws of discrete Laplace with scale ``t / s``, as int64."""
+    """``size`` independent draws of discrete Laplace with scale ``t / s``, as int64.
+
+    Attempts are independent, and an accepted attempt's value has the target
+    distribution whatever the other attempts did; so each round makes more attempts
+    than values still wanted and keeps the first accepted ones, in attempt order (a
+    choice made from the acceptances alone). Most vectors are done in one round:
+    the cost of a round is its loops' steps, not its length, and a round per
+    rejection left took 2 ms for 1,000 cells."""
     out = np.empty(size, dtype=np.int64)
-    todo = np.arange(size)
-    while todo.size:
-        values, ok = _attempt(t, s, todo.size)
-        out[todo[ok]] = values[ok]
-        todo = todo[~ok]
+    done, rate = 0, FIRST_ACCEPTANCE
+    while done < size:
+        wanted = size - done
+        tries = int(wanted / rate) + SPARE_TRIES
+        values, ok = _attempt(t, s, tries)
+        kept = values[ok][:wanted]
+        out[done : done + kept.size] = kept
+        done += kept.size
+        rate = max(ok.mean(), MIN_ACCEPTANCE)
     return out
 
 

@@ -3,7 +3,8 @@
 The database is opened once per dataset, read-only, with external access,
 extension loading and configuration changes switched off; each query gets a
 fresh connection (cursor) of its own, so no temporary object or setting
-survives it, and a timer interrupts it at the policy's timeout.
+survives it, and the gate's one timeout thread (``watchdog``) interrupts it at the
+policy's timeout.
 
 The database is the dataset's prepared copy (``prepared``): the declared
 tables in a DuckDB file in the gate's state directory, readable by the gate's
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -41,6 +41,7 @@ from dpmagic.gate.sql.contribution import SQL_TYPES
 from dpmagic.gate.sql.dialect import DUCKDB, Dialect
 from dpmagic.gate.sql.keys import MAX_PARTITIONS
 from dpmagic.gate.sql.prepared import prepared_file
+from dpmagic.gate.sql.watchdog import Watchdog
 
 log = logging.getLogger("dpmagic.gate")
 
@@ -48,6 +49,7 @@ KEY_TYPES = ("int", "str", "bool")  # public columns whose values can serve as g
 # Generated SQL texts the guard has passed, remembered: the engine generates the same
 # text for the same query (its plan is cached, its seed fixed per start).
 VETTED_CACHE_SIZE = 1024
+TIMEOUTS = Watchdog()  # every store's queries, one thread
 
 
 class QueryTimeout(Failed):
@@ -237,23 +239,19 @@ class Database:
         con = db.cursor()
         if catalog is not None:  # each cursor starts in the in-memory catalog
             con.execute(f"USE {catalog}")
-        done = threading.Event()
-        watchdog = threading.Thread(target=_interrupt_after, args=(con, done, self.timeout_s))
-        watchdog.start()
         try:
-            self._guard(con, sql)
-            cursor = con.execute(sql)
-            if keep is None:
-                rows = cursor.fetchall()
-            else:
-                rows = []
-                while batch := cursor.fetchmany(BATCH_ROWS):
-                    rows.extend(keep(batch))
+            with TIMEOUTS.watching(con, self.timeout_s):
+                self._guard(con, sql)
+                cursor = con.execute(sql)
+                if keep is None:
+                    rows = cursor.fetchall()
+                else:
+                    rows = []
+                    while batch := cursor.fetchmany(BATCH_ROWS):
+                        rows.extend(keep(batch))
         except duckdb.InterruptException:
             raise QueryTimeout() from None
         finally:
-            done.set()
-            watchdog.join()
             con.close()
         return ExactResult(rows=rows, thresholded=keep is not None)
 
@@ -416,13 +414,3 @@ def _values(tree: object, key: str) -> list[str]:
 
 def _ident(name: str) -> str:
     return name.replace('"', '""')
-
-
-def _interrupt_after(con: duckdb.DuckDBPyConnection, done: threading.Event, seconds: float) -> None:
-    """Interrupt the query once its time is up, and keep at it until it stops: an
-    interrupt that lands before DuckDB starts executing would otherwise be lost."""
-    if done.wait(seconds):
-        return
-    while not done.is_set():
-        con.interrupt()
-        done.wait(0.01)
