@@ -37,6 +37,8 @@ import numpy as np
 
 TOP_BITS = 56
 STEPS = 128  # in numpy: t·k and U + t·V stay below 2**56 · 2**7 + 2**56 < 2**64
+BLOCK = 4  # Bernoulli draws per slot per step in short vectors: most end in one block
+BLOCKED_CELLS = 4_096
 # Attempts per round: the values wanted over the acceptance rate (guessed at first,
 # then the last round's), plus a few; any shortfall is another round.
 FIRST_ACCEPTANCE = 0.55
@@ -79,16 +81,22 @@ def discrete_laplace(t: int, s: int, size: int) -> np.ndarray:
 
 def _attempt(t: int, s: int, n: int) -> tuple[np.ndarray, np.ndarray]:
     """One attempt per slot: the value, and whether the attempt was accepted."""
+    # Short vectors draw a block of Bernoulli trials per slot and step (fewer steps,
+    # each a few numpy calls); long ones one at a time (fewer random words).
+    block = BLOCK if n <= BLOCKED_CELLS else 1
     u = _uniform(t, n)
-    ok = _bernoulli_exp(u, t)
+    ok = _bernoulli_exp(u, t, block)
     v = np.zeros(n, dtype=_U64)
     idx = np.flatnonzero(ok)
-    for _ in range(STEPS):  # V: successes of Bernoulli(exp(-1)) before the first failure
+    for _ in range(STEPS // block):  # V: successes of Bernoulli(exp(-1)) before the first failure
         if not idx.size:
             break
-        success = _bernoulli_exp(np.ones(idx.size, dtype=_U64), 1)
-        v[idx[success]] += _U64(1)
-        idx = idx[success]
+        trials = _bernoulli_exp(np.ones(idx.size * block, dtype=_U64), 1, block)
+        failed = ~trials.reshape(-1, block)
+        ended = failed.any(axis=1)
+        # The successes before the first failure; draws after it are discarded unseen.
+        v[idx] += np.where(ended, failed.argmax(axis=1), block).astype(_U64)
+        idx = idx[~ended]
     y = ((u + _U64(t) * v) // _U64(s)).astype(np.int64)
     for i in idx:  # V reached STEPS: go on counting, exactly
         count = int(v[i])
@@ -100,22 +108,28 @@ def _attempt(t: int, s: int, n: int) -> tuple[np.ndarray, np.ndarray]:
     return np.where(sign == 1, -y, y), ok
 
 
-def _bernoulli_exp(num: np.ndarray, den: int) -> np.ndarray:
-    """Bernoulli(exp(-num/den)) for each numerator, ``num <= den < 2**TOP_BITS``."""
-    # k = 1: Bernoulli(γ), one shared bound. Then Bernoulli(γ/k) for the survivors.
-    k = np.full(num.size, 2, dtype=_U64)
-    idx = np.flatnonzero(_uniform(den, num.size) < num)
-    result = np.ones(num.size, dtype=bool)
-    result[idx] = False  # K = 2 so far: even
-    for _ in range(STEPS):
-        if not idx.size:
-            break
-        a = _uniform_each(_U64(den) * k[idx]) < num[idx]
-        k[idx[a]] += _U64(1)
-        result[idx] = (k[idx] % _U64(2)) == 1
-        idx = idx[a]
+def _bernoulli_exp(num: np.ndarray, den: int, block: int) -> np.ndarray:
+    """Bernoulli(exp(-num/den)) for each numerator, ``num <= den < 2**TOP_BITS``: the
+    ``A_k ~ Bernoulli(γ/k)`` of each slot still going are drawn ``block`` at a time
+    (a uniform integer below ``den·k`` less than ``num``), and the first failing ``k``
+    decides; draws after it are discarded unseen."""
+    result = np.empty(num.size, dtype=bool)
+    idx = np.arange(num.size)
+    k = 1
+    while idx.size and k + block - 1 <= STEPS:
+        if block == 1:  # one shared bound: the cheaper uniform
+            draws = _uniform(den * k, idx.size).reshape(-1, 1)
+        else:
+            bounds = _U64(den) * np.arange(k, k + block, dtype=_U64)
+            draws = _uniform_each(np.tile(bounds, idx.size)).reshape(-1, block)
+        failed = draws >= num[idx][:, None]
+        ended = failed.any(axis=1)
+        first = k + failed[ended].argmax(axis=1)
+        result[idx[ended]] = first % 2 == 1
+        idx = idx[~ended]
+        k += block
     for i in idx:  # k reached STEPS: the same draw, in Python integers
-        result[i] = _scalar_bernoulli_exp(int(num[i]), den, int(k[i]))
+        result[i] = _scalar_bernoulli_exp(int(num[i]), den, k)
     return result
 
 

@@ -51,7 +51,7 @@ MAX_SCALE = 2.0**56
 # Above this scale a Gaussian interval is computed in closed form (``_gaussian_half_width``).
 GAUSSIAN_EXACT_SCALE = 1e4
 # From this many cells on, noise comes from ``fast_noise`` (OpenDP's takes ~10 µs a cell).
-FAST_NOISE_CELLS = 1_000
+FAST_NOISE_CELLS = 32
 
 
 @dataclass(frozen=True)

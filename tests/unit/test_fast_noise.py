@@ -38,30 +38,42 @@ def _same_distribution(a: np.ndarray, b: np.ndarray, scale: float) -> bool:
     return pvalue > SIGNIFICANCE
 
 
+def _draws(t: int, s: int, total: int, size: int) -> np.ndarray:
+    """``total`` draws in vectors of ``size``: short vectors take the blocked steps
+    (``BLOCKED_CELLS``), long ones the one-at-a-time steps."""
+    return np.concatenate([discrete_laplace(t, s, size) for _ in range(total // size)])
+
+
+SIZES = [60_000, 50]  # one long vector; 1,200 short ones
+
+
+@pytest.mark.parametrize("size", SIZES, ids=["long", "short"])
 @pytest.mark.parametrize("scale", SCALES)
-def test_fast_sampler_draws_opendps_distribution(scale):
+def test_fast_sampler_draws_opendps_distribution(scale, size):
     t, s = exact_scale(scale)
-    ours = discrete_laplace(t, s, 60_000)
+    ours = _draws(t, s, 60_000, size)
     theirs = np.array(_laplace_vector(scale)([0] * 30_000))
     assert _same_distribution(ours, theirs, scale)
     assert discrete_laplace_fits(ours.tolist(), scale)
 
 
+@pytest.mark.parametrize("size", SIZES, ids=["long", "short"])
 @pytest.mark.parametrize("scale", [3.0, 1234.5])
-def test_the_comparison_catches_a_scale_ten_percent_off(scale):
+def test_the_comparison_catches_a_scale_ten_percent_off(scale, size):
     t, s = exact_scale(scale * 1.10)
-    wrong = discrete_laplace(t, s, 60_000)
+    wrong = _draws(t, s, 60_000, size)
     theirs = np.array(_laplace_vector(scale)([0] * 30_000))
     assert not _same_distribution(wrong, theirs, scale)
     assert not discrete_laplace_fits(wrong.tolist(), scale)
 
 
-def test_the_rare_exact_continuations_keep_the_distribution(monkeypatch):
+@pytest.mark.parametrize("size", [20_000, 50], ids=["long", "short"])
+def test_the_rare_exact_continuations_keep_the_distribution(monkeypatch, size):
     """With the vectorised loops cut after one step, nearly every draw finishes in
     Python integers: the result must still be discrete Laplace."""
     monkeypatch.setattr(fast_noise, "STEPS", 1)
     t, s = exact_scale(2.5)
-    draws = discrete_laplace(t, s, 20_000)
+    draws = _draws(t, s, 20_000, size)
     assert discrete_laplace_fits(draws.tolist(), 2.5)
 
 

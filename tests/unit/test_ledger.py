@@ -6,9 +6,12 @@ from __future__ import annotations
 import multiprocessing
 import stat
 import threading
+import uuid
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dpmagic.gate.accounting import Cost, PureAccountant
 from dpmagic.gate.errors import OverBudget
@@ -226,3 +229,59 @@ def test_racing_processes_never_overspend(tmp_path: Path) -> None:
         assert len(led.history()) == 10
     finally:
         led.close()
+
+
+_NOTEBOOKS = ["a.ipynb", "b.ipynb", "c.ipynb"]
+_ACTIONS = st.lists(
+    st.tuples(
+        st.sampled_from(["debit", "grant", "reset"]),
+        st.sampled_from([None, *_NOTEBOOKS]),  # None: the whole user (a debit: a.ipynb)
+        st.sampled_from([0, 1]),  # which of two handles on the file (two processes)
+        st.sampled_from([0.125, 0.25, 0.5]),
+        st.sampled_from([None, *_NOTEBOOKS]),  # the scope read after it (None: none)
+    ),
+    max_size=25,
+)
+
+
+@settings(
+    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(actions=_ACTIONS)
+def test_running_tallies_agree_with_a_fresh_reading(tmp_path: Path, actions) -> None:
+    """Whatever mix of debits, grants and resets two handles on one ledger write, and
+    whenever each scope is first read, each handle's incremental standing of the user
+    and of a notebook equals the one a handle opened afresh computes from the whole
+    log (spending, and limits with grants)."""
+    path = tmp_path / f"{uuid.uuid4().hex}.sqlite3"
+    handles = [open_ledger(path), open_ledger(path)]
+    big = Budget(100.0)
+
+    def check(notebook: str) -> None:
+        fresh = open_ledger(path)
+        try:
+            expected = fresh.standing("alice", "d", notebook, big, big)
+        finally:
+            fresh.close()
+        for led in handles:
+            assert led.standing("alice", "d", notebook, big, big) == expected
+
+    try:
+        for action, notebook, which, amount, probe in actions:
+            led = handles[which]
+            if action == "debit":
+                nb = notebook or "a.ipynb"
+                charge(led, amount, notebook=nb, user_cap=big, notebook_cap=big)
+            elif action == "grant":
+                led.grant(
+                    user="alice", dataset="d", notebook=notebook, amount=Budget(amount), note=""
+                )
+            else:
+                led.reset(user="alice", dataset="d", notebook=notebook, note="")
+            if probe is not None:
+                check(probe)
+        for nb in _NOTEBOOKS:
+            check(nb)
+    finally:
+        for led in handles:
+            led.close()

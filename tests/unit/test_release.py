@@ -151,3 +151,40 @@ def test_a_tree_like_an_average_but_not_one_goes_to_duckdb():
     broken = tree.copy()
     broken.find(exp.Greatest).find(exp.Greatest).set("expressions", [exp.Literal.number(2)])
     assert _direct(TABLE, [_col("__pid"), broken]) is None
+
+
+_GROUPED = "SELECT g, COUNT(*) AS n, SUM(x) AS s, SUM(y) AS f FROM t GROUP BY g"
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    counts=st.lists(st.integers(-(2**70), 2**70), min_size=3, max_size=3),
+    sums=st.lists(st.integers(-(2**70), 2**70), min_size=3, max_size=3),
+    floats=st.lists(st.floats(-1e300, 1e300), min_size=3, max_size=3),
+    parts=st.integers(1, 3),
+)
+def test_bare_count_and_sum_intervals_are_each_cells_own(counts, sums, floats, parts):
+    """The intervals of a bare count or sum, computed for all cells at once, are the
+    ones the cell-by-cell evaluation gives (``_measured``), huge values included."""
+    from dpmagic.gate.sql.noise import Noisy
+    from dpmagic.gate.sql.release import _Intervals, _json_pair
+    from tests.gate_helpers import dataset, make_plan
+
+    columns = {
+        "pid": {"type": "int"},
+        "g": {"type": "int", "public_values": [0, 1, 2]},
+        "x": {"type": "int", "lower": -3, "upper": 5},
+        "y": {"type": "float", "lower": 0.0, "upper": 2.5},
+    }
+    plan = make_plan(_GROUPED, dataset(columns, unit=None))
+    by_kind = {"count": counts, "sum": sums}
+    values = {}
+    for m in plan.measurements:
+        values[m.name] = floats if m.noise.granularity != 1.0 else by_kind[m.kind.value]
+    noisy = Noisy(plan=plan, values=values, partitions=plan.partitions)
+    intervals = _Intervals(plan, noisy, 0.05, {})
+    pids = [2, 0, 1]
+    for out in plan.checked.outputs[1:]:
+        m = plan.measurement(plan.parts[out.expr.name].names[0])
+        each = [_json_pair(intervals._measured(m, pid, 0.05 / parts)) for pid in pids]
+        assert intervals.cells(out.expr, pids, parts) == each

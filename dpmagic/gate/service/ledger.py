@@ -104,7 +104,7 @@ class Ledger:
         self.accountant = accountant  # for debits that name none
         _private_file(self.path)
         self._lock = threading.Lock()
-        self._tallies: dict[tuple[str, str, str | None], _Tally] = {}
+        self._tallies: dict[tuple[str, str], _Scopes] = {}
         self._db = sqlite3.connect(
             self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
         )
@@ -138,10 +138,9 @@ class Ledger:
         """Charge ``cost`` durably, or raise OverBudget having written nothing."""
         acc = accountant or self.accountant
         with self._lock, self._transaction():
-            user_limit = self._limit(user_limit, user, dataset, None)
-            notebook_limit = self._limit(notebook_limit, user, dataset, notebook)
-            spent_user = self._spent(user, dataset, None)
-            spent_nb = self._spent(user, dataset, notebook)
+            (spent_user, user_limit), (spent_nb, notebook_limit) = self._standing(
+                user, dataset, notebook, user_limit, notebook_limit
+            )
             show_delta = bool(cost.delta or user_limit.delta or notebook_limit.delta)
             need = acc.describe(cost)
             user_left = _left(acc, spent_user, user_limit, show_delta)
@@ -224,6 +223,14 @@ class Ledger:
                 (_now(), user, dataset, notebook, sql, replay_key, REPLAYED),
             )
 
+    def standing(
+        self, user: str, dataset: str, notebook: str, user_base: Budget, notebook_base: Budget
+    ) -> tuple[tuple[Cost, Budget], tuple[Cost, Budget]]:
+        """What the user and the notebook spent, and their limits (``*_base`` plus
+        grants), read together."""
+        with self._lock:
+            return self._standing(user, dataset, notebook, user_base, notebook_base)
+
     def spent(self, user: str, dataset: str, notebook: str | None = None) -> Cost:
         """What ``user`` spent on ``dataset``, in all notebooks or in one."""
         with self._lock:
@@ -260,11 +267,21 @@ class Ledger:
         with self._lock:
             self._db.close()
 
-    def _spent(self, user: str, dataset: str, notebook: str | None) -> Cost:
-        tally = self._tally(user, dataset, notebook)
-        return Cost(tally.epsilon.value(), tally.delta.value(), tally.rho.value())
+    def _standing(
+        self, user: str, dataset: str, notebook: str, user_base: Budget, notebook_base: Budget
+    ) -> tuple[tuple[Cost, Budget], tuple[Cost, Budget]]:
+        whole = self._tally(user, dataset, None)
+        # The read above brought every scope of the user on the dataset up to date.
+        own = self._tally(user, dataset, notebook, refresh=False)
+        return (
+            (whole.spent(), whole.limit(user_base)),
+            (own.spent(), own.limit(notebook_base)),
+        )
 
-    def _tally(self, user: str, dataset: str, notebook: str | None) -> _Tally:
+    def _spent(self, user: str, dataset: str, notebook: str | None) -> Cost:
+        return self._tally(user, dataset, notebook).spent()
+
+    def _tally(self, user: str, dataset: str, notebook: str | None, refresh: bool = True) -> _Tally:
         """A scope's spending and grants since its last reset, brought up to date with the
         rows written since it was last read, by this process or any other.
 
@@ -275,28 +292,29 @@ class Ledger:
         ``failed``) keeps it spending the same. So the totals over the rows up to some
         id never change, and each read adds only the rows after it. The sums are
         exact, rounded once when read: ``accounting.compose``'s ``math.fsum``."""
-        tally = self._tallies.setdefault((user, dataset, notebook), _Tally())
-        rows = self._db.execute(
-            "SELECT id, notebook, status, epsilon, delta, rho FROM entries"
-            " WHERE user = ? AND dataset = ? AND id > ? ORDER BY id",
-            (user, dataset, tally.seen),
-        ).fetchall()
-        scope = WHOLE_USER if notebook is None else notebook
-        for row in rows:
-            tally.seen = row["id"]
-            status, nb = row["status"], row["notebook"]
-            # A whole-user reset applies to every notebook; a notebook's own reset
-            # only to that notebook, so it never gives back the user's budget.
-            if status == RESET and nb in (WHOLE_USER, scope):
-                tally.reset()
-            elif status in _SPENDING and notebook in (None, nb):
-                tally.epsilon.add(row["epsilon"])
-                tally.delta.add(row["delta"])
-                tally.rho.add(row["rho"])
-            elif status == GRANTED and nb == scope:
-                tally.granted_epsilon.add(row["epsilon"])
-                tally.granted_delta.add(row["delta"])
+        scopes = self._tallies.setdefault((user, dataset), _Scopes())
+        tally = scopes.tallies.get(notebook)
+        if tally is None:  # a scope first read here: its rows up to where the others are
+            tally = scopes.tallies[notebook] = _Tally()
+            for row in self._rows(user, dataset, after=0, upto=scopes.seen):
+                tally.apply(row, notebook)
+        if not refresh:
+            return tally
+        # One read brings every scope of the user on the dataset up to date.
+        for row in self._rows(user, dataset, after=scopes.seen):
+            scopes.seen = row["id"]
+            for scope, each in scopes.tallies.items():
+                each.apply(row, scope)
         return tally
+
+    def _rows(self, user: str, dataset: str, after: int, upto: int | None = None) -> list:
+        return self._db.execute(
+            "SELECT id, notebook, status, epsilon, delta, rho FROM entries"
+            " WHERE user = ? AND dataset = ? AND id > ?"
+            + ("" if upto is None else " AND id <= ?")
+            + " ORDER BY id",
+            (user, dataset, after) if upto is None else (user, dataset, after, upto),
+        ).fetchall()
 
     # Admin actions (``dpmagic budget grant|reset``). A grant raises a limit by
     # an (ε, δ) amount; a reset forgets what was spent and granted before it.
@@ -338,10 +356,7 @@ class Ledger:
             )
 
     def _limit(self, base: Budget, user: str, dataset: str, notebook: str | None) -> Budget:
-        tally = self._tally(user, dataset, notebook)
-        return Budget(
-            base.epsilon + tally.granted_epsilon.value(), base.delta + tally.granted_delta.value()
-        )
+        return self._tally(user, dataset, notebook).limit(base)
 
     def _transaction(self, durable: bool = True) -> _Immediate:
         return _Immediate(self._db, durable)
@@ -368,18 +383,51 @@ class _Sum:
 @dataclass
 class _Tally:
     """What counts in one scope (a user's, or one notebook's, on a dataset) among the
-    ledger's rows up to id ``seen``, since the scope's last reset."""
+    ledger's rows read so far, since the scope's last reset."""
 
-    seen: int = 0
     epsilon: _Sum = field(default_factory=_Sum)
     delta: _Sum = field(default_factory=_Sum)
     rho: _Sum = field(default_factory=_Sum)
     granted_epsilon: _Sum = field(default_factory=_Sum)
     granted_delta: _Sum = field(default_factory=_Sum)
 
+    def apply(self, row: sqlite3.Row, notebook: str | None) -> None:
+        """Count one row for the scope of ``notebook`` (None: the whole user)."""
+        scope = WHOLE_USER if notebook is None else notebook
+        status, nb = row["status"], row["notebook"]
+        # A whole-user reset applies to every notebook; a notebook's own reset
+        # only to that notebook, so it never gives back the user's budget.
+        if status == RESET and nb in (WHOLE_USER, scope):
+            self.reset()
+        elif status in _SPENDING and notebook in (None, nb):
+            self.epsilon.add(row["epsilon"])
+            self.delta.add(row["delta"])
+            self.rho.add(row["rho"])
+        elif status == GRANTED and nb == scope:
+            self.granted_epsilon.add(row["epsilon"])
+            self.granted_delta.add(row["delta"])
+
+    def spent(self) -> Cost:
+        return Cost(self.epsilon.value(), self.delta.value(), self.rho.value())
+
+    def limit(self, base: Budget) -> Budget:
+        """``base`` (the policy's limit) plus what was granted."""
+        return Budget(
+            base.epsilon + self.granted_epsilon.value(), base.delta + self.granted_delta.value()
+        )
+
     def reset(self) -> None:
         self.epsilon, self.delta, self.rho = _Sum(), _Sum(), _Sum()
         self.granted_epsilon, self.granted_delta = _Sum(), _Sum()
+
+
+@dataclass
+class _Scopes:
+    """The tallies of one user on one dataset (by notebook; None for the whole user),
+    all brought up to row id ``seen``."""
+
+    seen: int = 0
+    tallies: dict[str | None, _Tally] = field(default_factory=dict)
 
 
 class _Immediate:

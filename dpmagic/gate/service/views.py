@@ -16,13 +16,13 @@ def budget_views(
     """The ``budget`` object of a reply: the user's and the notebook's spent,
     limit (with grants) and remaining, as the dataset's accountant states them."""
     accountant = make_accountant(dataset.accountant)
-    views = {}
-    for scope, limit, nb in (
-        ("user", dataset.user_budget, None),
-        ("notebook", dataset.notebook_budget, notebook),
-    ):
-        spent = ledger.spent(user, dataset.name, nb)
-        views[scope] = accountant.view(spent, ledger.limit(limit, user, dataset.name, nb))
+    standing = ledger.standing(
+        user, dataset.name, notebook, dataset.user_budget, dataset.notebook_budget
+    )
+    views = {
+        scope: accountant.view(spent, limit)
+        for scope, (spent, limit) in zip(("user", "notebook"), standing, strict=True)
+    }
     user_left = views["user"]["remaining"]
     nb_view = views["notebook"]
     # A notebook draws on the user's budget: it can never have more left than the user.

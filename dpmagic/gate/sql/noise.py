@@ -49,15 +49,17 @@ def noise(plan: Plan, rewritten: Rewritten, exact: ExactResult) -> Noisy:
     size = len(partitions)
     units = {m.name: [0] * size for m in plan.measurements}
     histograms: dict[str, list[dict]] = {s.name: [{} for _ in range(size)] for s in plan.selections}
-    for row in rows:
-        i = index.get(tuple(row[: rewritten.keys]))
-        if i is None:  # the SQL keeps declared keys only; nothing else is released
-            continue
-        for name, value in zip(rewritten.measurements, row[rewritten.keys :], strict=True):
-            if name in histograms:
-                histograms[name][i] = dict(value or {})
-            elif name in units:
-                units[name][i] = int(value or 0)
+    # Each row's partition; a row of no released partition is left out (the SQL keeps
+    # declared keys only; nothing else is released).
+    at = [(i, row) for row in rows if (i := index.get(tuple(row[: rewritten.keys]))) is not None]
+    for column, name in enumerate(rewritten.measurements, start=rewritten.keys):
+        if name in histograms:
+            for i, row in at:
+                histograms[name][i] = dict(row[column] or {})
+        elif name in units:
+            vector = units[name]
+            for i, row in at:
+                vector[i] = int(row[column] or 0)
     units = exact_units(plan, units)
     values: dict[str, list[int | float]] = {}
     for s in plan.selections:

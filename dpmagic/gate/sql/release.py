@@ -120,7 +120,7 @@ def release(noisy: Noisy, alpha: float = ALPHA) -> Released:
         accuracy["partition_selection"] = plan.key_selection.as_dict()
     return Released(
         columns=[o.name for o in checked.outputs],
-        rows=[[_json(v) for v in row[1:]] for row in result],
+        rows=_json_rows(result),
         accuracy=accuracy,
     )
 
@@ -440,11 +440,14 @@ class _Intervals:
         m = self.plan.measurement(found.name)
         half = m.noise.half_width(self.alpha / parts) if m.noise.sensitivity else 0.0
         values = self.noisy.values[m.name]
-        if m.kind == MeasureKind.SUM:
-            pairs = ((values[pid] - half, values[pid] + half) for pid in pids)
-        else:
-            pairs = ((max(0.0, values[pid] - half), max(0.0, values[pid] + half)) for pid in pids)
-        return [_json_pair(pair) for pair in pairs]
+        # As ``_measured`` computes each cell (a value minus a float is a float), at once.
+        value = np.array([values[pid] for pid in pids], dtype=float)
+        lo, hi = value - half, value + half
+        if m.kind != MeasureKind.SUM:
+            lo, hi = np.maximum(lo, 0.0), np.maximum(hi, 0.0)
+        finite = (np.isfinite(lo) & np.isfinite(hi)).tolist()
+        ends = zip(lo.tolist(), hi.tolist(), finite, strict=True)
+        return [[a, b] if ok else None for a, b, ok in ends]
 
     def of(self, node: exp.Expression, pid: int, parts: int) -> Bounds | None:
         alpha = self.alpha / parts
@@ -675,6 +678,20 @@ def _within_sql(value: exp.Expression, lo: exp.Expression, hi: exp.Expression) -
     """``LEAST(GREATEST(value, lo), hi)``."""
     low = exp.Greatest(this=value, expressions=[lo], ignore_nulls=True)
     return exp.Least(this=low, expressions=[hi], ignore_nulls=True)
+
+
+def _json_rows(result: list[tuple]) -> list[list[object]]:
+    """The released rows without their partition id, each value as JSON carries it;
+    a column of integers, text, booleans and NULLs only is already so."""
+    rows = [list(row[1:]) for row in result]
+    for j in range(len(rows[0]) if rows else 0):
+        if not all(type(row[j]) in _JSON_READY for row in rows):
+            for row in rows:
+                row[j] = _json(row[j])
+    return rows
+
+
+_JSON_READY = frozenset({int, str, bool, type(None)})
 
 
 def _json(value: object) -> object:
