@@ -83,3 +83,18 @@ def test_only_one_thread_watches_however_many_queries():
     assert threading.active_count() == before + 1
     for key in keys:
         dog.release(key)
+
+
+def test_a_nearer_deadline_wakes_the_sleeping_thread():
+    """The thread sleeps towards the nearest deadline it knows; a query with a nearer
+    one, watched while it sleeps, must still be stopped in time."""
+    dog, far, near = Watchdog(), Target(), Target()
+    a = dog.watch(far, 30.0)
+    time.sleep(0.1)  # the thread now sleeps towards the 30 s deadline
+    start = time.monotonic()
+    b = dog.watch(near, 0.05)
+    time.sleep(0.5)
+    dog.release(a)
+    dog.release(b)
+    assert near.calls and 0.05 <= near.calls[0] - start < 0.4
+    assert far.calls == []

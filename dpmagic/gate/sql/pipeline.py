@@ -47,7 +47,7 @@ from dpmagic.gate.sql.execute import Store
 from dpmagic.gate.sql.noise import declared_keys, key_threshold, noise
 from dpmagic.gate.sql.parse import Param, parse
 from dpmagic.gate.sql.plan import Plan, plan
-from dpmagic.gate.sql.release import Released, release
+from dpmagic.gate.sql.release import PostQuery, Released, post_query, release
 from dpmagic.gate.sql.resolve import resolve
 from dpmagic.gate.sql.rewrite import Rewritten, left_out, rewrite
 
@@ -71,6 +71,7 @@ class Analysed:
 
     plan: Plan
     rewritten: Rewritten
+    post: PostQuery
     report: Rewritten | None = None
 
 
@@ -102,7 +103,7 @@ def generate(the_plan: Plan, seed: int, database: Store) -> Analysed:
     if the_plan.left_out is not None:
         report = left_out(the_plan, seed, database.dialect)
         database.vet(report.sql)
-    return Analysed(plan=the_plan, rewritten=rewritten, report=report)
+    return Analysed(plan=the_plan, rewritten=rewritten, post=post_query(the_plan), report=report)
 
 
 def execute(analysed: Analysed, database: Store) -> Answer:
@@ -115,7 +116,7 @@ def execute(analysed: Analysed, database: Store) -> Answer:
         keep = declared_keys(the_plan, rewritten)
     exact = database.run(rewritten.sql, keep)
     alpha = REPORT_ALPHA if the_plan.accuracy is None else the_plan.accuracy.alpha
-    released = release(noise(the_plan, rewritten, exact), alpha)
+    released = release(noise(the_plan, rewritten, exact), alpha, analysed.post)
     if analysed.report is None:
         return Answer(released, None)
     (counts,) = database.run(analysed.report.sql).rows

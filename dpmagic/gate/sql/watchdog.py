@@ -8,12 +8,15 @@ DuckDB starts executing would otherwise be lost.
 
 Anything with an ``interrupt()`` method can be watched (a DuckDB connection).
 ``release`` returns only once no further interrupt can reach the query, so the
-caller may close the connection right after.
+caller may close the connection right after. The thread is woken only when a new
+deadline comes before the one it sleeps towards: with one timeout for every query,
+once per timeout period, not once per query.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -35,6 +38,7 @@ class Watchdog:
         self._watched: dict[int, tuple[float, Interruptible]] = {}
         self._ids = itertools.count()
         self._thread: threading.Thread | None = None
+        self._wake_at = math.inf  # when the thread will next look, unless woken
 
     @contextmanager
     def watching(self, target: Interruptible, seconds: float) -> Iterator[None]:
@@ -48,13 +52,15 @@ class Watchdog:
     def watch(self, target: Interruptible, seconds: float) -> int:
         with self._changed:
             key = next(self._ids)
-            self._watched[key] = (time.monotonic() + seconds, target)
+            deadline = time.monotonic() + seconds
+            self._watched[key] = (deadline, target)
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="dpmagic-timeout", daemon=True
                 )
                 self._thread.start()
-            self._changed.notify()
+            if deadline < self._wake_at:  # queries of one timeout: the first wakes it only
+                self._changed.notify()
         return key
 
     def release(self, key: int) -> None:
@@ -72,4 +78,6 @@ class Watchdog:
                         waits.append(RETRY_S)
                     else:
                         waits.append(deadline - now)
-                self._changed.wait(min(waits, default=None))
+                wait = min(waits, default=None)
+                self._wake_at = math.inf if wait is None else now + wait
+                self._changed.wait(wait)
