@@ -49,8 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     database = visits_file(args.rows)
     print(f"{args.rows:,} rows; load average {os.getloadavg()[0]:.2f} at start")
-    raw = _raw(database, args.reps)
-    gate, start_s, peak_mb = _gate(database, args.reps)
+    raw, gate, start_s, peak_mb = side_by_side(database, args.reps)
     print(f"gate start on {args.rows:,} rows: {start_s[0]:.2f} s preparing the data, "
           f"{start_s[1]:.2f} s restarting on it; gate peak memory {peak_mb:.0f} MB, "
           f"raw DuckDB's process {_peak_mb('self'):.0f} MB")  # fmt: skip
@@ -98,11 +97,16 @@ def _raw(database: Path, reps: int) -> dict[str, list[float]]:
         con.close()
 
 
-def _gate(database: Path, reps: int) -> tuple[dict[str, list[float]], tuple[float, float], float]:
-    """The gate's times per query; its start with a first preparation of the data and
-    its restart reusing it (``start_s``); and its peak memory."""
+def side_by_side(
+    database: Path, reps: int
+) -> tuple[dict[str, list[float]], dict[str, list[float]], tuple[float, float], float]:
+    """Raw DuckDB's and the gate's times per query, one run of each in turn, so that
+    a change in the machine's load falls on both alike; the gate's start with a first
+    preparation of the data and its restart reusing it (``start_s``); and its peak
+    memory."""
     from dpmagic.client import Gate
 
+    con = duckdb.connect(str(database), read_only=True)
     with tempfile.TemporaryDirectory() as work:
         policy = Path(work) / "policy.toml"
         policy.write_text(_policy(database, Path(work)))
@@ -113,15 +117,32 @@ def _gate(database: Path, reps: int) -> tuple[dict[str, list[float]], tuple[floa
         proc, again_s = _start(policy, address)
         try:
             client = Gate(address, timeout=600)
-            times = {
-                name: _timed(lambda sql=sql: client.query(sql, epsilon=1.0, fresh=True), reps)
-                for name, sql in QUERIES.items()
-            }
+            raw, gate = {}, {}
+            for name, sql in QUERIES.items():
+                raw[name], gate[name] = _alternated(
+                    lambda sql=sql: con.execute(sql).fetchall(),
+                    lambda sql=sql: client.query(sql, epsilon=1.0, fresh=True),
+                    reps,
+                )
             peak_mb = _peak_mb(str(proc.pid))
         finally:
             proc.terminate()
             proc.wait(30)
-    return times, (first_s, again_s), peak_mb
+            con.close()
+    return raw, gate, (first_s, again_s), peak_mb
+
+
+def _alternated(first, second, reps: int) -> tuple[list[float], list[float]]:
+    """Each run once to warm up, then ``reps`` timed runs of each, in turn."""
+    first()
+    second()
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(reps):
+        for run, out in zip((first, second), times, strict=True):
+            start = time.perf_counter()
+            run()
+            out.append(time.perf_counter() - start)
+    return times
 
 
 def _start(policy: Path, address: str) -> tuple[subprocess.Popen, float]:
