@@ -1,23 +1,30 @@
-"""Where a query's time goes: the visits workload, pass by pass.
+"""Where a query's time goes: the visits workload, pass by pass, in a real gate.
 
     python benchmarks/per_pass.py --rows 1M
     python benchmarks/per_pass.py --rows 1000 --reps 31   # the fixed cost alone
 
-For each query of ``benchmarks/visits.py``: raw DuckDB on the workload's file;
-the gate's generated SQL alone, on the gate's prepared copy; each pass of the
-gate's engine in this process (the debit, the run with its guard and timeout,
-the noise, the release, the stored reply, the budget views); and the same query
-through a real gate process over its unix socket, whose difference from the
-engine's total is the process boundary (HTTP, JSON, threads). Medians after a
-warm-up. Not a test: timings depend on the machine and its load, printed with
-them.
+A real gate process serves the workload of ``benchmarks/visits.py`` with a clock on
+each of its passes (this script, run with ``--serve``, installs them and then runs
+the gate's own ``main``); the client times each query's round trip over the unix
+socket, in turn with raw DuckDB on the workload's file and with the gate's
+generated SQL alone on the gate's prepared copy (read-only, as the gate reads it).
+For each query it prints medians of: raw DuckDB; the generated SQL alone; the
+gate's passes (the durable debit, the run with its guard and timeout, the noise,
+the release, the stored reply, the budget views); the rest of the engine's work;
+the process boundary (the round trip less the gate's handling of the request:
+connection, HTTP, JSON, the hand-off to an engine thread and back); and the round
+trip with its ratio to raw DuckDB. Not a test: timings depend on the machine and
+its load, printed with them.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
+import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -29,11 +36,6 @@ import duckdb
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import visits
 
-from dpmagic.gate.engine import Engine
-from dpmagic.gate.policy import load_policy
-from dpmagic.gate.service.ledger import Ledger
-from dpmagic.gate.sql import pipeline
-
 PASSES = ("debit", "run", "noise", "release", "stored reply", "budget views")
 
 
@@ -41,73 +43,120 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=visits._count, default=1_000_000, help="1M, 10M, a number")
     parser.add_argument("--reps", type=int, default=15, help="timed runs per query (median)")
+    parser.add_argument("--serve", nargs=3, metavar=("POLICY", "ADDRESS", "OUT"),
+                        help=argparse.SUPPRESS)  # fmt: skip
     args = parser.parse_args(argv)
+    if args.serve:
+        return _serve(*args.serve)
     database = visits.visits_file(args.rows)
     print(f"{args.rows:,} rows; load average {os.getloadavg()[0]:.2f} at start")
     with tempfile.TemporaryDirectory() as work:
-        policy = Path(work) / "policy.toml"
-        policy.write_text(visits._policy(database, Path(work)))
-        passes, generated, engine_ms = _in_process(policy, args.reps)
-    raw, gate, _, _ = visits.side_by_side(database, args.reps)
-    header = ["query", "raw DuckDB", "generated SQL", *PASSES, "engine", "process boundary",
-              "gate", "×"]  # fmt: skip
+        rows = _measure(database, Path(work), args.reps)
+    header = ["query", "raw DuckDB", "generated SQL", *PASSES, "rest of the engine",
+              "process boundary", "gate", "×"]  # fmt: skip
     print("\n| " + " | ".join(header) + " |\n|" + "---|" * len(header))
-    for name in visits.QUERIES:
-        r, g = statistics.median(raw[name]) * 1000, statistics.median(gate[name]) * 1000
-        cells = [f"{r:.2f}", f"{generated[name]:.2f}"]
-        cells += [f"{passes[name][p]:.2f}" for p in PASSES]
-        cells += [
-            f"{engine_ms[name]:.2f}",
-            f"{g - engine_ms[name]:.2f}",
-            f"{g:.2f}",
-            f"{g / r:.2f}",
-        ]
+    for name, cells in rows.items():
         print(f"| {name} | " + " | ".join(cells) + " |")
     print(f"\nall in ms; load average {os.getloadavg()[0]:.2f} at the end")
     return 0
 
 
-def _in_process(
-    policy: Path, reps: int
-) -> tuple[dict[str, dict[str, float]], dict[str, float], dict[str, float]]:
-    """Each pass's median, the generated SQL's, and the engine's whole, per query."""
-    engine = Engine(load_policy(policy))
-    spent: dict[str, list[float]] = {}
-    seen: list[str] = []
-    store = engine.databases["visits"]
-    timed = [
+def _measure(database: Path, work: Path, reps: int) -> dict[str, list[str]]:
+    policy, marks = work / "policy.toml", work / "marks.json"
+    policy.write_text(visits._policy(database, work))
+    address = f"unix:{work / 'gate.sock'}"
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--serve", str(policy), address, str(marks)],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    for line in proc.stdout or ():
+        if "listening" in line:
+            break
+    else:
+        raise RuntimeError("the gate exited before listening")
+    from dpmagic.client import Gate
+
+    client = Gate(address, timeout=600)
+    raw = duckdb.connect(str(database), read_only=True)
+    trips: dict[str, list[float]] = {}
+    raws: dict[str, list[float]] = {}
+    try:
+        for name, sql in visits.QUERIES.items():
+            raws[name], trips[name] = visits._alternated(
+                lambda sql=sql: raw.execute(sql).fetchall(),
+                lambda sql=sql: client.query(sql, epsilon=1.0, fresh=True),
+                reps,
+            )
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        raw.close()
+    clocks = json.loads(marks.read_text())
+    prepared = next((work / "state").rglob("*.duckdb"))
+    copy = duckdb.connect(str(prepared), read_only=True)
+    rows = {}
+    try:
+        for i, name in enumerate(visits.QUERIES):
+            # Each query's requests: one warm-up, then ``reps`` timed ones.
+            timed = slice(i * (reps + 1) + 1, (i + 1) * (reps + 1))
+            passes = {p: _median(clocks[p][timed]) for p in PASSES}
+            handled = clocks["request"][timed]
+            engine = _median(clocks["engine"][timed])
+            boundary = statistics.median(
+                (t - h) * 1000 for t, h in zip(trips[name], handled, strict=True)
+            )
+            r, g = statistics.median(raws[name]) * 1000, statistics.median(trips[name]) * 1000
+            rest = engine - sum(passes.values())
+            generated = _alone(copy, clocks["sql"][i * (reps + 1)], reps)
+            rows[name] = [f"{r:.2f}", f"{generated:.2f}", *(f"{passes[p]:.2f}" for p in PASSES),
+                          f"{rest:.2f}", f"{boundary:.2f}", f"{g:.2f}", f"{g / r:.2f}"]  # fmt: skip
+    finally:
+        copy.close()
+    return rows
+
+
+def _median(seconds: list[float]) -> float:
+    return statistics.median(seconds) * 1000
+
+
+def _alone(db: duckdb.DuckDBPyConnection, sql: str, reps: int) -> float:
+    """The generated SQL's median time on the prepared copy, fetched whole."""
+    times = []
+    for _ in range(reps + 1):
+        start = time.perf_counter()
+        db.execute(sql).fetchall()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:]) * 1000
+
+
+def _serve(policy: str, address: str, out: str) -> int:
+    """The gate, with a clock on each pass; the clocks are written to ``out`` at exit."""
+    from dpmagic.gate.engine import Engine
+    from dpmagic.gate.service import server
+    from dpmagic.gate.service.ledger import Ledger
+    from dpmagic.gate.sql import execute, pipeline
+
+    clocks: dict[str, list] = {"sql": []}
+    for owner, attr, label in (
         (Ledger, "debit", "debit"),
-        (type(store), "run", "run"),
+        (execute.Database, "run", "run"),
         (pipeline, "noise", "noise"),
         (pipeline, "release", "release"),
         (Ledger, "record_release", "stored reply"),
         (Engine, "_with_budget", "budget views"),
-    ]
-    originals = [(owner, attr, getattr(owner, attr)) for owner, attr, _ in timed]
-    for owner, attr, label in timed:
-        setattr(owner, attr, _clocked(getattr(owner, attr), spent.setdefault(label, [])))
-    run = type(store).run
-    try:
-        type(store).run = _noting(run, seen)
-        passes, generated, whole = {}, {}, {}
-        for name, sql in visits.QUERIES.items():
-            body = {"sql": sql, "epsilon": 1.0, "fresh": True}
-            engine.query("bench", body)
-            for times in spent.values():
-                times.clear()
-            totals = []
-            for _ in range(reps):
-                start = time.perf_counter()
-                engine.query("bench", body)
-                totals.append(time.perf_counter() - start)
-            passes[name] = {p: statistics.median(spent[p]) * 1000 for p in PASSES}
-            whole[name] = statistics.median(totals) * 1000
-            generated[name] = _alone(store._db, seen[-1], reps)
-    finally:
-        for owner, attr, original in originals:
-            setattr(owner, attr, original)
-        engine.close()
-    return passes, generated, whole
+        (Engine, "query", "engine"),
+        (server, "_run", "request"),
+    ):
+        setattr(owner, attr, _clocked(getattr(owner, attr), clocks.setdefault(label, [])))
+    run = execute.Database.run
+
+    def noting(self: object, sql: str, *rest: object) -> object:
+        clocks["sql"].append(sql)
+        return run(self, sql, *rest)
+
+    execute.Database.run = noting  # type: ignore[method-assign]
+    atexit.register(lambda: Path(out).write_text(json.dumps(clocks)))
+    return server.main(["--policy", policy, "--listen", address])
 
 
 def _clocked(function: Callable, into: list[float]) -> Callable:
@@ -119,26 +168,6 @@ def _clocked(function: Callable, into: list[float]) -> Callable:
             into.append(time.perf_counter() - start)
 
     return clocked
-
-
-def _noting(run: Callable, seen: list[str]) -> Callable:
-    def noting(self: object, sql: str, *args: object) -> object:
-        seen.append(sql)
-        return run(self, sql, *args)
-
-    return noting
-
-
-def _alone(db: duckdb.DuckDBPyConnection, sql: str, reps: int) -> float:
-    """The generated SQL's median time on the prepared copy, fetched whole."""
-    times = []
-    for _ in range(reps + 1):
-        con = db.cursor()
-        start = time.perf_counter()
-        con.execute(sql).fetchall()
-        times.append(time.perf_counter() - start)
-        con.close()
-    return statistics.median(times[1:]) * 1000
 
 
 if __name__ == "__main__":

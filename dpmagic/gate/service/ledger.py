@@ -141,15 +141,17 @@ class Ledger:
             (spent_user, user_limit), (spent_nb, notebook_limit) = self._standing(
                 user, dataset, notebook, user_limit, notebook_limit
             )
-            show_delta = bool(cost.delta or user_limit.delta or notebook_limit.delta)
-            need = acc.describe(cost)
-            user_left = _left(acc, spent_user, user_limit, show_delta)
-            if not acc.fits(spent_user, cost, user_limit):
-                raise OverBudget(
-                    f"needs {need} but only {user_left} is left for user {user} on dataset "
-                    f"{dataset!r}"
-                )
-            if not acc.fits(spent_nb, cost, notebook_limit):
+            user_fits = acc.fits(spent_user, cost, user_limit)
+            if not (user_fits and acc.fits(spent_nb, cost, notebook_limit)):
+                # The refusal's words are made only for a refusal.
+                show_delta = bool(cost.delta or user_limit.delta or notebook_limit.delta)
+                need = acc.describe(cost)
+                user_left = _left(acc, spent_user, user_limit, show_delta)
+                if not user_fits:
+                    raise OverBudget(
+                        f"needs {need} but only {user_left} is left for user {user} on dataset "
+                        f"{dataset!r}"
+                    )
                 nb_left = _left(acc, spent_nb, notebook_limit, show_delta)
                 raise OverBudget(
                     f"needs {need} but only {nb_left} is left "
