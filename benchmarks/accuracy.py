@@ -13,9 +13,10 @@ same contribution bounds: dpmagic in-process through ``Engine.query`` (the
 request path the server runs: plan, ledger debit, generated SQL on DuckDB,
 noise, release), the peers each in a virtual environment of its own under
 ``benchmarks/.data/`` (``accuracy_peers.py``). Per query and tool it prints
-the RMSE over all cells and repetitions, the bias (mean signed error) and
-the share of 95% intervals that hold the exact answer ("—" where a tool
-gives none). Not a test: the figures are estimates, with the sampling error
+the RMSE over all cells and repetitions, the bias (mean signed error), the
+share of 95% intervals that hold the exact answer ("—" where a tool gives
+none), and beside them the median time of one answer (dpmagic's in process,
+without HTTP, as the peers run in theirs). Not a test: the figures are estimates, with the sampling error
 of the repetitions.
 """
 
@@ -173,28 +174,29 @@ def _exact(folder: Path, queries: list) -> dict[str, dict[tuple, float]]:
     return out
 
 
-def _dpmagic(folder: Path, queries: list, reps: int, epsilon: float) -> dict[str, list]:
-    """``reps`` fresh, charged answers per query through the gate's request path."""
+def _dpmagic(folder: Path, queries: list, reps: int, epsilon: float) -> dict[str, dict]:
+    """``reps`` fresh, charged answers per query through the gate's request path, and
+    the time each took (in process: the engine, without HTTP)."""
     from dpmagic.gate.engine import Engine
     from dpmagic.gate.policy import load_policy
 
     base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-    out: dict[str, list] = {}
+    out: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="dpm-accuracy-", dir=base) as state:
         engine = Engine(load_policy(_policy(folder, Path(state))))
         try:
             for name, sql, *_ in queries:
-                started = time.perf_counter()
-                runs = []
+                runs, seconds = [], []
                 for _ in range(reps):
                     body = {"sql": sql, "dataset": "bench", "epsilon": epsilon, "fresh": True}
+                    started = time.perf_counter()
                     reply = engine.query("bench", body)
+                    seconds.append(time.perf_counter() - started)
                     intervals = reply["accuracy"]["columns"][-1]["intervals"]
                     pairs = zip(reply["rows"], intervals, strict=True)
                     runs.append([[*row, *(iv or (None, None))] for row, iv in pairs])
-                out[name] = runs
-                seconds = time.perf_counter() - started
-                print(f"dpmagic: {name}: {reps} runs in {seconds:.1f} s", file=sys.stderr)
+                out[name] = {"runs": runs, "seconds": seconds}
+                print(f"dpmagic: {name}: {reps} runs in {sum(seconds):.1f} s", file=sys.stderr)
         finally:
             engine.close()
     return out
@@ -253,22 +255,22 @@ def _scores(exact: dict[tuple, float], runs: list, keys: int) -> tuple[float, fl
 def _table(queries: list, exact: dict, results: dict[str, dict]) -> str:
     tools = list(results)
     head = "| query | exact (mean of cells) | " + " | ".join(
-        f"{t} RMSE | bias | 95% coverage" for t in tools
+        f"{t} RMSE | bias | 95% coverage | median time" for t in tools
     )
-    lines = [head + " |", "|---" * (2 + 3 * len(tools)) + "|"]
+    lines = [head + " |", "|---" * (2 + 4 * len(tools)) + "|"]
     for name, _, _, keys, _ in queries:
         truth = exact[name]
         cells = [_fmt(sum(truth.values()) / len(truth))]
         for t in tools:
-            runs = results[t].get(name)
-            if not isinstance(runs, list):
-                status = (runs or {}).get("status", "not run")
-                cells += [status.split(":")[0], "", ""]
+            answered = results[t].get(name) or {"status": "not run"}
+            if "runs" not in answered:
+                cells += [answered["status"].split(":")[0], "", "", ""]
                 continue
+            runs = answered["runs"]
             rmse, bias, cover = _scores(truth, runs, len(keys))
-            reps = len(runs)
-            cells += [_fmt(rmse), _fmt(bias), "—" if cover is None else f"{100 * cover:.1f}%"]
-            cells[-3] += f" (n={reps})" if t != "dpmagic" else ""
+            cells += [_fmt(rmse), _fmt(bias), "—" if cover is None else f"{100 * cover:.1f}%",
+                      f"{1000 * float(np.median(answered['seconds'])):.1f} ms"]  # fmt: skip
+            cells[-4] += f" (n={len(runs)})" if t != "dpmagic" else ""
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

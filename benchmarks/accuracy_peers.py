@@ -3,9 +3,10 @@
 Standalone on purpose (third-party imports only): each peer runs in a virtual
 environment of its own, where dpmagic is not installed. Usage:
 ``python accuracy_peers.py TOOL DATA_FOLDER QUERIES_JSON --reps N --epsilon E
---max-partitions K --max-rows M``. Prints ``{query name: [rep, …]}``, each rep a
-list of ``[keys…, value, low, high]`` rows (``low``/``high`` null where the tool
-gives no interval), or ``{"status": …}`` for a query the tool refuses.
+--max-partitions K --max-rows M``. Prints ``{query name: {"runs": [rep, …],
+"seconds": [time, …]}}``, each rep a list of ``[keys…, value, low, high]`` rows
+(``low``/``high`` null where the tool gives no interval) and the time it took, or
+``{"status": …}`` for a query the tool refuses.
 
 The contribution bounds are the gate's: a person's rows in at most K groups
 and M rows in each, so an L1 sensitivity of K·M rows in a grouped query and M
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -48,11 +50,16 @@ def main() -> None:
     json.dump(out, sys.stdout, default=float)
 
 
-def _repeat(run, reps: int) -> dict | list:
+def _repeat(run, reps: int) -> dict:
+    runs, seconds = [], []
     try:
-        return [run() for _ in range(reps)]
+        for _ in range(reps):
+            start = time.perf_counter()
+            runs.append(run())
+            seconds.append(time.perf_counter() - start)
     except Exception as exc:  # a refusal or an unsupported construct, reported
         return {"status": f"refused: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}"}
+    return {"runs": runs, "seconds": seconds}
 
 
 def run_smartnoise(args: argparse.Namespace, queries: list[dict]) -> dict:
