@@ -58,12 +58,16 @@ def laplace_sum_tail(z: np.ndarray, b1: float, b2: np.ndarray) -> np.ndarray:
     b2 = np.maximum(b2, 0.0)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         e1 = np.exp(-z / b1)
-        e2 = np.where(b2 > 0, np.exp(-z / np.where(b2 > 0, b2, 1.0)), 0.0)
-        general = (b1 * b1 * e1 - b2 * b2 * e2) / (b1 * b1 - b2 * b2)
-        mid = (b1 + b2) / 2
-        close = np.exp(-z / mid) * (1 + z / (2 * mid))
-    near = np.abs(b1 - b2) < 1e-6 * b1
-    return np.clip(np.where(near, close, general), 0.0, 1.0)
+        positive = b2 > 0
+        e2 = np.exp(-z / b2) if positive.all() else np.where(
+            positive, np.exp(-z / np.where(positive, b2, 1.0)), 0.0
+        )
+        out = (b1 * b1 * e1 - b2 * b2 * e2) / (b1 * b1 - b2 * b2)
+        near = np.abs(b1 - b2) < 1e-6 * b1
+        if near.any():  # computed only where it is used: the same values, fewer steps
+            mid = (b1 + b2[near]) / 2
+            out[near] = np.exp(-z[near] / mid) * (1 + z[near] / (2 * mid))
+    return np.clip(out, 0.0, 1.0)
 
 
 def gaussian_sum_tail(z: np.ndarray, s1: float, s2: np.ndarray) -> np.ndarray:
