@@ -16,8 +16,8 @@ noise, release), the peers each in a virtual environment of its own under
 the RMSE over all cells and repetitions, the bias (mean signed error), the
 share of 95% intervals that hold the exact answer ("—" where a tool gives
 none), and beside them the median time of one answer (dpmagic's in process,
-without HTTP, as the peers run in theirs). Not a test: the figures are estimates, with the sampling error
-of the repetitions.
+without HTTP, as the peers run in theirs). Not a test: the figures are
+estimates, with the sampling error of the repetitions.
 """
 
 from __future__ import annotations

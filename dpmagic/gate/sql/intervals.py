@@ -59,8 +59,10 @@ def laplace_sum_tail(z: np.ndarray, b1: float, b2: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         e1 = np.exp(-z / b1)
         positive = b2 > 0
-        e2 = np.exp(-z / b2) if positive.all() else np.where(
-            positive, np.exp(-z / np.where(positive, b2, 1.0)), 0.0
+        e2 = (
+            np.exp(-z / b2)
+            if positive.all()
+            else np.where(positive, np.exp(-z / np.where(positive, b2, 1.0)), 0.0)
         )
         out = (b1 * b1 * e1 - b2 * b2 * e2) / (b1 * b1 - b2 * b2)
         near = np.abs(b1 - b2) < 1e-6 * b1
