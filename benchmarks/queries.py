@@ -1,4 +1,9 @@
-"""The fixed query set: the same SQL for every tool, with how to score its answer."""
+"""The fixed query sets: the same SQL for every tool, with how to score its answer.
+
+Two workloads: ``bench`` (``run.py``: float income, persons with 1 to 5 visits, a
+person table for the join) and ``visits`` (``visits.py``: integer income, three
+visits per person). ``Workload`` says what the peers need to answer them under the
+same bounds as the gate."""
 
 from __future__ import annotations
 
@@ -50,6 +55,55 @@ QUERIES = (
         "median income", "SELECT MEDIAN(income) AS median_income FROM visits", (), "median_income"
     ),
 )
+
+
+VISITS_QUERIES = (
+    Query(
+        "count by state", "SELECT state, COUNT(*) AS n FROM visits GROUP BY state", ("state",), "n"
+    ),
+    Query(
+        "avg income by diagnosis",
+        "SELECT diagnosis, AVG(income) AS mean_income FROM visits GROUP BY diagnosis",
+        ("diagnosis",),
+        "mean_income",
+    ),
+    Query(
+        "sum income where age > 65",
+        "SELECT SUM(income) AS total FROM visits WHERE age > 65",
+        (),
+        "total",
+    ),
+    Query(
+        "count by state × diagnosis",
+        "SELECT state, diagnosis, COUNT(*) AS n FROM visits GROUP BY state, diagnosis",
+        ("state", "diagnosis"),
+        "n",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A query set and the facts a peer is configured with to answer it: the privacy
+    unit's column, the rows it keeps per unit, and income's type and bounds."""
+
+    name: str
+    queries: tuple[Query, ...]
+    unit: str
+    max_rows: int
+    income_type: str  # "int" or "float"
+    income_upper: float
+    key_type: str  # the group keys' type: "int" or "string"
+
+
+WORKLOADS = {
+    "bench": Workload("bench", QUERIES, "pid", 5, "float", 500_000.0, "int"),
+    # The gate's policy lets a person add 3 rows to each of at most 3 partitions: the
+    # peers, which bound only a person's rows, are given that reach, 9 rows (a grouped
+    # count's noise is then the same; an ungrouped query's partition is one, where
+    # the gate counts on 3 rows and the peers on 9).
+    "visits": Workload("visits", VISITS_QUERIES, "person_id", 9, "int", 200_000.0, "string"),
+}
 
 
 def relative_error(exact: dict[tuple, float], noisy: dict[tuple, float]) -> float:

@@ -28,8 +28,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import duckdb
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from visits import (
     CACHE,
@@ -42,6 +40,7 @@ from visits import (
     _start,
     _timed,
     visits_file,
+    visits_parquet,
 )
 
 
@@ -55,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     args = parser.parse_args(argv)
     database = visits_file(args.rows)
-    parquet = _parquet(database)
+    parquet = visits_parquet(database)
     print(f"{args.rows:,} rows; load average {os.getloadavg()[0]:.2f} at start")
     raw_duckdb = _raw(database, args.reps)
     raw_spark = _raw_spark(parquet, args.reps)
@@ -96,17 +95,6 @@ def _tumult(parquet: Path, reps: int) -> dict[str, dict]:
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     return json.loads(done.stdout)
-
-
-def _parquet(database: Path) -> Path:
-    path = database.with_suffix(".parquet")
-    if not path.exists():
-        partial = path.with_suffix(".partial")
-        con = duckdb.connect(str(database), read_only=True)
-        con.execute(f"COPY visits TO '{partial}' (FORMAT parquet)")
-        con.close()
-        partial.rename(path)
-    return path
 
 
 def _raw_spark(parquet: Path, reps: int) -> dict[str, list[float]]:

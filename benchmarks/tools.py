@@ -1,10 +1,12 @@
-"""Run the query set through one non-gate tool and print timings and answers as JSON.
+"""Run a query set through one non-gate tool and print timings and answers as JSON.
 
 Standalone on purpose (third-party imports only): the peers run in their own
 virtual environments, where dpmagic is not installed. Usage:
-``python tools.py TOOL DATA_FOLDER --reps N --epsilon E``, TOOL one of
+``python tools.py TOOL DATA --workload W --reps N --epsilon E``, TOOL one of
 ``duckdb`` (raw, exact), ``smartnoise`` (SmartNoise SQL on DuckDB) or
-``opendp-polars`` (OpenDP's Polars front end on the same Parquet files).
+``opendp-polars`` (OpenDP's Polars front end on the Parquet files). DATA is the
+``bench`` workload's folder (``raw.duckdb``, ``visits.parquet``, ``persons.parquet``)
+or the ``visits`` workload's DuckDB file (its Parquet copy beside it).
 """
 
 from __future__ import annotations
@@ -19,20 +21,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from queries import QUERIES
+from queries import WORKLOADS, Workload
 
-MAX_ROWS_PER_PERSON = 5
 THREADS = 2
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("tool", choices=sorted(RUNNERS))
-    parser.add_argument("folder", type=Path)
+    parser.add_argument("data", type=Path)
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="bench")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--epsilon", type=float, default=1.0)
     args = parser.parse_args()
-    out = RUNNERS[args.tool](args.folder, args.reps, args.epsilon)
+    out = RUNNERS[args.tool](WORKLOADS[args.workload], args.data, args.reps, args.epsilon)
     kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(json.dumps({"peak_mb": kb / 1024, "queries": out}, default=float))
 
@@ -51,44 +53,52 @@ def _timed(run, reps: int) -> dict:
     return {"status": "ok", "seconds": seconds[1:], "answers": answers[1:]}
 
 
-def run_duckdb(folder: Path, reps: int, epsilon: float) -> dict:
+def _files(w: Workload, data: Path) -> tuple[Path, Path]:
+    """The workload's DuckDB file and its visits table as Parquet."""
+    if w.name == "bench":
+        return data / "raw.duckdb", data / "visits.parquet"
+    return data, data.with_suffix(".parquet")
+
+
+def run_duckdb(w: Workload, data: Path, reps: int, epsilon: float) -> dict:
     import duckdb
 
-    con = duckdb.connect(str(folder / "raw.duckdb"), read_only=True, config={"threads": THREADS})
+    database = str(_files(w, data)[0])
+    con = duckdb.connect(database, read_only=True, config={"threads": THREADS})
     return {q.name: _timed(lambda q=q: [list(r) for r in con.execute(q.sql).fetchall()], reps)
-            for q in QUERIES}  # fmt: skip
+            for q in w.queries}  # fmt: skip
 
 
-def run_smartnoise(folder: Path, reps: int, epsilon: float) -> dict:
+def run_smartnoise(w: Workload, data: Path, reps: int, epsilon: float) -> dict:
     import duckdb
     import snsql
 
-    con = duckdb.connect(str(folder / "raw.duckdb"), read_only=True, config={"threads": THREADS})
-    int_col = {"type": "int"}
-    meta = {
-        "bench": {
-            "main": {
-                "visits": {
-                    "row_privacy": False,
-                    "max_ids": MAX_ROWS_PER_PERSON,
-                    "censor_dims": False,
-                    "pid": {"type": "int", "private_id": True},
-                    "age": {"type": "int", "lower": 0, "upper": 100},
-                    "income": {"type": "float", "lower": 0.0, "upper": 500000.0},
-                    "state": int_col,
-                    "diagnosis": int_col,
-                },
-                "persons": {
-                    "row_privacy": False,
-                    "max_ids": 1,
-                    "censor_dims": False,
-                    "pid": {"type": "int", "private_id": True},
-                    "sex": int_col,
-                    "enrolled": int_col,
-                },
-            }
+    database = str(_files(w, data)[0])
+    con = duckdb.connect(database, read_only=True, config={"threads": THREADS})
+    key = {"type": w.key_type}
+    upper = w.income_upper if w.income_type == "float" else int(w.income_upper)
+    tables = {
+        "visits": {
+            "row_privacy": False,
+            "max_ids": w.max_rows,
+            "censor_dims": False,
+            w.unit: {"type": "int", "private_id": True},
+            "age": {"type": "int", "lower": 0, "upper": 100},
+            "income": {"type": w.income_type, "lower": 0 * upper, "upper": upper},
+            "state": key,
+            "diagnosis": key,
         }
     }
+    if w.name == "bench":
+        tables["persons"] = {
+            "row_privacy": False,
+            "max_ids": 1,
+            "censor_dims": False,
+            "pid": {"type": "int", "private_id": True},
+            "sex": {"type": "int"},
+            "enrolled": {"type": "int"},
+        }
+    meta = {"bench": {"main": tables}}
     privacy = snsql.Privacy(epsilon=epsilon, delta=1e-6)
     # SmartNoise has no DuckDB reader; its PostgreSQL one speaks a dialect DuckDB accepts.
     reader = snsql.from_connection(
@@ -102,7 +112,7 @@ def run_smartnoise(folder: Path, reps: int, epsilon: float) -> dict:
         rows = reader.execute(sql)
         return [list(r) for r in rows[1:]]  # the first row is the header
 
-    return {q.name: _timed(lambda q=q: run(q.sql), reps) for q in QUERIES}
+    return {q.name: _timed(lambda q=q: run(q.sql), reps) for q in w.queries}
 
 
 class DuckDbApi:
@@ -136,33 +146,40 @@ class _Cursor:
         return iter(self.cur.fetchall())
 
 
-def run_opendp_polars(folder: Path, reps: int, epsilon: float) -> dict:
-    """OpenDP's Context over a Polars LazyFrame. The unit is a person (``pid``) and
-    ``truncate_per_group(5)`` keeps at most 5 of their rows, as the gate's bound does.
-    Group keys are public (``with_keys``, like the gate's ``public_values``); the float
-    sum and mean need a public bound on the row count (``max_length``: 5 per person).
-    It has no joins, so the join is reported unsupported, not attempted."""
+def run_opendp_polars(w: Workload, data: Path, reps: int, epsilon: float) -> dict:
+    """OpenDP's Context over a Polars LazyFrame. The unit is a person and
+    ``truncate_per_group(w.max_rows)`` keeps at most that many of their rows, as the
+    gate's bound does. Group keys are public (``with_keys``, like the gate's
+    ``public_values``); sums and means need a public bound on the row count
+    (``max_length``: ``w.max_rows`` per person). It has no joins, so the join is
+    reported unsupported, not attempted."""
     import numpy as np
     import opendp.prelude as dp
     import polars as pl
 
     dp.enable_features("contrib")
-    visits = pl.scan_parquet(folder / "visits.parquet")
-    persons = pl.scan_parquet(folder / "persons.parquet").select(pl.len()).collect().item()
-    max_length = MAX_ROWS_PER_PERSON * persons  # the person count is taken as public
+    visits = pl.scan_parquet(_files(w, data)[1])
+    persons = visits.select(pl.col(w.unit).n_unique()).collect().item()
+    max_length = w.max_rows * persons  # the person count is taken as public
     keys = {k: visits.select(pl.col(k).unique().sort()).collect() for k in ("state", "diagnosis")}
-    candidates = [float(x) for x in np.linspace(0, 500_000, 1_001)]
-    income = pl.col("income").fill_null(0.0).clip(0.0, 500_000.0)
+    top = w.income_upper
+    candidates = [float(x) for x in np.linspace(0, top, 1_001)]
+    income = pl.col("income").cast(pl.Float64).fill_null(0.0).clip(0.0, top)
+    # An integer income is summed as integers, as the gate sums it.
+    summed, bounds = (income, (0.0, top))
+    if w.income_type == "int":
+        column = pl.col("income").cast(pl.Int64)  # OpenDP refuses an i32 sum as overflowing
+        summed, bounds = column.fill_null(0).clip(0, int(top)), (0, int(top))
 
     def query():
         context = dp.Context.compositor(
             data=visits,
-            privacy_unit=dp.unit_of(contributions=1, identifier=pl.col("pid")),
+            privacy_unit=dp.unit_of(contributions=1, identifier=pl.col(w.unit)),
             privacy_loss=dp.loss_of(epsilon=epsilon),
             split_evenly_over=1,
             margins=[dp.polars.Margin(by=[], max_length=max_length)],
         )
-        return context.query().truncate_per_group(MAX_ROWS_PER_PERSON)
+        return context.query().truncate_per_group(w.max_rows)
 
     def grouped(by: list[str], agg) -> list:
         key_frame = keys[by[0]] if len(by) == 1 else keys[by[0]].join(keys[by[1]], how="cross")
@@ -175,12 +192,12 @@ def run_opendp_polars(folder: Path, reps: int, epsilon: float) -> dict:
     plans = {
         "total count": lambda: scalar(dp.len(signed=True)),
         "count by state": lambda: grouped(["state"], dp.len(signed=True)),
-        "avg income by diagnosis": lambda: grouped(["diagnosis"], income.dp.mean((0.0, 500_000.0))),
+        "avg income by diagnosis": lambda: grouped(["diagnosis"], income.dp.mean((0.0, top))),
         "sum income, age > 65": lambda: [
             list(
                 query()
                 .filter(pl.col("age") > 65)
-                .select(income.dp.sum((0.0, 500_000.0)))
+                .select(summed.dp.sum(bounds))
                 .release()
                 .collect()
                 .row(0)
@@ -189,11 +206,12 @@ def run_opendp_polars(folder: Path, reps: int, epsilon: float) -> dict:
         "count by state × diagnosis": lambda: grouped(["state", "diagnosis"], dp.len(signed=True)),
         "median income": lambda: scalar(income.dp.median(candidates)),
     }
+    plans["sum income where age > 65"] = plans["sum income, age > 65"]  # visits' name
     return {
         q.name: _timed(plans[q.name], reps)
         if q.name in plans
         else {"status": "unsupported: no joins in OpenDP's Polars front end"}
-        for q in QUERIES
+        for q in w.queries
     }
 
 

@@ -9,56 +9,147 @@ a DuckDB file (cached in ``benchmarks/.data/visits-N.duckdb``). Raw DuckDB reads
 file as a native table with default settings; the gate serves the same file (policy
 ``max_partitions = 3``, ``max_rows_per_partition = 3``, padding off, ε = 1 per
 query) from a real process over its unix socket. Each query runs once to warm up,
-then ``--reps`` times; the table gives medians and the ratio gate / raw. Not a
-test: timings depend on the machine and its load, printed with them.
+then ``--reps`` times; the table gives medians and the ratio gate / raw. With
+``--peers``, SmartNoise SQL and OpenDP's Polars front end answer the same SQL in
+the same run (each in a venv of its own, on the same DuckDB file and its Parquet
+copy, keeping up to 9 rows of a person, the reach the gate's policy allows,
+ε = 1), and every tool's relative error
+against raw DuckDB's exact answer is printed beside its time. Not a test: timings
+depend on the machine and its load, printed with them.
+
+    python benchmarks/visits.py --rows 10M --peers
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from queries import VISITS_QUERIES, Query, relative_error  # noqa: E402
+
 CACHE = HERE / ".data"
 STATES = 50
 DIAGNOSES = 20
-QUERIES = {
-    "count by state": "SELECT state, COUNT(*) AS n FROM visits GROUP BY state",
-    "avg income by diagnosis": (
-        "SELECT diagnosis, AVG(income) AS mean_income FROM visits GROUP BY diagnosis"
-    ),
-    "sum income where age > 65": "SELECT SUM(income) AS total FROM visits WHERE age > 65",
-    "count by state × diagnosis": (
-        "SELECT state, diagnosis, COUNT(*) AS n FROM visits GROUP BY state, diagnosis"
-    ),
-}
+QUERIES = {q.name: q.sql for q in VISITS_QUERIES}
+PEER_NAMES = {"smartnoise": "SmartNoise SQL", "opendp-polars": "OpenDP Polars"}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=_count, default=1_000_000, help="1M, 10M or a number")
     parser.add_argument("--reps", type=int, default=5, help="timed runs per query (median)")
+    parser.add_argument(
+        "--peers",
+        action="store_true",
+        help="also SmartNoise SQL and OpenDP's Polars front end, in the same run",
+    )
     args = parser.parse_args(argv)
     database = visits_file(args.rows)
     print(f"{args.rows:,} rows; load average {os.getloadavg()[0]:.2f} at start")
-    raw, gate, start_s, peak_mb = side_by_side(database, args.reps)
-    print(f"gate start on {args.rows:,} rows: {start_s[0]:.2f} s preparing the data, "
-          f"{start_s[1]:.2f} s restarting on it; gate peak memory {peak_mb:.0f} MB, "
+    run = side_by_side(database, args.reps)
+    print(f"gate start on {args.rows:,} rows: {run.start_s[0]:.2f} s preparing the data, "
+          f"{run.start_s[1]:.2f} s restarting on it; gate peak memory {run.peak_mb:.0f} MB, "
           f"raw DuckDB's process {_peak_mb('self'):.0f} MB")  # fmt: skip
-    print("\n| query | raw DuckDB | gate | × |\n|---|---|---|---|")
-    for name in QUERIES:
-        r, g = statistics.median(raw[name]), statistics.median(gate[name])
-        print(f"| {name} | {_ms(r)} | {_ms(g)} | {g / r:.2f} |")
+    peers = {}
+    if args.peers:
+        visits_parquet(database)
+        for peer in PEER_NAMES:
+            print(f"running {PEER_NAMES[peer]}…", file=sys.stderr, flush=True)
+            peers[peer] = _peer(peer, database, args.reps)
+    print()
+    print(_table(run, peers))
     print(f"\nload average {os.getloadavg()[0]:.2f} at the end")
     return 0
+
+
+@dataclass
+class Run:
+    """Raw DuckDB's and the gate's times per query (one run of each in turn), their
+    answers, the gate's start (preparing the data, then restarting on it) and its
+    peak memory."""
+
+    raw: dict[str, list[float]]
+    gate: dict[str, list[float]]
+    exact: dict[str, list[list]]
+    answers: dict[str, list[list[list]]]
+    start_s: tuple[float, float]
+    peak_mb: float
+
+
+def _table(run: Run, peers: dict[str, dict]) -> str:
+    """Markdown: per query, raw DuckDB's median, then each tool's median, its ratio to
+    raw DuckDB and its mean relative error against the exact answer."""
+    tools = ["dpmagic", *(PEER_NAMES[p] for p in peers)]
+    lines = [
+        "| query | raw DuckDB | " + " | ".join(f"{t} | × | error" for t in tools) + " |",
+        "|---|---|" + "---|---|---|" * len(tools),
+    ]
+    for q in VISITS_QUERIES:
+        r = statistics.median(run.raw[q.name])
+        exact = _index(q, run.exact[q.name])
+        cells = [q.name, _ms(r), *_cells(q, exact, r, run.gate[q.name], run.answers[q.name])]
+        for peer in peers.values():
+            done = peer["queries"][q.name]
+            if done["status"] != "ok":
+                cells += [done["status"].split(":")[0], "", ""]
+            else:
+                cells += _cells(q, exact, r, done["seconds"], done["answers"])
+        lines.append("| " + " | ".join(cells) + " |")
+    memory = ["peak memory", f"{_peak_mb('self'):.0f} MB", f"{run.peak_mb:.0f} MB", "", ""]
+    for peer in peers.values():
+        memory += [f"{peer['peak_mb']:.0f} MB", "", ""]
+    lines.append("| " + " | ".join(memory) + " |")
+    return "\n".join(lines)
+
+
+def _cells(
+    q: Query, exact: dict[tuple, float], raw_s: float, seconds: list[float], answers: list
+) -> list[str]:
+    t = statistics.median(seconds)
+    error = statistics.mean(relative_error(exact, _index(q, a)) for a in answers)
+    ratio = t / raw_s
+    return [_ms(t), f"{ratio:.2f}" if ratio < 10 else f"{ratio:,.0f}", f"{100 * error:.2g}%"]
+
+
+def _index(q: Query, rows: list[list]) -> dict[tuple, float]:
+    k = len(q.keys)
+    return {tuple(r[:k]): float(r[k]) for r in rows if r[k] is not None}
+
+
+def _peer(peer: str, database: Path, reps: int) -> dict:
+    """A peer's times and answers, from ``tools.py`` in the peer's own venv."""
+    from run import _peer_python
+
+    cmd = [str(_peer_python(peer)), str(HERE / "tools.py"), peer, str(database),
+           "--workload", "visits", "--reps", str(reps), "--epsilon", "1.0"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)
+
+
+def visits_parquet(database: Path) -> Path:
+    """The workload's rows as Parquet beside its DuckDB file (OpenDP's Polars front end
+    reads files), written once."""
+    path = database.with_suffix(".parquet")
+    if not path.exists():
+        partial = path.with_suffix(".parquet.partial")
+        con = duckdb.connect(str(database), read_only=True)
+        con.execute(f"COPY visits TO '{partial}' (FORMAT parquet)")
+        con.close()
+        partial.rename(path)
+    return path
 
 
 def visits_file(rows: int) -> Path:
@@ -97,13 +188,9 @@ def _raw(database: Path, reps: int) -> dict[str, list[float]]:
         con.close()
 
 
-def side_by_side(
-    database: Path, reps: int
-) -> tuple[dict[str, list[float]], dict[str, list[float]], tuple[float, float], float]:
-    """Raw DuckDB's and the gate's times per query, one run of each in turn, so that
-    a change in the machine's load falls on both alike; the gate's start with a first
-    preparation of the data and its restart reusing it (``start_s``); and its peak
-    memory."""
+def side_by_side(database: Path, reps: int) -> Run:
+    """Raw DuckDB and the gate per query, one run of each in turn, so that a change
+    in the machine's load falls on both alike."""
     from dpmagic.client import Gate
 
     con = duckdb.connect(str(database), read_only=True)
@@ -117,19 +204,24 @@ def side_by_side(
         proc, again_s = _start(policy, address)
         try:
             client = Gate(address, timeout=600)
-            raw, gate = {}, {}
+            raw, gate, exact, answers = {}, {}, {}, {}
             for name, sql in QUERIES.items():
+                exact[name] = [list(r) for r in con.execute(sql).fetchall()]
+                answers[name] = []
                 raw[name], gate[name] = _alternated(
                     lambda sql=sql: con.execute(sql).fetchall(),
-                    lambda sql=sql: client.query(sql, epsilon=1.0, fresh=True),
+                    lambda sql=sql, out=answers[name]: out.append(
+                        client.query(sql, epsilon=1.0, fresh=True).rows
+                    ),
                     reps,
                 )
+                del answers[name][0]  # the warm-up's
             peak_mb = _peak_mb(str(proc.pid))
         finally:
             proc.terminate()
             proc.wait(30)
             con.close()
-    return raw, gate, (first_s, again_s), peak_mb
+    return Run(raw, gate, exact, answers, (first_s, again_s), peak_mb)
 
 
 def _alternated(first, second, reps: int) -> tuple[list[float], list[float]]:
@@ -202,7 +294,7 @@ def _timed(run, reps: int) -> list[float]:
 
 
 def _ms(seconds: float) -> str:
-    return f"{seconds * 1000:.1f} ms"
+    return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
 def _count(text: str) -> int:
