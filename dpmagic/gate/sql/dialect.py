@@ -38,6 +38,14 @@ class Dialect:
         kind = exp.DataType.Type.INT128 if wide else exp.DataType.Type.BIGINT
         return exp.Sum(this=exp.cast(value, kind))
 
+    def grid_sum(self, value: exp.Expression, widest: float) -> exp.Expression:
+        """An exact sum of the floats ``value`` (in grid units, each at most ``widest``),
+        each rounded to an integer. DuckDB's cast of a float to an integer type rounds
+        to the nearest (half to even), so the cast does the rounding; a ``ROUND``
+        before it made a 10M-row average's SQL 7% slower. The sum's bounds hold
+        whichever way a value is rounded (``plan._grid_bounds``)."""
+        return self.exact_sum(value, widest)
+
     def histogram(self, value: exp.Expression) -> exp.Expression:
         """The count of rows per value (a quantile's candidate index), NULLs left out."""
         counts = exp.Anonymous(this="histogram", expressions=[value])

@@ -488,7 +488,7 @@ def _aggregate(m: Measurement, resolved: Resolved, dialect: Dialect) -> exp.Expr
     if clamp.integral:
         return dialect.exact_sum(value, widest)
     scale = literal(2.0**-m.grid_exp, integral=False)
-    return dialect.exact_sum(exp.Round(this=exp.Mul(this=value, expression=scale)), widest)
+    return dialect.grid_sum(exp.Mul(this=value, expression=scale), widest)
 
 
 def _stored_within(m: Measurement, resolved: Resolved) -> bool:

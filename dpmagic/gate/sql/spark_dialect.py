@@ -85,6 +85,10 @@ class SparkDialect(Dialect):
             return exp.Sum(this=exp.cast(value, exp.DataType.Type.BIGINT))
         return exp.Sum(this=exp.Cast(this=value, to=EXACT.copy()))
 
+    def grid_sum(self, value: exp.Expression, widest: float) -> exp.Expression:
+        # Spark's cast to an integer truncates: rounding to the nearest is asked for.
+        return self.exact_sum(exp.Round(this=value), widest)
+
     def total(
         self, tree: exp.Expression, resolved: Resolved, condition: bool = False
     ) -> exp.Expression:
