@@ -82,7 +82,7 @@ def _measure(database: Path, work: Path, reps: int) -> dict[str, list[str]]:
     raws: dict[str, list[float]] = {}
     try:
         for name, sql in visits.QUERIES.items():
-            raws[name], trips[name] = visits._alternated(
+            raws[name], trips[name] = visits.alternated(
                 lambda sql=sql: raw.execute(sql).fetchall(),
                 lambda sql=sql: client.query(sql, epsilon=1.0, fresh=True),
                 reps,

@@ -89,6 +89,12 @@ WORKLOADS = {
 }
 
 
+def indexed(q: Query, rows: list[list]) -> dict[tuple, float]:
+    """A tool's answer rows as {group key: value}, rows without a value left out."""
+    k = len(q.keys)
+    return {tuple(r[:k]): float(r[k]) for r in rows if r[k] is not None}
+
+
 def relative_error(exact: dict[tuple, float], noisy: dict[tuple, float]) -> float:
     """Mean over the exact answer's cells of |noisy - exact| / max(|exact|, 1); a cell
     the tool did not release counts as a full error (1.0)."""

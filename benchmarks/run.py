@@ -33,8 +33,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from data import CACHE, DIAGNOSES, STATES, dataset  # noqa: E402
-from queries import QUERIES, Query, relative_error  # noqa: E402
+from queries import QUERIES, indexed, relative_error  # noqa: E402
 from tools import THREADS  # noqa: E402
+from visits import alternated  # noqa: E402
 
 
 def _opendp_polars() -> list[str]:
@@ -68,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     folder = dataset(args.rows)
-    tools = {"duckdb": _tool("duckdb", sys.executable, folder, args)}
-    exact = {q.name: _index(q, tools["duckdb"]["queries"][q.name]["answers"][0]) for q in QUERIES}
+    tools = {"duckdb": _tool("duckdb", sys.executable, folder, args.reps, args.epsilon)}
+    exact = {q.name: indexed(q, tools["duckdb"]["queries"][q.name]["answers"][0]) for q in QUERIES}
     with Gate(folder) as gate:
         tools["dpmagic"], raw_s = gate.run_queries(args.reps, args.epsilon)
     # Raw DuckDB's times are those taken in turn with the gate's; its answers and peak
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         tools["duckdb"]["queries"][name]["seconds"] = seconds
     if args.peers:
         for peer in PEERS:
-            tools[peer] = _tool(peer, str(_peer_python(peer)), folder, args)
+            tools[peer] = _tool(peer, str(_peer_python(peer)), folder, args.reps, args.epsilon)
     print(_header(args.rows))
     print(_table(tools, exact))
     print(_noise_speed())
@@ -167,21 +168,19 @@ class Gate:
                              config={"threads": THREADS})  # fmt: skip
         out, raw_s = {}, {}
         for q in QUERIES:
-            seconds, answers, raw_s[q.name] = [], [], []
+            answers: list = []
             try:
-                for _ in range(reps + 1):
-                    start = time.perf_counter()
-                    raw.execute(q.sql).fetchall()
-                    raw_s[q.name].append(time.perf_counter() - start)
-                    start = time.perf_counter()
-                    result = client.query(q.sql, epsilon=epsilon, fresh=True)
-                    seconds.append(time.perf_counter() - start)
-                    answers.append(result.rows)
+                raw_s[q.name], seconds = alternated(
+                    lambda q=q: raw.execute(q.sql).fetchall(),
+                    lambda q=q, answers=answers: answers.append(
+                        client.query(q.sql, epsilon=epsilon, fresh=True).rows
+                    ),
+                    reps,
+                )
             except QueryRefused:
                 out[q.name] = {"status": "refused (not supported yet)"}
                 continue
-            out[q.name] = {"status": "ok", "seconds": seconds[1:], "answers": answers[1:]}
-            raw_s[q.name] = raw_s[q.name][1:]
+            out[q.name] = {"status": "ok", "seconds": seconds, "answers": answers[1:]}
         raw.close()
         return {"peak_mb": self.peak_mb(), "load_s": self.load_s, "queries": out}, raw_s
 
@@ -303,9 +302,12 @@ enrolled = {{ type = "int", lower = 2000, upper = 2025 }}
 """
 
 
-def _tool(name: str, python: str, folder: Path, args: argparse.Namespace) -> dict:
-    cmd = [python, str(HERE / "tools.py"), name, str(folder), "--reps", str(args.reps),
-           "--epsilon", str(args.epsilon)]  # fmt: skip
+def _tool(
+    name: str, python: str, data: Path, reps: int, epsilon: float, workload: str = "bench"
+) -> dict:
+    """``tools.py``'s run of one tool on a workload's data, in ``python``."""
+    cmd = [python, str(HERE / "tools.py"), name, str(data), "--workload", workload,
+           "--reps", str(reps), "--epsilon", str(epsilon)]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return json.loads(done.stdout)
 
@@ -319,11 +321,6 @@ def _peer_python(peer: str) -> Path:
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         subprocess.run([str(python), "-m", "pip", "install", "-q", *PEERS[peer]()], check=True)
     return python
-
-
-def _index(q: Query, rows: list[list]) -> dict[tuple, float]:
-    k = len(q.keys)
-    return {tuple(r[:k]): float(r[k]) for r in rows if r[k] is not None}
 
 
 def _table(tools: dict[str, dict], exact: dict[str, dict]) -> str:
@@ -341,7 +338,7 @@ def _table(tools: dict[str, dict], exact: dict[str, dict]) -> str:
             if t is None:
                 cells += [run["status"].split(":")[0], "", ""]
                 continue
-            errors = [relative_error(exact[q.name], _index(q, a)) for a in run["answers"]]
+            errors = [relative_error(exact[q.name], indexed(q, a)) for a in run["answers"]]
             cells += [_ms(t), f"{t / base:.2f}", f"{100 * statistics.mean(errors):.3g}%"]
         lines.append("| " + " | ".join(cells) + " |")
     memory = ["peak memory", *(f"{tools[n]['peak_mb']:.0f} MB" for n in names[:1])]

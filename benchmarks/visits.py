@@ -23,7 +23,6 @@ depend on the machine and its load, printed with them.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -38,7 +37,7 @@ import duckdb
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from queries import VISITS_QUERIES, Query, relative_error  # noqa: E402
+from queries import VISITS_QUERIES, Query, indexed, relative_error  # noqa: E402
 
 CACHE = HERE / ".data"
 STATES = 50
@@ -99,7 +98,7 @@ def _table(run: Run, peers: dict[str, dict]) -> str:
     ]
     for q in VISITS_QUERIES:
         r = statistics.median(run.raw[q.name])
-        exact = _index(q, run.exact[q.name])
+        exact = indexed(q, run.exact[q.name])
         cells = [q.name, _ms(r), *_cells(q, exact, r, run.gate[q.name], run.answers[q.name])]
         for peer in peers.values():
             done = peer["queries"][q.name]
@@ -119,24 +118,16 @@ def _cells(
     q: Query, exact: dict[tuple, float], raw_s: float, seconds: list[float], answers: list
 ) -> list[str]:
     t = statistics.median(seconds)
-    error = statistics.mean(relative_error(exact, _index(q, a)) for a in answers)
+    error = statistics.mean(relative_error(exact, indexed(q, a)) for a in answers)
     ratio = t / raw_s
     return [_ms(t), f"{ratio:.2f}" if ratio < 10 else f"{ratio:,.0f}", f"{100 * error:.2g}%"]
 
 
-def _index(q: Query, rows: list[list]) -> dict[tuple, float]:
-    k = len(q.keys)
-    return {tuple(r[:k]): float(r[k]) for r in rows if r[k] is not None}
-
-
 def _peer(peer: str, database: Path, reps: int) -> dict:
     """A peer's times and answers, from ``tools.py`` in the peer's own venv."""
-    from run import _peer_python
+    from run import _peer_python, _tool
 
-    cmd = [str(_peer_python(peer)), str(HERE / "tools.py"), peer, str(database),
-           "--workload", "visits", "--reps", str(reps), "--epsilon", "1.0"]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    return json.loads(done.stdout)
+    return _tool(peer, str(_peer_python(peer)), database, reps, 1.0, "visits")
 
 
 def visits_parquet(database: Path) -> Path:
@@ -208,7 +199,7 @@ def side_by_side(database: Path, reps: int) -> Run:
             for name, sql in QUERIES.items():
                 exact[name] = [list(r) for r in con.execute(sql).fetchall()]
                 answers[name] = []
-                raw[name], gate[name] = _alternated(
+                raw[name], gate[name] = alternated(
                     lambda sql=sql: con.execute(sql).fetchall(),
                     lambda sql=sql, out=answers[name]: out.append(
                         client.query(sql, epsilon=1.0, fresh=True).rows
@@ -224,7 +215,7 @@ def side_by_side(database: Path, reps: int) -> Run:
     return Run(raw, gate, exact, answers, (first_s, again_s), peak_mb)
 
 
-def _alternated(first, second, reps: int) -> tuple[list[float], list[float]]:
+def alternated(first, second, reps: int) -> tuple[list[float], list[float]]:
     """Each run once to warm up, then ``reps`` timed runs of each, in turn."""
     first()
     second()
