@@ -52,9 +52,9 @@ _STEPS = 14
 
 def laplace_sum_tail(z: np.ndarray, b1: float, b2: np.ndarray) -> np.ndarray:
     """``P(|X + Y| ≥ z)`` for independent Laplace ``X`` of scale ``b1`` and ``Y`` of
-    scales ``b2`` (elementwise), ``z ≥ 0``: ``(b1²e^(−z/b1) − b2²e^(−z/b2)) / (b1²
-    − b2²)``, whose limit ``e^(−z/b)(1 + z/(2b))`` serves where the scales (nearly)
-    coincide."""
+    scales ``b2`` (elementwise; ``z`` and ``b2`` of one shape), ``z ≥ 0``: ``(b1²e^(−z/b1)
+    − b2²e^(−z/b2)) / (b1² − b2²)``, whose limit ``e^(−z/b)(1 + z/(2b))`` serves where
+    the scales (nearly) coincide."""
     b2 = np.maximum(b2, 0.0)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         e1 = np.exp(-z / b1)
