@@ -5,7 +5,10 @@ Order matters for privacy. Everything that can refuse a query (parsing,
 names, the allow-list, bounds, the plan, the budget) happens before the data
 is touched and costs nothing. The debit is committed before the query runs,
 so neither an error nor a timeout after it can be used to learn something
-for free; such failures are answered with a fixed message.
+for free; such failures are answered with a fixed message. Its flush to the
+disk runs beside the query, and recording the release or the failure waits
+for it, so nothing about the query leaves before the charge would survive a
+power cut (``service/ledger.py``).
 """
 
 from __future__ import annotations

@@ -65,8 +65,7 @@ def test_a_notebook_grant_raises_that_notebook_only(ledger: Ledger) -> None:
 
 
 def test_a_reset_starts_from_zero_and_forgets_grants(ledger: Ledger) -> None:
-    charge(ledger, 0.5, "a.ipynb", key="k")
-    ledger.record_release(1, {"rows": [[1]]})
+    ledger.record_release(charge(ledger, 0.5, "a.ipynb", key="k"), {"rows": [[1]]})
     charge(ledger, 0.5, "b.ipynb")
     ledger.grant(user="alice", dataset="d", notebook=None, amount=Budget(2.0), note="")
     ledger.reset(user="alice", dataset="d", notebook=None, note="new term")

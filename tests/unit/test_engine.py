@@ -3,7 +3,9 @@ replay, refusals that cost nothing, failures that stay charged."""
 
 from __future__ import annotations
 
+import os
 import textwrap
+import threading
 
 import pytest
 
@@ -175,3 +177,24 @@ def test_a_bare_quantile_carries_its_level_and_rank_radius_but_no_value_interval
     # The dry run promises the same radius before anything is charged.
     (step,) = [s for s in reply["plan"] if s["kind"] == "quantile"]
     assert step["level"] == 0.5 and step["rank_radius"] == m["rank_radius"]
+
+
+def test_a_reply_waits_for_its_debit_to_be_on_the_disk(engine, monkeypatch):
+    go, real = threading.Event(), os.fdatasync
+
+    def held(fd: int) -> None:
+        assert go.wait(10)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", held)
+    replies: list[dict] = []
+    sql = {"sql": "SELECT COUNT(*) AS n FROM t", "notebook": "nb", "fresh": True}
+    worker = threading.Thread(target=lambda: replies.append(engine.query("alice", sql)))
+    worker.start()
+    worker.join(0.5)  # the query itself takes a few milliseconds
+    assert worker.is_alive() and not replies
+    assert engine.ledger.history()[0]["status"] == "charged"  # debited, not yet released
+    go.set()
+    worker.join(10)
+    assert replies and replies[0]["columns"] == ["n"]
+    assert engine.ledger.history()[0]["status"] == "released"

@@ -4,9 +4,12 @@ races between threads and between processes, durability, replay, modes."""
 from __future__ import annotations
 
 import multiprocessing
+import os
+import sqlite3
 import stat
 import threading
 import uuid
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -16,7 +19,7 @@ from hypothesis import strategies as st
 from dpmagic.gate.accounting import Cost, PureAccountant
 from dpmagic.gate.errors import OverBudget
 from dpmagic.gate.policy import Budget
-from dpmagic.gate.service.ledger import Ledger
+from dpmagic.gate.service.ledger import Charge, Ledger
 
 USER_CAP = Budget(1.0)
 NOTEBOOK_CAP = Budget(0.6)
@@ -35,7 +38,7 @@ def charge(
     user_cap: Budget = USER_CAP,
     notebook_cap: Budget = NOTEBOOK_CAP,
     key: str | None = None,
-) -> int:
+) -> Charge:
     return ledger.debit(
         user=user,
         dataset="d",
@@ -56,13 +59,13 @@ def ledger(tmp_path: Path):
 
 
 def test_a_debit_within_budget_is_recorded(ledger: Ledger) -> None:
-    charge_id = charge(ledger, 0.25)
+    debit = charge(ledger, 0.25)
     assert ledger.spent("alice", "d") == Cost(0.25)
     assert ledger.spent("alice", "d", "a.ipynb") == Cost(0.25)
     assert ledger.spent("alice", "d", "other.ipynb") == Cost(0.0)
     assert ledger.spent("bob", "d") == Cost(0.0)
     [row] = ledger.history()
-    assert row["id"] == charge_id
+    assert row["id"] == debit.id
     assert row["status"] == "charged" and row["replayed"] is False
     assert (row["user"], row["dataset"], row["notebook"]) == ("alice", "d", "a.ipynb")
     assert row["epsilon"] == 0.25 and row["delta"] == 0.0
@@ -103,8 +106,8 @@ def test_exactly_ten_debits_of_a_tenth_fit_one(ledger: Ledger) -> None:
 
 
 def test_a_failure_stays_charged(ledger: Ledger) -> None:
-    charge_id = charge(ledger, 0.4, key="k")
-    ledger.record_failure(charge_id)
+    debit = charge(ledger, 0.4, key="k")
+    ledger.record_failure(debit)
     assert ledger.spent("alice", "d", "a.ipynb") == Cost(0.4)
     assert ledger.history()[0]["status"] == "failed"
     assert ledger.find_release("alice", "d", "k") is None
@@ -285,3 +288,139 @@ def test_running_tallies_agree_with_a_fresh_reading(tmp_path: Path, actions) -> 
     finally:
         for led in handles:
             led.close()
+
+
+# -- the debit's flush to the disk, off the query's path ------------------------------
+
+
+class _HeldFlushes:
+    """``os.fdatasync`` held until ``go`` is set; records, for each flush of the log,
+    how many charges another connection could read when it began."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.go = threading.Event()
+        self.seen: list[int] = []
+        self._real = os.fdatasync
+
+    def __call__(self, fd: int) -> None:
+        assert os.readlink(f"/proc/self/fd/{fd}") == f"{self.path}-wal"
+        reader = sqlite3.connect(self.path)
+        try:
+            self.seen.append(reader.execute("SELECT COUNT(*) FROM entries").fetchone()[0])
+        finally:
+            reader.close()
+        assert self.go.wait(10)
+        self._real(fd)
+
+
+def _waits_for_the_flush(ledger: Ledger, held: _HeldFlushes) -> bool:
+    """Whether recording a charge's release waits for its flush to the disk."""
+    debit = charge(ledger, 0.1, key="k")
+    recorded = threading.Event()
+    worker = threading.Thread(
+        target=lambda: (ledger.record_release(debit, {"rows": []}), recorded.set())
+    )
+    worker.start()
+    waited = not recorded.wait(0.3)
+    held.go.set()
+    worker.join(10)
+    return waited and recorded.is_set() and debit.durable.done()
+
+
+@pytest.fixture
+def held(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> _HeldFlushes:
+    flushes = _HeldFlushes(tmp_path / "state" / "ledger.sqlite3")
+    monkeypatch.setattr(os, "fdatasync", flushes)
+    return flushes
+
+
+def test_a_debit_is_readable_at_once_and_released_only_once_flushed(
+    ledger: Ledger, held: _HeldFlushes
+) -> None:
+    debit = charge(ledger, 0.1)
+    # Written: every process reads it (and a crash of the gate keeps it) while the
+    # flush is still held.
+    reader = sqlite3.connect(held.path)
+    assert reader.execute("SELECT id FROM entries").fetchall() == [(debit.id,)]
+    reader.close()
+    assert not debit.durable.done()
+    held.go.set()
+    debit.durable.result(10)
+    assert held.seen == [1]  # the flush began after the commit
+
+
+def test_release_and_failure_wait_for_the_flush_and_a_broken_ledger_is_caught(
+    tmp_path: Path, held: _HeldFlushes
+) -> None:
+    class Broken(Ledger):  # hands out charges as if already on the disk
+        def _durable(self):
+            super()._durable()
+            return _done()
+
+    for kind, expected in ((Ledger, True), (Broken, False)):
+        held.go.clear()
+        led = kind(held.path, PureAccountant())
+        try:
+            assert _waits_for_the_flush(led, held) is expected, kind.__name__
+        finally:
+            led.close()
+    held.go.clear()
+    led = Ledger(held.path, PureAccountant())
+    try:
+        debit = charge(led, 0.1)
+        failed = threading.Thread(target=led.record_failure, args=(debit,))
+        failed.start()
+        failed.join(0.3)
+        assert failed.is_alive()
+        held.go.set()
+        failed.join(10)
+        assert led.history()[0]["status"] == "failed"
+    finally:
+        led.close()
+
+
+def _done() -> Future[None]:
+    done: Future[None] = Future()
+    done.set_result(None)
+    return done
+
+
+def test_debits_queued_behind_a_flush_share_the_next_one(
+    ledger: Ledger, held: _HeldFlushes
+) -> None:
+    first = charge(ledger, 0.1)
+    while not held.seen:  # the first flush has begun and is held
+        threading.Event().wait(0.01)
+    rest = [charge(ledger, 0.1) for _ in range(5)]
+    held.go.set()
+    for debit in (first, *rest):
+        debit.durable.result(10)
+    # One flush for the first debit, one for the five written while it was held.
+    assert held.seen == [1, 6]
+
+
+def test_without_a_write_ahead_log_a_debit_is_flushed_in_its_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A file system that cannot keep a WAL: SQLite keeps its rollback journal.
+    connect = sqlite3.connect
+
+    class NoWal(sqlite3.Connection):
+        def execute(self, sql: str, *args):
+            if sql == "PRAGMA journal_mode = WAL":
+                sql = "PRAGMA journal_mode = DELETE"
+            return super().execute(sql, *args)
+
+    monkeypatch.setattr(sqlite3, "connect", lambda *a, **k: connect(*a, **k, factory=NoWal))
+    flushes: list[int] = []
+    monkeypatch.setattr(os, "fdatasync", flushes.append)
+    led = open_ledger(tmp_path / "state" / "ledger.sqlite3")
+    try:
+        assert led._db.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+        debit = charge(led, 0.1)
+        assert debit.durable.done() and flushes == []  # SQLite flushed in the commit
+        led.record_release(debit, {"rows": []})
+        assert led.history()[0]["status"] == "released"
+    finally:
+        led.close()

@@ -7,18 +7,30 @@ database's write lock before the read, so two gate threads (or two gate
 processes on the same state directory) can never both see the same
 remaining budget and both spend it.
 
-Durability, one disk flush per query. The ledger runs in WAL mode, where a
-commit appends to the write-ahead log and, under ``synchronous=FULL``, waits
-for the log to reach the disk (an fsync: 0.3 ms on an idle disk, tens of
-milliseconds on a busy one, with the ledger's lock held throughout); under
-``synchronous=NORMAL`` it waits only for the operating system to have the
-write. A NORMAL commit survives the gate's own crash or ``kill -9`` (the
-kernel holds the write); only an operating-system crash or a power cut before
-the next flush can roll it back, and WAL keeps the file consistent when it
-does (SQLite's documentation on WAL and ``synchronous``). Every commit that
-spends or adds budget, a debit or a grant, is FULL: a result is never
-released on a charge any crash could forget. The commits that follow it for
-the same query are NORMAL, because losing one is safe:
+Durability, one disk flush per query, off the query's path. The ledger runs
+in WAL mode, where a commit appends to the write-ahead log and, under
+``synchronous=FULL``, waits for the log to reach the disk (an fsync: 0.2 ms
+on an idle disk, tens of milliseconds on a busy one, with the ledger's lock
+held throughout); under ``synchronous=NORMAL`` it waits only for the
+operating system to have the write. A NORMAL commit survives the gate's own
+crash or ``kill -9`` (the kernel holds the write); only an operating-system
+crash or a power cut before the next flush can roll it back, and WAL keeps
+the file consistent when it does (SQLite's documentation on WAL and
+``synchronous``).
+
+A debit commits NORMAL, so it holds before the query touches any data
+against everything the query itself could do to the gate (fail, time out,
+exhaust memory, crash it). Then the log is flushed to the disk, which is what
+FULL would have done inside the commit (``fdatasync`` of the ``-wal`` file;
+the directory too, the first time), on a thread of its own while the query
+runs (``Charge.durable``). Nothing about the query leaves before that flush:
+``record_release`` and ``record_failure``, one of which every debited query
+passes through before its reply, wait for it. So a result is still never
+released on a charge any crash could forget; the flush no longer adds to the
+query's time, nor holds the ledger's lock, and flushes that queue behind one
+another are done as one (each covers every commit written before it began).
+A grant commits FULL. The commits that follow a debit for the same
+query are NORMAL, because losing one is safe:
 
 - the stored release (``record_release``): exists, readable by every gate
   process, before the reply leaves, so a repeated query is replayed for free;
@@ -44,6 +56,7 @@ import math
 import os
 import sqlite3
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from fractions import Fraction
@@ -90,6 +103,61 @@ _SCHEMA = (
 )
 
 
+@dataclass(frozen=True)
+class Charge:
+    """A debit: its ledger row, and when that row is on the disk."""
+
+    id: int
+    durable: Future[None]
+
+
+class _Flusher:
+    """Flushes the write-ahead log to the disk on a thread of its own, as a FULL commit
+    would have, for commits already written (NORMAL). A flush covers every commit
+    written before it began: a commit's ticket is the count of commits written when it
+    returned, and a flush that starts with ``written >= ticket`` covers it. Requests
+    that queue behind a flush are served by the next one, not one each."""
+
+    def __init__(self, wal: Path) -> None:
+        self._wal = wal
+        self._lock = threading.Lock()
+        self._written = 0  # commits whose write the operating system has
+        self._flushed = 0  # of those, the ones known to be on the disk
+        self._directory_flushed = False
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="dpmagic-ledger-flush")
+
+    def committed(self) -> Future[None]:
+        """Call after a NORMAL commit returns: its flush, done when it is on the disk."""
+        with self._lock:
+            self._written += 1
+            ticket = self._written
+        return self._thread.submit(self._flush, ticket)
+
+    def _flush(self, ticket: int) -> None:
+        with self._lock:
+            if self._flushed >= ticket:
+                return
+            target = self._written
+        # One thread runs this, so flushes never overlap; the lock guards the counts.
+        fd = os.open(self._wal, os.O_RDONLY)
+        try:
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        if not self._directory_flushed:  # the log's name, if it was just created
+            directory = os.open(self._wal.parent, os.O_RDONLY)
+            try:
+                os.fsync(directory)
+            finally:
+                os.close(directory)
+            self._directory_flushed = True
+        with self._lock:
+            self._flushed = max(self._flushed, target)
+
+    def close(self) -> None:
+        self._thread.shutdown(wait=True)
+
+
 class Ledger:
     """One SQLite file; safe to share between the gate's request threads.
 
@@ -110,8 +178,12 @@ class Ledger:
         )
         self._db.row_factory = sqlite3.Row
         self._db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
-        self._db.execute("PRAGMA journal_mode = WAL")
+        mode = self._db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         self._db.execute("PRAGMA synchronous = FULL")  # until a commit asks for less
+        # Where the file system cannot keep a WAL (SQLite then keeps its own journal),
+        # debits commit FULL and are on the disk when they return.
+        wal = self.path.with_name(self.path.name + "-wal")
+        self._flusher = _Flusher(wal) if mode.lower() == "wal" else None
         with self._transaction():
             for statement in _SCHEMA:
                 self._db.execute(statement)
@@ -134,10 +206,14 @@ class Ledger:
         sql: str,
         replay_key: str | None,
         accountant: Accountant | None = None,
-    ) -> int:
-        """Charge ``cost`` durably, or raise OverBudget having written nothing."""
+    ) -> Charge:
+        """Charge ``cost``, or raise OverBudget having written nothing.
+
+        The charge survives the gate's crash when this returns, and the disk's loss of
+        power once ``Charge.durable`` is done (see the module's docstring): recording
+        its release or failure waits for that."""
         acc = accountant or self.accountant
-        with self._lock, self._transaction():
+        with self._lock, self._transaction(durable=self._flusher is None):
             (spent_user, user_limit), (spent_nb, notebook_limit) = self._standing(
                 user, dataset, notebook, user_limit, notebook_limit
             )
@@ -173,24 +249,36 @@ class Ledger:
                     CHARGED,
                 ),
             )
-            charge_id = cursor.lastrowid
-        return required(charge_id, "the ledger row's id")
+            charge_id = required(cursor.lastrowid, "the ledger row's id")
+        return Charge(charge_id, self._durable())  # after the commit, which it must follow
 
-    def record_release(self, charge_id: int, reply: dict) -> None:
-        """Keep the released reply so the same query can be replayed for free."""
+    def _durable(self) -> Future[None]:
+        """The flush of the commit that just returned (done already if it was FULL)."""
+        if self._flusher is not None:
+            return self._flusher.committed()
+        done: Future[None] = Future()
+        done.set_result(None)
+        return done
+
+    def record_release(self, charge: Charge, reply: dict) -> None:
+        """Keep the released reply so the same query can be replayed for free; returns
+        once the charge is on the disk, so the reply may leave."""
+        charge.durable.result()
         # Values JSON lacks (a DuckDB date as a group key) are kept as text,
         # exactly as the server sends them, so a replay equals the original.
         text = json.dumps(reply, sort_keys=True, default=str)
         with self._lock, self._transaction(durable=False):
             self._db.execute(
                 "UPDATE entries SET status = ?, reply = ? WHERE id = ?",
-                (RELEASED, text, charge_id),
+                (RELEASED, text, charge.id),
             )
 
-    def record_failure(self, charge_id: int) -> None:
-        """Mark a charge whose query failed; its cost stays spent."""
+    def record_failure(self, charge: Charge) -> None:
+        """Mark a charge whose query failed; its cost stays spent. Returns once the
+        charge is on the disk, so the failure may be told."""
+        charge.durable.result()
         with self._lock, self._transaction(durable=False):
-            self._db.execute("UPDATE entries SET status = ? WHERE id = ?", (FAILED, charge_id))
+            self._db.execute("UPDATE entries SET status = ? WHERE id = ?", (FAILED, charge.id))
 
     def find_release(self, user: str, dataset: str, replay_key: str) -> dict | None:
         """The latest reply released to ``user`` for this replay key, if any."""
@@ -266,6 +354,8 @@ class Ledger:
         return [{**dict(row), "replayed": row["status"] == REPLAYED} for row in rows]
 
     def close(self) -> None:
+        if self._flusher is not None:
+            self._flusher.close()  # every pending flush is done first
         with self._lock:
             self._db.close()
 
