@@ -18,11 +18,11 @@ from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
 from dpmagic.gate.sql.contribution import prepare_tables
 from dpmagic.gate.sql.execute import ExactResult
-from dpmagic.gate.sql.noise import exact_units
+from dpmagic.gate.sql.noise import exact_vectors as noise_exact_vectors
 from dpmagic.gate.sql.parse import parse
 from dpmagic.gate.sql.plan import Plan, plan
 from dpmagic.gate.sql.resolve import resolve
-from dpmagic.gate.sql.rewrite import rewrite
+from dpmagic.gate.sql.rewrite import Rewritten, rewrite
 
 Rows = tuple[str, Iterable[Sequence[object]]]  # a CSV header, and the rows under it
 
@@ -86,13 +86,26 @@ def make_plan(sql: str, ds: Dataset, epsilon: float = 1.0) -> Plan:
 def run_exact(p: Plan, con: duckdb.DuckDBPyConnection, seed: int) -> ExactResult:
     """The rewritten query run on tables prepared from ``con``'s raw tables as the gate
     prepares them at load, under ``seed`` (which also seeds any per-query bounding)."""
+    return run_rewritten(p, con, seed)[1]
+
+
+def run_rewritten(
+    p: Plan, con: duckdb.DuckDBPyConnection, seed: int
+) -> tuple[Rewritten, ExactResult]:
+    """``run_exact``, with the query it ran: rewritten as the gate's ``generate`` does,
+    with the prepared tables' row counts (so centred sums carry their counts as the
+    gate's do, ``rewrite.Fused``)."""
     con.execute("CREATE SCHEMA IF NOT EXISTS prepared")
     present = {name for (name,) in con.execute("SHOW TABLES").fetchall()}
     relations = {t: f'main."{t}"' for t in p.dataset.tables if t in present}
     prepare_tables(con, p.dataset, relations, schema="prepared", seed=seed)
     con.execute("SET schema = 'prepared'")
     try:
-        return ExactResult(con.execute(rewrite(p, seed=seed).sql).fetchall())
+        rows = {
+            t.lower(): con.execute(f'SELECT COUNT(*) FROM "{t}"').fetchone()[0] for t in relations
+        }
+        rw = rewrite(p, seed=seed, rows=rows)
+        return rw, ExactResult(con.execute(rw.sql).fetchall())
     finally:
         con.execute("SET schema = 'main'")
 
@@ -101,20 +114,9 @@ def exact_vectors(p: Plan, con: duckdb.DuckDBPyConnection, seed: int) -> dict[st
     """Exact per-partition values of each measurement, in its noise's units (a centred
     sum's as ``noise.exact_units`` computes it); for each selection, the histogram of
     candidate indices per partition."""
-    rw = rewrite(p, seed=seed)
-    rows = run_exact(p, con, seed).rows
-    index = {part: i for i, part in enumerate(p.partitions)}
-    selections = {s.name for s in p.selections}
-    out: dict[str, list] = {
-        name: [{} if name in selections else 0 for _ in p.partitions] for name in rw.measurements
-    }
-    for row in rows:
-        i = index.get(tuple(row[: rw.keys]))
-        if i is None:  # a key not declared: the SQL may return it, nothing releases it
-            continue
-        for name, value in zip(rw.measurements, row[rw.keys :], strict=True):
-            out[name][i] = dict(value or {}) if name in selections else int(value or 0)
-    return exact_units(p, out)
+    rw, exact = run_rewritten(p, con, seed)
+    units, histograms = noise_exact_vectors(p, rw, exact.rows, p.partitions)
+    return {**units, **histograms}
 
 
 def load_table(con: duckdb.DuckDBPyConnection, name: str, columns: list[str], rows: list[tuple]):

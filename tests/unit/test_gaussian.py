@@ -28,8 +28,7 @@ from dpmagic.gate.sql.noise import noise
 from dpmagic.gate.sql.parse import parse
 from dpmagic.gate.sql.plan import Plan, plan
 from dpmagic.gate.sql.resolve import resolve
-from dpmagic.gate.sql.rewrite import rewrite
-from tests.gate_helpers import dataset, exact_vectors, load_table, run_exact
+from tests.gate_helpers import dataset, exact_vectors, load_table, run_rewritten
 from tests.unit.test_sensitivity import COLUMNS, ORDER, QUERIES, _rows, unit_rows, units
 
 SIGNIFICANCE = 1e-4
@@ -116,8 +115,7 @@ def test_released_gaussian_noise_has_the_planned_scale(sql):
     assert m.noise.mechanism in ("discrete_gaussian", "granular_gaussian")
     con = duckdb.connect()
     load_table(con, "t", ["pid", "g", "y"], [])
-    rw = rewrite(p, seed=0)
-    exact = run_exact(p, con, seed=0)
+    rw, exact = run_rewritten(p, con, seed=0)
     draws: list[int] = []
     for _ in range(40):
         draws += [round(v / m.noise.granularity) for v in noise(p, rw, exact).values[m.name]]

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from dpmagic.gate.accounting import Cost, PureAccountant
 from dpmagic.gate.errors import OverBudget
 from dpmagic.gate.policy import Budget
-from dpmagic.gate.service.ledger import Charge, Ledger
+from dpmagic.gate.service.ledger import Charge, Ledger, _Flusher
 
 USER_CAP = Budget(1.0)
 NOTEBOOK_CAP = Budget(0.6)
@@ -424,3 +424,24 @@ def test_without_a_write_ahead_log_a_debit_is_flushed_in_its_commit(
         assert led.history()[0]["status"] == "released"
     finally:
         led.close()
+
+
+def test_a_log_checkpointed_away_is_flushed_in_the_database_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the last other connection has copied the log into the database file and
+    deleted it, the commit is in the database file: that file is flushed, and the
+    folder, since the file flushed is not the one flushed before."""
+    synced: list[str] = []
+    monkeypatch.setattr(
+        os, "fdatasync", lambda fd: synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+    )
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(os.readlink(f"/proc/self/fd/{fd}")))
+    database = tmp_path / "ledger.sqlite3"
+    database.write_bytes(b"")
+    flusher = _Flusher(database)
+    try:
+        flusher.committed().result(10)
+    finally:
+        flusher.close()
+    assert synced == [str(database), str(tmp_path)]

@@ -18,8 +18,7 @@ from scipy import stats
 
 from dpmagic.gate.mechanisms import LaplaceNoise, calibrate
 from dpmagic.gate.sql.noise import noise
-from dpmagic.gate.sql.rewrite import rewrite
-from tests.gate_helpers import dataset, load_table, make_plan, run_exact
+from tests.gate_helpers import dataset, load_table, make_plan, run_rewritten
 
 SIGNIFICANCE = 1e-4
 
@@ -105,8 +104,7 @@ def test_released_noise_through_the_pipeline_has_the_planned_scale(sql, label):
     (m,) = [m for m in p.measurements if m.label == label]
     con = duckdb.connect()
     load_table(con, "t", ["pid", "g", "y"], [])
-    rw = rewrite(p)
-    exact = run_exact(p, con, seed=11)
+    rw, exact = run_rewritten(p, con, seed=11)
     draws: list[int] = []
     for _ in range(40):
         values = noise(p, rw, exact).values[m.name]

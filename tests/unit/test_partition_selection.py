@@ -32,13 +32,13 @@ from dpmagic.gate.sql import execute
 from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
 from dpmagic.gate.sql.execute import ExactResult
-from dpmagic.gate.sql.noise import exact_units, noise
+from dpmagic.gate.sql.noise import exact_vectors, noise
 from dpmagic.gate.sql.parse import parse
 from dpmagic.gate.sql.plan import Plan, plan
 from dpmagic.gate.sql.resolve import resolve
 from dpmagic.gate.sql.rewrite import KEY_COUNT, rewrite
 from dpmagic.result import DPResult, SchemaView
-from tests.gate_helpers import dataset, load_table, neighbours, run_exact
+from tests.gate_helpers import dataset, load_table, neighbours, run_rewritten
 
 dp.enable_features("contrib")
 
@@ -169,18 +169,17 @@ def _approx_plan(sql: str, ds) -> Plan:
 
 def _by_key(p: Plan, con: duckdb.DuckDBPyConnection, seed: int) -> dict[tuple, tuple]:
     """Each kept key's exact values, measurements in their noise's units (a centred sum
-    as ``noise.exact_units`` computes it)."""
-    rw = rewrite(p, seed=seed)
-    rows = run_exact(p, con, seed).rows
-    sums = {m.name for m in p.measurements}
-    columns = {
-        name: [int(r[rw.keys + i] or 0) if name in sums else r[rw.keys + i] for r in rows]
-        for i, name in enumerate(rw.measurements)
-    }
-    columns = exact_units(p, columns)
+    as ``noise.exact_units`` computes it), in ``rewrite(p).measurements``' order: every
+    measurement, then the threshold's count."""
+    rw, exact = run_rewritten(p, con, seed)
+    keys = tuple(tuple(r[: rw.keys]) for r in exact.rows)
+    units, histograms = exact_vectors(p, rw, exact.rows, keys)
+    values = {**units, **histograms}
+    threshold = rw.keys + rw.measurements.index(KEY_COUNT)
+    names = rewrite(p).measurements[:-1]
     return {
-        tuple(r[: rw.keys]): tuple(columns[name][j] for name in rw.measurements)
-        for j, r in enumerate(rows)
+        key: (*(values[name][j] for name in names), r[threshold])
+        for j, (key, r) in enumerate(zip(keys, exact.rows, strict=True))
     }
 
 

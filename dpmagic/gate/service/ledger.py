@@ -116,14 +116,22 @@ class _Flusher:
     would have, for commits already written (NORMAL). A flush covers every commit
     written before it began: a commit's ticket is the count of commits written when it
     returned, and a flush that starts with ``written >= ticket`` covers it. Requests
-    that queue behind a flush are served by the next one, not one each."""
+    that queue behind a flush are served by the next one, not one each.
 
-    def __init__(self, wal: Path) -> None:
-        self._wal = wal
+    The log's file may have been replaced since a commit: SQLite copies the log into
+    the database file (a checkpoint, which flushes the database file after the copy
+    under NORMAL and FULL alike) before it starts the log again or, as the last
+    connection closes (another gate process's), deletes it. A commit is then on the
+    disk in the database file, or in the new log; the flush syncs whichever exists,
+    and the folder when a new log file was made, since its name is in the folder."""
+
+    def __init__(self, database: Path) -> None:
+        self._database = database
+        self._wal = database.with_name(database.name + "-wal")
         self._lock = threading.Lock()
         self._written = 0  # commits whose write the operating system has
         self._flushed = 0  # of those, the ones known to be on the disk
-        self._directory_flushed = False
+        self._log_file: int | None = None  # the inode of the log last flushed
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="dpmagic-ledger-flush")
 
     def committed(self) -> Future[None]:
@@ -139,18 +147,22 @@ class _Flusher:
                 return
             target = self._written
         # One thread runs this, so flushes never overlap; the lock guards the counts.
-        fd = os.open(self._wal, os.O_RDONLY)
+        try:
+            fd = os.open(self._wal, os.O_RDONLY)
+        except FileNotFoundError:  # checkpointed into the database file and deleted
+            fd = os.open(self._database, os.O_RDONLY)
         try:
             os.fdatasync(fd)
+            inode = os.fstat(fd).st_ino
         finally:
             os.close(fd)
-        if not self._directory_flushed:  # the log's name, if it was just created
-            directory = os.open(self._wal.parent, os.O_RDONLY)
+        if inode != self._log_file:  # a file made since the last flush: its name too
+            folder = os.open(self._database.parent, os.O_RDONLY)
             try:
-                os.fsync(directory)
+                os.fsync(folder)
             finally:
-                os.close(directory)
-            self._directory_flushed = True
+                os.close(folder)
+            self._log_file = inode
         with self._lock:
             self._flushed = max(self._flushed, target)
 
@@ -182,8 +194,7 @@ class Ledger:
         self._db.execute("PRAGMA synchronous = FULL")  # until a commit asks for less
         # Where the file system cannot keep a WAL (SQLite then keeps its own journal),
         # debits commit FULL and are on the disk when they return.
-        wal = self.path.with_name(self.path.name + "-wal")
-        self._flusher = _Flusher(wal) if mode.lower() == "wal" else None
+        self._flusher = _Flusher(self.path) if mode.lower() == "wal" else None
         with self._transaction():
             for statement in _SCHEMA:
                 self._db.execute(statement)

@@ -46,6 +46,18 @@ class Dialect:
         whichever way a value is rounded (``plan._grid_bounds``)."""
         return self.exact_sum(value, widest)
 
+    def fused_sum(self, value: exp.Expression, bits: int) -> exp.Expression | None:
+        """One aggregate for both the exact sum of the integers ``value`` (floats in grid
+        units are rounded by the cast, as in ``grid_sum``) and the count of the rows
+        that have one: ``SUM(value·2^bits + 1)``, ``S·2^bits + N``, from which the gate
+        takes ``S`` and ``N`` apart (``rewrite.Fused`` says when that is exact). A
+        second aggregate made a 10M-row average's SQL 30% slower than one; each term
+        is a BIGINT, summed exactly into a HUGEINT. None: the engine has no such sum."""
+        term = exp.Mul(
+            this=exp.cast(value, exp.DataType.Type.BIGINT), expression=exp.Literal.number(1 << bits)
+        )
+        return exp.Sum(this=exp.Add(this=term, expression=exp.Literal.number(1)))
+
     def histogram(self, value: exp.Expression) -> exp.Expression:
         """The count of rows per value (a quantile's candidate index), NULLs left out."""
         counts = exp.Anonymous(this="histogram", expressions=[value])

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
@@ -131,6 +131,7 @@ class Store(Protocol):
     """What the engine needs of a dataset's tables, whichever engine holds them."""
 
     dialect: Dialect
+    rows: Mapping[str, int]  # each table's rows (lower-case names), where known
 
     def vet(self, sql: str) -> None: ...
 
@@ -177,6 +178,11 @@ class Database:
         )
         self._empty = _empty_copy(self._db)
         self._plain = _without_statistics(path, gate)
+        # Read-only: the row counts hold for the gate's life (``rewrite.Fused`` uses them).
+        self.rows = {
+            name: self._db.execute(f'SELECT COUNT(*) FROM "{_ident(name)}"').fetchone()[0]
+            for name in self.tables
+        }
 
     def vet(self, sql: str) -> None:
         """Refuse, before the debit, SQL the guard will not run or that fails for reasons

@@ -45,22 +45,8 @@ def noise(plan: Plan, rewritten: Rewritten, exact: ExactResult) -> Noisy:
         if not exact.thresholded:
             rows = key_threshold(plan, rewritten)(rows)
         partitions = tuple(sorted({tuple(row[: rewritten.keys]) for row in rows}, key=_order))
-    index = {partition: i for i, partition in enumerate(partitions)}
+    units, histograms = exact_vectors(plan, rewritten, rows, partitions)
     size = len(partitions)
-    units = {m.name: [0] * size for m in plan.measurements}
-    histograms: dict[str, list[dict]] = {s.name: [{} for _ in range(size)] for s in plan.selections}
-    # Each row's partition; a row of no released partition is left out (the SQL keeps
-    # declared keys only; nothing else is released).
-    at = [(i, row) for row in rows if (i := index.get(tuple(row[: rewritten.keys]))) is not None]
-    for column, name in enumerate(rewritten.measurements, start=rewritten.keys):
-        if name in histograms:
-            for i, row in at:
-                histograms[name][i] = dict(row[column] or {})
-        elif name in units:
-            vector = units[name]
-            for i, row in at:
-                vector[i] = int(row[column] or 0)
-    units = exact_units(plan, units)
     values: dict[str, list[int | float]] = {}
     for s in plan.selections:
         values[s.name] = [s.grid.value(s.noise.select(h)) for h in histograms[s.name]]
@@ -70,6 +56,34 @@ def noise(plan: Plan, rewritten: Rewritten, exact: ExactResult) -> Noisy:
         step = m.noise.granularity
         values[m.name] = noisy if step == 1.0 else [v * step for v in noisy]
     return Noisy(plan=plan, values=values, partitions=partitions)
+
+
+def exact_vectors(
+    plan: Plan, rewritten: Rewritten, rows: list[tuple], partitions: tuple[Partition, ...]
+) -> tuple[dict[str, list[int]], dict[str, list[dict]]]:
+    """The exact values the noise is added to, per partition of ``partitions``: each
+    measurement's in its noise's units (``exact_units``), each selection's histogram.
+    A row of no partition there is left out (the SQL keeps declared keys only;
+    nothing else is released); a partition with no row is 0, or an empty histogram."""
+    index = {partition: i for i, partition in enumerate(partitions)}
+    size = len(partitions)
+    units = {m.name: [0] * size for m in plan.measurements}
+    histograms: dict[str, list[dict]] = {s.name: [{} for _ in range(size)] for s in plan.selections}
+    at = [(i, row) for row in rows if (i := index.get(tuple(row[: rewritten.keys]))) is not None]
+    fused = {f.sum: f for f in rewritten.fused}
+    for column, name in enumerate(rewritten.measurements, start=rewritten.keys):
+        if name in histograms:
+            for i, row in at:
+                histograms[name][i] = dict(row[column] or {})
+        elif name in fused:  # S·2^bits + N, with 0 ≤ N < 2^bits (``rewrite.Fused``)
+            sums, counts, unit = units[name], units[fused[name].count], 1 << fused[name].bits
+            for i, row in at:
+                sums[i], counts[i] = divmod(int(row[column] or 0), unit)
+        elif name in units:
+            vector = units[name]
+            for i, row in at:
+                vector[i] = int(row[column] or 0)
+    return exact_units(plan, units), histograms
 
 
 def exact_units(plan: Plan, sums: dict[str, list[int]]) -> dict[str, list[int]]:

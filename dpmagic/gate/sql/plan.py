@@ -122,6 +122,11 @@ class Measurement:
         return self.clamp
 
     @property
+    def grid_range(self) -> tuple[int, int]:
+        """A sum's smallest and largest value on its grid, as the SQL rounds it."""
+        return _grid_bounds(self.bounds, self.grid_exp)
+
+    @property
     def centre_value(self) -> float:
         """What the released value is centred on, in released units (0 when plain)."""
         return 0.0 if self.centre is None else self.centre.value(self.noise.granularity)

@@ -34,7 +34,9 @@ assumes, and what the brute-force tests check seed by seed. Rows with equal
 content are interchangeable, so ties cannot matter.
 
 Sums are exact: each clamped value is rounded to its integer grid and summed
-in 128 bits, whose overflow the plan has ruled out.
+in 128 bits, whose overflow the plan has ruled out. An average's sum and the
+count of its rows share one aggregate where the pair can be taken apart exactly
+(``Fused``): a second aggregate costs as much as the sum itself.
 
 With private group keys (DP partition selection), the SQL keeps every
 non-NULL key found, and adds one last column, ``KEY_COUNT``: the number of
@@ -45,6 +47,7 @@ threshold is applied to.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sqlglot import exp
@@ -76,14 +79,44 @@ KEY_COUNT = "__keys"
 
 
 @dataclass(frozen=True)
+class Fused:
+    """A centred sum and the count of its rows, returned as one column: the sum's,
+    holding ``S·2^bits + N`` (``Dialect.fused_sum``); the noise pass takes ``S`` and
+    ``N`` apart with ``divmod``.
+
+    Exact when every term fits a BIGINT and ``0 ≤ N < 2^bits``. The first holds when
+    ``(G + 1)·2^bits ≤ 2^63`` for ``G`` the largest magnitude of a value on the sum's
+    grid. For the second: the query reads one table once, and has no join, set
+    operation or table function, and no ``unnest``, so no row of it is read twice
+    and each ``SELECT`` keeps at most the rows of its one source; so ``N`` is at most
+    the table's rows, ``R``, and ``2^bits > R``. The sum is of a bare stored column
+    (``_stored_within``), whose cast is NULL only where the column is, so ``N`` is
+    what the count's ``COUNT`` of the same column gives. Neither changes what is
+    computed, only how: the released values, their noise and their privacy are
+    those of the two columns apart (``plan.Centre``)."""
+
+    sum: str
+    count: str
+    bits: int
+
+
+@dataclass(frozen=True)
 class Rewritten:
     tree: exp.Select  # the query, until the dialect renders it
     sql: str  # ``tree`` as the engine runs it
     keys: int  # the first ``keys`` result columns are the partition key
     measurements: tuple[str, ...]  # then one column per measurement and selection, in order
+    fused: tuple[Fused, ...] = ()  # counts returned inside their sum's column, not listed
 
 
-def rewrite(plan: Plan, seed: int | None = None, dialect: Dialect = DUCKDB) -> Rewritten:
+def rewrite(
+    plan: Plan,
+    seed: int | None = None,
+    dialect: Dialect = DUCKDB,
+    rows: Mapping[str, int] | None = None,
+) -> Rewritten:
+    """The plan's SQL; ``rows``, each table's row count (lower-case names), lets a
+    centred sum carry its count in its own column (``Fused``)."""
     seed = secrets.randbits(62) if seed is None else seed
     resolved = plan.checked.resolved
     keys = [k.name for k in plan.keys]
@@ -113,10 +146,69 @@ def rewrite(plan: Plan, seed: int | None = None, dialect: Dialect = DUCKDB) -> R
     for name, cte in ctes:
         tree = tree.with_(name, as_=cte)
     tree = _semijoins(tree, resolved, row)
-    names = tuple(m.name for m in plan.measurements) + tuple(s.name for s in plan.selections)
+    fused = () if apart else _fusions(plan, tree, dialect, rows or {})
+    if fused:  # the same query, its sums and counts two to a column
+        packed = {f.sum: f.bits for f in fused}
+        dropped = {f.count for f in fused}
+        kept = [o for o in tree.expressions if o.alias not in dropped]
+        for i, output in enumerate(kept):
+            if output.alias in packed:
+                m = plan.measurement(output.alias)
+                summed = dialect.fused_sum(_summand(m, resolved), packed[m.name])
+                kept[i] = _as(required(summed, "the dialect's fused sum"), m.name)
+        tree.set("expressions", kept)
+    names = tuple(m.name for m in plan.measurements if m.name not in {f.count for f in fused})
+    names += tuple(s.name for s in plan.selections)
     if plan.key_selection is not None:
         names += (KEY_COUNT,)
-    return Rewritten(tree=tree, sql=dialect.render(tree), keys=len(keys), measurements=names)
+    sql = dialect.render(tree)
+    return Rewritten(tree=tree, sql=sql, keys=len(keys), measurements=names, fused=fused)
+
+
+def _fusions(
+    plan: Plan, tree: exp.Select, dialect: Dialect, rows: Mapping[str, int]
+) -> tuple[Fused, ...]:
+    """The centred sums whose count can share their column exactly (see ``Fused``)."""
+    table = _single_source(tree)
+    if table is None or table not in rows:
+        return ()
+    bits = max(rows[table].bit_length(), 1)  # 2**bits > the table's rows
+    resolved = plan.checked.resolved
+    out: list[Fused] = []
+    for m in plan.measurements:
+        if m.centre is None or not _stored_within(m, resolved):
+            continue
+        count = plan.measurement(m.centre.count)
+        if count.kind != MeasureKind.COUNT or count.arg != m.arg:
+            continue
+        if any(f.count == count.name for f in out):
+            continue
+        lo, hi = m.grid_range
+        if (max(abs(lo), abs(hi)) + 1) << bits > 2**63:
+            continue
+        if dialect.fused_sum(_col("__v_" + m.name), bits) is None:
+            return ()
+        out.append(Fused(m.name, count.name, bits))
+    return tuple(out)
+
+
+# Nodes through which one source row could reach the aggregate more than once.
+_MULTIPLYING = (exp.Join, exp.SetOperation, exp.Unnest, exp.Explode, exp.Lateral, exp.Pivot)
+
+
+def _single_source(tree: exp.Select) -> str | None:
+    """The one table ``tree`` reads (lower-case), when it reads just one, once, and has
+    nothing that could repeat a row of it (see ``Fused``); otherwise None."""
+    if any(True for _ in tree.find_all(*_MULTIPLYING)):
+        return None
+    ctes = {cte.alias_or_name.lower() for cte in tree.find_all(exp.CTE)}
+    tables = list(tree.find_all(exp.Table))
+    if not all(isinstance(t.this, exp.Identifier) for t in tables):  # a table function
+        return None
+    read = [t.name.lower() for t in tables if t.name.lower() not in ctes or t.db]
+    if len(read) != 1 or read[0] in ctes:
+        return None
+    return read[0]
 
 
 def _histograms_apart(
@@ -477,6 +569,16 @@ def _aggregate(m: Measurement, resolved: Resolved, dialect: Dialect) -> exp.Expr
         return exp.Count(this=exp.Distinct(expressions=[v]))
     clamp = m.bounds
     widest = max(abs(clamp.lo), abs(clamp.hi)) * 2.0**-m.grid_exp  # one value, grid units
+    value = _summand(m, resolved)
+    if clamp.integral:
+        return dialect.exact_sum(value, widest)
+    return dialect.grid_sum(value, widest)
+
+
+def _summand(m: Measurement, resolved: Resolved) -> exp.Expression:
+    """A sum's value per row, clamped, in grid units (a float until the sum rounds it)."""
+    v = _col("__v_" + m.name)
+    clamp = m.bounds
     if _stored_within(m, resolved):
         # A bare column is read as stored at load: already of its type, NULL or
         # clamped into declared bounds that lie within this clamp (``contribution.
@@ -486,9 +588,8 @@ def _aggregate(m: Measurement, resolved: Resolved, dialect: Dialect) -> exp.Expr
         cast = "BIGINT" if clamp.integral else "DOUBLE"
         value = clamped(exp.TryCast(this=v, to=exp.DataType.build(cast)), clamp)
     if clamp.integral:
-        return dialect.exact_sum(value, widest)
-    scale = literal(2.0**-m.grid_exp, integral=False)
-    return dialect.grid_sum(exp.Mul(this=value, expression=scale), widest)
+        return value
+    return exp.Mul(this=value, expression=literal(2.0**-m.grid_exp, integral=False))
 
 
 def _stored_within(m: Measurement, resolved: Resolved) -> bool:

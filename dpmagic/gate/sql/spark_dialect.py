@@ -89,6 +89,10 @@ class SparkDialect(Dialect):
         # Spark's cast to an integer truncates: rounding to the nearest is asked for.
         return self.exact_sum(exp.Round(this=value), widest)
 
+    def fused_sum(self, value: exp.Expression, bits: int) -> exp.Expression | None:
+        # Spark sums BIGINTs into a BIGINT: a packed sum could overflow it.
+        return None
+
     def total(
         self, tree: exp.Expression, resolved: Resolved, condition: bool = False
     ) -> exp.Expression:
