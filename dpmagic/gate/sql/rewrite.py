@@ -93,7 +93,8 @@ class Fused:
     (``_stored_within``), whose cast is NULL only where the column is, so ``N`` is
     what the count's ``COUNT`` of the same column gives. Neither changes what is
     computed, only how: the released values, their noise and their privacy are
-    those of the two columns apart (``plan.Centre``)."""
+    those of the two columns apart (``plan.Centre``). The row count chooses only the
+    SQL's text, which never leaves the gate."""
 
     sum: str
     count: str
