@@ -92,19 +92,15 @@ def run_exact(p: Plan, con: duckdb.DuckDBPyConnection, seed: int) -> ExactResult
 def run_rewritten(
     p: Plan, con: duckdb.DuckDBPyConnection, seed: int
 ) -> tuple[Rewritten, ExactResult]:
-    """``run_exact``, with the query it ran: rewritten as the gate's ``generate`` does,
-    with the prepared tables' row counts (so centred sums carry their counts as the
-    gate's do, ``rewrite.Fused``)."""
+    """``run_exact``, with the query it ran: rewritten as the gate's ``generate`` does
+    (so centred sums carry their counts as the gate's do, ``rewrite.Fused``)."""
     con.execute("CREATE SCHEMA IF NOT EXISTS prepared")
     present = {name for (name,) in con.execute("SHOW TABLES").fetchall()}
     relations = {t: f'main."{t}"' for t in p.dataset.tables if t in present}
     prepare_tables(con, p.dataset, relations, schema="prepared", seed=seed)
     con.execute("SET schema = 'prepared'")
     try:
-        rows = {
-            t.lower(): con.execute(f'SELECT COUNT(*) FROM "{t}"').fetchone()[0] for t in relations
-        }
-        rw = rewrite(p, seed=seed, rows=rows)
+        rw = rewrite(p, seed=seed)
         return rw, ExactResult(con.execute(rw.sql).fetchall())
     finally:
         con.execute("SET schema = 'main'")

@@ -1,8 +1,8 @@
 """Golden fixtures for the analysis and the SQL it generates (sqlglot-style).
 
 Each case in ``cases.sql`` (a policy from ``policies/``, an ε and a query) is run
-through the gate's passes, with a fixed seed and a million rows a table, to the
-plan summary the dry run shows and the SQL the gate generates;
+through the gate's passes, with a fixed seed, to the plan summary the dry run
+shows and the SQL the gate generates;
 ``expected/NAME.txt`` holds both, reviewed as data. ``tests/unit/test_golden.py``
 compares; after a deliberate change,
 
@@ -28,7 +28,6 @@ from dpmagic.gate.sql.summary import summary as plan_summary
 
 HERE = Path(__file__).resolve().parent
 SEED = 20261124  # the per-start seed of the window bounding, fixed here
-ROWS = 1_000_000  # every table's row count, as the gate reads them from its tables
 _HEADER = re.compile(r"-- (\w+): (\w+) ([0-9.e-]+)$")
 
 
@@ -61,8 +60,7 @@ def render(case: Case) -> str:
     """The plan summary and the generated SQL, as the fixture file holds them."""
     the_plan = plan_of(case)
     summary = json.dumps(plan_summary(the_plan), indent=1, sort_keys=True)
-    rows = {name.lower(): ROWS for name in the_plan.dataset.tables}
-    sql = rewrite(the_plan, SEED, rows=rows).sql
+    sql = rewrite(the_plan, SEED).sql
     return f"-- query\n{case.sql}\n-- plan\n{summary}\n-- sql\n{sql}\n"
 
 

@@ -167,18 +167,22 @@ def _approx_plan(sql: str, ds) -> Plan:
     return plan(bound(check(resolve(parse(sql), ds))), 1.0, 1e-6, ApproxAccountant())
 
 
+def _names(p: Plan) -> tuple[str, ...]:
+    """Every measurement and selection, then the threshold's count (each a column of
+    the two-column SQL; fused counts are taken from their sum's)."""
+    return (*(m.name for m in p.measurements), *(s.name for s in p.selections), KEY_COUNT)
+
+
 def _by_key(p: Plan, con: duckdb.DuckDBPyConnection, seed: int) -> dict[tuple, tuple]:
     """Each kept key's exact values, measurements in their noise's units (a centred sum
-    as ``noise.exact_units`` computes it), in ``rewrite(p).measurements``' order: every
-    measurement, then the threshold's count."""
+    as ``noise.exact_units`` computes it), in ``_names``' order."""
     rw, exact = run_rewritten(p, con, seed)
     keys = tuple(tuple(r[: rw.keys]) for r in exact.rows)
     units, histograms = exact_vectors(p, rw, exact.rows, keys)
     values = {**units, **histograms}
     threshold = rw.keys + rw.measurements.index(KEY_COUNT)
-    names = rewrite(p).measurements[:-1]
     return {
-        key: (*(values[name][j] for name in names), r[threshold])
+        key: (*(values[name][j] for name in _names(p)[:-1]), r[threshold])
         for j, (key, r) in enumerate(zip(keys, exact.rows, strict=True))
     }
 
@@ -207,8 +211,7 @@ def test_selection_counts_and_measurements_within_their_bounds(
     p = _approx_plan(query, ds)
     ks = p.key_selection
     assert ks is not None and p.partitions == ()
-    rw = rewrite(p, seed=seed)
-    names = list(rw.measurements)
+    names = list(_names(p))
     con = duckdb.connect()
     rows = [(pid, *r) for pid, rs in enumerate(per_unit, start=1) for r in rs]
     load_table(con, "t", ORDER, rows)

@@ -16,10 +16,9 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import replace
 from decimal import Decimal
-from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from dpmagic.gate.errors import Failed, Refused
@@ -51,10 +50,9 @@ class CannotRunOnSpark(Refused):
 
 class SparkDatabase:
     """A Spark dataset's tables as the engine queries them (``execute.Database``'s
-    interface: ``dialect``, ``rows``, ``vet``, ``run``, ``public_keys``, ``close``)."""
+    interface: ``dialect``, ``vet``, ``run``, ``public_keys``, ``close``)."""
 
     dialect = SPARK
-    rows: Mapping[str, int] = MappingProxyType({})  # unused: Spark's profile fuses no sums
 
     def __init__(self, dataset: Dataset, gate: GateConfig) -> None:
         config = dataset.spark

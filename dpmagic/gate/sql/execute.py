@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
@@ -36,10 +36,11 @@ from typing import Protocol
 import duckdb
 
 from dpmagic.gate.errors import Failed, Refused
-from dpmagic.gate.policy import Dataset, EngineKind, GateConfig
+from dpmagic.gate.policy import Dataset, EngineKind, GateConfig, PolicyError
 from dpmagic.gate.sql.contribution import SQL_TYPES
 from dpmagic.gate.sql.dialect import DUCKDB, Dialect
 from dpmagic.gate.sql.keys import MAX_PARTITIONS
+from dpmagic.gate.sql.plan import MAX_ROWS
 from dpmagic.gate.sql.prepared import prepared_file
 from dpmagic.gate.sql.watchdog import Watchdog
 
@@ -131,7 +132,6 @@ class Store(Protocol):
     """What the engine needs of a dataset's tables, whichever engine holds them."""
 
     dialect: Dialect
-    rows: Mapping[str, int]  # each table's rows (lower-case names), where known
 
     def vet(self, sql: str) -> None: ...
 
@@ -178,11 +178,15 @@ class Database:
         )
         self._empty = _empty_copy(self._db)
         self._plain = _without_statistics(path, gate)
-        # Read-only: the row counts hold for the gate's life (``rewrite.Fused`` uses them).
-        self.rows = {
-            name: self._db.execute(f'SELECT COUNT(*) FROM "{_ident(name)}"').fetchone()[0]
-            for name in self.tables
-        }
+        # Read-only, so checked once: the plan's sums and ``rewrite.Fused`` rely on it.
+        for name in sorted(self.tables):
+            (rows,) = self._db.execute(f'SELECT COUNT(*) FROM "{_ident(name)}"').fetchone()
+            if rows >= MAX_ROWS:
+                self.close()
+                raise PolicyError(
+                    f"dataset {dataset.name!r}: table {name!r} has {MAX_ROWS:,} rows or "
+                    "more, more than the gate's exact sums are proven for"
+                )
 
     def vet(self, sql: str) -> None:
         """Refuse, before the debit, SQL the guard will not run or that fails for reasons

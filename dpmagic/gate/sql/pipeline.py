@@ -97,7 +97,7 @@ def analyse(asked: Asked, dataset: Dataset, accountant: Accountant) -> Plan:
 def generate(the_plan: Plan, seed: int, database: Store) -> Analysed:
     """rewrite → vet: the plan's SQL, refused if it would fail on empty tables (a
     failure that depends on no data, found before the debit)."""
-    rewritten = rewrite(the_plan, seed, database.dialect, database.rows)
+    rewritten = rewrite(the_plan, seed, database.dialect)
     database.vet(rewritten.sql)
     report = None
     if the_plan.left_out is not None:

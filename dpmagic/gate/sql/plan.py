@@ -47,8 +47,9 @@ from dpmagic.gate.sql.resolve import Resolved
 from dpmagic.gate.sql.trees import display
 
 MAX_SCORES = 2_000_000  # candidates scored over all partitions of one quantile
-# No table served by one DuckDB process has more rows than this; with it the
-# rewrite's 128-bit sums are proven not to overflow before the query runs.
+# Every table a DuckDB gate serves has fewer rows than this (``Database`` refuses a
+# larger one at open); with it the rewrite's 128-bit sums are proven not to overflow
+# before the query runs, and an average's count fits beside its sum (``rewrite.Fused``).
 MAX_ROWS = 2**40
 SUM_LIMIT = 2**126
 # The partition count sensitivities assume when the keys are chosen from the data:

@@ -47,7 +47,6 @@ threshold is applied to.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sqlglot import exp
@@ -69,13 +68,15 @@ from dpmagic.gate.sql.contribution import (
 from dpmagic.gate.sql.dialect import DUCKDB, Dialect
 from dpmagic.gate.sql.keys import KeyDomain
 from dpmagic.gate.sql.kinds import MeasureKind
-from dpmagic.gate.sql.plan import Measurement, Plan, Selection
+from dpmagic.gate.sql.plan import MAX_ROWS, Measurement, Plan, Selection
 from dpmagic.gate.sql.resolve import PRESENT, SEMI, Resolved, Scan
 from dpmagic.gate.sql.totality import comparable
 from dpmagic.gate.sql.trees import conjuncts
 
 UNIT = "__unit"
 KEY_COUNT = "__keys"
+# A fused count's bits: every table has fewer than MAX_ROWS rows (``Fused``).
+FUSED_BITS = (MAX_ROWS - 1).bit_length()
 
 
 @dataclass(frozen=True)
@@ -89,12 +90,14 @@ class Fused:
     grid. For the second: the query reads one table once, and has no join, set
     operation or table function, and no ``unnest``, so no row of it is read twice
     and each ``SELECT`` keeps at most the rows of its one source; so ``N`` is at most
-    the table's rows, ``R``, and ``2^bits > R``. The sum is of a bare stored column
+    the table's rows, below ``plan.MAX_ROWS`` (the store refuses a larger table at
+    open), and ``bits`` is ``FUSED_BITS``. The sum is of a bare stored column
     (``_stored_within``), whose cast is NULL only where the column is, so ``N`` is
     what the count's ``COUNT`` of the same column gives. Neither changes what is
     computed, only how: the released values, their noise and their privacy are
-    those of the two columns apart (``plan.Centre``). The row count chooses only the
-    SQL's text, which never leaves the gate."""
+    those of the two columns apart (``plan.Centre``). Whether a query is fused is
+    decided from the plan and the query's shape alone, never from the data (its
+    size included), so the time it saves says nothing about the data."""
 
     sum: str
     count: str
@@ -110,14 +113,8 @@ class Rewritten:
     fused: tuple[Fused, ...] = ()  # counts returned inside their sum's column, not listed
 
 
-def rewrite(
-    plan: Plan,
-    seed: int | None = None,
-    dialect: Dialect = DUCKDB,
-    rows: Mapping[str, int] | None = None,
-) -> Rewritten:
-    """The plan's SQL; ``rows``, each table's row count (lower-case names), lets a
-    centred sum carry its count in its own column (``Fused``)."""
+def rewrite(plan: Plan, seed: int | None = None, dialect: Dialect = DUCKDB) -> Rewritten:
+    """The plan's SQL, its seed drawn anew unless given (tests fix it)."""
     seed = secrets.randbits(62) if seed is None else seed
     resolved = plan.checked.resolved
     keys = [k.name for k in plan.keys]
@@ -147,7 +144,7 @@ def rewrite(
     for name, cte in ctes:
         tree = tree.with_(name, as_=cte)
     tree = _semijoins(tree, resolved, row)
-    fused = () if apart else _fusions(plan, tree, dialect, rows or {})
+    fused = () if apart else _fusions(plan, tree, dialect)
     if fused:  # the same query, its sums and counts two to a column
         packed = {f.sum: f.bits for f in fused}
         dropped = {f.count for f in fused}
@@ -166,14 +163,11 @@ def rewrite(
     return Rewritten(tree=tree, sql=sql, keys=len(keys), measurements=names, fused=fused)
 
 
-def _fusions(
-    plan: Plan, tree: exp.Select, dialect: Dialect, rows: Mapping[str, int]
-) -> tuple[Fused, ...]:
+def _fusions(plan: Plan, tree: exp.Select, dialect: Dialect) -> tuple[Fused, ...]:
     """The centred sums whose count can share their column exactly (see ``Fused``)."""
-    table = _single_source(tree)
-    if table is None or table not in rows:
+    if _single_source(tree) is None:
         return ()
-    bits = max(rows[table].bit_length(), 1)  # 2**bits > the table's rows
+    bits = FUSED_BITS
     resolved = plan.checked.resolved
     out: list[Fused] = []
     for m in plan.measurements:
