@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -132,3 +133,24 @@ def test_a_body_needs_a_modest_content_length(
         assert json.loads(response.read())["error"]["kind"] == "bad_request"
     finally:
         conn.close()
+
+
+def test_the_padding_clock_runs_from_the_accept(tmp_path: Path):
+    """A client that connects, waits 0.3 s and only then sends its query is answered one
+    quantum (0.6 s) after it connected: how soon the request was read is inside the
+    pad. A clock started at the headers, as the gate's first was, answers at 0.9 s."""
+    with tempfile.TemporaryDirectory(prefix="dpm-") as short:
+        gate = Gate(write_policy(tmp_path, "response_quantum_ms = 600"), f"unix:{short}/g.sock")
+        try:
+            conn = connection(gate.address)
+            conn.connect()
+            start = time.monotonic()
+            time.sleep(0.3)
+            conn.request("POST", "/v1/query", body=json.dumps(COUNT))
+            response = conn.getresponse()
+            response.read()
+            elapsed = time.monotonic() - start
+        finally:
+            gate.stop()
+    assert response.status == 200
+    assert 0.55 <= elapsed < 0.85, elapsed

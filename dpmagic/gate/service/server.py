@@ -209,7 +209,9 @@ class _Exchange(httputil.HTTPMessageDelegate):
         self.server = server
         self.conn = conn
         self.request = request
-        self.arrival = time.monotonic()
+        # The padding clock runs from the connection's accept (a connection carries one
+        # request), so how soon the loop read the request is inside the pad too.
+        self.arrival = conn.accepted
         self.method = "-"
         self.path = "-"
         self.query = ""
@@ -227,8 +229,6 @@ class _Exchange(httputil.HTTPMessageDelegate):
         start_line: httputil.RequestStartLine | httputil.ResponseStartLine,
         headers: httputil.HTTPHeaders,
     ) -> None:
-        # The request line and headers are in: the padding clock starts here.
-        self.arrival = time.monotonic()
         if not isinstance(start_line, httputil.RequestStartLine):  # a response's line
             raise TypeError("the gate reads requests only")
         url = urlsplit(start_line.path)
