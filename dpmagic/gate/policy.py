@@ -22,6 +22,10 @@ COLUMN_TYPES: tuple[str, ...] = ("int", "float", "str", "bool", "date")
 # slow a query by much (SECURITY.md, per-unit work).
 DEFAULT_MAX_LENGTH = 1024
 MAX_MAX_LENGTH = 1_000_000
+# ``max_partitions × max_rows_per_partition``, the most rows of one unit a query
+# reads, is at most this: fewer than 2^40 units (``sql.plan.MAX_ROWS``) with this many
+# rows each then fit a 64-bit count, and the exact sums' overflow proofs hold.
+MAX_UNIT_ROWS = 2**22
 
 
 class AccountantKind(StrEnum):
@@ -389,6 +393,13 @@ def _dataset(
     group_size = _number(raw, "group_size", where, 1, minimum=1)
     if group_size != int(group_size):
         raise PolicyError(f"{where}.group_size must be a whole number")
+    max_partitions = int(_number(raw, "max_partitions", where, 1, minimum=1))
+    max_rows = int(_number(raw, "max_rows_per_partition", where, 1, minimum=1))
+    if max_partitions * max_rows > MAX_UNIT_ROWS:
+        raise PolicyError(
+            f"{where}: max_partitions × max_rows_per_partition is {max_partitions * max_rows:,}"
+            f"; at most {MAX_UNIT_ROWS:,} rows of one unit can be bounded"
+        )
     return Dataset(
         name=name,
         database=_path(database, base) if database else None,
@@ -399,8 +410,8 @@ def _dataset(
         },
         privacy_unit=unit.lower() if unit else None,
         neighbouring=neighbouring,
-        max_partitions=int(_number(raw, "max_partitions", where, 1, minimum=1)),
-        max_rows_per_partition=int(_number(raw, "max_rows_per_partition", where, 1, minimum=1)),
+        max_partitions=max_partitions,
+        max_rows_per_partition=max_rows,
         user_budget=user_budget,
         notebook_budget=notebook_budget,
         query_default=_budget(raw, "query_default", where, Budget(0.1)),

@@ -30,7 +30,7 @@ from dpmagic.client import Gate  # noqa: E402
 from dpmagic.errors import QueryRefused  # noqa: E402
 from dpmagic.gate.accounting import make_accountant  # noqa: E402
 from dpmagic.gate.errors import Failed  # noqa: E402
-from dpmagic.gate.policy import Dataset, parse_policy  # noqa: E402
+from dpmagic.gate.policy import Dataset, PolicyError, parse_policy  # noqa: E402
 from dpmagic.gate.spark.database import SparkDatabase  # noqa: E402
 from dpmagic.gate.spark.guard import UnsafeSparkSQL  # noqa: E402
 from dpmagic.gate.spark.prepare import prepared_frame  # noqa: E402
@@ -343,6 +343,19 @@ def test_prepared_tables_are_reused_until_the_policy_or_the_sources_change(
     assert (
         folder.parent.stat().st_mode & 0o077
     ) == 0 or folder.parent.parent.stat().st_mode & 0o077 == 0
+
+
+def test_a_table_of_max_rows_is_not_served_on_spark(tmp_path: Path, monkeypatch) -> None:
+    """As on DuckDB: the plan's proofs that a sum cannot overflow assume fewer than
+    ``MAX_ROWS`` rows in every table (here lowered to the table's 600)."""
+    from dpmagic.gate.sql import execute
+
+    policy = parse_policy(_one(tmp_path), tmp_path / "p.toml")
+    monkeypatch.setattr(execute, "MAX_ROWS", 601)
+    assert SparkDatabase(policy.dataset("v"), policy.gate).run("SELECT COUNT(*) FROM visits")
+    monkeypatch.setattr(execute, "MAX_ROWS", 600)
+    with pytest.raises(PolicyError, match="table 'visits' has 600 rows or more"):
+        SparkDatabase(policy.dataset("v"), policy.gate)
 
 
 def test_a_catalog_table_is_a_source_and_new_files_in_it_prepare_it_anew(tmp_path: Path) -> None:

@@ -29,7 +29,7 @@ def _grid_sum(rows: list[float], scale_exp: int, widest: float) -> int:
     con.execute("CREATE TABLE t (v DOUBLE)")
     con.executemany("INSERT INTO t VALUES (?)", [(v,) for v in rows])
     scaled = exp.Mul(this=exp.column("v"), expression=exp.Literal.number(2.0**scale_exp))
-    sql = exp.select(DUCKDB.grid_sum(scaled, widest)).from_("t").sql(dialect="duckdb")
+    sql = exp.select(DUCKDB.grid_sum(scaled, widest, 2**40)).from_("t").sql(dialect="duckdb")
     return int(con.execute(sql).fetchone()[0])
 
 
@@ -59,6 +59,6 @@ def test_the_check_catches_another_rounding(rounding):
 
 def test_spark_rounds_before_its_truncating_cast():
     value = exp.column("v")
-    tree = SparkDialect().grid_sum(value, 2.0**40)
+    tree = SparkDialect().grid_sum(value, 2.0**40, 2**40)
     assert isinstance(tree.this.this, exp.Round)
-    assert DUCKDB.grid_sum(exp.column("v"), 2.0**40).find(exp.Round) is None
+    assert DUCKDB.grid_sum(exp.column("v"), 2.0**40, 2**40).find(exp.Round) is None

@@ -162,6 +162,27 @@ def test_spark_sums_in_bigint_only_where_no_table_could_overflow_one(sql, kind) 
     assert rendered.count("SUM(") == 1
 
 
+@pytest.mark.parametrize(
+    ("sql", "kind"),
+    [
+        # 5,000,000 × 2^40 rows fit a BIGINT: one scan reads fewer than 2^40 rows.
+        ("SELECT SUM(age * 50000) FROM patients", "BIGINT"),
+        # A public join repeats a unit's rows: up to max_rows_per_partition (4) each of
+        # 2^40 units, 5,000,000 × 2^42 > 2^63 (in BIGINT, its sum could overflow).
+        (
+            "SELECT SUM(p.age * 50000) FROM patients p JOIN regions r ON p.state = r.state",
+            "DECIMAL(38, 0)",
+        ),
+    ],
+)
+def test_a_joined_sum_counts_a_units_repeated_rows_before_summing_in_bigint(sql, kind) -> None:
+    dataset = load_policy(GOLDEN / "policies" / "clinic.toml").dataset(None)
+    the_plan = analyse(Asked(sql, {}, 1.0, 0.0), dataset, make_accountant(dataset.accountant))
+    (m,) = the_plan.measurements
+    assert m.rows == (2**40 if "JOIN" not in sql else 2**40 * dataset.max_rows_per_partition)
+    assert f" AS {kind}))" in rewrite(the_plan, SEED, SPARK).sql
+
+
 def test_a_double_cast_to_an_integer_rounds_first_on_spark() -> None:
     dataset = load_policy(GOLDEN / "policies" / "clinic.toml").dataset(None)
     sql = "SELECT COUNT(*) FROM visits WHERE TRY_CAST(cost AS INT) = 3"

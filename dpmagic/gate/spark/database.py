@@ -26,7 +26,13 @@ from dpmagic.gate.policy import Dataset, GateConfig
 from dpmagic.gate.spark import session as sessions
 from dpmagic.gate.spark.guard import guard
 from dpmagic.gate.spark.prepare import SPARK_TYPES, prepared_tables
-from dpmagic.gate.sql.execute import KEY_TYPES, VETTED_CACHE_SIZE, ExactResult, QueryTimeout
+from dpmagic.gate.sql.execute import (
+    KEY_TYPES,
+    VETTED_CACHE_SIZE,
+    ExactResult,
+    QueryTimeout,
+    within_max_rows,
+)
 from dpmagic.gate.sql.keys import MAX_PARTITIONS
 from dpmagic.gate.sql.spark_dialect import SPARK
 
@@ -78,6 +84,9 @@ class SparkDatabase:
             (gate.state_dir / "spark").mkdir(mode=0o700, parents=True, exist_ok=True)
         self.locations = prepared_tables(self.spark, dataset, root, remote=not self._classic)
         self._views(self.spark, empty=False)
+        # Counted once (from the Parquet footers): the plan's sums rely on it.
+        for name in sorted(self.locations):
+            within_max_rows(dataset, name, self.spark.table(name).count())
         # The empty copy lives in a session of its own: same names, no row.
         self._empty = sessions.isolated(config)
         self._views(self._empty, empty=True)

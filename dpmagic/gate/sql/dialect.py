@@ -30,21 +30,22 @@ class Dialect:
         """A keyed 64-bit hash of ``args`` (the seed among them), for row orders."""
         return exp.Anonymous(this="hash", expressions=list(args))
 
-    def exact_sum(self, value: exp.Expression, widest: float) -> exp.Expression:
-        """An exact sum of integers of magnitude at most ``widest``: DuckDB sums BIGINTs
-        into a HUGEINT (128 bits, whose overflow the plan has ruled out), faster than
-        HUGEINTs, so each value is a BIGINT unless one may not fit."""
+    def exact_sum(self, value: exp.Expression, widest: float, rows: int) -> exp.Expression:
+        """An exact sum of fewer than ``rows`` integers of magnitude at most ``widest``
+        (``plan.partition_rows``): DuckDB sums BIGINTs into a HUGEINT (128 bits,
+        whose overflow the plan has ruled out), faster than HUGEINTs, so each value is
+        a BIGINT unless one may not fit."""
         wide = widest >= 2.0**62
         kind = exp.DataType.Type.INT128 if wide else exp.DataType.Type.BIGINT
         return exp.Sum(this=exp.cast(value, kind))
 
-    def grid_sum(self, value: exp.Expression, widest: float) -> exp.Expression:
-        """An exact sum of the floats ``value`` (in grid units, each at most ``widest``),
-        each rounded to an integer. DuckDB's cast of a float to an integer type rounds
-        to the nearest (half to even), so the cast does the rounding; a ``ROUND``
-        before it made a 10M-row average's SQL 7% slower. The sum's bounds hold
-        whichever way a value is rounded (``plan._grid_bounds``)."""
-        return self.exact_sum(value, widest)
+    def grid_sum(self, value: exp.Expression, widest: float, rows: int) -> exp.Expression:
+        """An exact sum of fewer than ``rows`` floats ``value`` (in grid units, each at
+        most ``widest``), each rounded to an integer. DuckDB's cast of a float to an
+        integer type rounds to the nearest (half to even), so the cast does the
+        rounding; a ``ROUND`` before it made a 10M-row average's SQL 7% slower. The
+        sum's bounds hold whichever way a value is rounded (``plan._grid_bounds``)."""
+        return self.exact_sum(value, widest, rows)
 
     def fused_sum(self, value: exp.Expression, bits: int) -> exp.Expression | None:
         """One aggregate for both the exact sum of the integers ``value`` (floats in grid

@@ -153,6 +153,17 @@ def open_store(dataset: Dataset, gate: GateConfig) -> Store:
     return Database(dataset, gate)
 
 
+def within_max_rows(dataset: Dataset, table: str, rows: int) -> None:
+    """Refuse to serve a table of ``plan.MAX_ROWS`` rows or more, on which the plan's
+    proofs that sums and counts cannot overflow (``plan.partition_rows``) would not
+    hold. Checked once, as the gate opens the dataset: no query depends on it."""
+    if rows >= MAX_ROWS:
+        raise PolicyError(
+            f"dataset {dataset.name!r}: table {table!r} has {MAX_ROWS:,} rows or more, "
+            "more than the gate's exact sums are proven for"
+        )
+
+
 class Database:
     """A DuckDB dataset's prepared file, locked and read-only (see the module's docstring)."""
 
@@ -181,12 +192,11 @@ class Database:
         # Read-only, so checked once: the plan's sums and ``rewrite.Fused`` rely on it.
         for name in sorted(self.tables):
             (rows,) = self._db.execute(f'SELECT COUNT(*) FROM "{_ident(name)}"').fetchone()
-            if rows >= MAX_ROWS:
+            try:
+                within_max_rows(dataset, name, rows)
+            except PolicyError:
                 self.close()
-                raise PolicyError(
-                    f"dataset {dataset.name!r}: table {name!r} has {MAX_ROWS:,} rows or "
-                    "more, more than the gate's exact sums are proven for"
-                )
+                raise
 
     def vet(self, sql: str) -> None:
         """Refuse, before the debit, SQL the guard will not run or that fails for reasons

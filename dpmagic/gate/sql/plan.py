@@ -47,9 +47,10 @@ from dpmagic.gate.sql.resolve import Resolved
 from dpmagic.gate.sql.trees import display
 
 MAX_SCORES = 2_000_000  # candidates scored over all partitions of one quantile
-# Every table a DuckDB gate serves has fewer rows than this (``Database`` refuses a
-# larger one at open); with it the rewrite's 128-bit sums are proven not to overflow
-# before the query runs, and an average's count fits beside its sum (``rewrite.Fused``).
+# Every table a gate serves has fewer rows than this (DuckDB's ``Database`` and
+# Spark's ``SparkDatabase`` refuse a larger one at open); with it the rewrite's sums
+# are proven not to overflow before the query runs (``partition_rows``), and an
+# average's count fits beside its sum (``rewrite.Fused``).
 MAX_ROWS = 2**40
 SUM_LIMIT = 2**126
 # The partition count sensitivities assume when the keys are chosen from the data:
@@ -113,6 +114,7 @@ class Measurement:
     noise: Noise
     cost: Cost  # what this measurement's noise costs one privacy unit
     label: str
+    rows: int  # more rows than its aggregate adds up in one partition (``partition_rows``)
     centre: Centre | None = None
 
     @property
@@ -337,6 +339,7 @@ def plan(
     kinds = {kind for kind, *_ in wanted.values()}
     bounds = bounding(dataset, resolved, bool(checked.keys), reach, kinds, private is not None)
     contribution = bounds.contribution(reach)
+    rows = partition_rows(resolved, contribution)
     weights = _weights(checked, uses, wanted, contribution, dataset, accountant)
     total_weight = math.fsum(weights.values()) + len(quantiles) + (1 if private else 0)
     # The report takes its share of the whole: a weight w with w / (T + w) = report.
@@ -351,6 +354,7 @@ def plan(
             wanted[key],
             _target(target, asked, total_weight, weights[key]),
             contribution,
+            rows,
             dataset,
             names.get(counted.get(key, ("", ""))),
         )
@@ -737,6 +741,7 @@ def _measurement(
     part: Wanted,
     target: Target,
     contribution: Contribution,
+    rows: int,
     dataset: Dataset,
     count: str | None,
 ) -> Measurement:
@@ -746,11 +751,11 @@ def _measurement(
     if kind != MeasureKind.SUM:
         # A unit's rows bring at most ``rows`` distinct values to a partition.
         noise = noise_for(1, 1, contribution, dataset.neighbouring, target)
-        return Measurement(name, kind, arg, None, 0, noise, spent(noise, target), label)
+        return Measurement(name, kind, arg, None, 0, noise, spent(noise, target), label, rows)
     clamp = required(clamp, "a sum's bounds")
     grid_exp = 0 if clamp.integral else _grid_exp(clamp, contribution, dataset, target)
     lo, hi = _grid_bounds(clamp, grid_exp)
-    if MAX_ROWS * max(abs(lo), abs(hi)) >= SUM_LIMIT:
+    if rows * max(abs(lo), abs(hi)) >= SUM_LIMIT:
         raise Refused(f"{label}: the declared bounds are too wide to sum exactly")
     centre = None if count is None else _centre(lo, hi, count, clamp.integral)
     step = 2.0**grid_exp
@@ -765,7 +770,25 @@ def _measurement(
     if sensitivity > _I64_MAX:
         raise Refused(f"{label}: the declared bounds are too wide to sum exactly")
     noise = noise_for(lo, hi, contribution, dataset.neighbouring, target, step)
-    return Measurement(name, kind, arg, clamp, grid_exp, noise, spent(noise, target), label, centre)
+    cost = spent(noise, target)
+    return Measurement(name, kind, arg, clamp, grid_exp, noise, cost, label, rows, centre)
+
+
+def partition_rows(resolved: Resolved, contribution: Contribution) -> int:
+    """More rows than any aggregate of the query adds up in one partition, decided
+    from the query's shape and the bounds alone; the sums' overflow proofs (the
+    plan's ``SUM_LIMIT``, Spark's choice of a BIGINT sum) and the counts' BIGINT rest
+    on it.
+
+    A query of one scan reads each row of its table at most once (the grammar has
+    no set operation, table function or ``UNNEST``; a semi-join only filters), so
+    fewer than ``MAX_ROWS``. A join can repeat a row (a unit's rows times a public
+    table's matches), but every joined row extends a row of the first private scan
+    (joins are inner or ``LEFT`` with the private table first), so fewer than
+    ``MAX_ROWS`` units reach the aggregate, and bounding leaves each at most
+    ``contribution.rows`` rows in a partition. The policy keeps that below
+    ``policy.MAX_UNIT_ROWS``, so this is at most ``2^62``."""
+    return MAX_ROWS if len(resolved.scans) == 1 else MAX_ROWS * contribution.rows
 
 
 def _centre(lo: int, hi: int, count: str, integral: bool) -> Centre | None:
@@ -788,7 +811,7 @@ def _grid_exp(clamp: Interval, c: Contribution, dataset: Dataset, target: Target
     k = math.floor(math.log2(scale)) - GRID_BITS_BELOW_SCALE
     widest = max(abs(clamp.lo), abs(clamp.hi), 1.0)
     # Keep a single value below 2**62 grid units: then Δ fits OpenDP's i64 and
-    # MAX_ROWS of them fit a 128-bit sum.
+    # ``partition_rows`` of them (below 2**62) fit a 128-bit sum.
     return max(k, math.ceil(math.log2(widest)) - 62 + math.ceil(math.log2(c.rows * 2 * c.groups)))
 
 

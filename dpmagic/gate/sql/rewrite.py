@@ -566,8 +566,8 @@ def _aggregate(m: Measurement, resolved: Resolved, dialect: Dialect) -> exp.Expr
     widest = max(abs(clamp.lo), abs(clamp.hi)) * 2.0**-m.grid_exp  # one value, grid units
     value = _summand(m, resolved)
     if clamp.integral:
-        return dialect.exact_sum(value, widest)
-    return dialect.grid_sum(value, widest)
+        return dialect.exact_sum(value, widest, m.rows)
+    return dialect.grid_sum(value, widest, m.rows)
 
 
 def _summand(m: Measurement, resolved: Resolved) -> exp.Expression:

@@ -9,10 +9,12 @@ requires the same exact answers):
 * **Keyed hash**: ``xxhash64(…, seed)`` (Spark's ``hash`` is 32 bits).
 * **Exact sums**: Spark's BIGINT sum overflows, and with ANSI mode (pinned on in
   every session) raises: a failure that would depend on the data. So a sum is a
-  BIGINT sum only where ``2^40`` rows (``plan.MAX_ROWS``, more than any table
-  has) of the largest value fit in a BIGINT, and ``SUM(CAST(v AS DECIMAL(38,0)))``
-  otherwise: DECIMAL(38,0) holds ``10^38 - 1 > 2^126``, and the plan refuses any
-  sum whose values could reach ``2^126`` over ``2^40`` rows (``plan.SUM_LIMIT``).
+  BIGINT sum only where ``plan.partition_rows`` rows (more than the sum can add
+  up: ``2^40``, ``plan.MAX_ROWS``, more than any table has, times a unit's rows
+  after a join) of the largest value fit in a BIGINT, and
+  ``SUM(CAST(v AS DECIMAL(38,0)))`` otherwise: DECIMAL(38,0) holds
+  ``10^38 - 1 > 2^126``, and the plan refuses any sum whose values could reach
+  ``2^126`` over those rows (``plan.SUM_LIMIT``).
   (DECIMAL sums cost Spark about twice as much: an average of incomes at 10M rows
   took 1.7 s with them.)
 * **No TRY**: Spark has no ``TRY(…)``. A row expression is accepted only if the
@@ -48,7 +50,6 @@ from sqlglot import exp
 
 from dpmagic.gate.errors import Refused
 from dpmagic.gate.sql.dialect import Dialect
-from dpmagic.gate.sql.plan import MAX_ROWS
 from dpmagic.gate.sql.resolve import Resolved
 from dpmagic.gate.sql.totality import CONCATENATION, generated, kind, may_raise
 from dpmagic.gate.sql.trees import display
@@ -80,14 +81,14 @@ class SparkDialect(Dialect):
     def hash(self, *args: exp.Expression) -> exp.Expression:
         return exp.Anonymous(this="xxhash64", expressions=list(args))
 
-    def exact_sum(self, value: exp.Expression, widest: float) -> exp.Expression:
-        if widest * MAX_ROWS < 2.0**63:  # no table has more rows: a BIGINT sum cannot overflow
+    def exact_sum(self, value: exp.Expression, widest: float, rows: int) -> exp.Expression:
+        if widest * rows < 2.0**63:  # fewer rows than ``rows``: a BIGINT sum cannot overflow
             return exp.Sum(this=exp.cast(value, exp.DataType.Type.BIGINT))
         return exp.Sum(this=exp.Cast(this=value, to=EXACT.copy()))
 
-    def grid_sum(self, value: exp.Expression, widest: float) -> exp.Expression:
+    def grid_sum(self, value: exp.Expression, widest: float, rows: int) -> exp.Expression:
         # Spark's cast to an integer truncates: rounding to the nearest is asked for.
-        return self.exact_sum(exp.Round(this=value), widest)
+        return self.exact_sum(exp.Round(this=value), widest, rows)
 
     def fused_sum(self, value: exp.Expression, bits: int) -> exp.Expression | None:
         # Spark sums BIGINTs into a BIGINT: a packed sum could overflow it.
