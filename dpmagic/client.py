@@ -12,11 +12,13 @@ charge the budget twice, so a lost reply is reported, never retried.
 from __future__ import annotations
 
 import contextlib
+import gc
 import http.client
 import json
 import os
 import socket
 import threading
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
@@ -156,7 +158,9 @@ class Gate:
             "params": params,
         }
         body.update({k: v for k, v in optional.items() if v is not None})
-        return DPResult(self._request("POST", "/v1/query", body))
+        reply = self._request("POST", "/v1/query", body)
+        with collector_paused():
+            return DPResult(reply)
 
     def budget(self, dataset: str | None = None, notebook: str | None = None) -> dict[str, Any]:
         """What the user and the notebook have spent and have left:
@@ -275,10 +279,27 @@ def _path(base: str, **query: str | None) -> str:
     return f"{base}?{urlencode(present)}" if present else base
 
 
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """No cyclic garbage collection while a reply is decoded: a reply of 100,000 cells
+    is a few hundred thousand new lists, and the collections they set off took three
+    quarters of its decoding (1M rows, 100,000 groups: ``json.loads`` 223 → 75 ms,
+    the ``DPResult`` 70 → 6 ms). The collector is turned back on only if it was on,
+    so a caller that keeps it off keeps it off."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
+
+
 def _decode(status: int, raw: bytes) -> dict[str, Any]:
     """The reply's JSON object, or the error it reports raised as its class."""
     try:
-        reply = json.loads(raw)
+        with collector_paused():
+            reply = json.loads(raw)
     except ValueError:
         reply = None
     if status >= 400:

@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import math
@@ -638,6 +639,25 @@ def raise_open_files_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
+# CPython collects its youngest generation every 700 container allocations. A reply of
+# 100,000 cells builds a few hundred thousand lists and tuples, almost none of them in
+# a cycle, and the collections they set off took a third of such a query's time in
+# the gate (1M rows, 100,000 groups: 750 → 550 ms) and a sixth of a 1,000-cell one's
+# (5.9 → 4.8 ms). Cyclic garbage now waits for this many allocations instead.
+GC_YOUNG = 100_000
+
+
+def tune_collector() -> None:
+    """Collect cyclic garbage rarely, and never walk what the gate built at start: the
+    objects alive once the engine is open (the policy, the engine, imported modules)
+    are frozen into a generation that no collection scans. Reference counting frees
+    everything else as before; only objects in cycles wait for a collection."""
+    gc.collect()
+    gc.freeze()
+    _, *older = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG, *older)
+
+
 def hub_listen() -> str:
     """Where a Hub-managed gate listens: the ``url`` the Hub gave the service."""
     url = os.environ.get("JUPYTERHUB_SERVICE_URL")
@@ -670,6 +690,7 @@ def serve(policy: Policy, listen: str | None = None, jupyterhub: bool = False) -
     except (ListenError, TokenFileError, HubConfigError, PolicyError, OSError) as exc:
         print(f"dpmagic: error: {exc}", file=sys.stderr)
         return USAGE_ERROR
+    tune_collector()
     print(f"{LISTENING} {gate.address}", flush=True)
     try:
         asyncio.run(_serve_until_signalled(gate))

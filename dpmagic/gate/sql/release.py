@@ -266,11 +266,12 @@ def _kind(values: list[object]) -> str | None:
     no row, whatever its kind."""
     if not values:
         return "i"
-    first = type(values[0])
-    if not all(type(v) is first for v in values):
+    types = set(map(type, values))
+    if len(types) != 1:
         return None
+    (first,) = types
     if first is float:
-        return "f" if all(math.isfinite(v) for v in values) else None  # type: ignore[arg-type]
+        return "f" if np.isfinite(np.asarray(values, dtype=float)).all() else None
     return {int: "i", bool: "b", str: "O"}.get(first)
 
 
@@ -463,15 +464,16 @@ class _Intervals:
             return [_json_pair(self.of(node, pid, parts)) for pid in pids]
         m = self.plan.measurement(found.name)
         half = m.noise.half_width(self.alpha / parts) if m.noise.sensitivity else 0.0
-        values = self.noisy.values[m.name]
+        values = np.asarray(self.noisy.values[m.name], dtype=float)
         # As ``_measured`` computes each cell (a value minus a float is a float), at once.
-        value = np.array([values[pid] for pid in pids], dtype=float)
+        value = values[np.asarray(pids, dtype=np.intp)]
         lo, hi = value - half, value + half
         if m.kind != MeasureKind.SUM:
             lo, hi = np.maximum(lo, 0.0), np.maximum(hi, 0.0)
-        finite = (np.isfinite(lo) & np.isfinite(hi)).tolist()
-        ends = zip(lo.tolist(), hi.tolist(), finite, strict=True)
-        return [[a, b] if ok else None for a, b, ok in ends]
+        pairs: list[list[float] | None] = np.column_stack((lo, hi)).tolist()
+        for i in np.flatnonzero(~(np.isfinite(lo) & np.isfinite(hi))).tolist():
+            pairs[i] = None
+        return pairs
 
     def of(self, node: exp.Expression, pid: int, parts: int) -> Bounds | None:
         alpha = self.alpha / parts
@@ -707,12 +709,13 @@ def _within_sql(value: exp.Expression, lo: exp.Expression, hi: exp.Expression) -
 def _json_rows(result: list[tuple]) -> list[list[object]]:
     """The released rows without their partition id, each value as JSON carries it;
     a column of integers, text, booleans and NULLs only is already so."""
-    rows = [list(row[1:]) for row in result]
-    for j in range(len(rows[0]) if rows else 0):
-        if not all(type(row[j]) in _JSON_READY for row in rows):
-            for row in rows:
-                row[j] = _json(row[j])
-    return rows
+    columns = list(zip(*result, strict=True))[1:]
+    if not columns:
+        return [[] for _ in result]
+    for j, column in enumerate(columns):
+        if not set(map(type, column)) <= _JSON_READY:
+            columns[j] = tuple(map(_json, column))
+    return list(map(list, zip(*columns, strict=True)))
 
 
 _JSON_READY = frozenset({int, str, bool, type(None)})
