@@ -126,7 +126,7 @@ def _rows_per_partition(engine, sql: str) -> tuple[int, int]:
     rows = store.run(store.dialect.render(tree)).rows
     root = the_plan.checked.resolved.scans[0].table.name
     (table_rows,) = store.run(f"SELECT COUNT(*) FROM {root}").rows[0]
-    (per_unit,) = {m.rows // MAX_ROWS for m in the_plan.measurements}
+    per_unit = the_plan.partition_rows // MAX_ROWS
     return max((r[-1] for r in rows), default=0), per_unit * table_rows
 
 

@@ -84,7 +84,7 @@ class SparkDatabase:
             (gate.state_dir / "spark").mkdir(mode=0o700, parents=True, exist_ok=True)
         self.locations = prepared_tables(self.spark, dataset, root, remote=not self._classic)
         self._views(self.spark, empty=False)
-        # Counted once (from the Parquet footers): the plan's sums rely on it.
+        # Counted once, at start: the plan's proofs that sums cannot overflow rely on it.
         for name in sorted(self.locations):
             within_max_rows(dataset, name, self.spark.table(name).count())
         # The empty copy lives in a session of its own: same names, no row.

@@ -14,13 +14,12 @@ its rows that the SQL returns, and only that value plus noise leaves.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from operator import itemgetter
 
 from dpmagic.gate.errors import required
 from dpmagic.gate.sql.execute import ExactResult
-from dpmagic.gate.sql.plan import Plan
+from dpmagic.gate.sql.plan import Plan, keyed
 from dpmagic.gate.sql.rewrite import KEY_COUNT, Rewritten
 
 Partition = tuple[object, ...]
@@ -108,25 +107,13 @@ def declared_keys(plan: Plan, rewritten: Rewritten) -> Callable[[list[tuple]], l
     """The rows whose key is declared, on each batch as the exact result is fetched:
     with ``Plan.listed_at_fetch`` the SQL returns every key it finds, and only the
     declared ones are held."""
-    row_key, partition_key = keyed(rewritten.keys)
-    declared = frozenset(map(partition_key, plan.partition_set))
+    row_key, _ = keyed(rewritten.keys)
+    declared = plan.declared_keys
 
     def keep(rows: list[tuple]) -> list[tuple]:
         return [row for row in rows if row_key(row) in declared]
 
     return keep
-
-
-def keyed(keys: int) -> tuple[Callable[[Sequence], object], Callable[[Partition], object]]:
-    """How a row's first ``keys`` values and a partition are compared: as the same
-    tuple, or, for one key, as the value itself (equal exactly when the one-value
-    tuples are, and a 100,000-row result is then matched without building a tuple a
-    row: 90 → 30 ms)."""
-    if keys == 1:
-        return itemgetter(0), itemgetter(0)
-    if keys == 0:
-        return lambda row: (), tuple
-    return itemgetter(*range(keys)), tuple
 
 
 def key_threshold(plan: Plan, rewritten: Rewritten) -> Callable[[list[tuple]], list[tuple]]:

@@ -123,7 +123,8 @@ def rewrite(plan: Plan, seed: int | None = None, dialect: Dialect = DUCKDB) -> R
 
     apart = bool(plan.selections) and dialect.histograms_apart
     outputs: list[exp.Expression] = [_col(k) for k in keys]
-    outputs += [_as(_aggregate(m, resolved, dialect), m.name) for m in plan.measurements]
+    rows = plan.partition_rows
+    outputs += [_as(_aggregate(m, resolved, dialect, rows), m.name) for m in plan.measurements]
     if not apart:
         outputs += [_as(dialect.histogram(_col("__v_" + s.name)), s.name) for s in plan.selections]
     if plan.key_selection is not None:
@@ -556,7 +557,8 @@ def _snap(s: Selection, row: _Rows) -> exp.Expression:
     )
 
 
-def _aggregate(m: Measurement, resolved: Resolved, dialect: Dialect) -> exp.Expression:
+def _aggregate(m: Measurement, resolved: Resolved, dialect: Dialect, rows: int) -> exp.Expression:
+    """``m``'s aggregate over the bounded rows, fewer than ``rows`` in a partition."""
     v = _col("__v_" + m.name)
     if m.kind == MeasureKind.COUNT:
         return exp.Count(this=exp.Star() if m.arg is None else v)
@@ -566,8 +568,8 @@ def _aggregate(m: Measurement, resolved: Resolved, dialect: Dialect) -> exp.Expr
     widest = max(abs(clamp.lo), abs(clamp.hi)) * 2.0**-m.grid_exp  # one value, grid units
     value = _summand(m, resolved)
     if clamp.integral:
-        return dialect.exact_sum(value, widest, m.rows)
-    return dialect.grid_sum(value, widest, m.rows)
+        return dialect.exact_sum(value, widest, rows)
+    return dialect.grid_sum(value, widest, rows)
 
 
 def _summand(m: Measurement, resolved: Resolved) -> exp.Expression:
