@@ -83,20 +83,48 @@ class QueryRequest:
         if unknown:
             # Cut short: the name is the client's own text, echoed back.
             raise InvalidBody(f"unknown field {sorted(unknown)[0][:MAX_NOTEBOOK_CHARS]!r}")
+
+        def unicode(text: object, what: str) -> None:
+            # JSON's escapes can spell a lone surrogate ("\ud800"), which no UTF-8 text
+            # holds: refused here, before it fails deep in the analysis or the ledger.
+            if not isinstance(text, str):
+                return
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise InvalidBody(
+                    f"{what} is not valid Unicode (a lone surrogate, "
+                    f"U+{ord(text[exc.start]):04X}, at character {exc.start + 1})"
+                ) from None
+
         sql = body.get("sql")
         if not isinstance(sql, str):
             raise InvalidBody("`sql` must be a string")
+        unicode(sql, "the query text")
         notebook = body.get("notebook") or "unnamed"
         if not isinstance(notebook, str) or len(notebook) > MAX_NOTEBOOK_CHARS:
             raise InvalidBody("`notebook` must be a short string")
+        unicode(notebook, "`notebook`")
         dataset = body.get("dataset")
         if dataset is not None and (
             not isinstance(dataset, str) or len(dataset) > MAX_NOTEBOOK_CHARS
         ):
             raise InvalidBody("`dataset` must be a short string")
+        unicode(dataset, "`dataset`")
         params = body.get("params") or {}
         if not isinstance(params, dict):
             raise InvalidBody("`params` must be an object")
+        for name, value in params.items():
+            unicode(name, "a parameter's name")
+            values = [value]
+            while values:  # a list or object in a parameter too (refused later)
+                item = values.pop()
+                if isinstance(item, dict):
+                    values.extend([*item, *item.values()])
+                elif isinstance(item, list):
+                    values.extend(item)
+                else:
+                    unicode(item, f"parameter ${name}")
         accuracy = _number(body, "accuracy")
         if accuracy == 0:
             raise InvalidBody("`accuracy` must be positive")

@@ -50,6 +50,12 @@ def parse(sql: str, params: dict[str, Param] | None = None) -> Parsed:
     if len(statements) > 1:
         raise Refused("only one statement is allowed; remove everything after the first ';'")
     tree = statements[0]
+    if isinstance(tree, exp.SetOperation):
+        raise Refused(
+            f"{_set_operation(tree)} is not supported: set operations (UNION, INTERSECT, "
+            "EXCEPT) are refused; ask each SELECT as a query of its own, or combine the parts "
+            "in one SELECT (a WHERE with OR, or a CASE key with GROUP BY)"
+        )
     if not isinstance(tree, exp.Select):
         raise Refused(f"only SELECT queries are allowed, not {_statement_name(tree, sql)}")
     tree = _bind(tree, params or {})
@@ -95,6 +101,18 @@ def _literal(name: str, value: Param) -> exp.Expression:
     if isinstance(value, str):
         return exp.Literal.string(value)
     raise Refused(f"parameter ${name} must be a number, a string, a boolean or null")
+
+
+def _set_operation(tree: exp.SetOperation) -> str:
+    """The operation as written: ``UNION ALL``, ``EXCEPT``, ``UNION BY NAME``, …"""
+    name = {exp.Union: "UNION", exp.Intersect: "INTERSECT", exp.Except: "EXCEPT"}.get(
+        type(tree), type(tree).__name__.upper()
+    )
+    if tree.args.get("distinct") is False:
+        name += " ALL"
+    if tree.args.get("by_name"):
+        name += " BY NAME"
+    return name
 
 
 def _statement_name(tree: exp.Expression, sql: str) -> str:
