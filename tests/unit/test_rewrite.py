@@ -34,21 +34,19 @@ def test_the_tree_bounds_units_as_the_plan_decided(sql):
     tree = rewrite(plan, seed=7).tree
     windowed = any(isinstance(n, exp.RowNumber) for n in tree.walk())
     assert windowed is isinstance(plan.bounding, Window)
-    # Every private scan filters on its rank: by the plan's K when the ranks bound the
-    # query, else by the load cap, which only bounds the work one unit causes.
-    scans = [n for n in tree.find_all(exp.Select) if _scanned(n) in ("t", "u")]
-    assert scans
-    for scan in scans:
-        (test,) = [
-            n
-            for n in scan.args["where"].find_all(exp.LTE)
-            if isinstance(n.this, exp.Column) and n.this.name == RANK
-        ]
-        bound = test.expression
-        if isinstance(plan.bounding, Ranked) and scan is scans[0]:
-            assert bound.to_py() == plan.bounding.rows
-        elif not isinstance(plan.bounding, Ranked):
-            assert bound.to_py() == load_cap(plan.dataset)
+    # Every private scan filters on its rank, the first by the join's cap: the plan's K
+    # when the ranks bound the query, else the load cap, which only bounds the work one
+    # unit causes; later scans by what the earlier ones leave room for. A semi-join's
+    # first private scan reads the load cap of its unit's rows.
+    tests = [
+        n for n in tree.find_all(exp.LTE) if isinstance(n.this, exp.Column) and n.this.name == RANK
+    ]
+    private = [s for s in plan.checked.resolved.scans if not s.table.public]
+    private += [s for j in plan.checked.resolved.semijoins for s in j.scans if not s.table.public]
+    assert len(tests) == len(private)
+    firsts = [t.expression.to_py() for t in tests if isinstance(t.expression, exp.Literal)]
+    cap = plan.bounding.rows if isinstance(plan.bounding, Ranked) else load_cap(plan.dataset)
+    assert cap in firsts and set(firsts) <= {cap, load_cap(plan.dataset)}
 
 
 @pytest.mark.parametrize("sql", [q for q in QUERIES if "SELECT 1" in q or "IN (" in q])

@@ -56,14 +56,14 @@ from dpmagic.gate.errors import Refused, required
 from dpmagic.gate.policy import Column
 from dpmagic.gate.sql.bound import Interval
 from dpmagic.gate.sql.contribution import (
-    RANK,
-    Ranked,
+    RoomRead,
     Window,
     bounded_by_units,
     clamped,
+    join_cap,
     literal,
     load_cap,
-    scan_bounds,
+    room_reads,
 )
 from dpmagic.gate.sql.dialect import DUCKDB, Dialect
 from dpmagic.gate.sql.keys import KeyDomain
@@ -266,8 +266,8 @@ def _bounded(
     row_cols += [_as(_snap(s, row), "__v_" + s.name) for s in plan.selections]
     if not row_cols:
         row_cols = [exp.alias_(exp.Literal.number(1), "__one")]
-    ranked = plan.bounding.rows if isinstance(plan.bounding, Ranked) else None
-    source, filters = _from(plan, row, _scan_filters(resolved, resolved.scans, ranked))
+    cap = join_cap(resolved.dataset, plan.bounding)
+    source, filters = _from(plan, row, _scan_reads(resolved, resolved.scans, cap))
     units, keyed = _row_filters(plan, row, plan.reads_unit)
     kept = _select(row_cols, source, units + filters + keyed)
     ctes: list[tuple[str, exp.Select]] = [("kept_rows", kept)]
@@ -300,7 +300,7 @@ def left_out(plan: Plan, seed: int, dialect: Dialect = DUCKDB) -> Rewritten:
 
     Per unit ``u``: ``all_u``, its rows among the query's rows before bounding (the
     same scans, joins, ``WHERE`` and key filters; in a join each private scan
-    reads the unit's first ``load_cap`` ranks, which bounds the work), and
+    keeps at most ``load_cap`` joined rows of the unit, which bounds the work), and
     ``kept_u``, its rows the query kept (the query's own bounded rows). Its term
     is ``min(max(all_u − kept_u, 0), cap)``, in ``[0, cap]`` whatever the data, and a
     function of ``u``'s own rows (and of public tables and the seed): every
@@ -313,8 +313,8 @@ def left_out(plan: Plan, seed: int, dialect: Dialect = DUCKDB) -> Rewritten:
     required(resolved.unit, "the privacy unit the report counts by")
     row = _Rows(resolved, dialect)
     ctes, (table, condition) = _bounded(plan, row, seed)
-    caps = _scan_filters(resolved, resolved.scans, None) if len(resolved.scans) > 1 else {}
-    source, filters = _from(plan, row, caps)
+    caps = _scan_reads(resolved, resolved.scans, load_cap(resolved.dataset))
+    source, filters = _from(plan, row, caps if len(resolved.scans) > 1 else {})
     unit = [_as(row.total(resolved.unit), UNIT)]
     units, keyed = _row_filters(plan, row, True)
     ctes.append(("all_rows", _select(unit, source, units + filters + keyed)))
@@ -410,21 +410,14 @@ def _from(
     return _reads(resolved.scans, terms, used, row, bounds)
 
 
-def _scan_filters(
-    resolved: Resolved, scans: tuple[Scan, ...], ranked: int | None
-) -> dict[str, exp.Expression]:
-    """The rank filter of each private scan: with ``ranked``, the load-time ranks bound
-    the query (``contribution.scan_bounds``); otherwise each scan reads at most a
-    unit's first ``load_cap`` ranks, which bounds the work one unit causes."""
-    if ranked is not None:
-        filters = scan_bounds([s.table.name for s in scans], ranked)
-        return {s.name: f for s, f in zip(scans, filters, strict=True)}
-    cap = exp.Literal.number(load_cap(resolved.dataset))
-    return {
-        s.name: exp.LTE(this=exp.column(RANK, quoted=True), expression=cap.copy())
-        for s in scans
-        if bounded_by_units(resolved.dataset, s.table)
-    }
+def _scan_reads(resolved: Resolved, scans: tuple[Scan, ...], cap: int) -> dict[str, RoomRead]:
+    """How each private scan of ``scans`` (one join) reads its table so that a unit keeps
+    at most ``cap`` joined rows (``contribution.room_reads``): the plan's ``K`` when the
+    ranks bound the query, else the load cap, which bounds the work one unit causes
+    however many times the join reads its tables."""
+    private = [s for s in scans if bounded_by_units(resolved.dataset, s.table)]
+    reads = room_reads([s.table.name for s in private], cap)
+    return {s.name: r for s, r in zip(private, reads, strict=True)}
 
 
 def _used(resolved: Resolved, trees: list[exp.Expression]) -> dict[str, dict[str, Column]]:
@@ -447,9 +440,9 @@ def _reads(
     terms: list[exp.Expression],
     used: dict[str, dict[str, Column]],
     row: _Rows,
-    bounds: dict[str, exp.Expression],
+    bounds: dict[str, RoomRead],
 ) -> tuple[list[exp.Expression], list[exp.Expression]]:
-    """Each scan reads its used columns, typed and clamped, and the rows its filter in
+    """Each scan reads its used columns, typed and clamped, and the rows its entry in
     ``bounds`` keeps; each of the query's filters goes to the inner join that
     completes it, else to WHERE."""
     order = {s.name: i for i, s in enumerate(scans)}
@@ -468,9 +461,11 @@ def _reads(
             cols.append(_as(exp.true(), PRESENT))
         if not cols:
             cols = [exp.alias_(exp.Literal.number(1), "__one")]
-        read = exp.select(*cols).from_(exp.table_(scan.table.name, quoted=True))
-        if scan.name in bounds:
-            read = read.where(bounds[scan.name])
+        bound = bounds.get(scan.name)
+        if bound is None:
+            read = exp.select(*cols).from_(exp.table_(scan.table.name, quoted=True))
+        else:
+            read = exp.select(*cols).from_(bound.source.copy()).where(bound.bound.copy())
         aliased = exp.Subquery(this=read, alias=exp.TableAlias(this=_ident(scan.name)))
         if scan.kind == "from":
             parts.append(aliased)
@@ -501,7 +496,8 @@ def _semijoins(tree: exp.Select, resolved: Resolved, row: _Rows) -> exp.Select:
         if not comparable([j.lhs, j.value], resolved):
             raise Refused("IN (SELECT …) compares values of different kinds")
         terms = [j.where] if j.where is not None else []
-        source, where = _reads(j.scans, terms, used, row, _scan_filters(resolved, j.scans, None))
+        caps = _scan_reads(resolved, j.scans, load_cap(resolved.dataset))
+        source, where = _reads(j.scans, terms, used, row, caps)
         if j.exists or any(not scan.table.public for scan in j.scans):
             # Over private rows a NULL in the set would turn NOT IN to NULL for every
             # row, letting one unit's NULL decide other units' rows: NULLs are left out.

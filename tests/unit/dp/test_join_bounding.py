@@ -11,7 +11,7 @@ import duckdb
 import pytest
 
 from dpmagic.gate.dp.join_bounding import joined_rows_bound, rooms
-from dpmagic.gate.sql.contribution import ROWS, scan_bounds
+from dpmagic.gate.sql.contribution import RANK, ROWS, room_reads
 
 
 def _worst_join(k: int, counts: tuple[int, ...], room) -> int:
@@ -47,14 +47,27 @@ def test_a_join_that_gives_every_scan_the_whole_k_is_caught():
     assert any(_worst_join(k, c, whole) > k for k, c in CASES)
 
 
-@pytest.mark.parametrize("counts", [(3, 2), (1, 4, 2), (5, 5, 5, 5), (0, 3, 2)])
-def test_the_sql_filter_keeps_the_rules_rooms(counts):
+@pytest.mark.parametrize(
+    "counts", [(3, 2), (1, 4, 2), (5, 5, 5, 5), (0, 3, 2), (2, 1, 3, 1, 2, 2, 1, 3, 2, 2)]
+)
+def test_the_sql_reads_keep_the_rules_rooms(counts):
+    """Each scan's read, run by DuckDB over a row of the unit's counts, keeps the ranks
+    the rule gives it, for joins longer than the brute force reaches too."""
     k = 6
     tables = [f"t{i}" for i in range(len(counts))]
     con = duckdb.connect()
     names = ", ".join(f'{n} AS "{ROWS}{t}"' for n, t in zip(counts, tables, strict=True))
-    con.execute(f"CREATE TABLE u AS SELECT {names}")
-    for i, condition in enumerate(scan_bounds(tables, k)):
-        room = condition.expression.sql(dialect="duckdb")  # the right of "rank <= room"
-        (got,) = con.execute(f"SELECT {room} FROM u").fetchone()
+    for t in tables:
+        con.execute(f'CREATE TABLE "{t}" AS SELECT {names}, 1 AS "{RANK}"')
+    for i, read in enumerate(room_reads(tables, k)):
+        room = read.bound.expression.sql(dialect="duckdb")  # the right of "rank <= room"
+        source = read.source.sql(dialect="duckdb")
+        (got,) = con.execute(f"SELECT {room} FROM {source}").fetchone()
         assert got == rooms(k, counts)[i]
+
+
+def test_the_sql_grows_with_the_square_of_the_scans_not_exponentially():
+    """Written as one expression, each scan's room would double the previous one's."""
+    sizes = [sum(len(r.source.sql()) + len(r.bound.sql()) for r in room_reads(
+        [f"t{i}" for i in range(m)], 16)) for m in (8, 16, 32)]  # fmt: skip
+    assert sizes[2] < 5 * sizes[1] < 25 * sizes[0]
