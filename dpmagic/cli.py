@@ -385,7 +385,15 @@ def _transcript_export(args: argparse.Namespace) -> int:
             document = export(ledger, policy, args.user, args.notebook)
         except TranscriptError as exc:
             raise CommandError(str(exc)) from None
-    args.output.write_text(json.dumps(document, indent=1, default=str) + "\n")
+    # Released answers and the SQL that asked them: for the user and the grader only,
+    # so readable by the exporter alone whatever the umask (and a file already there).
+    try:
+        fd = os.open(args.output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(json.dumps(document, indent=1, default=str) + "\n")
+    except OSError as exc:
+        raise CommandError(f"cannot write {args.output}: {exc.strerror}") from None
     count = len(document["answers"])  # type: ignore[arg-type]
     print(f"wrote {args.output}: {count} answers released to {args.user} in {args.notebook!r}")
     return 0

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import pwd
 import re
 import tomllib
 from pathlib import Path
@@ -176,6 +178,27 @@ def test_audit(spent_gate: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
     assert main(["audit", "--policy", str(spent_gate), "--dataset", "nope"]) == 2
     assert "unknown dataset" in capsys.readouterr().err
+
+
+def test_transcript_export_is_readable_by_its_writer_only(
+    spent_gate: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A transcript holds a user's queries and released answers: 0600 whatever the
+    umask, and a file it replaces becomes 0600 before the answers are in it."""
+    me = pwd.getpwuid(os.getuid()).pw_name
+    there = tmp_path / "there.json"
+    there.write_text("an older export")
+    there.chmod(0o644)
+    umask = os.umask(0o022)
+    try:
+        for out in (tmp_path / "new.json", there):
+            args = ["transcript", "export", "--policy", str(spent_gate), "--user", me]
+            assert main([*args, "--notebook", "a.ipynb", "-o", str(out)]) == 0
+            assert f"wrote {out}: 1 answers" in capsys.readouterr().out
+            assert out.stat().st_mode & 0o777 == 0o600
+            assert json.loads(out.read_text())["user"] == me
+    finally:
+        os.umask(umask)
 
 
 def test_admin_views_before_any_query(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
