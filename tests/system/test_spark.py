@@ -329,11 +329,18 @@ def test_prepared_tables_are_reused_until_the_policy_or_the_sources_change(
     policy = parse_policy(raw, tmp_path / "p.toml")
     first = SparkDatabase(policy.dataset("v"), policy.gate)
     folder = Path(first.locations["visits"]).parent
+    written = [folder, *folder.rglob("*")]
+    assert any(p.suffix == ".parquet" for p in written)
+    # A copy of the private data: the gate's alone, whatever Spark's umask made it.
+    for path in (folder.parent, *written):
+        assert path.stat().st_mode & 0o777 == (0o700 if path.is_dir() else 0o600), path
     made = folder.stat().st_mtime_ns
+    next(p for p in written if p.suffix == ".parquet").chmod(0o644)
     started = time.monotonic()
     again = SparkDatabase(policy.dataset("v"), policy.gate)
     reuse_s = time.monotonic() - started
     assert again.locations == first.locations and folder.stat().st_mtime_ns == made
+    assert all(p.stat().st_mode & 0o077 == 0 for p in written)  # made private at reuse too
     raw["datasets"]["v"]["max_rows_per_partition"] = 3
     changed = parse_policy(raw, tmp_path / "p.toml")
     other = SparkDatabase(changed.dataset("v"), changed.gate)

@@ -20,6 +20,12 @@ carries it out with Spark's DataFrame API (not DuckDB SQL transpiled):
 4. the tables are written as Parquet under a folder named by the fingerprint of
    the sources and the policy (``sql/prepared.fingerprint``), marked complete last,
    and reused by later starts while the fingerprint matches.
+
+The prepared tables are a copy of the private data. Where the gate can see the
+location (a local path, with ``master``), it must be a folder of the gate's own
+user that no one else may enter (``private_root``: created ``0700``, refused
+otherwise), and what Spark writes in it, with its own umask, is made ``0600``
+(files) and ``0700`` (folders) once written and at every reuse (``restrict``).
 """
 
 from __future__ import annotations
@@ -27,13 +33,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import secrets
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
-from dpmagic.gate.policy import Column, Dataset, Table
+from dpmagic.gate.policy import Column, Dataset, PolicyError, Table
 from dpmagic.gate.sql.contribution import RANK, ROWS, bounded_by_units, load_cap
 from dpmagic.gate.sql.prepared import fingerprint
 
@@ -64,6 +71,9 @@ def prepared_tables(
     in a local ``root`` are then deleted). Over Spark Connect (``remote``) ``root`` is
     on the server's storage: the gate asks Spark whether a version is complete and
     leaves older versions to the storage's retention."""
+    folder = None if remote else _local(root)
+    if folder is not None:
+        private_root(folder)
     catalog = json.dumps(_catalog_identity(spark, dataset), sort_keys=True)
     key = hashlib.sha256(f"{FORMAT}:{fingerprint(dataset)}:{catalog}".encode()).hexdigest()
     version = f"{root.rstrip('/')}/{dataset.name}.{key[:24]}"
@@ -74,15 +84,63 @@ def prepared_tables(
     }
     if _complete(spark, version, remote):
         log.info("dataset %s: reusing its prepared tables on Spark", dataset.name)
+        if folder is not None:
+            restrict(folder / Path(version).name)
         return locations
     log.info("dataset %s: preparing its tables on Spark", dataset.name)
     prepare(spark, dataset, locations, seed)
     spark.createDataFrame([(1,)], "done int").write.mode("overwrite").parquet(
         f"{version}/{COMPLETE}"
     )
+    if folder is not None:
+        restrict(folder / Path(version).name)
     if not remote:
         _delete_others(root, Path(version).name, dataset.name)
     return locations
+
+
+def private_root(folder: Path) -> None:
+    """Make sure the local folder Spark's prepared tables go in is the gate's alone:
+    created ``0700`` if it is missing; refused (`PolicyError`, naming it) if it is
+    not a folder, belongs to another user, or gives its group or others any access."""
+    try:
+        folder.mkdir(mode=0o700, parents=True)
+        folder.chmod(0o700)  # whatever the umask
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise PolicyError(f"Spark's prepared location {folder}: {exc.strerror}") from None
+    if not folder.is_dir():
+        raise PolicyError(f"Spark's prepared location {folder} is not a folder")
+    copy = "it would hold a copy of the private data"
+    st = folder.stat()
+    if st.st_uid != os.geteuid():
+        raise PolicyError(
+            f"Spark's prepared location {folder} belongs to uid {st.st_uid}, not to the "
+            f"gate's user (uid {os.geteuid()}): {copy}; use a folder of the gate's own"
+        )
+    if st.st_mode & 0o077:
+        raise PolicyError(
+            f"Spark's prepared location {folder} is open to others (mode "
+            f"{st.st_mode & 0o777:04o}): {copy}; chmod 700 {folder}"
+        )
+
+
+def restrict(folder: Path) -> None:
+    """Folders ``0700`` and files ``0600`` under ``folder``, ``folder`` included: Spark
+    writes with its own umask (``0755`` and ``0644``)."""
+    for where, _, names in os.walk(folder):
+        paths = [(Path(where), 0o700), *((Path(where) / n, 0o600) for n in names)]
+        for path, mode in paths:
+            if path.is_symlink():
+                continue
+            try:
+                path.chmod(mode)
+            except OSError as exc:
+                raise PolicyError(
+                    f"cannot make {path} private ({mode:04o}): {exc.strerror}; Spark must "
+                    "write the prepared location as the gate's user"
+                ) from None
 
 
 def prepare(
