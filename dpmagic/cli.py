@@ -303,8 +303,9 @@ def _kernel_install(args: argparse.Namespace) -> int:
 def _init(args: argparse.Namespace) -> int:
     """Write a policy skeleton from the schema (names and types) of data files.
     No data value is read into it: declare bounds and public values yourself,
-    where it says TODO(dpmagic init); serve refuses the file until you have."""
-    from dpmagic.init_policy import InitError, unfilled, write_skeleton
+    and a CSV's column types (a CSV declares none), where it says
+    TODO(dpmagic init); serve refuses the file until you have."""
+    from dpmagic.init_policy import InitError, unfilled, untyped, write_skeleton
 
     files = [*args.sources, *args.data]
     if not files:
@@ -316,13 +317,21 @@ def _init(args: argparse.Namespace) -> int:
     except InitError as exc:
         raise CommandError(str(exc)) from None
     policy = load_policy(out)
-    left = len(unfilled(out.read_text()))
+    text = out.read_text()
+    left = len(unfilled(text))
     print(
         f"wrote {out}: dataset {next(iter(policy.datasets))!r} "
         f"({', '.join(policy.dataset(None).tables)}); "
         f"settle its {left} TODO(dpmagic init) placeholder(s), then: "
         f"dpmagic serve --policy {out}"
     )
+    choose = untyped(text)
+    if choose:
+        print(
+            f"a CSV declares no column types, and its values must not choose them: "
+            f'{len(choose)} column(s) are written "str" until you choose each type: '
+            + ", ".join(choose)
+        )
     return 0
 
 

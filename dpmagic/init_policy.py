@@ -1,12 +1,17 @@
 """``dpmagic init``: a policy skeleton from the schema of data files.
 
-Only the *schema* is read (names and types, as DuckDB infers them); no data
+Only the *schema* is read, and only where the file declares one; no data
 value goes into the policy. Bounds and public key lists are facts the data
 owner must declare from knowledge of the domain: copying the observed minimum,
 maximum or distinct values into a public file would itself leak the data.
-The skeleton therefore leaves them as commented placeholders to fill in, each
-marked ``TODO(dpmagic init)``; ``dpmagic serve`` refuses a policy that still has
-one (:func:`unfilled` names them), so a skeleton is never served by mistake.
+So would a type guessed from the values: a CSV declares no types, and DuckDB's
+sniffer would make ``age`` a float for one person's ``41.5``, in a policy every
+user reads. A Parquet file's declared types are used; a CSV's columns are
+written ``str`` (which any CSV text is) with a placeholder asking the owner for
+the type. The skeleton leaves all of these as commented placeholders to fill
+in, each marked ``TODO(dpmagic init)``; ``dpmagic serve`` refuses a policy that
+still has one (:func:`unfilled` names them), so a skeleton is never served by
+mistake.
 """
 
 from __future__ import annotations
@@ -44,9 +49,12 @@ class InitError(ValueError):
     """The skeleton cannot be written; the message says why in one line."""
 
 
-def describe(path: Path) -> list[tuple[str, str]]:
-    """(column, DuckDB type) for a CSV or Parquet file, from its schema only."""
-    reader = "read_parquet" if path.suffix.lower() == ".parquet" else "read_csv_auto"
+def describe(path: Path) -> list[tuple[str, str | None]]:
+    """(column, DuckDB type) for a CSV or Parquet file, from its schema only: a
+    Parquet file's declared types; a CSV declares none, so its types are None (the
+    names are read as the gate's load reads them, the types it sniffs are dropped)."""
+    declared = path.suffix.lower() == ".parquet"
+    reader = "read_parquet" if declared else "read_csv_auto"
     con = duckdb.connect()
     try:
         rows = con.execute(f"DESCRIBE SELECT * FROM {reader}(?)", [str(path)]).fetchall()
@@ -54,12 +62,12 @@ def describe(path: Path) -> list[tuple[str, str]]:
         raise InitError(f"{path}: cannot read its schema: {str(exc).splitlines()[0]}") from None
     finally:
         con.close()
-    return [(str(name), str(dtype)) for name, dtype, *_ in rows]
+    return [(str(name), str(dtype) if declared else None) for name, dtype, *_ in rows]
 
 
 def skeleton(files: list[Path], privacy_unit: str | None, dataset: str, out: Path) -> str:
     """The TOML text of a policy for ``files``, written to live at ``out``."""
-    tables: dict[str, tuple[Path, list[tuple[str, str]]]] = {}
+    tables: dict[str, tuple[Path, list[tuple[str, str | None]]]] = {}
     for path in files:
         if not path.is_file():
             raise InitError(f"{path}: no such file")
@@ -90,6 +98,17 @@ def skeleton(files: list[Path], privacy_unit: str | None, dataset: str, out: Pat
         "# you will GROUP BY, from what you know of the domain, never from the data,",
         "# or delete the comment to leave the column without. `dpmagic serve` refuses",
         "# this file while one is left. Then review the budgets.",
+        *(
+            [
+                "# A CSV file declares no column types, and a type guessed from its values",
+                "# would publish them (one person's fraction makes a column of whole numbers",
+                '# float): its columns are written "str", each with a TODO asking for its',
+                "# type. Their names come from the file's first line: check that it is a",
+                "# header, not a person's row.",
+            ]
+            if any(dtype is None for _, cols in tables.values() for _, dtype in cols)
+            else []
+        ),
         "",
         "[gate]",
         'state_dir = "state"          # ledger and audit log, next to this file',
@@ -143,7 +162,15 @@ def write_skeleton(
     return out
 
 
-def _column(name: str, dtype: str, privacy_unit: str) -> str:
+def _column(name: str, dtype: str | None, privacy_unit: str) -> str:
+    if dtype is None:  # a CSV's column: the owner chooses its type
+        decl = f"{_key(name)} = {{ type = {_string('str')} }}  # {PLACEHOLDER}: type = ?"
+        if name.lower() == privacy_unit.lower():
+            return f"{decl}  (int, float, str, bool or date)"
+        return (
+            f"{decl}, then lower = ?, upper = ? or public_values = [...]  (type: int, float, "
+            "str, bool or date; public bounds to SUM/AVG it, public_values to GROUP BY it)"
+        )
     base_type = dtype.split("(")[0].upper()
     ctype = _TYPES.get(base_type)
     if ctype is None:
@@ -167,6 +194,16 @@ def unfilled(policy_text: str) -> list[str]:
     line, each under the last ``[...columns]`` header seen. A line that is all
     comment (the file's own instructions, a column commented out) has none.
     """
+    return [f"{column} ({', '.join(names)})" for column, names in _placeholders(policy_text)]
+
+
+def untyped(policy_text: str) -> list[str]:
+    """``table.column`` for each column whose placeholder asks for its type (a CSV's)."""
+    return [column for column, names in _placeholders(policy_text) if "type" in names]
+
+
+def _placeholders(policy_text: str) -> list[tuple[str, list[str]]]:
+    """(``table.column``, the keys it asks for) for each placeholder, in order."""
     table = "?"
     found = []
     for line in policy_text.splitlines():
@@ -176,8 +213,7 @@ def unfilled(policy_text: str) -> list[str]:
         elif PLACEHOLDER in line and not line.lstrip().startswith("#"):
             column = line.split("=", 1)[0].strip().strip('"')
             what = line.split(PLACEHOLDER, 1)[1].lstrip(": ").split("  ")[0]
-            names = ", ".join(re.findall(r"(\w+) = ", what)) or what
-            found.append(f"{table}.{column} ({names})")
+            found.append((f"{table}.{column}", re.findall(r"(\w+) = ", what) or [what]))
     return found
 
 

@@ -45,21 +45,24 @@ def test_serve_refuses_a_skeleton_until_the_owner_fills_it(
     capsys.readouterr()
     skeleton = out.read_text()
     todo = unfilled(skeleton)
-    assert "visits.cost (lower, upper)" in todo and "visits.diagnosis (public_values)" in todo
+    assert "visits.patient_id (type)" in todo  # a CSV declares no types
+    assert "visits.cost (type, lower, upper, public_values)" in todo
     refused = _dpmagic("serve", "--policy", str(out))
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1
     for item in todo:
         assert item in refused.stderr
-    # The owner declares what they know of the domain, and drops the rest.
+    # The owner chooses the types and declares what they know of the domain, and
+    # drops the rest (those columns stay "str").
     declared = {
-        "cost": "lower = 0, upper = 50000",
-        "diagnosis": 'public_values = ["checkup", "asthma"]',
+        "patient_id": 'type = "int"',
+        "cost": 'type = "float", lower = 0, upper = 50000',
+        "diagnosis": 'type = "str", public_values = ["checkup", "asthma"]',
     }
     lines = []
     for line in skeleton.splitlines():
         name = line.split(" = ", 1)[0]
         if name in declared:
-            line = line.split(" }", 1)[0] + f", {declared[name]} }}"
+            line = f"{name} = {{ {declared[name]} }}"
         lines.append(line.split("  # TODO(dpmagic init)", 1)[0])
     out.write_text("\n".join(lines) + "\n")
     assert unfilled(out.read_text()) == []

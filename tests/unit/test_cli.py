@@ -18,7 +18,7 @@ from dpmagic.client import Gate
 from dpmagic.demo import GateProcess, prepare_example
 from dpmagic.examples.clinic import generate
 from dpmagic.gate.policy import load_policy
-from dpmagic.init_policy import unfilled
+from dpmagic.init_policy import unfilled, untyped
 
 
 @pytest.fixture
@@ -48,15 +48,18 @@ def test_init_writes_types_not_values(
     out = tmp_path / "clinic.toml"
     files = [str(p) for p in clinic_csv.values()]
     assert main(["init", *files, "--privacy-unit", "patient_id", "-o", str(out)]) == 0
-    assert "wrote" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "wrote" in said
     text = out.read_text()
     raw = tomllib.loads(text)
     visits = raw["datasets"]["clinic"]["tables"]["visits"]["columns"]
-    assert visits["patient_id"] == {"type": "int"}
-    assert visits["cost"] == {"type": "float"}
-    assert visits["stay_days"] == {"type": "int"}
-    assert visits["diagnosis"] == {"type": "str"}
-    assert 'cost = { type = "float" }  # TODO(dpmagic init): lower = ?, upper = ?' in text
+    # CSV files declare no types: each column is "str" until the owner chooses.
+    assert {c["type"] for c in visits.values()} == {"str"}
+    assert 'patient_id = { type = "str" }  # TODO(dpmagic init): type = ?  (' in text
+    assert 'cost = { type = "str" }  # TODO(dpmagic init): type = ?, then lower = ?' in text
+    assert "visits.cost (type, lower, upper, public_values)" in unfilled(text)
+    assert "visits.patient_id" in untyped(text) and "patients.age" in untyped(text)
+    assert ", ".join(untyped(text)) in said
     # Named for the folder the files share, not for the policy file.
     assert raw["datasets"]["clinic"]["sources"] == {
         "patients": "clinic/patients.csv",
@@ -98,12 +101,47 @@ def test_init_on_real_microdata_writes_no_value_of_it(
     text = out.read_text()
     columns = load_policy(out).dataset("pums_dup").tables["pums_dup"].columns
     assert set(columns) == {"age", "sex", "educ", "race", "income", "married", "pid"}
-    assert {c.type for c in columns.values()} == {"int"}
+    assert {c.type for c in columns.values()} == {"str"}  # a CSV: the owner chooses
     assert all(c.lower is None and c.public_values is None for c in columns.values())
     numbers = set(re.findall(r"\d+", text))
     values = duckdb.sql(f"SELECT DISTINCT income::VARCHAR FROM '{data}' WHERE income >= 100")
     assert not numbers & {v for (v,) in values.fetchall()}
-    assert len(unfilled(text)) == 6  # every column but the privacy unit
+    assert len(unfilled(text)) == len(untyped(text)) == 7  # every column's type
+
+
+def test_init_takes_no_type_from_a_csvs_values(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One person's 41.5 would make ``age`` a float in a policy every user reads,
+    and their date or true/false would type the other columns: a CSV's column
+    types are the owner's to choose, each a placeholder ``serve`` refuses, while
+    a Parquet file's declared types are used."""
+    rows = [f"{i},{30 + i % 50},2020-01-{1 + i % 28:02d},{i % 2 == 0}" for i in range(200)]
+    rows[117] = "117,41.5,2020-03-01,false"  # the one person
+    data = tmp_path / "people.csv"
+    data.write_text("pid,age,joined,member\n" + "\n".join(rows) + "\n")
+    sniffed = duckdb.sql(f"DESCRIBE SELECT * FROM read_csv_auto('{data}')").fetchall()
+    assert [t for _, t, *_ in sniffed] == ["BIGINT", "DOUBLE", "DATE", "BOOLEAN"]
+    out = tmp_path / "policy.toml"
+    assert main(["init", "--from", str(data), "--privacy-unit", "pid", "-o", str(out)]) == 0
+    said = capsys.readouterr().out
+    text = out.read_text()
+    columns = load_policy(out).dataset("people").tables["people"].columns
+    assert {name: c.type for name, c in columns.items()} == dict.fromkeys(columns, "str")
+    assert untyped(text) == ["people.pid", "people.age", "people.joined", "people.member"]
+    assert (
+        'column(s) are written "str" until you choose each type: people.pid, people.age, ' in said
+    )
+    assert "41.5" not in text and "41" not in re.findall(r"\d+", text)
+    # A declared schema is the owner's choice already: Parquet keeps its types.
+    parquet = tmp_path / "people.parquet"
+    duckdb.sql(f"COPY (SELECT * FROM read_csv_auto('{data}')) TO '{parquet}' (FORMAT parquet)")
+    typed = tmp_path / "typed.toml"
+    assert main(["init", "--from", str(parquet), "--privacy-unit", "pid", "-o", str(typed)]) == 0
+    assert "declares no column types" not in capsys.readouterr().out
+    columns = load_policy(typed).dataset("people").tables["people"].columns
+    assert [c.type for c in columns.values()] == ["int", "float", "date", "bool"]
+    assert untyped(typed.read_text()) == []
 
 
 def test_init_without_privacy_unit_lists_the_columns(
