@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import duckdb
@@ -76,7 +77,19 @@ def dataset(
             }
         }
     }
-    return parse_policy(raw, Path("policy.toml")).dataset("d")
+    return sized(parse_policy(raw, Path("policy.toml")).dataset("d"))
+
+
+# The rows a public table is given where no gate read it (``sized``).
+PUBLIC_ROWS = 100
+
+
+def sized(ds: Dataset, rows: int = PUBLIC_ROWS) -> Dataset:
+    """``ds`` with each public table given ``rows`` rows, as a gate reads them at start
+    (``Database.public_facts``), for plans made from a policy alone: the work bound
+    (``sql/work.py``) needs a public table's size."""
+    tables = {n: replace(t, rows=rows) if t.public else t for n, t in ds.tables.items()}
+    return replace(ds, tables=tables)
 
 
 def make_plan(sql: str, ds: Dataset, epsilon: float = 1.0) -> Plan:

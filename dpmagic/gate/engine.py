@@ -189,8 +189,9 @@ class Engine:
         }
         # Data first: a policy whose files are missing fails before any state is written.
         self.databases = {name: open_store(ds, policy.gate) for name, ds in policy.datasets.items()}
-        # A public table's contents are public: its columns' values become known keys.
-        datasets = {n: self.databases[n].public_keys(ds) for n, ds in policy.datasets.items()}
+        # A public table's contents are public: its columns' values become known keys, its
+        # size and its values' repeats bound what a join with it costs (``sql/work.py``).
+        datasets = {n: self.databases[n].public_facts(ds) for n, ds in policy.datasets.items()}
         self.policy = policy = replace(policy, datasets=datasets)
         self.ledger = Ledger(
             policy.gate.state_dir / "ledger.sqlite3", make_accountant(policy.gate.accountant)

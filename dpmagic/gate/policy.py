@@ -26,6 +26,10 @@ MAX_MAX_LENGTH = 1_000_000
 # reads, is at most this: fewer than 2^40 units (``sql.plan.MAX_ROWS``) with this many
 # rows each then fit a 64-bit count, and the exact sums' overflow proofs hold.
 MAX_UNIT_ROWS = 2**22
+# The most steps of work one unit may add to a query (``sql/work.py``), unless a dataset
+# sets ``max_unit_work``: about 10 ms of DuckDB's time at the costliest step measured
+# (``benchmarks/per_unit_work.py``), well under the default padding quantum.
+DEFAULT_MAX_UNIT_WORK = 2**20
 
 
 class AccountantKind(StrEnum):
@@ -125,6 +129,8 @@ class Column:
     dates: tuple[dt.date, dt.date] | None = None  # a date column's bounds
     randomized_response: RandomizedResponse | None = None
     max_length: int | None = None  # a text column's characters kept at load
+    # A public table's column: the most rows sharing one stored value (read at start).
+    repeats: int | None = None
 
     @property
     def bounded(self) -> bool:
@@ -158,6 +164,7 @@ class Table:
     columns: dict[str, Column]
     unit: str | None = None
     links: dict[str, str] = field(default_factory=dict)
+    rows: int | None = None  # a public table's rows, read at start (its contents are public)
 
 
 @dataclass(frozen=True)
@@ -179,6 +186,7 @@ class Dataset:
     spark: SparkConfig | None = None
     # Spark only: tables read from the session's catalog by name (``"table:db.name"``).
     catalog: dict[str, str] = field(default_factory=dict)
+    max_unit_work: int = DEFAULT_MAX_UNIT_WORK  # ``sql/work.py``
 
     def table(self, name: str) -> Table | None:
         return self.tables.get(name.lower())
@@ -191,6 +199,7 @@ class Dataset:
             "neighbouring": self.neighbouring,
             "max_partitions": self.max_partitions,
             "max_rows_per_partition": self.max_rows_per_partition,
+            "max_unit_work": self.max_unit_work,
             "user_budget": self.user_budget.as_dict(),
             "notebook_budget": self.notebook_budget.as_dict(),
             "query_default": self.query_default.as_dict(),
@@ -331,6 +340,7 @@ def _dataset(
             "neighbouring",
             "max_partitions",
             "max_rows_per_partition",
+            "max_unit_work",
             "user_budget",
             "notebook_budget",
             "query_default",
@@ -400,6 +410,9 @@ def _dataset(
             f"{where}: max_partitions × max_rows_per_partition is {max_partitions * max_rows:,}"
             f"; at most {MAX_UNIT_ROWS:,} rows of one unit can be bounded"
         )
+    work = _number(raw, "max_unit_work", where, DEFAULT_MAX_UNIT_WORK, minimum=1)
+    if work != int(work):
+        raise PolicyError(f"{where}.max_unit_work must be a whole number")
     return Dataset(
         name=name,
         database=_path(database, base) if database else None,
@@ -421,6 +434,7 @@ def _dataset(
         engine=engine,
         spark=spark,
         catalog=catalog,
+        max_unit_work=int(work),
     )
 
 

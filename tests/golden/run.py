@@ -25,6 +25,7 @@ from dpmagic.gate.sql.pipeline import Asked, analyse
 from dpmagic.gate.sql.plan import Plan
 from dpmagic.gate.sql.rewrite import rewrite
 from dpmagic.gate.sql.summary import summary as plan_summary
+from tests.gate_helpers import sized
 
 HERE = Path(__file__).resolve().parent
 SEED = 20261124  # the per-start seed of the window bounding, fixed here
@@ -66,7 +67,7 @@ def render(case: Case) -> str:
 
 def plan_of(case: Case) -> Plan:
     """The case's plan, from its policy, ε and (under δ-accountants) δ = budget / 100."""
-    dataset = load_policy(HERE / "policies" / f"{case.policy}.toml").dataset(None)
+    dataset = sized(load_policy(HERE / "policies" / f"{case.policy}.toml").dataset(None))
     accountant = make_accountant(dataset.accountant)
     delta = dataset.user_budget.delta / 100 if dataset.user_budget.delta else 0.0
     return analyse(Asked(case.sql, {}, case.epsilon, delta), dataset, accountant)

@@ -56,7 +56,7 @@ class CannotRunOnSpark(Refused):
 
 class SparkDatabase:
     """A Spark dataset's tables as the engine queries them (``execute.Database``'s
-    interface: ``dialect``, ``vet``, ``run``, ``public_keys``, ``close``)."""
+    interface: ``dialect``, ``vet``, ``run``, ``public_facts``, ``close``)."""
 
     dialect = SPARK
 
@@ -170,9 +170,10 @@ class SparkDatabase:
                 self.spark.interruptTag(tag)
             done.wait(0.05)
 
-    def public_keys(self, dataset: Dataset) -> Dataset:
-        """As ``execute.Database.public_keys``: a public table's distinct values of each
-        key column, when there are few enough, become declared keys."""
+    def public_facts(self, dataset: Dataset) -> Dataset:
+        """As ``execute.Database.public_facts``: a public table's distinct values of each
+        key column, when there are few enough, become declared keys; its rows and each
+        column's most repeated value's rows bound what a join with it costs."""
         from pyspark.sql import functions as F
 
         tables = dict(dataset.tables)
@@ -182,6 +183,8 @@ class SparkDatabase:
             columns = dict(table.columns)
             frame = self.spark.table(table.name)
             for col in table.columns.values():
+                most = frame.groupBy(col.name).count().agg(F.max("count")).collect()[0][0]
+                columns[col.name] = replace(col, repeats=int(most or 0))
                 if col.public_values is not None or col.type not in KEY_TYPES:
                     continue
                 values = (
@@ -193,8 +196,9 @@ class SparkDatabase:
                     .collect()
                 )
                 if 0 < len(values) <= MAX_PARTITIONS:
-                    columns[col.name] = replace(col, public_values=tuple(v for (v,) in values))
-            tables[table.name] = replace(table, columns=columns)
+                    found = tuple(v for (v,) in values)
+                    columns[col.name] = replace(columns[col.name], public_values=found)
+            tables[table.name] = replace(table, columns=columns, rows=frame.count())
         return replace(dataset, tables=tables)
 
     def close(self) -> None:

@@ -151,6 +151,8 @@ def join_cap(dataset: Dataset, bounding: Bounding) -> int:
     plan's ``K`` under the ranks, else the load cap, which the window after the join
     then bounds per partition. Never a product of scans: one unit's rows multiplied
     by a self-join would otherwise be its work (``sql/work.py``)."""
+    if isinstance(bounding, RowLevel):
+        return 1  # each row is its own unit, and a join is refused without one
     return bounding.rows if isinstance(bounding, Ranked) else load_cap(dataset)
 
 

@@ -36,7 +36,7 @@ from typing import Protocol
 import duckdb
 
 from dpmagic.gate.errors import Failed, Refused
-from dpmagic.gate.policy import Dataset, EngineKind, GateConfig, PolicyError
+from dpmagic.gate.policy import Column, Dataset, EngineKind, GateConfig, PolicyError, Table
 from dpmagic.gate.sql.contribution import SQL_TYPES
 from dpmagic.gate.sql.dialect import DUCKDB, Dialect
 from dpmagic.gate.sql.keys import MAX_PARTITIONS
@@ -139,7 +139,7 @@ class Store(Protocol):
         self, sql: str, keep: Callable[[list[tuple]], list[tuple]] | None = None
     ) -> ExactResult: ...
 
-    def public_keys(self, dataset: Dataset) -> Dataset: ...
+    def public_facts(self, dataset: Dataset) -> Dataset: ...
 
     def close(self) -> None: ...
 
@@ -275,13 +275,14 @@ class Database:
             con.close()
         return ExactResult(rows=rows, thresholded=keep is not None)
 
-    def public_keys(self, dataset: Dataset) -> Dataset:
-        """``dataset`` with each public table's undeclared key values read from the
-        table itself: its contents are public, so grouping by one of its columns
-        releases keys that are known before any private row is read."""
+    def public_facts(self, dataset: Dataset) -> Dataset:
+        """``dataset`` with facts read from each public table itself, whose contents are
+        public: its undeclared key values (grouping by one of its columns releases keys
+        known before any private row is read), its rows and each column's most repeated
+        value's rows (how many rows one row joined to it can match: ``sql/work.py``)."""
         tables = dict(dataset.tables)
         for table in dataset.tables.values():
-            if not table.public:
+            if not table.public or table.name not in self.tables:
                 continue
             columns = dict(table.columns)
             for col in table.columns.values():
@@ -289,8 +290,26 @@ class Database:
                     values = self._distinct(table.name, col.name, SQL_TYPES[col.type])
                     if values:
                         columns[col.name] = replace(col, public_values=values)
-            tables[table.name] = replace(table, columns=columns)
+                columns[col.name] = replace(columns[col.name], repeats=self._repeats(table, col))
+            rows = self._one(f'SELECT COUNT(*) FROM "{_ident(table.name)}"')
+            tables[table.name] = replace(table, columns=columns, rows=rows)
         return replace(dataset, tables=tables)
+
+    def _repeats(self, table: Table, col: Column) -> int:
+        """The most rows of a public table that share one stored value of ``col``."""
+        name, column = _ident(table.name), _ident(col.name)
+        found = self._one(
+            f'SELECT max(n) FROM (SELECT COUNT(*) AS n FROM "{name}" GROUP BY "{column}")'
+        )
+        return found or 0
+
+    def _one(self, sql: str) -> int:
+        con = self._db.cursor()
+        try:
+            (value,) = con.execute(sql).fetchone()
+        finally:
+            con.close()
+        return int(value or 0)
 
     def _distinct(self, table: str, column: str, sql_type: str) -> tuple[object, ...] | None:
         """The distinct non-NULL values of a public column, if there are few enough

@@ -40,13 +40,21 @@ from dpmagic.gate.policy import AccountantKind, Dataset
 from dpmagic.gate.selection import Grid, QuantileNoise, calibrate_quantile, grid
 from dpmagic.gate.sql.bound import Bounded, Interval
 from dpmagic.gate.sql.check import AggregateCall, Checked, GroupKey
-from dpmagic.gate.sql.contribution import Bounding, Ranked, Window, bounding, load_cap
+from dpmagic.gate.sql.contribution import (
+    Bounding,
+    Ranked,
+    Window,
+    bounding,
+    join_cap,
+    load_cap,
+)
 from dpmagic.gate.sql.keys import MAX_PARTITIONS, KeyDomain
 from dpmagic.gate.sql.kinds import MeasureKind
 from dpmagic.gate.sql.parse import DIALECT
 from dpmagic.gate.sql.randomized import Debias, debiasing
 from dpmagic.gate.sql.resolve import Resolved
 from dpmagic.gate.sql.trees import display
+from dpmagic.gate.sql.work import Work, unit_work, within
 
 MAX_SCORES = 2_000_000  # candidates scored over all partitions of one quantile
 # Every table a gate serves has fewer rows than this (DuckDB's ``Database`` and
@@ -256,6 +264,7 @@ class Plan:
     partitions: tuple[tuple[object, ...], ...]
     bounding: Bounding  # how the SQL bounds each unit's rows, which ``contribution`` is of
     contribution: Contribution
+    work: Work  # what one unit can add to the query's work (``work.py``), within the policy's
     measurements: tuple[Measurement, ...]
     selections: tuple[Selection, ...]
     parts: dict[str, Parts]  # aggregate name -> the measurements it is made of
@@ -348,6 +357,7 @@ def plan(
     kinds = {kind for kind, *_ in wanted.values()}
     bounds = bounding(dataset, resolved, bool(checked.keys), reach, kinds, private is not None)
     contribution = bounds.contribution(reach)
+    work = _work(bounded, bounds, wanted, quantiles)
     rows = partition_rows(resolved, contribution)
     weights = _weights(checked, uses, wanted, contribution, dataset, accountant)
     total_weight = math.fsum(weights.values()) + len(quantiles) + (1 if private else 0)
@@ -396,6 +406,7 @@ def plan(
         partitions=partitions,
         bounding=bounds,
         contribution=contribution,
+        work=work,
         measurements=measurements,
         selections=selections,
         parts={
@@ -410,6 +421,23 @@ def plan(
         debiased=debiased,
         left_out=left_out,
     )
+
+
+def _work(bounded: Bounded, bounds: Bounding, wanted: dict, quantiles: dict) -> Work:
+    """What one unit can add to the query's work, refused (free) above the policy's
+    ``max_unit_work`` (``work.py``): decided before the debit, from the plan alone."""
+    resolved = bounded.checked.resolved
+    dataset = resolved.dataset
+    trees = [k.expr for k in bounded.checked.keys]
+    trees += [arg for _, arg, *_ in wanted.values() if arg is not None]
+    trees += [arg for arg, *_ in quantiles.values()]
+    if resolved.unit is not None:
+        trees.append(resolved.unit)
+    cap = join_cap(dataset, bounds)
+    found = unit_work(resolved, cap, load_cap(dataset), trees, len(quantiles),
+                      isinstance(bounds, Window))  # fmt: skip
+    within(found, dataset.max_unit_work, dataset.privacy_unit)
+    return found
 
 
 def _report_allowed(report: float, dataset: Dataset, accuracy: Accuracy | None) -> None:

@@ -1,0 +1,218 @@
+"""The work one unit can add to a query, bounded from the plan before the debit.
+
+After the debit a query can end only by running out of time or memory, so how
+long it runs and how much memory it takes must not hinge on one unit: if one
+unit could add seconds of work, whether a query times out (or how long its
+reply takes, beyond the padding quantum) would say whether that unit is in the
+data, at any ε. This module bounds, before anything is charged, what one unit
+adds, and the plan refuses (free) a query whose bound is above the policy's
+``max_unit_work``.
+
+The bound is a product of two factors, each a function of the query and the
+policy alone:
+
+**Rows.** Every intermediate result of the generated SQL holds, of one unit
+``u``, only rows whose private parts are ``u``'s (``resolve`` proves a join's
+private rows share their unit). Its private scans keep at most ``cap`` joined
+rows of ``u`` (``contribution.room_reads``: ``cap`` is the plan's ``K`` under
+the ranks and the load cap otherwise), whatever order the engine joins them in:
+a join of a subset of the scans has at most the product of their factors, each
+at least 1, which is at most ``cap``. A public table multiplies each of those
+rows by at most its *fan-out*: the rows of the public table one row can match,
+which is its row count, or, where the join has a conjunct ``p.c = e`` with
+``e`` reading no column of ``p`` and of ``c``'s declared type, the most rows of
+``p`` sharing one value of ``c`` (``Column.repeats``, read at start: a public
+table's contents are public). A semi-join's subquery over private tables holds
+at most ``load cap × its public fan-outs`` rows of ``u`` the same way; one over
+public tables only does not depend on ``u`` at all. Aggregation, the window's
+sorts and the final result only consume these rows.
+
+**Steps per row.** Each such row is worked on by the query's row expressions
+(``WHERE`` and ``ON`` conditions, group keys, aggregate arguments, the
+quantiles' grid snap, the unit), the join that built it and the window that
+bounds it. A *step* is one operator on one value of at most ``TEXT_STEP``
+characters; a node on text costs one step more per ``TEXT_STEP`` characters it
+may read (from ``bound.text_length``: a column's ``max_length``, a literal's
+own length, sums for concatenation), a ``LIKE`` pattern's scan once per
+wildcard. Steps are counted on the plan's trees, an upper bound on what the
+generated SQL evaluates per row (it evaluates each of them at most once a row).
+
+``work = rows × steps`` summed over the query's joins (the main one and each
+semi-join over private tables). ``benchmarks/per_unit_work.py`` measures what a
+step costs per shape on each engine; the default ``max_unit_work`` keeps one
+unit's added time well under the default padding quantum (docs/security.md).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from sqlglot import exp
+
+from dpmagic.gate.errors import Refused
+from dpmagic.gate.sql.bound import text_length
+from dpmagic.gate.sql.check import CONCATENATION, TEXT_FUNCTIONS
+from dpmagic.gate.sql.resolve import Resolved, Scan
+from dpmagic.gate.sql.trees import conjuncts
+
+# Characters one step reads: a node on a text of n characters costs 1 + n // 64 steps.
+TEXT_STEP = 64
+# Steps a quantile's argument costs to snap to its grid (``rewrite._snap``: a cast, a
+# clamp, a division, a rounding, two bounds and a NULL test).
+SNAP_STEPS = 12
+# Steps per row of the window that bounds a unit's rows after its joins: a hash and a
+# place in two sorts (``rewrite.bound_contributions``).
+WINDOW_STEPS = 8
+
+
+@dataclass(frozen=True)
+class Join:
+    """One join the SQL runs over private rows: the most rows one unit adds to any of
+    its intermediate results, and the most steps each of those rows costs."""
+
+    rows: int
+    steps: int
+
+    @property
+    def work(self) -> int:
+        return self.rows * self.steps
+
+
+@dataclass(frozen=True)
+class Work:
+    """The work one unit can add to a query (see the module's docstring): the main
+    join's and each private semi-join's."""
+
+    joins: tuple[Join, ...]
+
+    @property
+    def rows(self) -> int:
+        return sum(j.rows for j in self.joins)
+
+    @property
+    def total(self) -> int:
+        return sum(j.work for j in self.joins)
+
+    def as_dict(self) -> dict[str, int]:
+        return {"rows": self.rows, "steps": self.total}
+
+
+def unit_work(
+    resolved: Resolved,
+    cap: int,
+    load_cap: int,
+    trees: list[exp.Expression],
+    quantiles: int,
+    windowed: bool,
+) -> Work:
+    """The bound for a query whose private scans keep at most ``cap`` joined rows of a
+    unit (``contribution.join_cap``; 1 without a unit, when each row is its own), whose
+    row expressions are ``trees`` (keys, aggregate arguments, the unit), with
+    ``quantiles`` grid snaps and, if ``windowed``, the window after its joins."""
+    where = resolved.tree.args.get("where")
+    terms = conjuncts(where.this) if where is not None else []
+    on = [s.on for s in resolved.scans if s.on is not None]
+    probes = [j.lhs for j in resolved.semijoins]
+    steps = sum(steps_of(t, resolved) for t in [*trees, *terms, *on, *probes])
+    steps += quantiles * SNAP_STEPS + (WINDOW_STEPS if windowed else 0) + len(resolved.scans)
+    joins = [Join(cap * _fan_out(resolved.scans, terms, resolved), steps)]
+    for j in resolved.semijoins:
+        if all(s.table.public for s in j.scans):
+            continue  # the subquery reads no unit's rows: the same on every dataset
+        inner = conjuncts(j.where) if j.where is not None else []
+        inner_on = [s.on for s in j.scans if s.on is not None]
+        semi = sum(steps_of(t, resolved) for t in [j.value, *inner, *inner_on]) + len(j.scans)
+        joins.append(Join(load_cap * _fan_out(j.scans, inner, resolved), semi))
+    return Work(tuple(joins))
+
+
+def within(work: Work, limit: int, unit: str | None) -> None:
+    """Refuse, free, a query whose bound is above the policy's ``max_unit_work``."""
+    if work.total <= limit:
+        return
+    who = f"one {unit}" if unit else "one row"
+    raise Refused(
+        f"{who} could add up to {work.total:,} steps of work to this query ({work.rows:,} "
+        f"joined rows), above the policy's max_unit_work of {limit:,}: join fewer or "
+        "smaller public tables, on a column (p.key = …) rather than a condition, or "
+        "read private tables fewer times"
+    )
+
+
+def steps_of(tree: exp.Expression, resolved: Resolved) -> int:
+    """The steps one evaluation of ``tree`` on one row costs (see the module's docstring)."""
+    return sum(
+        1 + math.ceil(_chars(n, resolved) / TEXT_STEP)
+        for n in tree.walk()
+        if not isinstance(n, exp.Identifier | exp.DataType)  # names and types: no work
+    )
+
+
+def _chars(node: exp.Expression, r: Resolved) -> float:
+    """The most characters ``node`` reads or writes (0 for a node on no text)."""
+    if isinstance(node, exp.Like | exp.ILike):
+        pattern = node.expression
+        wildcards = pattern.this.count("%") + pattern.this.count("_") if pattern.is_string else 0
+        return _text(node.this, r) * (1 + wildcards)
+    return max([_text(node, r), *(_text(c, r) for c in node.iter_expressions())])
+
+
+def _text(node: exp.Expression, r: Resolved) -> float:
+    """The most characters of a text value ``node`` can hold; 0 if it is not text."""
+    if isinstance(node, exp.Paren):
+        return _text(node.this, r)
+    col = r.column(node)
+    if col is not None:
+        return text_length(node, r) if col.type == "str" else 0
+    if isinstance(node, exp.Literal):
+        return len(node.this) if node.is_string else 0
+    if isinstance(node, TEXT_FUNCTIONS) and not isinstance(node, exp.Length):
+        return text_length(node, r)
+    if isinstance(node, CONCATENATION):
+        return text_length(node, r)
+    if isinstance(node, exp.Case | exp.If | exp.Coalesce | exp.Nullif | exp.Greatest | exp.Least):
+        return max([0, *(_text(c, r) for c in node.iter_expressions())])
+    return 0
+
+
+def _fan_out(scans: tuple[Scan, ...], terms: list[exp.Expression], r: Resolved) -> int:
+    """The product over the public scans of ``scans`` of the rows one row can match."""
+    product = 1
+    for scan in scans:
+        if not scan.table.public:
+            continue
+        conditions = terms + (conjuncts(scan.on) if scan.on is not None else [])
+        product *= _matches(scan, conditions, r)
+    return product
+
+
+def _matches(scan: Scan, conditions: list[exp.Expression], r: Resolved) -> int:
+    """The most rows of public ``scan`` one row of the rest of the join can match."""
+    rows = scan.table.rows
+    if rows is None:
+        raise Refused(f"the public table {scan.table.name!r} has no known size")
+    best = rows
+    for cond in conditions:
+        if not isinstance(cond, exp.EQ):
+            continue
+        for mine, other in ((cond.this, cond.expression), (cond.expression, cond.this)):
+            col = r.column(mine) if isinstance(mine, exp.Column) else None
+            if col is None or mine.table != scan.name or col.repeats is None:
+                continue
+            if any(c.table == scan.name for c in other.find_all(exp.Column)):
+                continue
+            if _same_type(col.type, other, r):
+                best = min(best, col.repeats)
+    return max(best, 1)
+
+
+def _same_type(kind: str, other: exp.Expression, r: Resolved) -> bool:
+    """Whether ``other`` compares with a column of type ``kind`` without a cast, so
+    that only rows holding one stored value can equal it."""
+    col = r.column(other)
+    if col is not None:
+        return col.type == kind
+    if isinstance(other, exp.Literal):
+        return (kind == "str") == other.is_string and (kind != "int" or other.is_int)
+    return False
