@@ -18,18 +18,19 @@ import json
 import logging
 import math
 import secrets
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass, replace
 
 from dpmagic.gate.accounting import AccountantError, make_accountant
+from dpmagic.gate.admission import Admission
+from dpmagic.gate.analysis_cache import BYTES_PER_CHAR, AnalysisCache
 from dpmagic.gate.calibration import REPORT_ALPHA, Accuracy
 from dpmagic.gate.errors import BadRequest, Failed, GateError, InvalidBody, Refused
 from dpmagic.gate.policy import AccountantKind, Dataset, Policy, PolicyError
 from dpmagic.gate.service.ledger import Ledger
 from dpmagic.gate.service.views import budget_views, history_entries
 from dpmagic.gate.sql import bounding
-from dpmagic.gate.sql.execute import open_store
+from dpmagic.gate.sql.execute import OutOfResources, open_store
+from dpmagic.gate.sql.limits import deadline
 from dpmagic.gate.sql.pipeline import Analysed, Asked, analyse, execute, generate
 from dpmagic.gate.sql.plan import Plan
 from dpmagic.gate.sql.rewrite import Rewritten
@@ -42,8 +43,8 @@ log = logging.getLogger("dpmagic.gate")
 ANSWER_VERSION = "2"
 MAX_NOTEBOOK_CHARS = 512
 MIN_EPSILON = 1e-12
-# Analyses kept for repeated query texts (a notebook re-run, a dashboard, a class).
-ANALYSIS_CACHE_SIZE = 512
+# A user's failures after the debit are counted over this window (``_within_failures``).
+FAILURE_WINDOW_S = 24 * 3600
 
 
 @dataclass(frozen=True)
@@ -182,13 +183,16 @@ class Engine:
         # bound holds for every fixed seed). Fixed, it makes the generated SQL a
         # function of the plan, so it can be cached and vetted once.
         self._seeds = {name: secrets.randbits(62) for name in policy.datasets}
-        self._analyses: OrderedDict[tuple, Analysis] = OrderedDict()
-        self._analyses_lock = threading.Lock()
+        # Analyses kept for a user's repeated query texts (a notebook re-run, a
+        # dashboard), per user and bounded in bytes (``analysis_cache.py``).
+        self._analyses: AnalysisCache[Analysis] = AnalysisCache()
         self.accountants = {
             name: make_accountant(ds.accountant) for name, ds in policy.datasets.items()
         }
         # Data first: a policy whose files are missing fails before any state is written.
         self.databases = {name: open_store(ds, policy.gate) for name, ds in policy.datasets.items()}
+        # Who runs on each dataset's engine, and when (``admission.py``).
+        self._admissions = {name: Admission() for name in policy.datasets}
         # A public table's contents are public: its columns' values become known keys, its
         # size and its values' repeats bound what a join with it costs (``sql/work.py``).
         datasets = {n: self.databases[n].public_facts(ds) for n, ds in policy.datasets.items()}
@@ -217,11 +221,12 @@ class Engine:
         except AccountantError as exc:
             raise BadRequest(str(exc)) from None
 
-    def analysis(self, dataset: Dataset, request: QueryRequest) -> Analysis:
-        """``analyse`` and ``rewrite``, remembered per query text, parameters and asked
-        budget: all of it is a function of those and of the policy, which is fixed for
-        the engine's life, and none of it of the data. A refusal is not remembered
-        (it raises), so it is analysed again each time."""
+    def analysis(self, user: str, dataset: Dataset, request: QueryRequest) -> Analysis:
+        """``analyse`` and ``rewrite``, remembered per user, query text, parameters and
+        asked budget: all of it is a function of those and of the policy, which is fixed
+        for the engine's life, and none of it of the data. Kept per user, so the time
+        of a reply never says whether someone else sent the same text. A refusal is
+        not remembered (it raises), so it is analysed again each time."""
         eps, delta = _asked(dataset, request)
         try:
             params = json.dumps(request.params, sort_keys=True)
@@ -229,21 +234,16 @@ class Engine:
             return self._analysed(dataset, request)
         key = (dataset.name, request.sql, params, eps, delta, request.accuracy, request.alpha,
                request.bounding_report)  # fmt: skip
-        with self._analyses_lock:
-            found = self._analyses.get(key)
-            if found is not None:
-                self._analyses.move_to_end(key)
-                return found
-        found = self._analysed(dataset, request)
-        with self._analyses_lock:
-            self._analyses[key] = found
-            if len(self._analyses) > ANALYSIS_CACHE_SIZE:
-                self._analyses.popitem(last=False)
+        found = self._analyses.get(user, key)
+        if found is None:
+            found = self._analysed(dataset, request)
+            self._analyses.put(user, key, found, _estimated_bytes(found))
         return found
 
     def _analysed(self, dataset: Dataset, request: QueryRequest) -> Analysis:
         try:
-            return self._analysed_once(dataset, request)
+            with deadline():  # one for analyse and generate together (``sql/limits.py``)
+                return self._analysed_once(dataset, request)
         except GateError:
             raise
         except RecursionError:
@@ -270,7 +270,7 @@ class Engine:
     def query(self, user: str, body: object) -> dict[str, object]:
         request = QueryRequest.from_body(body)
         dataset = self._dataset(request.dataset)
-        analysis = self.analysis(dataset, request)
+        analysis = self.analysis(user, dataset, request)
         the_plan, key = analysis.plan, analysis.replay_key
         eps, delta = _asked(dataset, request)
         reply: dict[str, object] = {
@@ -323,6 +323,7 @@ class Engine:
                 stored.update(replayed=True, cost={"epsilon": 0.0, "delta": 0.0})
                 return self._with_budget(stored, user, dataset, request.notebook)
 
+        self._within_failures(user, dataset)
         charge = self.ledger.debit(
             user=user,
             dataset=dataset.name,
@@ -335,7 +336,11 @@ class Engine:
             accountant=self.accountants[dataset.name],
         )
         try:
-            answer = execute(analysis.analysed, self.databases[dataset.name])
+            answer = self._admissions[dataset.name].run(
+                user,
+                lambda: execute(analysis.analysed, self.databases[dataset.name]),
+                OutOfResources,
+            )
         except GateError as exc:
             self.ledger.record_failure(charge)
             raise Failed(exc.message) if not isinstance(exc, Failed) else exc from None
@@ -351,6 +356,20 @@ class Engine:
             reply["bounding"] = {**analysis.bounds, "left_out": answer.left_out}
         self.ledger.record_release(charge, reply)
         return self._with_budget(reply, user, dataset, request.notebook)
+
+    def _within_failures(self, user: str, dataset: Dataset) -> None:
+        """Refuse, free, a user whose queries on ``dataset`` failed after the debit
+        ``max_resource_failures`` times in the last day: a query tuned to the edge of
+        the time or memory limit is the one way left for one unit's bounded work to
+        show (docs/security.md), and it takes many tries (``execute.drawn_timeout``)."""
+        failed = self.ledger.recent_failures(user, dataset.name, FAILURE_WINDOW_S)
+        if failed >= dataset.max_resource_failures:
+            raise Refused(
+                f"{failed} of your queries on {dataset.name!r} ran out of time or memory in "
+                f"the last 24 hours, the policy's max_resource_failures: the gate runs none "
+                "of yours there until a day has passed since the oldest, or the owner "
+                "resets your budget; nothing was charged"
+            )
 
     def budget(self, user: str, dataset: str | None, notebook: str | None) -> dict[str, object]:
         """``GET /v1/budget``: the user's and the notebook's views, at the top level."""
@@ -409,6 +428,14 @@ class Engine:
             identity["bounding_report"] = request.bounding_report
         text = json.dumps(identity, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _estimated_bytes(analysis: Analysis) -> int:
+    """What keeping ``analysis`` costs, estimated from its texts
+    (``analysis_cache.BYTES_PER_CHAR``)."""
+    report = analysis.analysed.report
+    chars = len(analysis.rewritten.sql) + (0 if report is None else len(report.sql))
+    return BYTES_PER_CHAR * (chars + len(analysis.plan.checked.resolved.canonical))
 
 
 def _default_delta(dataset: Dataset) -> float:

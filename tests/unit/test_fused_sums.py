@@ -167,7 +167,7 @@ def _visits(n: int) -> dict:
 
 def _fused(engine) -> tuple:
     request = QueryRequest.from_body({"sql": AVERAGE})
-    return engine.analysis(engine._dataset("d"), request).analysed.rewritten.fused
+    return engine.analysis("u", engine._dataset("d"), request).analysed.rewritten.fused
 
 
 def test_the_gate_fuses_and_answers(tmp_path):

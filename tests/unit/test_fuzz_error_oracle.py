@@ -270,7 +270,7 @@ def _duckdb_error(engine: Engine, sql: str) -> str:
     dataset = engine.policy.dataset("d")
     request = QueryRequest.from_body({"sql": sql, "epsilon": EPSILON})
     try:
-        analysis = engine.analysis(dataset, request)
+        analysis = engine.analysis(USER, dataset, request)
     except Exception as exc:
         return f"the analysis raised {type(exc).__name__}: {str(exc)[:300]}"
     try:

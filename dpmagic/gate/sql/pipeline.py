@@ -31,6 +31,13 @@ Each pass decides what it decides once and hands it on as a typed value; a later
 pass reads what it needs from the value it is given. The engine
 (``dpmagic/gate/engine.py``) runs ``analyse`` and ``execute`` and does the
 service work around them: the cache of analyses, the ledger, replay, the reply.
+
+The analysis is bounded (``sql/limits.py``): ``resolve`` refuses a query whose
+inlined form passes ``MAX_EXPANDED_NODES`` while it builds it, ``generate`` refuses
+generated SQL over ``MAX_GENERATED_CHARS`` before DuckDB reads it, and the passes
+run under a deadline of ``ANALYSIS_SECONDS``, checked before each pass and inside
+``resolve``'s expansion (the engine's deadline covers ``analyse`` and ``generate``
+together; called alone, each sets its own).
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ from dpmagic.gate.sql import bounding
 from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
 from dpmagic.gate.sql.execute import Store
+from dpmagic.gate.sql.limits import check_deadline, check_generated, deadline
 from dpmagic.gate.sql.noise import declared_keys, key_threshold, noise
 from dpmagic.gate.sql.parse import Param, parse
 from dpmagic.gate.sql.plan import Plan, plan
@@ -86,24 +94,43 @@ class Answer:
 
 def analyse(asked: Asked, dataset: Dataset, accountant: Accountant) -> Plan:
     """parse → resolve → check → bound → plan: every check that can refuse the query
-    from its text and the policy. Touches no data, costs nothing."""
-    parsed = parse(asked.sql, asked.params)
-    resolved = resolve(parsed, dataset)
-    checked = check(resolved)
-    bounded = bound(checked)
-    return plan(bounded, asked.epsilon, asked.delta, accountant, asked.accuracy, asked.report)
+    from its text and the policy. Touches no data, costs nothing; refused when over
+    the analysis's bounds (``sql/limits.py``)."""
+    with deadline():
+        parsed = parse(asked.sql, asked.params)
+        check_deadline()
+        resolved = resolve(parsed, dataset)
+        check_deadline()
+        checked = check(resolved)
+        check_deadline()
+        bounded = bound(checked)
+        check_deadline()
+        the_plan = plan(
+            bounded, asked.epsilon, asked.delta, accountant, asked.accuracy, asked.report
+        )
+        check_deadline()
+        return the_plan
 
 
 def generate(the_plan: Plan, seed: int, database: Store) -> Analysed:
     """rewrite → vet: the plan's SQL, refused if it would fail on empty tables (a
-    failure that depends on no data, found before the debit)."""
-    rewritten = rewrite(the_plan, seed, database.dialect)
-    database.vet(rewritten.sql)
-    report = None
-    if the_plan.left_out is not None:
-        report = left_out(the_plan, seed, database.dialect)
-        database.vet(report.sql)
-    return Analysed(plan=the_plan, rewritten=rewritten, post=post_query(the_plan), report=report)
+    failure that depends on no data, found before the debit), or if it is longer than
+    ``MAX_GENERATED_CHARS`` (before DuckDB parses it)."""
+    with deadline():
+        check_deadline()
+        rewritten = rewrite(the_plan, seed, database.dialect)
+        check_generated(rewritten.sql)
+        check_deadline()
+        database.vet(rewritten.sql)
+        report = None
+        if the_plan.left_out is not None:
+            check_deadline()
+            report = left_out(the_plan, seed, database.dialect)
+            check_generated(report.sql)
+            check_deadline()
+            database.vet(report.sql)
+        post = post_query(the_plan)
+    return Analysed(plan=the_plan, rewritten=rewritten, post=post, report=report)
 
 
 def execute(analysed: Analysed, database: Store) -> Answer:

@@ -18,13 +18,14 @@ freely. Only the policy is consulted, so a refusal says nothing about data.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from sqlglot import exp
 
 from dpmagic.gate.errors import Refused, required
 from dpmagic.gate.policy import Column, Dataset, Table
+from dpmagic.gate.sql.limits import AnalysisLimit, Expansion, nodes
 from dpmagic.gate.sql.parse import DIALECT, Parsed
 from dpmagic.gate.sql.trees import conjuncts
 
@@ -109,7 +110,9 @@ class Resolved:
 
 
 def resolve(parsed: Parsed, dataset: Dataset) -> Resolved:
-    flat = _Flattener(dataset, itertools.count())
+    """The query as one SELECT over scans; refused (``limits.AnalysisLimit``) as soon as
+    inlining would build more than ``limits.MAX_EXPANDED_NODES`` nodes."""
+    flat = _Flattener(dataset, itertools.count(), Expansion())
     tree = parsed.tree
     if tree.find(exp.TableSample):
         raise Refused("sampling clauses (USING SAMPLE, TABLESAMPLE) are not allowed")
@@ -148,11 +151,20 @@ def resolve(parsed: Parsed, dataset: Dataset) -> Resolved:
 
 
 class _Flattener:
-    """Walks FROM clauses, creating scans and collecting filters."""
+    """Walks FROM clauses, creating scans and collecting filters.
 
-    def __init__(self, dataset: Dataset, names: Iterator[int]) -> None:
+    Every copy it makes is first charged to ``expansion`` (shared with the semi-joins'
+    own flatteners): the text's expressions as ``substitute`` copies them, each
+    definition a column reference inlines, each scan's columns. A CTE read at several
+    places is inlined at each, and its columns' definitions at each of their uses, so
+    the inlined query can be exponentially larger than the text; the charge refuses it
+    before the copy that would pass the cap is made.
+    """
+
+    def __init__(self, dataset: Dataset, names: Iterator[int], expansion: Expansion) -> None:
         self.dataset = dataset
         self.names = names  # scan numbers, shared with the semi-joins' own flatteners
+        self.expansion = expansion
         self.top_ctes: dict = {}
         self.semijoins: list[SemiJoin] = []
         self.scans: list[Scan] = []
@@ -199,7 +211,10 @@ class _Flattener:
                 scan = self.scans[-1]
                 # The right side's own filters narrow which of its rows match.
                 self.scans[-1] = Scan(scan.name, scan.table, "left", _and(conds + right_filters))
-                env = {**env, **{r: _guard_all(cols, scan.name) for r, cols in right.items()}}
+                env = {
+                    **env,
+                    **{r: _guard_all(cols, scan.name, self.expansion) for r, cols in right.items()},
+                }
             else:
                 filters += right_filters + conds
         return env, filters
@@ -225,6 +240,7 @@ class _Flattener:
                     + ", ".join(sorted(self.dataset.tables))
                 )
             name = f"__s{next(self.names)}"
+            self.expansion.add(3 * len(table.columns))  # a column, its name and its table's
             self.scans.append(Scan(name, table, kind))
             cols: dict[str, exp.Expression] = {c: exp.column(c, table=name) for c in table.columns}
             return {alias or table.name: cols}, []
@@ -281,6 +297,7 @@ class _Flattener:
                 return self.exists(n, env)
             return n
 
+        self.expansion.add(nodes(node))
         node = node.copy().transform(semi)
         for n in node.walk():
             if isinstance(n, exp.Subquery | exp.Exists) or (
@@ -291,14 +308,21 @@ class _Flattener:
                     "private rows would enter the query exactly (join or filter instead)"
                 )
 
+        def charge(definition: exp.Expression) -> None:
+            self.expansion.add(self.expansion.size(definition))
+
         def swap(n: exp.Expression) -> exp.Expression:
             if not isinstance(n, exp.Column) or n.table == SEMI:
                 return n
             if isinstance(n.this, exp.Star):
                 raise Refused("SELECT * would release rows: select aggregates instead")
-            return _lookup(n, env, aliases, place, self.using)
+            return _lookup(n, env, aliases, place, self.using, charge)
 
-        return node.transform(swap)
+        out = node.transform(swap)
+        # Counted again, exactly (an estimate would compound along a chain of CTEs):
+        # a walk of what was just built and charged, cheaper than building it.
+        self.expansion.remember(out, nodes(out))
+        return out
 
     def semi_join(self, node: exp.In, env: Env) -> exp.Expression:
         query = node.args["query"]
@@ -308,7 +332,7 @@ class _Flattener:
         _row_transformation(select)
         if len(select.expressions) != 1 or isinstance(select.expressions[0], exp.Star):
             raise Refused("IN (SELECT …) must select exactly one column")
-        sub = _Flattener(self.dataset, self.names)
+        sub = _Flattener(self.dataset, self.names, self.expansion)
         ctes = sub.ctes(select, self.top_ctes)
         sub_env, filters = sub.from_clause(select, ctes, "from")
         where = select.args.get("where")
@@ -328,7 +352,7 @@ class _Flattener:
         if not isinstance(select, exp.Select):
             raise Refused("EXISTS (…) takes one SELECT")
         _row_transformation(select)
-        sub = _Flattener(self.dataset, self.names)
+        sub = _Flattener(self.dataset, self.names, self.expansion)
         ctes = sub.ctes(select, self.top_ctes)
         sub_env, filters = sub.from_clause(select, ctes, "from")
         where = select.args.get("where")
@@ -337,6 +361,8 @@ class _Flattener:
             try:
                 filters.append(sub.substitute(conj, sub_env, frozenset(), "WHERE"))
                 continue
+            except AnalysisLimit:
+                raise
             except Refused:
                 pass
             pair = _correlation(conj, sub, sub_env, self, env)
@@ -385,6 +411,8 @@ def _correlation(
         try:
             inner = sub.substitute(a, sub_env, frozenset(), "EXISTS")
             there = outer.substitute(b, env, frozenset(), "EXISTS")
+        except AnalysisLimit:
+            raise
         except Refused:
             continue
         return inner, there
@@ -392,8 +420,15 @@ def _correlation(
 
 
 def _lookup(
-    node: exp.Column, env: Env, aliases: frozenset[str], place: str, using: set[str]
+    node: exp.Column,
+    env: Env,
+    aliases: frozenset[str],
+    place: str,
+    using: set[str],
+    charge: Callable[[exp.Expression], None],
 ) -> exp.Expression:
+    """What ``node`` reads, copied; ``charge`` is told of each definition before it is
+    copied or rendered."""
     name = node.name.lower()
     if not node.table and place == "ORDER BY" and name in aliases:
         return exp.column(name)  # ORDER BY names an output first, as in DuckDB
@@ -406,6 +441,7 @@ def _lookup(
                 f"unknown column {node.name!r} in {node.table!r}; declared: "
                 + ", ".join(sorted(rel))
             )
+        charge(rel[name])
         return _wrap(rel[name])
     found = [rel[name] for rel in env.values() if name in rel]
     if not found:
@@ -416,9 +452,12 @@ def _lookup(
             + ", ".join(sorted({c for rel in env.values() for c in rel}))
         )
     if len(found) > 1 and name not in using:
+        for f in found[1:]:  # rendered to be compared: as much work as a copy
+            charge(f)
         first = found[0].sql(dialect=DIALECT)
         if any(f.sql(dialect=DIALECT) != first for f in found[1:]):
             raise Refused(f"column {node.name!r} is ambiguous: qualify it with its table")
+    charge(found[0])
     return _wrap(found[0])
 
 
@@ -471,7 +510,9 @@ def _owner(env: Env, name: str, exclude: Env) -> str:
     return owners[0]
 
 
-def _guard_all(cols: dict[str, exp.Expression], scan: str) -> dict[str, exp.Expression]:
+def _guard_all(
+    cols: dict[str, exp.Expression], scan: str, expansion: Expansion
+) -> dict[str, exp.Expression]:
     """A derived column of a left-joined subquery is NULL where no row matched,
     as in SQL, even when its expression would give a value on NULL columns."""
     present = exp.column(PRESENT, table=scan)
@@ -480,7 +521,10 @@ def _guard_all(cols: dict[str, exp.Expression], scan: str) -> dict[str, exp.Expr
         if isinstance(e, exp.Column):
             out[name] = e
         else:
+            size = expansion.size(e) + 5  # CASE WHEN present (3 nodes) THEN e
+            expansion.add(size)
             out[name] = exp.Case(ifs=[exp.If(this=present.copy(), true=e.copy())])
+            expansion.remember(out[name], size)
     return out
 
 
