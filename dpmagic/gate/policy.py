@@ -30,6 +30,9 @@ MAX_UNIT_ROWS = 2**22
 # sets ``max_unit_work``: about 10 ms of DuckDB's time at the costliest step measured
 # (``benchmarks/per_unit_work.py``), well under the default padding quantum.
 DEFAULT_MAX_UNIT_WORK = 2**20
+# Queries of one user that may fail after the debit (out of time or memory) in a day,
+# before the gate refuses that user's queries on the dataset (``engine._within_failures``).
+DEFAULT_MAX_RESOURCE_FAILURES = 3
 
 
 class AccountantKind(StrEnum):
@@ -187,6 +190,7 @@ class Dataset:
     # Spark only: tables read from the session's catalog by name (``"table:db.name"``).
     catalog: dict[str, str] = field(default_factory=dict)
     max_unit_work: int = DEFAULT_MAX_UNIT_WORK  # ``sql/work.py``
+    max_resource_failures: int = DEFAULT_MAX_RESOURCE_FAILURES
 
     def table(self, name: str) -> Table | None:
         return self.tables.get(name.lower())
@@ -200,6 +204,7 @@ class Dataset:
             "max_partitions": self.max_partitions,
             "max_rows_per_partition": self.max_rows_per_partition,
             "max_unit_work": self.max_unit_work,
+            "max_resource_failures": self.max_resource_failures,
             "user_budget": self.user_budget.as_dict(),
             "notebook_budget": self.notebook_budget.as_dict(),
             "query_default": self.query_default.as_dict(),
@@ -341,6 +346,7 @@ def _dataset(
             "max_partitions",
             "max_rows_per_partition",
             "max_unit_work",
+            "max_resource_failures",
             "user_budget",
             "notebook_budget",
             "query_default",
@@ -413,6 +419,11 @@ def _dataset(
     work = _number(raw, "max_unit_work", where, DEFAULT_MAX_UNIT_WORK, minimum=1)
     if work != int(work):
         raise PolicyError(f"{where}.max_unit_work must be a whole number")
+    failures = _number(
+        raw, "max_resource_failures", where, DEFAULT_MAX_RESOURCE_FAILURES, minimum=1
+    )
+    if failures != int(failures):
+        raise PolicyError(f"{where}.max_resource_failures must be a whole number")
     return Dataset(
         name=name,
         database=_path(database, base) if database else None,
@@ -435,6 +446,7 @@ def _dataset(
         spark=spark,
         catalog=catalog,
         max_unit_work=int(work),
+        max_resource_failures=int(failures),
     )
 
 

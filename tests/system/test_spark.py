@@ -34,7 +34,7 @@ from dpmagic.gate.policy import Dataset, PolicyError, parse_policy  # noqa: E402
 from dpmagic.gate.spark.database import SparkDatabase  # noqa: E402
 from dpmagic.gate.spark.guard import UnsafeSparkSQL  # noqa: E402
 from dpmagic.gate.spark.prepare import prepared_frame  # noqa: E402
-from dpmagic.gate.sql.execute import Database, QueryTimeout  # noqa: E402
+from dpmagic.gate.sql.execute import Database, OutOfResources  # noqa: E402
 from dpmagic.gate.sql.pipeline import Asked, analyse, generate  # noqa: E402
 from dpmagic.gate.sql.rewrite import rewrite  # noqa: E402
 from dpmagic.gate.sql.spark_dialect import SPARK, NotOnSpark, SparkDialect  # noqa: E402
@@ -410,7 +410,7 @@ def test_a_query_past_the_timeout_is_stopped_and_the_session_answers_after(
         "WHERE a.stay_days + b.stay_days + c.stay_days + d.stay_days >= 0"
     )
     started = time.monotonic()
-    with pytest.raises(QueryTimeout):
+    with pytest.raises(OutOfResources):
         store.run(heavy)
     assert time.monotonic() - started < 20
     assert store.run("SELECT COUNT(*) FROM visits").rows == [(600,)]

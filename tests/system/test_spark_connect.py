@@ -43,7 +43,7 @@ from dpmagic.gate.policy import parse_policy  # noqa: E402
 from dpmagic.gate.spark.database import SparkDatabase  # noqa: E402
 from dpmagic.gate.spark.guard import UnsafeSparkSQL  # noqa: E402
 from dpmagic.gate.spark.prepare import COMPLETE  # noqa: E402
-from dpmagic.gate.sql.execute import QueryTimeout  # noqa: E402
+from dpmagic.gate.sql.execute import OutOfResources  # noqa: E402
 from tests.conftest import GateProcess  # noqa: E402
 
 pytestmark = pytest.mark.spark
@@ -249,7 +249,7 @@ def _catalog_guard_timeout(connect: str, tmp_path: Path) -> None:
             "WHERE a.stay_days + b.stay_days + c.stay_days + d.stay_days >= 0"
         )  # 600^4 joined rows: minutes of work
         started = time.monotonic()
-        with pytest.raises(QueryTimeout):
+        with pytest.raises(OutOfResources):
             store.run(heavy)
         assert time.monotonic() - started < 20
         assert store.run("SELECT COUNT(*) FROM visits").rows == [(600,)]

@@ -17,7 +17,7 @@ import pytest
 
 from dpmagic.gate.engine import Engine
 from dpmagic.gate.errors import Refused
-from dpmagic.gate.sql.execute import QueryTimeout, UnsafeSQL
+from dpmagic.gate.sql.execute import OutOfResources, UnsafeSQL
 from dpmagic.gate.sql.rewrite import rewrite
 from tests.gate_helpers import running_engine
 
@@ -136,7 +136,7 @@ def test_the_pipeline_refuses_it_and_charges_nothing(engine, sql):
 
 @pytest.mark.parametrize("sql", list(HATCHES.values()), ids=list(HATCHES))
 def test_the_locked_connection_refuses_it_too(engine, sql):
-    with pytest.raises((duckdb.Error, UnsafeSQL, QueryTimeout)):
+    with pytest.raises((duckdb.Error, UnsafeSQL, OutOfResources)):
         engine.databases["d"].run(sql)
 
 

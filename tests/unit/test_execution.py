@@ -11,7 +11,7 @@ import duckdb
 import pytest
 
 from dpmagic.gate.policy import GateConfig, parse_policy
-from dpmagic.gate.sql.execute import Database, ExactResult, QueryTimeout, UnsafeSQL
+from dpmagic.gate.sql.execute import Database, ExactResult, OutOfResources, UnsafeSQL
 from dpmagic.gate.sql.noise import Noisy, noise
 from dpmagic.gate.sql.release import release
 from dpmagic.gate.sql.rewrite import rewrite
@@ -199,7 +199,7 @@ def test_state_does_not_survive_between_queries(locked):
 
 def test_long_queries_are_interrupted(locked):
     db, _ = locked
-    with pytest.raises(QueryTimeout):
+    with pytest.raises(OutOfResources):
         db.run(
             "SELECT COUNT(*) FROM range(100000000) a, range(100000) b WHERE a.range % 7 = b.range"
         )

@@ -58,7 +58,7 @@ import sqlite3
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from fractions import Fraction
 from pathlib import Path
 
@@ -290,6 +290,19 @@ class Ledger:
         charge.durable.result()
         with self._lock, self._transaction(durable=False):
             self._db.execute("UPDATE entries SET status = ? WHERE id = ?", (FAILED, charge.id))
+
+    def recent_failures(self, user: str, dataset: str, seconds: float) -> int:
+        """How many of ``user``'s queries on ``dataset`` failed after the debit in the
+        last ``seconds``, and since the owner last reset the user's budget there."""
+        since = (datetime.now(UTC) - timedelta(seconds=seconds)).isoformat(timespec="microseconds")
+        with self._lock:
+            (count,) = self._db.execute(
+                "SELECT COUNT(*) FROM entries WHERE user = ? AND dataset = ? AND status = ?"
+                " AND time > ? AND time > COALESCE((SELECT MAX(time) FROM entries WHERE"
+                " user = ? AND dataset = ? AND status = ?), '')",
+                (user, dataset, FAILED, since, user, dataset, RESET),
+            ).fetchone()
+        return int(count)
 
     def find_release(self, user: str, dataset: str, replay_key: str) -> dict | None:
         """The latest reply released to ``user`` for this replay key, if any."""

@@ -79,6 +79,7 @@ from dpmagic.gate.service.auth import (
 )
 from dpmagic.gate.service.body import parse_body
 from dpmagic.gate.service.release_clock import ReleaseClock
+from dpmagic.gate.sql.execute import OutOfResources
 
 log = logging.getLogger("dpmagic.gate")
 
@@ -158,9 +159,14 @@ class _Connection:
 
 
 def _run(handler: Callable[[], dict[str, object]]) -> tuple[int, bytes]:
-    """Run a route in an engine thread; its reply as (status, JSON bytes)."""
+    """Run a route in an engine thread; its reply as (status, JSON bytes). A query that
+    ran out of time or memory is answered no sooner than its run's deadline
+    (``execute.OutOfResources``): the engine thread is let go, the reply waits."""
     try:
         status, reply = 200, handler()
+    except OutOfResources as exc:
+        data = json.dumps(exc.as_reply()).encode()
+        raise _HeldFailure(exc.status, data, exc.release_at) from None
     except GateError as exc:
         status, reply = exc.status, exc.as_reply()
     except Exception as exc:
@@ -283,6 +289,9 @@ class _Exchange(httputil.HTTPMessageDelegate):
     async def _respond(self) -> None:
         try:
             status, data = await self._outcome()
+        except _HeldFailure as held:
+            status, data = held.status, held.data
+            await RELEASES.until(held.release_at)
         except Exception as exc:  # never a traceback that might quote a value
             log.error("request failed: %s", type(exc).__name__)
             status, data = 500, json.dumps(Failed().as_reply()).encode()
@@ -325,6 +334,14 @@ class _Exchange(httputil.HTTPMessageDelegate):
             self.request.finish()
         except (iostream.StreamClosedError, httputil.HTTPOutputError):
             pass
+
+
+class _HeldFailure(Exception):
+    """A reply that must not leave before ``release_at`` (monotonic seconds)."""
+
+    def __init__(self, status: int, data: bytes, release_at: float) -> None:
+        super().__init__("held")
+        self.status, self.data, self.release_at = status, data, release_at
 
 
 class _TooLarge(_HTTPError):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
@@ -30,7 +31,8 @@ from dpmagic.gate.sql.execute import (
     KEY_TYPES,
     VETTED_CACHE_SIZE,
     ExactResult,
-    QueryTimeout,
+    OutOfResources,
+    drawn_timeout,
     within_max_rows,
 )
 from dpmagic.gate.sql.keys import MAX_PARTITIONS
@@ -123,7 +125,9 @@ class SparkDatabase:
         tag = f"dpmagic-{uuid.uuid4().hex}"
         done = threading.Event()
         timed_out = threading.Event()
-        timer = threading.Thread(target=self._interrupt, args=(tag, done, timed_out))
+        timeout = drawn_timeout(self.timeout_s)
+        deadline = time.monotonic() + timeout
+        timer = threading.Thread(target=self._interrupt, args=(tag, done, timed_out, timeout))
         if self._classic:
             # The query's jobs in a group of their own (per thread), whose cancelling
             # also interrupts its tasks' threads.
@@ -144,8 +148,9 @@ class SparkDatabase:
                         batch = []
                 rows.extend(keep(batch))
         except Exception as exc:
-            if timed_out.is_set():
-                raise QueryTimeout() from None
+            if timed_out.is_set() or "OutOfMemory" in type(exc).__name__ + str(exc)[:2000]:
+                # Which resource ran out, and when, is not told (``OutOfResources``).
+                raise OutOfResources(deadline) from None
             log.error("Spark query failed after the debit: %s", type(exc).__name__)
             raise Failed() from None
         finally:
@@ -156,11 +161,13 @@ class SparkDatabase:
             else:
                 self.spark.removeTag(tag)
         if timed_out.is_set():
-            raise QueryTimeout()
+            raise OutOfResources(deadline)
         return ExactResult(rows=rows, thresholded=keep is not None)
 
-    def _interrupt(self, tag: str, done: threading.Event, timed_out: threading.Event) -> None:
-        if done.wait(self.timeout_s):
+    def _interrupt(
+        self, tag: str, done: threading.Event, timed_out: threading.Event, timeout: float
+    ) -> None:
+        if done.wait(timeout):
             return
         timed_out.set()
         while not done.is_set():

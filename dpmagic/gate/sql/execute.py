@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -53,11 +55,37 @@ VETTED_CACHE_SIZE = 1024
 TIMEOUTS = Watchdog()  # every store's queries, one thread
 
 
-class QueryTimeout(Failed):
-    def __init__(self) -> None:
+# A query's time limit is drawn at random for each run, between this share below
+# ``query_timeout_s`` and ``query_timeout_s`` itself (``drawn_timeout``).
+TIMEOUT_JITTER = 0.25
+
+
+def drawn_timeout(limit: float) -> float:
+    """A run's time limit, uniform in ``[(1 − TIMEOUT_JITTER) × limit, limit]`` from the
+    operating system's secure generator.
+
+    Why. One unit moves a query's running time by at most its bounded work
+    (``sql/work.py``), milliseconds; a query tuned to end within that of a fixed
+    limit would fail on D and not on D' without the unit. Against a limit drawn over
+    a quarter of ``query_timeout_s`` (7.5 s at the default), that difference moves
+    the chance of failing by at most ``work time / (TIMEOUT_JITTER × limit)``: about
+    0.1% a query at 10 ms, each failure charged and counted against the user's
+    ``max_resource_failures`` (docs/security.md)."""
+    return limit * (1 - TIMEOUT_JITTER * secrets.randbelow(2**32) / 2**32)
+
+
+class OutOfResources(Failed):
+    """A run stopped for want of time or memory, told alike for either (which one ran
+    out, and when, could follow the data), and not before ``release_at`` (the
+    monotonic time of the run's deadline): an out-of-memory error that came early
+    leaves when a time-out would have."""
+
+    def __init__(self, release_at: float) -> None:
         super().__init__(
-            "the query ran past the gate's time limit and was stopped (it stays charged)"
+            "the query ran out of the gate's time or memory and was stopped; it stays "
+            "charged. Ask it over fewer rows, joins or groups"
         )
+        self.release_at = release_at
 
 
 class UnsafeSQL(Refused):
@@ -243,7 +271,7 @@ class Database:
         for what would still differ."""
         try:
             return self._execute(self._db, sql, keep)
-        except (QueryTimeout, duckdb.OutOfMemoryException):
+        except OutOfResources:
             raise
         except duckdb.Error as exc:
             log.warning("query replanned without statistics after %s", type(exc).__name__)
@@ -259,8 +287,10 @@ class Database:
         con = db.cursor()
         if catalog is not None:  # each cursor starts in the in-memory catalog
             con.execute(f"USE {catalog}")
+        timeout = drawn_timeout(self.timeout_s)
+        deadline = time.monotonic() + timeout
         try:
-            with TIMEOUTS.watching(con, self.timeout_s):
+            with TIMEOUTS.watching(con, timeout):
                 self._guard(con, sql)
                 cursor = con.execute(sql)
                 if keep is None:
@@ -269,8 +299,8 @@ class Database:
                     rows = []
                     while batch := cursor.fetchmany(BATCH_ROWS):
                         rows.extend(keep(batch))
-        except duckdb.InterruptException:
-            raise QueryTimeout() from None
+        except (duckdb.InterruptException, duckdb.OutOfMemoryException):
+            raise OutOfResources(deadline) from None
         finally:
             con.close()
         return ExactResult(rows=rows, thresholded=keep is not None)

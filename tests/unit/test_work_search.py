@@ -1,0 +1,225 @@
+"""Search, not shapes: no reply's status, error or padding slot hinges on one unit's work.
+
+Two real gates (``Engine``s, each on its own DuckDB file and ledger): D, and D'
+without a target unit who has 40 visits, ten times the load cap, so that any
+shape that multiplies a unit's rows multiplies the target's most. Hypothesis
+draws queries from a grammar of the shapes that multiply rows: self-joins of
+private tables up to twelve scans (``JOIN … ON``, ``USING``, or references to
+one CTE), a public table joined on a key or on a condition, semi-joins with a
+join inside, group keys chosen by partition selection, ``COUNT(DISTINCT
+unit)``, quantiles, and filters on the target's id or attributes. Both gates
+must agree on the reply's kind, status and message, and on its padding slot
+(``elapsed // SLOT_S``: a quantum four times the gate's default padding, so
+that only work the target adds, not the machine's jitter, moves a reply across
+it). The same search against the bounding that main had on its window path
+(each scan of a join keeps the whole load cap of its unit: ``_whole_cap``) is
+shown to fail, on the first shape it finds. ``-m fuzz`` runs thousands of
+examples; Spark's pair is in tests/system/test_spark_fuzz.py.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+from sqlglot import exp
+
+from dpmagic.gate.engine import Engine
+from dpmagic.gate.errors import GateError
+from dpmagic.gate.sql import rewrite as rewrites
+from dpmagic.gate.sql.contribution import RANK, RoomRead
+from tests.gate_helpers import running_engine
+
+TARGET = 7
+VISITS = 40  # the target's: ten times the load cap of 2 × 2
+SLOT_S = 1.0
+POLICY = """
+[gate]
+state_dir = "state"
+accountant = "approx"
+query_timeout_s = 4
+response_quantum_ms = 0
+
+[datasets.c]
+sources = { patients = "patients.csv", visits = "visits.csv", codes = "codes.csv" }
+privacy_unit = "pid"
+max_partitions = 2
+max_rows_per_partition = 2
+user_budget = { epsilon = 1e9, delta = 0.5 }
+notebook_budget = { epsilon = 1e9, delta = 0.5 }
+
+[datasets.c.tables.patients.columns]
+pid = { type = "int" }
+age = { type = "int", lower = 0, upper = 100 }
+
+[datasets.c.tables.visits]
+links = { pid = "patients.pid" }
+[datasets.c.tables.visits.columns]
+pid = { type = "int" }
+diag = { type = "str", public_values = ["a", "b", "c", "d"] }
+day = { type = "int", lower = 0, upper = 60 }
+note = { type = "str", max_length = 64 }
+
+[datasets.c.tables.codes]
+public = true
+[datasets.c.tables.codes.columns]
+code = { type = "int", lower = 0, upper = 60 }
+"""
+
+
+def _tables(with_target: bool) -> dict:
+    people = [p for p in range(1, 61) if with_target or p != TARGET]
+    patients = [(p, 20 + p % 50) for p in people]
+    visits = [
+        (p, "abcd"[(p + j) % 4], (p * 3 + j) % 61, f"n{(p + j) % 9}")
+        for p in people
+        for j in range(VISITS if p == TARGET else 1 + p % 3)
+    ]
+    return {
+        "patients": ("pid,age", patients),
+        "visits": ("pid,diag,day,note", visits),
+        "codes": ("code", [(c,) for c in range(0, 61, 2)]),
+    }
+
+
+@pytest.fixture(scope="module")
+def gates(tmp_path_factory) -> Iterator[tuple[Engine, Engine]]:
+    with (
+        running_engine(tmp_path_factory.mktemp("d"), POLICY, _tables(True)) as d,
+        running_engine(tmp_path_factory.mktemp("d2"), POLICY, _tables(False)) as d2,
+    ):
+        yield d, d2
+
+
+@st.composite
+def multiplying(draw) -> str:
+    """A query the grammar accepts whose rows could multiply one unit's."""
+    scans = draw(st.integers(1, 12))
+    form = draw(st.sampled_from(["on", "using", "cte"]))
+    tables = ["visits"] + [draw(st.sampled_from(["visits", "visits", "patients"]))
+                           for _ in range(scans - 1)]  # fmt: skip
+    source = "c" if form == "cte" else None
+    first = f"{source or tables[0]} AS a0"
+    joins = []
+    for i, table in enumerate(tables[1:], start=1):
+        name = source or table
+        side = draw(st.sampled_from(["", "LEFT "]))
+        if form == "using":
+            joins.append(f"{side}JOIN {name} AS a{i} USING (pid)")
+        else:
+            joins.append(f"{side}JOIN {name} AS a{i} ON a{i}.pid = a0.pid")
+    public = draw(st.sampled_from(["", "JOIN codes AS r ON r.code = a0.day",
+                                   "JOIN codes AS r ON r.code < a0.day"]))  # fmt: skip
+    if public:
+        joins.append(public)
+    where = draw(
+        st.sampled_from(
+            [
+                "",
+                f"a0.pid = {TARGET}",
+                "a0.diag = 'b'",
+                f"a0.note = 'n{TARGET % 9}' AND a0.day > 3",
+                "a0.pid IN (SELECT x.pid FROM visits AS x JOIN visits AS y ON y.pid = x.pid "
+                "JOIN visits AS z ON z.pid = x.pid)",
+            ]
+        )
+    )
+    aggregate = draw(
+        st.sampled_from(["COUNT(*)", "COUNT(DISTINCT a0.pid)", "MEDIAN(a0.day)", "SUM(a0.day)"])
+    )
+    key = draw(st.sampled_from(["", "a0.diag", "a0.note"]))
+    select = f"{key}, {aggregate}" if key else aggregate
+    sql = f"SELECT {select} FROM {first} {' '.join(joins)}"
+    if form == "cte":
+        sql = "WITH c AS (SELECT pid, diag, day, note FROM visits) " + sql
+    if where:
+        sql += f" WHERE {where}"
+    if key:
+        sql += f" GROUP BY {key}"
+    return sql
+
+
+@dataclass(frozen=True)
+class Reply:
+    kind: str
+    status: int
+    message: str
+    slot: int
+
+
+def _ask(engine: Engine, sql: str, n: int, user: str) -> Reply:
+    body = {"sql": sql, "epsilon": 0.1, "delta": 1e-6, "fresh": True, "notebook": f"nb{n}"}
+    start = time.monotonic()
+    try:
+        engine.query(user, body)
+        kind, status, message = "ok", 200, ""
+    except GateError as exc:
+        kind, status, message = exc.kind, exc.status, exc.message
+    return Reply(kind, status, message, int((time.monotonic() - start) // SLOT_S))
+
+
+ASKED = iter(range(10**9))
+
+
+def _compare(gates: tuple[Engine, Engine], sql: str, user: str = "searcher") -> None:
+    n = next(ASKED)
+    a, b = (_ask(g, sql, n, user) for g in gates)
+    assert a == b, f"the reply hinges on the target unit: {sql}\n  D : {a}\n  D': {b}"
+
+
+SEARCH = settings(
+    derandomize=True,
+    database=None,
+    deadline=None,
+    max_examples=60,
+    phases=[p for p in Phase if p is not Phase.explain],
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+
+
+@SEARCH
+@given(sql=multiplying())
+def test_no_reply_hinges_on_one_units_work(gates, sql: str) -> None:
+    _compare(gates, sql)
+
+
+@pytest.mark.fuzz
+@settings(SEARCH, derandomize=False, max_examples=1500)
+@given(sql=multiplying())
+def test_fuzz_no_reply_hinges_on_one_units_work(gates, sql: str) -> None:
+    _compare(gates, sql)
+
+
+def _whole_cap(tables: list[str], cap: int) -> list[RoomRead]:
+    """Main's window path: every scan of a join keeps its unit's first ``cap`` ranks."""
+    rank = exp.LTE(this=exp.column(RANK, quoted=True), expression=exp.Literal.number(cap))
+    return [RoomRead(exp.table_(t, quoted=True), rank.copy()) for t in tables]
+
+
+def test_the_search_catches_bounding_after_the_join(gates) -> None:
+    """With each scan keeping the whole cap, a search of the same grammar finds a query
+    on which D and D' differ (a time-out, or a later slot) within its budget."""
+    found: list[str] = []
+
+    @settings(SEARCH, max_examples=200)
+    @given(sql=multiplying())
+    def search(sql: str) -> None:
+        try:
+            # Another user: the analyses cached for the searcher hold the sound SQL.
+            _compare(gates, sql, user="broken")
+        except AssertionError:
+            found.append(sql)
+            raise
+
+    patch = pytest.MonkeyPatch()
+    patch.setattr(rewrites, "room_reads", _whole_cap)
+    try:
+        with pytest.raises(AssertionError, match="hinges on the target unit"):
+            search()
+    finally:
+        patch.undo()
+    assert found
