@@ -68,6 +68,7 @@ from dpmagic.gate.sql.contribution import (
 from dpmagic.gate.sql.dialect import DUCKDB, Dialect
 from dpmagic.gate.sql.keys import KeyDomain
 from dpmagic.gate.sql.kinds import MeasureKind
+from dpmagic.gate.sql.limits import check_deadline
 from dpmagic.gate.sql.plan import MAX_ROWS, Measurement, Plan, Selection
 from dpmagic.gate.sql.resolve import PRESENT, SEMI, Resolved, Scan
 from dpmagic.gate.sql.totality import comparable
@@ -156,6 +157,7 @@ def rewrite(plan: Plan, seed: int | None = None, dialect: Dialect = DUCKDB) -> R
                 summed = dialect.fused_sum(_summand(m, resolved), packed[m.name])
                 kept[i] = _as(required(summed, "the dialect's fused sum"), m.name)
         tree.set("expressions", kept)
+    check_deadline()  # before the rendering, whose time grows with the tree
     names = tuple(m.name for m in plan.measurements if m.name not in {f.count for f in fused})
     names += tuple(s.name for s in plan.selections)
     if plan.key_selection is not None:
@@ -531,6 +533,7 @@ def _key_filter(key: exp.Expression, domain: KeyDomain) -> exp.Expression:
 
 def _snap(s: Selection, row: _Rows) -> exp.Expression:
     """The index of the grid candidate nearest to the clamped value; NULL stays NULL."""
+    check_deadline()  # one per quantile: their trees are the rewrite's largest
     g = s.grid
     as_double = exp.TryCast(this=row.total(s.arg), to=exp.DataType.build("DOUBLE"))
     value = clamped(as_double, Interval(g.lo, g.hi, False))
@@ -554,6 +557,7 @@ def _snap(s: Selection, row: _Rows) -> exp.Expression:
 
 
 def _aggregate(m: Measurement, resolved: Resolved, dialect: Dialect, rows: int) -> exp.Expression:
+    check_deadline()  # one per measurement
     """``m``'s aggregate over the bounded rows, fewer than ``rows`` in a partition."""
     v = _col("__v_" + m.name)
     if m.kind == MeasureKind.COUNT:
