@@ -11,7 +11,8 @@ unit)``, quantiles, and filters on the target's id or attributes. Both gates
 must agree on the reply's kind, status and message, and on its padding slot
 (``elapsed // SLOT_S``: a quantum four times the gate's default padding, so
 that only work the target adds, not the machine's jitter, moves a reply across
-it). The same search against the bounding that main had on its window path
+it; where only the slots differ, each side's fastest of three runs, so that a
+pause of the machine's is not taken for the target's work). The same search against the bounding that main had on its window path
 (each scan of a join keeps the whole load cap of its unit: ``_whole_cap``) is
 shown to fail, on the first shape it finds. ``-m fuzz`` runs thousands of
 examples; Spark's pair is in tests/system/test_spark_fuzz.py.
@@ -168,6 +169,14 @@ ASKED = iter(range(10**9))
 def _compare(gates: tuple[Engine, Engine], sql: str, user: str = "searcher") -> None:
     n = next(ASKED)
     a, b = (_ask(g, sql, n, user) for g in gates)
+    if a != b and (a.kind, a.status, a.message) == (b.kind, b.status, b.message):
+        # Only the slots differ: asked twice more, each side's fastest reply is compared,
+        # so that a pause of the machine's (another process, a collection) is not taken
+        # for the target's work, which every run of D pays.
+        for _ in range(2):
+            n = next(ASKED)
+            again = [_ask(g, sql, n, user) for g in gates]
+            a, b = (min(x, y, key=lambda r: r.slot) for x, y in zip((a, b), again, strict=True))
     assert a == b, f"the reply hinges on the target unit: {sql}\n  D : {a}\n  D': {b}"
 
 
