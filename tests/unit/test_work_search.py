@@ -12,9 +12,10 @@ must agree on the reply's kind, status and message, and on its padding slot
 (``elapsed // SLOT_S``: a quantum four times the gate's default padding, so
 that only work the target adds, not the machine's jitter, moves a reply across
 it; where only the slots differ, each side's fastest of three runs, so that a
-pause of the machine's is not taken for the target's work). The same search against the bounding that main had on its window path
-(each scan of a join keeps the whole load cap of its unit: ``_whole_cap``) is
-shown to fail, on the first shape it finds. ``-m fuzz`` runs thousands of
+pause of the machine's is not taken for the target's work). The same search
+against the bounding the window path had before (each scan of a join keeps
+the whole load cap of its unit: ``_whole_cap``) is shown to fail, on the
+first shape it finds. ``-m fuzz`` runs thousands of
 examples; Spark's pair is in tests/system/test_spark_fuzz.py.
 """
 
