@@ -61,6 +61,7 @@ def dataset(
     max_rows: int = 2,
     table: str = "t",
     more_tables: dict[str, dict] | None = None,
+    table_options: dict | None = None,
 ) -> Dataset:
     """A dataset of one table ``table`` with ``columns``, and ``more_tables`` as
     declared in a policy (``{"u": {"columns": {...}}, "pub": {"public": True, ...}}``)."""
@@ -72,7 +73,10 @@ def dataset(
                 "max_partitions": max_partitions,
                 "max_rows_per_partition": max_rows,
                 "user_budget": {"epsilon": 10.0},
-                "tables": {table: {"columns": columns}, **(more_tables or {})},
+                "tables": {
+                    table: {"columns": columns, **(table_options or {})},
+                    **(more_tables or {}),
+                },
                 **({"privacy_unit": unit} if unit else {}),
             }
         }

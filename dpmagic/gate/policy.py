@@ -168,6 +168,8 @@ class Table:
     unit: str | None = None
     links: dict[str, str] = field(default_factory=dict)
     rows: int | None = None  # a public table's rows, read at start (its contents are public)
+    # A private table's most rows per unit, as the owner declares (1: a row per person).
+    max_rows: int | None = None
 
 
 @dataclass(frozen=True)
@@ -218,6 +220,7 @@ class Dataset:
                     "columns": {c.name: c.as_dict() for c in t.columns.values()},
                     **({"unit": t.unit} if t.unit else {}),
                     **({"links": dict(t.links)} if t.links else {}),
+                    **({"max_rows_per_unit": t.max_rows} if t.max_rows else {}),
                 }
                 for t in self.tables.values()
             },
@@ -488,7 +491,7 @@ def _engine(raw: dict, where: str) -> tuple[EngineKind, SparkConfig | None]:
 
 
 def _table_decl(name: str, raw: dict, where: str) -> Table:
-    _only(raw, where, {"public", "columns", "unit", "links"})
+    _only(raw, where, {"public", "columns", "unit", "links", "max_rows_per_unit"})
     public = bool(raw.get("public", False))
     columns = {
         cname.lower(): _column(cname, craw, f"{where}.columns.{cname}")
@@ -507,12 +510,20 @@ def _table_decl(name: str, raw: dict, where: str) -> Table:
             raise PolicyError(f'{where}.links.{column} must be "table.column"')
     if public and (unit or links):
         raise PolicyError(f"{where}: a public table has no privacy unit and no links")
+    max_rows = None
+    if "max_rows_per_unit" in raw:
+        if public:
+            raise PolicyError(f"{where}.max_rows_per_unit: a public table has no units")
+        max_rows = raw["max_rows_per_unit"]
+        if not isinstance(max_rows, int) or isinstance(max_rows, bool) or max_rows < 1:
+            raise PolicyError(f"{where}.max_rows_per_unit must be a whole number ≥ 1")
     return Table(
         name=name.lower(),
         public=public,
         columns=columns,
         unit=unit.lower() if unit else None,
         links={c.lower(): str(t).lower() for c, t in links.items()},
+        max_rows=max_rows,
     )
 
 

@@ -134,10 +134,12 @@ class Ranked:
 @dataclass(frozen=True)
 class Window:
     """Bounded per query after the joins (``rewrite.bound_contributions``): at most
-    ``rows`` rows per unit and partition, in at most ``groups`` partitions."""
+    ``rows`` rows per unit and partition, in at most ``groups`` partitions; the joins
+    before it keep at most ``joined`` rows of a unit (``join_cap``)."""
 
     groups: int
     rows: int
+    joined: int
 
     def contribution(self, partitions: int) -> Contribution:
         return Contribution.bounded(self.groups, self.rows, partitions)
@@ -146,14 +148,15 @@ class Window:
 Bounding = RowLevel | Ranked | Window
 
 
-def join_cap(dataset: Dataset, bounding: Bounding) -> int:
+def join_cap(bounding: Bounding) -> int:
     """The most rows one unit keeps in a join of private scans (``room_reads``): the
-    plan's ``K`` under the ranks, else the load cap, which the window after the join
-    then bounds per partition. Never a product of scans: one unit's rows multiplied
-    by a self-join would otherwise be its work (``sql/work.py``)."""
+    plan's ``K`` under the ranks, else the load cap (or less, by the tables' own
+    bounds: ``table_cap``), which the window after the join then bounds per
+    partition. Never a product of scans: one unit's rows multiplied by a self-join
+    would otherwise be its work (``sql/work.py``)."""
     if isinstance(bounding, RowLevel):
         return 1  # each row is its own unit, and a join is refused without one
-    return bounding.rows if isinstance(bounding, Ranked) else load_cap(dataset)
+    return bounding.rows if isinstance(bounding, Ranked) else bounding.joined
 
 
 def bounding(
@@ -170,12 +173,16 @@ def bounding(
     window bounds."""
     if dataset.privacy_unit is None:
         return RowLevel()
-    window = Window(dataset.max_partitions if grouped else 1, dataset.max_rows_per_partition)
+    tables = table_cap(resolved)
+    joined = load_cap(dataset) if tables is None else min(load_cap(dataset), tables)
+    groups = dataset.max_partitions if grouped else 1
+    window = Window(min(groups, joined), min(dataset.max_rows_per_partition, joined), joined)
     if private_keys or MeasureKind.COUNT_UNIT in kinds:
         return window
     if any(s.table.public for s in resolved.scans):
         return window
     k = rows_per_unit(dataset, grouped, partitions)
+    k = k if tables is None else min(k, tables)
     if (
         len(resolved.scans) > 1
         and dataset.accountant != AccountantKind.PURE
@@ -186,6 +193,25 @@ def bounding(
         # such a join keeps the window rather than get noisier than it was.
         return window
     return Ranked(k)
+
+
+def table_cap(resolved: Resolved) -> int | None:
+    """The most rows one unit can have in the query's join by its tables' own bounds
+    (``max_rows_per_unit``, the owner's fact: a table of one row per person has 1): the
+    product over its private scans, or ``None`` if one of them declares none.
+
+    Why it may tighten ``K``: ``room_reads`` keeps at most ``K`` joined rows of a unit
+    whatever the data, so with ``K`` at most this product the bound holds even where
+    a table breaks its declaration (its rows beyond are left out, as any bound does),
+    and a unit's contribution, hence the sensitivity, is that of ``K`` rows."""
+    product = 1
+    for scan in resolved.scans:
+        if scan.table.public:
+            continue
+        if scan.table.max_rows is None:
+            return None
+        product *= scan.table.max_rows
+    return product
 
 
 @dataclass(frozen=True)

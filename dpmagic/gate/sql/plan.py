@@ -433,7 +433,7 @@ def _work(bounded: Bounded, bounds: Bounding, wanted: dict, quantiles: dict) -> 
     trees += [arg for arg, *_ in quantiles.values()]
     if resolved.unit is not None:
         trees.append(resolved.unit)
-    cap = join_cap(dataset, bounds)
+    cap = join_cap(bounds)
     found = unit_work(resolved, cap, load_cap(dataset), trees, len(quantiles),
                       isinstance(bounds, Window))  # fmt: skip
     within(found, dataset.max_unit_work, dataset.privacy_unit)

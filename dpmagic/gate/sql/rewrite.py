@@ -268,7 +268,7 @@ def _bounded(
     row_cols += [_as(_snap(s, row), "__v_" + s.name) for s in plan.selections]
     if not row_cols:
         row_cols = [exp.alias_(exp.Literal.number(1), "__one")]
-    cap = join_cap(resolved.dataset, plan.bounding)
+    cap = join_cap(plan.bounding)
     source, filters = _from(plan, row, _scan_reads(resolved, resolved.scans, cap))
     units, keyed = _row_filters(plan, row, plan.reads_unit)
     kept = _select(row_cols, source, units + filters + keyed)
