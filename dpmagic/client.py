@@ -133,6 +133,8 @@ class Gate:
         mock: bool = False,
         mock_rows: int | None = None,
         bounding_report: float | None = None,
+        max_partitions: int | None = None,
+        max_rows_per_partition: int | None = None,
     ) -> DPResult:
         """Run ``sql`` through the gate; the reply's cost is already charged.
 
@@ -140,6 +142,9 @@ class Gate:
         least cost at which every noisy cell's (1 - alpha) interval is ±A.
         ``bounding_report=S`` spends the share ``S`` of the query's ε on a noisy
         count of the rows the contribution bounds left out (``DPResult.bounding``).
+        ``max_partitions`` and ``max_rows_per_partition`` tighten the policy's
+        contribution bounds for this query (never loosen them): less noise at the same ε,
+        more of each unit's rows left out.
         ``mock=True`` instead answers on fake tables drawn from the public schema,
         in this process (``mock_rows`` privacy units, default 1000): only the
         schema is fetched, the query never reaches the gate, nothing is charged.
@@ -153,6 +158,8 @@ class Gate:
             "accuracy": accuracy,
             "alpha": alpha,
             "bounding_report": bounding_report,
+            "max_partitions": max_partitions,
+            "max_rows_per_partition": max_rows_per_partition,
             "dataset": dataset,
             "notebook": notebook,
             "params": params,

@@ -73,6 +73,8 @@ class QueryOptions:
     save: str | None = None
     with_: list[str] = field(default_factory=list)
     bounding_report: float | None = None
+    max_groups: int | None = None
+    max_rows: int | None = None
 
 
 FLAGS = {"--dry-run": "dry_run", "--fresh": "fresh", "--mock": "mock"}
@@ -88,6 +90,8 @@ VALUED = {
     "--accuracy": "accuracy",
     "--alpha": "alpha",
     "--bounding-report": "bounding_report",
+    "--max-groups": "max_groups",
+    "--max-rows": "max_rows",
     "-o": "out",
     "--out": "out",
 }
@@ -142,9 +146,9 @@ def _option_value(field: str, name: str, raw: str) -> float | int | str:
         if field in ("alpha", "bounding_report") and value >= 1:
             raise UsageError(f"option {name} must be between 0 and 1, not {raw!r}")
         return value
-    if field == "mock_rows":
+    if field in ("mock_rows", "max_groups", "max_rows"):
         if not raw.isdigit() or int(raw) < 1:
-            raise UsageError(f"option {name} needs a whole number of rows, not {raw!r}")
+            raise UsageError(f"option {name} needs a whole number ≥ 1, not {raw!r}")
         return int(raw)
     if field in ("out", "save", "with_") and not IDENTIFIER.fullmatch(raw):
         what = "a Python variable name" if field == "out" else "a snippet name (an SQL identifier)"
@@ -279,7 +283,8 @@ class DpSql(Magics):
         """Run differentially private SQL through the gate and show the noisy answer.
 
             %%dpsql [-e EPS | --accuracy A [--alpha 0.05]] [-d DELTA] [--dataset NAME]
-                    [--bounding-report SHARE] [--dry-run] [--fresh]
+                    [--bounding-report SHARE] [--max-groups N] [--max-rows N]
+                    [--dry-run] [--fresh]
                     [--mock [--mock-rows N]] [--save NAME]
                     [--with NAME ...] [-o VAR] [VAR <<]
             SELECT ...
@@ -295,6 +300,10 @@ class DpSql(Magics):
         --bounding-report SHARE
                            spend SHARE (0 to 1) of this query's ε on a noisy count of
                            the rows the contribution bounds left out, shown in the footer
+        --max-groups N     count each unit in at most N groups of this query (at most
+                           the policy's max_partitions): less noise, more rows left out
+        --max-rows N       count at most N rows of each unit per group (at most the
+                           policy's max_rows_per_partition)
         --dry-run          show the plan and what it would cost; nothing is charged
         --fresh            spend again instead of replaying a stored answer
         --mock             answer on fake tables drawn from the public schema, in this
@@ -362,6 +371,8 @@ class DpSql(Magics):
                         accuracy=opts.accuracy,
                         alpha=opts.alpha,
                         bounding_report=opts.bounding_report,
+                        max_partitions=opts.max_groups,
+                        max_rows_per_partition=opts.max_rows,
                     ),
                 )
         result.display_limit = self.displaylimit or None

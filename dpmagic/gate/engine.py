@@ -61,6 +61,10 @@ class QueryRequest:
     alpha: float = REPORT_ALPHA
     # The share of the budget for the bounding report (``sql/bounding.py``), if any.
     bounding_report: float | None = None
+    # Tighter contribution bounds the analyst chose for this query (never above the
+    # policy's: ``tightened``), as BigQuery's ``max_groups_contributed`` does.
+    max_partitions: int | None = None
+    max_rows_per_partition: int | None = None
 
     @classmethod
     def from_body(cls, body: object) -> QueryRequest:
@@ -80,6 +84,8 @@ class QueryRequest:
             "accuracy",
             "alpha",
             "bounding_report",
+            "max_partitions",
+            "max_rows_per_partition",
         }
         if unknown:
             # Cut short: the name is the client's own text, echoed back.
@@ -154,6 +160,8 @@ class QueryRequest:
             accuracy=accuracy,
             alpha=REPORT_ALPHA if alpha is None else alpha,
             bounding_report=report,
+            max_partitions=_whole(body, "max_partitions"),
+            max_rows_per_partition=_whole(body, "max_rows_per_partition"),
         )
 
 
@@ -233,7 +241,8 @@ class Engine:
         except (TypeError, ValueError):  # not from a JSON body: not worth a key
             return self._analysed(dataset, request)
         key = (dataset.name, request.sql, params, eps, delta, request.accuracy, request.alpha,
-               request.bounding_report)  # fmt: skip
+               request.bounding_report, dataset.max_partitions,
+               dataset.max_rows_per_partition)  # fmt: skip
         found = self._analyses.get(user, key)
         if found is None:
             found = self._analysed(dataset, request)
@@ -269,7 +278,7 @@ class Engine:
 
     def query(self, user: str, body: object) -> dict[str, object]:
         request = QueryRequest.from_body(body)
-        dataset = self._dataset(request.dataset)
+        dataset = tightened(self._dataset(request.dataset), request)
         analysis = self.analysis(user, dataset, request)
         the_plan, key = analysis.plan, analysis.replay_key
         eps, delta = _asked(dataset, request)
@@ -300,6 +309,11 @@ class Engine:
                     if request.bounding_report is not None
                     else {}
                 ),
+                **{
+                    k: getattr(request, k)
+                    for k in ("max_partitions", "max_rows_per_partition")
+                    if getattr(request, k) is not None
+                },
             },
         }
         if request.dry_run:
@@ -426,6 +440,10 @@ class Engine:
         if request.bounding_report is not None:
             # Only then: the keys of answers stored without a report stay what they were.
             identity["bounding_report"] = request.bounding_report
+        if dataset != self.policy.datasets.get(dataset.name):
+            # Tightened by the request: only then, so the keys of answers under the
+            # policy's own bounds stay what they were.
+            identity["bounds"] = [dataset.max_partitions, dataset.max_rows_per_partition]
         text = json.dumps(identity, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()
 
@@ -470,6 +488,36 @@ def _number(body: dict, key: str) -> float | None:
         # Split over measurements, a smaller ε can round to zero.
         raise InvalidBody(f"`epsilon` must be at least {MIN_EPSILON:g}")
     return number
+
+
+def _whole(body: dict, key: str) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidBody(f"`{key}` must be a whole number ≥ 1")
+    return value
+
+
+def tightened(dataset: Dataset, request: QueryRequest) -> Dataset:
+    """``dataset`` with the contribution bounds the request chose, which may only be
+    tighter than the policy's: a unit then brings fewer rows, the noise is smaller at
+    the same ε, and more of the unit's rows are left out. The plan, its cost, the dry
+    run and the replay key all read the tightened dataset, so nothing else needs to
+    know. Above the policy's is refused, free, naming it."""
+    asked = {
+        "max_partitions": request.max_partitions,
+        "max_rows_per_partition": request.max_rows_per_partition,
+    }
+    for key, value in asked.items():
+        limit = getattr(dataset, key)
+        if value is not None and value > limit:
+            raise BadRequest(
+                f"`{key}` may only tighten the policy's bound: at most {limit} here; "
+                "nothing was charged"
+            )
+    chosen = {k: v for k, v in asked.items() if v is not None}
+    return replace(dataset, **chosen) if chosen else dataset
 
 
 def _flag(body: dict, key: str) -> bool:
