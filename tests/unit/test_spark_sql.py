@@ -15,6 +15,7 @@ from dpmagic.gate.spark.guard import UnsafeSparkSQL, guard
 from dpmagic.gate.sql.pipeline import Asked, analyse
 from dpmagic.gate.sql.rewrite import rewrite
 from dpmagic.gate.sql.spark_dialect import SPARK, NotOnSpark
+from tests.gate_helpers import sized
 from tests.golden.run import HERE as GOLDEN
 from tests.golden.run import cases, plan_of
 
@@ -136,7 +137,7 @@ QUERIES_SPARK_REFUSES = {
 
 @pytest.mark.parametrize("sql", sorted(QUERIES_SPARK_REFUSES))
 def test_what_spark_would_answer_differently_is_refused_and_duckdb_answers(sql) -> None:
-    dataset = load_policy(GOLDEN / "policies" / "clinic.toml").dataset(None)
+    dataset = sized(load_policy(GOLDEN / "policies" / "clinic.toml").dataset(None))
     accountant = make_accountant(dataset.accountant)
     the_plan = analyse(Asked(sql, {}, 1.0, 0.0), dataset, accountant)
     rewrite(the_plan, SEED)  # DuckDB's profile takes it
@@ -155,7 +156,7 @@ def test_what_spark_would_answer_differently_is_refused_and_duckdb_answers(sql) 
     ],
 )
 def test_spark_sums_in_bigint_only_where_no_table_could_overflow_one(sql, kind) -> None:
-    dataset = load_policy(GOLDEN / "policies" / "clinic.toml").dataset(None)
+    dataset = sized(load_policy(GOLDEN / "policies" / "clinic.toml").dataset(None))
     the_plan = analyse(Asked(sql, {}, 1.0, 0.0), dataset, make_accountant(dataset.accountant))
     rendered = rewrite(the_plan, SEED, SPARK).sql
     assert f" AS {kind}))" in rendered
@@ -176,7 +177,7 @@ def test_spark_sums_in_bigint_only_where_no_table_could_overflow_one(sql, kind) 
     ],
 )
 def test_a_joined_sum_counts_a_units_repeated_rows_before_summing_in_bigint(sql, kind) -> None:
-    dataset = load_policy(GOLDEN / "policies" / "clinic.toml").dataset(None)
+    dataset = sized(load_policy(GOLDEN / "policies" / "clinic.toml").dataset(None))
     the_plan = analyse(Asked(sql, {}, 1.0, 0.0), dataset, make_accountant(dataset.accountant))
     rows = 2**40 if "JOIN" not in sql else 2**40 * dataset.max_rows_per_partition
     assert the_plan.partition_rows == rows
@@ -184,7 +185,7 @@ def test_a_joined_sum_counts_a_units_repeated_rows_before_summing_in_bigint(sql,
 
 
 def test_a_double_cast_to_an_integer_rounds_first_on_spark() -> None:
-    dataset = load_policy(GOLDEN / "policies" / "clinic.toml").dataset(None)
+    dataset = sized(load_policy(GOLDEN / "policies" / "clinic.toml").dataset(None))
     sql = "SELECT COUNT(*) FROM visits WHERE TRY_CAST(cost AS INT) = 3"
     the_plan = analyse(Asked(sql, {}, 1.0, 0.0), dataset, make_accountant(dataset.accountant))
     assert "TRY_CAST(ROUND(`__s0`.`cost`) AS INT)" in rewrite(the_plan, SEED, SPARK).sql
