@@ -25,8 +25,9 @@ from dpmagic.gate.admission import Admission
 from dpmagic.gate.analysis_cache import BYTES_PER_CHAR, AnalysisCache
 from dpmagic.gate.calibration import REPORT_ALPHA, Accuracy
 from dpmagic.gate.errors import BadRequest, Failed, GateError, InvalidBody, Refused
+from dpmagic.gate.mechanisms import calibrate
 from dpmagic.gate.policy import AccountantKind, Dataset, Policy, PolicyError
-from dpmagic.gate.service.ledger import Ledger
+from dpmagic.gate.service.ledger import Ledger, ReplayKey
 from dpmagic.gate.service.views import budget_views, history_entries
 from dpmagic.gate.sql import bounding
 from dpmagic.gate.sql.execute import OutOfResources, open_store
@@ -323,6 +324,7 @@ class Engine:
                 accuracy={"alpha": 0.05, "columns": []},
             )
             return self._with_budget(reply, user, dataset, request.notebook)
+        fresh_because = None
         if not request.fresh:
             stored = self.ledger.find_release(user, dataset.name, key)
             if stored is not None:
@@ -336,6 +338,9 @@ class Engine:
                 stored = dict(stored)
                 stored.update(replayed=True, cost={"epsilon": 0.0, "delta": 0.0})
                 return self._with_budget(stored, user, dataset, request.notebook)
+            # The same query released before over other data or policy facts: answered
+            # afresh (and charged: it is a new release), saying why.
+            fresh_because = self.ledger.fresh_because(user, dataset.name, key)
 
         self._within_failures(user, dataset)
         charge = self.ledger.debit(
@@ -369,6 +374,8 @@ class Engine:
         if answer.left_out is not None:
             reply["bounding"] = {**analysis.bounds, "left_out": answer.left_out}
         self.ledger.record_release(charge, reply)
+        if fresh_because is not None:  # not stored: a replay of this answer is not fresh
+            reply["fresh_because"] = fresh_because
         return self._with_budget(reply, user, dataset, request.notebook)
 
     def _within_failures(self, user: str, dataset: Dataset) -> None:
@@ -412,6 +419,7 @@ class Engine:
         ds = self._dataset(dataset)
         out = ds.as_dict()
         out["datasets"] = sorted(self.policy.datasets)
+        out["count_error"] = count_error(ds)
         return out
 
     def _dataset(self, name: str | None) -> Dataset:
@@ -426,7 +434,11 @@ class Engine:
         reply["budget"] = budget_views(self.ledger, user, dataset, notebook)
         return reply
 
-    def _replay_key(self, dataset: Dataset, the_plan: Plan, request: QueryRequest) -> str:
+    def _replay_key(self, dataset: Dataset, the_plan: Plan, request: QueryRequest) -> ReplayKey:
+        """The query's own key (what is asked, how it is answered), joined by the
+        versions of the data and of the policy facts the plan read (``prepared.versions``:
+        the dataset's settings and the declarations of the tables it scans), so that a
+        changed data file or bound never replays an answer computed before it."""
         identity = {
             "v": ANSWER_VERSION,
             "dataset": dataset.name,
@@ -445,7 +457,12 @@ class Engine:
             # policy's own bounds stay what they were.
             identity["bounds"] = [dataset.max_partitions, dataset.max_rows_per_partition]
         text = json.dumps(identity, sort_keys=True, default=str)
-        return hashlib.sha256(text.encode()).hexdigest()
+        query = hashlib.sha256(text.encode()).hexdigest()
+        resolved = the_plan.checked.resolved
+        scans = [*resolved.scans, *(s for j in resolved.semijoins for s in j.scans)]
+        versions = self.databases[dataset.name].versions
+        policy = versions.policy(frozenset(s.table.name for s in scans))
+        return ReplayKey(query, versions.data, policy)
 
 
 def _estimated_bytes(analysis: Analysis) -> int:
@@ -454,6 +471,45 @@ def _estimated_bytes(analysis: Analysis) -> int:
     report = analysis.analysed.report
     chars = len(analysis.rewritten.sql) + (0 if report is None else len(report.sql))
     return BYTES_PER_CHAR * (chars + len(analysis.plan.checked.resolved.canonical))
+
+
+# What the schema's bounds cost, stated as a count's 95% error at this ε: a figure an
+# owner and an analyst can weigh a bound by (``count_error``).
+ERROR_EPSILON = 1.0
+
+
+def count_error_of(rows: int) -> int:
+    """The 95% error of a noisy count at ε = 1 (Laplace) when one unit adds ``rows``."""
+    return int(calibrate(rows, ERROR_EPSILON).half_width(REPORT_ALPHA))
+
+
+def count_error(dataset: Dataset) -> dict[str, object]:
+    """What the dataset's contribution bounds cost, as the 95% error of a noisy count at
+    ε = 1 with Laplace noise (pure DP): without a ``GROUP BY`` a unit adds at most
+    ``max_rows_per_partition`` rows, with one ``max_partitions ×
+    max_rows_per_partition``; a table that declares ``max_rows_per_unit`` at most that
+    many. From the policy alone: ``/v1/schema`` sends it, ``%dpschema`` and
+    ``dpmagic init``'s comments show it."""
+
+    error = count_error_of
+    unit = dataset.privacy_unit is not None
+    one = dataset.max_rows_per_partition if unit else 1
+    grouped = dataset.max_partitions * dataset.max_rows_per_partition if unit else 1
+    tables = {
+        t.name: {
+            "ungrouped": error(min(one, t.max_rows)),
+            "grouped": error(min(grouped, t.max_rows)),
+        }
+        for t in dataset.tables.values()
+        if t.max_rows is not None
+    }
+    return {
+        "epsilon": ERROR_EPSILON,
+        "alpha": REPORT_ALPHA,
+        "ungrouped": error(one),
+        "grouped": error(grouped),
+        "tables": tables,
+    }
 
 
 def _default_delta(dataset: Dataset) -> float:

@@ -42,6 +42,15 @@ query are NORMAL, because losing one is safe:
 - a replay's audit line (``record_replay``), which costs nothing; and a
   reset, whose loss leaves the budget smaller, never larger.
 
+A release is replayed only over the data and policy it was computed from: its
+replay key (``ReplayKey``) is made of the query's own key and the dataset's
+versions (``sql/prepared.versions``), and the table ``replay_keys`` keeps each
+key's parts, written with its debit. So when a query is answered afresh though
+the same query was released before under other versions, the ledger can say
+which changed (``fresh_because``). The table is created where it is missing, so a
+ledger of an earlier release opens as it was; its releases, keyed by the query's
+key alone, are told apart by having no parts.
+
 Each charge is stored as ε, δ and ρ, each a sound bound on its release, and
 spends compose by adding each of them up (``accounting.compose``). Only the
 check against a limit depends on the accountant, which each debit names: a
@@ -51,6 +60,7 @@ accountant changes keeps every past charge counted.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -69,7 +79,7 @@ from dpmagic.gate.policy import Budget
 # Long enough that a burst of debits from many processes queues rather than
 # fails; each transaction holds the lock for well under a millisecond.
 BUSY_TIMEOUT_S = 30.0
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the replay_keys table
 
 CHARGED, RELEASED, FAILED, REPLAYED = "charged", "released", "failed", "replayed"
 # Admin actions, kept in the same log as the queries they affect.
@@ -99,8 +109,45 @@ _SCHEMA = (
     "CREATE INDEX IF NOT EXISTS entries_replay ON entries (user, dataset, replay_key)",
     # Each query reads only the rows appended since its scope was last read (``_tally``).
     "CREATE INDEX IF NOT EXISTS entries_appended ON entries (user, dataset, id)",
+    # What each replay key is made of (``ReplayKey``), for ``fresh_because``.
+    """CREATE TABLE IF NOT EXISTS replay_keys (
+    replay_key TEXT PRIMARY KEY,
+    query_key TEXT NOT NULL,
+    data TEXT NOT NULL,
+    policy TEXT NOT NULL
+)""",
+    "CREATE INDEX IF NOT EXISTS replay_keys_query ON replay_keys (query_key)",
     f"PRAGMA user_version = {SCHEMA_VERSION}",
 )
+
+
+# Why a query was answered afresh though the same query was released to the user before.
+DATA_CHANGED = "the dataset changed since your earlier answer"
+POLICY_CHANGED = "the policy changed since your earlier answer"
+BOTH_CHANGED = "the dataset and the policy changed since your earlier answer"
+UNVERSIONED = (
+    "your earlier answer was released by an older gate, which kept no dataset version "
+    "to tell whether the data or the policy changed since"
+)
+
+
+class ReplayKey(str):
+    """A replay key: the text the ledger matches releases on, a hash of its parts.
+
+    ``query``: the query's own key (its canonical SQL, parameters, cost, mechanisms:
+    what the whole replay key was before versions joined it, so the releases of an
+    older ledger are found by it); ``data`` and ``policy``: the versions of the data
+    and of the policy facts it is answered over (``sql/prepared.Versions``)."""
+
+    query: str
+    data: str
+    policy: str
+
+    def __new__(cls, query: str, data: str, policy: str) -> ReplayKey:
+        text = json.dumps({"query": query, "data": data, "policy": policy}, sort_keys=True)
+        key = super().__new__(cls, hashlib.sha256(text.encode()).hexdigest())
+        key.query, key.data, key.policy = query, data, policy
+        return key
 
 
 @dataclass(frozen=True)
@@ -234,15 +281,18 @@ class Ledger:
                 show_delta = bool(cost.delta or user_limit.delta or notebook_limit.delta)
                 need = acc.describe(cost)
                 user_left = _left(acc, spent_user, user_limit, show_delta)
+                why = self._fresh_because(user, dataset, replay_key)
+                # A query that was replayed for free before: why it is charged now.
+                because = "" if why is None else f"; not replayed: {why}"
                 if not user_fits:
                     raise OverBudget(
                         f"needs {need} but only {user_left} is left for user {user} on dataset "
-                        f"{dataset!r}"
+                        f"{dataset!r}{because}"
                     )
                 nb_left = _left(acc, spent_nb, notebook_limit, show_delta)
                 raise OverBudget(
                     f"needs {need} but only {nb_left} is left "
-                    f"for notebook {notebook!r} ({user_left} left for user {user})"
+                    f"for notebook {notebook!r} ({user_left} left for user {user}){because}"
                 )
             cursor = self._db.execute(
                 "INSERT INTO entries (time, user, dataset, notebook, epsilon, delta, rho, sql,"
@@ -261,6 +311,12 @@ class Ledger:
                 ),
             )
             charge_id = required(cursor.lastrowid, "the ledger row's id")
+            if isinstance(replay_key, ReplayKey):
+                self._db.execute(
+                    "INSERT OR IGNORE INTO replay_keys (replay_key, query_key, data, policy)"
+                    " VALUES (?, ?, ?, ?)",
+                    (str(replay_key), replay_key.query, replay_key.data, replay_key.policy),
+                )
         return Charge(charge_id, self._durable())  # after the commit, which it must follow
 
     def _durable(self) -> Future[None]:
@@ -313,6 +369,38 @@ class Ledger:
                 (user, dataset, replay_key, RELEASED),
             ).fetchone()
         return None if row is None else json.loads(row["reply"])
+
+    def fresh_because(self, user: str, dataset: str, replay_key: str) -> str | None:
+        """Why a query with no release under ``replay_key`` is answered afresh, when
+        the same query was released to ``user`` before under other versions of the
+        data or the policy (``DATA_CHANGED``, ``POLICY_CHANGED``, ``BOTH_CHANGED``;
+        ``UNVERSIONED`` for a release of a ledger from before versions); None if it
+        never was."""
+        with self._lock:
+            return self._fresh_because(user, dataset, replay_key)
+
+    def _fresh_because(self, user: str, dataset: str, replay_key: str | None) -> str | None:
+        if not isinstance(replay_key, ReplayKey):
+            return None
+        row = self._db.execute(
+            "SELECT k.data, k.policy FROM replay_keys AS k JOIN entries AS e"
+            " ON e.replay_key = k.replay_key WHERE k.query_key = ? AND e.user = ?"
+            " AND e.dataset = ? AND e.status = ? ORDER BY e.id DESC LIMIT 1",
+            (replay_key.query, user, dataset, RELEASED),
+        ).fetchone()
+        if row is None:
+            older = self._db.execute(
+                "SELECT 1 FROM entries WHERE user = ? AND dataset = ? AND replay_key = ?"
+                " AND status = ? LIMIT 1",
+                (user, dataset, replay_key.query, RELEASED),
+            ).fetchone()
+            return None if older is None else UNVERSIONED
+        data, policy = row["data"] != replay_key.data, row["policy"] != replay_key.policy
+        if data and policy:
+            return BOTH_CHANGED
+        if data:
+            return DATA_CHANGED
+        return POLICY_CHANGED if policy else None
 
     def reply(self, entry_id: int) -> dict | None:
         """The reply a released or replayed entry gave (a replay: the release it served)."""

@@ -26,7 +26,12 @@ from dpmagic.gate.errors import Failed, Refused
 from dpmagic.gate.policy import Dataset, GateConfig
 from dpmagic.gate.spark import session as sessions
 from dpmagic.gate.spark.guard import guard
-from dpmagic.gate.spark.prepare import SPARK_TYPES, prepared_tables
+from dpmagic.gate.spark.prepare import (
+    FORMAT,
+    SPARK_TYPES,
+    catalog_identity,
+    prepared_tables,
+)
 from dpmagic.gate.sql.execute import (
     KEY_TYPES,
     VETTED_CACHE_SIZE,
@@ -36,6 +41,7 @@ from dpmagic.gate.sql.execute import (
     within_max_rows,
 )
 from dpmagic.gate.sql.keys import MAX_PARTITIONS
+from dpmagic.gate.sql.prepared import versions
 from dpmagic.gate.sql.spark_dialect import SPARK
 
 if TYPE_CHECKING:
@@ -85,6 +91,9 @@ class SparkDatabase:
         if config.prepared is None:
             (gate.state_dir / "spark").mkdir(mode=0o700, parents=True, exist_ok=True)
         self.locations = prepared_tables(self.spark, dataset, root, remote=not self._classic)
+        self.versions = versions(
+            dataset, more={"spark": FORMAT, "catalog": catalog_identity(self.spark, dataset)}
+        )
         self._views(self.spark, empty=False)
         # Counted once, at start: the plan's proofs that sums cannot overflow rely on it.
         for name in sorted(self.locations):

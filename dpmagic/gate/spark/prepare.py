@@ -74,7 +74,7 @@ def prepared_tables(
     folder = None if remote else _local(root)
     if folder is not None:
         private_root(folder)
-    catalog = json.dumps(_catalog_identity(spark, dataset), sort_keys=True)
+    catalog = json.dumps(catalog_identity(spark, dataset), sort_keys=True)
     key = hashlib.sha256(f"{FORMAT}:{fingerprint(dataset)}:{catalog}".encode()).hexdigest()
     version = f"{root.rstrip('/')}/{dataset.name}.{key[:24]}"
     locations = {
@@ -166,7 +166,7 @@ def _source(spark: SparkSession, dataset: Dataset, name: str) -> DataFrame:
     return read(spark, dataset.sources[name])
 
 
-def _catalog_identity(spark: SparkSession, dataset: Dataset) -> dict[str, list[object]]:
+def catalog_identity(spark: SparkSession, dataset: Dataset) -> dict[str, list[object]]:
     """What identifies a catalog table's contents without reading them: its files
     (each write of a Parquet or Delta table adds files of new names), with size and
     modification time where they are local."""

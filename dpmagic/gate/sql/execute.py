@@ -43,7 +43,7 @@ from dpmagic.gate.sql.contribution import SQL_TYPES
 from dpmagic.gate.sql.dialect import DUCKDB, Dialect
 from dpmagic.gate.sql.keys import MAX_PARTITIONS
 from dpmagic.gate.sql.plan import MAX_ROWS
-from dpmagic.gate.sql.prepared import prepared_file
+from dpmagic.gate.sql.prepared import Versions, prepared_file, versions
 from dpmagic.gate.sql.watchdog import Watchdog
 
 log = logging.getLogger("dpmagic.gate")
@@ -160,6 +160,9 @@ class Store(Protocol):
     """What the engine needs of a dataset's tables, whichever engine holds them."""
 
     dialect: Dialect
+    # What its answers are computed from, as opaque ids (``prepared.versions``): read
+    # from the declared dataset as the store opens, before any public fact is added.
+    versions: Versions
 
     def vet(self, sql: str) -> None: ...
 
@@ -206,6 +209,7 @@ class Database:
                 f"dataset {dataset.name!r}: database {dataset.database} not found"
             )
         path = prepared_file(dataset, gate.state_dir)
+        self.versions = versions(dataset)
         self.timeout_s = gate.query_timeout_s
         self.tables = frozenset(name.lower() for name in dataset.tables)
         # The guard's verdict is a function of the SQL text and ``tables`` alone.

@@ -12,6 +12,11 @@ every policy fact the preparation reads (tables, columns, types, bounds,
 format. Change any of them and the next start prepares a new file and deletes
 the old ones.
 
+The same identities, split, are the dataset's versions (``versions``): opaque ids
+that the replay keys carry (``engine``), so that an answer is replayed only over
+the data and the policy facts it was computed from. They are computed at start
+from file metadata and the declarations, never from a value.
+
 Reusing a file keeps the secret seed its ranks were drawn with. The bound on
 each unit's rows holds for every fixed seed (``contribution``), so a seed
 kept across restarts costs nothing; what changes each start is only the seed
@@ -25,6 +30,7 @@ import json
 import logging
 import os
 import re
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import duckdb
@@ -75,9 +81,77 @@ def fingerprint(dataset: Dataset) -> str:
             }
             for t in dataset.tables.values()
         },
+        **_sources(dataset),
+    }
+    return _hash(identity)
+
+
+# A dataset's settings that no answer depends on: what it may spend, and what is
+# refused before any data is read. Every other setting, including any added later,
+# is part of the policy's version (``versions``), so a change to it is never missed.
+NOT_ANSWER_FACTS = frozenset(
+    {
+        "tables", "sources", "database", "catalog",  # versioned on their own
+        "user_budget", "notebook_budget", "query_default", "max_unit_work",
+        "max_resource_failures",
+    }
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Versions:
+    """Opaque ids of what a dataset's answers are computed from, read at start.
+
+    ``data``: the sources' identity (each file's path, size, modification time and
+    inode, and the preparation's format; the caller may add more, as Spark's catalog
+    tables), so it changes whenever the prepared data is made from changed files.
+    ``settings``: the dataset's settings answers depend on (the privacy unit, the
+    contribution bounds, the neighbouring relation, the accountant …: every one but
+    ``NOT_ANSWER_FACTS``). ``tables``: each table's whole declaration (columns,
+    types, bounds, public values, its unit, links and per-unit rows), ``shapes``:
+    the same without its columns. Hashes only: no value of the data is in them."""
+
+    data: str
+    settings: str
+    tables: dict[str, str] = field(default_factory=dict)
+    shapes: dict[str, str] = field(default_factory=dict)
+
+    def policy(self, read: set[str] | frozenset[str]) -> str:
+        """The version of the policy facts a query reading the tables ``read`` depends
+        on: the settings, those tables' declarations and every other table's shape
+        (a private table's unit and per-unit rows shape what the preparation counts
+        for all of them)."""
+        facts = {
+            "settings": self.settings,
+            "tables": {t: self.tables[t] if t in read else self.shapes[t] for t in self.tables},
+        }
+        return _hash(facts)
+
+
+def versions(dataset: Dataset, more: object = None) -> Versions:
+    """``dataset``'s versions (``Versions``), from its declaration as the policy gives
+    it (before the public facts read at start); ``more`` joins the data's identity."""
+    settings = {k: v for k, v in asdict(dataset).items() if k not in NOT_ANSWER_FACTS}
+    tables = {name: asdict(t) for name, t in dataset.tables.items()}
+    return Versions(
+        data=_hash({"format": FORMAT, **_sources(dataset), "more": more}),
+        settings=_hash(settings),
+        tables={name: _hash(t) for name, t in tables.items()},
+        shapes={
+            name: _hash({k: v for k, v in t.items() if k != "columns"})
+            for name, t in tables.items()
+        },
+    )
+
+
+def _sources(dataset: Dataset) -> dict[str, object]:
+    return {
         "database": None if dataset.database is None else _stat(dataset.database),
         "sources": {t: _stat(p) for t, p in sorted(dataset.sources.items())},
     }
+
+
+def _hash(identity: object) -> str:
     text = json.dumps(identity, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
