@@ -139,6 +139,13 @@ def _parser() -> argparse.ArgumentParser:
         help="dataset name (default: the file's name, or the folder several files share)",
     )
     p.add_argument("--force", action="store_true", help="replace an existing output file")
+    p.add_argument(
+        "--row-level",
+        action="store_true",
+        help="each row is one person: with --privacy-unit every table declares "
+        "max_rows_per_unit = 1; without, each row is its own unit (a count's error "
+        "at ε = 1 is then ±3, not the ±48 of 4 × 4 bounds)",
+    )
     p.set_defaults(run=_init)
 
     p = sub.add_parser("budget", help="privacy budgets in the ledger", description="Budgets.")
@@ -312,7 +319,12 @@ def _init(args: argparse.Namespace) -> int:
         raise CommandError("name the data: dpmagic init --from FILE --privacy-unit COL -o P")
     try:
         out = write_skeleton(
-            files, args.privacy_unit, args.output, dataset=args.dataset, force=args.force
+            files,
+            args.privacy_unit,
+            args.output,
+            dataset=args.dataset,
+            force=args.force,
+            row_level=args.row_level,
         )
     except InitError as exc:
         raise CommandError(str(exc)) from None

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import duckdb
 
+from dpmagic.gate.engine import count_error_of
 from dpmagic.gate.policy import DEFAULT_QUANTUM_MS, PolicyError, parse_policy
 
 # DuckDB type names (without precision) -> the policy's column types.
@@ -65,8 +66,17 @@ def describe(path: Path) -> list[tuple[str, str | None]]:
     return [(str(name), str(dtype) if declared else None) for name, dtype, *_ in rows]
 
 
-def skeleton(files: list[Path], privacy_unit: str | None, dataset: str, out: Path) -> str:
-    """The TOML text of a policy for ``files``, written to live at ``out``."""
+def skeleton(
+    files: list[Path],
+    privacy_unit: str | None,
+    dataset: str,
+    out: Path,
+    row_level: bool = False,
+) -> str:
+    """The TOML text of a policy for ``files``, written to live at ``out``. With
+    ``row_level`` each row is one person: with a ``privacy_unit`` every table declares
+    ``max_rows_per_unit = 1``; without one, the dataset has no unit (each row is its
+    own) and bounds of 1 × 1."""
     tables: dict[str, tuple[Path, list[tuple[str, str | None]]]] = {}
     for path in files:
         if not path.is_file():
@@ -76,10 +86,13 @@ def skeleton(files: list[Path], privacy_unit: str | None, dataset: str, out: Pat
             raise InitError(f"two files would both become table {name!r}: rename one")
         columns = describe(path)
         names = ", ".join(c for c, _ in columns)
+        if privacy_unit is None and row_level:
+            tables[name] = (path, columns)
+            continue
         if privacy_unit is None:
             raise InitError(
                 f"name the column that identifies a person with --privacy-unit "
-                f"({path.name} has {names})"
+                f"({path.name} has {names}), or pass --row-level if each row is a person"
             )
         if privacy_unit.lower() not in {c.lower() for c, _ in columns}:
             raise InitError(
@@ -117,17 +130,21 @@ def skeleton(files: list[Path], privacy_unit: str | None, dataset: str, out: Pat
         "",
         f"[datasets.{_key(dataset)}]",
         f"sources = {{ {sources} }}",
-        f"privacy_unit = {_string(privacy_unit)}",
-        'neighbouring = "add_remove"',
-        "max_partitions = 4           # groups one unit may touch",
-        "max_rows_per_partition = 4   # rows one unit may add to each group",
+        *_unit_lines(privacy_unit, row_level),
         "user_budget = { epsilon = 10.0 }",
         "notebook_budget = { epsilon = 3.0 }",
         "query_default = { epsilon = 0.1 }",
     ]
     for table, (_, columns) in tables.items():
+        if row_level and privacy_unit is not None:
+            lines += [
+                "",
+                f"[datasets.{_key(dataset)}.tables.{_key(table)}]",
+                f"max_rows_per_unit = 1        # each row is one person: a count's 95% error "
+                f"at ε = 1 is ±{count_error_of(1)}",
+            ]
         lines += ["", f"[datasets.{_key(dataset)}.tables.{_key(table)}.columns]"]
-        lines += [_column(name, dtype, privacy_unit) for name, dtype in columns]
+        lines += [_column(name, dtype, privacy_unit or "") for name, dtype in columns]
     text = "\n".join(lines) + "\n"
     # The skeleton must load as it is, so the owner starts from a valid file.
     parse_policy(tomllib.loads(text), out.resolve())
@@ -141,11 +158,12 @@ def write_skeleton(
     *,
     dataset: str | None = None,
     force: bool = False,
+    row_level: bool = False,
 ) -> Path:
     """Write the skeleton to ``out``; refuses to replace a file unless ``force``."""
     name = dataset or dataset_name(files)
     try:
-        text = skeleton(files, privacy_unit, name, out)
+        text = skeleton(files, privacy_unit, name, out, row_level)
     except PolicyError as exc:
         raise InitError(str(exc)) from None
     # The policy is the gate's file: readable by its owner only (SECURITY.md, Deployment rules).
@@ -160,6 +178,27 @@ def write_skeleton(
     except OSError as exc:
         raise InitError(f"{out}: {exc.strerror}") from None
     return out
+
+
+def _unit_lines(privacy_unit: str | None, row_level: bool) -> list[str]:
+    """The dataset's unit and contribution bounds, each bound with what it costs: a
+    count's 95% error at ε = 1 (``engine.count_error_of``)."""
+    if privacy_unit is None:
+        return [
+            "# No privacy unit: each row is one person (--row-level), one row in one group.",
+            'neighbouring = "add_remove"',
+            "max_partitions = 1",
+            "max_rows_per_partition = 1",
+        ]
+    groups, rows = (1, 1) if row_level else (4, 4)
+    return [
+        f"privacy_unit = {_string(privacy_unit)}",
+        'neighbouring = "add_remove"',
+        f"max_partitions = {groups}           # groups one unit may touch: a grouped count's "
+        f"95% error at ε = 1 is ±{count_error_of(groups * rows)}",
+        f"max_rows_per_partition = {rows}   # rows one unit may add to each group: a count's "
+        f"95% error at ε = 1 is ±{count_error_of(rows)}",
+    ]
 
 
 def _column(name: str, dtype: str | None, privacy_unit: str) -> str:
