@@ -2,6 +2,7 @@
 
     python benchmarks/many_groups.py                       # 1M rows; 1,000, 10,000, 100,000 groups
     python benchmarks/many_groups.py --rows 10M --groups 100000 --reps 5
+    python benchmarks/many_groups.py --release --groups 100000   # the release pass alone
 
 The query sets of ``run.py`` and ``visits.py`` release at most 1,000 cells; here one
 query releases up to the gate's limit of 100,000 (a count and a sum per group), so
@@ -14,7 +15,10 @@ same file with default settings; the gate serves it from its own process over a
 unix socket (padding off, ε = 1). Each query runs once on each to warm up, then
 on each in turn, run after run. Prints the medians, the ratio, the mean relative
 error of the gate's counts and sums against raw DuckDB's exact answer (over 5
-more answers, untimed), and the gate's peak memory. Peers are not run here:
+more answers, untimed), and the gate's peak memory. With ``--release``, the
+release pass alone (``sql/release.py``: post-processing, intervals, the
+noise-dominance verdicts), clocked inside an engine in this process, for
+``RELEASE_QUERIES``. Peers are not run here:
 ``run.py --peers`` and ``visits.py --peers`` compare them. A benchmark, not a
 test.
 """
@@ -37,6 +41,11 @@ from queries import relative_error  # noqa: E402
 from visits import _count, _peak_mb, _start, alternated  # noqa: E402
 
 SQL = "SELECT k, COUNT(*) AS n, SUM(x) AS s FROM t GROUP BY k"
+RELEASE_QUERIES = (
+    SQL,
+    "SELECT k, COUNT(*) AS n, AVG(x) AS a FROM t GROUP BY k",
+    "SELECT k, SUM(x) / COUNT(*) AS r FROM t GROUP BY k",
+)
 ANSWERS = 5  # untimed answers the error is averaged over
 
 
@@ -45,7 +54,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=_count, default=1_000_000, help="1M, 10M, a number")
     parser.add_argument("--groups", default="1000,10000,100000", help="group counts, by commas")
     parser.add_argument("--reps", type=int, default=9, help="timed runs per query (median)")
+    parser.add_argument("--release", action="store_true", help="time the release pass alone")
     args = parser.parse_args(argv)
+    if args.release:
+        return _release_pass(args.rows, [int(g) for g in args.groups.split(",")], args.reps)
     print(f"{args.rows:,} rows; load average {os.getloadavg()[0]:.2f} at start")
     print(
         "\n| groups | raw DuckDB | gate | × | error (count) | error (sum) | gate peak memory |"
@@ -117,6 +129,47 @@ def _measure(
         for column in (1, 2)
     )
     return statistics.median(raw) * 1000, statistics.median(gate) * 1000, errors, peak
+
+
+def _release_pass(rows: int, group_counts: list[int], reps: int) -> int:
+    """The release pass's median time per query and group count, in an engine in this
+    process (``pipeline.release`` clocked; the rest of the query untimed)."""
+    import time
+
+    from dpmagic.gate.engine import Engine
+    from dpmagic.gate.policy import load_policy
+    from dpmagic.gate.sql import pipeline
+
+    clock: list[float] = []
+    release = pipeline.release
+
+    def clocked(*args: object, **kwargs: object) -> object:
+        start = time.perf_counter()
+        try:
+            return release(*args, **kwargs)
+        finally:
+            clock.append(time.perf_counter() - start)
+
+    pipeline.release = clocked  # type: ignore[assignment]
+    print(f"{rows:,} rows; load average {os.getloadavg()[0]:.2f} at start")
+    print("\n| groups | query | release pass (median) |\n|---|---|---|")
+    for groups in group_counts:
+        database = _table(rows, groups)
+        with tempfile.TemporaryDirectory() as work:
+            policy = Path(work) / "policy.toml"
+            policy.write_text(_policy(database, Path(work), groups))
+            engine = Engine(load_policy(policy))
+            try:
+                for sql in RELEASE_QUERIES:
+                    clock.clear()
+                    for _ in range(reps + 1):  # the first warms the caches, not counted
+                        engine.query("bench", {"sql": sql, "epsilon": 1.0, "fresh": True})
+                    median = statistics.median(clock[1:]) * 1000
+                    print(f"| {groups:,} | `{sql}` | {median:.0f} ms |")
+            finally:
+                engine.close()
+    print(f"\nload average {os.getloadavg()[0]:.2f} at the end")
+    return 0
 
 
 def _policy(database: Path, work: Path, groups: int) -> str:
