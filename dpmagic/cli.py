@@ -94,6 +94,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--no-browser", action="store_true", help="do not open a browser (remote or headless)"
     )
+    p.add_argument(
+        "--notebook-dir",
+        type=Path,
+        metavar="DIR",
+        help="the folder of notebooks to serve (default: the current folder); "
+        "nothing in it is removed when the lab stops",
+    )
     p.set_defaults(run=_lab)
 
     p = sub.add_parser("kernel", help="manage the gated kernelspec", description="Kernelspecs.")
@@ -279,13 +286,19 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _lab(args: argparse.Namespace) -> int:
     """Start a gate (on the example clinic unless --policy) and JupyterLab with
-    the gated kernel. When JupyterLab exits, or on SIGTERM, SIGHUP or SIGINT,
-    everything started stops and the temporary folder is removed."""
+    the gated kernel, serving the notebooks of the current folder (or
+    --notebook-dir). When JupyterLab exits, or on SIGTERM, SIGHUP or SIGINT,
+    everything started stops and the lab's own temporary folder is removed; the
+    notebooks stay."""
     from dpmagic.lab import LabError, run_lab
 
     try:
         return run_lab(
-            policy=args.policy, port=args.port, patients=args.patients, browser=not args.no_browser
+            policy=args.policy,
+            port=args.port,
+            patients=args.patients,
+            browser=not args.no_browser,
+            notebook_dir=args.notebook_dir,
         )
     except LabError as exc:
         raise CommandError(str(exc)) from None

@@ -46,14 +46,22 @@ def install(
     if sys_prefix:
         prefix = sys.prefix
     with tempfile.TemporaryDirectory() as tmp:
-        source = Path(tmp) / name
-        source.mkdir()
-        (source / "kernel.json").write_text(json.dumps(kernel_json(gate), indent=2) + "\n")
-        for logo in LOGOS:
-            (source / logo).write_bytes(files(RESOURCES).joinpath(logo).read_bytes())
+        source = write_spec(Path(tmp) / name, gate)
         return KernelSpecManager().install_kernel_spec(
             str(source), kernel_name=name, user=user and prefix is None, prefix=prefix
         )
+
+
+def write_spec(folder: Path, gate: str | None = None) -> Path:
+    """The kernelspec's files (``kernel.json`` and the logos) written to ``folder``, made
+    if missing, as Jupyter finds them in ``…/share/jupyter/kernels/NAME``; returns it.
+    Unlike ``install`` it asks nothing of Jupyter's paths (which would create an IPython
+    folder in the home folder)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "kernel.json").write_text(json.dumps(kernel_json(gate), indent=2) + "\n")
+    for logo in LOGOS:
+        (folder / logo).write_bytes(files(RESOURCES).joinpath(logo).read_bytes())
+    return folder
 
 
 AUTOLOAD_BEGIN = "# >>> dpmagic autoload >>>"
