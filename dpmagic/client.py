@@ -135,6 +135,7 @@ class Gate:
         bounding_report: float | None = None,
         max_partitions: int | None = None,
         max_rows_per_partition: int | None = None,
+        clip: float | None = None,
     ) -> DPResult:
         """Run ``sql`` through the gate; the reply's cost is already charged.
 
@@ -144,7 +145,9 @@ class Gate:
         count of the rows the contribution bounds left out (``DPResult.bounding``).
         ``max_partitions`` and ``max_rows_per_partition`` tighten the policy's
         contribution bounds for this query (never loosen them): less noise at the same ε,
-        more of each unit's rows left out.
+        more of each unit's rows left out. ``clip=S`` spends the share ``S`` of the ε
+        choosing the bounds of the summed values privately, the rest answering within
+        them (``DPResult.reply["clip"]`` says which).
         ``mock=True`` instead answers on fake tables drawn from the public schema,
         in this process (``mock_rows`` privacy units, default 1000): only the
         schema is fetched, the query never reaches the gate, nothing is charged.
@@ -160,6 +163,7 @@ class Gate:
             "bounding_report": bounding_report,
             "max_partitions": max_partitions,
             "max_rows_per_partition": max_rows_per_partition,
+            "clip": clip,
             "dataset": dataset,
             "notebook": notebook,
             "params": params,

@@ -75,6 +75,7 @@ class QueryOptions:
     bounding_report: float | None = None
     max_groups: int | None = None
     max_rows: int | None = None
+    clip: float | None = None
 
 
 FLAGS = {"--dry-run": "dry_run", "--fresh": "fresh", "--mock": "mock"}
@@ -92,6 +93,7 @@ VALUED = {
     "--bounding-report": "bounding_report",
     "--max-groups": "max_groups",
     "--max-rows": "max_rows",
+    "--clip": "clip",
     "-o": "out",
     "--out": "out",
 }
@@ -136,14 +138,14 @@ def parse_line(text: str) -> tuple[QueryOptions, str]:
 
 
 def _option_value(field: str, name: str, raw: str) -> float | int | str:
-    if field in ("epsilon", "delta", "accuracy", "alpha", "bounding_report"):
+    if field in ("epsilon", "delta", "accuracy", "alpha", "bounding_report", "clip"):
         try:
             value = float(raw)
         except ValueError:
             raise UsageError(f"option {name} needs a number, not {raw!r}") from None
         if not (value > 0 or (field == "delta" and value == 0)) or value == float("inf"):
             raise UsageError(f"option {name} must be a positive number, not {raw!r}")
-        if field in ("alpha", "bounding_report") and value >= 1:
+        if field in ("alpha", "bounding_report", "clip") and value >= 1:
             raise UsageError(f"option {name} must be between 0 and 1, not {raw!r}")
         return value
     if field in ("mock_rows", "max_groups", "max_rows"):
@@ -283,7 +285,7 @@ class DpSql(Magics):
         """Run differentially private SQL through the gate and show the noisy answer.
 
             %%dpsql [-e EPS | --accuracy A [--alpha 0.05]] [-d DELTA] [--dataset NAME]
-                    [--bounding-report SHARE] [--max-groups N] [--max-rows N]
+                    [--bounding-report SHARE] [--max-groups N] [--max-rows N] [--clip SHARE]
                     [--dry-run] [--fresh]
                     [--mock [--mock-rows N]] [--save NAME]
                     [--with NAME ...] [-o VAR] [VAR <<]
@@ -304,6 +306,10 @@ class DpSql(Magics):
                            the policy's max_partitions): less noise, more rows left out
         --max-rows N       count at most N rows of each unit per group (at most the
                            policy's max_rows_per_partition)
+        --clip SHARE       spend SHARE (0 to 1) of the ε choosing, privately, the bounds the
+                           values summed by SUM/AVG/VAR lie within, and answer within them
+                           with the rest: less noise on skewed data, values beyond moved
+                           to the bounds (each a query of its own in the history)
         --dry-run          show the plan and what it would cost; nothing is charged
         --fresh            spend again instead of replaying a stored answer
         --mock             answer on fake tables drawn from the public schema, in this
@@ -373,6 +379,7 @@ class DpSql(Magics):
                         bounding_report=opts.bounding_report,
                         max_partitions=opts.max_groups,
                         max_rows_per_partition=opts.max_rows,
+                        clip=opts.clip,
                     ),
                 )
         result.display_limit = self.displaylimit or None

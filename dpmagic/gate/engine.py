@@ -24,12 +24,14 @@ from dpmagic.gate.accounting import AccountantError, make_accountant
 from dpmagic.gate.admission import Admission
 from dpmagic.gate.analysis_cache import BYTES_PER_CHAR, AnalysisCache
 from dpmagic.gate.calibration import REPORT_ALPHA, Accuracy
-from dpmagic.gate.errors import BadRequest, Failed, GateError, InvalidBody, Refused
+from dpmagic.gate.errors import BadRequest, Failed, GateError, InvalidBody, Refused, required
 from dpmagic.gate.mechanisms import calibrate
 from dpmagic.gate.policy import AccountantKind, Dataset, Policy, PolicyError
 from dpmagic.gate.service.ledger import Ledger, ReplayKey
 from dpmagic.gate.service.views import budget_views, history_entries
 from dpmagic.gate.sql import bounding
+from dpmagic.gate.sql.clip import ClipBounds, ClipStage, clipped
+from dpmagic.gate.sql.clip import targets as clip_targets
 from dpmagic.gate.sql.execute import OutOfResources, open_store
 from dpmagic.gate.sql.limits import deadline
 from dpmagic.gate.sql.pipeline import Analysed, Asked, analyse, execute, generate
@@ -66,6 +68,18 @@ class QueryRequest:
     # policy's: ``tightened``), as BigQuery's ``max_groups_contributed`` does.
     max_partitions: int | None = None
     max_rows_per_partition: int | None = None
+    # The share of the query's ε that chooses its sums' value bounds (``sql/clip.py``),
+    # and, set by the engine for each of the two releases, which one this is.
+    clip: float | None = None
+    stage: ClipStage | None = None
+
+    @property
+    def label(self) -> str:
+        """The SQL as the ledger and the history show it: a clipped query's first release
+        says what it is."""
+        if isinstance(self.stage, ClipBounds):
+            return f"-- --clip: the value bounds of this query's sums\n{self.sql}"
+        return self.sql
 
     @classmethod
     def from_body(cls, body: object) -> QueryRequest:
@@ -87,6 +101,7 @@ class QueryRequest:
             "bounding_report",
             "max_partitions",
             "max_rows_per_partition",
+            "clip",
         }
         if unknown:
             # Cut short: the name is the client's own text, echoed back.
@@ -146,6 +161,11 @@ class QueryRequest:
         report = _number(body, "bounding_report")
         if report is not None and not 0 < report < 1:
             raise InvalidBody("`bounding_report` is a share of the budget, between 0 and 1")
+        clip = _number(body, "clip")
+        if clip is not None and not 0 < clip < 1:
+            raise InvalidBody("`clip` is a share of the query's ε, between 0 and 1")
+        if clip is not None and (accuracy is not None or report is not None):
+            raise InvalidBody("`clip` goes with an ε, without `accuracy` or `bounding_report`")
         for flag in ("dry_run", "fresh"):
             if not isinstance(body.get(flag, False), bool):
                 raise InvalidBody(f"`{flag}` must be true or false")
@@ -163,6 +183,7 @@ class QueryRequest:
             bounding_report=report,
             max_partitions=_whole(body, "max_partitions"),
             max_rows_per_partition=_whole(body, "max_rows_per_partition"),
+            clip=clip,
         )
 
 
@@ -223,7 +244,13 @@ class Engine:
         if request.accuracy is not None:
             accuracy = Accuracy(request.accuracy, request.alpha)
         asked = Asked(
-            request.sql, request.params, epsilon, delta, accuracy, request.bounding_report
+            request.sql,
+            request.params,
+            epsilon,
+            delta,
+            accuracy,
+            request.bounding_report,
+            request.stage,
         )
         try:
             return analyse(asked, dataset, self.accountants[dataset.name])
@@ -243,7 +270,7 @@ class Engine:
             return self._analysed(dataset, request)
         key = (dataset.name, request.sql, params, eps, delta, request.accuracy, request.alpha,
                request.bounding_report, dataset.max_partitions,
-               dataset.max_rows_per_partition)  # fmt: skip
+               dataset.max_rows_per_partition, request.stage)  # fmt: skip
         found = self._analyses.get(user, key)
         if found is None:
             found = self._analysed(dataset, request)
@@ -279,6 +306,43 @@ class Engine:
 
     def query(self, user: str, body: object) -> dict[str, object]:
         request = QueryRequest.from_body(body)
+        if request.clip is not None:
+            return self._clipped(user, request)
+        return self._query(user, request)
+
+    def _clipped(self, user: str, request: QueryRequest) -> dict[str, object]:
+        """A query whose sums are clipped at value bounds it chooses privately, in two
+        releases (``sql/clip.py``): the bounds with ``clip`` of the ε, the query with the
+        rest, each a query of its own in the ledger (each replayed alike, so a re-run
+        replays both). A dry run shows the second's plan before any bound is chosen."""
+        share = required(request.clip, "the clip's share")
+        dataset = tightened(self._dataset(request.dataset), request)
+        eps, _ = _asked(dataset, request)
+        rest = replace(request, clip=None, epsilon=eps * (1 - share))
+        main = self.analysis(user, dataset, rest).plan
+        if request.dry_run:
+            reply = self._query(user, rest)
+        else:
+            bounds = replace(rest, epsilon=eps * share, stage=ClipBounds())
+            first = self._query(user, bounds)
+            if not first["rows"] or any(v is None for v in first["rows"][0]):
+                raise Failed("the clip's bounds could not be chosen; nothing more was charged")
+            stage = clipped(main.checked, [float(v) for v in first["rows"][0]])
+            reply = self._query(user, replace(rest, stage=stage))
+            chosen = [
+                {"aggregate": agg.label, "bounds": [lo, hi]}
+                for agg, (_, lo, hi) in zip(clip_targets(main.checked), stage.clips, strict=True)
+            ]
+            reply["clip"] = {"share": share, "epsilon": eps * share, "chosen": chosen,
+                             "replayed": first["replayed"]}  # fmt: skip
+            reply["cost"] = {
+                k: reply["cost"].get(k, 0.0) + first["cost"].get(k, 0.0)
+                for k in {*reply["cost"], *first["cost"]}
+            }
+        reply["request"] = {**reply["request"], "epsilon": eps, "clip": share}
+        return reply
+
+    def _query(self, user: str, request: QueryRequest) -> dict[str, object]:
         dataset = tightened(self._dataset(request.dataset), request)
         analysis = self.analysis(user, dataset, request)
         the_plan, key = analysis.plan, analysis.replay_key
@@ -332,7 +396,7 @@ class Engine:
                     user=user,
                     dataset=dataset.name,
                     notebook=request.notebook,
-                    sql=request.sql,
+                    sql=request.label,
                     replay_key=key,
                 )
                 stored = dict(stored)
@@ -350,7 +414,7 @@ class Engine:
             cost=the_plan.cost,
             user_limit=dataset.user_budget,
             notebook_limit=dataset.notebook_budget,
-            sql=request.sql,
+            sql=request.label,
             replay_key=key,
             accountant=self.accountants[dataset.name],
         )
@@ -452,6 +516,9 @@ class Engine:
         if request.bounding_report is not None:
             # Only then: the keys of answers stored without a report stay what they were.
             identity["bounding_report"] = request.bounding_report
+        if request.stage is not None:
+            # Which release of a clipped query, and for the second the clip it read.
+            identity["clip"] = repr(request.stage)
         if dataset != self.policy.datasets.get(dataset.name):
             # Tightened by the request: only then, so the keys of answers under the
             # policy's own bounds stay what they were.

@@ -50,6 +50,7 @@ from dpmagic.gate.policy import Dataset
 from dpmagic.gate.sql import bounding
 from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
+from dpmagic.gate.sql.clip import ClipBounds, ClipStage, bounds_checked, clip_bounded
 from dpmagic.gate.sql.execute import Store
 from dpmagic.gate.sql.limits import check_deadline, check_generated, deadline
 from dpmagic.gate.sql.noise import declared_keys, key_threshold, noise
@@ -70,6 +71,8 @@ class Asked:
     delta: float
     accuracy: Accuracy | None = None
     report: float | None = None  # the bounding report's share of the budget
+    # A clipped query's stage (``clip.py``): its bounds' release, or the query clipped.
+    clip: ClipStage | None = None
 
 
 @dataclass(frozen=True)
@@ -102,8 +105,10 @@ def analyse(asked: Asked, dataset: Dataset, accountant: Accountant) -> Plan:
         resolved = resolve(parsed, dataset)
         check_deadline()
         checked = check(resolved)
+        if isinstance(asked.clip, ClipBounds):
+            checked = bounds_checked(checked)
         check_deadline()
-        bounded = bound(checked)
+        bounded = clip_bounded(bound(checked), asked.clip)
         check_deadline()
         the_plan = plan(
             bounded, asked.epsilon, asked.delta, accountant, asked.accuracy, asked.report

@@ -1,0 +1,149 @@
+"""``--clip``: a sum's value bounds chosen privately (``sql/clip.py``).
+
+The second release's sensitivity holds for every clip, whatever the data: brute
+force over neighbouring datasets with values beyond the clip, seed by seed on real
+DuckDB, for clips drawn at random; the version that narrows the interval without
+clamping the SQL into it (trusting the stored values to lie within) is caught.
+Through the engine: two releases, each in the ledger, charged ε in all, replayed
+alike, the bounds chosen stated in the reply."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import duckdb
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dpmagic.gate.accounting import PureAccountant
+from dpmagic.gate.errors import InvalidBody, Refused
+from dpmagic.gate.sql import rewrite as rewrites
+from dpmagic.gate.sql.bound import bound
+from dpmagic.gate.sql.check import check
+from dpmagic.gate.sql.clip import Clipped, bounds_checked, clip_bounded
+from dpmagic.gate.sql.parse import parse
+from dpmagic.gate.sql.plan import plan
+from dpmagic.gate.sql.resolve import resolve
+from tests.gate_helpers import dataset, exact_vectors, load_table, neighbours, running_engine
+
+COLUMNS = {
+    "pid": {"type": "int"},
+    "g": {"type": "int", "public_values": [0, 1, 2]},
+    "x": {"type": "int", "lower": 0, "upper": 100},
+    "y": {"type": "float", "lower": 0.0, "upper": 1000.0},
+}
+ORDER = ["pid", "g", "x", "y"]
+QUERIES = [
+    "SELECT SUM(x) FROM t",
+    "SELECT g, AVG(y) FROM t GROUP BY g",
+    "SELECT g, SUM(x), VAR_POP(y) FROM t GROUP BY g",
+]
+
+
+def _clipped_plan(sql: str, clips: dict[str, tuple[float, float]]):
+    ds = dataset(COLUMNS, max_partitions=2, max_rows=2)
+    checked = check(resolve(parse(sql), ds))
+    stage = Clipped(tuple((f"__s0.{c}", lo, hi) for c, (lo, hi) in clips.items()))
+    return plan(clip_bounded(bound(checked), stage), 1.0, 0.0, PureAccountant())
+
+
+row = st.tuples(st.sampled_from([0, 1, 2]), st.integers(0, 100), st.floats(0, 1000))
+units = st.lists(st.lists(row, min_size=0, max_size=4), min_size=1, max_size=4)
+
+
+def _worst(p, per_unit, seed) -> list[tuple[float, float]]:
+    """Per measurement, the largest L1 move over every neighbour, and its sensitivity."""
+    con = duckdb.connect()
+    rows = [(pid, *r) for pid, rs in enumerate(per_unit, start=1) for r in rs]
+    load_table(con, "t", ORDER, rows)
+    base = exact_vectors(p, con, seed)
+    worst = {m.name: 0.0 for m in p.measurements}
+    for other in neighbours(rows, len(per_unit), True, "add_remove", []):
+        load_table(con, "t", ORDER, other)
+        moved = exact_vectors(p, con, seed)
+        for m in p.measurements:
+            d = sum(abs(a - b) for a, b in zip(base[m.name], moved[m.name], strict=True))
+            worst[m.name] = max(worst[m.name], d)
+    return [(worst[m.name], m.noise.sensitivity) for m in p.measurements]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(per_unit=units, query=st.sampled_from(QUERIES), x=st.integers(1, 60),
+       y=st.floats(1, 500), seed=st.integers(0, 2**62))  # fmt: skip
+def test_every_clip_keeps_its_sensitivity(per_unit, query, x, y, seed) -> None:
+    p = _clipped_plan(query, {"x": (0, x), "y": (0.0, y)})
+    for moved, sensitivity in _worst(p, per_unit, seed):
+        assert moved <= sensitivity
+
+
+def test_a_clip_the_sql_does_not_clamp_into_is_caught(monkeypatch) -> None:
+    """The broken version: the interval narrowed, the SQL trusting the stored values
+    (clamped at load into the declared, wider range) to lie within it."""
+    monkeypatch.setattr(rewrites, "_stored_within", lambda m, resolved: True)
+    p = _clipped_plan("SELECT SUM(x) FROM t", {"x": (0, 10)})
+    ((moved, sensitivity),) = _worst(p, [[(0, 100, 0.0)] * 3, [(1, 5, 0.0)]], seed=1)
+    assert sensitivity == 20 and moved > sensitivity
+
+
+def test_the_bounds_release_asks_each_summed_argument_at_two_levels() -> None:
+    ds = dataset(COLUMNS)
+    checked = check(resolve(parse("SELECT g, AVG(y), SUM(x), COUNT(*) FROM t GROUP BY g"), ds))
+    first = bounds_checked(checked)
+    assert first.keys == ()
+    assert [(a.func, a.level, a.arg.sql()) for a in first.aggregates] == [
+        ("quantile", 0.02, "__s0.y"), ("quantile", 0.98, "__s0.y"),
+        ("quantile", 0.02, "__s0.x"), ("quantile", 0.98, "__s0.x"),
+    ]  # fmt: skip
+    with pytest.raises(Refused, match="sums none"):
+        bounds_checked(check(resolve(parse("SELECT COUNT(*) FROM t"), ds)))
+
+
+POLICY = """
+[gate]
+state_dir = "state"
+
+[datasets.d]
+sources = { t = "t.csv" }
+privacy_unit = "pid"
+user_budget = { epsilon = 1e6 }
+notebook_budget = { epsilon = 1e6 }
+
+[datasets.d.tables.t.columns]
+pid = { type = "int" }
+g = { type = "int", public_values = [0, 1] }
+income = { type = "float", lower = 0, upper = 200000 }
+"""
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    rng = random.Random(3)
+    rows = [(i, i % 2, round(rng.lognormvariate(math.log(20000), 0.6), 2)) for i in range(4000)]
+    with running_engine(tmp_path_factory.mktemp("c"), POLICY, {"t": ("pid,g,income", rows)}) as e:
+        yield e
+
+
+def test_a_clipped_query_releases_twice_and_replays_both(engine) -> None:
+    ask = {"sql": "SELECT g, AVG(income) AS a FROM t GROUP BY g", "epsilon": 1.0,
+           "clip": 0.25, "notebook": "clip"}  # fmt: skip
+    before = engine.ledger.spent("ann", "d", "clip").epsilon
+    reply = engine.query("ann", ask)
+    assert engine.ledger.spent("ann", "d", "clip").epsilon - before == pytest.approx(1.0)
+    assert reply["cost"]["epsilon"] == pytest.approx(1.0)
+    ((lo, hi),) = [c["bounds"] for c in reply["clip"]["chosen"]]
+    assert 0 <= lo < hi < 200000 and reply["clip"]["epsilon"] == pytest.approx(0.25)
+    # the bounds are stated where the answer's bounds are
+    assert f"{hi:g}"[:3] in reply["bounding"]["text"].replace(",", "")
+    again = engine.query("ann", ask)
+    assert again["replayed"] and again["clip"]["replayed"] and again["rows"] == reply["rows"]
+    assert engine.ledger.spent("ann", "d", "clip").epsilon - before == pytest.approx(1.0)
+    history = engine.history("ann", "d", "clip", 10)["entries"]
+    assert any(e["sql"].startswith("-- --clip") for e in history)
+
+
+def test_clip_takes_a_share_and_an_epsilon_only(engine) -> None:
+    for bad in ({"clip": 1.0}, {"clip": 0.2, "accuracy": 10.0}):
+        with pytest.raises(InvalidBody):
+            engine.query("ann", {"sql": "SELECT AVG(income) FROM t", **bad})
