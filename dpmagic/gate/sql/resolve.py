@@ -17,8 +17,9 @@ freely. Only the policy is consulted, so a refusal says nothing about data.
 
 from __future__ import annotations
 
+import difflib
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from sqlglot import exp
@@ -236,7 +237,9 @@ class _Flattener:
             table = self.dataset.table(node.name)
             if table is None:
                 raise Refused(
-                    f"unknown table {node.name!r}; declared: "
+                    f"unknown table {node.name!r}; "
+                    + _did_you_mean(node.name.lower(), self.dataset.tables)
+                    + "declared: "
                     + ", ".join(sorted(self.dataset.tables))
                 )
             name = f"__s{next(self.names)}"
@@ -329,6 +332,8 @@ class _Flattener:
         select = query.this if isinstance(query, exp.Subquery) else query
         if not isinstance(select, exp.Select):
             raise Refused("IN (…) takes one SELECT")
+        if select.args.get(FROM) is None:
+            return _constant_in(node, select)
         _row_transformation(select)
         if len(select.expressions) != 1 or isinstance(select.expressions[0], exp.Star):
             raise Refused("IN (SELECT …) must select exactly one column")
@@ -438,7 +443,9 @@ def _lookup(
             raise Refused(f"unknown table or alias {node.table!r} in {node.sql(dialect=DIALECT)}")
         if name not in rel:
             raise Refused(
-                f"unknown column {node.name!r} in {node.table!r}; declared: "
+                f"unknown column {node.name!r} in {node.table!r}; "
+                + _did_you_mean(name, rel)
+                + "declared: "
                 + ", ".join(sorted(rel))
             )
         charge(rel[name])
@@ -447,9 +454,12 @@ def _lookup(
     if not found:
         if name in aliases:
             return exp.column(name)
+        visible = {c for rel in env.values() for c in rel}
         raise Refused(
-            f"unknown column {node.name!r} in {place}; declared: "
-            + ", ".join(sorted({c for rel in env.values() for c in rel}))
+            f"unknown column {node.name!r} in {place}; "
+            + _did_you_mean(name, visible)
+            + "declared: "
+            + ", ".join(sorted(visible))
         )
     if len(found) > 1 and name not in using:
         for f in found[1:]:  # rendered to be compared: as much work as a copy
@@ -461,11 +471,42 @@ def _lookup(
     return _wrap(found[0])
 
 
+def _did_you_mean(name: str, names: Iterable[str]) -> str:
+    """``did you mean 'age'? `` when ``names`` has names close to ``name`` (at most
+    three, closest first), else nothing. ``names`` are the public schema's and the
+    query's own (its aliases): never a value of the data."""
+    close = difflib.get_close_matches(name, sorted(names), n=3, cutoff=0.6)
+    if not close:
+        return ""
+    quoted = [repr(c) for c in close]
+    either = quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " or " + quoted[-1]
+    return f"did you mean {either}? "
+
+
 def _wrap(definition: exp.Expression) -> exp.Expression:
     copy = definition.copy()
     if isinstance(copy, exp.Column | exp.Literal | exp.Paren | exp.Boolean | exp.Null):
         return copy
     return exp.Paren(this=copy)
+
+
+def _constant_in(node: exp.In, select: exp.Select) -> exp.In:
+    """``x IN (SELECT 1)``, a subquery of one constant and nothing else, as the list it
+    is (``x IN (1)``): its value is in the query's text, public. Any other subquery
+    without FROM is refused, saying how to write a list."""
+    items = select.expressions
+    rest = [k for k, v in select.args.items() if k != "expressions" and v]
+    constant = len(items) == 1 and not any(
+        isinstance(n, exp.Column | exp.Star | exp.AggFunc | exp.Window | exp.Subquery)
+        or (isinstance(n, exp.Select) and n is not select)
+        for n in items[0].walk()
+    )
+    if rest or not constant:
+        raise Refused(
+            "IN (SELECT …) without FROM reads no table: write the values as a list, x IN (1, 2)"
+        )
+    value = items[0].this if isinstance(items[0], exp.Alias) else items[0]
+    return exp.In(this=node.this, expressions=[value.copy()])
 
 
 def _row_transformation(select: exp.Select) -> None:
