@@ -8,8 +8,9 @@ stay the same across runs of the same notebook:
   (``course/hw1.ipynb``): the server gives the kernel the absolute path in
   ``JPY_SESSION_NAME``, and its root in the runtime file
   ``jpserver-<pid>.json`` of the server that started the kernel (our parent);
-- under ``jupyter execute`` / nbclient, which give the kernel no name, the
-  ``.ipynb`` file on the parent process's command line, as it was given;
+- under ``jupyter execute`` / nbclient, nbconvert or papermill, which give the
+  kernel no name, the input ``.ipynb`` file on the parent process's command line,
+  as it was given (not the value of ``--output``);
 - in VS Code, the notebook file it names in ``__vsc_ipynb_file__``;
 - elsewhere (plain IPython, a console), ``ipython:`` and the folder it runs in.
 
@@ -73,13 +74,32 @@ def _server_root(pid: int) -> str | None:
 
 def _notebook_on_parent_command_line() -> str | None:
     """``hw1.ipynb`` when ``jupyter execute hw1.ipynb`` (or nbconvert, papermill) started
-    this kernel: the parent's first ``.ipynb`` argument (Linux's ``/proc`` only)."""
+    this kernel: the parent's input notebook (Linux's ``/proc`` only)."""
     try:
         raw = Path(f"/proc/{os.getppid()}/cmdline").read_bytes()
     except OSError:
         return None
-    notebooks = [a for a in raw.decode(errors="replace").split("\0") if a.endswith(".ipynb")]
-    return notebooks[0] if notebooks else None
+    return input_notebook(raw.decode(errors="replace").split("\0"))
+
+
+# Options whose value names where a tool writes, not what it runs: ``jupyter execute
+# --output out.ipynb in.ipynb``, ``jupyter nbconvert --execute in.ipynb --output
+# out.ipynb``, their traitlets forms (``--NbClientApp.output_base``), an output folder.
+OUTPUT_OPTIONS = ("output", "output_base", "output-dir", "output_dir", "build_directory")
+
+
+def input_notebook(args: list[str]) -> str | None:
+    """The first ``.ipynb`` argument that is neither an option (``--output=out.ipynb``)
+    nor the value of an output option given apart (``--output out.ipynb``): the
+    notebook ``jupyter execute``, nbconvert or papermill (``in.ipynb out.ipynb``) runs."""
+    previous = ""
+    for arg in args:
+        option = previous.startswith("-") and "=" not in previous
+        writes = option and previous.lstrip("-").lower().endswith(OUTPUT_OPTIONS)
+        if arg.endswith(".ipynb") and not arg.startswith("-") and not writes:
+            return arg
+        previous = arg
+    return None
 
 
 def _short(path: Path) -> str:
