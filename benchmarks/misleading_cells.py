@@ -19,7 +19,9 @@ true values is measured from the runs themselves, whatever the gate says: the
 central 95% range of the released values (a value with a declared range), the
 95th percentile of ``|released − true|`` (counts, sums, arithmetic), or of how
 far the released value's true percentile lies from the quantile's level
-(quantiles). The rule of docs/accuracy.md ("Noise dominates") is then applied
+(quantiles; and the band the mechanism's 95% rank radius allows at the true
+group size, whichever is wider). The rule of docs/accuracy.md ("When noise
+dominates") is then applied
 to the truth: noise dominates a true value when that 95% range covers at least
 half of its declared range, when that error is at least ``|true|``, or when the
 percentile band it allows covers at least half of the group (an empty group's
@@ -292,7 +294,8 @@ def _cell(result, r: int, c: int, value, j: Judge) -> dict:
     pair = (info.get("intervals") or [None] * (r + 1))[r]
     band = (info.get("percentiles") or [None] * (r + 1))[r]
     flags = result.noise_dominates(result.columns[c])
-    return {"value": value, "interval": pair, "band": band, "flag": flags[r]}
+    return {"value": value, "interval": pair, "band": band, "flag": flags[r],
+            "radius": info.get("rank_radius")}  # fmt: skip
 
 
 def _group(data: pd.DataFrame, q: Query, key: tuple) -> np.ndarray | None:
@@ -329,9 +332,13 @@ def _truth_verdict(j: Judge, true, cells: list[dict], group) -> str:
     if j.kind == "quantile":
         if group is None or len(group) == 0:
             return "dominated"
+        # As the noise did: how far the released values' true percentiles strayed; and
+        # as the mechanism's guarantee allows at the true group size (its 95% rank
+        # radius over the true count): sound only if both are small.
         spread = np.quantile([_distance(j.level, _percentile(group, v)) for v in values], 0.95)
-        band = min(1.0, j.level + spread) - max(0.0, j.level - spread)
-        return _by(band / 0.5)
+        allowed = max(float(c["radius"] or 0.0) for c in cells) / len(group)
+        widths = [min(1.0, j.level + x) - max(0.0, j.level - x) for x in (spread, allowed)]
+        return _by(max(widths) / 0.5)
     if true is None:  # an empty group's average: any value is noise
         return "dominated"
     if j.kind == "range":

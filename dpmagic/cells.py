@@ -1,13 +1,12 @@
 """How accurate each noisy cell is, in words a reader can act on.
 
-The gate sends a 95% interval per cell (a rank radius per quantile). Shown
-bare, a cell whose interval spans most of what its bounds allow looks like a
-fact ("0", "50000") when it is mostly noise; a quantile's "±1584.72 ranks"
-means nothing next to a group of a few hundred values. So each cell gets a
-verdict here: its interval (or, for a quantile, the range of percentiles its
-rank radius allows, using a noisy count of the same group when the query has
-one) and whether noise dominates it. Everything is post-processing of what
-the gate released: nothing here costs privacy.
+The gate decides, for every released cell, its 95% interval (a quantile's
+band of the group's percentiles) and whether noise dominates it, from the
+plan and the noisy values (``dpmagic/gate/sql/dominance.py``; the rule is
+in docs/accuracy.md, "When noise dominates"). This module only puts those
+facts into words: it never reads a measurement's label, never re-derives a
+verdict. A verdict of ``None`` (the gate cannot tell, or an older gate sent
+none) reads "noise may dominate".
 """
 
 from __future__ import annotations
@@ -16,110 +15,113 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-DOMINANT_SHARE = 0.5
-"""An average whose interval covers at least this share of its bounds says little."""
-QUANTILE_DOMINANT_SHARE = 0.9
-"""A quantile that may sit anywhere in this share of its group's percentiles says little."""
+DOMINATES = "noise dominates"
+MAY_DOMINATE = "noise may dominate"
 
 
 @dataclass(frozen=True)
 class CellAccuracy:
-    """One noisy cell's accuracy: short text, a tooltip, and the verdict."""
+    """One noisy cell's accuracy: short text, a tooltip, and the gate's verdict."""
 
     short: str
-    """``[lo, hi]``, or ``p20–p80`` for a quantile: shown next to the value on demand."""
+    """``[lo, hi]``, or ``p45–p55`` for a quantile: shown beside the value."""
     tip: str
     half_width: float | None
-    """For ``value ± half-width``; None for a quantile."""
-    dominated: bool
+    """For ``value ± half-width``; None for a quantile or an unknown interval."""
+    verdict: bool | None
+    """The gate's: True (noise dominates), False, None (it may: the gate cannot tell)."""
+
+    @property
+    def dominated(self) -> bool:
+        """Whether the cell must be read as noise: it dominates, or may."""
+        return self.verdict is not False
+
+    @property
+    def flag(self) -> str | None:
+        """The words shown beside a cell that must be read as noise."""
+        if self.verdict is None:
+            return MAY_DOMINATE
+        return DOMINATES if self.verdict else None
 
 
 def cell_accuracy(
     reply: dict[str, Any], column: int, row: int, fmt: Any, percent: str
 ) -> CellAccuracy | None:
-    """The accuracy of ``rows[row][column]``, or None for a key or an unknown interval."""
+    """The accuracy of ``rows[row][column]``, or None for a group key."""
     info = _column_info(reply, column)
     if info is None:
         return None
+    verdict = _at(info.get("noise_dominates"), row, missing=None)
+    if info.get("rule") == "percentiles" or "rank_radius" in info:
+        return _quantile(info, row, verdict, fmt, percent)
     value = reply["rows"][row][column]
-    if "rank_radius" in info:
-        return _quantile(reply, info, row, fmt, percent)
-    intervals = info.get("intervals") or []
-    pair = intervals[row] if row < len(intervals) else None
-    if not pair or not _number(value) or not all(_number(p) for p in pair):
-        return None
-    lo, hi = float(pair[0]), float(pair[1])
-    short = f"[{fmt(pair[0])}, {fmt(pair[1])}]"
-    tip = f"{percent} interval {short}"
-    if info.get("interval") == "normal approximation":  # randomized response, debiased
-        tip += ", a normal approximation"
-    span = value_range(reply, info)
-    if span is not None:
-        dominated = hi - lo >= DOMINANT_SHARE * (span[1] - span[0]) > 0
-        why = f"it covers most of the declared bounds [{fmt(span[0])}, {fmt(span[1])}]"
+    pair = _at(info.get("intervals"), row, missing=None)
+    known = bool(pair) and _number(value) and all(_number(p) for p in pair)
+    if known:
+        lo, hi = float(pair[0]), float(pair[1])
+        short = f"[{fmt(pair[0])}, {fmt(pair[1])}]"
+        tip = f"{percent} interval {short}"
+        if info.get("interval") == "normal approximation":  # randomized response, debiased
+            tip += ", a normal approximation"
+        half: float | None = max(hi - float(value), float(value) - lo, 0.0)
     else:
-        dominated = (hi - lo) / 2 >= abs(float(value)) and hi > lo
-        why = "the noise is as large as the value"
-    if dominated:
-        tip += f": noise dominates ({why}), so this value says little"
-    half = max(hi - float(value), float(value) - lo, 0.0)
-    return CellAccuracy(short, tip, half, dominated)
+        short, tip, half = "[?]", f"no {percent} interval is known for this cell", None
+    if "noise_dominates" not in info:
+        tip += f": {MAY_DOMINATE} (a reply from an older gate, which did not judge it)"
+    elif verdict is None:
+        tip += f": {MAY_DOMINATE}, the gate cannot tell how much"
+    elif verdict:
+        tip += f": {DOMINATES} ({_why(info, fmt)}), so this value says little"
+    return CellAccuracy(short, tip, half, verdict)
 
 
-def value_range(reply: dict[str, Any], info: dict[str, Any]) -> tuple[float, float] | None:
-    """The bounds an average's value lies in: those of its ``SUM(x)`` when the column is
-    made of ``SUM(x)`` and ``COUNT(x)`` of the same ``x`` (what ``AVG(x)`` is made of)."""
-    measured = info.get("measurements") or []
-    if len(measured) != 2:
-        return None
-    sums = [m for m in measured if m.upper().startswith("SUM(")]
-    counts = [m for m in measured if m.upper().startswith("COUNT(")]
-    if len(sums) != 1 or len(counts) != 1 or sums[0][4:] != counts[0][6:]:
-        return None
-    for step in reply.get("plan") or []:
-        bounds = step.get("bounds")
-        if step.get("aggregate") == sums[0] and bounds and all(_number(b) for b in bounds):
-            return float(bounds[0]), float(bounds[1])
-    return None
+def _why(info: dict[str, Any], fmt: Any) -> str:
+    span = info.get("range")
+    if info.get("rule") == "range" and span:
+        return f"it covers at least half of the range [{fmt(span[0])}, {fmt(span[1])}]"
+    return "the noise may be as large as the value"
 
 
 def _quantile(
-    reply: dict[str, Any], info: dict[str, Any], row: int, fmt: Any, percent: str
+    info: dict[str, Any], row: int, verdict: bool | None, fmt: Any, percent: str
 ) -> CellAccuracy:
-    radius = math.ceil(float(info["rank_radius"]))
+    """A quantile: the band of its group's percentiles it lies at, as the gate judged
+    it from a noisy count of the values it was chosen from."""
     level = float(info.get("level", 0.5))
-    count = _group_count(reply, row)
-    if count is None or count <= 0:
-        short = f"±{radius} ranks"
+    band = _at(info.get("percentiles"), row, missing=None)
+    what = f"the {fmt(level)}-quantile"
+    if band:
+        low, high = float(band[0]), float(band[1])
+        short = f"p{low * 100:.0f}–p{high * 100:.0f}"
         tip = (
-            f"{percent}: its rank is within ±{radius} of the {fmt(level)}-quantile's, "
-            "ties aside (add COUNT(*) to the query to see this as percentiles)"
+            f"{percent}: between the {_ordinal(low)} and {_ordinal(high)} percentile of its "
+            f"group's values, where {what} is the {_ordinal(level)}"
         )
-        return CellAccuracy(short, tip, None, False)
-    low = max(0.0, level - radius / count)
-    high = min(1.0, level + radius / count)
-    short = f"p{low * 100:.0f}–p{high * 100:.0f}"
-    tip = (
-        f"{percent}: between the {_ordinal(low)} and {_ordinal(high)} percentile of the "
-        f"group's ≈{fmt(count)} values (rank within ±{radius} of the "
-        f"{fmt(level)}-quantile's, ties aside)"
-    )
-    dominated = high - low >= QUANTILE_DOMINANT_SHARE
-    if dominated:
-        tip += ": noise dominates, this could be almost any value of the group"
-    return CellAccuracy(short, tip, None, dominated)
+        if verdict:
+            tip += (
+                f": {DOMINATES}, this could be almost any value of the group"
+                if high - low < 1
+                else f": {DOMINATES}, the group may be empty or nearly so"
+            )
+        return CellAccuracy(short, tip, None, verdict)
+    radius = info.get("rank_radius")
+    short = f"±{math.ceil(float(radius))} ranks" if _number(radius) else "[?]"
+    if "noise_dominates" in info:
+        tip = (
+            f"{percent}: its rank is within {short} of {what}'s, but the query has no count "
+            f"of the same values to say how many its group holds: {MAY_DOMINATE} (add a "
+            "COUNT of the same argument to the query)"
+        )
+    else:
+        tip = f"{percent}: its rank is within {short} of {what}'s: {MAY_DOMINATE} (a reply "
+        tip += "from an older gate, which did not judge it)"
+    return CellAccuracy(short, tip, None, verdict)
 
 
-def _group_count(reply: dict[str, Any], row: int) -> float | None:
-    """A noisy count of the row's group from the same reply: a column measured by a
-    single ``COUNT``."""
-    columns = (reply.get("accuracy") or {}).get("columns") or []
-    for index, info in enumerate(columns):
-        measured = (info or {}).get("measurements") or []
-        if len(measured) == 1 and measured[0].upper().startswith("COUNT("):
-            value = reply["rows"][row][index]
-            return float(value) if _number(value) else None
-    return None
+def _at(values: Any, row: int, missing: Any) -> Any:
+    if not isinstance(values, list) or row >= len(values):
+        return missing
+    return values[row]
 
 
 def _column_info(reply: dict[str, Any], column: int) -> dict[str, Any] | None:

@@ -229,10 +229,11 @@ class DpSql(Magics):
     )
     timeout = Float(120.0, help="Seconds to wait for the gate's reply.").tag(config=True)
     intervals = Enum(
-        ["hover", "inline"],
-        "hover",
-        help="hover: 95% intervals in tooltips and behind a toggle; "
-        "inline: value ± half-width in every noisy cell.",
+        ["shown", "hover", "inline"],
+        "shown",
+        help="shown: each noisy cell's 95% interval beside its value; hover: intervals in "
+        "tooltips and behind a toggle; inline: value ± half-width in every noisy cell. "
+        "Cells noise dominates are flagged in each.",
     ).tag(config=True)
 
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:

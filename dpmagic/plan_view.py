@@ -1,11 +1,14 @@
-"""The dry run's plan as a table a newcomer can read.
+"""The dry run's plan as tables a newcomer can read.
 
 Each noisy aggregate's row says what it costs in the unit the footer uses
-(ε; ρ only under zCDP, where ρ is what adds up), and its expected error:
-a count's or sum's 95% half-width, a quantile's rank radius, and for an
-average (a sum over a count of the same argument) the error it will have
-for a group of n rows, since that depends on n, which is not known before
-the query runs. The headers explain the jargon on hover.
+(ε; ρ only under zCDP, where ρ is what adds up), and its noise's 95%
+half-width (a quantile's rank radius). Then one row per output column, as the
+gate states it (the plan's steps of kind ``output``, ``gate/sql/summary.py``):
+its expected 95% error in its own units, at stated group sizes where it
+depends on the group's size (averages, variances, quantiles: not known before
+the query runs), and the group size under which noise dominates it. Nothing
+here reads a measurement's label: every number is the gate's. The headers
+explain the jargon on hover.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import math
 import re
 from fractions import Fraction
 from typing import Any
+
+from dpmagic.cells import MAY_DOMINATE
 
 HEADERS = (
     ("aggregate", "what the gate measures with noise (an AVG is a SUM over a COUNT)"),
@@ -26,18 +31,93 @@ HEADERS = (
     ("scale", "the noise's scale: larger means noisier"),
     ("cost", "the privacy budget this aggregate spends"),
     ("95% error ±", "95% of the time the noise is within this; for a quantile, the rank "
-                    "radius; for an average, its error for a group of n rows"),
+                    "radius (the column's error, in its own units, is in the table below)"),
     ("keys", "the groups: public values come from the policy, never from the data"),
+)  # fmt: skip
+OUTPUT_HEADERS = (
+    ("column", "an output column of the query, and what it is computed from"),
+    ("range", "the values it can take, from the declared bounds: noise dominates a value "
+              "whose interval covers at least half of it"),
+    ("expected 95% error", "in the column's own units; for an average, a variance or a "
+                           "quantile it depends on the group's size, so it is given for "
+                           "groups of stated sizes (a quantile's as the band of its group's "
+                           "percentiles it may lie at)"),
+    ("noise may dominate", "the group size under which noise can dominate this column, at "
+                           "the least favourable values its bounds allow (docs/accuracy.md, "
+                           "'When noise dominates')"),
 )  # fmt: skip
 LEVELS = {"MEDIAN": 0.5, "MIN": 0.0, "MAX": 1.0}
 QUANTILE_ARGUMENT = re.compile(r"(?:quantile\w*\(.*,\s*|percentile\w*\()\s*([0-9.]+)", re.I)
-AVERAGE_EXAMPLES = (100, 1000)
+OUTPUT = "output"
 
 
 def plan_rows(plan: list[dict[str, Any]], zcdp: bool, fmt: Any) -> list[list[str]]:
-    """One row per step of the plan, then one per average made of two of its steps."""
-    rows = [_step_row(step, zcdp, fmt) for step in plan]
-    return rows + _average_rows(plan, fmt)
+    """One row per noisy aggregate of the plan."""
+    return [_step_row(step, zcdp, fmt) for step in plan if step.get("kind") != OUTPUT]
+
+
+def output_rows(plan: list[dict[str, Any]], fmt: Any) -> list[list[str]]:
+    """One row per output column the gate judged (its plan's steps of kind ``output``)."""
+    rows = []
+    for step in plan:
+        if step.get("kind") != OUTPUT:
+            continue
+        span = step.get("range")
+        rows.append(
+            [
+                f"{step.get('column', '')} = {step.get('aggregate', '')}",
+                f"[{fmt(span[0])}, {fmt(span[1])}]" if span else "",
+                _expected(step, fmt),
+                _below(step),
+            ]
+        )
+    return rows
+
+
+def dominance_warnings(plan: list[dict[str, Any]]) -> list[str]:
+    """What the dry run warns of before anything is spent: each output column noise will
+    dominate in groups under a size, and each quantile the gate cannot judge."""
+    sizes, blind = [], []
+    for step in plan:
+        if step.get("kind") != OUTPUT:
+            continue
+        below = step.get("dominated_below")
+        if isinstance(below, int) and below > 1:
+            sizes.append(f"{step.get('column')} in groups under {below:,} rows")
+        if step.get("rule") == "percentiles" and not step.get("count"):
+            blind.append(str(step.get("column")))
+    out = []
+    if sizes:
+        out.append(f"{MAY_DOMINATE}: " + "; ".join(sizes))
+    if blind:
+        out.append(
+            f"no count to judge {', '.join(blind)} by: every cell will read 'noise may "
+            "dominate' (add a COUNT of the same argument)"
+        )
+    return out
+
+
+def _expected(step: dict[str, Any], fmt: Any) -> str:
+    if step.get("half_width") is not None:
+        return f"±{fmt(step['half_width'])}"
+    at = step.get("half_width_at")
+    if at:
+        return ", ".join(f"±{fmt(error)} for a group of {n:,} rows" for n, error in at)
+    bands = step.get("percentiles_at")
+    if bands:
+        return ", ".join(
+            f"p{a * 100:.0f}–p{b * 100:.0f} for a group of {n:,} rows" for n, (a, b) in bands
+        )
+    return "per cell (an expression of several aggregates)"
+
+
+def _below(step: dict[str, Any]) -> str:
+    below = step.get("dominated_below")
+    if isinstance(below, int):
+        return f"in groups under {below:,} rows" if below > 1 else "never"
+    if step.get("rule") == "zero" and step.get("half_width") is not None:
+        return "near 0, at any size"
+    return "judged per cell"
 
 
 def _step_row(step: dict[str, Any], zcdp: bool, fmt: Any) -> list[str]:
@@ -89,32 +169,6 @@ def _level(aggregate: str) -> float | None:
         return LEVELS[name]
     match = QUANTILE_ARGUMENT.search(aggregate)
     return float(match.group(1)) if match else None
-
-
-def _average_rows(plan: list[dict[str, Any]], fmt: Any) -> list[list[str]]:
-    """``AVG(x)`` from ``SUM(x)`` and ``COUNT(x)``: its error for a group of n rows.
-
-    The noisy mean is (S + e_s)/(n + e_c); for n large next to e_c its error is
-    about (e_s − mean·e_c)/n, at most (A_s + max|bound|·A_c)/n at 95% each.
-    """
-    sums = {s["aggregate"][4:]: s for s in plan if str(s.get("aggregate", "")).startswith("SUM(")}
-    rows = []
-    for step in plan:
-        aggregate = str(step.get("aggregate", ""))
-        argument = aggregate[6:] if aggregate.startswith("COUNT(") else None
-        total = sums.get(argument) if argument else None
-        if total is None or total.get("accuracy") is None or step.get("accuracy") is None:
-            continue
-        bounds = total.get("bounds") or [0, 0]
-        numerator = float(total["accuracy"]) + max(abs(float(b)) for b in bounds) * float(
-            step["accuracy"]
-        )
-        examples = ", ".join(f"±{fmt(numerator / n)} at n = {n:,}" for n in AVERAGE_EXAMPLES)
-        rows.append(
-            [f"AVG({argument}", "", "", "SUM / COUNT", "", "(the two above)",
-             f"≈ ±{fmt(numerator)} / n ({examples})", ""]
-        )  # fmt: skip
-    return rows
 
 
 def _key_text(key: dict[str, Any], step: dict[str, Any]) -> str:

@@ -12,7 +12,9 @@ Every string passed in is escaped here; callers hand over raw text.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from html import escape
 
 MUTED = "color: var(--jp-ui-font-color2, inherit); opacity: 0.85; font-size: 0.9em"
@@ -81,7 +83,7 @@ def budget_bar(spent: float, limit: float, this_query: float = 0.0, label: str =
         return ""
     before = _fraction(spent - this_query, limit)
     now = _fraction(spent, limit) - before
-    tip = f"{label}: ε {spent:g} of {limit:g} spent".strip(": ")
+    tip = f"{label}: ε {budget_number(spent, up=True)} of {limit:g} spent".strip(": ")
     return (
         f'<span class="dpm-bar" role="meter" aria-valuemin="0" aria-valuemax="{limit:g}" '
         f'aria-valuenow="{spent:g}" title="{escape(tip)}" '
@@ -122,6 +124,19 @@ def spend_chart(costs: Sequence[float], limit: float, title: str) -> str:
         f'<text x="{width - pad}" y="{height - 2}" text-anchor="end"> … {len(costs)} </text>'
         "</svg>"
     )
+
+
+def budget_number(value: float, *, up: bool = False, digits: int = 3) -> str:
+    """A budget amount to ``digits`` significant digits, rounded down (what is left is
+    never overstated) or ``up`` (what is spent never understated): 2.64069 left reads
+    ``2.64``, 0.5 stays ``0.5``, a float sum's 0.30000000000000004 reads ``0.3``."""
+    if not math.isfinite(value) or value == 0:
+        return f"{value:g}"
+    # Twelve digits first: a float sum's last-bit error (0.1 + 0.2) is not a spend.
+    exact = Decimal(f"{float(value):.12g}")
+    step = Decimal(1).scaleb(exact.adjusted() - digits + 1)
+    rounded = exact.quantize(step, rounding=ROUND_CEILING if up else ROUND_FLOOR)
+    return f"{float(rounded):g}"
 
 
 def _fraction(part: float, whole: float) -> float:

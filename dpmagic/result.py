@@ -1,8 +1,9 @@
 """What the notebook shows for a gate reply: answers, their accuracy, their cost.
 
 A noisy number is only useful next to how noisy it is and what it cost, so
-the rendering puts each cell's 95% interval in a tooltip and closes with a
-footer of the ε spent and left. Every string here came over the wire, so
+the rendering shows each cell's 95% interval beside its value (the gate's, with
+its verdict on whether noise dominates the cell: ``cells.py``) and closes with
+a footer of the ε spent and left. Every string here came over the wire, so
 everything is HTML-escaped; colours are inherited from the front end's theme
 (JupyterLab's CSS variables, with plain fallbacks) so dark mode just works.
 """
@@ -20,8 +21,8 @@ from typing import Any
 import pandas as pd
 
 from dpmagic.cells import CellAccuracy, cell_accuracy
-from dpmagic.plan_view import HEADERS, plan_rows
-from dpmagic.render import MUTED, STYLE, budget_bar, spend_chart, table
+from dpmagic.plan_view import HEADERS, OUTPUT_HEADERS, dominance_warnings, output_rows, plan_rows
+from dpmagic.render import MUTED, STYLE, budget_bar, budget_number, spend_chart, table
 
 MOCK_LABEL = "mock data — not the real dataset"
 MOCK_MEANING = (
@@ -40,7 +41,7 @@ class DPResult:
     """
 
     def __init__(
-        self, reply: dict[str, Any], display_limit: int | None = None, intervals: str = "hover"
+        self, reply: dict[str, Any], display_limit: int | None = None, intervals: str = "shown"
     ) -> None:
         self.reply = reply
         self.dataset: str = reply.get("dataset", "")
@@ -57,8 +58,10 @@ class DPResult:
         self.display_limit = display_limit
         """Rows shown by the HTML and text views; ``None`` or 0 shows all."""
         self.intervals = intervals
-        """``"hover"``: intervals in tooltips and behind a toggle; ``"inline"``:
-        ``value ± half-width`` in every noisy cell."""
+        """``"shown"`` (the default): each cell's interval beside its value;
+        ``"hover"``: intervals in tooltips and behind a toggle; ``"inline"``:
+        ``value ± half-width`` in every noisy cell. Cells noise dominates are
+        flagged whatever this says."""
         self.notebook: str | None = None
         """The notebook that was charged, for the status bar; set by the magic."""
 
@@ -120,10 +123,10 @@ class DPResult:
         """Each row's interval for ``column``: the group keys, then ``lower`` and ``upper``
         (NaN where an expression's interval is unknown), in the rows' order."""
         info = self._noisy_column(column)
-        if "rank_radius" in info:
+        if "rank_radius" in info or info.get("rule") == "percentiles":
             raise ValueError(
-                f"column {column!r} is a quantile: its accuracy is in ranks, "
-                f"see rank_radius({column!r})"
+                f"column {column!r} is a quantile: its accuracy is a band of its group's "
+                f"percentiles, see percentiles({column!r})"
             )
         nan = float("nan")
         pairs = [(p[0], p[1]) if p else (nan, nan) for p in info["intervals"]]
@@ -141,10 +144,29 @@ class DPResult:
             raise ValueError(f"column {column!r} is not a quantile: see interval({column!r})")
         return float(info["rank_radius"])
 
-    def noise_dominates(self, column: str) -> list[bool]:
-        """Per row, whether noise dominates the cell (docs/user-guide.md, "Reading an answer")."""
+    def percentiles(self, column: str) -> pd.DataFrame:
+        """For a quantile column, each row's band of its group's percentiles (``lower`` and
+        ``upper``, shares in [0, 1]) at the reported confidence; NaN where the query has
+        no count of the quantile's argument to judge it by."""
+        info = self._noisy_column(column)
+        if "rank_radius" not in info and info.get("rule") != "percentiles":
+            raise ValueError(f"column {column!r} is not a quantile: see interval({column!r})")
+        nan = float("nan")
+        bands = info.get("percentiles") or [None] * len(self.rows)
+        frame = self.df[self.keys].copy()
+        frame["lower"] = [b[0] if b else nan for b in bands]
+        frame["upper"] = [b[1] if b else nan for b in bands]
+        return frame
+
+    def noise_dominates(self, column: str) -> list[bool | None]:
+        """Per row, the gate's verdict on whether noise dominates the cell: True, False,
+        or None where it cannot tell (read it as noise too); False for a group key
+        (docs/accuracy.md, "When noise dominates")."""
         index = self.columns.index(column)
-        return [bool((a := self._cell(index, r)) and a.dominated) for r in range(len(self.rows))]
+        return [
+            False if (a := self._cell(index, r)) is None else a.verdict
+            for r in range(len(self.rows))
+        ]
 
     def _noisy_column(self, column: str) -> dict[str, Any]:
         if column not in self.columns:
@@ -166,13 +188,15 @@ class DPResult:
         limit = self.display_limit or len(self.rows)
         return list(range(min(limit, len(self.rows))))
 
-    def _dominated_count(self) -> int:
-        return sum(
-            1
+    def _dominated_count(self) -> tuple[int, int]:
+        """Shown cells noise dominates, and those it may dominate."""
+        verdicts = [
+            a.verdict
             for r in self._shown_rows()
             for c in range(len(self.columns))
-            if (a := self._cell(c, r)) and a.dominated
-        )
+            if (a := self._cell(c, r)) is not None
+        ]
+        return verdicts.count(True), verdicts.count(None)
 
     def footer(self) -> str:
         """One line: what this query cost and what is left."""
@@ -204,10 +228,17 @@ class DPResult:
                 f"keys chosen from the data: kept where noisy units ≥ {chosen['threshold']} "
                 f"(δ={format_exact(chosen['delta'])})"
             )
-        dominated = 0 if self.dry_run else self._dominated_count()
-        if dominated:
-            cells = "cell" if dominated == 1 else "cells"
-            parts.append(f"noise dominates {dominated} {cells}: read them as noise, not facts")
+        dominated, may = (0, 0) if self.dry_run else self._dominated_count()
+        if dominated or may:
+            said = []
+            if dominated:
+                said.append(f"noise dominates {_cells(dominated)}")
+            if may:
+                said.append(f"may dominate {_cells(may)}" if dominated else
+                            f"noise may dominate {_cells(may)}")  # fmt: skip
+            parts.append(", ".join(said) + ": read them as noise, not facts")
+        if self.dry_run:
+            parts.extend(dominance_warnings(self.plan))
         shown = len(self._shown_rows())
         if shown < len(self.rows):
             parts.append(f"showing {shown} of {len(self.rows)} rows")
@@ -270,6 +301,7 @@ class DPResult:
     def _table_html(self) -> str:
         percent = f"{self.confidence:.0%}"
         inline = self.intervals == "inline"
+        hover = self.intervals == "hover"
         noisy = False
         body = []
         for r in self._shown_rows():
@@ -288,34 +320,47 @@ class DPResult:
                         else f" ({shown.short})"
                     )
                     text += escape(extra)
-                else:
+                elif hover:
                     # A space before the hidden span: where a viewer drops the style that
                     # hides it, the interval reads "424 [136, 712]", not "424[136, 712]".
                     text += (
                         f' <span class="dpm-int" style="display:none">{escape(shown.short)}</span>'
                     )
-                if shown.dominated:
-                    text += ' <span class="dpm-flag">noise dominates</span>'
+                else:
+                    text += f' <span class="dpm-int">{escape(shown.short)}</span>'
+                if shown.flag:
+                    text += f' <span class="dpm-flag">{escape(shown.flag)}</span>'
                 classes = "dpm-noisy dpm-dominated" if shown.dominated else "dpm-noisy"
                 cells.append(f'<td class="{classes}" title="{escape(shown.tip)}">{text}</td>')
             body.append(cells)
         toggle = (
             f'<details class="dpm-toggle"><summary>{percent} intervals</summary></details>'
-            if noisy and body and not inline
+            if noisy and body and hover
             else ""
         )
         return toggle + table(self.columns, body, raw=True)
 
     def _plan_html(self) -> str:
-        head = "".join(f'<th title="{escape(tip)}">{escape(h)}</th>' for h, tip in PLAN_HEADERS)
-        rows = "".join(
-            "<tr>" + "".join(f"<td>{escape(v)}</td>" for v in row) + "</tr>"
-            for row in self._plan_rows()
-        )
-        return f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+        out = ""
+        for headers, rows in self._plan_tables():
+            head = "".join(f'<th title="{escape(tip)}">{escape(h)}</th>' for h, tip in headers)
+            body = "".join(
+                "<tr>" + "".join(f"<td>{escape(v)}</td>" for v in row) + "</tr>" for row in rows
+            )
+            out += f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+        return out
 
     def _plan_rows(self) -> list[list[str]]:
         return plan_rows(self.plan, zcdp="rho" in self.cost, fmt=format_exact)
+
+    def _plan_tables(self) -> list[tuple[tuple[tuple[str, str], ...], list[list[str]]]]:
+        """The dry run's tables: the noisy aggregates, then each output column's expected
+        error (when the gate sent it)."""
+        tables = [(PLAN_HEADERS, self._plan_rows())]
+        outputs = output_rows(self.plan, format_value)
+        if outputs:
+            tables.append((OUTPUT_HEADERS, outputs))
+        return tables
 
     def _text_rows(self) -> list[list[str]]:
         """The shown rows as text with each interval beside its value: a plain view's table."""
@@ -327,28 +372,32 @@ class DPResult:
                 shown = self._cell(c, r)
                 if shown is not None:
                     text += f" {shown.short}"
-                    if shown.dominated:
-                        text += " (noise dominates)"
+                    if shown.flag:
+                        text += f" ({shown.flag})"
                 row.append(text)
             out.append(row)
         return out
 
     def _repr_markdown_(self) -> str:
-        if self.dry_run:
-            headers, rows = [h for h, _ in PLAN_HEADERS], self._plan_rows()
-        else:
-            headers, rows = self.columns, self._text_rows()
         parts = [f"**{MOCK_LABEL}**\n"] if self.mock else []
-        parts.append(markdown_table(headers, rows) if rows else "(no rows)")
+        if self.dry_run:
+            for headers, rows in self._plan_tables():
+                parts.append(markdown_table([h for h, _ in headers], rows) + "\n")
+        else:
+            rows = self._text_rows()
+            parts.append(markdown_table(self.columns, rows) if rows else "(no rows)")
         parts.append(f"\n_{markdown_escape(self.footer())}_")
         return "\n".join(parts)
 
     def __repr__(self) -> str:
         if self.dry_run:
-            frame = pd.DataFrame(self._plan_rows(), columns=[h for h, _ in PLAN_HEADERS])
+            text = "\n\n".join(
+                pd.DataFrame(rows, columns=[h for h, _ in headers]).to_string(index=False)
+                for headers, rows in self._plan_tables()
+            )
         else:
             frame = pd.DataFrame(self._text_rows(), columns=self.columns)
-        text = frame.to_string(index=False) if len(frame) else "(no rows)"
+            text = frame.to_string(index=False) if len(frame) else "(no rows)"
         banner = f"{MOCK_LABEL}\n" if self.mock else ""
         if not self.dry_run and any(
             self._cell(c, r) is not None
@@ -392,6 +441,10 @@ def bounding_note(bounding: Any) -> str:
             f"[{_whole(units['interval'][0])}, {_whole(units['interval'][1])}]"
         )
     return note
+
+
+def _cells(n: int) -> str:
+    return f"{n} cell" if n == 1 else f"{n} cells"
 
 
 def _rows(n: int) -> str:
@@ -742,11 +795,12 @@ def format_exact(value: Any) -> str:
     return format_value(value)
 
 
-def _amount(cost: dict[str, Any]) -> str:
-    """``ε 0.5`` or ``ε 0.5, δ 1e-06``: δ only when it is in play."""
-    text = f"ε {float(cost.get('epsilon') or 0.0):g}"
+def _amount(cost: dict[str, Any], left: bool = False) -> str:
+    """``ε 0.5`` or ``ε 0.5, δ 1e-06``: δ only when it is in play; to three significant
+    digits (``budget_number``), rounded down for what is ``left``, up otherwise."""
+    text = f"ε {budget_number(float(cost.get('epsilon') or 0.0), up=not left)}"
     delta = float(cost.get("delta") or 0.0)
-    return f"{text}, δ {delta:g}" if delta else text
+    return f"{text}, δ {budget_number(delta, up=not left)}" if delta else text
 
 
 def _left(budget: dict[str, Any]) -> str:
@@ -754,7 +808,7 @@ def _left(budget: dict[str, Any]) -> str:
     for scope in ("notebook", "user"):
         remaining = (budget.get(scope) or {}).get("remaining")
         if remaining is not None:
-            parts.append(f"{_amount(remaining)} left for the {scope}")
+            parts.append(f"{_amount(remaining, left=True)} left for the {scope}")
     return ", ".join(parts)
 
 

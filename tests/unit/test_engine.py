@@ -75,7 +75,12 @@ def test_dry_run_shows_the_plan_and_charges_nothing(engine):
     )
     assert reply["rows"] == [] and reply["dry_run"] is True
     assert reply["cost"]["epsilon"] == 1.0
-    assert {p["aggregate"] for p in reply["plan"]} == {"SUM(age) centred on 50", "COUNT(age)"}
+    steps = [p for p in reply["plan"] if p["kind"] != "output"]
+    assert {p["aggregate"] for p in steps} == {"SUM(age) centred on 50", "COUNT(age)"}
+    # and per output column its expected error and where noise would dominate it
+    (output,) = [p for p in reply["plan"] if p["kind"] == "output"]
+    assert output["aggregate"] == "AVG(age)" and output["rule"] == "range"
+    assert output["dominated_below"] > 1 and len(output["half_width_at"]) == 2
     assert spent(engine) == 0.0
 
 

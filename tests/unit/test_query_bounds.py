@@ -39,7 +39,7 @@ def engine(tmp_path_factory):
 
 def _noise(reply: dict) -> float:
     """The plan's noise scale of the query's one count, as the dry run shows it."""
-    (m,) = [p for p in reply["plan"] if "COUNT" in str(p.get("label", p))]
+    (m,) = [p for p in reply["plan"] if p["kind"] == "count"]
     return float(m["scale"])
 
 

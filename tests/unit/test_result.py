@@ -35,8 +35,21 @@ def reply(**overrides) -> dict:
             "alpha": 0.05,
             "columns": [
                 None,
-                {"mechanism": "discrete_laplace", "scale": 4.0, "intervals": [[29.0, 53.0]] * 3},
-                {"mechanism": "laplace", "scale": 1.5, "intervals": [[30.5, 44.0]] * 3},
+                {
+                    "mechanism": "discrete_laplace",
+                    "scale": 4.0,
+                    "intervals": [[29.0, 53.0]] * 3,
+                    "rule": "zero",
+                    "noise_dominates": [False, False, True],
+                },
+                {
+                    "mechanism": "laplace",
+                    "scale": 1.5,
+                    "intervals": [[30.5, 44.0]] * 3,
+                    "rule": "range",
+                    "range": [0, 100],
+                    "noise_dominates": [False] * 3,
+                },
             ],
         },
         "budget": budget(1.5, 4.5),
@@ -74,18 +87,27 @@ def test_html_table_tooltips_and_footer():
     assert footer.startswith("ε 0.5 spent · ε 1.5 left for the notebook, ε 4.5 left for the user")
 
 
-def test_intervals_toggle_open_hidden_spans():
+def test_intervals_are_shown_beside_each_value_by_default():
     html = DPResult(reply())._repr_html_()
+    spans = re.findall(r'<span class="dpm-int">(.*?)</span>', html)
+    assert spans == ["[29, 53]", "[30.50, 44]"] * 3
+    assert 'style="display:none"' not in html and "<details" not in html
+
+
+def test_hover_setting_hides_intervals_behind_a_toggle():
+    html = DPResult(reply(), intervals="hover")._repr_html_()
     assert '<details class="dpm-toggle"><summary>95% intervals</summary></details><table>' in html
     spans = re.findall(r'<span class="dpm-int" style="display:none">(.*?)</span>', html)
     assert spans == ["[29, 53]", "[30.50, 44]"] * 3
     # the style sheet opens exactly those spans when the toggle is open
     assert "details.dpm-toggle[open] ~ table .dpm-int { display: inline-block !important; }" in html
+    # a cell the gate judged noise-dominated is flagged whatever the setting
+    assert html.count('<span class="dpm-flag">noise dominates</span>') == 1
 
 
 def test_no_toggle_without_noisy_cells():
     keys_only = reply(columns=["sex"], rows=[[0], [1]], accuracy={"alpha": 0.05, "columns": [None]})
-    assert 'dpm-toggle"' not in DPResult(keys_only)._repr_html_()
+    assert 'dpm-toggle"' not in DPResult(keys_only, intervals="hover")._repr_html_()
 
 
 def test_footer_bars_show_earlier_spending_and_this_query():
@@ -312,6 +334,7 @@ def test_schema_view():
 
 
 def quantile_reply() -> dict:
+    """A median without a count of its argument in the query: the gate cannot judge it."""
     return reply(
         columns=["sex", "median <age>"],
         rows=[[0, 37.0], [1, 41.0]],
@@ -320,47 +343,52 @@ def quantile_reply() -> dict:
             "columns": [
                 None,
                 {"mechanism": "exponential", "scale": 8.0, "level": 0.5, "rank_radius": 39.6,
-                 "intervals": [None, None]},
+                 "intervals": [None, None], "rule": "percentiles", "count": None,
+                 "percentiles": [None, None], "noise_dominates": [None, None]},
             ],
         },
     )  # fmt: skip
 
 
-def test_a_quantile_shows_its_rank_radius_like_other_cells_show_intervals():
+def test_a_quantile_without_a_count_may_be_noise():
     result = DPResult(quantile_reply())
     assert result.rank_radius("median <age>") == 39.6
-    with pytest.raises(ValueError, match="rank_radius"):
+    with pytest.raises(ValueError, match="percentiles"):
         result.interval("median <age>")
     with pytest.raises(ValueError, match="not a quantile"):
         DPResult(reply()).rank_radius("n")
+    assert result.noise_dominates("median <age>") == [None, None]
+    assert result.percentiles("median <age>")["lower"].isna().all()
     html = result._repr_html_()
-    # whole ranks: a fractional rank radius means nothing to a reader
-    assert html.count("95%: its rank is within ±40 of the 0.5-quantile&#x27;s, ties aside") == 2
-    spans = re.findall(r'<span class="dpm-int" style="display:none">(.*?)</span>', html)
-    assert spans == ["±40 ranks"] * 2
-    assert "<summary>95% intervals</summary>" in html
+    assert html.count('<span class="dpm-flag">noise may dominate</span>') == 2
+    assert "add a COUNT of the same argument" in html
+    assert "noise may dominate 2 cells" in result.footer()
 
 
-def test_a_quantiles_rank_radius_is_read_against_the_groups_noisy_count():
-    """With a COUNT in the same query, the radius becomes a range of percentiles."""
+def test_a_quantile_is_shown_as_the_band_of_percentiles_the_gate_gives():
+    """With a COUNT of its argument in the query, the gate sends each cell's band."""
     r = quantile_reply()
     r["columns"] = ["sex", "median <age>", "n"]
     r["rows"] = [[0, 37.0, 400], [1, 41.0, 30]]
+    r["accuracy"]["columns"][1].update(
+        count="COUNT(age)", percentiles=[[0.4, 0.6], [0.0, 1.0]], noise_dominates=[False, True]
+    )
     r["accuracy"]["columns"].append(
-        {"mechanism": "discrete_laplace", "scale": 4.0, "measurements": ["COUNT(*)"],
-         "intervals": [[388.0, 412.0], [18.0, 42.0]]}
+        {"mechanism": "discrete_laplace", "scale": 4.0, "intervals": [[388.0, 412.0],
+         [18.0, 42.0]], "rule": "zero", "noise_dominates": [False, False]}
     )  # fmt: skip
     result = DPResult(r)
     html = result._repr_html_()
-    # 400 values: ±40 ranks is the 40th to 60th percentile; 30 values: anything.
-    assert "between the 40th and 60th percentile of the group&#x27;s ≈400 values" in html
-    assert "between the 0th and 100th percentile of the group&#x27;s ≈30 values" in html
+    assert "between the 40th and 60th percentile of its group&#x27;s values" in html
+    assert "the group may be empty or nearly so" in html
     assert result.noise_dominates("median <age>") == [False, True]
+    assert result.percentiles("median <age>")["upper"].tolist() == [0.6, 1.0]
     assert "p40–p60" in repr(result) and "p0–p100 (noise dominates)" in repr(result)
 
 
-def test_noise_dominates_an_average_whose_interval_covers_its_bounds():
-    """The demo's diagnoses with no visits: AVG(cost) of 0 or 50000 with [0, 50000]."""
+def test_the_client_shows_the_gates_verdicts_and_never_judges_by_itself():
+    """The demo's diagnoses with no visits: AVG(cost) of 0 or 50000 with [0, 50000]. The
+    verdicts are the gate's: the client never pairs labels or re-derives them."""
     r = reply(
         columns=["diagnosis", "avg_cost", "visits"],
         rows=[["checkup", 512.0, 424], ["copd", 0.0, 27], ["cancer", 50000.0, 0]],
@@ -368,22 +396,22 @@ def test_noise_dominates_an_average_whose_interval_covers_its_bounds():
             "alpha": 0.05,
             "columns": [
                 None,
-                {"mechanism": "post-processing", "measurements": ["SUM(cost)", "COUNT(cost)"],
-                 "intervals": [[400.0, 640.0], [0.0, 26000.0], [0.0, 50000.0]]},
+                {"mechanism": "post-processing", "measurements": ["SUM(cost) centred on 25000",
+                 "COUNT(cost)"], "intervals": [[400.0, 640.0], [0.0, 26000.0], [0.0, 50000.0]],
+                 "rule": "range", "range": [0.0, 50000.0], "noise_dominates": [False, True, True]},
                 {"mechanism": "discrete_laplace", "measurements": ["COUNT(*)"],
-                 "intervals": [[136.0, 712.0], [0.0, 315.0], [0.0, 136.0]]},
+                 "intervals": [[136.0, 712.0], [0.0, 315.0], [0.0, 136.0]], "rule": "zero",
+                 "noise_dominates": [False, True, True]},
             ],
         },
-        plan=[{"aggregate": "SUM(cost)", "kind": "sum", "bounds": [0.0, 50000.0]},
-              {"aggregate": "COUNT(cost)", "kind": "count", "bounds": None}],
     )  # fmt: skip
     result = DPResult(r)
     assert result.noise_dominates("avg_cost") == [False, True, True]
-    # a count: noise as large as the value (27 ± 288, 0 ± 136), not 424 ± 288
     assert result.noise_dominates("visits") == [False, True, True]
+    assert result.noise_dominates("diagnosis") == [False] * 3
     html = result._repr_html_()
     assert html.count('<span class="dpm-flag">noise dominates</span>') == 4
-    assert "covers most of the declared bounds [0, 50000]" in html
+    assert "covers at least half of the range [0, 50000]" in html
     assert "noise dominates 4 cells" in result.footer()
     # inline intervals: value ± half-width in every noisy cell, no toggle
     inline = DPResult(r, intervals="inline")._repr_html_()
@@ -391,6 +419,19 @@ def test_noise_dominates_an_average_whose_interval_covers_its_bounds():
     # the plain text and Markdown views say it too
     assert "0 [0, 50000] (noise dominates)" in repr(result)
     assert "0 \\[0, 50000\\] (noise dominates)" in result._repr_markdown_()
+    # the same intervals with other verdicts: the client follows the gate
+    r["accuracy"]["columns"][1]["noise_dominates"] = [True, False, False]
+    assert DPResult(r).noise_dominates("avg_cost") == [True, False, False]
+
+
+def test_a_reply_from_an_older_gate_is_not_taken_for_facts():
+    """No verdicts in the reply (a gate from before them): every noisy cell may be noise."""
+    r = reply()
+    for info in r["accuracy"]["columns"][1:]:
+        del info["noise_dominates"]
+    result = DPResult(r)
+    assert result.noise_dominates("n") == [None] * 3
+    assert "an older gate" in result._repr_html_()
 
 
 def test_rich_outputs_carry_markdown_and_the_budget_note():
@@ -418,10 +459,10 @@ def test_jupysql_result_names():
     assert result.csv().splitlines()[:2] == ["sex,n,mean <age>", "0,41.0,37.25"]
 
 
-def test_dry_run_costs_in_epsilon_ranks_for_quantiles_and_the_error_of_an_average():
+def test_dry_run_costs_in_epsilon_ranks_for_quantiles_and_each_columns_error():
     plan = [
-        {"aggregate": "SUM(stay_days)", "kind": "sum", "bounds": [0, 30], "sensitivity": 480.0,
-         "norm": "L1", "mechanism": "discrete_laplace", "scale": 1920.0,
+        {"aggregate": "SUM(stay_days) centred on 15", "kind": "sum", "bounds": [0, 30],
+         "sensitivity": 480.0, "norm": "L1", "mechanism": "discrete_laplace", "scale": 1920.0,
          "cost": {"epsilon": 0.25, "delta": 0.0, "rho": 0.03125}, "accuracy": 5752.0},
         {"aggregate": "COUNT(stay_days)", "kind": "count", "bounds": None, "sensitivity": 16.0,
          "norm": "L1", "mechanism": "discrete_laplace", "scale": 64.0,
@@ -429,18 +470,37 @@ def test_dry_run_costs_in_epsilon_ranks_for_quantiles_and_the_error_of_an_averag
         {"aggregate": "MEDIAN(cost)", "kind": "quantile", "bounds": [0.0, 50000.0],
          "sensitivity": 16, "norm": "symmetric", "mechanism": "exponential", "scale": 320.0,
          "cost": {"epsilon": 0.1, "delta": 0.0}, "candidates": 1001},
+        {"kind": "output", "column": "a", "aggregate": "AVG(stay_days)", "rule": "range",
+         "range": [0, 30], "half_width_at": [[100, 57.5], [1000, 5.75]],
+         "dominated_below": 767},
+        {"kind": "output", "column": "m", "aggregate": "MEDIAN(cost)", "rule": "percentiles",
+         "percentiles_at": [[100, [0.0, 1.0]], [1000, [0.0, 1.0]]], "dominated_below": 6339,
+         "count": None},
     ]  # fmt: skip
     pure = DPResult(reply(rows=[], dry_run=True, plan=plan, cost={"epsilon": 0.6, "delta": 0.0}))
     text = repr(pure)
     assert "ρ" not in text and "ε=0.25" in text
     # MEDIAN: 320 · ln(1001 / 0.05) / 2 = 1584.7 → 1585 ranks, no literal NULL
     assert "±1585 ranks" in text and "NULL" not in text
-    # AVG(stay_days): (5752 + 30 · 192) / n
-    assert "AVG(stay_days)" in text and "≈ ±11512 / n (±115.12 at n = 100" in text
+    # each column's error in its own units, at stated group sizes, from the gate's steps
+    assert "a = AVG(stay_days)" in text and "±57.50 for a group of 100 rows" in text
+    assert "p0–p100 for a group of 1,000 rows" in text
+    # the warning, before anything is spent
+    footer = pure.footer()
+    assert "noise may dominate: a in groups under 767 rows; m in groups under 6,339 rows" in footer
+    assert "no count to judge m by" in footer
+    assert "noise may dominate" in pure._repr_html_() and "767" in pure._repr_markdown_()
     zcdp = DPResult(
         reply(rows=[], dry_run=True, plan=plan, cost={"epsilon": 0.6, "delta": 0.0, "rho": 0.07})
     )
     assert "ρ=0.03125" in repr(zcdp)
+
+
+def test_the_footer_rounds_budget_numbers():
+    r = reply(cost={"epsilon": 0.35931, "delta": 0.0}, budget=budget(2.64069 - 1, 4.64069))
+    footer = DPResult(r).footer()
+    # spent rounded up, left rounded down: never more than is there
+    assert footer.startswith("ε 0.36 spent · ε 1.64 left for the notebook, ε 4.64 left")
 
 
 def test_an_expression_without_an_interval_gives_nan():

@@ -128,7 +128,8 @@ def laplace_mix_tail(z: float, scales: list[float]) -> float:
     fractions of the characteristic function ``Π 1/(1 + b_i²t²)``)."""
     total = 0.0
     for i, b in enumerate(scales):
-        c = math.prod(b * b / (b * b - o * o) for j, o in enumerate(scales) if j != i)
+        # b²/(b² − o²) as 1/(1 − (o/b)²): the squares of tiny scales underflow to 0.
+        c = math.prod(1 / (1 - (o / b) ** 2) for j, o in enumerate(scales) if j != i)
         total += c * math.exp(-z / b)
     return min(max(total, 0.0), 1.0)
 

@@ -1,15 +1,27 @@
 """A plan as the dry run and every reply show it: per noisy aggregate its bounds,
 sensitivity, mechanism, scale, cost and expected error, and where the group keys
-come from. All of it is public: a function of the query and the policy alone."""
+come from; then per output column its expected 95% error in its own units (at
+stated group sizes where it depends on them) and the group size under which noise
+dominates it by the rule of ``dominance``. All of it is public: a function of the
+query and the policy alone."""
 
 from __future__ import annotations
 
 import math
 
+from sqlglot import exp
+
 from dpmagic.gate.accounting import Cost
 from dpmagic.gate.calibration import REPORT_ALPHA
+from dpmagic.gate.sql.dominance import DOMINANT_SHARE
+from dpmagic.gate.sql.intervals import mix_quantile, variance_half_width
 from dpmagic.gate.sql.keys import KeyDomain
-from dpmagic.gate.sql.plan import Plan
+from dpmagic.gate.sql.plan import Avg, Measured, Measurement, Plan, Selection, Variance
+from dpmagic.gate.sql.release import judging_rule, quantile_count
+from dpmagic.gate.sql.trees import display
+
+GROUP_SIZES = (100, 1000)
+"""The group sizes an output's error is stated at where it depends on the group's size."""
 
 
 def summary(the_plan: Plan) -> list[dict[str, object]]:
@@ -80,7 +92,184 @@ def summary(the_plan: Plan) -> list[dict[str, object]]:
             for s in the_plan.selections
         ]
         + _key_selection_step(the_plan, keys)
+        + output_steps(the_plan)
     )
+
+
+def output_steps(the_plan: Plan) -> list[dict[str, object]]:
+    """Per output column computed from noisy aggregates, of kind ``output``: the
+    ``rule`` it is judged by (and its ``range``), its expected 95% error in its own
+    units (``half_width`` where it does not depend on the group, else
+    ``half_width_at`` per group size in ``GROUP_SIZES``; a quantile's band of its
+    group's percentiles, ``percentiles_at``), and ``dominated_below``: the group
+    size under which noise can dominate it, at the least favourable values its
+    bounds allow (``None`` where no size says it: a sum whose bounds reach 0, at
+    any size near 0; an expression of several aggregates).
+    """
+    steps = []
+    for out in the_plan.checked.outputs:
+        names = {n.name for n in out.expr.walk() if isinstance(n, exp.Column)}
+        used = [n for n in names if n in the_plan.parts]
+        if not used:
+            continue
+        step: dict[str, object] = {
+            "kind": "output",
+            "column": out.name,
+            "aggregate": _shown(the_plan, out.expr),
+        }
+        kind, what = judging_rule(the_plan, out.expr)
+        step["rule"] = kind
+        if kind == "range":
+            step["range"] = list(what[:2])  # type: ignore[index]
+        step.update(_expected(the_plan, out.expr, used, kind, what))
+        steps.append(step)
+    return steps
+
+
+def _shown(the_plan: Plan, node: exp.Expression) -> str:
+    """An output as the user wrote it: each aggregate and key by its own text."""
+    labels = {a.name: a.label for a in the_plan.checked.aggregates}
+    labels.update({k.name: k.label for k in the_plan.keys})
+
+    def text(n: exp.Expression) -> exp.Expression:
+        if isinstance(n, exp.Column) and n.name in labels:
+            return exp.Var(this=labels[n.name])
+        return n
+
+    return display(node.copy().transform(text))
+
+
+def _expected(
+    the_plan: Plan, node: exp.Expression, used: list[str], kind: str, what: object
+) -> dict[str, object]:
+    """An output's expected 95% error and the size under which noise dominates it."""
+    alpha = REPORT_ALPHA
+    if kind == "percentiles":
+        s: Selection = what  # type: ignore[assignment]
+        count = quantile_count(the_plan, s)
+        radius = s.noise.rank_radius(alpha)
+        q = s.noise.level
+        bands = [[n, [max(0.0, q - radius / n), min(1.0, q + radius / n)]] for n in GROUP_SIZES]
+        # The band covers half the group once radius/n reaches this share.
+        reach = 0.25 if min(q, 1 - q) >= 0.25 else DOMINANT_SHARE - min(q, 1 - q)
+        return {
+            "percentiles_at": bands,
+            "dominated_below": math.floor(radius / reach) + 1,
+            "count": None if count is None else count.label,
+        }
+    scale = _affine_factor(node)
+    name = used[0] if len(used) == 1 else None
+    parts = None if name is None or scale is None else the_plan.parts[name]
+    if parts is None:
+        return {"half_width": None, "dominated_below": None}
+    func = the_plan.checked.aggregate(name).func  # type: ignore[arg-type]
+    if func == "quantile":  # under arithmetic: its accuracy is in the group's percentiles
+        return {"half_width": None, "dominated_below": None}
+    if isinstance(parts, Avg) and name not in the_plan.debiased:
+        total, count = the_plan.measurement(parts.total), the_plan.measurement(parts.count)
+        c = total.centre_value
+        far = max(abs(total.bounds.lo - c), abs(total.bounds.hi - c))
+        error = abs(scale) * mix_quantile([total.scale, far * count.scale], _gaussian(count), alpha)
+        return _per_rows(error, kind, what, square_root=False)
+    if isinstance(parts, Variance):
+        error = abs(scale) * _variance_error(the_plan, parts, alpha)
+        return _per_rows(error, kind, what, square_root=func.startswith("stddev"))
+    if isinstance(parts, Measured) and name not in the_plan.debiased:
+        m = the_plan.measurement(parts.name)
+        half = abs(scale) * (m.noise.half_width(alpha) if m.noise.sensitivity else 0.0)
+        return {"half_width": half, "dominated_below": _zero_below(m, half, node)}
+    return {"half_width": None, "dominated_below": None}
+
+
+def _per_rows(error: float, kind: str, what: object, square_root: bool) -> dict[str, object]:
+    """An error of ``error / n`` for a group of ``n`` rows (a standard deviation's: at most
+    the square root of its variance's, ``|√a − √b| ≤ √|a − b|``), at ``GROUP_SIZES``; and
+    where its interval reaches ``DOMINANT_SHARE`` of the range."""
+
+    def at(n: float) -> float:
+        return math.sqrt(error / n) if square_root else error / n
+
+    out: dict[str, object] = {"half_width_at": [[n, at(n)] for n in GROUP_SIZES]}
+    below = None
+    if kind == "range":
+        lo, hi, _ = what  # type: ignore[misc]
+        target = DOMINANT_SHARE * (hi - lo) / 2  # the half-width that covers that share
+        if target > 0:
+            below = math.floor(error / target**2 if square_root else error / target) + 1
+    out["dominated_below"] = below
+    return out
+
+
+def _variance_error(the_plan: Plan, parts: Variance, alpha: float) -> float:
+    """``n`` times a variance's 95% linearised error (``intervals.variance_half_width``),
+    at the worst mean and mean square the bounds allow."""
+    count, total, squares = (the_plan.measurement(n) for n in parts.names)
+    lo, hi = total.bounds.lo, total.bounds.hi
+    reach = max(abs(lo), abs(hi))
+    centres = (total.centre_value, squares.centre_value)
+    scales = (count.scale, total.scale, squares.scale)
+    worst = 0.0
+    for m in (lo, 0.0 if lo <= 0 <= hi else lo, hi):
+        for q in (m * m, reach * reach):
+            half = variance_half_width(1.0, m, q, centres, scales, _gaussian(count), alpha)
+            worst = max(worst, half)
+    return worst
+
+
+def _zero_below(m: Measurement, half: float, node: exp.Expression) -> int | None:
+    """The group size under which a count, or a sum of values whose bounds do not reach
+    0, can be at most its noise's half-width (a sum at its values' smallest
+    magnitude); None for other sums (near 0 at any size) or a bare aggregate
+    under arithmetic."""
+    if not isinstance(node, exp.Column):
+        return None
+    if m.clamp is None:
+        return math.floor(half) + 1
+    lo, hi = m.bounds.lo, m.bounds.hi
+    if lo <= 0 <= hi:
+        return None
+    return math.floor(half / min(abs(lo), abs(hi))) + 1
+
+
+def _affine_factor(node: exp.Expression) -> float | None:
+    """The factor a single aggregate is scaled by in ``node`` (rounded, cast, a constant
+    added or multiplied), or None for anything else."""
+    if isinstance(node, exp.Column):
+        return 1.0
+    if isinstance(node, exp.Paren | exp.Round | exp.Floor | exp.Ceil | exp.TryCast):
+        return _affine_factor(node.this)
+    if isinstance(node, exp.Neg):
+        inner = _affine_factor(node.this)
+        return None if inner is None else -inner
+    if isinstance(node, exp.Add | exp.Sub | exp.Mul | exp.Div):
+        left, right = _number(node.this), _number(node.expression)
+        if isinstance(node, exp.Add | exp.Sub):
+            if right is not None:
+                return _affine_factor(node.this)
+            if left is not None:
+                inner = _affine_factor(node.expression)
+                return None if inner is None else inner * (-1 if isinstance(node, exp.Sub) else 1)
+            return None
+        if right:
+            inner = _affine_factor(node.this)
+            factor = 1 / right if isinstance(node, exp.Div) else right
+            return None if inner is None else inner * factor
+        if left is not None and isinstance(node, exp.Mul):
+            inner = _affine_factor(node.expression)
+            return None if inner is None else inner * left
+    return None
+
+
+def _number(node: exp.Expression) -> float | None:
+    while isinstance(node, exp.Paren):
+        node = node.this
+    if isinstance(node, exp.Literal) and not node.is_string:
+        return float(node.this)
+    return None
+
+
+def _gaussian(m: Measurement) -> bool:
+    return m.noise.mechanism.endswith("gaussian")
 
 
 def _key_source(domain: KeyDomain) -> str:
