@@ -110,11 +110,19 @@ def _without_block(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Start the kernel with the extension loaded, passing other options through."""
+    """Start the kernel with the extension loaded, passing other options through.
+
+    A notebook written for any Python kernel starts with ``%load_ext dpmagic`` (the
+    quickstart does); on this kernel IPython would answer it with "The dpmagic extension
+    is already loaded. To reload it, use: %reload_ext dpmagic". So the extension is not
+    left marked loaded: such a cell loads it again, silently, as on a plain kernel."""
     from ipykernel.kernelapp import IPKernelApp
 
     args = list(sys.argv[1:] if argv is None else argv)
-    IPKernelApp.launch_instance(argv=[*args, "--IPKernelApp.extra_extensions=dpmagic"])
+    app = IPKernelApp.instance()
+    app.initialize([*args, "--IPKernelApp.extra_extensions=dpmagic"])
+    app.shell.extension_manager.loaded.discard("dpmagic")
+    app.start()
 
 
 if __name__ == "__main__":

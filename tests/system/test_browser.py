@@ -84,7 +84,7 @@ def lab(tmp_path: Path) -> Iterator[str]:
     log = (tmp_path / "lab.log").open("w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "dpmagic", "lab", "--no-browser", "--port", str(port),
-         "--patients", "400"],
+         "--patients", "400", "--notebook-dir", str(tmp_path)],
         env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
@@ -156,12 +156,7 @@ def _walk_through_the_quickstart(lab: str, page) -> None:
     page.set_default_timeout(STEP_MS)
     page.goto(f"{lab}/lab/tree/quickstart.ipynb?token={TOKEN}")
     page.locator(".jp-Notebook").wait_for()
-    # The notebook names the plain python3 kernel; switch to the gated one as a user would.
-    page.locator(".jp-Toolbar-kernelName", has_text="Python 3").wait_for()
-    _menu(page, "Kernel", "Change Kernel…")
-    dialog = page.locator(".jp-Dialog", has_text="Select Kernel")
-    dialog.locator("select").select_option(label="Python 3 (dpmagic)")
-    dialog.get_by_role("button", name="Select").click()
+    # The notebook names the gated kernel: it opens on it, nothing to switch.
     page.locator(".jp-Toolbar-kernelName", has_text="Python 3 (dpmagic)").wait_for()
     page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for()
     _menu(page, "Run", "Run All Cells")

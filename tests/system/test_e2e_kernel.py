@@ -169,6 +169,12 @@ def test_gated_kernelspec_needs_no_load_ext(gate, tmp_path: Path):
         assert execute(kc, "print(type(get_ipython()).__name__)").streams.strip() == (
             "ZMQInteractiveShell"
         )
+        # A notebook written for any kernel (the quickstart) loads the magics itself:
+        # here that is silent, not "already loaded … %reload_ext", and they still work.
+        loaded = execute(kc, "%load_ext dpmagic")
+        assert loaded.status == "ok" and loaded.streams == "", loaded.streams
+        again = execute(kc, CELL)
+        assert again.status == "ok" and "replayed" in footer_of(again.html[0])
 
 
 def complete(client: BlockingKernelClient, code: str) -> list[str]:

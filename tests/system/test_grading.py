@@ -23,6 +23,7 @@ from dpmagic.client import Gate, connect
 from dpmagic.demo import GateProcess as DemoGate
 from dpmagic.demo import prepare_example
 from dpmagic.errors import DPError, QueryRefused
+from dpmagic.kernel import write_spec
 from dpmagic.transcript import TranscriptGate
 from tests.conftest import GateProcess
 from tests.system.test_e2e_kernel import table_of
@@ -272,6 +273,11 @@ def test_the_quickstart_as_shipped_is_graded_from_its_transcript(
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DPMAGIC_", "JPY_"))}
     env.update(HOME=str(tmp_path))
     env.pop("MPLBACKEND", None)  # the kernel's inline backend shows the plot
+    # The quickstart names the gated kernel, as graders install it (`dpmagic kernel
+    # install --sys-prefix`): here in a folder of the test's own.
+    jupyter = tmp_path / "prefix" / "share" / "jupyter"
+    write_spec(jupyter / "kernels" / "dpmagic")
+    env["JUPYTER_PATH"] = os.pathsep.join(p for p in (str(jupyter), env.get("JUPYTER_PATH")) if p)
     gate = DemoGate(policy, short_dir / "quickstart.sock", tmp_path / "gate.log")
     gate.start()
     try:

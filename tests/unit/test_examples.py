@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import duckdb
@@ -11,6 +12,7 @@ import pytest
 from dpmagic.demo import example_file
 from dpmagic.examples import clinic
 from dpmagic.gate.policy import load_policy
+from dpmagic.kernel import install, kernel_json
 
 PATIENTS = 400
 
@@ -145,9 +147,29 @@ def test_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
 def test_quickstart_notebook_is_valid() -> None:
     nb = nbformat.read(example_file("quickstart.ipynb"), as_version=4)
     nbformat.validate(nb)
-    assert nb.metadata.kernelspec.name == "python3"
+    # It opens on the gated kernel (kernel.install's name), and runs on any Python one.
+    assert nb.metadata.kernelspec.name == inspect.signature(install).parameters["name"].default
+    assert nb.metadata.kernelspec.display_name == kernel_json()["display_name"]
     sources = [cell.source for cell in nb.cells if cell.cell_type == "code"]
     assert sources[0] == "%load_ext dpmagic"
     assert sum(s.startswith("%%dpsql") for s in sources) >= 5
     assert sources[-1] == "%dpbudget"
     assert all(not cell.get("outputs") for cell in nb.cells if cell.cell_type == "code")
+
+
+def test_the_quickstart_leaves_most_of_its_notebook_budget() -> None:
+    """It spent ε 2.9 of the notebook's 3, so a newcomer's first cell of their own was
+    refused: now at most half, read from its cells and the example's policy."""
+    dataset = load_policy(example_file("clinic.toml")).dataset("clinic")
+    nb = nbformat.read(example_file("quickstart.ipynb"), as_version=4)
+    spent = 0.0
+    for cell in nb.cells:
+        first = cell.source.split("\n", 1)[0].split()
+        if cell.cell_type != "code" or first[:1] != ["%%dpsql"]:
+            continue
+        if {"--dry-run", "--mock", "--save"} & set(first):
+            continue
+        asked = float(first[first.index("-e") + 1]) if "-e" in first else None
+        spent += dataset.query_default.epsilon if asked is None else asked
+    assert spent <= dataset.notebook_budget.epsilon / 2
+    assert spent == pytest.approx(1.4)
