@@ -3,7 +3,7 @@
 A user's view, end to end: the gate on the clinic example, JupyterLab with
 the gated kernel, the quickstart opened and run from the Run menu, then a
 refused ``%%dpsql`` cell typed in and run. What the user would see is
-asserted in the page (tables, the interval toggle, the budget footer and its
+asserted in the page (tables, the intervals beside their values, the budget footer and its
 bars, the refusals, ``%dpbudget``), in the light and the dark theme, and
 screenshots are kept in ``test-artifacts/``.
 
@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from dpmagic.client import Gate
 from dpmagic.demo import NOTEBOOK, example_file
 
 pytestmark = pytest.mark.browser
@@ -185,20 +186,18 @@ def _walk_through_the_quickstart(lab: str, page) -> None:
     assert "left for the notebook" in footer and "left for the user" in footer
     assert first.locator("[role=meter]").count() == 2
 
-    # Departments: every public key is a row; intervals open from the toggle.
+    # Departments: every public key is a row; each interval beside its value, shown.
     departments = results.nth(_index(cells, "GROUP BY department\nORDER BY"))
     departments.scroll_into_view_if_needed()
     assert departments.locator("tbody tr").count() == 10
     interval = departments.locator(".dpm-int").first
-    assert not interval.is_visible()
+    assert interval.is_visible() and interval.inner_text().startswith("[")
+    assert departments.locator("details.dpm-toggle").count() == 0
     assert (
         departments.locator("td.dpm-noisy")
         .first.get_attribute("title")
         .startswith("95% interval [")
     )
-    departments.locator("details.dpm-toggle > summary").click()
-    interval.wait_for(state="visible")
-    assert interval.inner_text().startswith("[")
     _shoot(page, "lab-result-light.png")
 
     # The Python client's refusal, printed by the quickstart.
@@ -267,13 +266,15 @@ def _walk_through_the_quickstart(lab: str, page) -> None:
 
 def _check_the_extension(page) -> None:
     """The prebuilt extension: active, %%dpsql edited as SQL, the kernel's completions
-    shown, the notebook's ε left in the status bar."""
+    shown, the notebook's and the user's ε left in the status bar."""
     config = page.evaluate(
         "() => JSON.parse(document.getElementById('jupyter-config-data').textContent)"
     )
     assert "dpmagic-jupyterlab" in [e["name"] for e in config["federated_extensions"]]
     status = page.locator(".dpmagic-budget-status")
-    assert re.fullmatch(r"ε left: [\d.]+ of 3", status.inner_text()), status.inner_text()
+    assert re.fullmatch(r"ε left: notebook [\d.]+ of 3 · you [\d.]+ of 10", status.inner_text()), (
+        status.inner_text()
+    )
 
     # SQL highlighting: keywords in a %%dpsql cell take the theme's keyword colour,
     # and a string literal ends where SQL says it does.
@@ -340,6 +341,149 @@ def _dark(css: str) -> bool:
     parts = [float(p) for p in css[css.index("(") + 1 : -1].split(",")[:3]]
     r, g, b = (p / 255 for p in parts)
     return 0.2126 * r + 0.7152 * g + 0.0722 * b < 0.5
+
+
+# The status bar's budget: asked of the gate, through the kernel.
+BUDGET_NOTEBOOK = "budget.ipynb"
+COUNT_VISITS = "%%dpsql -e 0.5\nSELECT COUNT(*) AS visits FROM visits"
+
+
+def test_status_bar_asks_the_gate_on_load_reload_restart_and_refusal(
+    lab: str, page, tmp_path: Path
+) -> None:
+    """The status bar shows the gate's figures for the notebook and its user: after a
+    query, after a page reload, after a kernel restart and after a refused query, even
+    when the budget was spent behind its back (here by this test, as the same user)."""
+    try:
+        _follow_the_budget(lab, page, tmp_path)
+    except Exception:
+        _shoot(page, "lab-status-failure.png")
+        raise
+
+
+def _follow_the_budget(lab: str, page, tmp_path: Path) -> None:
+    page.set_default_timeout(STEP_MS)
+    _write_notebook(tmp_path / BUDGET_NOTEBOOK, [COUNT_VISITS])
+    gate = Gate(_gate_address(tmp_path))
+    status = page.locator(".dpmagic-budget-status")
+
+    def gate_says() -> dict:
+        return gate.budget(None, BUDGET_NOTEBOOK)
+
+    # Opened: the gate's figures before any query (nothing spent yet).
+    page.goto(f"{lab}/lab/tree/{BUDGET_NOTEBOOK}?token={TOKEN}")
+    page.locator(".jp-Toolbar-kernelName", has_text="Python 3 (dpmagic)").wait_for()
+    fresh = gate_says()
+    assert fresh["notebook"]["spent"]["epsilon"] == 0
+    _expect_status(status, fresh)
+    sync_api.expect(status).to_have_text("ε left: notebook 3 of 3 · you 10 of 10")
+    _shoot(page, "lab-status-opened.png")
+
+    # After a query: what the gate says now, the notebook's and the user's.
+    page.locator(".jp-CodeCell").first.locator(".cm-content").click()
+    page.keyboard.press("Shift+Enter")
+    page.locator(".dpmagic-result").wait_for()
+    spent = gate_says()
+    assert spent["notebook"]["remaining"]["epsilon"] == pytest.approx(2.5)
+    _expect_status(status, spent)
+    title = status.get_attribute("title")
+    assert f"{BUDGET_NOTEBOOK} has ε 2.5 of 3 left" in title, title
+    assert "you have ε 9.5 of 10 left" in title, title
+    _shoot(page, "lab-status-after-query.png")
+
+    # After a page reload: asked again, not "no query yet".
+    page.reload()
+    page.locator(".jp-Toolbar-kernelName", has_text="Python 3 (dpmagic)").wait_for()
+    _expect_status(status, spent)
+    _shoot(page, "lab-status-after-reload.png")
+
+    # Spent behind the status bar's back (same user, same notebook name): nothing polls,
+    # so it shows what it was told until something asks again, here a kernel restart.
+    gate.query("SELECT COUNT(*) AS n FROM patients", epsilon=0.4, notebook=BUDGET_NOTEBOOK)
+    page.wait_for_timeout(1000)
+    _expect_status(status, spent)
+    _menu(page, "Kernel", "Restart Kernel…")
+    page.locator(".jp-Dialog").get_by_role("button", name="Confirm Kernel Restart").click()
+    restarted = gate_says()
+    assert restarted["notebook"]["remaining"]["epsilon"] == pytest.approx(2.1)
+    _expect_status(status, restarted)
+    page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for()
+    _shoot(page, "lab-status-after-restart.png")
+
+    # Spent again elsewhere, then a query the notebook can no longer afford: the gate
+    # refuses it (nothing charged) and the status bar takes the gate's word after it.
+    gate.query("SELECT COUNT(*) AS n FROM visits", epsilon=0.6, notebook=BUDGET_NOTEBOOK)
+    before = gate_says()
+    _expect_status(status, restarted)
+    page.locator(".jp-Cell").last.click()
+    page.keyboard.press("Escape")
+    page.keyboard.press("b")
+    page.keyboard.press("Enter")
+    page.keyboard.type("%%dpsql -e 2\nSELECT COUNT(*) AS visits FROM patients")
+    page.keyboard.press("Shift+Enter")
+    error = page.locator(".jp-OutputArea-output", has_text="not enough privacy budget: ")
+    error.wait_for()
+    refused = gate_says()
+    assert refused["notebook"]["remaining"]["epsilon"] == pytest.approx(1.5)
+    assert refused == before  # a refusal charges nothing
+    _expect_status(status, refused)
+    error.scroll_into_view_if_needed()
+    _shoot(page, "lab-status-after-refusal.png")
+
+    # A notebook whose kernel has no dpmagic has no item; back on this one, it is asked again.
+    _write_notebook(tmp_path / "plain.ipynb", ["1 + 1"], kernel=("python3", "Python 3 (ipykernel)"))
+    page.goto(f"{lab}/lab/tree/plain.ipynb?token={TOKEN}")
+    plain = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
+    plain.locator(".jp-Toolbar-kernelName", has_text="Python 3 (ipykernel)").wait_for()
+    plain.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for()
+    plain.locator(".jp-CodeCell").first.locator(".cm-content").click()
+    page.keyboard.press("Shift+Enter")
+    plain.locator(".jp-OutputArea-output", has_text="2").wait_for()
+    sync_api.expect(status).to_be_hidden()
+    _shoot(page, "lab-status-plain-kernel.png")
+    gate.query("SELECT COUNT(*) AS n FROM visits", epsilon=0.5, notebook=BUDGET_NOTEBOOK)
+    page.locator(".lm-TabBar-tabLabel", has_text=BUDGET_NOTEBOOK).click()
+    current = gate_says()
+    assert current["notebook"]["remaining"]["epsilon"] == pytest.approx(1.0)
+    _expect_status(status, current)
+
+
+def _expect_status(status, budget: dict) -> None:
+    """The status bar shows ``budget`` (a ``GET /v1/budget`` reply) as the extension
+    prints it: three significant digits, the notebook's then the user's ε."""
+    nb, user = budget["notebook"], budget["user"]
+    text = (
+        f"ε left: notebook {_short(nb['remaining']['epsilon'])} of "
+        f"{_short(nb['limit']['epsilon'])} · you {_short(user['remaining']['epsilon'])} of "
+        f"{_short(user['limit']['epsilon'])}"
+    )
+    sync_api.expect(status).to_have_text(text, timeout=STEP_MS)
+
+
+def _short(value: float) -> str:
+    """``Number(value.toPrecision(3))`` as JavaScript prints it, for the values here."""
+    return f"{float(f'{value:.3g}'):g}"
+
+
+def _gate_address(tmp_path: Path) -> str:
+    """The gate ``dpmagic lab`` started, from the kernelspec it says it wrote."""
+    log = (tmp_path / "lab.log").read_text()
+    spec = re.search(r"gated kernel installed in (.+)", log).group(1).strip()
+    return json.loads((Path(spec) / "kernel.json").read_text())["env"]["DPMAGIC_GATE"]
+
+
+def _write_notebook(
+    path: Path, sources: list[str], kernel: tuple[str, str] = ("dpmagic", "Python 3 (dpmagic)")
+) -> None:
+    cells = [
+        {"cell_type": "code", "execution_count": None, "id": f"cell-{i}", "metadata": {},
+         "outputs": [], "source": source}
+        for i, source in enumerate(sources)
+    ]  # fmt: skip
+    kernelspec = {"name": kernel[0], "display_name": kernel[1], "language": "python"}
+    notebook = {"cells": cells, "metadata": {"kernelspec": kernelspec},
+                "nbformat": 4, "nbformat_minor": 5}  # fmt: skip
+    path.write_text(json.dumps(notebook, indent=1))
 
 
 def test_artifacts_folder_is_ignored_by_git() -> None:

@@ -1,0 +1,130 @@
+"""What a user sees flagged, per aggregate kind, on a real gate over a socket.
+
+For each kind (COUNT, SUM, AVG, VARIANCE/STDDEV, MEDIAN and MIN/MAX, arithmetic,
+HAVING) a clearly noisy case (a handful of rows, or a small ε) and a clearly
+accurate one (all 200 people of ``tests/conftest.py``'s dataset at a larger ε) go
+through the client; the flag is read as the user reads it: ``DPResult``'s verdicts
+and the words in its text view. A gate-side change that breaks one fails here.
+
+A noisy case is asked ``TRIES`` times and must be flagged in all but one: the rule
+flags a count of true value 0 unless its noise exceeds twice its 95% half-width,
+which happens once in 800 answers (0.5 · 20⁻²); accurate cases sit at more than
+ten of their half-widths from the threshold.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from dpmagic.client import Gate
+
+TRIES = 5
+FEW = "WHERE age < 23"  # ages run 20..79: 10 of the 200 people
+
+
+def _flags(gate, sql: str, column: str, epsilon: float, notebook: str) -> list[bool | None]:
+    result = Gate(gate.address).query(sql, epsilon=epsilon, notebook=notebook, fresh=True)
+    return result.noise_dominates(column)
+
+
+def _noisy(gate, sql: str, column: str, epsilon: float) -> None:
+    """Flagged (or "may dominate") in at least ``TRIES - 1`` of ``TRIES`` answers."""
+    flagged = 0
+    for i in range(TRIES):
+        flags = _flags(gate, sql, column, epsilon, f"noisy-{i}")
+        flagged += all(f is not False for f in flags)
+    assert flagged >= TRIES - 1, (sql, flagged)
+
+
+def _accurate(gate, sql: str, column: str, epsilon: float) -> None:
+    assert _flags(gate, sql, column, epsilon, "accurate") == [False] * (
+        2 if "GROUP BY" in sql else 1
+    ), sql
+
+
+def test_counts_sums_and_their_arithmetic(gate):
+    _noisy(gate, f"SELECT COUNT(*) AS n FROM t {FEW}", "n", 0.02)
+    _accurate(gate, "SELECT COUNT(*) AS n FROM t", "n", 0.2)
+    _noisy(gate, f"SELECT SUM(age) AS s FROM t {FEW}", "s", 0.02)
+    _accurate(gate, "SELECT SUM(age) AS s FROM t", "s", 0.3)
+    # a ratio of two noisy aggregates, and a difference that is 0 give or take its noise
+    _accurate(gate, "SELECT SUM(age) / COUNT(*) AS r FROM t", "r", 0.3)
+    _noisy(gate, "SELECT AVG(age) - 49.5 AS d FROM t", "d", 0.02)
+    # HAVING keeps both groups of 100 people; their counts are facts
+    _accurate(gate, "SELECT sex, COUNT(*) AS n FROM t GROUP BY sex HAVING COUNT(*) > 20", "n", 0.2)
+
+
+def test_averages_variances_and_standard_deviations(gate):
+    """The issue's AVG of a handful of rows: a value anywhere in its bounds is flagged."""
+    _noisy(gate, f"SELECT AVG(age) AS a FROM t {FEW}", "a", 0.05)
+    _accurate(gate, "SELECT AVG(age) AS a FROM t", "a", 0.3)
+    _accurate(gate, "SELECT sex, AVG(age) AS a FROM t GROUP BY sex", "a", 0.3)
+    _noisy(gate, f"SELECT STDDEV(age) AS sd FROM t {FEW}", "sd", 0.05)
+    _accurate(gate, "SELECT VAR_POP(age) AS v FROM t", "v", 0.5)
+    result = Gate(gate.address).query(f"SELECT AVG(age) AS a FROM t {FEW}", epsilon=0.01)
+    assert "(noise dominates)" in repr(result) and "noise dominates 1 cell" in result.footer()
+
+
+def test_quantiles_are_judged_from_the_count_of_their_argument(gate):
+    _noisy(gate, f"SELECT COUNT(age) AS n, MEDIAN(age) AS m FROM t {FEW}", "m", 0.1)
+    _accurate(gate, "SELECT COUNT(age) AS n, MEDIAN(age) AS m FROM t", "m", 1.0)
+    _accurate(gate, "SELECT COUNT(age) AS n, MIN(age) AS lo FROM t", "lo", 0.8)
+    # without a count of the same values the gate cannot tell: "noise may dominate"
+    result = Gate(gate.address).query("SELECT MEDIAN(age) AS m FROM t", epsilon=0.5)
+    assert result.noise_dominates("m") == [None]
+    assert "(noise may dominate)" in repr(result)
+    # with one, its accuracy reads in the group's percentiles
+    result = Gate(gate.address).query("SELECT COUNT(age) AS n, MEDIAN(age) AS m FROM t", epsilon=1)
+    (low, high), *_ = result.percentiles("m")[["lower", "upper"]].values.tolist()
+    assert 0.3 < low < 0.5 < high < 0.7
+    assert f"p{low * 100:.0f}–p{high * 100:.0f}" in repr(result)
+
+
+def test_the_dry_run_warns_before_anything_is_spent(gate):
+    result = Gate(gate.address).query(
+        "SELECT sex, AVG(age) AS a, MEDIAN(age) AS m FROM t GROUP BY sex", epsilon=0.5, dry_run=True
+    )
+    assert result.budget["user"]["spent"]["epsilon"] == 0.0
+    text = repr(result)
+    assert "a = AVG(age)" in text and "for a group of 100 rows" in text
+    footer = result.footer()
+    # AVG(age)'s count is a count of the median's values too: both judged
+    assert "noise may dominate: a in groups under" in footer and "m in groups under" in footer
+    alone = Gate(gate.address).query(
+        "SELECT sex, MEDIAN(age) AS m FROM t GROUP BY sex", epsilon=0.5, dry_run=True
+    )
+    assert "no count to judge m by" in alone.footer()
+
+
+def _misleading_cells():
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "misleading_cells.py"
+    spec = importlib.util.spec_from_file_location("misleading_cells", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+RUNS = 20
+
+
+def test_no_cell_of_a_real_dataset_is_misleading():
+    """benchmarks/misleading_cells.py at ``RUNS`` runs of each query (3,340 cells) on
+    statsmodels' ``fair`` survey: no cell the noise clearly dominates is unflagged, no
+    clearly sound cell is flagged. The margins are the benchmark's (1.5× past the
+    rule's threshold, a quarter of it); 200 runs (33,400 cells) found 0 and 0."""
+    pytest.importorskip("statsmodels")
+    bench = _misleading_cells()
+    tallies = bench.run(runs=RUNS)
+    total = bench.Tally()
+    for tally in tallies.values():
+        total.add(tally)
+    assert total.cells == RUNS * 167
+    assert total.unflagged_dominated == 0, total.examples
+    assert total.flagged_sound == 0, total.examples
+    # the intervals miss at about their 5% (1,900 of 33,400 at 200 runs)
+    assert total.missed < 0.1 * total.cells

@@ -1,0 +1,193 @@
+"""Noise dominance is decided in the gate's release pass, from the plan and the noisy
+values only (``sql/dominance.py``; docs/accuracy.md, "When noise dominates"), and the
+client shows it as it is: no measurement's label is read by either side.
+
+Each test feeds the release pass noisy values it chooses, so every verdict is known."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from dpmagic.gate.sql import dominance
+from dpmagic.gate.sql.kinds import MeasureKind
+from dpmagic.gate.sql.noise import Noisy
+from dpmagic.gate.sql.plan import Avg, Plan
+from dpmagic.gate.sql.release import release
+from dpmagic.result import DPResult
+from tests.gate_helpers import dataset, make_plan
+
+DS = dataset(
+    {
+        "pid": {"type": "int"},
+        "g": {"type": "int", "public_values": [0, 1, 2]},
+        "x": {"type": "int", "lower": 0, "upper": 100},
+    },
+    max_partitions=1,
+    max_rows=1,
+)
+
+
+def _noisy(plan: Plan, counts: list[float], means: list[float], picks: int = 50) -> Noisy:
+    """Noisy values for ``plan``'s three groups: each count as given, each sum (centred
+    where it is) as ``count × mean`` would make it, each quantile ``picks``."""
+    values: dict[str, list] = {}
+    for m in plan.measurements:
+        if m.kind == MeasureKind.COUNT or m.kind == MeasureKind.COUNT_DISTINCT:
+            values[m.name] = list(counts)
+        elif m.kind == MeasureKind.SUM:
+            centre = m.centre_value
+            if m.arg is not None and m.arg.sql().count("-") and m.clamp and m.clamp.lo < 0:
+                centre += 50.0  # a variance's sum of distances to the middle of [0, 100]
+            values[m.name] = [max(n, 0) * (a - centre) for n, a in zip(counts, means, strict=True)]
+    for s in plan.selections:
+        values[s.name] = [picks] * len(counts)
+    return Noisy(plan, values, plan.partitions)
+
+
+def _verdicts(sql: str, counts: list[float], means: list[float], epsilon: float = 1.0) -> list:
+    plan = make_plan(sql, DS, epsilon)
+    released = release(_noisy(plan, counts, means))
+    return [c and c["noise_dominates"] for c in released.accuracy["columns"]]
+
+
+def test_a_count_is_flagged_when_its_interval_holds_a_value_its_noise_would_dominate():
+    # ε = 1, one row per unit: the count's 95% half-width is 3.
+    plan = make_plan("SELECT g, COUNT(*) AS n FROM t GROUP BY g", DS)
+    half = plan.measurements[0].noise.half_width(0.05)
+    assert half == 3
+    # -10 (released as 0 [0, 0]: noise, whatever its size), 6 = 2h, 7, 500
+    for counts, flags in (([-10, 6, 7], [True, True, False]), ([500, 0, 1], [False, True, True])):
+        (_, column) = release(_noisy(plan, counts, [0, 0, 0])).accuracy["columns"]
+        assert column["rule"] == "zero"
+        assert column["noise_dominates"] == flags
+
+
+def test_an_average_is_flagged_when_its_interval_covers_half_its_range():
+    """The issue's AVG(age) of 42 [17.5, 42]: a group of a few rows, or none."""
+    sql = "SELECT g, AVG(x) AS a FROM t GROUP BY g"
+    (_, column) = release(_noisy(make_plan(sql, DS), [5000, 3, -2], [40, 40, 40])).accuracy[
+        "columns"
+    ]
+    assert column["rule"] == "range" and column["range"] == [0.0, 100.0]
+    assert column["noise_dominates"] == [False, True, True]
+    # scaled or rounded, it keeps its range: AVG(x) * 100 is judged against [0, 10000]
+    scaled = "SELECT g, ROUND(AVG(x) * 100, 1) AS p FROM t GROUP BY g"
+    (_, column) = release(_noisy(make_plan(scaled, DS), [5000, 3, -2], [40] * 3)).accuracy[
+        "columns"
+    ]
+    assert column["range"] == [0.0, 10000.0] and column["noise_dominates"] == [False, True, True]
+
+
+def test_an_average_of_a_group_whose_count_may_be_much_smaller_is_flagged():
+    """The width of an average's interval goes as 1/n: judged at the least n its count's
+    interval allows, so a group the noise made look larger is not taken for a fact."""
+    plan = make_plan("SELECT g, AVG(x) AS a FROM t GROUP BY g", DS, epsilon=0.2)
+    avg = next(p for p in plan.parts.values() if isinstance(p, Avg))
+    half = plan.measurement(avg.count).noise.half_width(0.05)
+    released = release(_noisy(plan, [half + 2, 40 * half, 4 * half], [50] * 3))
+    lo, hi = np.array(released.accuracy["columns"][1]["intervals"]).T
+    flags = released.accuracy["columns"][1]["noise_dominates"]
+    assert flags[0] and not flags[1]
+    # the stretch: each interval's width times n / (n − half) against half of the range
+    stretch = dominance.count_stretch(np.array([half + 2, 40 * half, 4 * half]), half)
+    assert flags == ((hi - lo) * stretch >= 50).tolist()
+
+
+def test_a_variance_and_a_standard_deviation_are_judged_against_their_ranges():
+    sql = "SELECT g, VAR_POP(x) AS v, STDDEV(x) AS sd FROM t GROUP BY g"
+    plan = make_plan(sql, DS)
+    columns = release(_noisy(plan, [5000, 2, 0], [50, 50, 50])).accuracy["columns"]
+    assert columns[1]["range"] == [0.0, 2500.0] and columns[2]["range"] == [0.0, 50.0]
+    assert columns[1]["noise_dominates"][1:] == [True, True]
+    assert columns[2]["noise_dominates"][1:] == [True, True]
+    assert columns[1]["noise_dominates"][0] is False
+
+
+def test_a_quantile_is_judged_from_the_count_of_its_own_argument():
+    with_count = "SELECT g, COUNT(x) AS n, MEDIAN(x) AS m FROM t GROUP BY g"
+    columns = release(_noisy(make_plan(with_count, DS), [5000, 40, 0], [0] * 3)).accuracy["columns"]
+    m = columns[2]
+    assert m["rule"] == "percentiles" and m["count"] == "COUNT(x)"
+    assert m["noise_dominates"] == [False, True, True]
+    (a, b), _, empty = m["percentiles"]
+    assert 0.4 < a < 0.5 < b < 0.6 and empty == [0.0, 1.0]
+    # COUNT(*) counts rows whose argument may be NULL: not a count of the median's values
+    rows = "SELECT g, COUNT(*) AS n, MEDIAN(x) AS m FROM t GROUP BY g"
+    columns = release(_noisy(make_plan(rows, DS), [5000, 40, 0], [0] * 3)).accuracy["columns"]
+    assert columns[2]["noise_dominates"] == [None] * 3 and columns[2]["count"] is None
+    # an average's count is COUNT(x): it serves, and MIN is judged like any level
+    avg = "SELECT g, AVG(x) AS a, MIN(x) AS lo FROM t GROUP BY g"
+    columns = release(_noisy(make_plan(avg, DS), [5000, 40, 0], [50] * 3)).accuracy["columns"]
+    assert columns[2]["count"] == "COUNT(x)" and columns[2]["noise_dominates"] == [
+        False,
+        True,
+        True,
+    ]
+
+
+def test_an_expression_is_judged_by_the_zero_rule_or_not_at_all():
+    ratio = "SELECT g, SUM(x) / COUNT(*) AS r, AVG(x) - 40 AS d FROM t GROUP BY g"
+    columns = release(_noisy(make_plan(ratio, DS), [5000, 1, 1], [40, 40, 40])).accuracy["columns"]
+    r, d = columns[1], columns[2]
+    assert r["rule"] == d["rule"] == "zero"
+    # a ratio whose denominator's interval reaches 0 has no interval: the gate cannot tell
+    assert r["noise_dominates"] == [False, None, None]
+    # a difference from 40 that is 0 give or take its noise
+    assert d["noise_dominates"][0] is True
+
+
+RELABELLED = "relabelled"
+
+
+def _relabelled(plan: Plan) -> Plan:
+    return dataclasses.replace(
+        plan,
+        measurements=tuple(dataclasses.replace(m, label=RELABELLED) for m in plan.measurements),
+        selections=tuple(dataclasses.replace(s, label=RELABELLED) for s in plan.selections),
+    )
+
+
+QUERIES = [
+    "SELECT g, COUNT(*) AS n, SUM(x) AS s FROM t GROUP BY g",
+    "SELECT g, AVG(x) AS a, COUNT(x) AS n, MEDIAN(x) AS m, MAX(x) AS hi FROM t GROUP BY g",
+    "SELECT g, STDDEV(x) AS sd, VAR_SAMP(x) AS v FROM t GROUP BY g",
+    "SELECT g, SUM(x) / COUNT(*) AS r, ROUND(AVG(x), 1) AS a FROM t GROUP BY g "
+    "HAVING COUNT(*) > -100",
+]
+
+
+@pytest.mark.parametrize("sql", QUERIES)
+def test_relabelling_every_measurement_changes_no_verdict(sql):
+    """The gate judges from the plan's typed parts, and the client from the gate's
+    verdicts: every label replaced, on either side, and every flag stays."""
+    plan = make_plan(sql, DS)
+    noisy = _noisy(plan, [5000, 3, -1], [30, 60, 90])
+    before = release(noisy).accuracy
+    after = release(dataclasses.replace(noisy, plan=_relabelled(plan))).accuracy
+    for old, new in zip(before["columns"], after["columns"], strict=True):
+        if old is None:
+            assert new is None
+            continue
+        assert set(new["measurements"]) == {RELABELLED}
+        old = {k: v for k, v in old.items() if k not in ("measurements", "count")}
+        new = {k: v for k, v in new.items() if k not in ("measurements", "count")}
+        assert json.dumps(old, sort_keys=True) == json.dumps(new, sort_keys=True)
+    # the client: a reply whose every label and plan entry says something else
+    released = release(noisy)
+    reply = {"columns": released.columns, "rows": released.rows, "accuracy": released.accuracy,
+             "cost": {"epsilon": 1.0}, "budget": {}, "plan": []}  # fmt: skip
+    scrambled = json.loads(json.dumps(reply))
+    for info in scrambled["accuracy"]["columns"]:
+        if info:
+            info["measurements"] = ["SUM(x) centred on 1", "COUNT(y)"][: len(info["measurements"])]
+            info["mechanism"] = "renamed"
+    scrambled["plan"] = [{"aggregate": "SUM(x)", "bounds": [0, 1]}]
+    a, b = DPResult(reply), DPResult(scrambled)
+    for column in a.columns:
+        assert a.noise_dominates(column) == b.noise_dominates(column)
+    assert a.footer() == b.footer()
+    assert repr(a) == repr(b)
