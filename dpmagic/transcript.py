@@ -64,6 +64,9 @@ class TranscriptGate:
         mock: bool = False,
         mock_rows: int | None = None,
         bounding_report: float | None = None,
+        max_partitions: int | None = None,
+        max_rows_per_partition: int | None = None,
+        clip: float | None = None,
     ) -> DPResult:
         """The stored answer to this exact request, marked replayed; ``fresh``
         cannot spend anything here, so it replays too. A mock run uses the
@@ -84,6 +87,12 @@ class TranscriptGate:
             request.update(accuracy=float(accuracy), alpha=float(alpha or 0.05))
         if bounding_report is not None:
             request.update(bounding_report=float(bounding_report))
+        chosen = {
+            "max_partitions": max_partitions,
+            "max_rows_per_partition": max_rows_per_partition,
+            "clip": None if clip is None else float(clip),
+        }
+        request.update({k: v for k, v in chosen.items() if v is not None})
         stored = self._answers.get(_key(request))
         if stored is None and dry_run:
             return DPResult(

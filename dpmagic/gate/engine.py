@@ -30,7 +30,7 @@ from dpmagic.gate.policy import AccountantKind, Dataset, Policy, PolicyError
 from dpmagic.gate.service.ledger import Ledger, ReplayKey
 from dpmagic.gate.service.views import budget_views, history_entries
 from dpmagic.gate.sql import bounding
-from dpmagic.gate.sql.clip import ClipBounds, ClipStage, clipped
+from dpmagic.gate.sql.clip import ClipBounds, Clipped, ClipStage, clipped
 from dpmagic.gate.sql.clip import targets as clip_targets
 from dpmagic.gate.sql.execute import OutOfResources, open_store
 from dpmagic.gate.sql.limits import deadline
@@ -72,6 +72,7 @@ class QueryRequest:
     # and, set by the engine for each of the two releases, which one this is.
     clip: float | None = None
     stage: ClipStage | None = None
+    whole_epsilon: float | None = None  # a clipped query's ε, both releases together
 
     @property
     def label(self) -> str:
@@ -318,7 +319,7 @@ class Engine:
         share = required(request.clip, "the clip's share")
         dataset = tightened(self._dataset(request.dataset), request)
         eps, _ = _asked(dataset, request)
-        rest = replace(request, clip=None, epsilon=eps * (1 - share))
+        rest = replace(request, epsilon=eps * (1 - share), whole_epsilon=eps)
         main = self.analysis(user, dataset, rest).plan
         if request.dry_run:
             reply = self._query(user, rest)
@@ -329,17 +330,11 @@ class Engine:
                 raise Failed("the clip's bounds could not be chosen; nothing more was charged")
             stage = clipped(main.checked, [float(v) for v in first["rows"][0]])
             reply = self._query(user, replace(rest, stage=stage))
-            chosen = [
-                {"aggregate": agg.label, "bounds": [lo, hi]}
-                for agg, (_, lo, hi) in zip(clip_targets(main.checked), stage.clips, strict=True)
-            ]
-            reply["clip"] = {"share": share, "epsilon": eps * share, "chosen": chosen,
-                             "replayed": first["replayed"]}  # fmt: skip
+            reply["clip"] = {**reply["clip"], "replayed": first["replayed"]}
             reply["cost"] = {
                 k: reply["cost"].get(k, 0.0) + first["cost"].get(k, 0.0)
                 for k in {*reply["cost"], *first["cost"]}
             }
-        reply["request"] = {**reply["request"], "epsilon": eps, "clip": share}
         return reply
 
     def _query(self, user: str, request: QueryRequest) -> dict[str, object]:
@@ -376,11 +371,28 @@ class Engine:
                 ),
                 **{
                     k: getattr(request, k)
-                    for k in ("max_partitions", "max_rows_per_partition")
+                    for k in ("max_partitions", "max_rows_per_partition", "clip")
                     if getattr(request, k) is not None
                 },
             },
         }
+        if request.whole_epsilon is not None:
+            # Each release of a clipped query echoes what was asked, the first marked so
+            # that a transcript tells the two apart.
+            reply["request"]["epsilon"] = request.whole_epsilon  # type: ignore[index]
+            if isinstance(request.stage, ClipBounds):
+                reply["request"]["clip_bounds"] = True  # type: ignore[index]
+        if isinstance(request.stage, Clipped):
+            share = required(request.clip, "the clip's share")
+            chosen = [
+                {"aggregate": agg.label, "bounds": [lo, hi]}
+                for agg, (_, lo, hi) in zip(
+                    clip_targets(the_plan.checked), request.stage.clips, strict=True
+                )
+            ]
+            whole = required(request.whole_epsilon, "a clipped query's ε")
+            reply["clip"] = {"share": share, "epsilon": whole * share,
+                             "chosen": chosen}  # fmt: skip
         if request.dry_run:
             reply.update(
                 columns=[o.name for o in the_plan.checked.outputs],

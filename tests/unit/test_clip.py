@@ -147,3 +147,24 @@ def test_clip_takes_a_share_and_an_epsilon_only(engine) -> None:
     for bad in ({"clip": 1.0}, {"clip": 0.2, "accuracy": 10.0}):
         with pytest.raises(InvalidBody):
             engine.query("ann", {"sql": "SELECT AVG(income) FROM t", **bad})
+
+
+def test_a_transcript_replays_clipped_and_bounded_answers_offline(engine, tmp_path) -> None:
+    """The autograder's path: the answers exported from the ledger, asked again through
+    ``TranscriptGate`` with the same arguments the magic passes."""
+    import json
+
+    from dpmagic.gate.service.transcript import export
+    from dpmagic.transcript import TranscriptGate
+
+    sql = "SELECT g, AVG(income) AS a FROM t GROUP BY g"
+    nb = "graded"
+    clipped_reply = engine.query("cy", {"sql": sql, "epsilon": 1.0, "clip": 0.25, "notebook": nb})
+    bounded = engine.query("cy", {"sql": sql, "epsilon": 0.5, "max_partitions": 1, "notebook": nb})
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(export(engine.ledger, engine.policy, "cy", nb)))
+    offline = TranscriptGate(path)
+    again = offline.query(sql, epsilon=1.0, clip=0.25, notebook=nb)
+    assert again.reply["rows"] == clipped_reply["rows"]
+    assert again.reply["clip"]["chosen"] == clipped_reply["clip"]["chosen"]
+    assert offline.query(sql, epsilon=0.5, max_partitions=1).reply["rows"] == bounded["rows"]
