@@ -177,7 +177,7 @@ def test_inline_intervals_from_config(connected):
     try:
         result = connected.run_cell_magic("dpsql", "-e 0.5", COUNT_BY_SEX)
     finally:
-        connected.run_line_magic("config", "DpSql.intervals = 'hover'")  # the shell is shared
+        connected.run_line_magic("config", "DpSql.intervals = 'shown'")  # the shell is shared
     assert result.intervals == "inline" and " ± " in result._repr_html_()
 
 
