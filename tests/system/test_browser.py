@@ -31,6 +31,7 @@ import pytest
 
 from dpmagic.client import Gate
 from dpmagic.demo import NOTEBOOK, example_file
+from dpmagic.render import budget_number
 
 pytestmark = pytest.mark.browser
 pytest.importorskip("jupyterlab", reason="JupyterLab is the optional extra dpmagic[lab]")
@@ -449,20 +450,16 @@ def _follow_the_budget(lab: str, page, tmp_path: Path) -> None:
 
 
 def _expect_status(status, budget: dict) -> None:
-    """The status bar shows ``budget`` (a ``GET /v1/budget`` reply) as the extension
-    prints it: three significant digits, the notebook's then the user's ε."""
+    """The status bar shows ``budget`` (a ``GET /v1/budget`` reply), the notebook's then
+    the user's ε, printed as the footers print them (what is left to three significant
+    digits, rounded down; the limit in full)."""
     nb, user = budget["notebook"], budget["user"]
     text = (
-        f"ε left: notebook {_short(nb['remaining']['epsilon'])} of "
-        f"{_short(nb['limit']['epsilon'])} · you {_short(user['remaining']['epsilon'])} of "
-        f"{_short(user['limit']['epsilon'])}"
+        f"ε left: notebook {budget_number(nb['remaining']['epsilon'])} of "
+        f"{nb['limit']['epsilon']:g} · you {budget_number(user['remaining']['epsilon'])} of "
+        f"{user['limit']['epsilon']:g}"
     )
     sync_api.expect(status).to_have_text(text, timeout=STEP_MS)
-
-
-def _short(value: float) -> str:
-    """``Number(value.toPrecision(3))`` as JavaScript prints it, for the values here."""
-    return f"{float(f'{value:.3g}'):g}"
 
 
 def _gate_address(tmp_path: Path) -> str:
