@@ -142,7 +142,9 @@ def _stores(
     }
     policy = parse_policy(raw, tmp / "policy.toml")
     duck, spark = policy.dataset(name), policy.dataset(name + "_spark")
-    return duck, Database(duck, policy.gate), spark, SparkDatabase(spark, policy.gate)
+    duck_store, spark_store = Database(duck, policy.gate), SparkDatabase(spark, policy.gate)
+    # As the engine does at start: public tables' keys, sizes and repeats (``sql/work.py``).
+    return duck_store.public_facts(duck), duck_store, spark_store.public_facts(spark), spark_store
 
 
 @pytest.fixture(scope="module")
