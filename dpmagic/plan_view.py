@@ -14,7 +14,6 @@ explain the jargon on hover.
 from __future__ import annotations
 
 import math
-import re
 from fractions import Fraction
 from typing import Any
 
@@ -46,8 +45,6 @@ OUTPUT_HEADERS = (
                            "the least favourable values its bounds allow (docs/accuracy.md, "
                            "'When noise dominates')"),
 )  # fmt: skip
-LEVELS = {"MEDIAN": 0.5, "MIN": 0.0, "MAX": 1.0}
-QUANTILE_ARGUMENT = re.compile(r"(?:quantile\w*\(.*,\s*|percentile\w*\()\s*([0-9.]+)", re.I)
 OUTPUT = "output"
 
 
@@ -152,23 +149,14 @@ def _error(step: dict[str, Any], fmt: Any) -> str:
 
 def rank_radius(step: dict[str, Any], alpha: float = 0.05) -> float | None:
     """``scale · ln(candidates / alpha) / d``, d the denominator of the level q
-    (docs/accuracy.md, "Accuracy of quantiles"), when the step names its level."""
+    (docs/accuracy.md, "Accuracy of quantiles"), when the step gives its ``level``
+    (a gate that sent no ``rank_radius``); never read from the aggregate's text."""
     level = step.get("level")
-    if level is None:
-        level = _level(str(step.get("aggregate", "")))
     scale, candidates = step.get("scale"), step.get("candidates")
     if level is None or not scale or not candidates:
         return None
     denominator = Fraction(str(level)).limit_denominator(10_000).denominator
     return float(scale) * math.log(float(candidates) / alpha) / denominator
-
-
-def _level(aggregate: str) -> float | None:
-    name = aggregate.split("(", 1)[0].strip().upper()
-    if name in LEVELS:
-        return LEVELS[name]
-    match = QUANTILE_ARGUMENT.search(aggregate)
-    return float(match.group(1)) if match else None
 
 
 def _key_text(key: dict[str, Any], step: dict[str, Any]) -> str:

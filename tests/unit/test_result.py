@@ -469,7 +469,7 @@ def test_dry_run_costs_in_epsilon_ranks_for_quantiles_and_each_columns_error():
          "cost": {"epsilon": 0.25, "delta": 0.0, "rho": 0.03125}, "accuracy": 192.0},
         {"aggregate": "MEDIAN(cost)", "kind": "quantile", "bounds": [0.0, 50000.0],
          "sensitivity": 16, "norm": "symmetric", "mechanism": "exponential", "scale": 320.0,
-         "cost": {"epsilon": 0.1, "delta": 0.0}, "candidates": 1001},
+         "cost": {"epsilon": 0.1, "delta": 0.0}, "candidates": 1001, "level": 0.5},
         {"kind": "output", "column": "a", "aggregate": "AVG(stay_days)", "rule": "range",
          "range": [0, 30], "half_width_at": [[100, 57.5], [1000, 5.75]],
          "dominated_below": 767},
