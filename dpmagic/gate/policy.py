@@ -27,9 +27,9 @@ MAX_MAX_LENGTH = 1_000_000
 # rows each then fit a 64-bit count, and the exact sums' overflow proofs hold.
 MAX_UNIT_ROWS = 2**22
 # The most steps of work one unit may add to a query (``sql/work.py``), unless a dataset
-# sets ``max_unit_work``: about 10 ms of DuckDB's time at the costliest step measured
+# sets ``max_unit_work``: about 50 ms of DuckDB's time at the 3 ns a step measured
 # (``benchmarks/per_unit_work.py``), well under the default padding quantum.
-DEFAULT_MAX_UNIT_WORK = 2**20
+DEFAULT_MAX_UNIT_WORK = 2**24
 # Queries of one user that may fail after the debit (out of time or memory) in a day,
 # before the gate refuses that user's queries on the dataset (``engine._within_failures``).
 DEFAULT_MAX_RESOURCE_FAILURES = 3

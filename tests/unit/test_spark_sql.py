@@ -232,3 +232,20 @@ def test_the_spark_guard_passes_what_the_gate_generates() -> None:
     tables = frozenset({"visits", "patients", "regions"})
     guard("WITH k AS (SELECT note FROM visits) SELECT COUNT(*) FROM k", tables)
     guard("SELECT SUM(CAST(stay_days AS DECIMAL(38, 0))), xxhash64(1, 2) FROM visits", tables)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "refused"),
+    [("%cardio%", False), ("heart%", False), ("%a%b%", True), ("%a%b%z%", True)],
+)
+def test_spark_refuses_like_patterns_it_would_match_by_backtracking(pattern, refused) -> None:
+    """Spark compiles LIKE to a backtracking regular expression: past two %, one person's
+    long text can hold a query (and Spark's task slots) for a power of its length."""
+    dataset = sized(load_policy(GOLDEN / "policies" / "clinic.toml").dataset(None))
+    sql = f"SELECT COUNT(*) FROM visits WHERE note LIKE '{pattern}'"
+    the_plan = analyse(Asked(sql, {}, 1.0, 0.0), dataset, make_accountant(dataset.accountant))
+    if refused:
+        with pytest.raises(NotOnSpark, match="backtracking"):
+            rewrite(the_plan, SEED, SPARK)
+    else:
+        assert "LIKE" in rewrite(the_plan, SEED, SPARK).sql

@@ -250,10 +250,10 @@ def test_text_is_cut_to_max_length_at_load(engine):
     assert reply["plan"][0]["bounds"] == [0, 20]
 
 
-# -- planning that depends on the data's statistics: replanned without them -----------
+# -- planning that depends on the data's statistics: every query planned without them --
 
 
-def test_a_plan_that_fails_on_the_data_s_statistics_is_replanned_without_them(tmp_path):
+def test_a_plan_that_would_fail_on_the_data_s_statistics_is_planned_without_them(tmp_path):
     """DuckDB folds ``pid = <a value outside the column's statistics>`` to FALSE and then
     fails to rebind the comparison around it: with and without the one unit whose pid
     it is, the gate must answer alike."""
@@ -283,10 +283,23 @@ def test_a_plan_that_fails_on_the_data_s_statistics_is_replanned_without_them(tm
     assert replies[0] == replies[1]
 
 
-def test_the_replanning_database_is_locked_and_plans_without_statistics(engine):
-    plain = engine.databases["d"]._plain
+def test_queries_run_in_a_locked_database_that_plans_without_statistics(engine, monkeypatch):
+    store = engine.databases["d"]
+    plain = store._plain
     (disabled,) = plain.execute("SELECT current_setting('disabled_optimizers')").fetchone()
-    assert "statistics_propagation" in disabled
+    for optimizer in ("statistics_propagation", "join_filter_pushdown", "common_subexpressions"):
+        assert optimizer in disabled
+    # every query runs there, never on the connection that plans from the statistics
+
+    class Unused:
+        def cursor(self):
+            raise AssertionError("a query ran on the database that plans from statistics")
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(store, "_db", Unused())
+    assert engine.query("alice", {"sql": "SELECT COUNT(*) FROM t", "epsilon": 0.5})["rows"]
     for statement in ("SET disabled_optimizers = ''", "SET enable_external_access = true"):
         with pytest.raises(duckdb.Error):
             plain.execute(statement)

@@ -28,7 +28,7 @@ from dpmagic.gate.sql.contribution import RANK, RoomRead
 from dpmagic.gate.sql.pipeline import Asked, analyse
 from dpmagic.gate.sql.plan import Plan
 from dpmagic.gate.sql.rewrite import rewrite
-from dpmagic.gate.sql.work import TEXT_STEP, steps_of
+from dpmagic.gate.sql.work import TEXT_STEP, TRY_ROW_STEPS, VECTOR_ROWS, evaluated, steps_of
 from tests.gate_helpers import running_engine
 
 PATIENTS = 40
@@ -244,3 +244,16 @@ def test_text_costs_a_step_per_64_characters(engines) -> None:
     # column once per wildcard and once more (1 + 200 × 4 / 64 → 1 + 13)
     assert TEXT_STEP == 64
     assert steps_of(like, resolved) == 5 + 2 + 14
+
+
+def test_an_expression_under_try_costs_a_vector_on_the_slow_path(engines) -> None:
+    """DuckDB evaluates a raising row's whole vector again row by row, other units' rows
+    with it: an argument the proof cannot clear of overflow costs a vector's worth per
+    row, and one it can costs its own steps."""
+    d, _ = engines
+    tried = _plan(d, "SELECT SUM(LEAST(GREATEST(v.pid * v.pid * v.pid, 0), 9)) FROM visits v")
+    safe = _plan(d, "SELECT SUM(LEAST(GREATEST(v.days * v.days * v.days, 0), 9)) FROM visits v")
+    resolved = tried.checked.resolved
+    (arg,) = [m.arg for m in tried.measurements if m.arg is not None]
+    assert evaluated(arg, resolved) == VECTOR_ROWS * (steps_of(arg, resolved) + TRY_ROW_STEPS)
+    assert tried.work.total > 1000 * safe.work.total

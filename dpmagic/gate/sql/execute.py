@@ -136,6 +136,17 @@ class ExactResult:
 # ``TRY(…)`` out of it, where its error is no longer caught (``TRY(CASE WHEN (pid * pid)
 # IS NULL … LEAST(1, pid * pid) END)`` overflowed on one unit's row): off everywhere.
 TRY_BREAKING_OPTIMIZERS = "common_subexpressions"
+# DuckDB's runtime join filters are built as the join runs from its build side's
+# smallest and largest key: one unit's extreme value turns them off, and every other
+# row is then compared with the whole public table. Off, with the optimisers that plan
+# from the data's statistics (``STATISTICS_OPTIMIZERS``, ``Database.run``).
+DATA_DEPENDENT_OPTIMIZERS = "join_filter_pushdown"
+# DuckDB's runtime join filters are built from the join's build side as it runs (its
+# smallest and largest key): one unit's extreme value turns them off, and then every
+# other row is compared with the whole public table (a condition join on 1M units:
+# +2.6 s from one unit, benchmarks/per_unit_work.py). Off: a plan's work then follows
+# its SQL, not one unit's values.
+DATA_DEPENDENT_OPTIMIZERS = "join_filter_pushdown"
 # The configuration of every connection that runs generated SQL: no file, network,
 # extension or setting can be reached from it, and ``TRY`` means what it says.
 LOCKED: dict[str, object] = {
@@ -144,12 +155,13 @@ LOCKED: dict[str, object] = {
     "autoload_known_extensions": False,
     "allow_community_extensions": False,
     "lock_configuration": True,
-    "disabled_optimizers": TRY_BREAKING_OPTIMIZERS,
+    "disabled_optimizers": f"{TRY_BREAKING_OPTIMIZERS},{DATA_DEPENDENT_OPTIMIZERS}",
 }
-# DuckDB's optimisers that plan from the data's statistics: off too in the replanning
-# database (``Database.run``).
+# DuckDB's optimisers that plan from the data's statistics: off in the database every
+# query runs in (``Database.run``).
 STATISTICS_OPTIMIZERS = (
-    f"{TRY_BREAKING_OPTIMIZERS},statistics_propagation,compressed_materialization"
+    f"{TRY_BREAKING_OPTIMIZERS},{DATA_DEPENDENT_OPTIMIZERS},statistics_propagation,"
+    "compressed_materialization"
 )
 PLAIN_CATALOG = "prepared"  # the name the replanning database attaches the file under
 # Rows fetched at a time when each batch is reduced as it arrives.
@@ -265,21 +277,21 @@ class Database:
         are ever held in Python; so it does, with keys declared value by value and
         tested at fetch (``Plan.listed_at_fetch``), for the keys nobody declared.
 
-        DuckDB plans with the data's statistics (each column's smallest and largest
-        value), and planning can fail where the statistics let its optimiser fold an
-        expression that it then cannot rebind (seen: ``'' <= CASE WHEN pid = <a value
-        no unit has> THEN '' END``). Whether that happens depends on the data, so a
-        query that fails here for any reason but time or memory is run again on the
-        same file planned without statistics (``_plain``), whose plan is a function
-        of the SQL alone; the fuzzer (``tests/{unit,system}/test_fuzz_error_oracle.py``) searches
-        for what would still differ."""
-        try:
-            return self._execute(self._db, sql, keep)
-        except OutOfResources:
-            raise
-        except duckdb.Error as exc:
-            log.warning("query replanned without statistics after %s", type(exc).__name__)
-            return self._execute(self._plain, sql, keep, catalog=PLAIN_CATALOG)
+        Every query is planned without the data's statistics (``_plain``: each
+        column's smallest and largest value, and the runtime join filters built from
+        them, off), so that its plan is a function of the SQL alone. With them, one
+        unit's values decided the plan's work for every other row, beyond anything
+        its own rows could add: a condition join with a public table, pruned by the
+        column's largest value where no unit had a large one, compared every row with
+        the whole table once the target's large value was there (300,000 units:
+        +868 ms from one unit with statistics, +56 ms without;
+        ``benchmarks/per_unit_work.py``); and planning could fail where the
+        statistics let the optimiser fold an expression it then could not rebind
+        (``'' <= CASE WHEN pid = <a value no unit has> THEN '' END``), a failure that
+        depended on the data. The price is speed: 1.3–1.5× on simple aggregates of
+        3M rows (count by a key 5.7 → 7.4 ms), where the statistics let DuckDB pick
+        a perfect hash and compress its intermediates."""
+        return self._execute(self._plain, sql, keep, catalog=PLAIN_CATALOG)
 
     def _execute(
         self,

@@ -34,7 +34,8 @@ requires the same exact answers):
   text to another type parses differently (``'1e3'``, spaces, signs) and is
   refused; so are ``FLOOR``/``CEIL`` of a double (a DOUBLE in DuckDB, a BIGINT in
   Spark), concatenation of a non-text value (numbers print differently),
-  ``LIKE`` patterns with a backslash (Spark's default escape character), and the
+  ``LIKE`` patterns with a backslash (Spark's default escape character) or more than
+  two ``%`` (Spark backtracks: ``MAX_SPARK_WILDCARDS``), and the
   day-of-week and week numbering (the engines count from different days).
 * **Quantiles** count rows per candidate with DuckDB's ``histogram``, which Spark
   lacks: the rewrite counts them by ``GROUP BY`` the keys and the candidate and
@@ -115,6 +116,14 @@ class SparkDialect(Dialect):
         return "Spark"
 
 
+# Spark compiles LIKE to a Java regular expression matched by backtracking: k ``%``
+# cost up to n^(k-1) steps on a text of n characters (``'%a%b%z%'`` on one unit's ten
+# texts of 1,024 characters: +5.9 s; five ``%``: past the 30 s timeout, its tasks
+# still running half an hour later, ``benchmarks/per_unit_work.py``). Two ``%`` stay
+# linear.
+MAX_SPARK_WILDCARDS = 2
+
+
 def _check(node: exp.Expression, r: Resolved) -> None:
     """Refuse ``node`` where Spark's answer would differ from DuckDB's."""
     if isinstance(node, exp.TryCast):
@@ -135,6 +144,13 @@ def _check(node: exp.Expression, r: Resolved) -> None:
         pattern = node.expression
         if not isinstance(pattern, exp.Literal) or "\\" in pattern.this:
             raise NotOnSpark(f"{display(node)}: a backslash escapes in Spark's patterns")
+        if pattern.this.count("%") > MAX_SPARK_WILDCARDS:
+            raise NotOnSpark(
+                f"{display(node)}: Spark matches LIKE by backtracking, so a pattern with "
+                f"more than {MAX_SPARK_WILDCARDS} % can take time that grows with a power of "
+                "the text's length (one person's long text could hold the query past its "
+                "time limit); write it as several LIKE '%…%' joined by AND"
+            )
     elif isinstance(node, DIFFERING_DATE_PARTS) or (
         isinstance(node, exp.Extract) and node.this.name.upper() in DIFFERING_UNITS
     ):

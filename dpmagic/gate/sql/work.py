@@ -29,18 +29,23 @@ sorts and the final result only consume these rows.
 
 **Steps per row.** Each such row is worked on by the query's row expressions
 (``WHERE`` and ``ON`` conditions, group keys, aggregate arguments, the
-quantiles' grid snap, the unit), the join that built it and the window that
-bounds it. A *step* is one operator on one value of at most ``TEXT_STEP``
-characters; a node on text costs one step more per ``TEXT_STEP`` characters it
-may read (from ``bound.text_length``: a column's ``max_length``, a literal's
-own length, sums for concatenation), a ``LIKE`` pattern's scan once per
-wildcard. Steps are counted on the plan's trees, an upper bound on what the
+quantiles' grid snap, the unit), the join that built it (``JOIN_STEPS`` a scan)
+and the window that bounds it; an expression the SQL evaluates under ``TRY``
+costs a vector of rows on DuckDB's slow path (``VECTOR_ROWS``), since a row
+that raises sends its whole vector, other units' rows with it, through it. A
+*step* is one operator on one value of at most ``TEXT_STEP`` characters; a node
+on text costs one step more per ``TEXT_STEP`` characters it may read (from
+``bound.text_length``: a column's ``max_length``, a literal's own length, sums
+for concatenation), a ``LIKE`` pattern's scan once per wildcard. Steps are
+counted on the plan's trees, an upper bound on what the
 generated SQL evaluates per row (it evaluates each of them at most once a row).
 
 ``work = rows × steps`` summed over the query's joins (the main one and each
 semi-join over private tables). ``benchmarks/per_unit_work.py`` measures what a
-step costs per shape on each engine; the default ``max_unit_work`` keeps one
-unit's added time well under the default padding quantum (docs/security.md).
+step costs per shape on each engine (about 3 ns on DuckDB); the default
+``max_unit_work``, 2^24, keeps one unit's added time well under the default
+padding quantum (docs/security.md). The rows are a proof; the steps are a cost
+model, calibrated on those measurements and checked against them.
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ from dpmagic.gate.errors import Refused
 from dpmagic.gate.sql.bound import text_length
 from dpmagic.gate.sql.check import CONCATENATION, TEXT_FUNCTIONS
 from dpmagic.gate.sql.resolve import Resolved, Scan
+from dpmagic.gate.sql.totality import BOOLEAN_LIKE, kind, may_raise
 from dpmagic.gate.sql.trees import conjuncts
 
 # Characters one step reads: a node on a text of n characters costs 1 + n // 64 steps.
@@ -64,6 +70,16 @@ SNAP_STEPS = 12
 # Steps per row of the window that bounds a unit's rows after its joins: a hash and a
 # place in two sorts (``rewrite.bound_contributions``).
 WINDOW_STEPS = 8
+# Steps a joined row costs per scan it is made of: a hash probe and its columns copied
+# (a 10-scan self-join with a public table: 2.7 µs a joined row on DuckDB, about 900
+# steps at the 3 ns a step measures elsewhere).
+JOIN_STEPS = 100
+# An expression evaluated under ``TRY`` (``totality``): on the row that raises, DuckDB
+# evaluates that row's whole vector again row by row, other units' rows included, so
+# each of one unit's rows may cost a vector of rows on the slow path (1.3–1.8 ms a
+# failing row where its vectors are shared, ``benchmarks/per_unit_work.py``).
+VECTOR_ROWS = 2048
+TRY_ROW_STEPS = 300  # a row on the slow path, beyond its expression's own steps
 
 
 @dataclass(frozen=True)
@@ -114,15 +130,18 @@ def unit_work(
     terms = conjuncts(where.this) if where is not None else []
     on = [s.on for s in resolved.scans if s.on is not None]
     probes = [j.lhs for j in resolved.semijoins]
-    steps = sum(steps_of(t, resolved) for t in [*trees, *terms, *on, *probes])
-    steps += quantiles * SNAP_STEPS + (WINDOW_STEPS if windowed else 0) + len(resolved.scans)
+    steps = sum(evaluated(t, resolved) for t in [*trees, *probes])
+    steps += sum(evaluated(t, resolved, condition=True) for t in [*terms, *on])
+    steps += quantiles * SNAP_STEPS + (WINDOW_STEPS if windowed else 0)
+    steps += JOIN_STEPS * len(resolved.scans)
     joins = [Join(cap * _fan_out(resolved.scans, terms, resolved), steps)]
     for j in resolved.semijoins:
         if all(s.table.public for s in j.scans):
             continue  # the subquery reads no unit's rows: the same on every dataset
         inner = conjuncts(j.where) if j.where is not None else []
         inner_on = [s.on for s in j.scans if s.on is not None]
-        semi = sum(steps_of(t, resolved) for t in [j.value, *inner, *inner_on]) + len(j.scans)
+        semi = evaluated(j.value, resolved) + JOIN_STEPS * len(j.scans)
+        semi += sum(evaluated(t, resolved, condition=True) for t in [*inner, *inner_on])
         joins.append(Join(load_cap * _fan_out(j.scans, inner, resolved), semi))
     return Work(tuple(joins))
 
@@ -138,6 +157,18 @@ def within(work: Work, limit: int, unit: str | None) -> None:
         "smaller public tables, on a column (p.key = …) rather than a condition, or "
         "read private tables fewer times"
     )
+
+
+def evaluated(tree: exp.Expression, resolved: Resolved, condition: bool = False) -> int:
+    """The steps one row's evaluation of ``tree`` may cost as the SQL evaluates it:
+    its own (``steps_of``), or under ``TRY`` (``totality.total``: when a node might
+    raise, or a condition is not boolean) a vector's worth on the slow path."""
+    own = steps_of(tree, resolved)
+    tried = may_raise(tree, resolved)
+    if condition and not tried:
+        found = kind(tree, resolved)
+        tried = found is None or found.family not in BOOLEAN_LIKE
+    return VECTOR_ROWS * (own + TRY_ROW_STEPS) if tried else own
 
 
 def steps_of(tree: exp.Expression, resolved: Resolved) -> int:
