@@ -154,8 +154,9 @@ def within(work: Work, limit: int, unit: str | None) -> None:
     raise Refused(
         f"{who} could add up to {work.total:,} steps of work to this query ({work.rows:,} "
         f"joined rows), above the policy's max_unit_work of {limit:,}: join fewer or "
-        "smaller public tables, on a column (p.key = …) rather than a condition, or "
-        "read private tables fewer times"
+        "smaller public tables, on a column (p.key = …) rather than a condition, read "
+        "private tables fewer times, or avoid arithmetic that could overflow on some "
+        "row (it runs under TRY, the costliest)"
     )
 
 
