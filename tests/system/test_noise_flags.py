@@ -8,8 +8,10 @@ and the words in its text view. A gate-side change that breaks one fails here.
 
 A noisy case is asked ``TRIES`` times and must be flagged in all but one: the rule
 flags a count of true value 0 unless its noise exceeds twice its 95% half-width,
-which happens once in 800 answers (0.5 · 20⁻²); accurate cases sit at more than
-ten of their half-widths from the threshold.
+which happens once in 800 answers (0.5 · 20⁻²). The accurate cases' ε were chosen
+from 40 to 100 answers each in an engine in process: the widest interval seen was at
+most a third of the width that flags (a grouped AVG at ε 0.3 came within reach of
+it, 3 flags in 80 cells, so it is asked at ε 1).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def test_counts_sums_and_their_arithmetic(gate):
     _noisy(gate, f"SELECT SUM(age) AS s FROM t {FEW}", "s", 0.02)
     _accurate(gate, "SELECT SUM(age) AS s FROM t", "s", 0.3)
     # a ratio of two noisy aggregates, and a difference that is 0 give or take its noise
-    _accurate(gate, "SELECT SUM(age) / COUNT(*) AS r FROM t", "r", 0.3)
+    _accurate(gate, "SELECT SUM(age) / COUNT(*) AS r FROM t", "r", 1.0)
     _noisy(gate, "SELECT AVG(age) - 49.5 AS d FROM t", "d", 0.02)
     # HAVING keeps both groups of 100 people; their counts are facts
     _accurate(gate, "SELECT sex, COUNT(*) AS n FROM t GROUP BY sex HAVING COUNT(*) > 20", "n", 0.2)
@@ -62,7 +64,7 @@ def test_averages_variances_and_standard_deviations(gate):
     """The issue's AVG of a handful of rows: a value anywhere in its bounds is flagged."""
     _noisy(gate, f"SELECT AVG(age) AS a FROM t {FEW}", "a", 0.05)
     _accurate(gate, "SELECT AVG(age) AS a FROM t", "a", 0.3)
-    _accurate(gate, "SELECT sex, AVG(age) AS a FROM t GROUP BY sex", "a", 0.3)
+    _accurate(gate, "SELECT sex, AVG(age) AS a FROM t GROUP BY sex", "a", 1.0)
     _noisy(gate, f"SELECT STDDEV(age) AS sd FROM t {FEW}", "sd", 0.05)
     _accurate(gate, "SELECT VAR_POP(age) AS v FROM t", "v", 0.5)
     result = Gate(gate.address).query(f"SELECT AVG(age) AS a FROM t {FEW}", epsilon=0.01)
