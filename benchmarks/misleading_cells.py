@@ -28,8 +28,11 @@ percentile band it allows covers at least half of the group (an empty group's
 average or quantile is noise whatever it shows). With a margin, since the gate
 sees only noisy values (docs/accuracy.md states it): *clearly dominated* is 1.5
 times past the threshold (error ≥ 1.5·|true|; 95% range ≥ 0.75 of the range;
-band ≥ 0.75), *clearly sound* a quarter of it (error ≤ |true|/4; range ≤ 1/8;
-band ≤ 1/8); between them lies a grey zone, counted but not judged.
+band ≥ 0.75), *clearly sound* a fifth of it (error ≤ |true|/5; range ≤ 1/10;
+band ≤ 1/10); between them lies a grey zone, counted but not judged. A fifth:
+a flagged cell whose interval holds the truth has ``|true| ≤ 3h`` (``h`` its
+half-width), an expression's interval (Bonferroni) is up to 1.3 times its
+noise's 95% error, and that error is itself measured from the runs.
 
 Counted over all runs: cells whose interval missed the truth (the 5% a 95%
 interval allows; judged separately, not as a flag error), and among the others
@@ -61,7 +64,7 @@ import pandas as pd
 EPSILON = 0.5
 RUNS = 200
 MARGIN_DOMINATED = 1.5
-MARGIN_SOUND = 4.0
+MARGIN_SOUND = 5.0
 TABLE = "affairs"
 
 
