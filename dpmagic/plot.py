@@ -47,7 +47,7 @@ def plot(result: DPResult, kind: str = "bar", x: str | None = None, y: str | Non
             edgecolor="grey" if kind == "hist" else None,
         )  # fmt: skip
         for bar, weak in zip(bars, (dominated[r] for r in rows), strict=True):
-            if weak:
+            if weak is not False:  # dominated, or the gate could not say it is not
                 bar.set_alpha(0.35)
                 bar.set_hatch("//")
     axes.set_xlabel(x or "row")
@@ -55,8 +55,8 @@ def plot(result: DPResult, kind: str = "bar", x: str | None = None, y: str | Non
     title = f"{y} with {result.confidence:.0%} intervals"
     if errors is None:
         title = f"{y} (a quantile: its accuracy is in ranks, no value interval)"
-    if any(dominated):
-        title += "; hatched: noise dominates"
+    if any(d is not False for d in dominated):
+        title += "; hatched: noise dominates (or may)"
     if result.mock:
         title = f"{MOCK_LABEL}\n{title}"
     axes.set_title(title, fontsize=10)

@@ -216,6 +216,17 @@ class DPResult:
             parts.append("replayed (no cost)")
         else:
             parts.append(f"{_amount(self.cost)} spent")
+            fresh = self.reply.get("fresh_because")
+            if fresh:
+                parts.append(f"answered afresh: {fresh}")
+        clip = self.reply.get("clip")
+        if clip and not self.dry_run:
+            chosen = "; ".join(
+                f"{c['aggregate']} within [{format_value(c['bounds'][0])}, "
+                f"{format_value(c['bounds'][1])}]"
+                for c in clip.get("chosen", [])
+            )
+            parts.append(f"values clipped: {chosen} (chosen with ε {clip['epsilon']:.3g})")
         left = _left(self.budget)
         if left:
             parts.append(left)
@@ -649,6 +660,16 @@ SQL_SHOWN_CHARS = 80
 BUDGET_KEYS = ("spent", "limit", "remaining")
 
 
+def _count_error(error: dict[str, Any] | None) -> list[str]:
+    """What the bounds cost, as the gate states it (``count_error`` of ``/v1/schema``)."""
+    if not error:
+        return []
+    return [
+        f"a count's 95% error at ε = {format_value(error['epsilon'])}: "
+        f"±{error['ungrouped']}, ±{error['grouped']} grouped"
+    ]
+
+
 class SchemaView:
     """``GET /v1/schema``: what may be queried and under which policy."""
 
@@ -665,6 +686,7 @@ class SchemaView:
                 f"neighbouring {r.get('neighbouring', '')}",
                 f"each unit in ≤ {r.get('max_partitions')} groups, "
                 f"≤ {r.get('max_rows_per_partition')} rows per group",
+                *_count_error(r.get("count_error")),
                 f"budget: user {_amount(r.get('user_budget') or {})}, "
                 f"notebook {_amount(r.get('notebook_budget') or {})}, "
                 f"query default {_amount(r.get('query_default') or {})}",
@@ -709,7 +731,11 @@ class SchemaView:
             f"each unit in ≤ {self.reply.get('max_partitions')} groups, "
             f"≤ {self.reply.get('max_rows_per_partition')} rows per group"
         )
-        return " · ".join(["private", held, *(f"links {link}" for link in links), bounds])
+        if info_table.get("max_rows_per_unit"):
+            bounds = f"≤ {info_table['max_rows_per_unit']} row(s) per unit in this table"
+        own = ((self.reply.get("count_error") or {}).get("tables") or {}).get(name)
+        cost = [f"a count's 95% error at ε = 1: ±{own['grouped']}"] if own else []
+        return " · ".join(["private", held, *(f"links {link}" for link in links), bounds, *cost])
 
     def _use(self, column: str, info: dict[str, Any], public: bool, unit: str | None) -> str:
         """Every way the column can appear in a query, from the policy's declarations alone."""

@@ -168,3 +168,21 @@ def test_a_transcript_replays_clipped_and_bounded_answers_offline(engine, tmp_pa
     assert again.reply["rows"] == clipped_reply["rows"]
     assert again.reply["clip"]["chosen"] == clipped_reply["clip"]["chosen"]
     assert offline.query(sql, epsilon=0.5, max_partitions=1).reply["rows"] == bounded["rows"]
+
+
+def test_the_footer_says_the_clip_and_the_schema_what_bounds_cost(engine) -> None:
+    from dpmagic.result import DPResult, SchemaView
+
+    reply = engine.query(
+        "dee", {"sql": "SELECT AVG(income) AS a FROM t", "epsilon": 1.0, "clip": 0.25}
+    )
+    footer = DPResult(reply).footer()
+    ((lo, hi),) = [c["bounds"] for c in reply["clip"]["chosen"]]
+    assert lo < hi
+    assert "values clipped: AVG(income) within [" in footer and "chosen with ε 0.25" in footer
+    again = DPResult(engine.query("dee", {"sql": "SELECT AVG(income) AS a FROM t",
+                                          "epsilon": 1.0, "clip": 0.25}))  # fmt: skip
+    assert again.replayed and "values clipped" in again.footer()
+    schema = SchemaView(engine.schema("d")).summary()
+    error = engine.schema("d")["count_error"]
+    assert f"±{error['ungrouped']}, ±{error['grouped']} grouped" in schema

@@ -16,6 +16,7 @@ from dpmagic.gate.engine import Engine
 from dpmagic.gate.errors import OverBudget
 from dpmagic.gate.service import ledger
 from dpmagic.gate.service.ledger import ReplayKey
+from dpmagic.result import DPResult
 from tests.gate_helpers import write_gate
 
 POLICY = """
@@ -104,6 +105,8 @@ def test_a_changed_data_file_answers_afresh_and_says_why(folder):
     fresh = _ask(folder)
     assert fresh["replayed"] is False
     assert fresh["fresh_because"] == "the dataset changed since your earlier answer"
+    # and the footer a user reads says so
+    assert "answered afresh: the dataset changed" in DPResult(fresh).footer()
     assert fresh["cost"]["epsilon"] == 0.5 and _spent(folder) == pytest.approx(1.0)
     assert fresh["rows"] != first["rows"]
     # The new answer is the one replayed from now on, and its replay is not "fresh".
