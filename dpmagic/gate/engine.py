@@ -28,13 +28,14 @@ from dpmagic.gate.errors import BadRequest, Failed, GateError, InvalidBody, Refu
 from dpmagic.gate.mechanisms import calibrate
 from dpmagic.gate.policy import AccountantKind, Dataset, Policy, PolicyError
 from dpmagic.gate.service.ledger import Ledger, ReplayKey
+from dpmagic.gate.service.padding import PrivateRead
 from dpmagic.gate.service.views import budget_views, history_entries
 from dpmagic.gate.sql import bounding
 from dpmagic.gate.sql.clip import ClipBounds, Clipped, ClipStage, clipped
 from dpmagic.gate.sql.clip import targets as clip_targets
 from dpmagic.gate.sql.execute import OutOfResources, open_store
 from dpmagic.gate.sql.limits import deadline
-from dpmagic.gate.sql.pipeline import Analysed, Asked, analyse, execute, generate
+from dpmagic.gate.sql.pipeline import Analysed, Answer, Asked, analyse, execute, generate
 from dpmagic.gate.sql.plan import Plan
 from dpmagic.gate.sql.rewrite import Rewritten
 from dpmagic.gate.sql.summary import summary
@@ -305,13 +306,18 @@ class Engine:
             bounds=bounding.statement(the_plan),
         )
 
-    def query(self, user: str, body: object) -> dict[str, object]:
+    def query(self, user: str, body: object, reads: PrivateRead | None = None) -> dict[str, object]:
+        """Answer a query body. ``reads`` is marked where a run on the private data
+        begins, so the server pads the reply of exactly those requests
+        (``service/padding.py``); a replay, a dry run or a refusal before the run
+        leaves it unmarked."""
+        reads = PrivateRead() if reads is None else reads
         request = QueryRequest.from_body(body)
         if request.clip is not None:
-            return self._clipped(user, request)
-        return self._query(user, request)
+            return self._clipped(user, request, reads)
+        return self._query(user, request, reads)
 
-    def _clipped(self, user: str, request: QueryRequest) -> dict[str, object]:
+    def _clipped(self, user: str, request: QueryRequest, reads: PrivateRead) -> dict[str, object]:
         """A query whose sums are clipped at value bounds it chooses privately, in two
         releases (``sql/clip.py``): the bounds with ``clip`` of the ε, the query with the
         rest, each a query of its own in the ledger (each replayed alike, so a re-run
@@ -322,14 +328,14 @@ class Engine:
         rest = replace(request, epsilon=eps * (1 - share), whole_epsilon=eps)
         main = self.analysis(user, dataset, rest).plan
         if request.dry_run:
-            reply = self._query(user, rest)
+            reply = self._query(user, rest, reads)
         else:
             bounds = replace(rest, epsilon=eps * share, stage=ClipBounds())
-            first = self._query(user, bounds)
+            first = self._query(user, bounds, reads)
             if not first["rows"] or any(v is None for v in first["rows"][0]):
                 raise Failed("the clip's bounds could not be chosen; nothing more was charged")
             stage = clipped(main.checked, [float(v) for v in first["rows"][0]])
-            reply = self._query(user, replace(rest, stage=stage))
+            reply = self._query(user, replace(rest, stage=stage), reads)
             reply["clip"] = {**reply["clip"], "replayed": first["replayed"]}
             reply["cost"] = {
                 k: reply["cost"].get(k, 0.0) + first["cost"].get(k, 0.0)
@@ -337,7 +343,7 @@ class Engine:
             }
         return reply
 
-    def _query(self, user: str, request: QueryRequest) -> dict[str, object]:
+    def _query(self, user: str, request: QueryRequest, reads: PrivateRead) -> dict[str, object]:
         dataset = tightened(self._dataset(request.dataset), request)
         analysis = self.analysis(user, dataset, request)
         the_plan, key = analysis.plan, analysis.replay_key
@@ -430,12 +436,15 @@ class Engine:
             replay_key=key,
             accountant=self.accountants[dataset.name],
         )
+
+        def run() -> Answer:
+            # The one place a query reads the private data: marked before the read, so
+            # whatever follows (a release, a failure, a refusal) is padded.
+            reads.begin()
+            return execute(analysis.analysed, self.databases[dataset.name])
+
         try:
-            answer = self._admissions[dataset.name].run(
-                user,
-                lambda: execute(analysis.analysed, self.databases[dataset.name]),
-                OutOfResources,
-            )
+            answer = self._admissions[dataset.name].run(user, run, OutOfResources)
         except GateError as exc:
             self.ledger.record_failure(charge)
             raise Failed(exc.message) if not isinstance(exc, Failed) else exc from None

@@ -8,10 +8,16 @@ the engine does:
   anything the body claims;
 - an unexpected exception is answered with a fixed text and only its type is
   logged, because its message may quote private values;
-- replies to ``/v1/query`` are held back to the next multiple of the policy's
-  ``response_quantum_ms``, so how long a query took does not leak, and woken
-  by a clock of their own, whose precision does not depend on when the wait
-  began (``release_clock``);
+- a reply whose computation read the private data (``padding.PrivateRead``, set
+  by the engine where a query's run begins) is held back to the next multiple
+  of the policy's ``response_quantum_ms``, so how long the run took does not
+  leak, and woken by a clock of its own, whose precision does not depend on
+  when the wait began (``release_clock``); every other reply (a replay, a dry
+  run, a refusal before the run, a budget) is a function of the request and of
+  what the caller was already told, and leaves at once (``padding``);
+- a user's place in the engine (``USER_REQUESTS``) is let go when the reply
+  leaves, not when its computation ended, so a request queued behind a padded
+  one starts no sooner than that padded reply is seen;
 - the access log names the user, route and status, never the SQL.
 
 And the rules that keep one user from starving the others (a local user can
@@ -46,7 +52,6 @@ import contextlib
 import gc
 import json
 import logging
-import math
 import os
 import resource
 import signal
@@ -78,6 +83,7 @@ from dpmagic.gate.service.auth import (
     TokenFileError,
 )
 from dpmagic.gate.service.body import parse_body
+from dpmagic.gate.service.padding import PrivateRead, release_time
 from dpmagic.gate.service.release_clock import ReleaseClock
 from dpmagic.gate.sql.execute import OutOfResources
 
@@ -289,14 +295,9 @@ class _Exchange(httputil.HTTPMessageDelegate):
     async def _respond(self) -> None:
         try:
             status, data = await self._outcome()
-        except _HeldFailure as held:
-            status, data = held.status, held.data
-            await RELEASES.until(held.release_at)
         except Exception as exc:  # never a traceback that might quote a value
             log.error("request failed: %s", type(exc).__name__)
-            status, data = 500, json.dumps(Failed().as_reply()).encode()
-        if self.path == "/v1/query":
-            await self._hold_until_quantum()
+            status, data = 500, _FAILED
         self._reply(status, data)
         log.info("%s %s %s %d", self.user, self.method, self.path, status)
 
@@ -306,24 +307,41 @@ class _Exchange(httputil.HTTPMessageDelegate):
         engine, user = self.server.app.engine, self.user
         route = required(self.route, "the request's route")
         body, self.body = bytes(self.body), bytearray()
+        reads = PrivateRead()
 
         def handler() -> dict[str, object]:
-            return route.run(engine, user, self.query, body)
+            return route.run(engine, user, self.query, body, reads)
 
-        if not route.authenticated:
+        if not route.authenticated:  # /v1/health: no user, no data
             return _run(handler)
         async with self.server.slot(user):
+            status, data = await self._computed(handler)
+            # Still holding the user's place: a request of theirs waiting for it (a
+            # replay, answered at once) must not start when this run ended, which
+            # the padding hides, but when this reply leaves, which its user sees.
+            if reads.began:
+                await self._hold_until_quantum()
+            return status, data
+
+    async def _computed(self, handler: Callable[[], dict[str, object]]) -> tuple[int, bytes]:
+        """``handler``'s reply, computed in an engine thread. A run that ran out of
+        time or memory is answered no sooner than its deadline (``_HeldFailure``)."""
+        try:
             return await self.server.loop.run_in_executor(self.server.engine_threads, _run, handler)
+        except _HeldFailure as held:
+            await RELEASES.until(held.release_at)
+            return held.status, held.data
+        except Exception as exc:  # never a traceback that might quote a value
+            log.error("request failed: %s", type(exc).__name__)
+            return 500, _FAILED
 
     async def _hold_until_quantum(self) -> None:
         quantum = self.server.app.quantum_s
         if quantum <= 0:
             return
-        elapsed = time.monotonic() - self.arrival
-        release_at = self.arrival + quantum * max(1, math.ceil(elapsed / quantum))
         # Not asyncio.sleep: its wake-up is late by a fraction of a millisecond that
         # follows the query's running time (``release_clock``).
-        await RELEASES.until(release_at)
+        await RELEASES.until(release_time(self.arrival, time.monotonic(), quantum))
 
     def _reply(self, status: int, data: bytes) -> None:
         if self.closed:  # the client went away; nothing to tell it
@@ -334,6 +352,9 @@ class _Exchange(httputil.HTTPMessageDelegate):
             self.request.finish()
         except (iostream.StreamClosedError, httputil.HTTPOutputError):
             pass
+
+
+_FAILED = json.dumps(Failed().as_reply()).encode()
 
 
 class _HeldFailure(Exception):
@@ -510,17 +531,23 @@ def _params(query: str, allowed: set[str]) -> dict[str, str]:
     return {name: values[0] for name, values in parsed.items()}
 
 
-def _query(engine: Engine, user: str, query: str, body: bytes) -> dict[str, object]:
+def _query(
+    engine: Engine, user: str, query: str, body: bytes, reads: PrivateRead
+) -> dict[str, object]:
     _params(query, set())
-    return engine.query(user, parse_body(body))
+    return engine.query(user, parse_body(body), reads)
 
 
-def _budget(engine: Engine, user: str, query: str, body: bytes) -> dict[str, object]:
+def _budget(
+    engine: Engine, user: str, query: str, body: bytes, reads: PrivateRead
+) -> dict[str, object]:
     params = _params(query, {"dataset", "notebook"})
     return engine.budget(user, params.get("dataset"), params.get("notebook"))
 
 
-def _history(engine: Engine, user: str, query: str, body: bytes) -> dict[str, object]:
+def _history(
+    engine: Engine, user: str, query: str, body: bytes, reads: PrivateRead
+) -> dict[str, object]:
     params = _params(query, {"dataset", "notebook", "limit"})
     raw = params.get("limit", str(HISTORY_DEFAULT))
     if not raw.isdigit() or not 1 <= int(raw) <= HISTORY_MAX:
@@ -528,19 +555,26 @@ def _history(engine: Engine, user: str, query: str, body: bytes) -> dict[str, ob
     return engine.history(user, params.get("dataset"), params.get("notebook"), int(raw))
 
 
-def _schema(engine: Engine, user: str, query: str, body: bytes) -> dict[str, object]:
+def _schema(
+    engine: Engine, user: str, query: str, body: bytes, reads: PrivateRead
+) -> dict[str, object]:
     return engine.schema(_params(query, {"dataset"}).get("dataset"))
 
 
-def _health(engine: Engine, user: str, query: str, body: bytes) -> dict[str, object]:
+def _health(
+    engine: Engine, user: str, query: str, body: bytes, reads: PrivateRead
+) -> dict[str, object]:
     return {"ok": True}
 
 
 @dataclass(frozen=True)
 class Route:
+    """An endpoint. ``run`` gets the engine, the caller, the URL's query string, the
+    body and the request's ``PrivateRead``, which only the engine's query run marks."""
+
     method: str
     authenticated: bool
-    run: Callable[[Engine, str, str, bytes], dict[str, object]]
+    run: Callable[[Engine, str, str, bytes, PrivateRead], dict[str, object]]
 
 
 ROUTES: dict[str, Route] = {

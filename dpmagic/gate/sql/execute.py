@@ -248,9 +248,11 @@ class Database:
         names, same types, no row), which binds, optimises (folding constants) and
         executes it. Row expressions cannot fail on data (``totality``), so SQL that
         passes here fails on the real tables only for want of time or memory. The
-        verdict is a function of the SQL text alone, remembered with the guard's."""
-        if sql in self._vetted:
-            return
+        verdict is a function of the SQL text alone, remembered for the guard at run
+        time, but not consulted here: the engine vets a text once per user (its
+        analyses are kept per user), and a dry run or a replay is answered at once,
+        unpadded, so a vet skipped because another user's query generated the same
+        text would show in its time (docs/security.md, "Which replies are padded")."""
         con = self._empty.cursor()
         try:
             self._walk(con, sql)
