@@ -24,7 +24,8 @@ class CellAccuracy:
     """One noisy cell's accuracy: short text, a tooltip, and the gate's verdict."""
 
     short: str
-    """``[lo, hi]``, or ``p45–p55`` for a quantile: shown beside the value."""
+    """``[lo, hi]`` (a quantile's too), or ``p45–p55`` for a quantile a gate sent no
+    interval for: shown beside the value."""
     tip: str
     half_width: float | None
     """For ``value ± half-width``; None for a quantile or an unknown interval."""
@@ -52,9 +53,9 @@ def cell_accuracy(
     if info is None:
         return None
     verdict = _at(info.get("noise_dominates"), row, missing=None)
-    if info.get("rule") == "percentiles" or "rank_radius" in info:
-        return _quantile(info, row, verdict, fmt, percent)
     value = reply["rows"][row][column]
+    if info.get("rule") == "percentiles" or "rank_radius" in info:
+        return _quantile(info, row, verdict, fmt, percent, value)
     pair = _at(info.get("intervals"), row, missing=None)
     known = bool(pair) and _number(value) and all(_number(p) for p in pair)
     if known:
@@ -83,39 +84,41 @@ def _why(info: dict[str, Any], fmt: Any) -> str:
 
 
 def _quantile(
-    info: dict[str, Any], row: int, verdict: bool | None, fmt: Any, percent: str
+    info: dict[str, Any], row: int, verdict: bool | None, fmt: Any, percent: str, value: Any
 ) -> CellAccuracy:
     """A quantile: the band of its group's percentiles it lies at, as the gate judged
     it from a noisy count of the values it was chosen from."""
     level = float(info.get("level", 0.5))
     band = _at(info.get("percentiles"), row, missing=None)
+    pair = _at(info.get("intervals"), row, missing=None)
     what = f"the {fmt(level)}-quantile"
     if band:
         low, high = float(band[0]), float(band[1])
         short = f"p{low * 100:.0f}–p{high * 100:.0f}"
         tip = (
-            f"{percent}: between the {_ordinal(low)} and {_ordinal(high)} percentile of its "
-            f"group's values, where {what} is the {_ordinal(level)}"
+            f"between the {_ordinal(low)} and {_ordinal(high)} percentile of its group's "
+            f"values, where {what} is the {_ordinal(level)}"
         )
+        half = None
+        if pair and all(_number(p) for p in pair):
+            short = f"[{fmt(pair[0])}, {fmt(pair[1])}]"
+            ends = f"{percent} interval {short}, for its group's true {fmt(level)}-quantile"
+            tip = f"{ends}; the value lies {tip}"
+            if _number(value):
+                half = max(float(pair[1]) - value, value - float(pair[0]), 0.0)
+        else:
+            tip = f"{percent}: " + tip
         if verdict:
             tip += (
                 f": {DOMINATES}, this could be almost any value of the group"
                 if high - low < 1
                 else f": {DOMINATES}, the group may be empty or nearly so"
             )
-        return CellAccuracy(short, tip, None, verdict)
-    radius = info.get("rank_radius")
-    short = f"±{math.ceil(float(radius))} ranks" if _number(radius) else "[?]"
-    if "noise_dominates" in info:
-        tip = (
-            f"{percent}: its rank is within {short} of {what}'s, but the query has no count "
-            f"of the same values to say how many its group holds: {MAY_DOMINATE} (add a "
-            "COUNT of the same argument to the query)"
-        )
-    else:
-        tip = f"{percent}: its rank is within {short} of {what}'s: {MAY_DOMINATE} (a reply "
-        tip += "from an older gate, which did not judge it)"
-    return CellAccuracy(short, tip, None, verdict)
+        return CellAccuracy(short, tip, half, verdict)
+    # A stored reply of a gate that sent neither (it judged quantiles by a count the
+    # query had to hold): nothing to show but that it may be noise.
+    tip = f"no {percent} interval is known for this cell: {MAY_DOMINATE}"
+    return CellAccuracy("[?]", tip, None, verdict)
 
 
 def _at(values: Any, row: int, missing: Any) -> Any:

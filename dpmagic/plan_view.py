@@ -39,8 +39,10 @@ OUTPUT_HEADERS = (
               "whose interval covers at least half of it"),
     ("expected 95% error", "in the column's own units; for an average, a variance or a "
                            "quantile it depends on the group's size, so it is given for "
-                           "groups of stated sizes (a quantile's as the band of its group's "
-                           "percentiles it may lie at)"),
+                           "groups of stated sizes; a quantile's width in units depends on "
+                           "how the values spread, so it is given as the band of its group's "
+                           "percentiles its interval spans (each reply gives the interval in "
+                           "the column's units)"),
     ("noise may dominate", "the group size under which noise can dominate this column, at "
                            "the least favourable values its bounds allow (docs/accuracy.md, "
                            "'When noise dominates')"),
@@ -73,25 +75,15 @@ def output_rows(plan: list[dict[str, Any]], fmt: Any) -> list[list[str]]:
 
 def dominance_warnings(plan: list[dict[str, Any]]) -> list[str]:
     """What the dry run warns of before anything is spent: each output column noise will
-    dominate in groups under a size, and each quantile the gate cannot judge."""
-    sizes, blind = [], []
+    dominate in groups under a size."""
+    sizes = []
     for step in plan:
         if step.get("kind") != OUTPUT:
             continue
         below = step.get("dominated_below")
         if isinstance(below, int) and below > 1:
             sizes.append(f"{step.get('column')} in groups under {below:,} rows")
-        if step.get("rule") == "percentiles" and not step.get("count"):
-            blind.append(str(step.get("column")))
-    out = []
-    if sizes:
-        out.append(f"{MAY_DOMINATE}: " + "; ".join(sizes))
-    if blind:
-        out.append(
-            f"no count to judge {', '.join(blind)} by: every cell will read 'noise may "
-            "dominate' (add a COUNT of the same argument)"
-        )
-    return out
+    return [f"{MAY_DOMINATE}: " + "; ".join(sizes)] if sizes else []
 
 
 def _expected(step: dict[str, Any], fmt: Any) -> str:

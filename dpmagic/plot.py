@@ -54,7 +54,7 @@ def plot(result: DPResult, kind: str = "bar", x: str | None = None, y: str | Non
     axes.set_ylabel(y)
     title = f"{y} with {result.confidence:.0%} intervals"
     if errors is None:
-        title = f"{y} (a quantile: its accuracy is in ranks, no value interval)"
+        title = f"{y} (no interval)"
     if any(d is not False for d in dominated):
         title += "; hatched: noise dominates (or may)"
     if result.mock:
@@ -84,8 +84,8 @@ def _columns(result: DPResult, x: str | None, y: str | None) -> tuple[str | None
 def _errors(
     result: DPResult, y: str, rows: list[int], values: list[float]
 ) -> list[list[float]] | None:
-    """Asymmetric error bars (below, above) from the intervals; None for a quantile or
-    a mock answer, which have no value interval."""
+    """Asymmetric error bars (below, above) from the intervals (a quantile's too); None
+    for a mock answer or a group key, which have none."""
     if result.mock:
         return None
     try:

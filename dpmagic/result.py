@@ -121,15 +121,13 @@ class DPResult:
 
     def interval(self, column: str) -> pd.DataFrame:
         """Each row's interval for ``column``: the group keys, then ``lower`` and ``upper``
-        (NaN where an expression's interval is unknown), in the rows' order."""
+        (NaN where an expression's interval is unknown), in the rows' order. A
+        quantile's holds its group's true quantile (docs/accuracy.md, "Accuracy of
+        quantiles"); ``percentiles`` gives its band of the group's percentiles."""
         info = self._noisy_column(column)
-        if "rank_radius" in info or info.get("rule") == "percentiles":
-            raise ValueError(
-                f"column {column!r} is a quantile: its accuracy is a band of its group's "
-                f"percentiles, see percentiles({column!r})"
-            )
         nan = float("nan")
-        pairs = [(p[0], p[1]) if p else (nan, nan) for p in info["intervals"]]
+        given = info.get("intervals") or [None] * len(self.rows)
+        pairs = [(p[0], p[1]) if p else (nan, nan) for p in given]
         frame = self.df[self.keys].copy()
         frame["lower"] = [p[0] for p in pairs]
         frame["upper"] = [p[1] for p in pairs]

@@ -1,22 +1,24 @@
 """Quantiles (MIN, MAX, MEDIAN, percentiles) by the exponential mechanism.
 
 The released value is one of a public grid of candidates spanning the
-declared bounds, chosen by OpenDP's noisy max over OpenDP's quantile scores
-(Smith 2011; ``make_quantile_score_candidates`` then ``make_noisy_max``).
-Each value is first snapped to its nearest candidate, so the data enters only
-as a histogram over candidate *indices*: the generated SQL counts rows per
-index, and the scores below are exactly those OpenDP's transformation gives
-for the vector of indices (tested against it). The score vector's
-sensitivity and the mechanism's privacy map are OpenDP's, never ours.
+declared bounds, chosen by OpenDP's noisy max (``make_noisy_max``, Gumbel
+noise) over the scores of ``dp.quantiles``: each candidate's distance, in
+ranks, from being a true quantile of its group, counting the values at the
+candidate (OpenDP's own quantile score leaves them out, and misses the true
+quantile where many values share one candidate). Each value is first
+snapped to its nearest candidate, so the data enters only as a histogram
+over candidate *indices*: the generated SQL counts rows per index. The
+scores' sensitivity is ``dp.quantiles``' rule (the same number OpenDP's map
+gives its own score); the mechanism's privacy map is OpenDP's.
 
 A privacy unit changes the multiset of indices of each partition it touches;
 over all partitions the symmetric distance is at most ``distance``. The
 privacy loss of selecting in every partition is linear in the distance, so
-it is at most ``distance`` times OpenDP's ε for a distance of one.
+it is at most ``distance`` times the ε for a distance of one.
 
 Accuracy is stated in ranks, the only currency the mechanism's guarantee is
-in (``QuantileNoise.rank_radius``): turning it into values would need the
-data's distribution, which only more budget could reveal.
+in (``QuantileNoise.rank_radius``); a quantile's interval in the column's
+units spends more budget on two more selections (``sql/edges.py``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from fractions import Fraction
 from functools import lru_cache
 
 import opendp.prelude as dp
+
+from dpmagic.gate.dp.quantiles import quantile_scores, score_sensitivity
 
 dp.enable_features("contrib")
 
@@ -83,10 +87,10 @@ class QuantileNoise:
         return _epsilon(self.level, self.size, self.distance, self.scale)
 
     def rank_radius(self, alpha: float) -> float:
-        """How far, in ranks, the released candidate's imbalance may exceed the best's.
+        """How far, in ranks, the released candidate may be from a true quantile.
 
-        A candidate's score is ``den`` times its rank imbalance
-        ``|(1-q)·#below - q·#above|`` (values strictly below and above it). The
+        A candidate's score is ``den`` times its distance in ranks from being a
+        true ``q``-quantile of its group (``dp.quantiles``); the best's is 0. The
         released index beats every other by noise of scale ``scale`` added to the
         scores (Gumbel or exponential noise, i.e. the exponential mechanism or
         permute-and-flip): a candidate scoring ``t`` worse than the best wins only
@@ -113,8 +117,8 @@ def calibrate_quantile(level: float, size: int, distance: int, epsilon: float) -
         raise ValueError("epsilon must be positive and finite")
     if size == 1 or distance == 0:
         return QuantileNoise(level, size, distance, 0.0)
-    score_sensitivity = _score_transformation(level).map(1)
-    scale = 2.0 * score_sensitivity * distance / epsilon
+    num, den, _ = alpha_fraction(level)
+    scale = 2.0 * score_sensitivity(num, den) * distance / epsilon
     while _epsilon(level, size, distance, scale) > epsilon:
         scale = math.nextafter(scale, math.inf)
     return QuantileNoise(level, size, distance, scale)
@@ -133,33 +137,18 @@ def alpha_fraction(level: float) -> tuple[int, int, int]:
 
 
 def scores(histogram: Mapping[int, int], size: int, level: float) -> list[int]:
-    """OpenDP's quantile scores of the candidates ``0..size-1`` for a vector
-    holding ``histogram[i]`` copies of index ``i`` (lower is better)."""
-    num, den, limit = alpha_fraction(level)
-    n = sum(histogram.values())
-    out = []
-    below = 0
-    for i in range(size):
-        here = histogram.get(i, 0)
-        above = n - below - here
-        out.append(abs((den - num) * min(below, limit) - num * min(above, limit)))
-        below += here
-    return out
+    """The candidates' scores at ``level`` (lower is better; ``dp.quantiles``), at
+    OpenDP's fraction for the level."""
+    num, den, _ = alpha_fraction(level)
+    return quantile_scores(histogram, size, num, den)
 
 
 def _epsilon(level: float, size: int, distance: int, scale: float) -> float:
     if distance == 0 or size == 1:
         return 0.0
-    per_unit = _noisy_min(scale).map(_score_transformation(level).map(1))
+    num, den, _ = alpha_fraction(level)
+    per_unit = _noisy_min(scale).map(score_sensitivity(num, den))
     return math.nextafter(distance * per_unit, math.inf)
-
-
-@lru_cache(maxsize=64)
-def _score_transformation(level: float) -> dp.Transformation:
-    # The stability map depends on the level only; two candidates stand for any grid.
-    return dp.t.make_quantile_score_candidates(
-        dp.vector_domain(dp.atom_domain(T="i64")), dp.symmetric_distance(), [0, 1], level
-    )
 
 
 @lru_cache(maxsize=256)

@@ -168,20 +168,28 @@ def test_schema_shows_public_facts_only(engine):
     assert schema["tables"]["t"]["columns"]["age"] == {"type": "int", "lower": 0, "upper": 100}
 
 
-def test_a_bare_quantile_carries_its_level_and_rank_radius_but_no_value_interval(engine):
+def test_a_bare_quantile_carries_its_interval_level_and_rank_radius(engine):
     reply = engine.query(
         "alice",
-        {"sql": "SELECT sex, MEDIAN(age) AS m, MEDIAN(age) + 1 AS m1 FROM t GROUP BY sex",
-         "notebook": "nb"},
+        {"sql": "SELECT sex, MEDIAN(age) AS m, MEDIAN(age) + 1 AS m1, "
+                "MAX(age) - MIN(age) AS span FROM t GROUP BY sex", "notebook": "nb"},
     )  # fmt: skip
-    m, m1 = reply["accuracy"]["columns"][1:]
+    m, m1, span = reply["accuracy"]["columns"][1:]
     assert m["mechanism"] == "exponential" and m["level"] == 0.5
     assert 0 < m["rank_radius"] < float("inf")
-    assert m["intervals"] == [None, None]
-    assert "rank_radius" not in m1  # ranks of a transformed value are not the value's
-    # The dry run promises the same radius before anything is charged.
-    (step,) = [s for s in reply["plan"] if s["kind"] == "quantile"]
-    assert step["level"] == 0.5 and step["rank_radius"] == m["rank_radius"]
+    assert all(lo <= hi for lo, hi in m["intervals"]) and m["count"] == "COUNT(age)"
+    # a constant added moves the interval; ranks of a transformed value are not the value's
+    assert m1["intervals"] == [[lo + 1, hi + 1] for lo, hi in m["intervals"]]
+    assert "rank_radius" not in m1
+    # two quantiles need each interval at 97.5%: the edges hold at 95% only
+    assert span["intervals"] == [None, None] and span["noise_dominates"] == [None, None]
+    # The dry run promises the same radius before anything is charged, and the
+    # interval's ends' cost.
+    steps = {s["kind"]: s for s in reply["plan"] if s["aggregate"].startswith("MEDIAN")}
+    assert steps["quantile"]["level"] == 0.5
+    assert steps["quantile"]["rank_radius"] == m["rank_radius"]
+    ends = steps["quantile_interval"]
+    assert ends["epsilon"] == pytest.approx(steps["quantile"]["epsilon"], rel=1e-9)  # 2 × ½
 
 
 def test_a_reply_waits_for_its_debit_to_be_on_the_disk(engine, monkeypatch):

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from dpmagic.gate.sql import dominance
+from dpmagic.gate.sql.edges import edge_names
 from dpmagic.gate.sql.kinds import MeasureKind
 from dpmagic.gate.sql.noise import Noisy
 from dpmagic.gate.sql.plan import Avg, Plan
@@ -45,6 +46,8 @@ def _noisy(plan: Plan, counts: list[float], means: list[float], picks: int = 50)
             values[m.name] = [max(n, 0) * (a - centre) for n, a in zip(counts, means, strict=True)]
     for s in plan.selections:
         values[s.name] = [picks] * len(counts)
+        low, high = edge_names(s.name)
+        values[low], values[high] = [picks - 10] * len(counts), [picks + 10] * len(counts)
     return Noisy(plan, values, plan.partitions)
 
 
@@ -115,10 +118,14 @@ def test_a_quantile_is_judged_from_the_count_of_its_own_argument():
     assert m["noise_dominates"] == [False, True, True]
     (a, b), _, empty = m["percentiles"]
     assert 0.4 < a < 0.5 < b < 0.6 and empty == [0.0, 1.0]
-    # COUNT(*) counts rows whose argument may be NULL: not a count of the median's values
+    # COUNT(*) counts rows whose argument may be NULL: not a count of the median's
+    # values, so the plan adds a COUNT(x) of its own, which the median is judged by
     rows = "SELECT g, COUNT(*) AS n, MEDIAN(x) AS m FROM t GROUP BY g"
-    columns = release(_noisy(make_plan(rows, DS), [5000, 40, 0], [0] * 3)).accuracy["columns"]
-    assert columns[2]["noise_dominates"] == [None] * 3 and columns[2]["count"] is None
+    plan = make_plan(rows, DS)
+    assert [m.label for m in plan.measurements] == ["COUNT(*)", "COUNT(x)"]
+    columns = release(_noisy(plan, [5000, 40, 0], [0] * 3)).accuracy["columns"]
+    assert columns[2]["count"] == "COUNT(x)"
+    assert columns[2]["noise_dominates"] == [False, True, True]
     # an average's count is COUNT(x): it serves, and MIN is judged like any level
     avg = "SELECT g, AVG(x) AS a, MIN(x) AS lo FROM t GROUP BY g"
     columns = release(_noisy(make_plan(avg, DS), [5000, 40, 0], [50] * 3)).accuracy["columns"]

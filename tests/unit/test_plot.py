@@ -54,9 +54,12 @@ def test_lines_and_histograms_are_sorted_by_their_key():
     assert [bar.get_width() for bar in hist.patches] == [1.0] * 3
 
 
-def test_a_quantile_has_no_value_interval_to_draw():
+def test_a_quantile_is_drawn_with_its_interval_in_units():
     axes = DPResult(quantile_reply()).plot()
-    assert len(axes.collections) == 0 and "in ranks" in axes.get_title()
+    (bars,) = axes.collections  # the error bars: 37 in [35, 38.5], 41 in [17.5, 100]
+    (first, second) = (segment[:, 1].tolist() for segment in bars.get_segments())
+    assert first == [35.0, 38.5] and second == [17.5, 100.0]
+    assert "95% intervals" in axes.get_title() and "hatched" in axes.get_title()
 
 
 def test_bad_columns_and_kinds_are_named():

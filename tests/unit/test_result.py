@@ -334,7 +334,8 @@ def test_schema_view():
 
 
 def quantile_reply() -> dict:
-    """A median without a count of its argument in the query: the gate cannot judge it."""
+    """A median by sex, judged by the count of its argument: each cell's interval in
+    units, its band of percentiles and the gate's verdict."""
     return reply(
         columns=["sex", "median <age>"],
         rows=[[0, 37.0], [1, 41.0]],
@@ -343,47 +344,47 @@ def quantile_reply() -> dict:
             "columns": [
                 None,
                 {"mechanism": "exponential", "scale": 8.0, "level": 0.5, "rank_radius": 39.6,
-                 "intervals": [None, None], "rule": "percentiles", "count": None,
-                 "percentiles": [None, None], "noise_dominates": [None, None]},
+                 "intervals": [[35.0, 38.5], [17.5, 100.0]], "rule": "percentiles",
+                 "count": "COUNT(age)", "percentiles": [[0.4, 0.6], [0.0, 1.0]],
+                 "noise_dominates": [False, True]},
             ],
         },
     )  # fmt: skip
 
 
-def test_a_quantile_without_a_count_may_be_noise():
+def test_a_quantile_is_shown_with_its_interval_in_units_and_its_band():
     result = DPResult(quantile_reply())
     assert result.rank_radius("median <age>") == 39.6
-    with pytest.raises(ValueError, match="percentiles"):
-        result.interval("median <age>")
     with pytest.raises(ValueError, match="not a quantile"):
         DPResult(reply()).rank_radius("n")
-    assert result.noise_dominates("median <age>") == [None, None]
-    assert result.percentiles("median <age>")["lower"].isna().all()
+    assert result.interval("median <age>")[["lower", "upper"]].values.tolist() == [
+        [35.0, 38.5],
+        [17.5, 100.0],
+    ]
+    assert result.percentiles("median <age>")["upper"].tolist() == [0.6, 1.0]
+    assert result.noise_dominates("median <age>") == [False, True]
     html = result._repr_html_()
-    assert html.count('<span class="dpm-flag">noise may dominate</span>') == 2
-    assert "add a COUNT of the same argument" in html
-    assert "noise may dominate 2 cells" in result.footer()
-
-
-def test_a_quantile_is_shown_as_the_band_of_percentiles_the_gate_gives():
-    """With a COUNT of its argument in the query, the gate sends each cell's band."""
-    r = quantile_reply()
-    r["columns"] = ["sex", "median <age>", "n"]
-    r["rows"] = [[0, 37.0, 400], [1, 41.0, 30]]
-    r["accuracy"]["columns"][1].update(
-        count="COUNT(age)", percentiles=[[0.4, 0.6], [0.0, 1.0]], noise_dominates=[False, True]
-    )
-    r["accuracy"]["columns"].append(
-        {"mechanism": "discrete_laplace", "scale": 4.0, "intervals": [[388.0, 412.0],
-         [18.0, 42.0]], "rule": "zero", "noise_dominates": [False, False]}
-    )  # fmt: skip
-    result = DPResult(r)
-    html = result._repr_html_()
+    assert "95% interval [35, 38.50], for its group&#x27;s true 0.5-quantile" in html
     assert "between the 40th and 60th percentile of its group&#x27;s values" in html
     assert "the group may be empty or nearly so" in html
-    assert result.noise_dominates("median <age>") == [False, True]
-    assert result.percentiles("median <age>")["upper"].tolist() == [0.6, 1.0]
-    assert "p40–p60" in repr(result) and "p0–p100 (noise dominates)" in repr(result)
+    text = repr(result)
+    assert "[35, 38.50]" in text and "[17.50, 100] (noise dominates)" in text
+    assert "noise dominates 1 cell" in result.footer()
+
+
+def test_a_stored_quantile_reply_without_interval_or_band_may_be_noise():
+    """A reply a gate stored before quantiles carried an interval in units, for a
+    query without a count of the argument: nothing to show but that it may be noise."""
+    r = quantile_reply()
+    r["accuracy"]["columns"][1].update(
+        intervals=[None, None], count=None, percentiles=[None, None], noise_dominates=[None, None]
+    )
+    result = DPResult(r)
+    assert result.noise_dominates("median <age>") == [None, None]
+    assert result.interval("median <age>")["lower"].isna().all()
+    html = result._repr_html_()
+    assert html.count('<span class="dpm-flag">noise may dominate</span>') == 2
+    assert "noise may dominate 2 cells" in result.footer()
 
 
 def test_the_client_shows_the_gates_verdicts_and_never_judges_by_itself():
@@ -475,7 +476,7 @@ def test_dry_run_costs_in_epsilon_ranks_for_quantiles_and_each_columns_error():
          "dominated_below": 767},
         {"kind": "output", "column": "m", "aggregate": "MEDIAN(cost)", "rule": "percentiles",
          "percentiles_at": [[100, [0.0, 1.0]], [1000, [0.0, 1.0]]], "dominated_below": 6339,
-         "count": None},
+         "count": "COUNT(cost)"},
     ]  # fmt: skip
     pure = DPResult(reply(rows=[], dry_run=True, plan=plan, cost={"epsilon": 0.6, "delta": 0.0}))
     text = repr(pure)
@@ -488,7 +489,6 @@ def test_dry_run_costs_in_epsilon_ranks_for_quantiles_and_each_columns_error():
     # the warning, before anything is spent
     footer = pure.footer()
     assert "noise may dominate: a in groups under 767 rows; m in groups under 6,339 rows" in footer
-    assert "no count to judge m by" in footer
     assert "noise may dominate" in pure._repr_html_() and "767" in pure._repr_markdown_()
     zcdp = DPResult(
         reply(rows=[], dry_run=True, plan=plan, cost={"epsilon": 0.6, "delta": 0.0, "rho": 0.07})

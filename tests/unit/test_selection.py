@@ -1,7 +1,7 @@
 """The exponential mechanism behind MIN, MAX, MEDIAN and percentiles.
 
-Scores are OpenDP's (checked against its transformation on random data), the
-noise is OpenDP's noisy max, released values stay within the declared
+Scores are zero exactly at the true quantiles, with the sensitivity OpenDP gives
+its own score, the noise is OpenDP's noisy max, released values stay within the declared
 bounds and concentrate near the true quantile, and an empirical privacy test
 that passes the calibrated mechanism catches one with a quarter of the noise.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from fractions import Fraction
 
 import opendp.prelude as dp
 import pytest
@@ -17,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import beta
 
+from dpmagic.gate.dp.quantiles import score_sensitivity
 from dpmagic.gate.selection import (
     QuantileNoise,
     alpha_fraction,
@@ -34,15 +36,40 @@ LEVELS = [0.0, 0.5, 1.0, 0.9, 0.25, 0.123, 0.99995, 0.00005, 1 / 3]
     size=st.integers(1, 12),
     data=st.data(),
 )
-def test_scores_are_opendps_for_the_vector_of_indices(level, size, data):
+def test_a_score_is_zero_exactly_at_the_true_quantiles(level, size, data):
+    """A candidate scores 0 when at most ``q·n`` values lie strictly below it and at
+    least ``q·n`` at or below it (at OpenDP's fraction for ``q``); else ``den`` times
+    its distance in ranks from that."""
     values = data.draw(st.lists(st.integers(0, size - 1), max_size=40))
-    opendp_scores = dp.t.make_quantile_score_candidates(
-        dp.vector_domain(dp.atom_domain(T="i64")),
-        dp.symmetric_distance(),
-        list(range(size)),
-        level,
-    )(values)
-    assert scores(Counter(values), size, level) == opendp_scores
+    num, den, _ = alpha_fraction(level)
+    got = scores(Counter(values), size, level)
+    for c in range(size):
+        below = sum(v < c for v in values)
+        upto = sum(v <= c for v in values)
+        target = Fraction(num * len(values), den)
+        assert Fraction(got[c], den) == max(0, below - target, target - upto)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_the_score_sensitivity_is_the_number_opendp_gives_its_own_score(level):
+    num, den, _ = alpha_fraction(level)
+    opendp_score = dp.t.make_quantile_score_candidates(
+        dp.vector_domain(dp.atom_domain(T="i64")), dp.symmetric_distance(), [0, 1], level
+    )
+    assert score_sensitivity(num, den) == opendp_score.map(1)
+
+
+def test_values_sharing_the_median_keep_it_the_best_candidate():
+    """55 values at 0 and 45 spread above: the median is 0. OpenDP's own score
+    (``|(den − num)·below − num·above|``, the values at a candidate left out) ranks
+    every candidate from 1 to 45 above it; this one ranks 0 alone best."""
+    histogram = {0: 55, **{i: 1 for i in range(1, 46)}}
+    got = scores(histogram, 46, 0.5)
+    assert got[0] == 0 and min(got[1:]) >= 2 * 5  # 5 ranks from the median, den = 2
+    opendp = dp.t.make_quantile_score_candidates(
+        dp.vector_domain(dp.atom_domain(T="i64")), dp.symmetric_distance(), list(range(46)), 0.5
+    )([v for v, k in histogram.items() for _ in range(k)])
+    assert opendp[0] > min(opendp)  # OpenDP's score prefers a candidate past the median
 
 
 def test_alpha_fractions_follow_opendp():

@@ -180,7 +180,8 @@ def test_quantiles_are_selections_over_a_grid_of_the_bounds():
         DS,
         epsilon=1.0,
     )
-    assert not p.measurements
+    # a COUNT of each argument, the plan's own: the quantiles are judged by it
+    assert sorted(m.label for m in p.measurements) == ["COUNT(age)", "COUNT(income)"]
     levels = sorted((s.label.split("(")[0], s.noise.level) for s in p.selections)
     assert ("MAX", 1.0) in levels and ("MIN", 0.0) in levels and ("MEDIAN", 0.5) in levels
     assert any(level == 0.75 for _, level in levels)  # DESC turns 0.25 into 0.75
@@ -189,7 +190,9 @@ def test_quantiles_are_selections_over_a_grid_of_the_bounds():
     incomes = next(s for s in p.selections if "income" in s.label)
     assert incomes.grid.size == 1001 and incomes.grid.value(1000) == 500000
     assert all(s.noise.epsilon <= s.epsilon for s in p.selections)
-    assert sum(s.epsilon for s in p.selections) == pytest.approx(1.0)
+    # each quantile, its interval's two ends and the added counts share the ε
+    spent = sum(s.epsilon + 2 * s.edges.epsilon for s in p.selections)
+    assert spent + sum(m.cost.epsilon for m in p.measurements) == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,8 @@ value 0 plus noise, or a quantile chosen from an empty histogram): the set
 of released keys comes from the policy, never from the data. With private
 keys, the released partitions are those the plan's noisy threshold keeps
 (``partition_selection``), in key order, and every measurement is noised
-over those only.
+over those only. A quantile's interval ends (``edges``) are chosen last, from
+its histograms and its count's noisy values.
 
 A centred sum (``plan.Centre``) is noised around its centre: its exact value,
 in noise units, is computed here from the exact sum and the exact count of
@@ -17,9 +18,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dpmagic.gate.calibration import REPORT_ALPHA
 from dpmagic.gate.errors import required
+from dpmagic.gate.sql.edges import edge_names, edge_values
 from dpmagic.gate.sql.execute import ExactResult
-from dpmagic.gate.sql.plan import Plan, keyed
+from dpmagic.gate.sql.plan import Edges, Plan, Selection, keyed
 from dpmagic.gate.sql.rewrite import KEY_COUNT, Rewritten
 
 Partition = tuple[object, ...]
@@ -55,7 +58,29 @@ def noise(plan: Plan, rewritten: Rewritten, exact: ExactResult) -> Noisy:
         noisy = [u + d for u, d in zip(units[m.name], draws, strict=True)]
         step = m.noise.granularity
         values[m.name] = noisy if step == 1.0 else [v * step for v in noisy]
+    for s in plan.selections:
+        if s.edges is not None:
+            values.update(_edges(plan, s, s.edges, histograms[s.name], values))
     return Noisy(plan=plan, values=values, partitions=partitions)
+
+
+def _edges(
+    plan: Plan,
+    s: Selection,
+    edges: Edges,
+    histograms: list[dict],
+    values: dict[str, list[int | float]],
+) -> dict[str, list[int | float]]:
+    """A quantile's interval ends per partition (``edges``), from its histograms and
+    its count's noisy values."""
+    count = plan.measurement(edges.count)
+    half = count.noise.half_width(REPORT_ALPHA / 3) if count.noise.sensitivity else 0.0
+    lows, highs = edge_values(
+        s.noise.level, s.grid.size, s.noise.distance, edges.epsilon,
+        histograms, values[count.name], half, s.grid.value,
+    )  # fmt: skip
+    low, high = edge_names(s.name)
+    return {low: lows, high: highs}
 
 
 def exact_vectors(

@@ -111,8 +111,9 @@ def analyse(asked: Asked, dataset: Dataset, accountant: Accountant) -> Plan:
         bounded = clip_bounded(bound(checked), asked.clip)
         check_deadline()
         the_plan = plan(
-            bounded, asked.epsilon, asked.delta, accountant, asked.accuracy, asked.report
-        )
+            bounded, asked.epsilon, asked.delta, accountant, asked.accuracy, asked.report,
+            quantile_intervals=not isinstance(asked.clip, ClipBounds),
+        )  # fmt: skip
         check_deadline()
         return the_plan
 

@@ -7,9 +7,12 @@ post-processed; their sums are *centred*, see :class:`Centre`). A
 measurement is one vector over all released partitions, noised once; its
 sensitivity follows from the contribution bounds (see ``sensitivity``).
 Quantiles (MIN, MAX, MEDIAN, percentiles) are *selections*: an exponential
-mechanism per partition (see ``selection``). The query's budget is split
+mechanism per partition (see ``selection``), with two more selections for
+its interval in the column's units (``edges``) and a count of its argument
+(added when the query has none) to judge it by. The query's budget is split
 over measurements and selections, evenly but for the parts of an AVG or a
-variance, which get shares weighted by their part in its error
+variance, a quantile's edges and added count (``EDGE_WEIGHT``,
+``QUANTILE_COUNT_WEIGHT``), which get shares weighted by their part in its error
 (:func:`_avg_weights`, :func:`_variance_weights`); or, when an accuracy is
 asked for, each measurement gets the least cost that delivers it
 (``calibration``). Nothing in this pass looks at data: the cost is a
@@ -57,6 +60,15 @@ from dpmagic.gate.sql.trees import display
 from dpmagic.gate.sql.work import Work, unit_work, within
 
 MAX_SCORES = 2_000_000  # candidates scored over all partitions of one quantile
+EDGE_WEIGHT = 0.5
+"""Each end of a quantile's interval in units (``edges``) takes half the share its
+quantile takes. The interval spans about twice an end's radius in ranks, the value's
+error one radius: at half, the interval spans about ±10 of the value's radius alone
+(in ranks over the group's size) and the value's radius grows 2.25 times; at a quarter
+±16 and 1.75 times; at an equal share ±7.5 and 3.25 times."""
+QUANTILE_COUNT_WEIGHT = 0.25
+"""The share of a ``COUNT`` of a quantile's argument the plan adds when the query has
+none, beside its quantile's 1: the verdict and the edges need only its lower end."""
 # Every table a gate serves has fewer rows than this (DuckDB's ``Database`` and
 # Spark's ``SparkDatabase`` refuse a larger one at open); with it the rewrite's sums
 # are proven not to overflow before the query runs (``partition_rows``), and an
@@ -154,6 +166,16 @@ class Measurement:
 
 
 @dataclass(frozen=True)
+class Edges:
+    """A quantile's interval in the column's units (``edges``): two more selections
+    per group from the same histograms, at levels set by measurement ``count`` (a
+    ``COUNT`` of the same argument), each with ``epsilon``."""
+
+    count: str
+    epsilon: float
+
+
+@dataclass(frozen=True)
 class Selection:
     """A quantile per partition: one candidate of ``grid`` chosen by the exponential
     mechanism from the histogram of the argument's values snapped to the grid."""
@@ -164,6 +186,7 @@ class Selection:
     noise: QuantileNoise
     epsilon: float
     label: str
+    edges: Edges | None  # None: no interval in units (a clip's bounds need none)
 
     @property
     def sensitivity(self) -> int:
@@ -335,9 +358,12 @@ def plan(
     accountant: Accountant,
     accuracy: Accuracy | None = None,
     report: float | None = None,
+    quantile_intervals: bool = True,
 ) -> Plan:
     """With ``accuracy``, ``epsilon`` is ignored: the cost is the least that gives it.
-    ``report``: the share of the query's budget for the bounding report (``LeftOut``)."""
+    ``report``: the share of the query's budget for the bounding report (``LeftOut``).
+    ``quantile_intervals``: give each quantile its interval in units and a count to
+    judge it by (``edges``); a clip's bounds, which only feed the query, need neither."""
     checked = bounded.checked
     resolved = checked.resolved
     dataset = resolved.dataset
@@ -353,14 +379,15 @@ def plan(
     partitions = () if private else _partitions(checked.keys, bounded.domains)
     reach = ANY_PARTITIONS if private else len(partitions)
 
-    wanted, counted, quantiles, uses = _wanted(bounded, debiased)
+    wanted, counted, quantiles, uses = _wanted(bounded, debiased, quantile_intervals)
     kinds = {kind for kind, *_ in wanted.values()}
     bounds = bounding(dataset, resolved, bool(checked.keys), reach, kinds, private is not None)
     contribution = bounds.contribution(reach)
     work = _work(bounded, bounds, wanted, quantiles)
     rows = partition_rows(resolved, contribution)
     weights = _weights(checked, uses, wanted, contribution, dataset, accountant)
-    total_weight = math.fsum(weights.values()) + len(quantiles) + (1 if private else 0)
+    total_weight = math.fsum(weights.values()) + (1 if private else 0)
+    total_weight += len(quantiles) * (1 + (2 * EDGE_WEIGHT if quantile_intervals else 0))
     # The report takes its share of the whole: a weight w with w / (T + w) = report.
     report_weight = 0.0 if report is None else total_weight * report / (1 - report)
     total_weight += report_weight
@@ -385,10 +412,15 @@ def plan(
     for i, key in enumerate(quantiles):
         names[("quantile", f"{key[0]}|{key[1]}")] = f"q{i}"
     distance = selection_distance(contribution, dataset.neighbouring)
+    edge = _target(target, asked, total_weight, EDGE_WEIGHT)
     selections = tuple(
-        _selection(f"q{i}", level, arg, clamp, label, target, distance, len(partitions) or 1)
+        _selection(
+            f"q{i}", level, arg, clamp, label, target, distance, len(partitions) or 1,
+            Edges(names[_count_key(arg)], edge.pure_epsilon() if edge.share else 0.0)
+            if quantile_intervals else None,
+        )
         for i, ((level, _), (arg, clamp, label)) in enumerate(quantiles.items())
-    )
+    )  # fmt: skip
     key_selection = None
     if private is not None:
         share = required(share, "the ε share of partition selection")
@@ -468,11 +500,12 @@ Quantiles = dict[tuple[float, str], tuple[exp.Expression, Interval, str]]
 
 
 def _wanted(
-    bounded: Bounded, debiased: dict[str, Debias]
+    bounded: Bounded, debiased: dict[str, Debias], counts: bool = True
 ) -> tuple[dict[Key, Wanted], dict[Key, Key], Quantiles, dict[str, tuple[Key, ...]]]:
     """What the aggregates are measured by, each measurement once however many
     aggregates read it: the measurements, each centred sum's count, the quantiles,
-    and per aggregate the keys of what it is made of."""
+    and per aggregate the keys of what it is made of; with ``counts``, a ``COUNT``
+    of each quantile's argument."""
     checked = bounded.checked
     wanted: dict[Key, Wanted] = {}
     counted: dict[Key, Key] = {}  # a centred sum -> the count of the rows it adds up
@@ -492,6 +525,8 @@ def _wanted(
             if part[4] is not None:
                 counted[key] = keys[part[4]]
         uses[agg.name] = keys
+    for arg, _, _ in quantiles.values() if counts else ():
+        _want(wanted, (MeasureKind.COUNT, arg, None, f"COUNT({display(arg)})", None))
     return wanted, counted, quantiles, uses
 
 
@@ -627,6 +662,11 @@ def _variance_centre(clamp: Interval) -> float:
     return (clamp.lo + clamp.hi) / 2
 
 
+def _count_key(arg: exp.Expression) -> Key:
+    """The key ``_want`` gives a ``COUNT`` of ``arg``."""
+    return str(MeasureKind.COUNT), arg.sql(dialect=DIALECT)
+
+
 def _want(wanted: dict[Key, Wanted], part: Wanted) -> Key:
     """Register a measurement once, however many aggregates are made of it."""
     kind, arg = part[0], part[1]
@@ -667,7 +707,8 @@ def _weights(
         )
         for key, weight in zip(keys, given, strict=True):
             demands[key].append(weight)
-    return {key: max(ws) if ws else 1.0 for key, ws in demands.items()}
+    # A measurement no aggregate reads is the count the plan adds for a quantile.
+    return {key: max(ws) if ws else QUANTILE_COUNT_WEIGHT for key, ws in demands.items()}
 
 
 def _unit_sensitivities(c: Contribution, neighbouring: str, gaussian: bool) -> tuple[float, float]:
@@ -760,6 +801,7 @@ def _selection(
     target: Target,
     distance: int,
     partitions: int,
+    edges: Edges | None,
 ) -> Selection:
     g = grid(clamp.lo, clamp.hi, clamp.integral)
     if g.size * partitions > MAX_SCORES:
@@ -770,7 +812,7 @@ def _selection(
     required(target.share, "a quantile's ε share")  # accuracy-first plans have none
     epsilon = target.pure_epsilon()
     noise = calibrate_quantile(level, g.size, distance, epsilon)
-    return Selection(name, arg, g, noise, epsilon, label)
+    return Selection(name, arg, g, noise, epsilon, label, edges)
 
 
 def _measurement(

@@ -10,10 +10,10 @@ post-processing of DP outputs and costs no privacy.
 Each released cell carries a 95% interval: the noise's own interval for a
 single count or sum, calibrated intervals for an average (Fieller's) and a
 variance (``intervals``), and interval arithmetic over the aggregates'
-intervals (Bonferroni-adjusted) for expressions of several. A quantile cell carries no
-value interval but a rank radius instead (``QuantileNoise.rank_radius``): the
-mechanism's guarantee is in ranks, and turning ranks into values would take
-the data's distribution.
+intervals (Bonferroni-adjusted) for expressions of several. A quantile's interval
+is made of two more selections (``edges``), at 95% only: under arithmetic that
+needs it at a finer level its interval is unknown. It carries its rank radius
+and its band of the group's percentiles too (``QuantileNoise.rank_radius``).
 
 Aggregates over a randomized-response column are debiased first
 (``randomized``): their values and their normal-approximation intervals,
@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 from sqlglot import exp
 
+from dpmagic.gate.calibration import REPORT_ALPHA
 from dpmagic.gate.mechanisms import GaussianNoise
 from dpmagic.gate.sql.check import Checked
 from dpmagic.gate.sql.dialect import DUCKDB
@@ -46,6 +47,7 @@ from dpmagic.gate.sql.dominance import (
     verdicts,
     zero_rule,
 )
+from dpmagic.gate.sql.edges import edge_names
 from dpmagic.gate.sql.intervals import fieller, variance_half_width
 from dpmagic.gate.sql.kinds import MeasureKind
 from dpmagic.gate.sql.noise import Noisy, Partition
@@ -55,7 +57,7 @@ from dpmagic.gate.sql.randomized import Debiased, debias
 from dpmagic.gate.sql.totality import generated
 from dpmagic.gate.sql.trees import unparen
 
-ALPHA = 0.05
+ALPHA = REPORT_ALPHA
 PID = "__pid"
 # An empty in-memory database that only ever sees noisy values; each release
 # works in a connection of its own, whose registered table dies with it.
@@ -631,7 +633,11 @@ class _Intervals:
     def _aggregate(self, name: str, pid: int, alpha: float) -> Bounds | None:
         agg = self.plan.checked.aggregate(name)
         if agg.func == "quantile":
-            return None  # the exponential mechanism's error is in ranks, not in values
+            selection = self.plan.selection(self.plan.parts[name].names[0])
+            if selection.edges is None or alpha < REPORT_ALPHA:  # they hold at 95% only
+                return None
+            low, high = edge_names(selection.name)
+            return float(self.noisy.values[low][pid]), float(self.noisy.values[high][pid])
         parts_of = self.plan.parts[name]
         ms = [self.plan.measurement(n) for n in parts_of.names]
         if name in self.debiased:

@@ -13,10 +13,11 @@ from sqlglot import exp
 
 from dpmagic.gate.accounting import Cost
 from dpmagic.gate.calibration import REPORT_ALPHA
+from dpmagic.gate.selection import calibrate_quantile
 from dpmagic.gate.sql.dominance import DOMINANT_SHARE
 from dpmagic.gate.sql.intervals import mix_quantile, variance_half_width
 from dpmagic.gate.sql.keys import KeyDomain
-from dpmagic.gate.sql.plan import Avg, Measured, Measurement, Plan, Selection, Variance
+from dpmagic.gate.sql.plan import Avg, Edges, Measured, Measurement, Plan, Selection, Variance
 from dpmagic.gate.sql.release import judging_rule, quantile_count
 from dpmagic.gate.sql.trees import display
 
@@ -91,17 +92,49 @@ def summary(the_plan: Plan) -> list[dict[str, object]]:
             }
             for s in the_plan.selections
         ]
+        + [_edges_step(s, s.edges, partitions, keys) for s in the_plan.selections if s.edges]
         + _key_selection_step(the_plan, keys)
         + output_steps(the_plan)
     )
+
+
+def edge_radius(s: Selection, edges: Edges) -> float:
+    """The rank radius of a quantile's interval ends at its own level (``edges``; at
+    other levels it differs a little), at ``REPORT_ALPHA/3`` each."""
+    if s.grid.size == 1 or not s.noise.distance:
+        return 0.0
+    noise = calibrate_quantile(s.noise.level, s.grid.size, s.noise.distance, edges.epsilon)
+    return noise.rank_radius(REPORT_ALPHA / 3)
+
+
+def _edges_step(
+    s: Selection, edges: Edges, partitions: int | None, keys: list
+) -> dict[str, object]:
+    """The two selections that make a quantile's interval in the column's units."""
+    return {
+        "aggregate": f"{s.label}: its interval's ends",
+        "kind": "quantile_interval",
+        "bounds": [s.grid.lo, s.grid.hi],
+        "sensitivity": s.sensitivity,
+        "norm": "symmetric",
+        "mechanism": s.noise.mechanism,
+        "epsilon": 2 * edges.epsilon,
+        "cost": {"epsilon": 2 * edges.epsilon, "delta": 0.0},
+        "candidates": s.grid.size,
+        "level": s.noise.level,
+        "rank_radius": edge_radius(s, edges),
+        "partitions": partitions,
+        "keys": keys,
+    }
 
 
 def output_steps(the_plan: Plan) -> list[dict[str, object]]:
     """Per output column computed from noisy aggregates, of kind ``output``: the
     ``rule`` it is judged by (and its ``range``), its expected 95% error in its own
     units (``half_width`` where it does not depend on the group, else
-    ``half_width_at`` per group size in ``GROUP_SIZES``; a quantile's band of its
-    group's percentiles, ``percentiles_at``), and ``dominated_below``: the group
+    ``half_width_at`` per group size in ``GROUP_SIZES``; a quantile's, whose width
+    in units depends on how the values spread, as the group's percentiles its
+    interval spans, ``percentiles_at``), and ``dominated_below``: the group
     size under which noise can dominate it, at the least favourable values its
     bounds allow (``None`` where no size says it: a sum whose bounds reach 0, at
     any size near 0; an expression of several aggregates).
@@ -149,7 +182,10 @@ def _expected(
         count = quantile_count(the_plan, s)
         radius = s.noise.rank_radius(alpha)
         q = s.noise.level
-        bands = [[n, [max(0.0, q - radius / n), min(1.0, q + radius / n)]] for n in GROUP_SIZES]
+        # Its interval's ends lie within their own radius of levels their radius away
+        # from q (``edges``): the interval spans the percentiles about twice that away.
+        span = radius if s.edges is None else 2 * edge_radius(s, s.edges)
+        bands = [[n, [max(0.0, q - span / n), min(1.0, q + span / n)]] for n in GROUP_SIZES]
         # The band covers half the group once radius/n reaches this share.
         reach = 0.25 if min(q, 1 - q) >= 0.25 else DOMINANT_SHARE - min(q, 1 - q)
         return {

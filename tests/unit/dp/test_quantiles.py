@@ -1,15 +1,16 @@
-"""``dp/quantiles``: the values one unit moves in the multisets a quantile scores,
-against every unit and pair of units; a rule that lets a replacement cancel is
-caught."""
+"""``dp/quantiles``: how much one value moves a quantile's scores, against every small
+histogram, and the values one unit moves in the multisets a quantile scores, against
+every unit and pair of units; rules that under-estimate either are caught."""
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 
 import pytest
 
 from dpmagic.gate.dp.contribution import Contribution
-from dpmagic.gate.dp.quantiles import selection_distance
+from dpmagic.gate.dp.quantiles import quantile_scores, score_sensitivity, selection_distance
 from dpmagic.gate.policy import Neighbouring
 from tests.unit.dp.brute import worst
 
@@ -43,3 +44,37 @@ def test_a_rule_where_a_replacement_cancels_is_caught():
 
     with pytest.raises(AssertionError):
         _check(cancelling, 1, 1, 1)
+
+
+def _histograms(size: int, most: int):
+    """Every histogram of at most ``most`` values over ``size`` candidates."""
+    for n in range(most + 1):
+        for values in itertools.combinations_with_replacement(range(size), n):
+            yield Counter(values)
+
+
+def _worst_move(num: int, den: int, size: int = 3, most: int = 4) -> int:
+    """The most any score moves when one value is added to any small histogram."""
+    worst = 0
+    for h in _histograms(size, most):
+        before = quantile_scores(h, size, num, den)
+        for x in range(size):
+            after = quantile_scores(h + Counter([x]), size, num, den)
+            worst = max(worst, max(abs(a - b) for a, b in zip(after, before, strict=True)))
+    return worst
+
+
+@pytest.mark.parametrize(("num", "den"), [(0, 1), (1, 1), (1, 2), (1, 3), (2, 3), (1, 4), (3, 5)])
+def test_the_score_sensitivity_is_the_worst_move_and_attained(num, den):
+    assert _worst_move(num, den) == score_sensitivity(num, den)
+
+
+def test_a_sensitivity_that_forgets_one_side_is_caught():
+    def below_only(num: int, den: int) -> int:
+        return den - num
+
+    def above_only(num: int, den: int) -> int:
+        return num
+
+    assert _worst_move(3, 4) > below_only(3, 4)
+    assert _worst_move(1, 4) > above_only(1, 4)
