@@ -250,7 +250,7 @@ def test_a_request_queued_behind_padded_runs_starts_when_their_replies_leave(pad
     runs = [threading.Thread(target=fresh, args=(0.2 + i,)) for i in range(USER_REQUESTS)]
     for run in runs:
         run.start()
-    time.sleep(0.3)  # all four accepted, run, and waiting for their quantum
+    time.sleep(0.6)  # all four accepted, run, and waiting for their quantum
     replay = Gate(address).query(SQL, epsilon=0.1, dataset="sans")
     replayed_after = time.perf_counter() - start
     for run in runs:
