@@ -320,12 +320,19 @@ def _group(data: pd.DataFrame, q: Query, key: tuple) -> np.ndarray | None:
     return np.sort(rows[column].to_numpy())
 
 
-def _percentile(group: np.ndarray, value: float) -> tuple[float, float]:
-    """The share of the group's values strictly below ``value``, and at or below it."""
+def _percentile(group: np.ndarray, value: float, slack: float = 0.0) -> tuple[float, float]:
+    """The share of the group's values strictly below ``value``, and at or below it;
+    values within ``slack`` of it count as at it (the gate snaps values to its grid of
+    candidates, so a released value stands for those within half a step)."""
     n = len(group)
-    below = np.searchsorted(group, value, side="left")
-    at = np.searchsorted(group, value, side="right")
+    below = np.searchsorted(group, value - slack, side="left")
+    at = np.searchsorted(group, value + slack, side="right")
     return below / n, at / n
+
+
+def _half_step(j: Judge) -> float:
+    """Half a step of the gate's grid of candidates over ``j``'s declared bounds."""
+    return (j.hi - j.lo) / 2000 + 1e-9
 
 
 def _distance(level: float, band: tuple[float, float]) -> float:
@@ -342,7 +349,9 @@ def _truth_verdict(j: Judge, true, cells: list[dict], group) -> str:
         # As the noise did: how far the released values' true percentiles strayed; and
         # as the mechanism's guarantee allows at the true group size (its 95% rank
         # radius over the true count): sound only if both are small.
-        spread = np.quantile([_distance(j.level, _percentile(group, v)) for v in values], 0.95)
+        spread = np.quantile(
+            [_distance(j.level, _percentile(group, v, _half_step(j))) for v in values], 0.95
+        )
         allowed = max(float(c["radius"] or 0.0) for c in cells) / len(group)
         widths = [min(1.0, j.level + x) - max(0.0, j.level - x) for x in (spread, allowed)]
         return _by(max(widths) / 0.5)
@@ -373,7 +382,7 @@ def _holds(j: Judge, true, cell: dict, group) -> bool:
         band = cell["band"]
         if group is None or len(group) == 0 or band is None:
             return True  # nothing to hold: the verdict alone is judged
-        where = _percentile(group, cell["value"])
+        where = _percentile(group, cell["value"], _half_step(j))
         return band[0] - 1e-9 <= where[1] and where[0] <= band[1] + 1e-9
     pair = cell["interval"]
     if pair is None:
@@ -392,7 +401,7 @@ def _holds_in_units(j: Judge, cell: dict, group) -> bool:
     if j.kind != "quantile" or group is None or len(group) == 0 or cell["interval"] is None:
         return True
     true = group[max(math.ceil(j.level * len(group)) - 1, 0)]
-    slack = (j.hi - j.lo) / 2000 + 1e-9
+    slack = _half_step(j)
     low, high = cell["interval"]
     return low - slack <= true <= high + slack
 

@@ -201,6 +201,16 @@ def _walk_through_the_quickstart(lab: str, page) -> None:
     )
     _shoot(page, "lab-result-light.png")
 
+    # A median carries its interval in the column's units too, beside each value.
+    medians = results.nth(_index(cells, "MEDIAN(v.cost)"))
+    medians.scroll_into_view_if_needed()
+    column = medians.locator("thead th").all_inner_texts().index("median_cost")
+    cell = medians.locator("tbody tr").first.locator("td").nth(column)
+    assert cell.locator(".dpm-int").inner_text().startswith("[")
+    assert cell.get_attribute("title").startswith("95% interval [")
+    assert "percentile of its group" in cell.get_attribute("title")
+    _shoot(page, "lab-quantile-light.png")
+
     # The Python client's refusal, printed by the quickstart.
     assert page.get_by_text("refused: ", exact=False).count() >= 1
     # %dpbudget: the two scopes with bars, this notebook's queries and a chart.

@@ -138,10 +138,11 @@ def test_no_cell_of_a_real_dataset_is_misleading():
     for tally in tallies.values():
         total.add(tally)
     assert total.cells == RUNS * 167
-    # A covered interval can come out narrower than its noise's usual spread (the
-    # 41-row standard deviation, twice in 2,200 answers): at most 2 such cells here
-    # (Poisson, mean 0.1: about one run in 6,000 fails).
-    assert total.unflagged_dominated <= 2, total.examples
+    # An interval can come out narrower than its noise's usual spread by luck (the
+    # 41-row average or standard deviation, about once in 1,100 answers): the gate
+    # judges averages and variances by their plan's error too, and in 12 runs of this
+    # test (200,400 cells) no clearly dominated cell was left unflagged.
+    assert total.unflagged_dominated == 0, total.examples
     assert total.flagged_sound == 0, total.examples
     # the intervals miss at about their 5% (1,900 of 33,400 at 200 runs)
     assert total.missed < 0.1 * total.cells

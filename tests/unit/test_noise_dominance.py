@@ -198,3 +198,25 @@ def test_relabelling_every_measurement_changes_no_verdict(sql):
         assert a.noise_dominates(column) == b.noise_dominates(column)
     assert a.footer() == b.footer()
     assert repr(a) == repr(b)
+
+
+def test_an_average_whose_interval_came_out_narrow_is_judged_by_its_noise(monkeypatch):
+    """An average at the middle of its bounds has its narrowest interval (the count's
+    noise adds nothing to a centred sum's mean there); the gate judges it by the plan's
+    error at the least favourable mean, so a group whose noise can cover half the
+    range is flagged though this draw's interval did not. Without that floor the same
+    cells pass: the test catches the rule's broken version."""
+    from dpmagic.gate.sql import release as release_module
+
+    plan = make_plan("SELECT g, AVG(x) AS a FROM t GROUP BY g", DS)
+    half = plan.measurement(plan.parts["__a0"].count).noise.half_width(0.05)
+
+    def judged(n: int) -> tuple[bool, float]:
+        column = release(_noisy(plan, [n] * 3, [50] * 3)).accuracy["columns"][1]
+        (lo, hi), *_ = column["intervals"]
+        return column["noise_dominates"][0], (hi - lo) * n / (n - half)
+
+    caught = [n for n in range(8, 400) if judged(n)[0] and judged(n)[1] < 50]
+    assert caught, "no group size where only the plan's error flags the average"
+    monkeypatch.setattr(release_module, "expected_width", lambda *a: np.zeros(3))
+    assert not any(judged(n)[0] for n in caught)

@@ -11,7 +11,10 @@ the rule is stated once, in docs/accuracy.md ("When noise dominates"):
   interval's width goes as one over the group's size, which the gate knows
   only from a noisy count: so the width is judged at the smallest size the
   count's interval allows (``stretch``), and a group that may be empty is
-  dominated;
+  dominated. A bare average or variance is judged by the larger of that and
+  the width the plan's 95% error gives at that size at the least favourable
+  values its bounds allow (``expected_width``): a draw whose interval came out
+  narrow by luck is judged by what its noise can do;
 - counts, sums and anything else computed from noisy values: noise dominates
   a true value ``t`` when the noise's 95% half-width ``h`` is at least
   ``|t|``; the gate sees ``t`` only through its interval, so it flags a cell
@@ -67,17 +70,37 @@ def range_rule(
     low: float,
     high: float,
     stretch: np.ndarray | None = None,
+    floor: np.ndarray | None = None,
 ) -> np.ndarray:
     """Per cell, whether ``[lo, hi]``, its width times ``stretch`` (the group's noisy
     size over the least its count's interval allows; ``inf`` where that is below one
-    row), covers at least ``DOMINANT_SHARE`` of ``[low, high]``."""
+    row), or ``floor`` where larger (``expected_width``), covers at least
+    ``DOMINANT_SHARE`` of ``[low, high]``."""
     if not high > low:
         return np.zeros(len(lo), dtype=bool)
     width = hi - lo
     if stretch is not None:
         with np.errstate(invalid="ignore"):
             width = np.where(np.isinf(stretch), np.inf, width * stretch)
+    if floor is not None:
+        width = np.fmax(width, floor)
     return width >= DOMINANT_SHARE * (high - low)
+
+
+def expected_width(
+    error: float, least: np.ndarray, lo: np.ndarray, hi: np.ndarray, root: bool
+) -> np.ndarray:
+    """The width of a 95% interval the plan's error allows in a group of ``least`` rows
+    (``error/least`` each side; ``inf`` below one row), at the least favourable values
+    the bounds allow (``expected``): a cell whose own interval came out narrower, by a
+    lucky draw, is judged by this. A standard deviation's (``root``) is the square
+    root's of its variance's interval around the cell's middle squared."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        half = np.where(least >= 1, error / np.maximum(least, 1.0), np.inf)
+        if not root:
+            return 2 * half
+        v = ((lo + hi) / 2) ** 2
+        return np.sqrt(v + half) - np.sqrt(np.maximum(v - half, 0.0))
 
 
 def count_stretch(counts: np.ndarray, half: float) -> np.ndarray:

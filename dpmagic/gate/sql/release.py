@@ -41,6 +41,7 @@ from dpmagic.gate.sql.check import Checked
 from dpmagic.gate.sql.dialect import DUCKDB
 from dpmagic.gate.sql.dominance import (
     count_stretch,
+    expected_width,
     percentile_band,
     range_rule,
     signed_rule,
@@ -48,6 +49,7 @@ from dpmagic.gate.sql.dominance import (
     zero_rule,
 )
 from dpmagic.gate.sql.edges import edge_names
+from dpmagic.gate.sql.expected import average_error, variance_error
 from dpmagic.gate.sql.intervals import fieller, variance_half_width
 from dpmagic.gate.sql.kinds import MeasureKind
 from dpmagic.gate.sql.noise import Noisy, Partition
@@ -290,9 +292,11 @@ def _kind(values: list[object]) -> str | None:
 
 
 Rule = tuple[str, object]
-"""How noise dominance is judged (``dominance``): ``("range", (lo, hi, count))`` (the
-count of the value's group, or None), ``("percentiles", selection)`` or ``("zero",
-(measurement, sign))`` for a bare count or sum (``("zero", None)`` otherwise)."""
+"""How noise dominance is judged (``dominance``): ``("range", (lo, hi, count, floor))``
+(the count of the value's group, or None; ``floor`` an average's or variance's
+``(error, parts, square_root)``, ``expected``, or None under scaling),
+``("percentiles", selection)`` or ``("zero", (measurement, sign))`` for a bare count
+or sum (``("zero", None)`` otherwise)."""
 
 
 def judging_rule(plan: Plan, node: exp.Expression) -> Rule:
@@ -313,8 +317,8 @@ def judging_rule(plan: Plan, node: exp.Expression) -> Rule:
         factor = 1 / factor if isinstance(node, exp.Div) else factor
         kind, what = judging_rule(plan, other)
         if kind == "range":
-            lo, hi, count = what  # type: ignore[misc]
-            return "range", (*sorted((lo * factor, hi * factor)), count)
+            lo, hi, count, _ = what  # type: ignore[misc]
+            return "range", (*sorted((lo * factor, hi * factor)), count, None)
         if kind == "percentiles" and factor > 0:
             return kind, what
         return "zero", None
@@ -325,12 +329,14 @@ def judging_rule(plan: Plan, node: exp.Expression) -> Rule:
     if func == "quantile":
         return "percentiles", plan.selection(parts.names[0])
     if isinstance(parts, Avg):
-        total = plan.measurement(parts.total)
-        return "range", (total.bounds.lo, total.bounds.hi, plan.measurement(parts.count))
+        total, count = plan.measurement(parts.total), plan.measurement(parts.count)
+        floor = None if node.name in plan.debiased else (average_error, parts, False)
+        return "range", (total.bounds.lo, total.bounds.hi, count, floor)
     if isinstance(parts, Variance):
         widest = _max_variance(plan, parts)
-        high = math.sqrt(widest) if func.startswith("stddev") else widest
-        return "range", (0.0, high, plan.measurement(parts.count))
+        root = func.startswith("stddev")
+        high = math.sqrt(widest) if root else widest
+        return "range", (0.0, high, plan.measurement(parts.count), (variance_error, parts, root))
     if isinstance(parts, Measured) and node.name not in plan.debiased:
         m = plan.measurement(parts.name)
         sign = 1 if m.clamp is None or m.clamp.lo >= 0 else -1 if m.clamp.hi <= 0 else 0
@@ -373,13 +379,17 @@ def _judged(
     lo, hi = ends[:, 0], ends[:, 1]
     unknown = np.isnan(lo) | np.isnan(hi)
     if kind == "range":
-        low, high, count = what  # type: ignore[misc]
-        stretch = None
+        low, high, count, floor = what  # type: ignore[misc]
+        stretch = least = None
         if count is not None:
             half = count.noise.half_width(alpha) if count.noise.sensitivity else 0.0
             counts = np.asarray(noisy.values[count.name], dtype=float)[index]
-            stretch = count_stretch(counts, half)
-        flags = range_rule(lo, hi, low, high, stretch)
+            stretch, least = count_stretch(counts, half), counts - half
+        widths = None
+        if floor is not None and least is not None:
+            error, parts, root = floor
+            widths = expected_width(error(plan, parts, alpha), least, lo, hi, root)
+        flags = range_rule(lo, hi, low, high, stretch, widths)
         return {"rule": "range", "range": [low, high], "noise_dominates": verdicts(flags, unknown)}
     return {"rule": "zero", "noise_dominates": verdicts(zero_rule(lo, hi), unknown)}
 

@@ -15,7 +15,7 @@ from dpmagic.gate.accounting import Cost
 from dpmagic.gate.calibration import REPORT_ALPHA
 from dpmagic.gate.selection import calibrate_quantile
 from dpmagic.gate.sql.dominance import DOMINANT_SHARE
-from dpmagic.gate.sql.intervals import mix_quantile, variance_half_width
+from dpmagic.gate.sql.expected import average_error, variance_error
 from dpmagic.gate.sql.keys import KeyDomain
 from dpmagic.gate.sql.plan import Avg, Edges, Measured, Measurement, Plan, Selection, Variance
 from dpmagic.gate.sql.release import judging_rule, quantile_count
@@ -202,13 +202,10 @@ def _expected(
     if func == "quantile":  # under arithmetic: its accuracy is in the group's percentiles
         return {"half_width": None, "dominated_below": None}
     if isinstance(parts, Avg) and name not in the_plan.debiased:
-        total, count = the_plan.measurement(parts.total), the_plan.measurement(parts.count)
-        c = total.centre_value
-        far = max(abs(total.bounds.lo - c), abs(total.bounds.hi - c))
-        error = abs(scale) * mix_quantile([total.scale, far * count.scale], _gaussian(count), alpha)
+        error = abs(scale) * average_error(the_plan, parts, alpha)
         return _per_rows(error, kind, what, square_root=False)
     if isinstance(parts, Variance):
-        error = abs(scale) * _variance_error(the_plan, parts, alpha)
+        error = abs(scale) * variance_error(the_plan, parts, alpha)
         return _per_rows(error, kind, what, square_root=func.startswith("stddev"))
     if isinstance(parts, Measured) and name not in the_plan.debiased:
         m = the_plan.measurement(parts.name)
@@ -228,28 +225,12 @@ def _per_rows(error: float, kind: str, what: object, square_root: bool) -> dict[
     out: dict[str, object] = {"half_width_at": [[n, at(n)] for n in GROUP_SIZES]}
     below = None
     if kind == "range":
-        lo, hi, _ = what  # type: ignore[misc]
+        lo, hi, *_ = what  # type: ignore[misc]
         target = DOMINANT_SHARE * (hi - lo) / 2  # the half-width that covers that share
         if target > 0:
             below = math.floor(error / target**2 if square_root else error / target) + 1
     out["dominated_below"] = below
     return out
-
-
-def _variance_error(the_plan: Plan, parts: Variance, alpha: float) -> float:
-    """``n`` times a variance's 95% linearised error (``intervals.variance_half_width``),
-    at the worst mean and mean square the bounds allow."""
-    count, total, squares = (the_plan.measurement(n) for n in parts.names)
-    lo, hi = total.bounds.lo, total.bounds.hi
-    reach = max(abs(lo), abs(hi))
-    centres = (total.centre_value, squares.centre_value)
-    scales = (count.scale, total.scale, squares.scale)
-    worst = 0.0
-    for m in (lo, 0.0 if lo <= 0 <= hi else lo, hi):
-        for q in (m * m, reach * reach):
-            half = variance_half_width(1.0, m, q, centres, scales, _gaussian(count), alpha)
-            worst = max(worst, half)
-    return worst
 
 
 def _zero_below(m: Measurement, half: float, node: exp.Expression) -> int | None:
@@ -302,10 +283,6 @@ def _number(node: exp.Expression) -> float | None:
     if isinstance(node, exp.Literal) and not node.is_string:
         return float(node.this)
     return None
-
-
-def _gaussian(m: Measurement) -> bool:
-    return m.noise.mechanism.endswith("gaussian")
 
 
 def _key_source(domain: KeyDomain) -> str:
