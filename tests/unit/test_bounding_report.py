@@ -351,3 +351,11 @@ def test_a_bad_report_share_is_refused_before_anything_is_charged(engine, bad):
             "alice", {"sql": "SELECT COUNT(*) FROM t", "bounding_report": bad, "notebook": "d"}
         )
     assert engine.budget("alice", None, "d")["notebook"]["spent"]["epsilon"] == 0
+
+
+def test_a_standard_deviation_says_the_bounds_its_values_were_clamped_to(engine):
+    """A variance's sums are of the values' distances to the middle of their bounds;
+    the reply names the values' own bounds, as declared, not those distances'."""
+    body = {"sql": "SELECT STDDEV(age) AS sd FROM t", "epsilon": 1.0, "notebook": "b"}
+    dry = engine.query("alice", {**body, "dry_run": True})
+    assert dry["bounding"]["clamps"] == [{"aggregate": "STDDEV(age)", "bounds": [0, 100]}]

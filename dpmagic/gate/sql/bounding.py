@@ -17,7 +17,7 @@ from __future__ import annotations
 from dpmagic.gate.errors import required
 from dpmagic.gate.mechanisms import Noise
 from dpmagic.gate.sql.contribution import Ranked, RowLevel, Window
-from dpmagic.gate.sql.plan import Plan
+from dpmagic.gate.sql.plan import Plan, Variance
 from dpmagic.gate.sql.summary import cost_dict
 
 
@@ -88,6 +88,10 @@ def _clamps(plan: Plan) -> list[tuple[str, tuple[float, float]]]:
     for agg in plan.checked.aggregates:
         parts = plan.parts.get(agg.name)
         if parts is None:
+            continue
+        if isinstance(parts, Variance):  # its sums are of distances to the centre
+            m = by_name[parts.centred]
+            out.append((agg.label, (m.bounds.lo + parts.centre, m.bounds.hi + parts.centre)))
             continue
         for name in parts.names:
             m = by_name.get(name)
