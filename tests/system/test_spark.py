@@ -436,6 +436,34 @@ def test_the_guard_stops_sql_that_spark_itself_would_run(tmp_path: Path) -> None
             store.run(sql)
 
 
+def test_the_vet_runs_a_text_on_the_empty_views_each_time_it_is_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A text vetted before (for another user, whose query generated the same SQL) is
+    run on the empty views again: a dry run is answered at once, unpadded, so a vet
+    skipped for a text seen before would tell a user in its time that someone else
+    asked it (docs/security.md, "Which replies are padded")."""
+    raw = {
+        "gate": {"state_dir": str(tmp_path / "state")},
+        "datasets": {"v": _visits(tmp_path, "v")},
+    }
+    policy = parse_policy(raw, tmp_path / "p.toml")
+    store = SparkDatabase(policy.dataset("v"), policy.gate)
+    ran: list[str] = []
+    real = store._empty.sql
+
+    def counted(text: str, *args: object, **kwargs: object) -> object:
+        ran.append(text)
+        return real(text, *args, **kwargs)
+
+    monkeypatch.setattr(store._empty, "sql", counted)
+    sql = "SELECT COUNT(*) FROM visits"
+    store.vet(sql)
+    store.vet(sql)
+    assert ran == [sql, sql]
+    assert store.run(sql).rows == [(600,)]  # remembered for the guard at run time
+
+
 def test_what_spark_refuses_would_fail_on_data_under_ansi_mode(tmp_path: Path) -> None:
     """The broken version of the profile (every expression taken as total): the query
     passes the empty tables and then fails on the data, after a debit, because one

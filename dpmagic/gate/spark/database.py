@@ -111,9 +111,12 @@ class SparkDatabase:
 
     def vet(self, sql: str) -> None:
         """Refuse, before the debit, SQL the guard will not run or that fails on empty
-        views of the tables (a failure no data can be in)."""
-        if sql in self._vetted:
-            return
+        views of the tables (a failure no data can be in). The verdict is remembered for
+        the guard at run time but not consulted here, as on DuckDB
+        (``execute.Database.vet``): the engine vets a text once per user, and a dry run
+        or a replay is answered at once, unpadded, so a vet skipped because another
+        user's query generated the same text would show in its time (docs/security.md,
+        "Which replies are padded")."""
         guard(sql, self.tables)
         try:
             self._empty.sql(sql).collect()
