@@ -107,6 +107,7 @@ def _dp_bound(epsilon: float) -> float:
     return math.exp(epsilon) / (1 + math.exp(epsilon))
 
 
+@pytest.mark.search
 def test_differencing_q5_minus_q4_is_no_better_than_dp_allows(tmp_path):
     q = "SELECT SUM(sick) FROM t WHERE pid <= {k}"
     bits = _secret_bits()

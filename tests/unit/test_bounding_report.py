@@ -116,6 +116,7 @@ def _counted_per_unit(p: Plan, con: duckdb.DuckDBPyConnection, seed: int) -> dic
 # -- one unit moves the report by at most its sensitivity, on every neighbour ------------
 
 
+@pytest.mark.search
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     per_unit=units,
@@ -142,6 +143,7 @@ def test_one_unit_moves_the_report_within_its_sensitivity(
         _assert_within(p, base, exact_report(p, con, seed))
 
 
+@pytest.mark.search
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     per_unit=st.lists(joined_unit, min_size=1, max_size=4),

@@ -69,6 +69,7 @@ def _worst(p, per_unit, seed) -> list[tuple[float, float]]:
     return [(worst[m.name], m.noise.sensitivity) for m in p.measurements]
 
 
+@pytest.mark.search
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(per_unit=units, query=st.sampled_from(QUERIES), x=st.integers(1, 60),
        y=st.floats(1, 500), seed=st.integers(0, 2**62))  # fmt: skip

@@ -329,6 +329,7 @@ FUZZ = settings(
 )
 
 
+@pytest.mark.search
 @DEFAULT
 @given(sql=ROW_QUERIES)
 def test_row_expressions_never_hinge_on_one_unit(pair: Pair, sql: str) -> None:

@@ -127,6 +127,7 @@ def _l2(a: list[int], b: list[int]) -> float:
     return math.sqrt(sum((x - y) ** 2 for x, y in zip(a, b, strict=True)))
 
 
+@pytest.mark.search
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     per_unit=units,

@@ -188,6 +188,7 @@ def _by_key(p: Plan, con: duckdb.DuckDBPyConnection, seed: int) -> dict[tuple, t
     }
 
 
+@pytest.mark.search
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     per_unit=st.lists(unit_rows, min_size=1, max_size=4),

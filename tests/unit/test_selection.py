@@ -170,6 +170,7 @@ def test_miss_threshold_has_the_stated_error_rate():
     assert binom.sf(MISSES, RUNS, ALPHA) < 1e-3
 
 
+@pytest.mark.search
 @pytest.mark.parametrize("level", [0.5, 0.9])
 def test_rank_radius_covers_at_least_95_percent_where_the_bound_is_tight(level):
     noise = calibrate_quantile(level, 1001, 1, 1.0)
@@ -181,6 +182,7 @@ def test_rank_radius_covers_at_least_95_percent_where_the_bound_is_tight(level):
     assert _misses(noise, {0: n}, radius) <= MISSES
 
 
+@pytest.mark.search
 def test_a_radius_half_as_wide_is_caught():
     noise = calibrate_quantile(0.5, 1001, 1, 1.0)
     radius = noise.rank_radius(ALPHA)

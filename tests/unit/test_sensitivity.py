@@ -82,6 +82,7 @@ def _l1(a: list[int], b: list[int]) -> int:
     return sum(abs(x - y) for x, y in zip(a, b, strict=True))
 
 
+@pytest.mark.search
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     per_unit=units,
@@ -247,6 +248,7 @@ JOIN_QUERIES = [
 joined_unit = st.tuples(unit_rows, st.lists(st.one_of(st.none(), st.integers(-5, 6)), max_size=4))
 
 
+@pytest.mark.search
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     per_unit=st.lists(joined_unit, min_size=1, max_size=4),

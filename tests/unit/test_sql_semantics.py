@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import duckdb
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -70,6 +71,7 @@ row = st.tuples(
 )
 
 
+@pytest.mark.search
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     t_rows=st.lists(row, max_size=12),

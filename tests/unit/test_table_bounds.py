@@ -111,6 +111,7 @@ def _worst_move(query: str, declared: int, per_unit, seed: int) -> tuple[int, in
     return worst, m.noise.sensitivity
 
 
+@pytest.mark.search
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(per_unit=units, query=st.sampled_from(QUERIES), declared=st.integers(1, 2),
        seed=st.integers(0, 2**62))  # fmt: skip

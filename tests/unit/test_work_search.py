@@ -204,6 +204,7 @@ SEARCH = settings(
 )
 
 
+@pytest.mark.search
 @SEARCH
 @given(sql=multiplying())
 def test_no_reply_hinges_on_one_units_work(gates, sql: str) -> None:
@@ -223,6 +224,7 @@ def _whole_cap(tables: list[str], cap: int) -> list[RoomRead]:
     return [RoomRead(exp.table_(t, quoted=True), rank.copy()) for t in tables]
 
 
+@pytest.mark.search
 def test_the_search_catches_bounding_after_the_join(gates) -> None:
     """With each scan keeping the whole cap, a search of the same grammar finds a query
     on which D and D' differ (a time-out, or a later slot) within its budget."""
