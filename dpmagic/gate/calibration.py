@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from dpmagic.gate.accounting import Accountant, Cost, rho_for
 from dpmagic.gate.dp.contribution import Contribution
+from dpmagic.gate.dp.counts import count_l2_sensitivity, count_sensitivity
 from dpmagic.gate.dp.sums import sum_l2_sensitivity, sum_sensitivity
 from dpmagic.gate.errors import required
 from dpmagic.gate.mechanisms import (
@@ -80,15 +81,26 @@ def noise_for(
     target: Target,
     granularity: float = 1.0,
 ) -> Noise:
-    """Noise for per-partition sums of grid values in ``[lower, upper]``.
-
-    ``pure``: Laplace at the share's ε. ``approx``: Laplace, or Gaussian at the
-    share's (ε, δ) when that gives a narrower interval. ``zcdp``: Gaussian at
-    the share's ρ. With an accuracy target, the widest scale whose interval
-    fits, Laplace for pure and approx, Gaussian for zcdp.
-    """
+    """Noise for per-partition sums of grid values in ``[lower, upper]``, at the
+    sensitivities of ``dp.sums``."""
     l1 = sum_sensitivity(lower, upper, contribution, neighbouring)
     l2 = sum_l2_sensitivity(lower, upper, contribution, neighbouring)
+    return _calibrated(l1, l2, target, granularity)
+
+
+def count_noise_for(contribution: Contribution, neighbouring: str, target: Target) -> Noise:
+    """Noise for per-partition counts and distinct counts, at the sensitivities of
+    ``dp.counts``."""
+    l1 = count_sensitivity(contribution, neighbouring)
+    l2 = count_l2_sensitivity(contribution, neighbouring)
+    return _calibrated(l1, l2, target, 1.0)
+
+
+def _calibrated(l1: int, l2: float, target: Target, granularity: float) -> Noise:
+    """``pure``: Laplace at the share's ε. ``approx``: Laplace, or Gaussian at the
+    share's (ε, δ) when that gives a narrower interval. ``zcdp``: Gaussian at the
+    share's ρ. With an accuracy target, the widest scale whose interval fits,
+    Laplace for pure and approx, Gaussian for zcdp."""
     gaussian = target.accountant.gaussian
     if target.accuracy is not None:
         a = target.accuracy

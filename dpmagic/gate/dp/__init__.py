@@ -5,12 +5,17 @@ under-estimating version of the rule caught):
 - ``contribution``: what one privacy unit can touch after bounding;
 - ``sums``: the L1 and L2 sensitivity of per-partition sums of bounded values;
 - ``counts``: counts and distinct counts, sums of ones;
-- ``quantiles``: how many values a unit moves in the multisets a quantile scores;
+- ``quantiles``: a quantile's scores, how much one value moves them, and how many
+  values a unit moves in the multisets a quantile scores;
 - ``partition_selection``: how many keys a unit can make appear or vanish;
 - ``group_privacy``: the cost for groups of ``k`` units, per accountant;
 - ``join_bounding``: a join of one unit's rows keeps at most ``K`` joined rows;
 - ``randomized_response``: debiasing is unbiased post-processing.
 
 How the generated SQL enforces these (load-time ranks, a join's room, the
-per-query window) is in ``dpmagic/gate/sql/contribution.py``.
+per-query window) is in ``dpmagic/gate/sql/contribution.py``. The plan calls these
+rules for every noise it calibrates (``calibration.noise_for``,
+``count_noise_for``), which ``tests/unit/dp/test_production.py`` checks against the
+policy's bounds for each aggregate kind, and refuses a plan whose parts compose to
+more than its charge (``sql/plan.composes``).
 """

@@ -10,10 +10,15 @@ unit)`` is the case ``rows = 1``: a unit is one value in each partition it reach
 from __future__ import annotations
 
 from dpmagic.gate.dp.contribution import Contribution
-from dpmagic.gate.dp.sums import sum_sensitivity
+from dpmagic.gate.dp.sums import sum_l2_sensitivity, sum_sensitivity
 from dpmagic.gate.policy import Neighbouring
 
 
 def count_sensitivity(c: Contribution, neighbouring: Neighbouring) -> int:
     """L1 sensitivity of per-partition counts (and of distinct counts)."""
     return sum_sensitivity(1, 1, c, neighbouring)
+
+
+def count_l2_sensitivity(c: Contribution, neighbouring: Neighbouring) -> float:
+    """L2 sensitivity of per-partition counts (and of distinct counts), rounded up."""
+    return sum_l2_sensitivity(1, 1, c, neighbouring)

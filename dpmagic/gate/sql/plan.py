@@ -31,7 +31,7 @@ from operator import itemgetter
 from sqlglot import exp
 
 from dpmagic.gate.accounting import Accountant, Cost
-from dpmagic.gate.calibration import Accuracy, Target, noise_for, spent
+from dpmagic.gate.calibration import Accuracy, Target, count_noise_for, noise_for, spent
 from dpmagic.gate.dp.contribution import Contribution
 from dpmagic.gate.dp.partition_selection import key_reach
 from dpmagic.gate.dp.quantiles import selection_distance
@@ -430,6 +430,7 @@ def plan(
         whole = accountant.share(required(asked, "the asked budget"), total_weight / report_weight)
         half = _target(target, asked, total_weight, report_weight / 2)
         left_out = _left_out(report, dataset, half, whole)
+    composes(accountant, asked, parts_spent(measurements, selections, key_selection, left_out))
     return Plan(
         checked=checked,
         dataset=dataset,
@@ -472,6 +473,42 @@ def _work(bounded: Bounded, bounds: Bounding, wanted: dict, quantiles: dict) -> 
     return found
 
 
+def parts_spent(
+    measurements: Sequence[Measurement],
+    selections: Sequence[Selection],
+    key_selection: KeySelection | None,
+    left_out: LeftOut | None,
+) -> list[Cost]:
+    """What each noisy part of a plan costs one unit: its measurements, its quantiles
+    and their interval's ends (pure ε, hence ε²/2 in ρ), its partition selection and
+    its bounding report."""
+    costs = [m.cost for m in measurements]
+    for s in selections:
+        epsilons = [s.epsilon] + ([s.edges.epsilon] * 2 if s.edges else [])
+        costs += [Cost(e, 0.0, e * e / 2) for e in epsilons]
+    if key_selection is not None:
+        costs.append(Cost(key_selection.epsilon, key_selection.delta))
+    if left_out is not None:
+        costs.append(left_out.cost)
+    return costs
+
+
+def composes(accountant: Accountant, asked: Cost, parts: list[Cost]) -> None:
+    """Refuse, as the gate's own bug, a plan whose parts together cost one unit more
+    than the query is charged (by the accountant's composition: ε and δ add up, or ρ
+    does): whatever the shares, weights and roundings, a reply never spends more
+    than its debit."""
+    total = accountant.total(parts, asked.delta)
+    slack = 1 + 1e-9
+    over = (
+        total.rho > asked.rho * slack
+        if accountant.gaussian
+        else total.epsilon > asked.epsilon * slack or total.delta > asked.delta * slack
+    )
+    if over:
+        raise RuntimeError("internal error: the plan's parts cost more than its charge")
+
+
 def _report_allowed(report: float, dataset: Dataset, accuracy: Accuracy | None) -> None:
     if not 0 < report <= MAX_REPORT_SHARE:
         raise Refused(
@@ -492,7 +529,7 @@ def _left_out(report: float, dataset: Dataset, half: Target, whole: Cost) -> Lef
     one = Contribution.bounded(1, 1, 1)
     cap = load_cap(dataset)
     rows = noise_for(0, cap, one, dataset.neighbouring, half)
-    units = noise_for(1, 1, one, dataset.neighbouring, half)
+    units = count_noise_for(one, dataset.neighbouring, half)
     return LeftOut(report, cap, rows, units, whole)
 
 
@@ -829,7 +866,7 @@ def _measurement(
         contribution = Contribution(contribution.groups, 1, contribution.partitions)
     if kind != MeasureKind.SUM:
         # A unit's rows bring at most ``rows`` distinct values to a partition.
-        noise = noise_for(1, 1, contribution, dataset.neighbouring, target)
+        noise = count_noise_for(contribution, dataset.neighbouring, target)
         return Measurement(name, kind, arg, None, 0, noise, spent(noise, target), label)
     clamp = required(clamp, "a sum's bounds")
     grid_exp = 0 if clamp.integral else _grid_exp(clamp, contribution, dataset, target)
