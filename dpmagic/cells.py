@@ -17,6 +17,9 @@ from typing import Any
 
 DOMINATES = "noise dominates"
 MAY_DOMINATE = "noise may dominate"
+ALPHA = 0.05
+"""The level of a reply's intervals when it does not say (the gate's default; a mock
+or dry-run reply made on this side states it with this)."""
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from dpmagic.cells import ALPHA
 from dpmagic.errors import DPError
 from dpmagic.result import MOCK_LABEL, DPResult
 
@@ -123,7 +124,7 @@ def mock_query(
             "columns": columns,
             "rows": rows,
             "cost": {"epsilon": 0.0, "delta": 0.0},
-            "accuracy": {"alpha": 0.05, "columns": []},
+            "accuracy": {"alpha": ALPHA, "columns": []},
             "budget": {},
             "mock": {"units": units},
         }

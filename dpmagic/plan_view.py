@@ -17,7 +17,7 @@ import math
 from fractions import Fraction
 from typing import Any
 
-from dpmagic.cells import MAY_DOMINATE
+from dpmagic.cells import ALPHA, MAY_DOMINATE
 
 HEADERS = (
     ("aggregate", "what the gate measures with noise (an AVG is a SUM over a COUNT)"),
@@ -139,7 +139,7 @@ def _error(step: dict[str, Any], fmt: Any) -> str:
     return _or_blank(step.get("accuracy"), fmt)
 
 
-def rank_radius(step: dict[str, Any], alpha: float = 0.05) -> float | None:
+def rank_radius(step: dict[str, Any], alpha: float = ALPHA) -> float | None:
     """``scale · ln(candidates / alpha) / d``, d the denominator of the level q
     (docs/accuracy.md, "Accuracy of quantiles"), when the step gives its ``level``
     (a gate that sent no ``rank_radius``); never read from the aggregate's text."""

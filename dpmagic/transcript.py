@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from dpmagic.cells import ALPHA
 from dpmagic.errors import DPError, QueryRefused
 from dpmagic.mock import mock_query
 from dpmagic.result import DPResult
@@ -84,7 +85,7 @@ class TranscriptGate:
             "params": params or {},
         }
         if accuracy is not None:
-            request.update(accuracy=float(accuracy), alpha=float(alpha or 0.05))
+            request.update(accuracy=float(accuracy), alpha=float(alpha or ALPHA))
         if bounding_report is not None:
             request.update(bounding_report=float(bounding_report))
         chosen = {
@@ -113,7 +114,7 @@ class TranscriptGate:
             )
         reply = dict(stored, budget=self.datasets[name]["budget"])
         if dry_run:
-            reply.update(rows=[], accuracy={"alpha": 0.05, "columns": []}, dry_run=True)
+            reply.update(rows=[], accuracy={"alpha": ALPHA, "columns": []}, dry_run=True)
         else:
             reply.update(replayed=True, cost={"epsilon": 0.0, "delta": 0.0})
         return DPResult(reply)

@@ -35,7 +35,7 @@ class Accuracy:
     """Accuracy first: every noisy cell's (1 - alpha) interval at most ±``half_width``."""
 
     half_width: float
-    alpha: float = 0.05
+    alpha: float = REPORT_ALPHA
 
     def __post_init__(self) -> None:
         if not (self.half_width > 0 and math.isfinite(self.half_width)):
