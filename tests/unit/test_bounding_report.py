@@ -24,7 +24,7 @@ from dpmagic.gate.sql.plan import Plan, plan
 from dpmagic.gate.sql.resolve import resolve
 from dpmagic.gate.sql.rewrite import left_out
 from tests.gate_helpers import dataset, load_table, neighbours, run_exact, running_engine
-from tests.unit.test_sensitivity import (
+from tests.sensitivity_cases import (
     COLUMNS,
     JOIN_QUERIES,
     JOINED,

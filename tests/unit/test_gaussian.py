@@ -29,7 +29,7 @@ from dpmagic.gate.sql.parse import parse
 from dpmagic.gate.sql.plan import Plan, plan
 from dpmagic.gate.sql.resolve import resolve
 from tests.gate_helpers import dataset, exact_vectors, load_table, run_rewritten
-from tests.unit.test_sensitivity import COLUMNS, ORDER, QUERIES, _rows, unit_rows, units
+from tests.sensitivity_cases import COLUMNS, ORDER, QUERIES, rows_of, unit_rows, units
 
 SIGNIFICANCE = 1e-4
 
@@ -146,7 +146,7 @@ def test_l2_sensitivity_bounds_every_neighbour(
     )
     p = zcdp_plan(query, ds)
     con = duckdb.connect()
-    rows = _rows(per_unit)
+    rows = rows_of(per_unit)
     load_table(con, "t", ORDER, rows)
     base = exact_vectors(p, con, seed)
     for pid in range(1, len(per_unit) + 1):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dpmagic.result import DPResult
-from tests.unit.test_result import quantile_reply, reply
+from tests.replies import quantile_reply, reply
 
 matplotlib = pytest.importorskip("matplotlib", reason="the plot extra: pip install matplotlib")
 matplotlib.use("Agg")
