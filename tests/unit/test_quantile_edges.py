@@ -19,13 +19,14 @@ from hypothesis import strategies as st
 from scipy.stats import binom
 
 from dpmagic.gate.accounting import PureAccountant
+from dpmagic.gate.dp.shares import EDGE_WEIGHT, QUANTILE_COUNT_WEIGHT
 from dpmagic.gate.selection import Grid, QuantileNoise
 from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
 from dpmagic.gate.sql.edges import LEVEL_STEPS, edge_names, edge_values, lower_level, upper_level
 from dpmagic.gate.sql.noise import noise
 from dpmagic.gate.sql.parse import parse
-from dpmagic.gate.sql.plan import EDGE_WEIGHT, QUANTILE_COUNT_WEIGHT, plan
+from dpmagic.gate.sql.plan import plan
 from dpmagic.gate.sql.release import release
 from dpmagic.gate.sql.resolve import resolve
 from tests.gate_helpers import dataset, load_table, make_plan, run_rewritten

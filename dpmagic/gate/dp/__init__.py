@@ -11,6 +11,8 @@ under-estimating version of the rule caught):
 - ``group_privacy``: the cost for groups of ``k`` units, per accountant;
 - ``join_bounding``: a join of one unit's rows keeps at most ``K`` joined rows;
 - ``randomized_response``: debiasing is unbiased post-processing.
+- ``shares``: how a query's budget is split over its parts (weights that read no
+  data, shares that add up to the charge).
 
 How the generated SQL enforces these (load-time ranks, a join's room, the
 per-query window) is in ``dpmagic/gate/sql/contribution.py``. The plan calls these

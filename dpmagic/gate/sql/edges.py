@@ -35,7 +35,7 @@ Privacy: each edge is the quantile's own mechanism (OpenDP's noisy max over the
 ``dp.quantiles`` scores) at its level, calibrated to the plan's ε for the edge
 (``calibrate_quantile``), over the same histograms; its level is a function of
 released noisy values only, so choosing it is post-processing, and the plan
-charges the edges' ε (``plan.EDGE_WEIGHT``) whatever the levels.
+charges the edges' ε (``dp.shares.EDGE_WEIGHT``) whatever the levels.
 """
 
 from __future__ import annotations

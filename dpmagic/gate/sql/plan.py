@@ -13,7 +13,7 @@ its interval in the column's units (``edges``) and a count of its argument
 over measurements and selections, evenly but for the parts of an AVG or a
 variance, a quantile's edges and added count (``EDGE_WEIGHT``,
 ``QUANTILE_COUNT_WEIGHT``), which get shares weighted by their part in its error
-(:func:`_avg_weights`, :func:`_variance_weights`); or, when an accuracy is
+(``dp.shares``); or, when an accuracy is
 asked for, each measurement gets the least cost that delivers it
 (``calibration``). Nothing in this pass looks at data: the cost is a
 function of the query and the policy, and so is every share.
@@ -35,7 +35,13 @@ from dpmagic.gate.calibration import Accuracy, Target, count_noise_for, noise_fo
 from dpmagic.gate.dp.contribution import Contribution
 from dpmagic.gate.dp.partition_selection import key_reach
 from dpmagic.gate.dp.quantiles import selection_distance
-from dpmagic.gate.dp.sums import sum_l2_squared, sum_sensitivity
+from dpmagic.gate.dp.shares import (
+    EDGE_WEIGHT,
+    QUANTILE_COUNT_WEIGHT,
+    avg_weights,
+    variance_weights,
+)
+from dpmagic.gate.dp.sums import sum_sensitivity
 from dpmagic.gate.errors import Refused, required
 from dpmagic.gate.mechanisms import Noise
 from dpmagic.gate.partition_selection import KeySelection, calibrate_selection
@@ -60,15 +66,6 @@ from dpmagic.gate.sql.trees import display
 from dpmagic.gate.sql.work import Work, unit_work, within
 
 MAX_SCORES = 2_000_000  # candidates scored over all partitions of one quantile
-EDGE_WEIGHT = 0.5
-"""Each end of a quantile's interval in units (``edges``) takes half the share its
-quantile takes. The interval spans about twice an end's radius in ranks, the value's
-error one radius: at half, the interval spans about ±10 of the value's radius alone
-(in ranks over the group's size) and the value's radius grows 2.25 times; at a quarter
-±16 and 1.75 times; at an equal share ±7.5 and 3.25 times."""
-QUANTILE_COUNT_WEIGHT = 0.25
-"""The share of a ``COUNT`` of a quantile's argument the plan adds when the query has
-none, beside its quantile's 1: the verdict and the edges need only its lower end."""
 # Every table a gate serves has fewer rows than this (DuckDB's ``Database`` and
 # Spark's ``SparkDatabase`` refuse a larger one at open); with it the rewrite's sums
 # are proven not to overflow before the query runs (``partition_rows``), and an
@@ -738,73 +735,14 @@ def _weights(
                     demands[key].append(1.0)
             continue
         given = (
-            _avg_weights(c, dataset.neighbouring, accountant.gaussian)
+            avg_weights(c, dataset.neighbouring, accountant.gaussian)
             if agg.func == "avg"
-            else _variance_weights(c, dataset.neighbouring, accountant.gaussian)
+            else variance_weights(c, dataset.neighbouring, accountant.gaussian)
         )
         for key, weight in zip(keys, given, strict=True):
             demands[key].append(weight)
     # A measurement no aggregate reads is the count the plan adds for a quantile.
     return {key: max(ws) if ws else QUANTILE_COUNT_WEIGHT for key, ws in demands.items()}
-
-
-def _unit_sensitivities(c: Contribution, neighbouring: str, gaussian: bool) -> tuple[float, float]:
-    """The sensitivities of a sum of values in ``[−1, 1]`` and of a count, in the norm
-    the noise is calibrated to: every centred sum's is this times its range's half-width."""
-    if gaussian:
-        norm = (sum_l2_squared(-1, 1, c, neighbouring), sum_l2_squared(1, 1, c, neighbouring))
-        return math.sqrt(norm[0]), math.sqrt(norm[1])
-    return float(sum_sensitivity(-1, 1, c, neighbouring)), float(
-        sum_sensitivity(1, 1, c, neighbouring)
-    )
-
-
-def _split(coefficients: tuple[float, ...], gaussian: bool) -> tuple[float, ...]:
-    """Weights, adding up to the number of parts, that minimise ``Σ (a_i·noise_i)²``
-    for noise standard deviations ``Δ_i/ε_i`` (Laplace: the least ``Σ a_i²/ε_i²``
-    for a fixed ``Σ ε_i`` is at ``ε_i ∝ a_i^(2/3)``) or ``Δ_i/√(2ρ_i)`` (Gaussian:
-    at ``ρ_i ∝ a_i``), where ``a_i`` is the part's coefficient in the linearised
-    error times its sensitivity."""
-    powered = [a if gaussian else a ** (2 / 3) for a in coefficients]
-    total = math.fsum(powered)
-    return tuple(len(powered) * p / total for p in powered)
-
-
-def _avg_weights(c: Contribution, neighbouring: str, gaussian: bool) -> tuple[float, float]:
-    """The weights of an AVG's centred sum and count.
-
-    With ``m`` the true mean's distance from the centre, the noisy average
-    ``centre + S/N`` errs by about ``(e_S − m·e_N)/N`` for noises ``e_S`` and
-    ``e_N``: the count's noise matters in proportion to ``|m|``, which the plan
-    cannot know. It takes the mean anywhere in the bounds with equal chance
-    (``E m² = R²/3`` for the half-range ``R``): the coefficients are ``Δ_S = R·s``
-    and ``R/√3·Δ_N``. An even split, the peers' choice, is best only when
-    the mean sits at a bound; at the centre this split's error is 15% smaller,
-    at a bound 3% larger.
-    """
-    s, n = _unit_sensitivities(c, neighbouring, gaussian)
-    total, count = _split((s, n / math.sqrt(3)), gaussian)
-    return total, count
-
-
-def _variance_weights(
-    c: Contribution, neighbouring: str, gaussian: bool
-) -> tuple[float, float, float]:
-    """The weights of a variance's count, centred sum and centred sum of squares.
-
-    For values ``y`` (the distance to the middle of the bounds, within ``[−R, R]``)
-    with mean ``m`` and mean square ``q``, the variance ``q − m²`` estimated as
-    ``(c₂ + S₂/N) − (c₁ + S₁/N)²`` (``c₁``, ``c₂`` the sums' centres, ``c₂ ≈ R²/2``)
-    errs by about ``(e₂ − 2m·e₁ + (2m² − q + c₂)·e_N)/N``. Taking ``m`` anywhere in
-    ``[−R, R]`` with equal chance and ``q`` halfway between its least (``m²``) and
-    largest (``R²``) values, the coefficients are, in units of ``R²``: ``Δ₂ =
-    s/2`` for the sum of squares (its range is ``[−R²/2, R²/2]`` once centred),
-    ``2/√3·s`` for the sum (``E (2m)² = 4R²/3``) and ``1.5/√5·Δ_N`` for the
-    count (``2m² − q + c₂ = 1.5m²``, ``E m⁴ = R⁴/5``).
-    """
-    s, n = _unit_sensitivities(c, neighbouring, gaussian)
-    count, total, squares = _split((1.5 / math.sqrt(5) * n, 2 / math.sqrt(3) * s, s / 2), gaussian)
-    return count, total, squares
 
 
 def _target(target: Target, asked: Cost | None, total_weight: float, weight: float) -> Target:
