@@ -32,7 +32,7 @@ from dpmagic.gate.sql.parse import parse
 from dpmagic.gate.sql.plan import plan
 from dpmagic.gate.sql.resolve import resolve
 from tests.gate_helpers import dataset
-from tests.unit.test_engine import write_policy
+from tests.small_gate import write_policy
 
 dp.enable_features("contrib", "honest-but-curious")
 

@@ -15,7 +15,7 @@ from dpmagic.gate.engine import Engine
 from dpmagic.gate.errors import BadRequest, OverBudget, Refused
 from dpmagic.gate.mechanisms import calibrate, laplace_for_accuracy
 from dpmagic.gate.policy import load_policy
-from tests.unit.test_engine import write_policy
+from tests.small_gate import write_policy
 
 POLICY = """
 [gate]

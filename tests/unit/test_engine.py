@@ -11,42 +11,14 @@ import pytest
 
 from dpmagic.gate.engine import Engine
 from dpmagic.gate.errors import BadRequest, Failed, OverBudget, Refused
-from tests.gate_helpers import running_engine, write_gate
-
-POLICY = """
-[gate]
-state_dir = "state"
-query_timeout_s = {timeout}
-
-[datasets.d]
-sources = {{ t = "t.csv" }}
-privacy_unit = "pid"
-max_partitions = 2
-max_rows_per_partition = 2
-user_budget = {{ epsilon = 3.0 }}
-notebook_budget = {{ epsilon = 2.0 }}
-query_default = {{ epsilon = 0.5 }}
-
-[datasets.d.tables.t.columns]
-pid = {{ type = "int" }}
-age = {{ type = "int", lower = 0, upper = 100 }}
-sex = {{ type = "int", public_values = [0, 1] }}
-"""
-
-
-def _people(rows: int) -> list[tuple[int, int, int]]:
-    return [(i // 2, (i * 37) % 90, i % 2) for i in range(rows)]
-
-
-def write_policy(path, rows: int = 300, timeout: float = 30.0):
-    text = textwrap.dedent(POLICY.format(timeout=timeout))
-    return write_gate(path, text, {"t": ("pid,age,sex", _people(rows))})
+from tests.gate_helpers import running_engine
+from tests.small_gate import POLICY, people, write_policy
 
 
 @pytest.fixture
 def engine(tmp_path):
     text = textwrap.dedent(POLICY.format(timeout=30.0))
-    with running_engine(tmp_path, text, {"t": ("pid,age,sex", _people(300))}) as e:
+    with running_engine(tmp_path, text, {"t": ("pid,age,sex", people(300))}) as e:
         yield e
 
 
