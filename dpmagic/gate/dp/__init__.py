@@ -5,6 +5,8 @@ under-estimating version of the rule caught):
 - ``contribution``: what one privacy unit can touch after bounding;
 - ``sums``: the L1 and L2 sensitivity of per-partition sums of bounded values;
 - ``counts``: counts and distinct counts, sums of ones;
+- ``centred_sums``: a sum noised around the middle of its values' range (an
+  AVG's, a variance's): the bounds of one row's term, and the centre;
 - ``quantiles``: a quantile's scores, how much one value moves them, and how many
   values a unit moves in the multisets a quantile scores;
 - ``partition_selection``: how many keys a unit can make appear or vanish;

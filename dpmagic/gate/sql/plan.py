@@ -32,6 +32,7 @@ from sqlglot import exp
 
 from dpmagic.gate.accounting import Accountant, Cost
 from dpmagic.gate.calibration import Accuracy, Target, count_noise_for, noise_for, spent
+from dpmagic.gate.dp import centred_sums
 from dpmagic.gate.dp.contribution import Contribution
 from dpmagic.gate.dp.partition_selection import key_reach
 from dpmagic.gate.dp.quantiles import selection_distance
@@ -85,31 +86,9 @@ _PROMISED = ("count", "count_distinct", "sum")
 
 @dataclass(frozen=True)
 class Centre:
-    """A sum noised around the middle of its values' range instead of around 0.
-
-    The SQL returns the exact sum ``S`` of a unit's clamped values on the grid and,
-    as measurement ``count``, the exact count ``N`` of the rows it adds up (the
-    non-NULL values of the same argument). The noise is added to
-    ``per_grid·S − units·N``, the sum of ``per_grid·v − units`` over those rows:
-    the values moved by the centre ``c = units/per_grid`` grid units. Both exact
-    numbers stay in the gate; only the centred sum, plus noise, is released.
-
-    Privacy: a row the count counts adds to ``S`` either its clamped value ``v``
-    in ``[L, H]`` or 0 (a value the sum's cast reads as NULL), so its term
-    ``per_grid·v − units`` lies in ``[per_grid·min(L, 0) − units, per_grid·max(H,
-    0) − units]``; a row the count does not count has a NULL argument, which
-    the sum reads as NULL too, and adds nothing to either. The
-    centred sum is thus a per-partition sum of values within those bounds over
-    the same bounded rows, and ``sum_sensitivity`` of those bounds bounds it (the
-    proof of ``sum_sensitivity`` holds for any bounds). With ``units`` the middle
-    of ``[min(L, 0), max(H, 0)]`` (``per_grid = 2`` when that middle falls between
-    two integers of an integer sum, so the centre is a whole number of half
-    units), the bounds are ``[−R, R]``, ``R`` half the width: under
-    ``add_remove`` half the raw sum's sensitivity ``rows·max(|L|, |H|)`` per
-    group, in released units, when the bounds do not straddle 0 (``L ≥ 0`` or
-    ``H ≤ 0``), and never more than it otherwise. The noise is released in
-    units of ``2**grid_exp / per_grid``.
-    """
+    """A sum noised around the middle of its values' range instead of around 0: the
+    SQL's exact sum and ``count`` of its rows, moved by ``units/per_grid`` grid units
+    (``dp.centred_sums`` states the rule and its proof)."""
 
     count: str
     units: int
@@ -814,10 +793,7 @@ def _measurement(
     centre = None if count is None else _centre(lo, hi, count, clamp.integral)
     step = 2.0**grid_exp
     if centre is not None:
-        lo, hi = (
-            centre.per_grid * min(lo, 0) - centre.units,
-            centre.per_grid * max(hi, 0) - centre.units,
-        )
+        lo, hi = centred_sums.centred_bounds(lo, hi, centre.units, centre.per_grid)
         step /= centre.per_grid
         label = f"{label} centred on {centre.value(step):g}"
     sensitivity = sum_sensitivity(lo, hi, contribution, dataset.neighbouring)
@@ -857,16 +833,9 @@ def keyed(keys: int) -> tuple[Callable[[Sequence], object], Callable[[tuple], ob
 
 
 def _centre(lo: int, hi: int, count: str, integral: bool) -> Centre | None:
-    """The centre of ``[min(lo, 0), max(hi, 0)]`` in grid units (see :class:`Centre` for
-    why 0 is in the range): the middle, in half units when it falls between two
-    integers (a float sum's grid is fine enough that half a unit off the middle
-    costs nothing, so its centre stays whole); None when it is 0 already."""
-    low, high = min(lo, 0), max(hi, 0)
-    if (low + high) % 2 == 0 or not integral:
-        units, per_grid = (low + high) // 2, 1
-    else:
-        units, per_grid = low + high, 2
-    return None if units == 0 else Centre(count, units, per_grid)
+    """The centre ``dp.centred_sums`` chooses for a sum of ``count``'s rows."""
+    found = centred_sums.centre(lo, hi, integral)
+    return None if found is None else Centre(count, *found)
 
 
 def _grid_exp(clamp: Interval, c: Contribution, dataset: Dataset, target: Target) -> int:
