@@ -2,9 +2,9 @@
 
 The rewrite builds one tree for every engine; this profile decides the few places
 where Spark's SQL is not DuckDB's, and refuses, before anything is charged, every
-row expression Spark would evaluate differently from DuckDB (the agreement suite,
-``tests/system/test_spark_agreement.py``, runs the corpora on both engines and
-requires the same exact answers):
+row expression Spark would evaluate differently from DuckDB (``tests/system/
+test_spark.py`` runs the golden cases and the shared accept corpus on both engines
+and requires the same exact answers):
 
 * **Keyed hash**: ``xxhash64(…, seed)`` (Spark's ``hash`` is 32 bits).
 * **Exact sums**: Spark's BIGINT sum overflows, and with ANSI mode (pinned on in
