@@ -1,7 +1,7 @@
 """dpmagic.budget_status, as the JupyterLab extension asks for it: a user expression of a
 silent execute request, in a real IPython shell against a real gate process."""
 
-# ruff: noqa: F811 - fixtures shared with the unit tests are imported from them
+# ruff: noqa: F811 - the shell fixtures are tests/shells.py's
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from IPython.core.interactiveshell import InteractiveShell
 from dpmagic.budget_status import MIME_TYPE
 from dpmagic.client import Gate
 from dpmagic.magics import DpSql
-from tests.unit.test_magics import COUNT_BY_SEX, ipython, shell  # noqa: F401
+from tests.shells import COUNT_BY_SEX, ipython, shell  # noqa: F401
 
 # What labextension/src/index.ts sends as the request's only user expression.
 EXPRESSION = "__import__('dpmagic.budget_status').budget_status.status()"

@@ -1,16 +1,15 @@
 """Completion in %%dpsql cells: the IPython matcher the kernel answers with, fed by a real
 gate's public schema, asked through IPython's own completer as a front end asks.
 
-Through real processes (gate, kernel or CLI); the in-process tests of the same subject,
-and the helpers used here, are in tests/unit/test_completion.py."""
+Through real processes (gate, kernel or CLI); the in-process tests of the same subject
+are in tests/unit/test_completion.py, the shells and ``complete`` in tests/shells.py."""
 
-# ruff: noqa: F811 - the shell fixtures are test_magics.py's
+# ruff: noqa: F811 - the shell fixtures are tests/shells.py's
 from __future__ import annotations
 
 import pytest
 
-from tests.system.test_magics import connected, ipython, shell  # noqa: F401
-from tests.unit.test_completion import complete
+from tests.shells import complete, connected, ipython, shell  # noqa: F401
 
 
 def texts(found: list[tuple]) -> list[str]:

@@ -1,9 +1,9 @@
 """The magics in a real IPython shell, against a real gate process.
 
-Through real processes (gate, kernel or CLI); the in-process tests of the same subject,
-and the helpers used here, are in tests/unit/test_magics.py."""
+Through real processes (gate, kernel or CLI); the in-process tests of the same subject
+are in tests/unit/test_magics.py, the shells both use in tests/shells.py."""
 
-# ruff: noqa: F811 - fixtures shared with the unit tests are imported from them
+# ruff: noqa: F811 - the shell fixtures are tests/shells.py's
 
 from __future__ import annotations
 
@@ -13,18 +13,11 @@ from pathlib import Path
 
 import pytest
 from IPython.core.error import UsageError
-from IPython.core.interactiveshell import InteractiveShell
 
 from dpmagic import identity
 from dpmagic.result import BudgetView, DPResult, SchemaView
 from tests.conftest import TOKENS
-from tests.unit.test_magics import COUNT_BY_SEX, ipython, shell  # noqa: F401
-
-
-@pytest.fixture
-def connected(shell: InteractiveShell, gate) -> InteractiveShell:
-    shell.run_line_magic("config", f"DpSql.gate = {gate.address!r}")
-    return shell
+from tests.shells import COUNT_BY_SEX, connected, ipython, shell  # noqa: F401
 
 
 def test_cell_magic_returns_a_result_with_its_footer(connected):

@@ -1,35 +1,16 @@
 """The magics in a real IPython shell, against a real gate process."""
 
+# ruff: noqa: F811 - the shell fixtures are tests/shells.py's
+
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 from IPython.core.error import UsageError
-from IPython.core.interactiveshell import InteractiveShell
-from traitlets.config import Config
 
-from dpmagic.magics import DpSql, parameter_names, parse_line, register, split_assignment
-
-COUNT_BY_SEX = "SELECT sex, COUNT(*) AS n FROM t GROUP BY sex ORDER BY sex"
-
-
-@pytest.fixture(scope="module")
-def ipython() -> InteractiveShell:
-    config = Config()
-    config.HistoryManager.hist_file = ":memory:"
-    return InteractiveShell.instance(config=config)
-
-
-@pytest.fixture
-def shell(ipython: InteractiveShell, monkeypatch) -> InteractiveShell:
-    """The shell with the extension loaded afresh and no gate configured."""
-    monkeypatch.delenv("DPMAGIC_GATE", raising=False)
-    monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
-    ipython.user_ns.pop("__session__", None)
-    ipython.configurables[:] = [c for c in ipython.configurables if not isinstance(c, DpSql)]
-    register(ipython)
-    return ipython
+from dpmagic.magics import parameter_names, parse_line, split_assignment
+from tests.shells import COUNT_BY_SEX, ipython, shell  # noqa: F401
 
 
 def test_unreachable_gate_is_a_usage_error_naming_it(shell, short_dir: Path):
