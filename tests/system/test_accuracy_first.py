@@ -1,14 +1,12 @@
 """Accuracy first: ``accuracy=A`` buys the least cost at which every noisy cell's (1 -
 alpha) interval is ±A, and the interval holds at its stated rate.
 
-Through real processes (gate, kernel or CLI); the in-process tests of the same subject,
-and the helpers used here, are in tests/unit/test_accuracy_first.py."""
+Through real processes (gate, kernel or CLI); the in-process tests of the same subject
+are in tests/unit/test_accuracy_first.py."""
 
 from __future__ import annotations
 
 import pytest
-
-from tests.unit.test_accuracy_first import POLICY  # noqa: F401
 
 
 def test_client_and_magic_ask_for_accuracy_through_a_real_gate(gate):

@@ -1,8 +1,8 @@
 """JupySQL's conventions in dpmagic: ``{{var}}``, ``autopandas``/``autopolars``, and
 ``[tool.dpmagic]`` in ``pyproject.toml``; in a real IPython shell against a real gate.
 
-Through real processes (gate, kernel or CLI); the in-process tests of the same subject,
-and the helpers used here, are in tests/unit/test_conventions.py."""
+Through real processes (gate, kernel or CLI); the in-process tests of the same subject
+are in tests/unit/test_conventions.py."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from dpmagic.client import Gate
 from dpmagic.magics import DpSql, register
 from dpmagic.result import DPResult
 from dpmagic.settings import find_pyproject
-from tests.unit.test_conventions import COUNT_OLD
+
+COUNT_OLD = "SELECT COUNT(*) AS n FROM t WHERE age >= {{min_age}} AND sex = {{sex}}"
 
 
 @pytest.fixture

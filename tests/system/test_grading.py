@@ -1,7 +1,7 @@
 """Grading: re-runs replay for free, transcripts, offline replay, auto-loading.
 
-Through real processes (gate, kernel or CLI); the in-process tests of the same subject,
-and the helpers used here, are in tests/unit/test_grading.py."""
+Through real processes (gate, kernel or CLI); the in-process tests of the same subject
+are in tests/unit/test_grading.py, the kernel helpers in tests/kernels.py."""
 
 from __future__ import annotations
 
@@ -26,8 +26,11 @@ from dpmagic.errors import DPError, QueryRefused
 from dpmagic.kernel import write_spec
 from dpmagic.transcript import TranscriptGate
 from tests.conftest import GateProcess
-from tests.system.test_e2e_kernel import table_of
-from tests.unit.test_grading import BY_SEX, COUNT, NOTEBOOK, RUNNER
+from tests.kernels import table_of
+
+COUNT = "SELECT COUNT(*) AS n FROM t"
+BY_SEX = "SELECT sex, AVG(age) AS mean_age FROM t WHERE age >= $lo GROUP BY sex"
+NOTEBOOK = "hw1.ipynb"
 
 
 def export(capsys: pytest.CaptureFixture[str], policy: Path, out: Path, notebook: str) -> int:
@@ -168,6 +171,14 @@ def test_connect_picks_the_transcript(
 
 
 # -- the course notebook, end to end ------------------------------------------
+
+RUNNER = """\
+import sys, nbformat
+from nbclient import NotebookClient
+nb = nbformat.read(sys.argv[1], as_version=4)
+NotebookClient(nb, kernel_name="python3", timeout=120).execute()
+nbformat.write(nb, sys.argv[2])
+"""
 
 
 def environment_with_autoload(root: Path) -> Path:

@@ -12,7 +12,7 @@ from jupyter_client.manager import KernelManager
 
 from dpmagic.client import Gate
 from tests.conftest import GateProcess, write_dataset
-from tests.system.test_e2e_kernel import TIMEOUT, execute, kernel_env, running_kernel, shell_reply
+from tests.kernels import TIMEOUT, execute, kernel_env, running_kernel, shell_reply
 
 # Every reply is held to the next multiple of this: a query that is slow for sure.
 SLOW_MS = 6000

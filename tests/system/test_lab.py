@@ -1,7 +1,7 @@
 """``dpmagic lab`` for real: JupyterLab with the gated kernelspec pointed at a live gate.
 
-Through real processes (gate, kernel or CLI); the in-process tests of the same subject,
-and the helpers used here, are in tests/unit/test_lab.py."""
+Through real processes (gate, kernel or CLI); the in-process tests of the same subject
+are in tests/unit/test_lab.py."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ import pytest
 
 from dpmagic.client import Gate
 from tests.stopping import STOP_SIGNALS, Command, stop_and_check
-from tests.unit.test_lab import TOKEN
 
 pytest.importorskip("jupyterlab", reason="JupyterLab is the optional extra dpmagic[lab]")
+TOKEN = "dpmagic-lab-test-token"
 
 
 def _free_port() -> int:

@@ -1,13 +1,12 @@
 """Mock runs: fake tables from the public schema, queried in the kernel's own DuckDB.
 
-Through real processes (gate, kernel or CLI); the in-process tests of the same subject,
-and the helpers used here, are in tests/unit/test_mock.py."""
+Through real processes (gate, kernel or CLI); the in-process tests of the same subject
+are in tests/unit/test_mock.py."""
 
 from __future__ import annotations
 
 from dpmagic.client import Gate
 from dpmagic.mock import mock_query
-from tests.unit.test_mock import SCHEMA  # noqa: F401
 
 
 def test_mock_runs_through_a_gate_never_send_the_query(gate):

@@ -1,21 +1,42 @@
 """The supervisor of lab's and demo's children, with real processes: a stop signal unwinds
 the command, and nothing it started survives.
 
-Through real processes (gate, kernel or CLI); the in-process tests of the same subject,
-and the helpers used here, are in tests/unit/test_supervisor.py."""
+Through real processes (gate, kernel or CLI); the in-process tests of the same subject
+are in tests/unit/test_supervisor.py."""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import psutil
 import pytest
 
 from dpmagic.supervisor import STOP_SIGNALS, Stopped, Supervisor
-from tests.unit.test_supervisor import SLEEP, SPAWNER, STUBBORN
+
+SLEEP = [sys.executable, "-c", "import time; time.sleep(120)"]
+# A child that starts a grandchild in a session of its own, as jupyter_client
+# starts kernels, says its pid, and leaves it behind when terminated.
+SPAWNER = [
+    sys.executable,
+    "-c",
+    "import subprocess, sys, time\n"
+    "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'],"
+    " start_new_session=True)\n"
+    "print(p.pid, flush=True)\n"
+    "time.sleep(120)",
+]
+STUBBORN = [
+    sys.executable,
+    "-c",
+    "import signal, time\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(120)",
+]
 
 
 def _gone(pid: int) -> bool:

@@ -12,8 +12,6 @@ from dpmagic.magics import DpSql
 from dpmagic.settings import load_project_settings
 from dpmagic.templates import bind_templates
 
-COUNT_OLD = "SELECT COUNT(*) AS n FROM t WHERE age >= {{min_age}} AND sex = {{sex}}"
-
 
 def test_templates_become_parameters_not_text():
     sql, quoted = bind_templates("SELECT {{ a }} + {{b}} AS x, '{{c}}' AS y, 'x''{' AS z")

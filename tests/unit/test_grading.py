@@ -12,10 +12,6 @@ from pathlib import Path
 
 from dpmagic.kernel import AUTOLOAD_BEGIN, install_autoload
 
-COUNT = "SELECT COUNT(*) AS n FROM t"
-BY_SEX = "SELECT sex, AVG(age) AS mean_age FROM t WHERE age >= $lo GROUP BY sex"
-NOTEBOOK = "hw1.ipynb"
-
 
 def test_autoload_config_is_idempotent_and_keeps_other_lines(tmp_path: Path) -> None:
     config = tmp_path / "etc" / "ipython" / "ipython_kernel_config.py"
@@ -36,14 +32,3 @@ def test_autoload_config_is_idempotent_and_keeps_other_lines(tmp_path: Path) -> 
     exec(compile(text, str(config), "exec"), {"c": Config()})
     assert namespace["InteractiveShellApp"].extensions == ["dpmagic"]
     assert namespace["DpSql"].gate == "unix:/run/dpmagic/gate.sock"
-
-
-# -- the course notebook, end to end ------------------------------------------
-
-RUNNER = """\
-import sys, nbformat
-from nbclient import NotebookClient
-nb = nbformat.read(sys.argv[1], as_version=4)
-NotebookClient(nb, kernel_name="python3", timeout=120).execute()
-nbformat.write(nb, sys.argv[2])
-"""

@@ -13,7 +13,6 @@ import pytest
 from dpmagic.lab import check_port
 
 pytest.importorskip("jupyterlab", reason="JupyterLab is the optional extra dpmagic[lab]")
-TOKEN = "dpmagic-lab-test-token"
 
 
 def test_lab_port_in_use_fails_clearly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
