@@ -1,7 +1,7 @@
 """Attacks from the literature, as tests the gate passes.
 
-Through real processes (gate, kernel or CLI); the in-process tests of the same subject,
-and the helpers used here, are in tests/unit/test_attacks.py."""
+Through real processes (gate, kernel or CLI); the in-process tests of the same subject
+are in tests/unit/test_attacks.py, the dataset both use in tests/attack_data.py."""
 
 from __future__ import annotations
 
@@ -12,20 +12,24 @@ import pytest
 
 from dpmagic.client import Gate
 from dpmagic.errors import DPError
+from tests.attack_data import PEOPLE, TARGET, write_people
 from tests.conftest import GateProcess
-from tests.unit.test_attacks import (  # noqa: F401
-    BUDGET,
-    EPS,
-    HINGES,
-    PEOPLE,
-    POLICY,
-    QUERIES,
-    TARGET,
-    TRIALS,
-    _write,
-)
 
 # -- no data-dependent errors ------------------------------------------------------
+
+# The target (pid 5) is the only row with age 99 and a numeric code: each query
+# would fail, overflow or behave differently on it if written naively.
+HINGES = [
+    "SELECT SUM(100 / (age - 99)) FROM t",
+    "SELECT SUM(age % (age - 99)) FROM t",
+    "SELECT COUNT(*) FROM t WHERE 10 // (age - 99) > 0",
+    "SELECT COUNT(*) FROM t WHERE TRY_CAST(code AS INT) > 0",
+    "SELECT SUM(TRY_CAST(code AS BIGINT)) FROM t",  # refused: no bound to declare
+    "SELECT AVG(age * age * age * age) FROM t WHERE age = 99",
+    "SELECT COUNT(*) FROM t WHERE CAST(code AS INT) > 0",  # refused: CAST can fail
+    "SELECT COUNT(*) FROM t WHERE error('x') IS NULL",  # refused
+    "SELECT COUNT(*) FROM t WHERE code ~ '^[0-9]+$'",  # refused: regexes
+]
 
 
 @pytest.fixture
@@ -33,7 +37,7 @@ def neighbour_gates(tmp_path: Path, short_dir: Path) -> Iterator[dict[str, GateP
     base = [(pid, 20 + pid % 50, pid % 2, f"c{pid}") for pid in range(PEOPLE) if pid != TARGET]
     target = (TARGET, 99, 1, "12345678901234567890123")
     gates = {
-        name: GateProcess(_write(tmp_path, name, rows, 50.0), f"unix:{short_dir / name}.sock")
+        name: GateProcess(write_people(tmp_path, name, rows, 50.0), f"unix:{short_dir / name}.sock")
         for name, rows in (("with", [*base, target]), ("without", base))
     }
     try:

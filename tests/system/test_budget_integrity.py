@@ -3,8 +3,8 @@ never overspend, ``kill -9`` between the debit and the reply leaves the debit re
 and the ledger readable, the ledger and audit log survive restarts, and what a query
 costs never depends on the data.
 
-Through real processes (gate, kernel or CLI); the in-process tests of the same subject,
-and the helpers used here, are in tests/unit/test_budget_integrity.py."""
+Through real processes (gate, kernel or CLI); the in-process tests of the same subject
+are in tests/unit/test_budget_integrity.py."""
 
 from __future__ import annotations
 
@@ -26,16 +26,12 @@ import pytest
 from dpmagic import BudgetExhausted
 from dpmagic.client import Gate
 from tests.conftest import GateProcess
-from tests.unit.test_budget_integrity import (  # noqa: F401
-    COST,
-    NEIGHBOUR_POLICY,
-    QUERIES,
-    SLOW_POLICY,
-    SLOW_SQL,
-    SQL,
-    USER_LIMIT,
-    WINS,
-)
+
+# The `gate` fixture's policy: user budget 5.0, notebook budget 2.0.
+USER_LIMIT = 5.0
+COST = 0.3
+WINS = int(USER_LIMIT / COST + 1e-9)  # 16 queries of 0.3 fit in 5.0; a 17th would not
+SQL = "SELECT COUNT(*) FROM t"
 
 
 def _spend_until_refused(address: str, notebook: str) -> int:
@@ -81,6 +77,23 @@ def test_racing_processes_never_overspend(gate):
 
 
 # -- a gate killed between the debit and the reply --------------------------------
+
+SLOW_POLICY = """
+[gate]
+state_dir = "state"
+response_quantum_ms = 4000
+
+[datasets.d]
+database = "slow.duckdb"
+privacy_unit = "pid"
+user_budget = { epsilon = 5.0 }
+notebook_budget = { epsilon = 5.0 }
+
+[datasets.d.tables.t.columns]
+pid = { type = "int" }
+s = { type = "str" }
+"""
+SLOW_SQL = "SELECT COUNT(*) FROM t WHERE s LIKE '%a%b%a%b%z%'"
 
 
 @pytest.fixture

@@ -1,9 +1,9 @@
 """The ``dpmagic`` command, run as users run it: in a subprocess where it serves.
 
-Through real processes (gate, kernel or CLI); the in-process tests of the same subject,
-and the helpers used here, are in tests/unit/test_cli.py."""
+Through real processes (gate, kernel or CLI); the in-process tests of the same subject
+are in tests/unit/test_cli.py, the clinic fixtures both use in tests/clinic.py."""
 
-# ruff: noqa: F811 - fixtures shared with the unit tests are imported from them
+# ruff: noqa: F811 - the clinic fixtures are tests/clinic.py's
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from dpmagic.cli import main
 from dpmagic.client import Gate
 from dpmagic.demo import GateProcess, example_file, prepare_example
 from dpmagic.init_policy import unfilled
-from tests.unit.test_cli import clinic_csv, spent_gate  # noqa: F401
+from tests.clinic import clinic_csv, spent_gate  # noqa: F401
 
 
 def _dpmagic(

@@ -1,7 +1,7 @@
 """Private GROUP BY keys through DP partition selection.
 
-Through real processes (gate, kernel or CLI); the in-process tests of the same subject,
-and the helpers used here, are in tests/unit/test_partition_selection.py."""
+Through real processes (gate, kernel or CLI); the in-process tests of the same subject
+are in tests/unit/test_partition_selection.py, the city gate both use in tests/cities.py."""
 
 from __future__ import annotations
 
@@ -10,20 +10,8 @@ import pytest
 
 from dpmagic.client import Gate
 from dpmagic.errors import QueryRefused
+from tests.cities import cities_engine, city_rows
 from tests.conftest import GateProcess
-from tests.unit.test_partition_selection import (  # noqa: F401
-    COLUMNS,
-    COUNTS,
-    DRAWS,
-    ORDER,
-    POLICY,
-    QUERIES,
-    SEMANTIC_QUERIES,
-    _city_rows,
-    _engine,
-    row,
-    unit_rows,
-)
 
 dp.enable_features("contrib")
 
@@ -42,7 +30,7 @@ dp.enable_features("contrib")
 def test_private_keys_through_a_real_gate_and_client(tmp_path, short_dir):
     """Over the unix socket: keys chosen, the rare city absent, a refusal without δ."""
     folder = tmp_path / "g"
-    _engine(folder, _city_rows("Ogdenville"), delta=0.0).close()
+    cities_engine(folder, city_rows("Ogdenville"), delta=0.0).close()
     process = GateProcess(folder / "policy.toml", f"unix:{short_dir / 'gate.sock'}")
     process.start()
     try:

@@ -29,31 +29,8 @@ import pytest
 from dpmagic.gate.engine import Engine
 from dpmagic.gate.errors import OverBudget
 from dpmagic.gate.policy import load_policy
+from tests.attack_data import PEOPLE, TARGET, write_people
 from tests.dp_audit import ALPHA, cp_lower
-
-PEOPLE = 40
-TARGET = 5
-
-POLICY = """
-[gate]
-state_dir = "state-{name}"
-response_quantum_ms = 0  # padding off: many queries, timing is not what is tested
-
-[datasets.d]
-database = "{name}.duckdb"
-privacy_unit = "pid"
-max_partitions = 1
-max_rows_per_partition = 1
-user_budget = {{ epsilon = {budget} }}
-notebook_budget = {{ epsilon = {budget} }}
-query_default = {{ epsilon = 0.1 }}
-
-[datasets.d.tables.t.columns]
-pid = {{ type = "int" }}
-age = {{ type = "int", lower = 0, upper = 100 }}
-sick = {{ type = "int", lower = 0, upper = 1 }}
-code = {{ type = "str" }}
-"""
 
 
 def _secret_bits(seed: int = 7) -> list[int]:
@@ -61,35 +38,8 @@ def _secret_bits(seed: int = 7) -> list[int]:
     return [rng.randint(0, 1) for _ in range(PEOPLE)]
 
 
-def _write(folder: Path, name: str, rows: list[tuple], budget: float) -> Path:
-    con = duckdb.connect(str(folder / f"{name}.duckdb"))
-    con.execute("CREATE TABLE t (pid BIGINT, age BIGINT, sick BIGINT, code VARCHAR)")
-    con.executemany("INSERT INTO t VALUES (?, ?, ?, ?)", rows)
-    con.close()
-    policy = folder / f"{name}.toml"
-    policy.write_text(POLICY.format(name=name, budget=budget))
-    return policy
-
-
 def _people(bits: list[int]) -> list[tuple]:
     return [(pid, 20 + pid, bit, f"c{pid}") for pid, bit in enumerate(bits)]
-
-
-# -- no data-dependent errors ------------------------------------------------------
-
-# The target (pid 5) is the only row with age 99 and a numeric code: each query
-# would fail, overflow or behave differently on it if written naively.
-HINGES = [
-    "SELECT SUM(100 / (age - 99)) FROM t",
-    "SELECT SUM(age % (age - 99)) FROM t",
-    "SELECT COUNT(*) FROM t WHERE 10 // (age - 99) > 0",
-    "SELECT COUNT(*) FROM t WHERE TRY_CAST(code AS INT) > 0",
-    "SELECT SUM(TRY_CAST(code AS BIGINT)) FROM t",  # refused: no bound to declare
-    "SELECT AVG(age * age * age * age) FROM t WHERE age = 99",
-    "SELECT COUNT(*) FROM t WHERE CAST(code AS INT) > 0",  # refused: CAST can fail
-    "SELECT COUNT(*) FROM t WHERE error('x') IS NULL",  # refused
-    "SELECT COUNT(*) FROM t WHERE code ~ '^[0-9]+$'",  # refused: regexes
-]
 
 
 # -- differencing -------------------------------------------------------------------
@@ -99,7 +49,7 @@ EPS = 0.25  # each of the two queries
 
 
 def _engine(folder: Path, name: str, rows: list[tuple], budget: float) -> Engine:
-    return Engine(load_policy(_write(folder, name, rows, budget)))
+    return Engine(load_policy(write_people(folder, name, rows, budget)))
 
 
 def _dp_bound(epsilon: float) -> float:

@@ -14,33 +14,6 @@ from dpmagic.gate.engine import Engine
 from dpmagic.gate.errors import GateError
 from dpmagic.gate.policy import load_policy
 
-# The `gate` fixture's policy: user budget 5.0, notebook budget 2.0.
-USER_LIMIT = 5.0
-COST = 0.3
-WINS = int(USER_LIMIT / COST + 1e-9)  # 16 queries of 0.3 fit in 5.0; a 17th would not
-SQL = "SELECT COUNT(*) FROM t"
-
-
-# -- a gate killed between the debit and the reply --------------------------------
-
-SLOW_POLICY = """
-[gate]
-state_dir = "state"
-response_quantum_ms = 4000
-
-[datasets.d]
-database = "slow.duckdb"
-privacy_unit = "pid"
-user_budget = { epsilon = 5.0 }
-notebook_budget = { epsilon = 5.0 }
-
-[datasets.d.tables.t.columns]
-pid = { type = "int" }
-s = { type = "str" }
-"""
-SLOW_SQL = "SELECT COUNT(*) FROM t WHERE s LIKE '%a%b%a%b%z%'"
-
-
 # -- cost never depends on the data ----------------------------------------------
 
 NEIGHBOUR_POLICY = """

@@ -1,5 +1,7 @@
 """The ``dpmagic`` command, run as users run it: in a subprocess where it serves."""
 
+# ruff: noqa: F811 - the clinic fixtures are tests/clinic.py's
+
 from __future__ import annotations
 
 import importlib.util
@@ -14,16 +16,11 @@ import duckdb
 import pytest
 
 from dpmagic.cli import main
-from dpmagic.client import Gate
-from dpmagic.demo import GateProcess, prepare_example
+from dpmagic.demo import prepare_example
 from dpmagic.examples.clinic import generate
 from dpmagic.gate.policy import load_policy
 from dpmagic.init_policy import unfilled, untyped
-
-
-@pytest.fixture
-def clinic_csv(tmp_path: Path) -> dict[str, Path]:
-    return generate(tmp_path / "clinic", patients=60)
+from tests.clinic import clinic_csv, spent_gate  # noqa: F401
 
 
 def test_help_for_every_command() -> None:
@@ -186,21 +183,6 @@ def test_init_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     args = ["init", str(tmp_path / "nope.csv"), "--privacy-unit", "id", "-o", str(tmp_path / "p")]
     assert main(args) == 2
     assert "no such file" in capsys.readouterr().err
-
-
-@pytest.fixture(scope="module")
-def spent_gate(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A gate's policy whose ledger holds real queries: two charged, one replayed."""
-    workdir = tmp_path_factory.mktemp("ledger")
-    policy = prepare_example(workdir, patients=80)
-    with GateProcess(policy, workdir / "gate.sock", workdir / "gate.log") as gate:
-        client = Gate(gate.address)
-        client.query("SELECT COUNT(*) AS n FROM visits", epsilon=0.25, notebook="a.ipynb")
-        client.query("SELECT COUNT(*) AS n FROM visits", epsilon=0.25, notebook="a.ipynb")
-        client.query(
-            "SELECT sex, COUNT(*) AS n FROM patients GROUP BY sex", epsilon=0.5, notebook="b.ipynb"
-        )
-    return policy
 
 
 def test_audit(spent_gate: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -13,9 +13,7 @@ threshold and δ.
 from __future__ import annotations
 
 import math
-import textwrap
 from dataclasses import replace
-from pathlib import Path
 
 import duckdb
 import opendp.prelude as dp
@@ -25,10 +23,8 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from dpmagic.gate.accounting import ApproxAccountant
-from dpmagic.gate.engine import Engine
 from dpmagic.gate.errors import Refused
 from dpmagic.gate.partition_selection import KeySelection, calibrate_selection
-from dpmagic.gate.policy import load_policy
 from dpmagic.gate.sql import execute
 from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
@@ -39,6 +35,7 @@ from dpmagic.gate.sql.plan import Plan, plan
 from dpmagic.gate.sql.resolve import resolve
 from dpmagic.gate.sql.rewrite import KEY_COUNT, rewrite
 from dpmagic.result import DPResult, SchemaView
+from tests.cities import cities_engine, city_rows
 from tests.gate_helpers import dataset, load_table, neighbours, run_rewritten
 
 dp.enable_features("contrib")
@@ -330,47 +327,10 @@ def test_private_key_sql_computes_what_the_query_says(rows, query):
 
 # --- through the engine ----------------------------------------------------------
 
-POLICY = """
-[gate]
-state_dir = "state"
-accountant = "{accountant}"
-response_quantum_ms = 0
-
-[datasets.d]
-sources = {{ t = "t.csv" }}
-privacy_unit = "pid"
-max_partitions = 2
-max_rows_per_partition = 2
-user_budget = {{ epsilon = 50.0, delta = 1e-3 }}
-notebook_budget = {{ epsilon = 50.0, delta = 1e-3 }}
-query_default = {{ epsilon = 1.0, delta = {delta} }}
-
-[datasets.d.tables.t.columns]
-pid = {{ type = "int" }}
-city = {{ type = "str" }}
-age = {{ type = "int", lower = 0, upper = 100 }}
-"""
-
-
-def _engine(folder: Path, rows: list[tuple[int, str, int]], accountant="approx", delta=1e-6):
-    folder.mkdir(parents=True, exist_ok=True)
-    lines = ["pid,city,age"] + [f"{p},{c},{a}" for p, c, a in rows]
-    (folder / "t.csv").write_text("\n".join(lines) + "\n")
-    text = POLICY.format(accountant=accountant, delta=delta)
-    (folder / "policy.toml").write_text(textwrap.dedent(text))
-    return Engine(load_policy(folder / "policy.toml"))
-
-
-def _city_rows(rare: str | None) -> list[tuple[int, str, int]]:
-    rows = [(p, "Springfield" if p % 2 else "Shelbyville", 20 + p % 50) for p in range(1, 1201)]
-    if rare is not None:
-        rows.append((5000, rare, 40))  # one person alone in their city
-    return rows
-
 
 @pytest.fixture
 def city_engine(tmp_path):
-    e = _engine(tmp_path / "a", _city_rows("Ogdenville"))
+    e = cities_engine(tmp_path / "a", city_rows("Ogdenville"))
     yield e
     e.close()
 
@@ -391,8 +351,8 @@ def test_common_keys_are_released_and_a_lone_unit_s_key_never(city_engine):
 def test_the_cost_and_threshold_do_not_depend_on_the_data(tmp_path):
     sql = "SELECT city, COUNT(*) FROM t GROUP BY city"
     replies = []
-    for name, rows in (("a", _city_rows("Ogdenville")), ("b", _city_rows(None)[:40])):
-        e = _engine(tmp_path / name, rows)
+    for name, rows in (("a", city_rows("Ogdenville")), ("b", city_rows(None)[:40])):
+        e = cities_engine(tmp_path / name, rows)
         try:
             replies.append(e.query("alice", {"sql": sql, "notebook": "nb"}))
         finally:
@@ -432,7 +392,7 @@ def test_the_footer_says_how_keys_were_chosen(city_engine):
     ],
 )
 def test_private_keys_without_a_delta_to_spend_are_refused(tmp_path, accountant, delta, reason):
-    e = _engine(tmp_path, _city_rows(None), accountant=accountant, delta=delta)
+    e = cities_engine(tmp_path, city_rows(None), accountant=accountant, delta=delta)
     try:
         with pytest.raises(Refused, match=reason) as info:
             e.query("alice", {"sql": "SELECT city, COUNT(*) FROM t GROUP BY city"})
