@@ -1,14 +1,15 @@
 """A grammar-based differential fuzzer for the gate's error oracle.
 
 Here the long runs (``pytest -m fuzz``: thousands of examples) and the runs through
-real gate processes over their sockets; the default run, and the helpers used here,
-are in tests/unit/test_fuzz_error_oracle.py."""
+real gate processes over their sockets; the default run is in
+tests/unit/test_fuzz_error_oracle.py, the fuzzer's parts in tests/error_oracle.py."""
 
-# ruff: noqa: F811 - fixtures shared with the unit tests are imported from them
+# ruff: noqa: F811 - the fuzzer's fixtures are tests/error_oracle.py's
 
 from __future__ import annotations
 
 import http.client
+import itertools
 import json
 import socket
 import tempfile
@@ -19,46 +20,18 @@ import pytest
 from hypothesis import given, settings
 
 from tests.conftest import GateProcess
-from tests.unit.test_fuzz_error_oracle import (  # noqa: F401
+from tests.error_oracle import (  # noqa: F401
     DEFAULT,
     EPSILON,
     FUZZ,
-    LONG_NOTE,
-    PEOPLE,
-    POLICY,
     RELEASE_QUERIES,
     ROW_QUERIES,
-    SCHEMAS,
-    T_COLUMNS,
-    T_FAMILIES,
-    T_TARGETS,
-    T_TYPES,
-    TARGET,
-    TARGET_T,
-    TARGET_V,
-    USER,
-    V_FAMILIES,
-    V_TARGETS,
-    D,
-    Outcome,
     Pair,
-    _ask,
-    _before_the_noise,
-    _compare,
-    _duckdb_error,
-    _merge,
-    _others,
-    _process_queries,
-    _write,
+    compare,
     folder,
     pair,
+    write_database,
 )
-
-# -- the grammar over this schema ----------------------------------------------------
-
-
-# -- the gates -----------------------------------------------------------------------
-
 
 # -- properties: a fixed budget in the default run, thousands under -m fuzz -----------
 
@@ -67,17 +40,19 @@ from tests.unit.test_fuzz_error_oracle import (  # noqa: F401
 @FUZZ
 @given(sql=ROW_QUERIES)
 def test_fuzz_row_expressions_never_hinge_on_one_unit(pair: Pair, sql: str) -> None:
-    _compare(pair, sql)
+    compare(pair, sql)
 
 
 @pytest.mark.fuzz
 @settings(FUZZ, max_examples=500)
 @given(sql=RELEASE_QUERIES)
 def test_fuzz_release_expressions_differ_by_noise_only(pair: Pair, sql: str) -> None:
-    _compare(pair, sql, release_level=True)
+    compare(pair, sql, release_level=True)
 
 
 # -- the same through real gate processes on their unix sockets ------------------------
+
+_process_queries = itertools.count()
 
 
 class _Unix(http.client.HTTPConnection):
@@ -114,7 +89,7 @@ def processes(folder: Path) -> Iterator[dict[str, GateProcess]]:
     try:
         for name, with_target in (("pwith", True), ("pwithout", False)):
             gates[name] = GateProcess(
-                _write(folder, name, with_target), f"unix:{sockets / name}.sock"
+                write_database(folder, name, with_target), f"unix:{sockets / name}.sock"
             )
             gates[name].start()
         yield gates

@@ -1,16 +1,17 @@
 """The error-oracle fuzzer against the Spark engine (marker ``spark``).
 
 The same grammar and the same neighbouring datasets as
-``tests/unit/test_fuzz_error_oracle.py`` (D holds a target unit at every declared
-edge: an id of 2^53+1, a value of 1e308, the only numeric text, a 4,000-character
-text, dates 0001-01-01 and 9999-12-31; D' does not), served by Spark from Parquet
-files instead of DuckDB: each generated query is asked of an engine on D and one on
-D', and their kind, status, message, reply shape and charge must be equal. Spark
-answers a query in about a second, so the budget is small and fixed (derandomized);
-what Spark refuses it must refuse on both, for the same reason.
+``tests/unit/test_fuzz_error_oracle.py``, from ``tests/error_oracle.py`` (D holds a
+target unit at every declared edge: an id of 2^53+1, a value of 1e308, the only
+numeric text, a 4,000-character text, dates 0001-01-01 and 9999-12-31; D' does not),
+served by Spark from Parquet files instead of DuckDB: each generated query is asked
+of an engine on D and one on D', and their kind, status, message, reply shape and
+charge must be equal. Spark answers a query in about a second, so the budget is
+small and fixed (derandomized); what Spark refuses it must refuse on both, for the
+same reason.
 """
 
-# ruff: noqa: F811 - fixtures shared with the unit tests are imported from them
+# ruff: noqa: F811 - the fuzzer's fixtures are tests/error_oracle.py's
 
 from __future__ import annotations
 
@@ -25,14 +26,14 @@ pytest.importorskip("pyspark", reason="the spark extra is not installed")
 
 from dpmagic.gate.engine import Engine
 from dpmagic.gate.policy import load_policy
-from tests.unit.test_fuzz_error_oracle import (  # noqa: F401
+from tests.error_oracle import (  # noqa: F401
     DEFAULT,
     POLICY,
     ROW_QUERIES,
     Pair,
-    _compare,
-    _write,
+    compare,
     folder,
+    write_database,
 )
 
 pytestmark = pytest.mark.spark
@@ -42,7 +43,7 @@ SPARK_EXAMPLES = 200
 
 def _spark_policy(folder: Path, name: str, with_target: bool) -> Path:
     """The fuzzer's dataset as Parquet files, served by Spark."""
-    _write(folder, name, with_target)
+    write_database(folder, name, with_target)
     con = duckdb.connect(str(folder / f"{name}.duckdb"), read_only=True)
     sources = []
     for table in ("t", "v", "r"):
@@ -75,7 +76,7 @@ def spark_pair(folder: Path) -> Iterator[Pair]:
 @settings(DEFAULT, max_examples=SPARK_EXAMPLES)
 @given(sql=ROW_QUERIES)
 def test_spark_row_expressions_never_hinge_on_one_unit(spark_pair: Pair, sql: str) -> None:
-    _compare(spark_pair, sql)
+    compare(spark_pair, sql)
 
 
 def test_the_spark_fuzz_asked_spark_and_spark_answered_some(spark_pair: Pair) -> None:
