@@ -6,7 +6,9 @@ virtual environments, where dpmagic is not installed. Usage:
 ``duckdb`` (raw, exact), ``smartnoise`` (SmartNoise SQL on DuckDB) or
 ``opendp-polars`` (OpenDP's Polars front end on the Parquet files). DATA is the
 ``bench`` workload's folder (``raw.duckdb``, ``visits.parquet``, ``persons.parquet``)
-or the ``visits`` workload's DuckDB file (its Parquet copy beside it).
+or the ``visits`` workload's DuckDB file (its Parquet copy beside it). With
+``--many GROUPS``, DATA is ``many_groups.py``'s DuckDB file (its Parquet copy
+beside it) and the tool answers its one query, ``MANY_SQL``, with GROUPS public keys.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from queries import WORKLOADS, Workload
 
 THREADS = 2
+MANY_SQL = "SELECT k, COUNT(*) AS n, SUM(x) AS s FROM t GROUP BY k"
+MANY_ROWS = 2  # rows a person has in many_groups.py's table, all in one group
+MANY_UPPER = 999  # x's declared upper bound (its lower is 0)
 
 
 def main() -> None:
@@ -33,8 +38,13 @@ def main() -> None:
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="bench")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--epsilon", type=float, default=1.0)
+    parser.add_argument("--many", type=int, help="many_groups.py's query, with this many keys")
     args = parser.parse_args()
-    out = RUNNERS[args.tool](WORKLOADS[args.workload], args.data, args.reps, args.epsilon)
+    if args.many:
+        run = MANY_RUNNERS[args.tool](args.data, args.many, args.epsilon)
+        out = {"many groups": _timed(run, args.reps)}
+    else:
+        out = RUNNERS[args.tool](WORKLOADS[args.workload], args.data, args.reps, args.epsilon)
     kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(json.dumps({"peak_mb": kb / 1024, "queries": out}, default=float))
 
@@ -214,6 +224,75 @@ def run_opendp_polars(w: Workload, data: Path, reps: int, epsilon: float) -> dic
         for q in w.queries
     }
 
+
+def many_duckdb(data: Path, groups: int, epsilon: float):
+    """Raw DuckDB's exact answer to ``MANY_SQL`` (for reference)."""
+    import duckdb
+
+    con = duckdb.connect(str(data), read_only=True, config={"threads": THREADS})
+    return lambda: [list(r) for r in con.execute(MANY_SQL).fetchall()]
+
+
+def many_smartnoise(data: Path, groups: int, epsilon: float):
+    """SmartNoise SQL on the same DuckDB file: a person's rows bounded to ``MANY_ROWS``
+    (the reach the gate's policy gives one person: one group, two rows), ``x`` in
+    ``[0, MANY_UPPER]``. It releases the keys it finds (``censor_dims`` off: every key
+    of this table has rows), not a declared list."""
+    import duckdb
+    import snsql
+
+    con = duckdb.connect(str(data), read_only=True, config={"threads": THREADS})
+    table = {
+        "row_privacy": False,
+        "max_ids": MANY_ROWS,
+        "censor_dims": False,
+        "pid": {"type": "int", "private_id": True},
+        "k": {"type": "int"},
+        "x": {"type": "int", "lower": 0, "upper": MANY_UPPER},
+    }
+    reader = snsql.from_connection(
+        DuckDbApi(con),
+        engine="postgres",
+        privacy=snsql.Privacy(epsilon=epsilon, delta=1e-6),
+        metadata={"bench": {"main": {"t": table}}},
+    )
+    sql = MANY_SQL.replace("FROM t", "FROM main.t")
+    return lambda: [list(r) for r in reader.execute(sql)[1:]]  # the first row: the header
+
+
+def many_opendp_polars(data: Path, groups: int, epsilon: float):
+    """OpenDP's Context over the Parquet copy: ``truncate_per_group(MANY_ROWS)`` per
+    person, the keys ``0 … groups-1`` declared public (``with_keys``), the sum bounded
+    in ``[0, MANY_UPPER]``, the row count taken as public (``max_length``)."""
+    import opendp.prelude as dp
+    import polars as pl
+
+    dp.enable_features("contrib")
+    frame = pl.scan_parquet(data.with_suffix(".parquet"))
+    persons = frame.select(pl.col("pid").n_unique()).collect().item()
+    keys = pl.DataFrame({"k": list(range(groups))}, schema={"k": pl.Int64})
+    x = pl.col("x").cast(pl.Int64).fill_null(0).clip(0, MANY_UPPER)
+
+    def run() -> list:
+        context = dp.Context.compositor(
+            data=frame,
+            privacy_unit=dp.unit_of(contributions=1, identifier=pl.col("pid")),
+            privacy_loss=dp.loss_of(epsilon=epsilon),
+            split_evenly_over=1,
+            margins=[dp.polars.Margin(by=[], max_length=MANY_ROWS * persons)],
+        )
+        query = context.query().truncate_per_group(MANY_ROWS).group_by("k")
+        agg = query.agg(dp.len(signed=True).alias("n"), x.dp.sum((0, MANY_UPPER)).alias("s"))
+        return agg.with_keys(keys).release().collect().sort("k").rows()
+
+    return run
+
+
+MANY_RUNNERS = {
+    "duckdb": many_duckdb,
+    "smartnoise": many_smartnoise,
+    "opendp-polars": many_opendp_polars,
+}
 
 RUNNERS = {
     "duckdb": run_duckdb,

@@ -1,9 +1,11 @@
-"""The kernel's only way to the data: HTTP/JSON requests to the gate.
+"""The kernel's only way to the data: HTTP requests to the gate.
 
 This module runs in the untrusted kernel, so it imports nothing from
 ``dpmagic.gate``. It speaks the HTTP API of docs/http-api.md over a unix socket
 (``unix:/path``; the gate learns who we are from the socket's peer
-credentials) or over TCP (``http://host:port`` with a bearer token).
+credentials) or over TCP (``http://host:port`` with a bearer token). A query's
+answer comes as an Arrow stream (``dpmagic/wire.py``), read into the result's
+columns without a Python object per cell; everything else, errors included, as JSON.
 
 A query is sent exactly once. Retrying a request whose reply was lost could
 charge the budget twice, so a lost reply is reported, never retried.
@@ -22,6 +24,7 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
+from dpmagic import wire
 from dpmagic.errors import ERROR_KINDS, DPError, GateUnavailable
 from dpmagic.mock import mock_query
 from dpmagic.result import DPResult
@@ -34,6 +37,8 @@ ENV_TRANSCRIPT = "DPMAGIC_TRANSCRIPT"
 # gate (`dpmagic serve --jupyterhub`) resolves it to the user through the Hub.
 ENV_HUB_TOKEN = "JUPYTERHUB_API_TOKEN"
 DEFAULT_TIMEOUT = 120.0
+# A query's answer: Arrow's stream preferred, JSON accepted (an older gate sends it).
+ANSWER_ACCEPT = f"{wire.ARROW}, {wire.JSON};q=0.5"
 HOW_TO_SET = (
     f"start a gate (`dpmagic serve --policy …`) and point the notebook at it with "
     f"`%dpconnect unix:/path/to/gate.sock` or the {ENV_GATE} environment variable"
@@ -169,8 +174,11 @@ class Gate:
             "params": params,
         }
         body.update({k: v for k, v in optional.items() if v is not None})
-        reply = self._request("POST", "/v1/query", body)
+        reply = self._request("POST", "/v1/query", body, accept=ANSWER_ACCEPT)
         with collector_paused():
+            if isinstance(reply, tuple):
+                envelope, cells = reply
+                return DPResult(envelope, cells=cells)
             return DPResult(reply)
 
     def budget(self, dataset: str | None = None, notebook: str | None = None) -> dict[str, Any]:
@@ -226,8 +234,9 @@ class Gate:
         host, _, port = where.rpartition(":")
         return http.client.HTTPConnection(host.strip("[]"), int(port), timeout=self.timeout)
 
-    def _request(self, method: str, path: str, body: object = None) -> dict[str, Any]:
-        headers = {"Accept": "application/json"}
+    def _request(self, method: str, path: str, body: object = None, accept: str = wire.JSON) -> Any:
+        """The reply's JSON object, or for an Arrow reply its envelope and its cells."""
+        headers = {"Accept": accept}
         payload = None
         if body is not None:
             payload = json.dumps(body).encode()
@@ -251,6 +260,7 @@ class Gate:
                 conn.request(method, path, body=payload, headers=headers)
                 response = conn.getresponse()
                 status, raw = response.status, response.read()
+                kind = (response.getheader("Content-Type") or "").split(";")[0].strip()
             except (OSError, http.client.HTTPException) as exc:
                 # The request may have reached the gate and been charged.
                 raise DPError(
@@ -262,6 +272,11 @@ class Gate:
                 self._in_flight.discard(conn)
                 self._aborted.discard(conn)
             conn.close()
+        if status == 200 and kind == wire.ARROW:
+            try:
+                return wire.read(raw)
+            except (ValueError, OSError):  # pyarrow's errors derive from these
+                raise DPError("the gate's reply was not a readable Arrow stream") from None
         return _decode(status, raw)
 
 

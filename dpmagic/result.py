@@ -18,8 +18,11 @@ from functools import cached_property
 from html import escape
 from typing import Any
 
+import numpy as np
 import pandas as pd
+import pyarrow as pa
 
+from dpmagic import wire
 from dpmagic.cells import CellAccuracy, cell_accuracy
 from dpmagic.plan_view import HEADERS, OUTPUT_HEADERS, dominance_warnings, output_rows, plan_rows
 from dpmagic.render import MUTED, STYLE, budget_bar, budget_number, spend_chart, table
@@ -38,17 +41,26 @@ class DPResult:
 
     JupySQL's result names work too: ``DataFrame()``, ``PolarsDataFrame()``,
     ``csv()``, ``dict()``, ``len()`` and iteration over the rows as tuples.
+
+    ``reply`` is the JSON reply, or with ``cells`` (an Arrow table, ``dpmagic/wire.py``)
+    the reply's envelope: the rows and each cell's interval and verdict are then read
+    from the columns when first asked for, not made as a Python object per cell as
+    the reply arrives (``df`` is made from the columns directly).
     """
 
     def __init__(
-        self, reply: dict[str, Any], display_limit: int | None = None, intervals: str = "shown"
+        self,
+        reply: dict[str, Any],
+        display_limit: int | None = None,
+        intervals: str = "shown",
+        cells: pa.Table | None = None,
     ) -> None:
-        self.reply = reply
+        self._envelope = reply
+        self._cells = cells
+        self._fields = {} if cells is None else wire.fields(cells)
         self.dataset: str = reply.get("dataset", "")
         self.columns: list[str] = list(reply.get("columns", []))
-        self.rows: list[list[Any]] = [list(r) for r in reply.get("rows", [])]
         self.cost: dict[str, float] = reply.get("cost", {"epsilon": 0.0, "delta": 0.0})
-        self.accuracy: dict[str, Any] = reply.get("accuracy", {"alpha": 0.05, "columns": []})
         self.budget: dict[str, Any] = reply.get("budget", {})
         self.replayed: bool = bool(reply.get("replayed", False))
         self.dry_run: bool = bool(reply.get("dry_run", False))
@@ -66,9 +78,34 @@ class DPResult:
         """The notebook that was charged, for the status bar; set by the magic."""
 
     @cached_property
+    def reply(self) -> dict[str, Any]:
+        """The reply as JSON carries it (rows and per-cell lists as lists)."""
+        if self._cells is None:
+            return self._envelope
+        return wire.merged(self._envelope, self._cells)
+
+    @cached_property
+    def rows(self) -> list[list[Any]]:
+        """The noisy rows, each a list of values in the columns' order."""
+        if self._cells is None:
+            return [list(r) for r in self._envelope.get("rows", [])]
+        columns = [wire.values(self._cells, self._fields, j) for j in range(len(self.columns))]
+        return [list(row) for row in zip(*columns, strict=True)] if columns else []
+
+    @cached_property
+    def accuracy(self) -> dict[str, Any]:
+        """``alpha`` and, per output column, how its cells are noised, each cell's interval
+        and verdict (``None`` for a group key)."""
+        if self._cells is None:
+            return self._envelope.get("accuracy", {"alpha": 0.05, "columns": []})
+        return self.reply.get("accuracy", {"alpha": 0.05, "columns": []})
+
+    @cached_property
     def df(self) -> pd.DataFrame:
         """The noisy answer as a DataFrame, one column per output column."""
-        return pd.DataFrame(self.rows, columns=self.columns)
+        if self._cells is None:
+            return pd.DataFrame(self.rows, columns=self.columns)
+        return _frame(self._cells, self._fields, self.columns)
 
     @cached_property
     def pl(self) -> Any:
@@ -101,7 +138,7 @@ class DPResult:
         return (tuple(row) for row in self.rows)
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return self._cells.num_rows if self._cells is not None else len(self.rows)
 
     def plot(self, kind: str = "bar", x: str | None = None, y: str | None = None) -> Any:
         """Bars, a histogram or a line with 95% intervals as error bars (matplotlib)."""
@@ -112,26 +149,22 @@ class DPResult:
     @property
     def confidence(self) -> float:
         """The coverage of the reported intervals, e.g. 0.95."""
-        return 1.0 - float(self.accuracy.get("alpha", 0.05))
+        accuracy = self._envelope.get("accuracy") or {}
+        return 1.0 - float(accuracy.get("alpha", 0.05))
 
     @property
     def keys(self) -> list[str]:
         """The group-key columns: those that carry no noise."""
-        return [c for i, c in enumerate(self.columns) if self._column_accuracy(i) is None]
+        accuracy = self._envelope.get("accuracy") or {}
+        given = accuracy.get("columns") or []
+        return [c for i, c in enumerate(self.columns) if i >= len(given) or given[i] is None]
 
     def interval(self, column: str) -> pd.DataFrame:
         """Each row's interval for ``column``: the group keys, then ``lower`` and ``upper``
         (NaN where an expression's interval is unknown), in the rows' order. A
         quantile's holds its group's true quantile (docs/accuracy.md, "Accuracy of
         quantiles"); ``percentiles`` gives its band of the group's percentiles."""
-        info = self._noisy_column(column)
-        nan = float("nan")
-        given = info.get("intervals") or [None] * len(self.rows)
-        pairs = [(p[0], p[1]) if p else (nan, nan) for p in given]
-        frame = self.df[self.keys].copy()
-        frame["lower"] = [p[0] for p in pairs]
-        frame["upper"] = [p[1] for p in pairs]
-        return frame
+        return self._pairs(column, "intervals")
 
     def rank_radius(self, column: str) -> float:
         """For a quantile column, ``r`` such that with the reported confidence each
@@ -149,11 +182,24 @@ class DPResult:
         info = self._noisy_column(column)
         if "rank_radius" not in info and info.get("rule") != "percentiles":
             raise ValueError(f"column {column!r} is not a quantile: see interval({column!r})")
-        nan = float("nan")
-        bands = info.get("percentiles") or [None] * len(self.rows)
+        return self._pairs(column, "percentiles")
+
+    def _pairs(self, column: str, part: str) -> pd.DataFrame:
+        """The group keys, then a per-cell pair's ``lower`` and ``upper`` (NaN where the
+        gate sent none), read from the columns when the reply came as Arrow."""
+        self._noisy_column(column)
+        index = self.columns.index(column)
         frame = self.df[self.keys].copy()
-        frame["lower"] = [b[0] if b else nan for b in bands]
-        frame["upper"] = [b[1] if b else nan for b in bands]
+        ends = [self._fields.get((index, f"{part}.{end}")) for end in wire.ENDS]
+        if self._cells is not None and None not in ends:
+            for end, field in zip(("lower", "upper"), ends, strict=True):
+                values = self._cells.column(field).to_numpy(zero_copy_only=False)
+                frame[end] = np.asarray(values, dtype=float)  # null → NaN
+            return frame
+        nan = float("nan")
+        given = self.accuracy["columns"][index].get(part) or [None] * len(self)
+        frame["lower"] = [p[0] if p else nan for p in given]
+        frame["upper"] = [p[1] if p else nan for p in given]
         return frame
 
     def noise_dominates(self, column: str) -> list[bool | None]:
@@ -169,14 +215,13 @@ class DPResult:
     def _noisy_column(self, column: str) -> dict[str, Any]:
         if column not in self.columns:
             raise KeyError(f"no column {column!r}; columns are {self.columns}")
-        info = self._column_accuracy(self.columns.index(column))
+        accuracy = self._envelope.get("accuracy") or {}
+        given = accuracy.get("columns") or []
+        index = self.columns.index(column)
+        info = given[index] if index < len(given) else None
         if info is None:
             raise ValueError(f"column {column!r} is a group key: it carries no noise")
         return info
-
-    def _column_accuracy(self, index: int) -> dict[str, Any] | None:
-        columns = self.accuracy.get("columns") or []
-        return columns[index] if index < len(columns) else None
 
     def _cell(self, column: int, row: int) -> CellAccuracy | None:
         reply = {"rows": self.rows, "accuracy": self.accuracy, "plan": self.plan}
@@ -201,23 +246,23 @@ class DPResult:
         parts = []
         if self.mock:
             parts.append(f"{MOCK_LABEL}: fake rows drawn from the public schema, nothing charged")
-        elif self.dry_run and self.reply.get("offline"):
+        elif self.dry_run and self._envelope.get("offline"):
             parts.append(
                 f"dry run: nothing charged; it would spend {_amount(self.cost)} "
                 "(its plan is not in the transcript: ask the gate for it)"
             )
         elif self.dry_run:
             parts.append(f"dry run: nothing charged; it would spend {_amount(self.cost)}")
-            if self.reply.get("engine") == "spark":
+            if self._envelope.get("engine") == "spark":
                 parts.append("answered by Spark")
         elif self.replayed:
             parts.append("replayed (no cost)")
         else:
             parts.append(f"{_amount(self.cost)} spent")
-            fresh = self.reply.get("fresh_because")
+            fresh = self._envelope.get("fresh_because")
             if fresh:
                 parts.append(f"answered afresh: {fresh}")
-        clip = self.reply.get("clip")
+        clip = self._envelope.get("clip")
         if clip and not self.dry_run:
             chosen = "; ".join(
                 f"{c['aggregate']} within [{format_value(c['bounds'][0])}, "
@@ -228,10 +273,10 @@ class DPResult:
         left = _left(self.budget)
         if left:
             parts.append(left)
-        bounded = bounding_note(self.reply.get("bounding"))
+        bounded = bounding_note(self._envelope.get("bounding"))
         if bounded:
             parts.append(bounded)
-        chosen = self.accuracy.get("partition_selection")
+        chosen = (self._envelope.get("accuracy") or {}).get("partition_selection")
         if chosen:
             parts.append(
                 f"keys chosen from the data: kept where noisy units ≥ {chosen['threshold']} "
@@ -866,3 +911,20 @@ def _sql_cell(sql: str) -> str:
     """A query cut to one short line, whole in its tooltip."""
     short = _shorten(sql, SQL_SHOWN_CHARS)
     return f'<td title="{escape(sql)}" style="text-align: left"><code>{escape(short)}</code></td>'
+
+
+def _frame(cells: pa.Table, fields: dict[tuple[int, str], int], columns: list[str]) -> pd.DataFrame:
+    """The answer's DataFrame from its Arrow columns, as ``pd.DataFrame(rows)`` makes it
+    from the JSON reply's rows (a column of JSON texts, ``wire.ENCODING``, as its values)."""
+    frame = pd.DataFrame(index=pd.RangeIndex(cells.num_rows))
+    data = {}
+    for j in range(len(columns)):
+        index = fields.get((j, "value"))
+        meta = {} if index is None else cells.schema.field(index).metadata or {}
+        if index is None or meta.get(wire.ENCODING) == b"json":
+            data[j] = pd.Series(wire.values(cells, fields, j), dtype=object)
+        else:
+            data[j] = cells.column(index).to_pandas()
+    frame = pd.DataFrame(data) if data else pd.DataFrame(index=frame.index)
+    frame.columns = pd.Index(columns)
+    return frame

@@ -29,6 +29,7 @@ from dpmagic.gate.mechanisms import calibrate
 from dpmagic.gate.policy import AccountantKind, Dataset, Policy, PolicyError
 from dpmagic.gate.service.ledger import Ledger, ReplayKey
 from dpmagic.gate.service.padding import PrivateRead
+from dpmagic.gate.service.reply import Reply
 from dpmagic.gate.service.views import budget_views, history_entries
 from dpmagic.gate.sql import bounding
 from dpmagic.gate.sql.clip import ClipBounds, Clipped, ClipStage, clipped
@@ -307,17 +308,22 @@ class Engine:
         )
 
     def query(self, user: str, body: object, reads: PrivateRead | None = None) -> dict[str, object]:
-        """Answer a query body. ``reads`` is marked where a run on the private data
-        begins, so the server pads the reply of exactly those requests
-        (``service/padding.py``); a replay, a dry run or a refusal before the run
-        leaves it unmarked."""
+        """Answer a query body, as the JSON reply carries it (``respond``'s reply with its
+        cells as lists)."""
+        return self.respond(user, body, reads).json()
+
+    def respond(self, user: str, body: object, reads: PrivateRead | None = None) -> Reply:
+        """Answer a query body: the reply with its cells in columns (``service/reply.py``).
+        ``reads`` is marked where a run on the private data begins, so the server pads
+        the reply of exactly those requests (``service/padding.py``); a replay, a dry
+        run or a refusal before the run leaves it unmarked."""
         reads = PrivateRead() if reads is None else reads
         request = QueryRequest.from_body(body)
         if request.clip is not None:
             return self._clipped(user, request, reads)
         return self._query(user, request, reads)
 
-    def _clipped(self, user: str, request: QueryRequest, reads: PrivateRead) -> dict[str, object]:
+    def _clipped(self, user: str, request: QueryRequest, reads: PrivateRead) -> Reply:
         """A query whose sums are clipped at value bounds it chooses privately, in two
         releases (``sql/clip.py``): the bounds with ``clip`` of the ε, the query with the
         rest, each a query of its own in the ledger (each replayed alike, so a re-run
@@ -332,18 +338,20 @@ class Engine:
         else:
             bounds = replace(rest, epsilon=eps * share, stage=ClipBounds())
             first = self._query(user, bounds, reads)
-            if not first["rows"] or any(v is None for v in first["rows"][0]):
+            rows = first.json()["rows"]  # one row: the bounds
+            if not rows or any(v is None for v in rows[0]):
                 raise Failed("the clip's bounds could not be chosen; nothing more was charged")
-            stage = clipped(main.checked, [float(v) for v in first["rows"][0]])
+            stage = clipped(main.checked, [float(v) for v in rows[0]])
             reply = self._query(user, replace(rest, stage=stage), reads)
-            reply["clip"] = {**reply["clip"], "replayed": first["replayed"]}
-            reply["cost"] = {
-                k: reply["cost"].get(k, 0.0) + first["cost"].get(k, 0.0)
-                for k in {*reply["cost"], *first["cost"]}
+            envelope = reply.envelope
+            envelope["clip"] = {**envelope["clip"], "replayed": first["replayed"]}
+            envelope["cost"] = {
+                k: envelope["cost"].get(k, 0.0) + first["cost"].get(k, 0.0)
+                for k in {*envelope["cost"], *first["cost"]}
             }
         return reply
 
-    def _query(self, user: str, request: QueryRequest, reads: PrivateRead) -> dict[str, object]:
+    def _query(self, user: str, request: QueryRequest, reads: PrivateRead) -> Reply:
         dataset = tightened(self._dataset(request.dataset), request)
         analysis = self.analysis(user, dataset, request)
         the_plan, key = analysis.plan, analysis.replay_key
@@ -405,7 +413,7 @@ class Engine:
                 rows=[],
                 accuracy={"alpha": 0.05, "columns": []},
             )
-            return self._with_budget(reply, user, dataset, request.notebook)
+            return Reply.of(self._with_budget(reply, user, dataset, request.notebook))
         fresh_because = None
         if not request.fresh:
             stored = self.ledger.find_release(user, dataset.name, key)
@@ -417,9 +425,9 @@ class Engine:
                     sql=request.label,
                     replay_key=key,
                 )
-                stored = dict(stored)
-                stored.update(replayed=True, cost={"epsilon": 0.0, "delta": 0.0})
-                return self._with_budget(stored, user, dataset, request.notebook)
+                stored.envelope.update(replayed=True, cost={"epsilon": 0.0, "delta": 0.0})
+                self._with_budget(stored.envelope, user, dataset, request.notebook)
+                return stored
             # The same query released before over other data or policy facts: answered
             # afresh (and charged: it is a new release), saying why.
             fresh_because = self.ledger.fresh_because(user, dataset.name, key)
@@ -454,14 +462,17 @@ class Engine:
             self.ledger.record_failure(charge)
             raise Failed() from None
         released = answer.released
-        accuracy = {**released.accuracy, "bounds": analysis.bounds["text"]}
-        reply.update(columns=released.columns, rows=released.rows, accuracy=accuracy)
+        accuracy = {**released.cells_accuracy, "bounds": analysis.bounds["text"]}
+        reply.update(columns=released.columns, rows=released.values, accuracy=accuracy)
         if answer.left_out is not None:
             reply["bounding"] = {**analysis.bounds, "left_out": answer.left_out}
-        self.ledger.record_release(charge, reply)
+        # The cells are written once, for the ledger and for the reply (``Reply``).
+        released_reply = Reply.of(reply)
+        self.ledger.record_release(charge, released_reply)
         if fresh_because is not None:  # not stored: a replay of this answer is not fresh
-            reply["fresh_because"] = fresh_because
-        return self._with_budget(reply, user, dataset, request.notebook)
+            released_reply.envelope["fresh_because"] = fresh_because
+        self._with_budget(released_reply.envelope, user, dataset, request.notebook)
+        return released_reply
 
     def _within_failures(self, user: str, dataset: Dataset) -> None:
         """Refuse, free, a user whose queries on ``dataset`` failed after the debit

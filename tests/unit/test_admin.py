@@ -13,6 +13,7 @@ from dpmagic.gate.accounting import Cost, PureAccountant
 from dpmagic.gate.errors import OverBudget
 from dpmagic.gate.policy import Budget
 from dpmagic.gate.service.ledger import Ledger
+from dpmagic.gate.service.reply import Reply
 from tests.conftest import write_dataset
 
 USER_CAP = Budget(1.0)
@@ -65,7 +66,7 @@ def test_a_notebook_grant_raises_that_notebook_only(ledger: Ledger) -> None:
 
 
 def test_a_reset_starts_from_zero_and_forgets_grants(ledger: Ledger) -> None:
-    ledger.record_release(charge(ledger, 0.5, "a.ipynb", key="k"), {"rows": [[1]]})
+    ledger.record_release(charge(ledger, 0.5, "a.ipynb", key="k"), Reply.of({"rows": [[1]]}))
     charge(ledger, 0.5, "b.ipynb")
     ledger.grant(user="alice", dataset="d", notebook=None, amount=Budget(2.0), note="")
     ledger.reset(user="alice", dataset="d", notebook=None, note="new term")
@@ -73,7 +74,7 @@ def test_a_reset_starts_from_zero_and_forgets_grants(ledger: Ledger) -> None:
     assert ledger.spent("alice", "d", "a.ipynb") == Cost(0.0)
     assert ledger.limit(USER_CAP, "alice", "d") == USER_CAP
     # What was released before stays replayable: it was paid for.
-    assert ledger.find_release("alice", "d", "k") == {"rows": [[1]]}
+    assert ledger.find_release("alice", "d", "k").json() == {"rows": [[1]]}
     charge(ledger, 0.6, "a.ipynb")
 
 

@@ -205,6 +205,23 @@ def test_long_queries_are_interrupted(locked):
         )
 
 
+def test_a_run_fetched_in_columns_is_guarded_and_interrupted_alike(locked):
+    """The columnar fetch (``batches``) runs under the same guard and timeout as rows."""
+    db, _ = locked
+    with pytest.raises(OutOfResources):
+        db.run(
+            "SELECT COUNT(*) FROM range(100000000) a, range(100000) b WHERE a.range % 7 = b.range",
+            batches=lambda batch: batch,
+        )
+    with pytest.raises((duckdb.Error, UnsafeSQL)):
+        db.run("SELECT * FROM read_csv('/etc/passwd')", batches=lambda batch: batch)
+    kept = db.run("SELECT g, COUNT(*) FROM t GROUP BY g ORDER BY g", batches=lambda b: b)
+    assert kept.rows == [] and kept.table.to_pylist() == [
+        {"g": 0, "count_star()": 1},
+        {"g": 1, "count_star()": 1},
+    ]
+
+
 def test_gate_config_defaults_are_sane():
     assert GateConfig(listen="unix:x", state_dir=None).query_timeout_s > 0  # type: ignore[arg-type]
 

@@ -20,6 +20,7 @@ from dpmagic.gate.accounting import Cost, PureAccountant
 from dpmagic.gate.errors import OverBudget
 from dpmagic.gate.policy import Budget
 from dpmagic.gate.service.ledger import Charge, Ledger, _Flusher
+from dpmagic.gate.service.reply import Reply
 
 USER_CAP = Budget(1.0)
 NOTEBOOK_CAP = Budget(0.6)
@@ -115,10 +116,10 @@ def test_a_failure_stays_charged(ledger: Ledger) -> None:
 
 def test_replay_lookup_and_audit(ledger: Ledger) -> None:
     first = charge(ledger, 0.1, key="k1")
-    ledger.record_release(first, {"rows": [[1]], "n": 1})
+    ledger.record_release(first, Reply.of({"rows": [[1]], "n": 1}))
     second = charge(ledger, 0.1, key="k1", notebook="b.ipynb")
-    ledger.record_release(second, {"rows": [[2]], "n": 2})
-    assert ledger.find_release("alice", "d", "k1") == {"rows": [[2]], "n": 2}
+    ledger.record_release(second, Reply.of({"rows": [[2]], "n": 2}))
+    assert ledger.find_release("alice", "d", "k1").json() == {"rows": [[2]], "n": 2}
     assert ledger.find_release("alice", "d", "k2") is None
     assert ledger.find_release("bob", "d", "k1") is None
     assert ledger.find_release("alice", "other", "k1") is None
@@ -141,14 +142,14 @@ def test_charges_survive_reopening(tmp_path: Path) -> None:
     path = tmp_path / "ledger.sqlite3"
     first = open_ledger(path)
     released = charge(first, 0.3, key="k")
-    first.record_release(released, {"rows": [[7]]})
+    first.record_release(released, Reply.of({"rows": [[7]]}))
     charge(first, 0.2, notebook="b.ipynb")
     first.close()
 
     again = open_ledger(path)
     try:
         assert again.spent("alice", "d").epsilon == pytest.approx(0.5)
-        assert again.find_release("alice", "d", "k") == {"rows": [[7]]}
+        assert again.find_release("alice", "d", "k").json() == {"rows": [[7]]}
         with pytest.raises(OverBudget):
             charge(again, 0.6)
     finally:
@@ -319,7 +320,7 @@ def _waits_for_the_flush(ledger: Ledger, held: _HeldFlushes) -> bool:
     debit = charge(ledger, 0.1, key="k")
     recorded = threading.Event()
     worker = threading.Thread(
-        target=lambda: (ledger.record_release(debit, {"rows": []}), recorded.set())
+        target=lambda: (ledger.record_release(debit, Reply.of({"rows": []})), recorded.set())
     )
     worker.start()
     waited = not recorded.wait(0.3)
@@ -420,7 +421,7 @@ def test_without_a_write_ahead_log_a_debit_is_flushed_in_its_commit(
         assert led._db.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
         debit = charge(led, 0.1)
         assert debit.durable.done() and flushes == []  # SQLite flushed in the commit
-        led.record_release(debit, {"rows": []})
+        led.record_release(debit, Reply.of({"rows": []}))
         assert led.history()[0]["status"] == "released"
     finally:
         led.close()

@@ -5,6 +5,7 @@ as the post-processing query would, and declines everything else."""
 from __future__ import annotations
 
 import duckdb
+import numpy as np
 import pandas as pd
 import pytest
 from hypothesis import given, settings
@@ -20,6 +21,14 @@ TABLE: dict[str, list[object]] = {
     "__m1": [1.5, -2.25, 0.0, 1e12],
     "k": ["a", "b", "c", "d"],
 }
+
+
+def _rows(columns: list | None) -> list[tuple] | None:
+    """The fast path's columns as DuckDB's rows (numpy values as Python's)."""
+    if columns is None:
+        return None
+    lists = [c.tolist() if isinstance(c, np.ndarray) else list(c) for c in columns]
+    return list(zip(*lists, strict=True))
 
 
 def _via_duckdb(exprs: list[exp.Expression], table: dict[str, list[object]] = TABLE) -> list[tuple]:
@@ -43,9 +52,40 @@ def _via_duckdb(exprs: list[exp.Expression], table: dict[str, list[object]] = TA
     ids=["key and floored count", "sum and floored sum", "bare columns"],
 )
 def test_the_fast_path_answers_as_the_post_processing_query(exprs):
-    fast = _direct(TABLE, exprs)
+    fast = _rows(_direct(TABLE, exprs))
     assert fast is not None
     assert fast == _via_duckdb(exprs)
+
+
+@pytest.mark.parametrize(
+    "exprs",
+    [
+        [_col("__pid"), _col("k"), _at_least(_col("__m0"), 0)],
+        [_col("__pid"), _col("__m1")],
+        [_col("__pid"), _col("__m0"), _col("k")],
+    ],
+    ids=["key and floored count", "sum", "bare columns"],
+)
+def test_numpy_columns_are_answered_as_the_post_processing_query(exprs):
+    """The noise pass's numpy columns (``noise.columnar``) stay arrays through the fast
+    path and give DuckDB's values, types included."""
+    table = {**TABLE, "__pid": np.arange(4), "__m0": np.array(TABLE["__m0"]),
+             "__m1": np.array(TABLE["__m1"])}  # fmt: skip
+    columns = _direct(table, exprs)
+    assert columns is not None
+    assert all(isinstance(c, np.ndarray) for c, e in zip(columns, exprs, strict=True)
+               if e.name != "k")  # fmt: skip
+    fast = _rows(columns)
+    slow = _via_duckdb(exprs, table)
+    assert [type(v) for row in fast for v in row] == [type(v) for row in slow for v in row]
+    assert fast == slow
+
+
+def test_a_numpy_column_duckdb_would_not_pass_as_it_is_goes_to_duckdb():
+    floats = {"__pid": np.arange(2), "__m1": np.array([1.5, -2.0])}
+    assert _direct(floats, [_col("__pid"), _at_least(_col("__m1"), 0)]) is None
+    infinite = {"__pid": np.arange(2), "__m1": np.array([1.5, np.inf])}
+    assert _direct(infinite, [_col("__pid"), _col("__m1")]) is None
 
 
 @pytest.mark.parametrize(
@@ -105,9 +145,12 @@ def test_an_average_is_answered_by_the_fast_path_as_by_duckdb(sql, values):
         count_name: [n for _, n in values],
     }
     exprs = [_col("__pid"), tree]
-    fast = _direct(table, exprs)
+    fast = _rows(_direct(table, exprs))
     assert fast is not None
     assert fast == _via_duckdb(exprs, table)
+    if all(abs(t) < 2**62 for t in totals):  # as the noise pass's int64 or float64 arrays
+        arrays = {k: np.asarray(v) for k, v in table.items()}
+        assert _rows(_direct(arrays, exprs)) == fast
 
 
 _CELL = st.one_of(
@@ -134,7 +177,7 @@ def test_the_fast_path_answers_as_duckdb_or_declines(column, floored):
     cannot read integers of 128 bits and more, which the fast path returns as they are)."""
     table: dict[str, list[object]] = {"__pid": list(range(len(column))), "__m0": column}
     expr = _at_least(_col("__m0"), 0) if floored else _col("__m0")
-    fast = _direct(table, [_col("__pid"), expr])
+    fast = _rows(_direct(table, [_col("__pid"), expr]))
     if fast is None:
         return
     if any(type(v) is int and abs(v) >= 2**127 - 1 for v in column):
@@ -187,4 +230,5 @@ def test_bare_count_and_sum_intervals_are_each_cells_own(counts, sums, floats, p
     for out in plan.checked.outputs[1:]:
         m = plan.measurement(plan.parts[out.expr.name].names[0])
         each = [_json_pair(intervals._measured(m, pid, 0.05 / parts)) for pid in pids]
-        assert intervals.cells(out.expr, pids, parts) == each
+        pairs = intervals.cells(out.expr, pids, parts)
+        assert [None if np.isnan(p).any() else p.tolist() for p in pairs] == each

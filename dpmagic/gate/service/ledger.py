@@ -75,6 +75,7 @@ from pathlib import Path
 from dpmagic.gate.accounting import Accountant, Cost
 from dpmagic.gate.errors import OverBudget, required
 from dpmagic.gate.policy import Budget
+from dpmagic.gate.service.reply import Reply
 
 # Long enough that a burst of debits from many processes queues rather than
 # fails; each transaction holds the lock for well under a millisecond.
@@ -327,17 +328,15 @@ class Ledger:
         done.set_result(None)
         return done
 
-    def record_release(self, charge: Charge, reply: dict) -> None:
-        """Keep the released reply so the same query can be replayed for free; returns
+    def record_release(self, charge: Charge, reply: Reply) -> None:
+        """Keep the released reply, its Arrow stream as written once for the reply
+        (``service/reply.py``), so the same query can be replayed for free; returns
         once the charge is on the disk, so the reply may leave."""
         charge.durable.result()
-        # Values JSON lacks (a DuckDB date as a group key) are kept as text,
-        # exactly as the server sends them, so a replay equals the original.
-        text = json.dumps(reply, sort_keys=True, default=str)
         with self._lock, self._transaction(durable=False):
             self._db.execute(
                 "UPDATE entries SET status = ?, reply = ? WHERE id = ?",
-                (RELEASED, text, charge.id),
+                (RELEASED, reply.stream, charge.id),
             )
 
     def record_failure(self, charge: Charge) -> None:
@@ -360,15 +359,16 @@ class Ledger:
             ).fetchone()
         return int(count)
 
-    def find_release(self, user: str, dataset: str, replay_key: str) -> dict | None:
-        """The latest reply released to ``user`` for this replay key, if any."""
+    def find_release(self, user: str, dataset: str, replay_key: str) -> Reply | None:
+        """The latest reply released to ``user`` for this replay key, if any (kept as an
+        Arrow stream, or as the JSON text of an older gate: ``Reply.stored``)."""
         with self._lock:
             row = self._db.execute(
                 "SELECT reply FROM entries WHERE user = ? AND dataset = ? AND replay_key = ?"
                 " AND status = ? ORDER BY id DESC LIMIT 1",
                 (user, dataset, replay_key, RELEASED),
             ).fetchone()
-        return None if row is None else json.loads(row["reply"])
+        return None if row is None else Reply.stored(row["reply"])
 
     def fresh_because(self, user: str, dataset: str, replay_key: str) -> str | None:
         """Why a query with no release under ``replay_key`` is answered afresh, when
@@ -412,7 +412,7 @@ class Ledger:
                 " WHERE e.id = ? AND r.id <= e.id AND r.status = ?)",
                 (RELEASED, entry_id, RELEASED),
             ).fetchone()
-        return None if row is None else json.loads(row["reply"])
+        return None if row is None else Reply.stored(row["reply"]).json()
 
     def record_replay(
         self, *, user: str, dataset: str, notebook: str, sql: str, replay_key: str

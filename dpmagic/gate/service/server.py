@@ -71,6 +71,7 @@ from tornado import httputil, iostream, netutil
 from tornado.http1connection import HTTP1ConnectionParameters, HTTP1ServerConnection
 from tornado.tcpserver import TCPServer
 
+from dpmagic import wire
 from dpmagic.gate.engine import Engine
 from dpmagic.gate.errors import BadRequest, Busy, Failed, GateError, Unauthorized, required
 from dpmagic.gate.policy import Policy, PolicyError, load_policy
@@ -85,6 +86,7 @@ from dpmagic.gate.service.auth import (
 from dpmagic.gate.service.body import parse_body
 from dpmagic.gate.service.padding import PrivateRead, release_time
 from dpmagic.gate.service.release_clock import ReleaseClock
+from dpmagic.gate.service.reply import Reply
 from dpmagic.gate.sql.execute import OutOfResources
 
 log = logging.getLogger("dpmagic.gate")
@@ -164,12 +166,22 @@ class _Connection:
         return self.accepted + limit
 
 
-def _run(handler: Callable[[], dict[str, object]]) -> tuple[int, bytes]:
-    """Run a route in an engine thread; its reply as (status, JSON bytes). A query that
-    ran out of time or memory is answered no sooner than its run's deadline
-    (``execute.OutOfResources``): the engine thread is let go, the reply waits."""
+Outcome = tuple[int, bytes, str]  # status, body, its content type
+
+
+def _run(handler: Callable[[], dict[str, object] | Reply], arrow: bool = False) -> Outcome:
+    """Run a route in an engine thread; its reply as (status, body, content type): an
+    answer as an Arrow stream when the client asked for one (``wants_arrow``), else
+    JSON, as every error is. A query that ran out of time or memory is answered no
+    sooner than its run's deadline (``execute.OutOfResources``): the engine thread is
+    let go, the reply waits. The body is encoded here, in the engine's thread, not on
+    the event loop."""
     try:
         status, reply = 200, handler()
+        if isinstance(reply, Reply):
+            if arrow:
+                return status, reply.arrow(), wire.ARROW
+            reply = reply.json()
     except OutOfResources as exc:
         data = json.dumps(exc.as_reply()).encode()
         raise _HeldFailure(exc.status, data, exc.release_at) from None
@@ -178,13 +190,35 @@ def _run(handler: Callable[[], dict[str, object]]) -> tuple[int, bytes]:
     except Exception as exc:
         log.error("request failed: %s", type(exc).__name__)
         status, reply = 500, Failed().as_reply()
-    return status, json.dumps(reply, default=str).encode()
+    return status, json.dumps(reply, default=str).encode(), wire.JSON
 
 
-def _response(status: int, data: bytes) -> tuple[httputil.ResponseStartLine, httputil.HTTPHeaders]:
+def wants_arrow(accept: str | None) -> bool:
+    """Whether an ``Accept`` header prefers Arrow's stream to JSON: Arrow listed with a
+    quality above 0 and at least JSON's (a JSON type not listed counts as 0; ``*/*``
+    and no header at all mean JSON, which every client reads)."""
+    quality = {}
+    for item in (accept or "").split(","):
+        kind, *params = (p.strip() for p in item.split(";"))
+        q = 1.0
+        for param in params:
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    q = float(value)
+                except ValueError:
+                    q = 0.0
+        quality[kind.lower()] = max(q, quality.get(kind.lower(), 0.0))
+    arrow = quality.get(wire.ARROW, 0.0)
+    return arrow > 0 and arrow >= quality.get(wire.JSON, 0.0)
+
+
+def _response(
+    status: int, data: bytes, content_type: str = wire.JSON
+) -> tuple[httputil.ResponseStartLine, httputil.HTTPHeaders]:
     headers = httputil.HTTPHeaders(
         {
-            "Content-Type": "application/json",
+            "Content-Type": content_type,
             "Content-Length": str(len(data)),
             "Cache-Control": "no-store",
             "Connection": "close",
@@ -232,6 +266,7 @@ class _Exchange(httputil.HTTPMessageDelegate):
         self.refusal: GateError | None = None
         self.body = bytearray()
         self.closed = False
+        self.arrow = False  # the client asked for an answer as Arrow's stream
 
     @property
     def user(self) -> str:
@@ -246,6 +281,7 @@ class _Exchange(httputil.HTTPMessageDelegate):
             raise TypeError("the gate reads requests only")
         url = urlsplit(start_line.path)
         self.method, self.path, self.query = start_line.method, url.path, url.query
+        self.arrow = wants_arrow(headers.get("Accept"))
         try:
             self.route = self._route()
             if self.route.authenticated and self.conn.user is None:
@@ -294,46 +330,47 @@ class _Exchange(httputil.HTTPMessageDelegate):
 
     async def _respond(self) -> None:
         try:
-            status, data = await self._outcome()
+            status, data, kind = await self._outcome()
         except Exception as exc:  # never a traceback that might quote a value
             log.error("request failed: %s", type(exc).__name__)
-            status, data = 500, _FAILED
-        self._reply(status, data)
+            status, data, kind = 500, _FAILED, wire.JSON
+        self._reply(status, data, kind)
         log.info("%s %s %s %d", self.user, self.method, self.path, status)
 
-    async def _outcome(self) -> tuple[int, bytes]:
+    async def _outcome(self) -> Outcome:
         if self.refusal is not None:
-            return self.refusal.status, json.dumps(self.refusal.as_reply()).encode()
+            return self.refusal.status, json.dumps(self.refusal.as_reply()).encode(), wire.JSON
         engine, user = self.server.app.engine, self.user
         route = required(self.route, "the request's route")
         body, self.body = bytes(self.body), bytearray()
         reads = PrivateRead()
 
-        def handler() -> dict[str, object]:
+        def handler() -> dict[str, object] | Reply:
             return route.run(engine, user, self.query, body, reads)
 
         if not route.authenticated:  # /v1/health: no user, no data
             return _run(handler)
         async with self.server.slot(user):
-            status, data = await self._computed(handler)
+            status, data, kind = await self._computed(handler)
             # Still holding the user's place: a request of theirs waiting for it (a
             # replay, answered at once) must not start when this run ended, which
             # the padding hides, but when this reply leaves, which its user sees.
             if reads.began:
                 await self._hold_until_quantum()
-            return status, data
+            return status, data, kind
 
-    async def _computed(self, handler: Callable[[], dict[str, object]]) -> tuple[int, bytes]:
+    async def _computed(self, handler: Callable[[], dict[str, object] | Reply]) -> Outcome:
         """``handler``'s reply, computed in an engine thread. A run that ran out of
         time or memory is answered no sooner than its deadline (``_HeldFailure``)."""
+        threads = self.server.engine_threads
         try:
-            return await self.server.loop.run_in_executor(self.server.engine_threads, _run, handler)
+            return await self.server.loop.run_in_executor(threads, _run, handler, self.arrow)
         except _HeldFailure as held:
             await RELEASES.until(held.release_at)
-            return held.status, held.data
+            return held.status, held.data, wire.JSON
         except Exception as exc:  # never a traceback that might quote a value
             log.error("request failed: %s", type(exc).__name__)
-            return 500, _FAILED
+            return 500, _FAILED, wire.JSON
 
     async def _hold_until_quantum(self) -> None:
         quantum = self.server.app.quantum_s
@@ -343,10 +380,10 @@ class _Exchange(httputil.HTTPMessageDelegate):
         # follows the query's running time (``release_clock``).
         await RELEASES.until(release_time(self.arrival, time.monotonic(), quantum))
 
-    def _reply(self, status: int, data: bytes) -> None:
+    def _reply(self, status: int, data: bytes, content_type: str) -> None:
         if self.closed:  # the client went away; nothing to tell it
             return
-        start, headers = _response(status, data)
+        start, headers = _response(status, data, content_type)
         try:
             self.request.write_headers(start, headers, data)
             self.request.finish()
@@ -531,11 +568,9 @@ def _params(query: str, allowed: set[str]) -> dict[str, str]:
     return {name: values[0] for name, values in parsed.items()}
 
 
-def _query(
-    engine: Engine, user: str, query: str, body: bytes, reads: PrivateRead
-) -> dict[str, object]:
+def _query(engine: Engine, user: str, query: str, body: bytes, reads: PrivateRead) -> Reply:
     _params(query, set())
-    return engine.query(user, parse_body(body), reads)
+    return engine.respond(user, parse_body(body), reads)
 
 
 def _budget(
@@ -574,7 +609,7 @@ class Route:
 
     method: str
     authenticated: bool
-    run: Callable[[Engine, str, str, bytes, PrivateRead], dict[str, object]]
+    run: Callable[[Engine, str, str, bytes, PrivateRead], dict[str, object] | Reply]
 
 
 ROUTES: dict[str, Route] = {

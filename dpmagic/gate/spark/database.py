@@ -67,6 +67,7 @@ class SparkDatabase:
     interface: ``dialect``, ``vet``, ``run``, ``public_facts``, ``close``)."""
 
     dialect = SPARK
+    columnar = False  # its rows come through Spark's Python rows (``run``)
 
     def __init__(self, dataset: Dataset, gate: GateConfig) -> None:
         config = dataset.spark

@@ -53,7 +53,7 @@ from dpmagic.gate.sql.check import check
 from dpmagic.gate.sql.clip import ClipBounds, ClipStage, bounds_checked, clip_bounded
 from dpmagic.gate.sql.execute import Store
 from dpmagic.gate.sql.limits import check_deadline, check_generated, deadline
-from dpmagic.gate.sql.noise import declared_keys, key_threshold, noise
+from dpmagic.gate.sql.noise import columnar, declared_keys, key_threshold, noise
 from dpmagic.gate.sql.parse import Param, parse
 from dpmagic.gate.sql.plan import Plan, plan
 from dpmagic.gate.sql.release import PostQuery, Released, post_query, release
@@ -144,10 +144,14 @@ def execute(analysed: Analysed, database: Store) -> Answer:
     noise, and what the reply may carry; then the bounding report's count, noised
     likewise. Called only after the debit."""
     the_plan, rewritten = analysed.plan, analysed.rewritten
+    batches = columnar(the_plan, rewritten) if getattr(database, "columnar", False) else None
     keep = None if the_plan.key_selection is None else key_threshold(the_plan, rewritten)
     if keep is None and the_plan.keys and the_plan.listed_at_fetch:
         keep = declared_keys(the_plan, rewritten)
-    exact = database.run(rewritten.sql, keep)
+    if batches is not None:  # in columns, undeclared keys dropped as each batch arrives
+        exact = database.run(rewritten.sql, batches=batches)
+    else:
+        exact = database.run(rewritten.sql, keep)
     alpha = REPORT_ALPHA if the_plan.accuracy is None else the_plan.accuracy.alpha
     released = release(noise(the_plan, rewritten, exact), alpha, analysed.post)
     if analysed.report is None:

@@ -1,0 +1,57 @@
+"""A ``/v1/query`` answer as the engine hands it to the server: its envelope (cost,
+plan, budget …) and its cells as an Arrow IPC stream (``dpmagic/wire.py``).
+
+The stream is written once, when the answer is released, and that is what the ledger
+stores for replays; an Arrow reply is that stream with the reply's own envelope put
+in front of its record batches (``wire.restamp``), so a reply of 100,000 groups is
+neither encoded twice nor made into a Python object per cell. A client that asks for
+JSON gets the cells read back into lists, as the API has always sent them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from dpmagic import wire
+
+
+class Reply:
+    """``envelope``: the reply without its cells, which the engine may still add to (the
+    budget, ``replayed``, ``fresh_because``); ``stream``: the cells as the ledger keeps
+    them (written with the envelope of the release, replaced when sent)."""
+
+    def __init__(self, envelope: dict[str, Any], stream: bytes) -> None:
+        self.envelope = envelope
+        self.stream = stream
+
+    @classmethod
+    def of(cls, reply: dict[str, Any]) -> Reply:
+        """A reply whose rows and per-cell lists are still in it (lists or numpy arrays)."""
+        envelope, table = wire.split(reply)
+        return cls(envelope, wire.write(envelope, table))
+
+    @classmethod
+    def stored(cls, kept: bytes | str) -> Reply:
+        """A reply as the ledger kept it: an Arrow stream, or the JSON text of a ledger
+        written before replies were columnar."""
+        if isinstance(kept, bytes):
+            envelope, _ = wire.read(kept)
+            return cls(envelope, kept)
+        return cls.of(json.loads(kept))
+
+    def __getitem__(self, key: str) -> Any:
+        return self.envelope[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """A field of the envelope (``replayed``, ``cost`` …), as of a reply's dict."""
+        return self.envelope.get(key, default)
+
+    def json(self) -> dict[str, Any]:
+        """The whole reply as JSON carries it: rows and per-cell lists as lists."""
+        _, table = wire.read(self.stream)
+        return wire.merged(self.envelope, table)
+
+    def arrow(self) -> bytes:
+        """The reply as an Arrow IPC stream: the stored batches under this envelope."""
+        return wire.restamp(self.stream, self.envelope)
