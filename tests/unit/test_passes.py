@@ -9,11 +9,12 @@ from sqlglot import exp
 
 from dpmagic.gate.accounting import PureAccountant
 from dpmagic.gate.errors import Refused
-from dpmagic.gate.sql.bound import Interval, bound
+from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
 from dpmagic.gate.sql.parse import parse
 from dpmagic.gate.sql.plan import plan
 from dpmagic.gate.sql.resolve import resolve
+from dpmagic.gate.sql.value_range import ValueRange
 from tests.gate_helpers import dataset, make_plan
 
 COLUMNS = {
@@ -147,7 +148,7 @@ def test_check_classifies_outputs_and_shares_aggregates():
 # -- bound -------------------------------------------------------------------
 
 
-def _bounds(expr: str) -> Interval:
+def _bounds(expr: str) -> ValueRange:
     b = bound(check(resolve(parse(f"SELECT SUM({expr}) FROM t"), DS)))
     return next(iter(b.bounds.values()))
 

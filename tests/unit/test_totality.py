@@ -27,7 +27,7 @@ from sqlglot import exp
 from dpmagic.gate.engine import Engine
 from dpmagic.gate.errors import Refused
 from dpmagic.gate.policy import load_policy
-from dpmagic.gate.sql.bound import interval
+from dpmagic.gate.sql.bound import value_range
 from dpmagic.gate.sql.check import check
 from dpmagic.gate.sql.parse import DIALECT, parse
 from dpmagic.gate.sql.resolve import resolve
@@ -160,10 +160,10 @@ def test_abs_of_a_tinyint_minimum_is_not_proven():
 
 def test_a_try_cast_interval_is_cut_to_its_type():
     r = _resolved()
-    assert interval(_arg("TRY_CAST(income AS TINYINT)"), r).hi == 127
-    assert interval(_arg("TRY_CAST(age AS SMALLINT)"), r).hi == 120
+    assert value_range(_arg("TRY_CAST(income AS TINYINT)"), r).hi == 127
+    assert value_range(_arg("TRY_CAST(age AS SMALLINT)"), r).hi == 120
     # Always NULL: a TINYINT cannot hold any value of age + 200.
-    assert interval(_arg("TRY_CAST(age + 200 AS TINYINT)"), r) is None
+    assert value_range(_arg("TRY_CAST(age + 200 AS TINYINT)"), r) is None
 
 
 def test_the_issue_s_examples_are_generated_under_try():

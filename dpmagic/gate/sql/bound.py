@@ -28,6 +28,7 @@ from dpmagic.gate.sql.check import (
 from dpmagic.gate.sql.keys import KeyDomain, key_domain
 from dpmagic.gate.sql.parse import DIALECT
 from dpmagic.gate.sql.resolve import Resolved
+from dpmagic.gate.sql.value_range import BOOL, UNBOUNDED, ValueRange
 
 INT_LIMIT = 2**62  # integer expressions must stay well inside BIGINT
 FLOAT_LIMIT = 1e300
@@ -45,63 +46,39 @@ TYPE_RANGES: dict[exp.DataType.Type, tuple[float, float]] = {
 }
 
 
-@dataclass(frozen=True)
-class Interval:
-    """Every non-NULL value of an expression lies in ``[lo, hi]``.
-
-    ``integral`` says the SQL type is an integer (summed exactly) rather than
-    a float (summed in fixed point).
-    """
-
-    lo: float
-    hi: float
-    integral: bool
-
-    def hull(self, other: Interval) -> Interval:
-        return Interval(
-            min(self.lo, other.lo), max(self.hi, other.hi), self.integral and other.integral
-        )
-
-    @property
-    def finite(self) -> bool:
-        return math.isfinite(self.lo) and math.isfinite(self.hi)
-
-
-BOOL = Interval(0, 1, True)
-Env = Mapping[str, Interval]
+Env = Mapping[str, ValueRange]
 NO_ENV: Env = {}
-UNBOUNDED = Interval(-math.inf, math.inf, False)
 
 
 @dataclass(frozen=True)
 class Bounded:
     checked: Checked
-    bounds: dict[str, Interval]  # aggregate name -> bound of its argument
+    bounds: dict[str, ValueRange]  # aggregate name -> bound of its argument
     domains: tuple[KeyDomain, ...]  # the public values of each group key, in key order
 
 
 def bound(checked: Checked) -> Bounded:
     resolved = checked.resolved
     if checked.where is not None:
-        interval(checked.where, resolved)
+        value_range(checked.where, resolved)
     for scan in resolved.scans:
         if scan.on is not None:
-            interval(scan.on, resolved)
+            value_range(scan.on, resolved)
     bounds = {}
     for agg in checked.aggregates:
         if agg.arg is None:
             continue
-        iv = interval(agg.arg, resolved)
+        iv = value_range(agg.arg, resolved)
         if agg.func in ("count", "count_distinct"):
             continue
         if iv is None or not iv.finite:
             raise Refused(_unbounded_reason(agg, resolved))
         bounds[agg.name] = iv
-    domains = tuple(key_domain(k, resolved, interval(k.expr, resolved)) for k in checked.keys)
+    domains = tuple(key_domain(k, resolved, value_range(k.expr, resolved)) for k in checked.keys)
     return Bounded(checked=checked, bounds=bounds, domains=domains)
 
 
-def interval(node: exp.Expression, resolved: Resolved, env: Env = NO_ENV) -> Interval | None:
+def value_range(node: exp.Expression, resolved: Resolved, env: Env = NO_ENV) -> ValueRange | None:
     """The interval of a row expression; ``None`` for non-numeric or always-NULL ones.
 
     ``env`` narrows columns where a ``CASE`` branch is known to hold.
@@ -114,7 +91,7 @@ def interval(node: exp.Expression, resolved: Resolved, env: Env = NO_ENV) -> Int
             raise found
         return found
     try:
-        iv = _interval(node, resolved, env)
+        iv = _range(node, resolved, env)
         if iv is not None and iv.finite:
             limit = INT_LIMIT if iv.integral else FLOAT_LIMIT
             if max(abs(iv.lo), abs(iv.hi)) > limit:
@@ -134,7 +111,7 @@ def interval(node: exp.Expression, resolved: Resolved, env: Env = NO_ENV) -> Int
 # Intervals already computed, by node and environment, while a ``memoised`` block runs:
 # a pass that asks for the interval of every node of a tree stays linear in its size.
 _MEMO: ContextVar[
-    dict[tuple[int, int], tuple[exp.Expression, Env, Interval | Refused | None]] | None
+    dict[tuple[int, int], tuple[exp.Expression, Env, ValueRange | Refused | None]] | None
 ] = ContextVar("interval_memo", default=None)
 
 
@@ -148,9 +125,9 @@ def memoised() -> Iterator[None]:
         _MEMO.reset(token)
 
 
-def _interval(node: exp.Expression, r: Resolved, env: Env) -> Interval | None:
+def _range(node: exp.Expression, r: Resolved, env: Env) -> ValueRange | None:
     if isinstance(node, exp.Paren):
-        return interval(node.this, r, env)
+        return value_range(node.this, r, env)
     if isinstance(node, exp.Column):
         col = r.column(node)
         if col is None:
@@ -159,10 +136,10 @@ def _interval(node: exp.Expression, r: Resolved, env: Env) -> Interval | None:
             return BOOL
         if col.lower is None or col.type not in ("int", "float"):
             return UNBOUNDED if col.type in ("int", "float") else None
-        return env.get(_key(node)) or Interval(col.lower, col.upper, col.type == "int")
+        return env.get(_key(node)) or ValueRange(col.lower, col.upper, col.type == "int")
     part = date_part(node)
     if part is not None:
-        return _date_part_interval(node, part, r)
+        return _date_part_range(node, part, r)
     if isinstance(node, exp.Boolean):
         return BOOL
     if isinstance(node, exp.Null):
@@ -171,52 +148,52 @@ def _interval(node: exp.Expression, r: Resolved, env: Env) -> Interval | None:
         if node.is_string:
             return None
         value = float(node.this)
-        return Interval(value, value, node.is_int)
+        return ValueRange(value, value, node.is_int)
     if isinstance(node, exp.Neg):
-        a = interval(node.this, r, env)
-        return None if a is None else Interval(-a.hi, -a.lo, a.integral)
+        a = value_range(node.this, r, env)
+        return None if a is None else ValueRange(-a.hi, -a.lo, a.integral)
     if isinstance(node, exp.Add | exp.Sub | exp.Mul | exp.Div | exp.IntDiv | exp.Mod):
-        return _arith(node, interval(node.this, r, env), interval(node.expression, r, env))
+        return _arith(node, value_range(node.this, r, env), value_range(node.expression, r, env))
     if isinstance(node, exp.Predicate | exp.Connector | exp.Not | exp.Like | exp.ILike):
         for child in node.iter_expressions():
-            interval(child, r, env)
+            value_range(child, r, env)
         return BOOL
     if isinstance(node, exp.Case):
         return _case(node, r, env)
     if isinstance(node, exp.If):
-        interval(node.this, r, env)
+        value_range(node.this, r, env)
         return _hull([node.args.get("true"), node.args.get("false")], r, env)
     if isinstance(node, exp.Greatest | exp.Least):
         return _extreme(node, r, env)
     if isinstance(node, exp.Coalesce):
         return _hull([node.this, *node.expressions], r, env)
     if isinstance(node, exp.Nullif):
-        interval(node.expression, r, env)
-        return interval(node.this, r, env)
+        value_range(node.expression, r, env)
+        return value_range(node.this, r, env)
     if isinstance(node, exp.Abs):
-        a = interval(node.this, r, env)
+        a = value_range(node.this, r, env)
         if a is None:
             return None
         low = 0.0 if a.lo <= 0 <= a.hi else min(abs(a.lo), abs(a.hi))
-        return Interval(low, max(abs(a.lo), abs(a.hi)), a.integral)
+        return ValueRange(low, max(abs(a.lo), abs(a.hi)), a.integral)
     if isinstance(node, exp.Round | exp.Floor | exp.Ceil):
-        a = interval(node.this, r, env)
+        a = value_range(node.this, r, env)
         if a is None or a.integral or not a.finite:
             return a
         # ROUND(x, n) may land up to half a unit beyond the interval's ends.
-        return Interval(math.floor(a.lo) - 1, math.ceil(a.hi) + 1, False)
+        return ValueRange(math.floor(a.lo) - 1, math.ceil(a.hi) + 1, False)
     if isinstance(node, TEXT_FUNCTIONS + CONCATENATION):
         for child in node.iter_expressions():
-            interval(child, r, env)
+            value_range(child, r, env)
         if isinstance(node, exp.Length):  # at most the text's longest value
-            return Interval(0, text_length(node.this, r), True)
+            return ValueRange(0, text_length(node.this, r), True)
         return None  # text has no interval
     if isinstance(node, exp.TryCast):
-        return _try_cast(interval(node.this, r, env), node.to.this)
+        return _try_cast(value_range(node.this, r, env), node.to.this)
     return UNBOUNDED
 
 
-def _try_cast(a: Interval | None, to: exp.DataType.Type) -> Interval | None:
+def _try_cast(a: ValueRange | None, to: exp.DataType.Type) -> ValueRange | None:
     """``TRY_CAST`` rounds into the target type, and a value outside the type's range
     becomes NULL: a finite interval is cut to the range (``None`` when nothing is left,
     the cast being NULL on every row)."""
@@ -231,7 +208,7 @@ def _try_cast(a: Interval | None, to: exp.DataType.Type) -> Interval | None:
         lo, hi, integral = a.lo, a.hi, False
     low, high = TYPE_RANGES.get(to, (-math.inf, math.inf))
     lo, hi = max(lo, low), min(hi, high)
-    return Interval(lo, hi, integral) if lo <= hi else None
+    return ValueRange(lo, hi, integral) if lo <= hi else None
 
 
 # Characters of a number, date or boolean written as text (a HUGEINT has 40).
@@ -269,38 +246,38 @@ _DATE_PART_RANGES = {
 }  # fmt: skip
 
 
-def _date_part_interval(node: exp.Expression, part: str, r: Resolved) -> Interval:
+def _date_part_range(node: exp.Expression, part: str, r: Resolved) -> ValueRange:
     """Calendar parts have fixed ranges; the year lies between the years of the
     date column's declared bounds (a date literal's year is itself)."""
     if part != "year":
-        return Interval(*_DATE_PART_RANGES[part], True)
+        return ValueRange(*_DATE_PART_RANGES[part], True)
     arg = node.expression if isinstance(node, exp.Extract) else node.this
     col = r.column(arg)
     if col is not None and col.dates is not None:
-        return Interval(col.dates[0].year, col.dates[1].year, True)
+        return ValueRange(col.dates[0].year, col.dates[1].year, True)
     if isinstance(arg, exp.Cast) and isinstance(arg.this, exp.Literal):
         year = int(arg.this.this[:4])
-        return Interval(year, year, True)
+        return ValueRange(year, year, True)
     return UNBOUNDED
 
 
-def _arith(node: exp.Expression, a: Interval | None, b: Interval | None) -> Interval | None:
+def _arith(node: exp.Expression, a: ValueRange | None, b: ValueRange | None) -> ValueRange | None:
     if a is None or b is None:
         return None
     if not (a.finite and b.finite):
         return UNBOUNDED
     integral = a.integral and b.integral
     if isinstance(node, exp.Add):
-        return Interval(a.lo + b.lo, a.hi + b.hi, integral)
+        return ValueRange(a.lo + b.lo, a.hi + b.hi, integral)
     if isinstance(node, exp.Sub):
-        return Interval(a.lo - b.hi, a.hi - b.lo, integral)
+        return ValueRange(a.lo - b.hi, a.hi - b.lo, integral)
     if isinstance(node, exp.Mul):
         corners = [a.lo * b.lo, a.lo * b.hi, a.hi * b.lo, a.hi * b.hi]
-        return Interval(min(corners), max(corners), integral)
+        return ValueRange(min(corners), max(corners), integral)
     if isinstance(node, exp.Mod):
         # The remainder is smaller than the divisor and takes the dividend's sign.
         m = max(abs(b.lo), abs(b.hi))
-        return Interval(-m if a.lo < 0 else 0, m if a.hi > 0 else 0, integral)
+        return ValueRange(-m if a.lo < 0 else 0, m if a.hi > 0 else 0, integral)
     # Division: the rewrite turns a zero divisor into NULL. An integer divisor is
     # then at least 1 away from zero; a float one can come arbitrarily close.
     if b.lo == b.hi == 0:
@@ -315,41 +292,41 @@ def _arith(node: exp.Expression, a: Interval | None, b: Interval | None) -> Inte
         quotients = [x / y for x in (a.lo, a.hi) for y in (d_lo, d_hi)]
         lo, hi = min(quotients), max(quotients)
     if isinstance(node, exp.IntDiv):
-        return Interval(math.floor(lo), math.ceil(hi), integral)
-    return Interval(lo, hi, False)
+        return ValueRange(math.floor(lo), math.ceil(hi), integral)
+    return ValueRange(lo, hi, False)
 
 
-def _hull(nodes: list[exp.Expression | None], r: Resolved, env: Env) -> Interval | None:
+def _hull(nodes: list[exp.Expression | None], r: Resolved, env: Env) -> ValueRange | None:
     out = None
     for node in nodes:
         if node is None:
             continue
-        iv = interval(node, r, env)
+        iv = value_range(node, r, env)
         if iv is None:
             continue
         out = iv if out is None else out.hull(iv)
     return out
 
 
-def _case(node: exp.Case, r: Resolved, env: Env) -> Interval | None:
+def _case(node: exp.Case, r: Resolved, env: Env) -> ValueRange | None:
     """Each THEN is bounded where its WHEN holds and every earlier WHEN failed;
     the ELSE where all failed. ``CASE WHEN x > 9 THEN 9 ELSE x END`` is in [lo, 9]."""
-    out: Interval | None = None
+    out: ValueRange | None = None
     for branch in node.args.get("ifs", []):
-        interval(branch.this, r, env)
-        value = interval(branch.args["true"], r, _narrow(branch.this, True, r, env))
+        value_range(branch.this, r, env)
+        value = value_range(branch.args["true"], r, _narrow(branch.this, True, r, env))
         out = value if out is None else (out if value is None else out.hull(value))
         env = _narrow(branch.this, False, r, env)
     default = node.args.get("default")
-    value = interval(default, r, env) if default is not None else None
+    value = value_range(default, r, env) if default is not None else None
     return value if out is None else (out if value is None else out.hull(value))
 
 
-def _extreme(node: exp.Greatest | exp.Least, r: Resolved, env: Env) -> Interval | None:
+def _extreme(node: exp.Greatest | exp.Least, r: Resolved, env: Env) -> ValueRange | None:
     """DuckDB's LEAST and GREATEST skip NULLs, so any one argument may be the result;
     an argument that is never NULL (a literal) caps it nonetheless."""
     args = [node.this, *node.expressions]
-    ivs = [interval(a, r, env) for a in args]
+    ivs = [value_range(a, r, env) for a in args]
     known = [iv for iv in ivs if iv is not None]
     if not known:
         return None
@@ -360,8 +337,8 @@ def _extreme(node: exp.Greatest | exp.Least, r: Resolved, env: Env) -> Interval 
     if not sure:
         return hull
     if isinstance(node, exp.Least):
-        return Interval(hull.lo, min(hull.hi, min(iv.hi for iv in sure)), hull.integral)
-    return Interval(max(hull.lo, max(iv.lo for iv in sure)), hull.hi, hull.integral)
+        return ValueRange(hull.lo, min(hull.hi, min(iv.hi for iv in sure)), hull.integral)
+    return ValueRange(max(hull.lo, max(iv.lo for iv in sure)), hull.hi, hull.integral)
 
 
 def _never_null(node: exp.Expression) -> bool:
@@ -410,7 +387,7 @@ def _narrow(cond: exp.Expression, holds: bool, r: Resolved, env: Env) -> Env:
         if op is exp.EQ:
             return env
         op = _NEGATE[op]
-    current = env.get(_key(column)) or Interval(col.lower, col.upper, col.type == "int")
+    current = env.get(_key(column)) or ValueRange(col.lower, col.upper, col.type == "int")
     c = float(number.this)
     if not math.isfinite(c):  # 1e400: nothing to narrow to
         return env
@@ -428,7 +405,7 @@ def _narrow(cond: exp.Expression, holds: bool, r: Resolved, env: Env) -> Env:
         hi = min(hi, math.floor(c) if step else c)
     if lo > hi:  # the branch can never run for a non-NULL value
         lo, hi = current.lo, current.lo
-    return {**env, _key(column): Interval(lo, hi, current.integral)}
+    return {**env, _key(column): ValueRange(lo, hi, current.integral)}
 
 
 def _key(column: exp.Column) -> str:
@@ -437,7 +414,7 @@ def _key(column: exp.Column) -> str:
 
 def _unbounded_reason(agg: AggregateCall, r: Resolved) -> str:
     arg = required(agg.arg, "an aggregate's argument")
-    if _interval(arg, r, NO_ENV) is None:
+    if _range(arg, r, NO_ENV) is None:
         return f"{agg.label} aggregates a value that is not a number"
     units = sorted({c.name for c in arg.find_all(exp.Column) if r.is_unit(c)})
     if units:

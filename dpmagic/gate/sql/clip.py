@@ -34,9 +34,10 @@ from dataclasses import dataclass, replace
 from sqlglot import exp
 
 from dpmagic.gate.errors import Refused, required
-from dpmagic.gate.sql.bound import Bounded, Interval
+from dpmagic.gate.sql.bound import Bounded
 from dpmagic.gate.sql.check import AggregateCall, Checked, Output
 from dpmagic.gate.sql.parse import DIALECT
+from dpmagic.gate.sql.value_range import ValueRange
 
 # The quantiles the bounds are chosen at: a fiftieth of the values is moved to each end.
 LEVELS = (0.02, 0.98)
@@ -125,7 +126,7 @@ def clip_bounded(bounded: Bounded, stage: ClipStage | None) -> Bounded:
     return replace(bounded, bounds=cut)
 
 
-def clip_bounds(arg: exp.Expression, interval: Interval, stage: ClipStage | None) -> Interval:
+def clip_bounds(arg: exp.Expression, interval: ValueRange, stage: ClipStage | None) -> ValueRange:
     """``interval`` cut to the clip chosen for ``arg``, if any; an integer argument's
     clip widened to whole numbers."""
     if not isinstance(stage, Clipped):
@@ -139,4 +140,4 @@ def clip_bounds(arg: exp.Expression, interval: Interval, stage: ClipStage | None
     lo, hi = max(interval.lo, lo), min(interval.hi, hi)
     if lo > hi:  # a clip outside the declared range: its nearest end
         lo = hi = min(max(clip[0], interval.lo), interval.hi)
-    return Interval(lo, hi, interval.integral)
+    return ValueRange(lo, hi, interval.integral)

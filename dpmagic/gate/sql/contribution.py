@@ -82,10 +82,10 @@ from sqlglot import exp
 
 from dpmagic.gate.dp.contribution import Contribution
 from dpmagic.gate.policy import AccountantKind, Column, Dataset, Table
-from dpmagic.gate.sql.bound import Interval
 from dpmagic.gate.sql.kinds import MeasureKind
 from dpmagic.gate.sql.resolve import Resolved
 from dpmagic.gate.sql.trees import quoted
+from dpmagic.gate.sql.value_range import ValueRange
 
 RANK = "__dpmagic_rank"
 ROWS = "__dpmagic_rows_"  # + a private table's name: its unit's count of kept rows there
@@ -355,7 +355,7 @@ def stored(col: Column, raw: str) -> str:
         return f"left({value}, {col.max_length})"
     if col.type in ("int", "float") and col.lower is not None and col.upper is not None:
         integral = col.type == "int"
-        return clamp(value, Interval(col.lower, col.upper, integral))
+        return clamp(value, ValueRange(col.lower, col.upper, integral))
     if col.dates is not None:
         lo, hi = (f"CAST('{d.isoformat()}' AS DATE)" for d in col.dates)
         return (
@@ -365,7 +365,7 @@ def stored(col: Column, raw: str) -> str:
     return value
 
 
-def clamp(value: str, bounds: Interval) -> str:
+def clamp(value: str, bounds: ValueRange) -> str:
     lo, hi = number(bounds.lo, bounds.integral), number(bounds.hi, bounds.integral)
     # NaN compares above every number in DuckDB, so it is clamped to the upper bound.
     return (
@@ -374,7 +374,7 @@ def clamp(value: str, bounds: Interval) -> str:
     )
 
 
-def clamped(value: exp.Expression, bounds: Interval) -> exp.Expression:
+def clamped(value: exp.Expression, bounds: ValueRange) -> exp.Expression:
     """``clamp`` as a tree, for the SQL of each query."""
     lo, hi = literal(bounds.lo, bounds.integral), literal(bounds.hi, bounds.integral)
     return exp.Paren(

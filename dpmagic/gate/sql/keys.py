@@ -24,9 +24,9 @@ from sqlglot import exp
 
 from dpmagic.gate.errors import Refused
 from dpmagic.gate.sql.trees import unparen
+from dpmagic.gate.sql.value_range import ValueRange
 
 if TYPE_CHECKING:
-    from dpmagic.gate.sql.bound import Interval
     from dpmagic.gate.sql.check import GroupKey
     from dpmagic.gate.sql.resolve import Resolved
 
@@ -46,7 +46,7 @@ class KeyDomain:
 BOOLEANS = KeyDomain((False, True))
 
 
-def key_domain(key: GroupKey, resolved: Resolved, iv: Interval | None) -> KeyDomain:
+def key_domain(key: GroupKey, resolved: Resolved, iv: ValueRange | None) -> KeyDomain:
     expr = unparen(key.expr)
     col = resolved.column(expr)
     if col is not None and col.public_values is not None:

@@ -48,7 +48,7 @@ from dpmagic.gate.mechanisms import Noise
 from dpmagic.gate.partition_selection import KeySelection, calibrate_selection
 from dpmagic.gate.policy import AccountantKind, Dataset
 from dpmagic.gate.selection import Grid, QuantileNoise, calibrate_quantile, grid
-from dpmagic.gate.sql.bound import Bounded, Interval
+from dpmagic.gate.sql.bound import Bounded
 from dpmagic.gate.sql.check import AggregateCall, Checked, GroupKey
 from dpmagic.gate.sql.contribution import (
     Bounding,
@@ -64,6 +64,7 @@ from dpmagic.gate.sql.parse import DIALECT
 from dpmagic.gate.sql.randomized import Debias, debiasing
 from dpmagic.gate.sql.resolve import Resolved
 from dpmagic.gate.sql.trees import display
+from dpmagic.gate.sql.value_range import ValueRange
 from dpmagic.gate.sql.work import Work, unit_work, within
 
 MAX_SCORES = 2_000_000  # candidates scored over all partitions of one quantile
@@ -107,7 +108,7 @@ class Measurement:
     name: str  # its column in the generated SQL
     kind: MeasureKind
     arg: exp.Expression | None  # None: COUNT(*)
-    clamp: Interval | None  # sums: each value is clamped into this before summing
+    clamp: ValueRange | None  # sums: each value is clamped into this before summing
     grid_exp: int  # sums of floats: values are rounded to multiples of 2**grid_exp
     noise: Noise
     cost: Cost  # what this measurement's noise costs one privacy unit
@@ -115,7 +116,7 @@ class Measurement:
     centre: Centre | None = None
 
     @property
-    def bounds(self) -> Interval:
+    def bounds(self) -> ValueRange:
         """A sum's clamp. A count has none: asking for it is the gate's own bug."""
         if self.clamp is None:
             raise ValueError(f"measurement {self.name} is a count: it has no bounds")
@@ -323,7 +324,7 @@ class Plan:
 
 # A measurement before calibration: (kind, argument, clamp, label, and for a sum
 # measured around its centre, the index in the same list of the count of its rows).
-Wanted = tuple[MeasureKind, exp.Expression | None, Interval | None, str, int | None]
+Wanted = tuple[MeasureKind, exp.Expression | None, ValueRange | None, str, int | None]
 Key = tuple[str, str]
 
 
@@ -509,7 +510,7 @@ def _left_out(report: float, dataset: Dataset, half: Target, whole: Cost) -> Lef
     return LeftOut(report, cap, rows, units, whole)
 
 
-Quantiles = dict[tuple[float, str], tuple[exp.Expression, Interval, str]]
+Quantiles = dict[tuple[float, str], tuple[exp.Expression, ValueRange, str]]
 
 
 def _wanted(
@@ -613,7 +614,7 @@ def _accuracy_applies(checked: Checked, debiased: dict[str, Debias]) -> None:
 
 
 def _parts(
-    agg: AggregateCall, clamp: Interval | None, resolved: Resolved, debiased: bool = False
+    agg: AggregateCall, clamp: ValueRange | None, resolved: Resolved, debiased: bool = False
 ) -> list[Wanted]:
     """The noisy counts and sums an aggregate is post-processed from.
 
@@ -649,9 +650,10 @@ def _parts(
     reach = max(centre - clamp.lo, clamp.hi - centre)
     return [
         count,
-        (MeasureKind.SUM, deviation, Interval(clamp.lo - centre, clamp.hi - centre, clamp.integral),
+        (MeasureKind.SUM, deviation,
+         ValueRange(clamp.lo - centre, clamp.hi - centre, clamp.integral),
          f"SUM({arg_sql} - {centre})", 0),
-        (MeasureKind.SUM, square, Interval(0, reach * reach, clamp.integral),
+        (MeasureKind.SUM, square, ValueRange(0, reach * reach, clamp.integral),
          f"SUM(({arg_sql} - {centre})^2)", 0),
     ]  # fmt: skip
 
@@ -667,7 +669,7 @@ def _typed_parts(agg: AggregateCall, names: tuple[str, ...], bounded: Bounded) -
     return Variance(*names, centre=_variance_centre(bounded.bounds[agg.name]))
 
 
-def _variance_centre(clamp: Interval) -> float:
+def _variance_centre(clamp: ValueRange) -> float:
     """The middle of a variance's bounds, as its SQL subtracts it (a whole number for
     integers, so the differences stay integers)."""
     if clamp.integral:
@@ -750,7 +752,7 @@ def _selection(
     name: str,
     level: float,
     arg: exp.Expression,
-    clamp: Interval,
+    clamp: ValueRange,
     label: str,
     target: Target,
     distance: int,
@@ -838,7 +840,7 @@ def _centre(lo: int, hi: int, count: str, integral: bool) -> Centre | None:
     return None if found is None else Centre(count, *found)
 
 
-def _grid_exp(clamp: Interval, c: Contribution, dataset: Dataset, target: Target) -> int:
+def _grid_exp(clamp: ValueRange, c: Contribution, dataset: Dataset, target: Target) -> int:
     """The grid for summing floats: fine beside the noise, coarse enough to fit 128 bits."""
     real = sum_sensitivity(math.floor(clamp.lo), math.ceil(clamp.hi), c, dataset.neighbouring)
     scale = max(target.scale_estimate(real), 2.0**-1000)
@@ -849,7 +851,7 @@ def _grid_exp(clamp: Interval, c: Contribution, dataset: Dataset, target: Target
     return max(k, math.ceil(math.log2(widest)) - 62 + math.ceil(math.log2(c.rows * 2 * c.groups)))
 
 
-def _grid_bounds(clamp: Interval, grid_exp: int) -> tuple[int, int]:
+def _grid_bounds(clamp: ValueRange, grid_exp: int) -> tuple[int, int]:
     """Integer bounds of a clamped value rounded to the grid: whichever way the SQL
     rounds a value in ``[lo, hi]``, it lands within ``[floor(lo), ceil(hi)]``."""
     step = 2.0**grid_exp

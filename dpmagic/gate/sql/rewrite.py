@@ -54,7 +54,6 @@ from sqlglot import exp
 from dpmagic.gate.dp.contribution import Contribution
 from dpmagic.gate.errors import Refused, required
 from dpmagic.gate.policy import Column
-from dpmagic.gate.sql.bound import Interval
 from dpmagic.gate.sql.contribution import (
     RoomRead,
     Window,
@@ -73,6 +72,7 @@ from dpmagic.gate.sql.plan import MAX_ROWS, Measurement, Plan, Selection
 from dpmagic.gate.sql.resolve import PRESENT, SEMI, Resolved, Scan
 from dpmagic.gate.sql.totality import comparable
 from dpmagic.gate.sql.trees import conjuncts
+from dpmagic.gate.sql.value_range import ValueRange
 
 UNIT = "__unit"
 KEY_COUNT = "__keys"
@@ -536,7 +536,7 @@ def _snap(s: Selection, row: _Rows) -> exp.Expression:
     check_deadline()  # one per quantile: their trees are the rewrite's largest
     g = s.grid
     as_double = exp.TryCast(this=row.total(s.arg), to=exp.DataType.build("DOUBLE"))
-    value = clamped(as_double, Interval(g.lo, g.hi, False))
+    value = clamped(as_double, ValueRange(g.lo, g.hi, False))
     lo, step = literal(g.lo, False), literal(g.step, False)
     # TRY_CAST: a NaN or an index past BIGINT (a grid whose floats lose their steps)
     # is a NULL for that row alone, never an error that depends on the row.

@@ -10,7 +10,7 @@ applies one of two mechanisms, decided node by node:
 1. **Proof.** :func:`may_raise` walks the expression and accepts it only if
    every node provably cannot raise for any value the policy allows: columns
    are read as stored at load (their declared type, clamped into declared
-   bounds), so each node's interval (``bound.interval``) and SQL type
+   bounds), so each node's interval (``bound.value_range``) and SQL type
    (:func:`kind`) are known. Integer arithmetic must stay inside the range of
    the narrowest integer type DuckDB may compute it in (TINYINT … HUGEINT:
    DuckDB computes in the operands' type and raises on overflow, it never
@@ -48,9 +48,10 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from dpmagic.gate.errors import Refused
-from dpmagic.gate.sql.bound import Interval, interval, memoised
+from dpmagic.gate.sql.bound import memoised, value_range
 from dpmagic.gate.sql.check import CONCATENATION, DATE_PARTS, TEXT_POSITION_LIMIT, date_part
 from dpmagic.gate.sql.resolve import Resolved
+from dpmagic.gate.sql.value_range import ValueRange
 
 # The integer types DuckDB computes in, by width: (minimum, maximum).
 INT_RANGES = {bits: (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) for bits in (8, 16, 32, 64, 128)}
@@ -297,7 +298,7 @@ def _divides_minimum(node: exp.IntDiv | exp.Mod, r: Resolved) -> bool:
         return True
     if bits == 0:
         return False
-    dividend, divisor = _interval(node.this, r), _interval(node.expression, r)
+    dividend, divisor = _range(node.this, r), _range(node.expression, r)
     if dividend is None or divisor is None:
         return True
     low = INT_RANGES[bits][0]
@@ -322,7 +323,7 @@ def _round_overflows(node: exp.Round, r: Resolved) -> bool:
         return found.family not in ("int", "float")
     if found.family != "int":
         return True
-    span = _interval(node.this, r)
+    span = _range(node.this, r)
     if span is None or not span.finite:
         return True
     step = 10 ** min(-places, 40)
@@ -346,18 +347,18 @@ def _text_arguments_may_raise(node: exp.Expression, r: Resolved) -> bool:
 
 
 def _fits(node: exp.Expression, r: Resolved, bits: int) -> bool:
-    span = _interval(node, r)
+    span = _range(node, r)
     if span is None or not span.finite:
         return False
     low, high = INT_RANGES[bits]
     return low <= span.lo and span.hi <= high
 
 
-def _interval(node: exp.Expression, r: Resolved) -> Interval | None:
+def _range(node: exp.Expression, r: Resolved) -> ValueRange | None:
     """The node's interval under the declared bounds, or None when it has none (a bound
     the analysis would refuse counts as none: the proof does not need it)."""
     try:
-        return interval(node, r)
+        return value_range(node, r)
     except Refused:
         return None
 
@@ -422,7 +423,7 @@ def _constant(node: exp.Expression, r: Resolved, found: Kind | None) -> Kind | N
     as its value fits: such an expression is claimed no wider than that."""
     if found is None or found.family != "int" or any(True for _ in node.find_all(exp.Column)):
         return found
-    span = _interval(node, r)
+    span = _range(node, r)
     if span is None or not span.finite:
         return found
     narrowest = max(_int_literal(int(span.lo)).bits, _int_literal(int(span.hi)).bits)
