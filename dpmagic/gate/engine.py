@@ -24,6 +24,7 @@ from dpmagic.gate.accounting import AccountantError, make_accountant
 from dpmagic.gate.admission import Admission
 from dpmagic.gate.analysis_cache import BYTES_PER_CHAR, AnalysisCache
 from dpmagic.gate.calibration import REPORT_ALPHA, Accuracy
+from dpmagic.gate.engines import open_store
 from dpmagic.gate.errors import BadRequest, Failed, GateError, InvalidBody, Refused, required
 from dpmagic.gate.mechanisms import calibrate
 from dpmagic.gate.policy import AccountantKind, Dataset, Policy, PolicyError
@@ -34,7 +35,7 @@ from dpmagic.gate.service.views import budget_views, history_entries
 from dpmagic.gate.sql import bounding
 from dpmagic.gate.sql.clip import ClipBounds, Clipped, ClipStage, clipped
 from dpmagic.gate.sql.clip import targets as clip_targets
-from dpmagic.gate.sql.execute import OutOfResources, open_store
+from dpmagic.gate.sql.execute import OutOfResources
 from dpmagic.gate.sql.limits import deadline
 from dpmagic.gate.sql.pipeline import Analysed, Answer, Asked, analyse, execute, generate
 from dpmagic.gate.sql.plan import Plan

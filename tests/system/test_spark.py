@@ -533,7 +533,7 @@ def test_a_gate_process_serves_a_spark_dataset_over_its_socket(
 
 def test_spark_datasets_keep_duckdb_datasets_unchanged() -> None:
     """A policy's DuckDB datasets do not start Spark: pyspark is imported only by a
-    Spark dataset's store (``execute.open_store``)."""
+    Spark dataset's store (``engines.open_store``)."""
     import subprocess
     import sys
 

@@ -40,7 +40,7 @@ import duckdb
 import pyarrow as pa
 
 from dpmagic.gate.errors import Failed, Refused
-from dpmagic.gate.policy import Column, Dataset, EngineKind, GateConfig, PolicyError, Table
+from dpmagic.gate.policy import Column, Dataset, GateConfig, PolicyError, Table
 from dpmagic.gate.sql.contribution import SQL_TYPES
 from dpmagic.gate.sql.dialect import DUCKDB, Dialect
 from dpmagic.gate.sql.keys import MAX_PARTITIONS
@@ -203,15 +203,6 @@ class Store(Protocol):
     def public_facts(self, dataset: Dataset) -> Dataset: ...
 
     def close(self) -> None: ...
-
-
-def open_store(dataset: Dataset, gate: GateConfig) -> Store:
-    """The dataset's tables on the engine its policy names (prepared, or reused)."""
-    if dataset.engine == EngineKind.SPARK:
-        from dpmagic.gate.spark.database import SparkDatabase  # pyspark only when used
-
-        return SparkDatabase(dataset, gate)
-    return Database(dataset, gate)
 
 
 def within_max_rows(dataset: Dataset, table: str, rows: int) -> None:
