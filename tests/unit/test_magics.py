@@ -1,4 +1,6 @@
-"""The magics in a real IPython shell, against a real gate process."""
+"""The magics in a real IPython shell without a gate: their arguments, their usage errors,
+and what they say when no gate answers (tests/system/test_magics.py runs them against
+one)."""
 
 # ruff: noqa: F811 - the shell fixtures are tests/shells.py's
 
