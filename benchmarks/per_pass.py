@@ -36,7 +36,7 @@ import duckdb
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import visits
 
-PASSES = ("debit", "run", "noise", "release", "stored reply", "budget views")
+PASSES = ("debit", "run", "noise", "release", "reply written", "stored reply", "budget views")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,6 +134,7 @@ def _serve(policy: str, address: str, out: str) -> int:
     from dpmagic.gate.engine import Engine
     from dpmagic.gate.service import server
     from dpmagic.gate.service.ledger import Ledger
+    from dpmagic.gate.service.reply import Reply
     from dpmagic.gate.sql import execute, pipeline
 
     clocks: dict[str, list] = {"sql": []}
@@ -142,17 +143,18 @@ def _serve(policy: str, address: str, out: str) -> int:
         (execute.Database, "run", "run"),
         (pipeline, "noise", "noise"),
         (pipeline, "release", "release"),
+        (Reply, "of", "reply written"),
         (Ledger, "record_release", "stored reply"),
         (Engine, "_with_budget", "budget views"),
-        (Engine, "query", "engine"),
+        (Engine, "respond", "engine"),
         (server, "_run", "request"),
     ):
         setattr(owner, attr, _clocked(getattr(owner, attr), clocks.setdefault(label, [])))
     run = execute.Database.run
 
-    def noting(self: object, sql: str, *rest: object) -> object:
+    def noting(self: object, sql: str, *rest: object, **named: object) -> object:
         clocks["sql"].append(sql)
-        return run(self, sql, *rest)
+        return run(self, sql, *rest, **named)
 
     execute.Database.run = noting  # type: ignore[method-assign]
     atexit.register(lambda: Path(out).write_text(json.dumps(clocks)))

@@ -916,7 +916,6 @@ def _sql_cell(sql: str) -> str:
 def _frame(cells: pa.Table, fields: dict[tuple[int, str], int], columns: list[str]) -> pd.DataFrame:
     """The answer's DataFrame from its Arrow columns, as ``pd.DataFrame(rows)`` makes it
     from the JSON reply's rows (a column of JSON texts, ``wire.ENCODING``, as its values)."""
-    frame = pd.DataFrame(index=pd.RangeIndex(cells.num_rows))
     data = {}
     for j in range(len(columns)):
         index = fields.get((j, "value"))
@@ -925,6 +924,6 @@ def _frame(cells: pa.Table, fields: dict[tuple[int, str], int], columns: list[st
             data[j] = pd.Series(wire.values(cells, fields, j), dtype=object)
         else:
             data[j] = cells.column(index).to_pandas()
-    frame = pd.DataFrame(data) if data else pd.DataFrame(index=frame.index)
-    frame.columns = pd.Index(columns)
+    frame = pd.DataFrame(data, index=pd.RangeIndex(cells.num_rows))
+    frame.columns = pd.Index(columns)  # by position: two columns may share a name
     return frame

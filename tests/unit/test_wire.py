@@ -160,3 +160,17 @@ def test_a_quantile_band_and_a_dry_run_read_from_columns() -> None:
     from_json, from_arrow = _both(dry)
     assert from_arrow.rows == [] and len(from_arrow) == 0
     assert list(from_arrow.df.columns) == ["n"]
+
+
+def test_a_large_batch_is_compressed_and_a_small_one_is_not() -> None:
+    """LZ4 frames only where they pay (``wire.COMPRESS_FROM``); both read back alike."""
+    big = wire.Columns([np.zeros(100_000, dtype=np.int64)])
+    small = wire.Columns([np.zeros(10, dtype=np.int64)])
+    sizes = {}
+    for name, values in (("big", big), ("small", small)):
+        envelope, table = wire.split({"columns": ["n"], "rows": values})
+        stream = wire.write(envelope, table)
+        sizes[name] = len(stream), table.nbytes
+        assert wire.read(stream)[1].equals(table)
+    assert sizes["big"][0] < sizes["big"][1] / 10  # zeros compress
+    assert sizes["small"][0] > sizes["small"][1]  # sent as they are, with the schema

@@ -98,9 +98,8 @@ class Released:
         """Equal when the JSON replies are: the same columns, rows and accuracy."""
         if not isinstance(other, Released):
             return NotImplemented
-        mine, theirs = (self.columns, self.rows, self.accuracy), (other.columns, other.rows,
-                                                                  other.accuracy)  # fmt: skip
-        return mine == theirs
+        mine = (self.columns, self.rows, self.accuracy)
+        return mine == (other.columns, other.rows, other.accuracy)
 
     __hash__ = None  # type: ignore[assignment]
 
