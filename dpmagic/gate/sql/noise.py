@@ -180,7 +180,7 @@ _DECLARED_KEPT = 64
 _ARROW_KEYS = {int: pa.int64(), str: pa.string(), bool: pa.bool_()}
 
 
-def _declared(plan: Plan) -> pa.Array | None:
+def declared_array(plan: Plan) -> pa.Array | None:
     """The one key's declared values, in the partitions' order, as an Arrow array of
     one exact type; None when they are not all of one such type or not all distinct."""
     kept = _DECLARED.get(id(plan))
@@ -206,7 +206,7 @@ def _partition_index(plan: Plan, keys: pa.Array | pa.ChunkedArray) -> np.ndarray
     """Each row's partition, −1 for a key nobody declared: Arrow's hash lookup where the
     key column has the declared values' type (integers of any width as int64, text),
     else Python's equality on each value, as ``exact_vectors`` matches rows."""
-    declared = _declared(plan)
+    declared = declared_array(plan)
     if declared is not None and _same_kind(keys.type, declared.type):
         cast = keys.cast(declared.type)
         return pc.index_in(cast, value_set=declared).fill_null(-1).to_numpy().astype(np.int64)

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import duckdb
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 from sqlglot import exp
 
 from dpmagic import wire
@@ -53,7 +54,7 @@ from dpmagic.gate.sql.edges import edge_names
 from dpmagic.gate.sql.expected import average_error, variance_error
 from dpmagic.gate.sql.intervals import fieller, variance_half_width
 from dpmagic.gate.sql.kinds import MeasureKind
-from dpmagic.gate.sql.noise import Noisy, Partition
+from dpmagic.gate.sql.noise import Noisy, Partition, declared_array
 from dpmagic.gate.sql.parse import DIALECT
 from dpmagic.gate.sql.plan import Avg, DebiasedSum, Measured, Measurement, Plan, Selection, Variance
 from dpmagic.gate.sql.randomized import Debiased, debias
@@ -552,13 +553,24 @@ def _noisy_columns(plan: Plan, noisy: Noisy, debiased: dict[str, Debiased]) -> C
     measurements and the debiased aggregates."""
     data: Columns = {PID: np.arange(len(noisy.partitions))}
     for i, key in enumerate(plan.keys):
-        data[key.name] = [p[i] for p in noisy.partitions]
+        data[key.name] = _key_column(plan, noisy, i)
     for m in (*plan.measurements, *plan.selections):
         values = noisy.values[m.name]
         data[f"__{m.name}"] = values if isinstance(values, np.ndarray) else list(values)
     for name, d in debiased.items():
         data[_debiased_column(name)] = list(d.values)
     return data
+
+
+def _key_column(plan: Plan, noisy: Noisy, i: int) -> Sequence[object]:
+    """Key ``i``'s value per partition: one integer key's declared values as the int64
+    array the noise pass matched rows with (made once per plan, ``declared_array``),
+    anything else as a list of the partitions' values."""
+    if len(plan.keys) == 1 and noisy.partitions is plan.partitions:
+        declared = declared_array(plan)
+        if declared is not None and declared.type == pa.int64():
+            return declared.to_numpy()
+    return [p[i] for p in noisy.partitions]
 
 
 def _debiased_column(name: str) -> str:
