@@ -472,16 +472,15 @@ def parts_spent(
 
 def composes(accountant: Accountant, asked: Cost, parts: list[Cost]) -> None:
     """Refuse, as the gate's own bug, a plan whose parts together cost one unit more
-    than the query is charged (by the accountant's composition: ε and δ add up, or ρ
-    does): whatever the shares, weights and roundings, a reply never spends more
-    than its debit."""
-    total = accountant.total(parts, asked.delta)
+    than the query is charged (by the accountants' composition: ε and δ add up under
+    ``pure`` and ``approx``, ρ under ``zcdp``): whatever the shares, weights and
+    roundings, a reply never spends more than its debit."""
     slack = 1 + 1e-9
-    over = (
-        total.rho > asked.rho * slack
-        if accountant.gaussian
-        else total.epsilon > asked.epsilon * slack or total.delta > asked.delta * slack
-    )
+    if accountant.gaussian:  # ρ adds up (read as ρ: converting to ε overflows at huge ε)
+        over = math.fsum(p.rho for p in parts) > asked.rho * slack
+    else:
+        epsilon, delta = math.fsum(p.epsilon for p in parts), math.fsum(p.delta for p in parts)
+        over = epsilon > asked.epsilon * slack or delta > asked.delta * slack
     if over:
         raise RuntimeError("internal error: the plan's parts cost more than its charge")
 

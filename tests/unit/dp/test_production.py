@@ -16,13 +16,18 @@ import math
 import pytest
 
 from dpmagic.gate import calibration
+from dpmagic.gate.accounting import ZCDPAccountant
 from dpmagic.gate.dp.contribution import Contribution
 from dpmagic.gate.dp.counts import count_sensitivity
 from dpmagic.gate.dp.quantiles import selection_distance
 from dpmagic.gate.dp.sums import sum_sensitivity
 from dpmagic.gate.policy import Neighbouring
+from dpmagic.gate.sql.bound import bound
+from dpmagic.gate.sql.check import check
 from dpmagic.gate.sql.kinds import MeasureKind
-from dpmagic.gate.sql.plan import Plan, parts_spent
+from dpmagic.gate.sql.parse import parse
+from dpmagic.gate.sql.plan import Plan, parts_spent, plan
+from dpmagic.gate.sql.resolve import resolve
 from tests.gate_helpers import dataset, make_plan
 
 KEYS = [0, 1, 2]
@@ -121,3 +126,13 @@ def test_every_plan_composes_to_its_charge_and_one_that_does_not_is_refused(rela
     monkeypatch.setattr("dpmagic.gate.sql.plan._target", lambda target, *a: target)
     with pytest.raises(RuntimeError, match="cost more than its charge"):
         _plan(sql, 2, 3, relation)
+
+
+def test_a_zcdp_plan_at_a_huge_epsilon_composes_in_rho():
+    """The Spark agreement suite asks at ε = 10^6 under zCDP: the check adds up ρ and
+    never turns it back into ε (that conversion overflows there)."""
+    ds = dataset({"pid": {"type": "int"}, "x": {"type": "int", "lower": 0, "upper": 10}})
+    bounded = bound(check(resolve(parse("SELECT COUNT(*), AVG(x), MEDIAN(x) FROM t"), ds)))
+    p = plan(bounded, 1e6, 1e-6, ZCDPAccountant())
+    spent = math.fsum(c.rho for c in parts_spent(p.measurements, p.selections, None, None))
+    assert spent == pytest.approx(p.unit_cost.rho, rel=1e-6)
