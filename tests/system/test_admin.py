@@ -13,8 +13,8 @@ import pytest
 
 from dpmagic.client import Gate
 from dpmagic.errors import BudgetExhausted
+from tests.admin_cli import COUNT, cli
 from tests.conftest import GateProcess
-from tests.unit.test_admin import COUNT, NOTEBOOK_CAP, USER_CAP, cli  # noqa: F401
 
 
 def budget(gate: GateProcess, notebook: str = "a.ipynb") -> dict:

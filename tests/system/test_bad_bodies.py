@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from dpmagic.client import Gate
+from tests.bad_bodies import BAD_BODIES, NOTHING, wire
 from tests.conftest import GateProcess, write_dataset
-from tests.system.test_server import call
-from tests.unit.test_bad_bodies import BAD_BODIES, NOTHING, SQL, _nested, _wire  # noqa: F401
+from tests.server_gate import call
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,7 @@ def gate(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GateProcess]:
 
 @pytest.mark.parametrize("name", BAD_BODIES)
 def test_a_real_gate_answers_400_and_charges_nothing(gate: GateProcess, name: str) -> None:
-    status, reply = call(gate.address, "POST", "/v1/query", raw=_wire(BAD_BODIES[name]))
+    status, reply = call(gate.address, "POST", "/v1/query", raw=wire(BAD_BODIES[name]))
     assert (status, reply["error"]["kind"]) == (400, "bad_request"), reply
     assert reply["error"]["message"].endswith(NOTHING)
     assert len(reply["error"]["message"]) < 1000  # the client's text is not echoed whole

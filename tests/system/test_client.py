@@ -12,7 +12,7 @@ import pytest
 from dpmagic.client import Gate
 from dpmagic.errors import AuthError, BudgetExhausted, DPError, QueryRefused
 from tests.conftest import TOKENS
-from tests.unit.test_client import COUNT_BY_SEX
+from tests.shells import COUNT_BY_SEX
 
 
 def test_health_schema_and_fresh_budget(gate):

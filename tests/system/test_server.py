@@ -8,7 +8,6 @@ and the helpers used here, are in tests/unit/test_server.py."""
 
 from __future__ import annotations
 
-import json
 import os
 import pwd
 import signal
@@ -23,7 +22,7 @@ import pytest
 from dpmagic.gate.policy import DEFAULT_QUANTUM_MS, load_policy
 from dpmagic.gate.service.server import ANONYMOUS_CONNECTIONS, HEADER_DEADLINE_S, USER_CONNECTIONS
 from dpmagic.init_policy import write_skeleton
-from tests.unit.test_server import (  # noqa: F401
+from tests.server_gate import (  # noqa: F401 - shared_gate is a fixture
     ALICE_TOKEN,
     BOB_TOKEN,
     COUNT,
@@ -31,30 +30,11 @@ from tests.unit.test_server import (  # noqa: F401
     START_TIMEOUT_S,
     Gate,
     UnixHTTPConnection,
+    call,
     connection,
     shared_gate,
     write_policy,
 )
-
-
-def call(
-    address: str,
-    method: str,
-    path: str,
-    body: object = None,
-    *,
-    raw: bytes | None = None,
-    headers: dict[str, str] | None = None,
-) -> tuple[int, dict]:
-    conn = connection(address)
-    try:
-        payload = raw if raw is not None else None if body is None else json.dumps(body).encode()
-        conn.request(method, path, body=payload, headers=headers or {})
-        response = conn.getresponse()
-        assert response.getheader("Content-Type") == "application/json"
-        return response.status, json.loads(response.read())
-    finally:
-        conn.close()
 
 
 @pytest.fixture

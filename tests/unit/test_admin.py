@@ -14,11 +14,11 @@ from dpmagic.gate.errors import OverBudget
 from dpmagic.gate.policy import Budget
 from dpmagic.gate.service.ledger import Ledger
 from dpmagic.gate.service.reply import Reply
+from tests.admin_cli import cli
 from tests.conftest import write_dataset
 
 USER_CAP = Budget(1.0)
 NOTEBOOK_CAP = Budget(0.6)
-COUNT = "SELECT COUNT(*) AS n FROM t"
 
 
 @pytest.fixture
@@ -96,12 +96,6 @@ def test_admin_actions_are_in_the_audit_log(ledger: Ledger) -> None:
     assert [r["status"] for r in rows] == ["reset", "granted", "charged"]
     assert rows[1]["epsilon"] == 0.25 and rows[1]["sql"] == "why"
     assert rows[0]["notebook"] == "a.ipynb"
-
-
-def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.mark.parametrize("amount", ["-1", "nan", "inf", "lots"])

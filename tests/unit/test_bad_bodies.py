@@ -9,7 +9,6 @@ been charged.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -18,41 +17,13 @@ from dpmagic.gate.engine import Engine, QueryRequest
 from dpmagic.gate.errors import InvalidBody
 from dpmagic.gate.policy import load_policy
 from dpmagic.gate.service.body import MAX_DEPTH, MAX_NUMBER_CHARS, parse_body
+from tests.bad_bodies import BAD_BODIES, NOTHING, SQL, nested, wire
 from tests.conftest import write_dataset
-
-SQL = "SELECT COUNT(*) FROM t"
-NOTHING = "nothing was charged"
-
-
-def _nested(depth: int) -> str:
-    return "[" * depth + "1" + "]" * depth
-
-
-# Each a whole request body, as bytes on the wire.
-BAD_BODIES = {
-    "int with 400 digits": f'{{"sql": "{SQL}", "epsilon": 1{"0" * 399}}}',
-    "int past Python's 4300-digit limit": f'{{"sql": "{SQL}", "epsilon": {"9" * 5000}}}',
-    "float that overflows": f'{{"sql": "{SQL}", "epsilon": 1e400}}',
-    "float with 300 digits": f'{{"sql": "{SQL}", "epsilon": 0.{"1" * 300}}}',
-    "NaN": f'{{"sql": "{SQL}", "epsilon": NaN}}',
-    "Infinity": f'{{"sql": "{SQL}", "accuracy": Infinity}}',
-    "nested 100,000 deep": f'{{"sql": "{SQL}", "params": {{"a": {_nested(100_000)}}}}}',
-    "nested just past the limit": f'{{"sql": "{SQL}", "params": {{"a": {_nested(MAX_DEPTH)}}}}}',
-    "a 900 kB notebook name": json.dumps({"sql": SQL, "notebook": "n" * 900_000}),
-    "a 900 kB dataset name": json.dumps({"sql": SQL, "dataset": "d" * 900_000}),
-    "a 900 kB unknown field": json.dumps({"sql": SQL, "x" * 900_000: 1}),
-    "not UTF-8": '{"sql": "\udcff"}',
-    "a flag that is a string": json.dumps({"sql": SQL, "fresh": "yes"}),
-}
-
-
-def _wire(text: str) -> bytes:
-    return text.encode("utf-8", "surrogateescape")
 
 
 @pytest.mark.parametrize("name", BAD_BODIES)
 def test_the_parser_refuses_each_kind(name: str) -> None:
-    body = _wire(BAD_BODIES[name])
+    body = wire(BAD_BODIES[name])
     try:
         request = parse_body(body)
     except InvalidBody as refused:
@@ -68,7 +39,7 @@ def test_the_limits_leave_honest_bodies_alone() -> None:
     def body(depth: int) -> bytes:
         return (
             f'{{"sql": "{SQL}", "epsilon": 0.1000000000000000055511151231257827, '
-            f'"params": {{"a": {_nested(depth)}, "b": -9223372036854775808}}}}'
+            f'"params": {{"a": {nested(depth)}, "b": -9223372036854775808}}}}'
         ).encode()
 
     # body → params → the list's own levels: the innermost list is at depth 1 + depth.
