@@ -8,15 +8,12 @@ in ten thousand runs. Each is shown to reject noise at half the stated scale.
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import math
 
 import duckdb
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from scipy import stats
 
 from dpmagic.gate.accounting import ZCDPAccountant
 from dpmagic.gate.dp.contribution import Contribution
@@ -30,40 +27,7 @@ from dpmagic.gate.sql.plan import Plan, plan
 from dpmagic.gate.sql.resolve import resolve
 from tests.gate_helpers import dataset, exact_vectors, load_table, run_rewritten
 from tests.sensitivity_cases import COLUMNS, ORDER, QUERIES, rows_of, unit_rows, units
-
-SIGNIFICANCE = 1e-4
-
-
-def discrete_gaussian_fits(draws: list[int], sigma: float) -> bool:
-    """Chi-square fit of integer draws to the discrete Gaussian P(k) ∝ exp(-k²/2σ²),
-    binned at multiples of σ/4 with sparse tails pooled.
-
-    Bin masses are summed exactly for small σ; for σ > 50 they are the normal CDF
-    between half-integers, which differs from the discrete Gaussian's by less than
-    e^(-2π²σ²) (Poisson summation): far below what 20,000 draws can see.
-    """
-    cuts = sorted({math.floor(sigma * t / 4) for t in range(-16, 17)})
-    expected = [0.0] * (len(cuts) + 1)
-    if sigma > 50:
-        edges = [-math.inf, *(c + 0.5 for c in cuts), math.inf]
-        for i, (lo, hi) in enumerate(itertools.pairwise(edges)):
-            mass = stats.norm.cdf(hi, scale=sigma) - stats.norm.cdf(lo, scale=sigma)
-            expected[i] = len(draws) * mass
-    else:
-        support = range(-int(12 * sigma) - 10, int(12 * sigma) + 11)
-        weights = [math.exp(-(k * k) / (2 * sigma * sigma)) for k in support]
-        norm = math.fsum(weights)
-        for k, w in zip(support, weights, strict=True):
-            expected[bisect.bisect_left(cuts, k)] += len(draws) * w / norm
-    observed = [0] * len(expected)
-    for d in draws:
-        observed[bisect.bisect_left(cuts, d)] += 1
-    keep = [i for i, e in enumerate(expected) if e >= 5]
-    rest = [i for i in range(len(expected)) if i not in keep]
-    obs = [observed[i] for i in keep] + ([sum(observed[i] for i in rest)] if rest else [])
-    exp_ = [expected[i] for i in keep] + ([sum(expected[i] for i in rest)] if rest else [])
-    _, pvalue = stats.chisquare(obs, exp_, sum_check=False)
-    return pvalue > SIGNIFICANCE
+from tests.statistical import discrete_gaussian_fits
 
 
 @pytest.mark.parametrize("sigma", [0.8, 3.0, 40.0])
