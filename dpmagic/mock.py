@@ -24,7 +24,8 @@ import pandas as pd
 
 from dpmagic.cells import ALPHA
 from dpmagic.errors import DPError
-from dpmagic.result import MOCK_LABEL, DPResult
+from dpmagic.render import MOCK_LABEL
+from dpmagic.result import DPResult
 
 DEFAULT_UNITS = 1000
 """Privacy units in a mock dataset unless ``--mock-rows`` says otherwise."""

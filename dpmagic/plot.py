@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from dpmagic.result import MOCK_LABEL, format_value
+from dpmagic.render import MOCK_LABEL, format_value
 
 if TYPE_CHECKING:
     from dpmagic.result import DPResult

@@ -16,6 +16,7 @@ import math
 from collections.abc import Iterable, Sequence
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from html import escape
+from typing import Any
 
 MUTED = "color: var(--jp-ui-font-color2, inherit); opacity: 0.85; font-size: 0.9em"
 # Earlier spending, this query's share, and what is left.
@@ -141,3 +142,24 @@ def budget_number(value: float, *, up: bool = False, digits: int = 3) -> str:
 
 def _fraction(part: float, whole: float) -> float:
     return min(1.0, max(0.0, part / whole))
+
+
+MOCK_LABEL = "mock data — not the real dataset"
+"""What every view of a mock answer says it is."""
+
+
+def format_value(value: Any) -> str:
+    """A number as a reader wants it: integers whole, noisy floats to 2 decimals."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value)
+    if isinstance(value, int):
+        return str(value)
+    if not math.isfinite(value):
+        return str(value)
+    if value == int(value) and abs(value) < 1e15:
+        return str(int(value))
+    if abs(value) >= 1:
+        return f"{value:.2f}"
+    return f"{value:.3g}"

@@ -10,7 +10,6 @@ everything is HTML-escaped; colours are inherited from the front end's theme
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -25,9 +24,17 @@ import pyarrow as pa
 from dpmagic import wire
 from dpmagic.cells import CellAccuracy, cell_accuracy
 from dpmagic.plan_view import HEADERS, OUTPUT_HEADERS, dominance_warnings, output_rows, plan_rows
-from dpmagic.render import MUTED, STYLE, budget_bar, budget_number, spend_chart, table
+from dpmagic.render import (
+    MOCK_LABEL,
+    MUTED,
+    STYLE,
+    budget_bar,
+    budget_number,
+    format_value,
+    spend_chart,
+    table,
+)
 
-MOCK_LABEL = "mock data — not the real dataset"
 MOCK_MEANING = (
     "answered on fake rows drawn from the public schema (declared bounds and values) in "
     "this kernel; the query never reached the gate and nothing was charged"
@@ -838,23 +845,6 @@ class SchemaView:
 
 
 SCHEMA_HEADERS = ("column", "type", "bounds", "public values", "use in a query")
-
-
-def format_value(value: Any) -> str:
-    """A number as a reader wants it: integers whole, noisy floats to 2 decimals."""
-    if value is None:
-        return "NULL"
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return str(value)
-    if isinstance(value, int):
-        return str(value)
-    if not math.isfinite(value):
-        return str(value)
-    if value == int(value) and abs(value) < 1e15:
-        return str(int(value))
-    if abs(value) >= 1:
-        return f"{value:.2f}"
-    return f"{value:.3g}"
 
 
 def format_exact(value: Any) -> str:

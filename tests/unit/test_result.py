@@ -7,7 +7,8 @@ from html import escape
 
 import pytest
 
-from dpmagic.result import BudgetView, DatasetBudget, DPResult, SchemaView, format_value
+from dpmagic.render import format_value
+from dpmagic.result import BudgetView, DatasetBudget, DPResult, SchemaView
 from tests.replies import budget, quantile_reply, reply
 
 
