@@ -13,7 +13,7 @@ from sqlglot import exp
 
 from dpmagic.gate.accounting import Cost
 from dpmagic.gate.calibration import REPORT_ALPHA
-from dpmagic.gate.selection import calibrate_quantile
+from dpmagic.gate.selection import QuantileNoise, calibrate_quantile
 from dpmagic.gate.sql.dominance import DOMINANT_SHARE
 from dpmagic.gate.sql.expected import average_error, variance_error
 from dpmagic.gate.sql.keys import KeyDomain
@@ -98,13 +98,16 @@ def summary(the_plan: Plan) -> list[dict[str, object]]:
     )
 
 
+def edge_noise(s: Selection, edges: Edges) -> QuantileNoise:
+    """The mechanism of a quantile's interval ends as at its own level (``edges``; at
+    the levels they are chosen at, from the count, it differs a little)."""
+    return calibrate_quantile(s.noise.level, s.grid.size, s.noise.distance, edges.epsilon)
+
+
 def edge_radius(s: Selection, edges: Edges) -> float:
-    """The rank radius of a quantile's interval ends at its own level (``edges``; at
-    other levels it differs a little), at ``REPORT_ALPHA/3`` each."""
-    if s.grid.size == 1 or not s.noise.distance:
-        return 0.0
-    noise = calibrate_quantile(s.noise.level, s.grid.size, s.noise.distance, edges.epsilon)
-    return noise.rank_radius(REPORT_ALPHA / 3)
+    """The rank radius of a quantile's interval ends (``edge_noise``), at
+    ``REPORT_ALPHA/3`` each."""
+    return edge_noise(s, edges).rank_radius(REPORT_ALPHA / 3)
 
 
 def _edges_step(
@@ -122,6 +125,7 @@ def _edges_step(
         "cost": {"epsilon": 2 * edges.epsilon, "delta": 0.0},
         "candidates": s.grid.size,
         "level": s.noise.level,
+        "scale": edge_noise(s, edges).scale,
         "rank_radius": edge_radius(s, edges),
         "partitions": partitions,
         "keys": keys,
