@@ -393,7 +393,7 @@ def plan(
     selections = tuple(
         _selection(
             f"q{i}", level, arg, clamp, label, target, distance, len(partitions) or 1,
-            Edges(names[_count_key(arg)], edge.pure_epsilon() if edge.share else 0.0)
+            Edges(names[_key(_count_of(arg))], edge.pure_epsilon() if edge.share else 0.0)
             if quantile_intervals else None,
         )
         for i, ((level, _), (arg, clamp, label)) in enumerate(quantiles.items())
@@ -539,7 +539,7 @@ def _wanted(
                 counted[key] = keys[part[4]]
         uses[agg.name] = keys
     for arg, _, _ in quantiles.values() if counts else ():
-        _want(wanted, (MeasureKind.COUNT, arg, None, f"COUNT({display(arg)})", None))
+        _want(wanted, _count_of(arg))
     return wanted, counted, quantiles, uses
 
 
@@ -676,18 +676,23 @@ def _variance_centre(clamp: ValueRange) -> float:
     return (clamp.lo + clamp.hi) / 2
 
 
-def _count_key(arg: exp.Expression) -> Key:
-    """The key ``_want`` gives a ``COUNT`` of ``arg``."""
-    return str(MeasureKind.COUNT), arg.sql(dialect=DIALECT)
+def _count_of(arg: exp.Expression) -> Wanted:
+    """A ``COUNT`` of ``arg``: the measurement the plan adds for a quantile of it."""
+    return MeasureKind.COUNT, arg, None, f"COUNT({display(arg)})", None
+
+
+def _key(part: Wanted) -> Key:
+    """What a measurement is registered under: its kind and its argument's SQL."""
+    kind, arg = part[0], part[1]
+    return (
+        kind + (" centred" if part[4] is not None else ""),
+        "*" if arg is None else arg.sql(dialect=DIALECT),
+    )
 
 
 def _want(wanted: dict[Key, Wanted], part: Wanted) -> Key:
     """Register a measurement once, however many aggregates are made of it."""
-    kind, arg = part[0], part[1]
-    key = (
-        kind + (" centred" if part[4] is not None else ""),
-        "*" if arg is None else arg.sql(dialect=DIALECT),
-    )
+    key = _key(part)
     wanted.setdefault(key, part)
     return key
 
