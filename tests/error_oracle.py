@@ -15,7 +15,7 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -207,10 +207,11 @@ def folder() -> Iterator[Path]:
         yield Path(name)
 
 
-@pytest.fixture(scope="module")
-def pair(folder: Path) -> Iterator[Pair]:
+def engine_pair(folder: Path, write: Callable[[Path, str, bool], Path]) -> Iterator[Pair]:
+    """Two engines over the policies ``write`` makes, with the target unit and without
+    it; closed when the caller's fixture ends."""
     engines = [
-        Engine(load_policy(write_database(folder, name, with_target)))
+        Engine(load_policy(write(folder, name, with_target)))
         for name, with_target in (("with", True), ("without", False))
     ]
     try:
@@ -218,6 +219,11 @@ def pair(folder: Path) -> Iterator[Pair]:
     finally:
         for e in engines:
             e.close()
+
+
+@pytest.fixture(scope="module")
+def pair(folder: Path) -> Iterator[Pair]:
+    yield from engine_pair(folder, write_database)
 
 
 USER = "fuzzer"

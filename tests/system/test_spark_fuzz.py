@@ -24,14 +24,13 @@ from hypothesis import given, settings
 
 pytest.importorskip("pyspark", reason="the spark extra is not installed")
 
-from dpmagic.gate.engine import Engine
-from dpmagic.gate.policy import load_policy
 from tests.error_oracle import (  # noqa: F401
     DEFAULT,
     POLICY,
     ROW_QUERIES,
     Pair,
     compare,
+    engine_pair,
     folder,
     write_database,
 )
@@ -62,15 +61,7 @@ def _spark_policy(folder: Path, name: str, with_target: bool) -> Path:
 
 @pytest.fixture(scope="module")
 def spark_pair(folder: Path) -> Iterator[Pair]:
-    engines = [
-        Engine(load_policy(_spark_policy(folder, name, with_target)))
-        for name, with_target in (("with", True), ("without", False))
-    ]
-    try:
-        yield Pair(*engines)
-    finally:
-        for e in engines:
-            e.close()
+    yield from engine_pair(folder, _spark_policy)
 
 
 @settings(DEFAULT, max_examples=SPARK_EXAMPLES)
