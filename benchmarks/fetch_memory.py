@@ -3,7 +3,7 @@
     python benchmarks/fetch_memory.py --rows 1M --groups 100000
 
 The gate releases at most 100,000 partitions per query; this measures what
-holding that many exact rows costs, to decide whether ``execute.py`` should
+holding that many exact rows costs, to decide whether ``engines/duckdb/database.py`` should
 fetch in batches (pyarrow is not a dependency of the gate, so the batches are
 ``fetchmany``'s, and numpy's columns are the columnar option). Each way runs
 in a fresh process (peak RSS is monotone), on the benchmark's ``visits`` table

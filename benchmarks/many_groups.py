@@ -260,7 +260,7 @@ def _release_pass(rows: int, group_counts: list[int], reps: int) -> int:
 
 
 PASSES = (
-    ("run", "dpmagic.gate.sql.execute", "Database.run"),
+    ("run", "dpmagic.gate.engines.duckdb.database", "Database.run"),
     ("noise", "dpmagic.gate.sql.pipeline", "noise"),
     ("release", "dpmagic.gate.sql.pipeline", "release"),
     ("reply written", "dpmagic.gate.service.reply", "Reply.of"),

@@ -132,15 +132,16 @@ def _alone(db: duckdb.DuckDBPyConnection, sql: str, reps: int) -> float:
 def _serve(policy: str, address: str, out: str) -> int:
     """The gate, with a clock on each pass; the clocks are written to ``out`` at exit."""
     from dpmagic.gate.engine import Engine
+    from dpmagic.gate.engines.duckdb import database
     from dpmagic.gate.service import server
     from dpmagic.gate.service.ledger import Ledger
     from dpmagic.gate.service.reply import Reply
-    from dpmagic.gate.sql import execute, pipeline
+    from dpmagic.gate.sql import pipeline
 
     clocks: dict[str, list] = {"sql": []}
     for owner, attr, label in (
         (Ledger, "debit", "debit"),
-        (execute.Database, "run", "run"),
+        (database.Database, "run", "run"),
         (pipeline, "noise", "noise"),
         (pipeline, "release", "release"),
         (Reply, "of", "reply written"),
@@ -150,13 +151,13 @@ def _serve(policy: str, address: str, out: str) -> int:
         (server, "_run", "request"),
     ):
         setattr(owner, attr, _clocked(getattr(owner, attr), clocks.setdefault(label, [])))
-    run = execute.Database.run
+    run = database.Database.run
 
     def noting(self: object, sql: str, *rest: object, **named: object) -> object:
         clocks["sql"].append(sql)
         return run(self, sql, *rest, **named)
 
-    execute.Database.run = noting  # type: ignore[method-assign]
+    database.Database.run = noting  # type: ignore[method-assign]
     atexit.register(lambda: Path(out).write_text(json.dumps(clocks)))
     return server.main(["--policy", policy, "--listen", address])
 

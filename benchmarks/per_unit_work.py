@@ -42,7 +42,7 @@ target's).
 
 Not a test: timings depend on the machine (its load is printed with them).
 Spark needs the ``spark`` extra and Java 17; Spark refuses what DuckDB
-evaluates under ``TRY`` (``sql/spark_dialect.py``), and the refusals are printed.
+evaluates under ``TRY`` (``engines/spark/dialect.py``), and the refusals are printed.
 """
 
 from __future__ import annotations
@@ -58,9 +58,9 @@ from pathlib import Path
 
 import duckdb
 
-from dpmagic.gate.accounting import make_accountant
+from dpmagic.gate.dp.accounting import make_accountant
 from dpmagic.gate.engine import Engine
-from dpmagic.gate.errors import GateError, Refused
+from dpmagic.gate.failures import GateError, Refused
 from dpmagic.gate.policy import DEFAULT_MAX_LENGTH, Dataset, load_policy
 from dpmagic.gate.sql.pipeline import Asked, analyse
 

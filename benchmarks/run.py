@@ -256,7 +256,7 @@ def _noise_speed() -> str:
     """The gate's sampler on a million cells, against OpenDP's one cell at a time."""
     import opendp.prelude as dp
 
-    from dpmagic.gate.mechanisms import calibrate
+    from dpmagic.gate.dp.mechanisms import calibrate
 
     noise = calibrate(sensitivity=5, epsilon=1.0)
     start = time.perf_counter()

@@ -410,7 +410,7 @@ def _transcript_export(args: argparse.Namespace) -> int:
     """Write a signed transcript of the answers released to a user in a notebook;
     with DPMAGIC_TRANSCRIPT=FILE, a kernel answers from it without a gate."""
     policy = load_policy(args.policy)
-    from dpmagic.gate.service.transcript import TranscriptError, export
+    from dpmagic.gate.service.signed_transcripts import TranscriptError, export
 
     with _ledger(policy) as ledger:
         if ledger is None:
@@ -437,7 +437,12 @@ def _transcript_verify(args: argparse.Namespace) -> int:
     """Check that a transcript was written by this gate and not changed since;
     exit 0 if so, 1 if not."""
     policy = load_policy(args.policy)
-    from dpmagic.gate.service.transcript import KEY_FILE, TranscriptError, signing_key, verify
+    from dpmagic.gate.service.signed_transcripts import (
+        KEY_FILE,
+        TranscriptError,
+        signing_key,
+        verify,
+    )
 
     if not (policy.gate.state_dir / KEY_FILE).exists():
         raise CommandError("this gate has never exported a transcript")
@@ -486,7 +491,7 @@ def budget_rows(policy: Policy, datasets: list[str], user: str | None) -> list[d
     with _ledger(policy) as ledger:
         if ledger is None:
             return []
-        from dpmagic.gate.accounting import make_accountant
+        from dpmagic.gate.dp.accounting import make_accountant
         from dpmagic.gate.service.ledger import WHOLE_USER
 
         rows: list[dict[str, object]] = []
@@ -553,7 +558,7 @@ def _ledger(policy: Policy, create: bool = False) -> Iterator[Ledger | None]:
         yield None
         return
     _check_owner(path if path.exists() else policy.gate.state_dir)
-    from dpmagic.gate.accounting import make_accountant
+    from dpmagic.gate.dp.accounting import make_accountant
     from dpmagic.gate.service.ledger import Ledger
 
     ledger = Ledger(path, make_accountant(policy.gate.accountant))

@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, event, note, settings
 
 from dpmagic.gate.engine import Engine, QueryRequest
-from dpmagic.gate.errors import Failed, GateError
+from dpmagic.gate.failures import Failed, GateError
 from dpmagic.gate.policy import load_policy
 from tests.sql_grammar import Schema, swarm
 
@@ -175,7 +175,7 @@ RELEASE_QUERIES = swarm(
 
 @dataclass(frozen=True)
 class Outcome:
-    kind: str  # ok, or the error kind the server maps to a status (errors.py)
+    kind: str  # ok, or the error kind the server maps to a status (failures.py)
     status: int
     message: str
     shape: tuple  # of an answer: columns, number of rows, cost, plan (all data-free)

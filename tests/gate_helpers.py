@@ -12,16 +12,16 @@ from pathlib import Path
 
 import duckdb
 
-from dpmagic.gate.accounting import PureAccountant
+from dpmagic.gate.dp.accounting import PureAccountant
 from dpmagic.gate.engine import Engine
+from dpmagic.gate.engines.interface import ExactResult
 from dpmagic.gate.policy import Dataset, Policy, load_policy, parse_policy
 from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
-from dpmagic.gate.sql.contribution import prepare_tables
-from dpmagic.gate.sql.execute import ExactResult
 from dpmagic.gate.sql.noise import exact_vectors as noise_exact_vectors
 from dpmagic.gate.sql.parse import parse
 from dpmagic.gate.sql.plan import Plan, plan
+from dpmagic.gate.sql.ranks import prepare_tables
 from dpmagic.gate.sql.resolve import resolve
 from dpmagic.gate.sql.rewrite import Rewritten, rewrite
 

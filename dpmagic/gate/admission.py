@@ -21,7 +21,7 @@ else ran; a retry computes the same rows. What is released is therefore the
 same whether or not a retry happened, and a failure is only ever reported for
 a run that had the engine to itself, whose running out of time or memory is a
 function of the query and the data alone (and of the per-query time limit
-drawn at random, ``execute.drawn_timeout``). A retry is visible only in time,
+drawn at random, ``interface.drawn_timeout``). A retry is visible only in time,
 and the reply's time is padded; that it happened says that the query and
 another user's overlapped and one of them was heavy, which its own user can see
 from their own queries' times anyway, and which by ``sql/work.py`` one unit

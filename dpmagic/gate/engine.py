@@ -20,22 +20,22 @@ import math
 import secrets
 from dataclasses import dataclass, replace
 
-from dpmagic.gate.accounting import AccountantError, make_accountant
 from dpmagic.gate.admission import Admission
 from dpmagic.gate.analysis_cache import BYTES_PER_CHAR, AnalysisCache
-from dpmagic.gate.calibration import REPORT_ALPHA, Accuracy
-from dpmagic.gate.engines import open_store
-from dpmagic.gate.errors import BadRequest, Failed, GateError, InvalidBody, Refused, required
-from dpmagic.gate.mechanisms import calibrate
+from dpmagic.gate.dp.accounting import AccountantError, make_accountant
+from dpmagic.gate.dp.calibration import REPORT_ALPHA, Accuracy
+from dpmagic.gate.dp.mechanisms import calibrate
+from dpmagic.gate.engines.interface import OutOfResources
+from dpmagic.gate.engines.registry import open_store
+from dpmagic.gate.failures import BadRequest, Failed, GateError, InvalidBody, Refused, required
 from dpmagic.gate.policy import AccountantKind, Dataset, Policy, PolicyError
 from dpmagic.gate.service.ledger import Ledger, ReplayKey
 from dpmagic.gate.service.padding import PrivateRead
 from dpmagic.gate.service.reply import Reply
 from dpmagic.gate.service.views import budget_views, history_entries
-from dpmagic.gate.sql import bounding
+from dpmagic.gate.sql import bounding_report
 from dpmagic.gate.sql.clip import ClipBounds, Clipped, ClipStage, clipped
 from dpmagic.gate.sql.clip import targets as clip_targets
-from dpmagic.gate.sql.execute import OutOfResources
 from dpmagic.gate.sql.limits import deadline
 from dpmagic.gate.sql.pipeline import Analysed, Answer, Asked, analyse, execute, generate
 from dpmagic.gate.sql.plan import Plan
@@ -65,7 +65,7 @@ class QueryRequest:
     params: dict[str, object]
     accuracy: float | None = None
     alpha: float = REPORT_ALPHA
-    # The share of the budget for the bounding report (``sql/bounding.py``), if any.
+    # The share of the budget for the bounding report (``sql/bounding_report.py``), if any.
     bounding_report: float | None = None
     # Tighter contribution bounds the analyst chose for this query (never above the
     # policy's: ``tightened``), as BigQuery's ``max_groups_contributed`` does.
@@ -198,7 +198,7 @@ class Analysis:
 
     analysed: Analysed
     replay_key: str
-    bounds: dict[str, object]  # ``bounding.statement``: the bounds every answer is over
+    bounds: dict[str, object]  # ``bounding_report.statement``: the bounds every answer is over
 
     @property
     def plan(self) -> Plan:
@@ -305,7 +305,7 @@ class Engine:
         return Analysis(
             analysed,
             replay_key=self._replay_key(dataset, the_plan, request),
-            bounds=bounding.statement(the_plan),
+            bounds=bounding_report.statement(the_plan),
         )
 
     def query(self, user: str, body: object, reads: PrivateRead | None = None) -> dict[str, object]:
@@ -479,7 +479,7 @@ class Engine:
         """Refuse, free, a user whose queries on ``dataset`` failed after the debit
         ``max_resource_failures`` times in the last day: a query tuned to the edge of
         the time or memory limit is the one way left for one unit's bounded work to
-        show (docs/security.md), and it takes many tries (``execute.drawn_timeout``)."""
+        show (docs/security.md), and it takes many tries (``interface.drawn_timeout``)."""
         failed = self.ledger.recent_failures(user, dataset.name, FAILURE_WINDOW_S)
         if failed >= dataset.max_resource_failures:
             raise Refused(
@@ -533,7 +533,7 @@ class Engine:
 
     def _replay_key(self, dataset: Dataset, the_plan: Plan, request: QueryRequest) -> ReplayKey:
         """The query's own key (what is asked, how it is answered), joined by the
-        versions of the data and of the policy facts the plan read (``prepared.versions``:
+        versions of the data and of the policy facts the plan read (``engines/versions.versions``:
         the dataset's settings and the declarations of the tables it scans), so that a
         changed data file or bound never replays an answer computed before it."""
         identity = {

@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from dpmagic.gate.accounting import make_accountant
+from dpmagic.gate.dp.accounting import make_accountant
 from dpmagic.gate.policy import load_policy
 from dpmagic.gate.sql.pipeline import Asked, analyse
 from dpmagic.gate.sql.plan import Plan

@@ -27,8 +27,8 @@ import pytest
 from scipy.stats import ks_2samp
 
 from dpmagic.client import Gate
+from dpmagic.gate.dp.mechanisms import calibrate
 from dpmagic.gate.engine import Engine, QueryRequest
-from dpmagic.gate.mechanisms import calibrate
 from dpmagic.gate.policy import Dataset, load_policy
 from dpmagic.gate.sql.plan import Plan
 from tests.conftest import GateProcess

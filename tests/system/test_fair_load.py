@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from dpmagic.client import Gate
-from dpmagic.gate.errors import GateError
+from dpmagic.gate.failures import GateError
 from tests.conftest import GateProcess, free_port
 
 TOKENS = {"alice": "alice-token-0123456789", "bob": "bob-token-0123456789ab"}

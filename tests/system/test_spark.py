@@ -28,16 +28,17 @@ pyspark = pytest.importorskip("pyspark", reason="the spark extra is not installe
 
 from dpmagic.client import Gate  # noqa: E402
 from dpmagic.errors import QueryRefused  # noqa: E402
-from dpmagic.gate.accounting import make_accountant  # noqa: E402
-from dpmagic.gate.errors import Failed  # noqa: E402
+from dpmagic.gate.dp.accounting import make_accountant  # noqa: E402
+from dpmagic.gate.engines.duckdb.database import Database  # noqa: E402
+from dpmagic.gate.engines.interface import OutOfResources  # noqa: E402
+from dpmagic.gate.engines.spark.database import SparkDatabase  # noqa: E402
+from dpmagic.gate.engines.spark.dialect import SPARK, NotOnSpark, SparkDialect  # noqa: E402
+from dpmagic.gate.engines.spark.guard import UnsafeSparkSQL  # noqa: E402
+from dpmagic.gate.engines.spark.prepare import prepared_frame  # noqa: E402
+from dpmagic.gate.failures import Failed  # noqa: E402
 from dpmagic.gate.policy import Dataset, PolicyError, parse_policy  # noqa: E402
-from dpmagic.gate.spark.database import SparkDatabase  # noqa: E402
-from dpmagic.gate.spark.guard import UnsafeSparkSQL  # noqa: E402
-from dpmagic.gate.spark.prepare import prepared_frame  # noqa: E402
-from dpmagic.gate.sql.execute import Database, OutOfResources  # noqa: E402
 from dpmagic.gate.sql.pipeline import Asked, analyse, generate  # noqa: E402
 from dpmagic.gate.sql.rewrite import rewrite  # noqa: E402
-from dpmagic.gate.sql.spark_dialect import SPARK, NotOnSpark, SparkDialect  # noqa: E402
 from tests.conftest import GateProcess  # noqa: E402
 from tests.golden.run import HERE as GOLDEN  # noqa: E402
 from tests.golden.run import cases  # noqa: E402
@@ -357,12 +358,12 @@ def test_prepared_tables_are_reused_until_the_policy_or_the_sources_change(
 def test_a_table_of_max_rows_is_not_served_on_spark(tmp_path: Path, monkeypatch) -> None:
     """As on DuckDB: the plan's proofs that a sum cannot overflow assume fewer than
     ``MAX_ROWS`` rows in every table (here lowered to the table's 600)."""
-    from dpmagic.gate.sql import execute
+    from dpmagic.gate.engines import interface
 
     policy = parse_policy(_one(tmp_path), tmp_path / "p.toml")
-    monkeypatch.setattr(execute, "MAX_ROWS", 601)
+    monkeypatch.setattr(interface, "MAX_ROWS", 601)
     assert SparkDatabase(policy.dataset("v"), policy.gate).run("SELECT COUNT(*) FROM visits")
-    monkeypatch.setattr(execute, "MAX_ROWS", 600)
+    monkeypatch.setattr(interface, "MAX_ROWS", 600)
     with pytest.raises(PolicyError, match="table 'visits' has 600 rows or more"):
         SparkDatabase(policy.dataset("v"), policy.gate)
 

@@ -39,11 +39,11 @@ pytest.importorskip("grpc", reason="Spark Connect's client needs the spark extra
 
 from dpmagic.client import Gate  # noqa: E402
 from dpmagic.errors import QueryRefused  # noqa: E402
+from dpmagic.gate.engines.interface import OutOfResources  # noqa: E402
+from dpmagic.gate.engines.spark.database import SparkDatabase  # noqa: E402
+from dpmagic.gate.engines.spark.guard import UnsafeSparkSQL  # noqa: E402
+from dpmagic.gate.engines.spark.prepare import COMPLETE  # noqa: E402
 from dpmagic.gate.policy import parse_policy  # noqa: E402
-from dpmagic.gate.spark.database import SparkDatabase  # noqa: E402
-from dpmagic.gate.spark.guard import UnsafeSparkSQL  # noqa: E402
-from dpmagic.gate.spark.prepare import COMPLETE  # noqa: E402
-from dpmagic.gate.sql.execute import OutOfResources  # noqa: E402
 from tests.conftest import GateProcess  # noqa: E402
 
 pytestmark = pytest.mark.spark

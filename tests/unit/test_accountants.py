@@ -10,7 +10,7 @@ import threading
 import opendp.prelude as dp
 import pytest
 
-from dpmagic.gate.accounting import (
+from dpmagic.gate.dp.accounting import (
     AccountantError,
     ApproxAccountant,
     Cost,
@@ -21,9 +21,9 @@ from dpmagic.gate.accounting import (
     rho_for,
     rho_to_epsilon,
 )
+from dpmagic.gate.dp.mechanisms import GaussianNoise, calibrate_gaussian
 from dpmagic.gate.engine import Engine
-from dpmagic.gate.errors import BadRequest, OverBudget
-from dpmagic.gate.mechanisms import GaussianNoise, calibrate_gaussian
+from dpmagic.gate.failures import BadRequest, OverBudget
 from dpmagic.gate.policy import Budget, PolicyError, load_policy, parse_policy
 from dpmagic.gate.service.ledger import Ledger
 from dpmagic.gate.sql.bound import bound

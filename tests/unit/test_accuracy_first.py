@@ -8,12 +8,12 @@ import textwrap
 
 import pytest
 
-from dpmagic.gate.accounting import ZCDPAccountant
-from dpmagic.gate.calibration import Accuracy, Target, noise_for
+from dpmagic.gate.dp.accounting import ZCDPAccountant
+from dpmagic.gate.dp.calibration import Accuracy, Target, noise_for
 from dpmagic.gate.dp.contribution import Contribution
+from dpmagic.gate.dp.mechanisms import calibrate, laplace_for_accuracy
 from dpmagic.gate.engine import Engine
-from dpmagic.gate.errors import BadRequest, OverBudget, Refused
-from dpmagic.gate.mechanisms import calibrate, laplace_for_accuracy
+from dpmagic.gate.failures import BadRequest, OverBudget, Refused
 from dpmagic.gate.policy import load_policy
 from tests.small_gate import write_policy
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from dpmagic.cli import main
-from dpmagic.gate.accounting import Cost, PureAccountant
-from dpmagic.gate.errors import OverBudget
+from dpmagic.gate.dp.accounting import Cost, PureAccountant
+from dpmagic.gate.failures import OverBudget
 from dpmagic.gate.policy import Budget
 from dpmagic.gate.service.ledger import Ledger
 from dpmagic.gate.service.reply import Reply

@@ -1,6 +1,6 @@
 """Resources after the debit: ``admission.Admission`` (one running query per user and
 dataset; a failure under load retried alone), the random per-run time limit
-(``execute.drawn_timeout``), and ``max_resource_failures`` through the engine."""
+(``interface.drawn_timeout``), and ``max_resource_failures`` through the engine."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from scipy import stats
 
 from dpmagic.gate import engine as engines
 from dpmagic.gate.admission import Admission
-from dpmagic.gate.errors import Refused
-from dpmagic.gate.sql.execute import TIMEOUT_JITTER, OutOfResources, drawn_timeout
+from dpmagic.gate.engines.interface import TIMEOUT_JITTER, OutOfResources, drawn_timeout
+from dpmagic.gate.failures import Refused
 from tests.gate_helpers import running_engine
 
 

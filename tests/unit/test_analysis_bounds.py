@@ -21,7 +21,7 @@ import pytest
 
 from dpmagic.gate import analysis_cache
 from dpmagic.gate.analysis_cache import AnalysisCache
-from dpmagic.gate.errors import Refused
+from dpmagic.gate.failures import Refused
 from dpmagic.gate.sql import limits
 from dpmagic.gate.sql import resolve as resolve_module
 from dpmagic.gate.sql.parse import parse

@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 from dpmagic.gate.engine import Engine
-from dpmagic.gate.errors import OverBudget
+from dpmagic.gate.failures import OverBudget
 from dpmagic.gate.policy import load_policy
 from tests.attack_data import PEOPLE, TARGET, write_people
 from tests.dp_audit import ALPHA, cp_lower

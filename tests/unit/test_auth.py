@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dpmagic.gate.errors import Unauthorized
+from dpmagic.gate.failures import Unauthorized
 from dpmagic.gate.service.auth import PeerCredAuth, TokenAuth, TokenFileError, load_tokens
 
 ALICE_TOKEN = "alice-0123456789abcdef"

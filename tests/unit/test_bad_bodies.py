@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from dpmagic.gate.engine import Engine, QueryRequest
-from dpmagic.gate.errors import InvalidBody
+from dpmagic.gate.failures import InvalidBody
 from dpmagic.gate.policy import load_policy
 from dpmagic.gate.service.body import MAX_DEPTH, MAX_NUMBER_CHARS, parse_body
 from tests.bad_bodies import BAD_BODIES, NOTHING, SQL, nested, wire

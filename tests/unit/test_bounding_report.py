@@ -1,4 +1,4 @@
-"""The bounding report (``sql/bounding.py``, ``rewrite.left_out``, ``plan.LeftOut``):
+"""The bounding report (``sql/bounding_report.py``, ``rewrite.left_out``, ``plan.LeftOut``):
 its count is exact, one unit moves it by at most its sensitivity on every
 neighbour of random data, its cost is a share of the query's, and every reply
 says which bounds it is over."""
@@ -13,14 +13,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dpmagic.gate.accounting import ApproxAccountant, PureAccountant, ZCDPAccountant
-from dpmagic.gate.calibration import Accuracy
-from dpmagic.gate.errors import Refused
+from dpmagic.gate.dp.accounting import ApproxAccountant, PureAccountant, ZCDPAccountant
+from dpmagic.gate.dp.calibration import Accuracy
+from dpmagic.gate.failures import Refused
 from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
-from dpmagic.gate.sql.contribution import load_cap
 from dpmagic.gate.sql.parse import parse
 from dpmagic.gate.sql.plan import Plan, plan
+from dpmagic.gate.sql.ranks import load_cap
 from dpmagic.gate.sql.resolve import resolve
 from dpmagic.gate.sql.rewrite import left_out
 from tests.gate_helpers import dataset, load_table, neighbours, run_exact, running_engine
@@ -251,7 +251,7 @@ def test_the_reports_intervals_cover_at_their_level(broken):
     units). A correct 95% interval misses at most 5% of the time: below 93.5%
     coverage has probability < 1e-4 (binomial, n = 2,000). The same intervals
     around noise drawn at four times the scale cover far less, and are caught."""
-    from dpmagic.gate.sql.bounding import report as noisy_report
+    from dpmagic.gate.sql.bounding_report import report as noisy_report
 
     p = reported("SELECT COUNT(*) FROM t", dataset(COLUMNS, max_rows=3), share=0.5)
     if broken:
@@ -346,7 +346,7 @@ def test_a_report_is_not_replayed_for_a_query_without_one(engine):
 
 @pytest.mark.parametrize("bad", [0, 1, 1.5, "half", True])
 def test_a_bad_report_share_is_refused_before_anything_is_charged(engine, bad):
-    from dpmagic.gate.errors import InvalidBody
+    from dpmagic.gate.failures import InvalidBody
 
     with pytest.raises(InvalidBody):
         engine.query(

@@ -11,7 +11,7 @@ from pathlib import Path
 import duckdb
 
 from dpmagic.gate.engine import Engine
-from dpmagic.gate.errors import GateError
+from dpmagic.gate.failures import GateError
 from dpmagic.gate.policy import load_policy
 
 # -- cost never depends on the data ----------------------------------------------

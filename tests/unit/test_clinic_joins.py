@@ -12,7 +12,7 @@ import pytest
 from dpmagic.demo import example_file
 from dpmagic.examples import clinic
 from dpmagic.gate.engine import Engine
-from dpmagic.gate.errors import GateError
+from dpmagic.gate.failures import GateError
 from dpmagic.gate.policy import load_policy
 from dpmagic.result import SchemaView
 

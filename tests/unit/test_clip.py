@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dpmagic.gate.accounting import PureAccountant
-from dpmagic.gate.errors import InvalidBody, Refused
+from dpmagic.gate.dp.accounting import PureAccountant
+from dpmagic.gate.failures import InvalidBody, Refused
 from dpmagic.gate.sql import rewrite as rewrites
 from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
@@ -155,7 +155,7 @@ def test_a_transcript_replays_clipped_and_bounded_answers_offline(engine, tmp_pa
     ``TranscriptGate`` with the same arguments the magic passes."""
     import json
 
-    from dpmagic.gate.service.transcript import export
+    from dpmagic.gate.service.signed_transcripts import export
     from dpmagic.transcript import TranscriptGate
 
     sql = "SELECT g, AVG(income) AS a FROM t GROUP BY g"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dpmagic.gate.errors import GateError
+from dpmagic.gate.failures import GateError
 from tests.gate_helpers import running_engine
 
 SHARED = Path(__file__).resolve().parents[3] / "shared"

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlglot import exp
 
-from dpmagic.gate.sql.dialect import DUCKDB
-from dpmagic.gate.sql.spark_dialect import SparkDialect
+from dpmagic.gate.engines.dialect import DUCKDB
+from dpmagic.gate.engines.spark.dialect import SparkDialect
 
 values = st.lists(
     st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinity=False),

@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from dpmagic.gate.engine import Engine
-from dpmagic.gate.errors import BadRequest, Failed, OverBudget, Refused
+from dpmagic.gate.failures import BadRequest, Failed, OverBudget, Refused
 from tests.gate_helpers import running_engine
 from tests.small_gate import POLICY, people, write_policy
 

@@ -16,8 +16,9 @@ import duckdb
 import pytest
 
 from dpmagic.gate.engine import Engine
-from dpmagic.gate.errors import Refused
-from dpmagic.gate.sql.execute import OutOfResources, UnsafeSQL
+from dpmagic.gate.engines.duckdb.database import UnsafeSQL
+from dpmagic.gate.engines.interface import OutOfResources
+from dpmagic.gate.failures import Refused
 from dpmagic.gate.sql.rewrite import rewrite
 from tests.gate_helpers import running_engine
 

@@ -10,8 +10,9 @@ from fractions import Fraction
 import duckdb
 import pytest
 
+from dpmagic.gate.engines.duckdb.database import Database, UnsafeSQL
+from dpmagic.gate.engines.interface import ExactResult, OutOfResources
 from dpmagic.gate.policy import GateConfig, parse_policy
-from dpmagic.gate.sql.execute import Database, ExactResult, OutOfResources, UnsafeSQL
 from dpmagic.gate.sql.noise import Noisy, noise
 from dpmagic.gate.sql.release import release
 from dpmagic.gate.sql.rewrite import rewrite

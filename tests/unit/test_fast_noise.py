@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dpmagic.gate import fast_noise, mechanisms
-from dpmagic.gate.fast_noise import discrete_laplace, exact_scale
-from dpmagic.gate.mechanisms import FAST_NOISE_CELLS, LaplaceNoise, _laplace_vector
+from dpmagic.gate.dp import fast_noise, mechanisms
+from dpmagic.gate.dp.fast_noise import discrete_laplace, exact_scale
+from dpmagic.gate.dp.mechanisms import FAST_NOISE_CELLS, LaplaceNoise, _laplace_vector
 from tests.statistical import SIGNIFICANCE, discrete_laplace_fits
 
 SCALES = [0.7, 3.0, 5 / 0.7, 1234.5, 2.0**20 + 0.25]

@@ -16,13 +16,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dpmagic.gate.engine import QueryRequest
+from dpmagic.gate.engines import interface
+from dpmagic.gate.engines.spark.dialect import SPARK
 from dpmagic.gate.policy import PolicyError
-from dpmagic.gate.sql import execute
 from dpmagic.gate.sql import rewrite as rewrite_module
 from dpmagic.gate.sql.noise import exact_vectors
 from dpmagic.gate.sql.plan import MAX_ROWS
 from dpmagic.gate.sql.rewrite import FUSED_BITS, _single_source, rewrite
-from dpmagic.gate.sql.spark_dialect import SPARK
 from tests.gate_helpers import dataset, load_table, make_plan, run_rewritten, running_engine
 
 COLUMNS = {
@@ -191,7 +191,7 @@ def test_fusing_does_not_depend_on_the_data(tmp_path):
 
 
 def test_a_table_of_max_rows_is_not_served(tmp_path, monkeypatch):
-    monkeypatch.setattr(execute, "MAX_ROWS", 256)
+    monkeypatch.setattr(interface, "MAX_ROWS", 256)
     with running_engine(tmp_path / "below", POLICY, _visits(255)) as engine:
         assert _fused(engine)
     with (

@@ -15,10 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dpmagic.gate.accounting import ZCDPAccountant
+from dpmagic.gate.dp.accounting import ZCDPAccountant
 from dpmagic.gate.dp.contribution import Contribution
+from dpmagic.gate.dp.mechanisms import GaussianNoise, calibrate_gaussian, gaussian_for_accuracy
 from dpmagic.gate.dp.sums import sum_l2_squared
-from dpmagic.gate.mechanisms import GaussianNoise, calibrate_gaussian, gaussian_for_accuracy
 from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
 from dpmagic.gate.sql.noise import noise

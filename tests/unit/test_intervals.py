@@ -21,8 +21,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from dpmagic.gate.accounting import ZCDPAccountant
-from dpmagic.gate.mechanisms import calibrate
+from dpmagic.gate.dp.accounting import ZCDPAccountant
+from dpmagic.gate.dp.mechanisms import calibrate
 from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
 from dpmagic.gate.sql.intervals import fieller

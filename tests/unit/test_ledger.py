@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dpmagic.gate.accounting import Cost, PureAccountant
-from dpmagic.gate.errors import OverBudget
+from dpmagic.gate.dp.accounting import Cost, PureAccountant
+from dpmagic.gate.failures import OverBudget
 from dpmagic.gate.policy import Budget
 from dpmagic.gate.service.ledger import Charge, Ledger, _Flusher
 from dpmagic.gate.service.reply import Reply

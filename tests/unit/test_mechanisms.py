@@ -13,7 +13,7 @@ import math
 import duckdb
 import pytest
 
-from dpmagic.gate.mechanisms import LaplaceNoise, calibrate
+from dpmagic.gate.dp.mechanisms import LaplaceNoise, calibrate
 from dpmagic.gate.sql.noise import noise
 from tests.gate_helpers import dataset, load_table, make_plan, run_rewritten
 from tests.statistical import discrete_laplace_fits
@@ -106,7 +106,7 @@ def test_a_wide_gaussian_interval_is_never_narrower_than_opendps(scale):
     the two units it would be narrower at some of these (the bound is tight)."""
     from opendp.accuracy import discrete_gaussian_scale_to_accuracy
 
-    from dpmagic.gate.mechanisms import _gaussian_half_width, _integer_half_width
+    from dpmagic.gate.dp.mechanisms import _gaussian_half_width, _integer_half_width
 
     for alpha in (0.5, 0.2, 0.05, 0.01, 1e-3, 1e-6):
         exact = _integer_half_width(discrete_gaussian_scale_to_accuracy(scale, alpha))

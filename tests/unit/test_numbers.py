@@ -16,7 +16,7 @@ import sqlglot
 from sqlglot import exp
 
 from dpmagic.gate.engine import Engine, QueryRequest
-from dpmagic.gate.errors import BadRequest, OverBudget, Refused
+from dpmagic.gate.failures import BadRequest, OverBudget, Refused
 from dpmagic.gate.policy import load_policy
 from dpmagic.gate.sql.rewrite import rewrite
 

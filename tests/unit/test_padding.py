@@ -14,7 +14,7 @@ import duckdb
 import pytest
 
 from dpmagic.gate.engine import Engine
-from dpmagic.gate.errors import BadRequest, Failed, GateError, OverBudget, Refused
+from dpmagic.gate.failures import BadRequest, Failed, GateError, OverBudget, Refused
 from dpmagic.gate.service.padding import PrivateRead, release_time
 from tests.gate_helpers import running_engine
 

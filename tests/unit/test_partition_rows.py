@@ -5,7 +5,7 @@ The bound is ``MAX_ROWS`` (more than any table's rows) for a query of one scan a
 ``MAX_ROWS × contribution.rows`` for a join: a join repeats a unit's rows (here a
 public table holds two rows per state, and a patient has several visits), but
 every joined row extends a row of the first private table, and bounding leaves
-each unit at most ``contribution.rows`` rows in a partition. Scaled to a table we
+each unit at most ``ranks.rows`` rows in a partition. Scaled to a table we
 can build, ``MAX_ROWS`` stands for the first private table's rows, which its
 units cannot outnumber: the rows reaching each partition's aggregate, counted by
 the generated SQL with its aggregates replaced by ``COUNT(*)``, must stay within
@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlglot import exp
 
-from dpmagic.gate.accounting import PureAccountant
-from dpmagic.gate.errors import Refused
+from dpmagic.gate.dp.accounting import PureAccountant
+from dpmagic.gate.failures import Refused
 from dpmagic.gate.policy import PolicyError, parse_policy
 from dpmagic.gate.sql import plan as plans
 from dpmagic.gate.sql.pipeline import Asked, analyse

@@ -22,13 +22,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from dpmagic.gate.accounting import ApproxAccountant
-from dpmagic.gate.errors import Refused
-from dpmagic.gate.partition_selection import KeySelection, calibrate_selection
-from dpmagic.gate.sql import execute
+from dpmagic.gate.dp.accounting import ApproxAccountant
+from dpmagic.gate.dp.partition_selection import KeySelection, calibrate_selection
+from dpmagic.gate.engines.duckdb import database
+from dpmagic.gate.engines.interface import ExactResult
+from dpmagic.gate.failures import Refused
 from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
-from dpmagic.gate.sql.execute import ExactResult
 from dpmagic.gate.sql.noise import exact_vectors, noise
 from dpmagic.gate.sql.parse import parse
 from dpmagic.gate.sql.plan import Plan, plan
@@ -469,7 +469,7 @@ def test_a_randomized_response_key_is_not_grouped_with_private_keys():
 
 def test_the_fetch_thresholds_batch_by_batch(city_engine, monkeypatch):
     """With private keys only kept keys are held: ``keep`` sees each batch as fetched."""
-    monkeypatch.setattr(execute, "BATCH_ROWS", 2)
+    monkeypatch.setattr(database, "BATCH_ROWS", 2)
     batches: list[int] = []
 
     def keep(rows: list[tuple]) -> list[tuple]:

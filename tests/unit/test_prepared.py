@@ -1,5 +1,5 @@
 """The prepared copy of a dataset is made once and reused across restarts
-(``dpmagic/gate/sql/prepared.py``), and made anew when its sources or the
+(``dpmagic/gate/engines/duckdb/prepared.py``), and made anew when its sources or the
 policy facts it depends on change, the stale copy deleted."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from dpmagic.gate.engines.duckdb.database import Database
+from dpmagic.gate.engines.duckdb.prepared import prepared_file
 from dpmagic.gate.policy import Policy, parse_policy
-from dpmagic.gate.sql.execute import Database
-from dpmagic.gate.sql.prepared import prepared_file
 
 ROWS = "pid,age,city\n" + "".join(f"{i % 7},{i % 90},c{i % 3}\n" for i in range(60))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from dpmagic.gate.errors import GateError
+from dpmagic.gate.failures import GateError
 from tests.gate_helpers import running_engine
 
 POLICY = """

@@ -18,9 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import binom
 
-from dpmagic.gate.accounting import PureAccountant
+from dpmagic.gate.dp.accounting import PureAccountant
+from dpmagic.gate.dp.quantile_selection import Grid, QuantileNoise
 from dpmagic.gate.dp.shares import EDGE_WEIGHT, QUANTILE_COUNT_WEIGHT
-from dpmagic.gate.selection import Grid, QuantileNoise
 from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
 from dpmagic.gate.sql.edges import LEVEL_STEPS, edge_names, edge_values, lower_level, upper_level

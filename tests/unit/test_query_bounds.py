@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from dpmagic.gate.errors import BadRequest
+from dpmagic.gate.failures import BadRequest
 from dpmagic.magics import parse_line
 from tests.gate_helpers import running_engine
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from dpmagic.gate.engine import Engine, QueryRequest
-from dpmagic.gate.errors import InvalidBody, Refused
+from dpmagic.gate.failures import InvalidBody, Refused
 from dpmagic.gate.policy import load_policy
 from dpmagic.gate.service.body import parse_body
 from dpmagic.gate.sql.parse import parse

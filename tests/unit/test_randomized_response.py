@@ -17,19 +17,19 @@ import pytest
 
 from dpmagic.demo import example_file
 from dpmagic.examples import clinic
-from dpmagic.gate.accounting import ZCDPAccountant
+from dpmagic.gate.dp.accounting import ZCDPAccountant
 from dpmagic.gate.engine import Engine
-from dpmagic.gate.errors import Refused
+from dpmagic.gate.engines.interface import ExactResult
+from dpmagic.gate.failures import Refused
 from dpmagic.gate.policy import PolicyError, load_policy
 from dpmagic.gate.sql import randomized, release
 from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
-from dpmagic.gate.sql.contribution import prepare_sql
-from dpmagic.gate.sql.execute import ExactResult
 from dpmagic.gate.sql.noise import Noisy, noise
 from dpmagic.gate.sql.parse import parse
 from dpmagic.gate.sql.plan import Plan, plan
 from dpmagic.gate.sql.randomized import Debias, debias
+from dpmagic.gate.sql.ranks import prepare_sql
 from dpmagic.gate.sql.resolve import resolve
 from dpmagic.gate.sql.rewrite import rewrite
 from dpmagic.result import DPResult, SchemaView

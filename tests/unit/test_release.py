@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlglot import exp
 
-from dpmagic.gate.sql.dialect import DUCKDB
+from dpmagic.gate.engines.dialect import DUCKDB
 from dpmagic.gate.sql.release import _at_least, _col, _direct
 
 TABLE: dict[str, list[object]] = {

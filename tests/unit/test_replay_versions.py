@@ -1,5 +1,5 @@
 """Nothing stale: an answer is replayed only over the data and the policy facts it was
-computed from. The replay key carries the dataset's versions (``prepared.versions``),
+computed from. The replay key carries the dataset's versions (``engines/versions.versions``),
 so after the data file or a bound the query read changes, the same query is answered
 afresh, charged, and the reply says why (``fresh_because``); an unchanged restart
 still replays, and so does a change the query never read."""
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from dpmagic.gate.engine import Engine
-from dpmagic.gate.errors import OverBudget
+from dpmagic.gate.failures import OverBudget
 from dpmagic.gate.service import ledger
 from dpmagic.gate.service.ledger import ReplayKey
 from dpmagic.result import DPResult

@@ -8,8 +8,8 @@ import textwrap
 
 import pytest
 
-from dpmagic.gate.accounting import PureAccountant
-from dpmagic.gate.errors import Refused
+from dpmagic.gate.dp.accounting import PureAccountant
+from dpmagic.gate.failures import Refused
 from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
 from dpmagic.gate.sql.parse import DIALECT, parse

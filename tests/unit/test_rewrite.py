@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from sqlglot import exp
 
-from dpmagic.gate.sql.contribution import RANK, Ranked, Window, load_cap
+from dpmagic.gate.sql.ranks import RANK, Ranked, Window, load_cap
 from dpmagic.gate.sql.resolve import SEMI
 from dpmagic.gate.sql.rewrite import rewrite
 from tests.gate_helpers import dataset, make_plan

@@ -18,14 +18,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import beta
 
-from dpmagic.gate.dp.quantiles import score_sensitivity
-from dpmagic.gate.selection import (
+from dpmagic.gate.dp.quantile_selection import (
     QuantileNoise,
     alpha_fraction,
     calibrate_quantile,
     grid,
     scores,
 )
+from dpmagic.gate.dp.quantiles import score_sensitivity
 
 LEVELS = [0.0, 0.5, 1.0, 0.9, 0.25, 0.123, 0.99995, 0.00005, 1 / 3]
 

@@ -22,7 +22,7 @@ from dpmagic.gate.dp.contribution import Contribution
 from dpmagic.gate.dp.counts import count_sensitivity
 from dpmagic.gate.dp.quantiles import selection_distance
 from dpmagic.gate.dp.sums import sum_sensitivity
-from dpmagic.gate.sql.contribution import Window
+from dpmagic.gate.sql.ranks import Window
 from dpmagic.gate.sql.rewrite import rewrite
 from tests.gate_helpers import dataset, exact_vectors, load_table, make_plan, neighbours
 from tests.sensitivity_cases import (

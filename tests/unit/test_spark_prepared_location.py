@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from dpmagic.gate.engines.spark import prepare
+from dpmagic.gate.engines.spark.prepare import prepared_tables, private_root, restrict
 from dpmagic.gate.policy import PolicyError, parse_policy
-from dpmagic.gate.spark import prepare
-from dpmagic.gate.spark.prepare import prepared_tables, private_root, restrict
 
 
 @pytest.fixture

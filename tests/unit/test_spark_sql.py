@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import sqlglot
 
-from dpmagic.gate.accounting import make_accountant
+from dpmagic.gate.dp.accounting import make_accountant
+from dpmagic.gate.engines.spark.dialect import SPARK, NotOnSpark
+from dpmagic.gate.engines.spark.guard import UnsafeSparkSQL, guard
 from dpmagic.gate.policy import EngineKind, PolicyError, load_policy, parse_policy
-from dpmagic.gate.spark.guard import UnsafeSparkSQL, guard
 from dpmagic.gate.sql.pipeline import Asked, analyse
 from dpmagic.gate.sql.rewrite import rewrite
-from dpmagic.gate.sql.spark_dialect import SPARK, NotOnSpark
 from tests.gate_helpers import sized
 from tests.golden.run import HERE as GOLDEN
 from tests.golden.run import cases, plan_of

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dpmagic.gate.errors import Refused
+from dpmagic.gate.failures import Refused
 from dpmagic.gate.policy import PolicyError, parse_policy
 from tests.gate_helpers import dataset, make_plan
 

@@ -3,7 +3,7 @@
 A table of one row per person counts with sensitivity 1 instead of the dataset's
 ``max_partitions × max_rows_per_partition``: the plan's ``K`` (and the window's
 bounds) are cut to the product of the joined tables' declared rows per unit
-(``contribution.table_cap``). The bound holds by construction even where the data
+(``ranks.table_cap``). The bound holds by construction even where the data
 breaks the declaration: brute force over neighbouring datasets whose units hold
 more rows than declared, seed by seed, on real DuckDB; and the version that trusts
 the declaration without bounding by it (the plan's ``K`` cut, the SQL's left as
@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from dpmagic.gate.policy import PolicyError, parse_policy
 from dpmagic.gate.sql import rewrite as rewrites
-from dpmagic.gate.sql.contribution import Ranked, Window
+from dpmagic.gate.sql.ranks import Ranked, Window
 from tests.gate_helpers import dataset, exact_vectors, load_table, make_plan, neighbours
 
 COLUMNS = {

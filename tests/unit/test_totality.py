@@ -25,7 +25,7 @@ import pytest
 from sqlglot import exp
 
 from dpmagic.gate.engine import Engine
-from dpmagic.gate.errors import Refused
+from dpmagic.gate.failures import Refused
 from dpmagic.gate.policy import load_policy
 from dpmagic.gate.sql.bound import value_range
 from dpmagic.gate.sql.check import check

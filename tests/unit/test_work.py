@@ -21,12 +21,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlglot import exp
 
-from dpmagic.gate.accounting import PureAccountant
-from dpmagic.gate.errors import Refused
+from dpmagic.gate.dp.accounting import PureAccountant
+from dpmagic.gate.failures import Refused
 from dpmagic.gate.sql import rewrite as rewrites
-from dpmagic.gate.sql.contribution import RANK, RoomRead
 from dpmagic.gate.sql.pipeline import Asked, analyse
 from dpmagic.gate.sql.plan import Plan
+from dpmagic.gate.sql.ranks import RANK, RoomRead
 from dpmagic.gate.sql.rewrite import rewrite
 from dpmagic.gate.sql.work import TEXT_STEP, TRY_ROW_STEPS, VECTOR_ROWS, evaluated, steps_of
 from tests.gate_helpers import running_engine

@@ -32,9 +32,9 @@ from hypothesis import strategies as st
 from sqlglot import exp
 
 from dpmagic.gate.engine import Engine
-from dpmagic.gate.errors import GateError
+from dpmagic.gate.failures import GateError
 from dpmagic.gate.sql import rewrite as rewrites
-from dpmagic.gate.sql.contribution import RANK, RoomRead
+from dpmagic.gate.sql.ranks import RANK, RoomRead
 from tests.gate_helpers import running_engine
 
 TARGET = 7

@@ -17,7 +17,7 @@ under-estimating version of the rule caught):
   data, shares that add up to the charge).
 
 How the generated SQL enforces these (load-time ranks, a join's room, the
-per-query window) is in ``dpmagic/gate/sql/contribution.py``. The plan calls these
+per-query window) is in ``dpmagic/gate/sql/ranks.py``. The plan calls these
 rules for every noise it calibrates (``calibration.noise_for``,
 ``count_noise_for``), which ``tests/unit/dp/test_production.py`` checks against the
 policy's bounds for each aggregate kind, and refuses a plan whose parts compose to

@@ -1,7 +1,7 @@
 """What one privacy unit can touch once the SQL has bounded its contribution.
 
 After bounding, one unit adds at most ``rows`` rows to each of at most ``groups``
-partitions, out of ``partitions`` released partitions (``sql/contribution.py``
+partitions, out of ``partitions`` released partitions (``sql/ranks.py``
 argues that the generated SQL enforces it, for every seed). Every sensitivity in
 this package is a function of these three numbers and the neighbouring relation:
 under ``add_remove`` a neighbour adds or removes one unit; under ``substitute`` it

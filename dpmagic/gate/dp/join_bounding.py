@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 def rooms(k: int, counts: Sequence[int]) -> list[int]:
     """The ranks each scan keeps of a unit with ``counts[i]`` rows in the ``i``-th
-    joined table (``sql/contribution.room_reads`` computes the same in SQL)."""
+    joined table (``sql/ranks.room_reads`` computes the same in SQL)."""
     out, product = [], 1
     for n in counts:
         room = k // product

@@ -20,7 +20,7 @@ unit at the bounds in as many cells as it may reach.
 from __future__ import annotations
 
 from dpmagic.gate.dp.contribution import Contribution, checked_relation
-from dpmagic.gate.mechanisms import sqrt_up
+from dpmagic.gate.dp.mechanisms import sqrt_up
 from dpmagic.gate.policy import Neighbouring
 
 

@@ -20,7 +20,7 @@ import tomllib
 from pathlib import Path
 from typing import Protocol
 
-from dpmagic.gate.errors import Unauthorized
+from dpmagic.gate.failures import Unauthorized
 
 MIN_TOKEN_CHARS = 16
 _CREDENTIALS = struct.Struct("3i")  # struct ucred: pid, uid, gid

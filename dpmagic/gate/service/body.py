@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 
-from dpmagic.gate.errors import InvalidBody
+from dpmagic.gate.failures import InvalidBody
 
 # Containers inside containers: a query body needs 3 (body → params → a list).
 MAX_DEPTH = 32

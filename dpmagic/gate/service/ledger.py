@@ -44,7 +44,7 @@ query are NORMAL, because losing one is safe:
 
 A release is replayed only over the data and policy it was computed from: its
 replay key (``ReplayKey``) is made of the query's own key and the dataset's
-versions (``sql/prepared.versions``), and the table ``replay_keys`` keeps each
+versions (``engines/versions.versions``), and the table ``replay_keys`` keeps each
 key's parts, written with its debit. So when a query is answered afresh though
 the same query was released before under other versions, the ledger can say
 which changed (``fresh_because``). The table is created where it is missing, so a
@@ -72,8 +72,8 @@ from datetime import UTC, datetime, timedelta
 from fractions import Fraction
 from pathlib import Path
 
-from dpmagic.gate.accounting import Accountant, Cost
-from dpmagic.gate.errors import OverBudget, required
+from dpmagic.gate.dp.accounting import Accountant, Cost
+from dpmagic.gate.failures import OverBudget, required
 from dpmagic.gate.policy import Budget
 from dpmagic.gate.service.reply import Reply
 
@@ -138,7 +138,7 @@ class ReplayKey(str):
     ``query``: the query's own key (its canonical SQL, parameters, cost, mechanisms:
     what the whole replay key was before versions joined it, so the releases of an
     older ledger are found by it); ``data`` and ``policy``: the versions of the data
-    and of the policy facts it is answered over (``sql/prepared.Versions``)."""
+    and of the policy facts it is answered over (``engines/versions.Versions``)."""
 
     query: str
     data: str

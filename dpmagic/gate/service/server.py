@@ -73,7 +73,8 @@ from tornado.tcpserver import TCPServer
 
 from dpmagic import wire
 from dpmagic.gate.engine import Engine
-from dpmagic.gate.errors import BadRequest, Busy, Failed, GateError, Unauthorized, required
+from dpmagic.gate.engines.interface import OutOfResources
+from dpmagic.gate.failures import BadRequest, Busy, Failed, GateError, Unauthorized, required
 from dpmagic.gate.policy import Policy, PolicyError, load_policy
 from dpmagic.gate.service.auth import (
     Authenticator,
@@ -87,7 +88,6 @@ from dpmagic.gate.service.body import parse_body
 from dpmagic.gate.service.padding import PrivateRead, release_time
 from dpmagic.gate.service.release_clock import ReleaseClock
 from dpmagic.gate.service.reply import Reply
-from dpmagic.gate.sql.execute import OutOfResources
 
 log = logging.getLogger("dpmagic.gate")
 
@@ -173,7 +173,7 @@ def _run(handler: Callable[[], dict[str, object] | Reply], arrow: bool = False) 
     """Run a route in an engine thread; its reply as (status, body, content type): an
     answer as an Arrow stream when the client asked for one (``wants_arrow``), else
     JSON, as every error is. A query that ran out of time or memory is answered no
-    sooner than its run's deadline (``execute.OutOfResources``): the engine thread is
+    sooner than its run's deadline (``interface.OutOfResources``): the engine thread is
     let go, the reply waits. The body is encoded here, in the engine's thread, not on
     the event loop."""
     try:

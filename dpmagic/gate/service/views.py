@@ -5,7 +5,7 @@ so both say the same thing the same way."""
 
 from __future__ import annotations
 
-from dpmagic.gate.accounting import make_accountant
+from dpmagic.gate.dp.accounting import make_accountant
 from dpmagic.gate.policy import Dataset
 from dpmagic.gate.service.ledger import Ledger
 

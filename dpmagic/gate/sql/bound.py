@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
-from dpmagic.gate.errors import Refused, required
+from dpmagic.gate.failures import Refused, required
 from dpmagic.gate.sql.check import (
     CONCATENATION,
     TEXT_FUNCTIONS,

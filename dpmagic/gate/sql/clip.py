@@ -8,7 +8,7 @@ needs to be. ``%%dpsql --clip SHARE`` (request field ``clip``) answers in two
 releases, as Google's differential privacy library's ``ApproxBounds`` does:
 
 1. **Bounds** (``ClipBounds``): with ``SHARE`` of the query's ε, a DP quantile
-   (the exponential mechanism of ``selection.py``, OpenDP's scores) of each
+   (the exponential mechanism of ``dp/quantile_selection.py``, OpenDP's scores) of each
    summed argument at ``LEVELS`` over the query's rows (the same scans, joins,
    ``WHERE`` and contribution bounds, no ``GROUP BY``): ``bounds_checked`` makes
    that query from the checked one.
@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 
 from sqlglot import exp
 
-from dpmagic.gate.errors import Refused, required
+from dpmagic.gate.failures import Refused, required
 from dpmagic.gate.sql.bound import Bounded
 from dpmagic.gate.sql.check import AggregateCall, Checked, Output
 from dpmagic.gate.sql.parse import DIALECT

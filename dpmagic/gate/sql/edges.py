@@ -44,8 +44,8 @@ import math
 from collections.abc import Callable
 from functools import lru_cache
 
-from dpmagic.gate.calibration import REPORT_ALPHA
-from dpmagic.gate.selection import QuantileNoise, calibrate_quantile
+from dpmagic.gate.dp.calibration import REPORT_ALPHA
+from dpmagic.gate.dp.quantile_selection import QuantileNoise, calibrate_quantile
 
 LEVEL_STEPS = 1000
 """Edge levels lie on a grid of 1/1000: few distinct levels, each calibrated once."""

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from sqlglot import exp
 
-from dpmagic.gate.errors import Refused
+from dpmagic.gate.failures import Refused
 from dpmagic.gate.sql.trees import unparen
 from dpmagic.gate.sql.value_range import ValueRange
 

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
-from dpmagic.gate.errors import Refused
+from dpmagic.gate.failures import Refused
 
 MAX_EXPANDED_NODES = 20_000
 """Nodes ``resolve`` may build while inlining CTEs and subqueries into one SELECT: its

@@ -22,10 +22,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dpmagic.gate.calibration import REPORT_ALPHA
-from dpmagic.gate.errors import required
+from dpmagic.gate.dp.calibration import REPORT_ALPHA
+from dpmagic.gate.engines.interface import Batches, ExactResult
+from dpmagic.gate.failures import required
 from dpmagic.gate.sql.edges import edge_names, edge_values
-from dpmagic.gate.sql.execute import Batches, ExactResult
 from dpmagic.gate.sql.plan import Edges, Plan, Selection, keyed
 from dpmagic.gate.sql.rewrite import KEY_COUNT, Rewritten
 

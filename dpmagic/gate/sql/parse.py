@@ -16,7 +16,7 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 
-from dpmagic.gate.errors import Refused
+from dpmagic.gate.failures import Refused
 
 DIALECT = "duckdb"
 MAX_SQL_CHARS = 20_000

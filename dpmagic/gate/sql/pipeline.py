@@ -12,16 +12,16 @@ policy, never of the data. Every refusal happens here, before anything is charge
     bound         Checked                     Bounded     ``sql/bound.py``
     plan          Bounded, asked budget       Plan        ``sql/plan.py``
     rewrite       Plan, seed                  Rewritten   ``sql/rewrite.py``
-    vet           Rewritten                   Rewritten   ``sql/execute.py``
+    vet           Rewritten                   Rewritten   ``engines/duckdb/database.py``
     ============  ==========================  ==========  =====================
 
 Execution, after the engine has debited the plan's cost:
 
     ============  ==========================  ===========  ====================
-    run           Rewritten                   ExactResult  ``sql/execute.py``
+    run           Rewritten                   ExactResult  ``engines/duckdb/database.py``
     noise         Plan, Rewritten, exact      Noisy        ``sql/noise.py``
     release       Noisy                       Released     ``sql/release.py``
-    report        Plan, exact left-out count  dict         ``sql/bounding.py``
+    report        Plan, exact left-out count  dict         ``sql/bounding_report.py``
     ============  ==========================  ===========  ====================
 
 A plan with a bounding report (``plan.LeftOut``) also has a second query,
@@ -44,14 +44,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dpmagic.gate.accounting import Accountant
-from dpmagic.gate.calibration import REPORT_ALPHA, Accuracy
+from dpmagic.gate.dp.accounting import Accountant
+from dpmagic.gate.dp.calibration import REPORT_ALPHA, Accuracy
+from dpmagic.gate.engines.interface import Store
 from dpmagic.gate.policy import Dataset
-from dpmagic.gate.sql import bounding
+from dpmagic.gate.sql import bounding_report
 from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
 from dpmagic.gate.sql.clip import ClipBounds, ClipStage, bounds_checked, clip_bounded
-from dpmagic.gate.sql.execute import Store
 from dpmagic.gate.sql.limits import check_deadline, check_generated, deadline
 from dpmagic.gate.sql.noise import columnar, declared_keys, key_threshold, noise
 from dpmagic.gate.sql.parse import Param, parse
@@ -89,7 +89,7 @@ class Analysed:
 @dataclass(frozen=True)
 class Answer:
     """What ``execute`` hands the engine: the released table, and the bounding report
-    when one was asked for (``bounding.report``)."""
+    when one was asked for (``bounding_report.report``)."""
 
     released: Released
     left_out: dict[str, object] | None
@@ -157,4 +157,4 @@ def execute(analysed: Analysed, database: Store) -> Answer:
     if analysed.report is None:
         return Answer(released, None)
     (counts,) = database.run(analysed.report.sql).rows
-    return Answer(released, bounding.report(the_plan, counts, alpha))
+    return Answer(released, bounding_report.report(the_plan, counts, alpha))

@@ -30,11 +30,13 @@ from operator import itemgetter
 
 from sqlglot import exp
 
-from dpmagic.gate.accounting import Accountant, Cost
-from dpmagic.gate.calibration import Accuracy, Target, count_noise_for, noise_for, spent
 from dpmagic.gate.dp import centred_sums
+from dpmagic.gate.dp.accounting import Accountant, Cost
+from dpmagic.gate.dp.calibration import Accuracy, Target, count_noise_for, noise_for, spent
 from dpmagic.gate.dp.contribution import Contribution
-from dpmagic.gate.dp.partition_selection import key_reach
+from dpmagic.gate.dp.mechanisms import Noise
+from dpmagic.gate.dp.partition_selection import KeySelection, calibrate_selection, key_reach
+from dpmagic.gate.dp.quantile_selection import Grid, QuantileNoise, calibrate_quantile, grid
 from dpmagic.gate.dp.quantiles import selection_distance
 from dpmagic.gate.dp.shares import (
     EDGE_WEIGHT,
@@ -43,14 +45,15 @@ from dpmagic.gate.dp.shares import (
     variance_weights,
 )
 from dpmagic.gate.dp.sums import sum_sensitivity
-from dpmagic.gate.errors import Refused, required
-from dpmagic.gate.mechanisms import Noise
-from dpmagic.gate.partition_selection import KeySelection, calibrate_selection
+from dpmagic.gate.failures import Refused, required
 from dpmagic.gate.policy import AccountantKind, Dataset
-from dpmagic.gate.selection import Grid, QuantileNoise, calibrate_quantile, grid
 from dpmagic.gate.sql.bound import Bounded
 from dpmagic.gate.sql.check import AggregateCall, Checked, GroupKey
-from dpmagic.gate.sql.contribution import (
+from dpmagic.gate.sql.keys import MAX_PARTITIONS, KeyDomain
+from dpmagic.gate.sql.kinds import MeasureKind
+from dpmagic.gate.sql.parse import DIALECT
+from dpmagic.gate.sql.randomized import Debias, debiasing
+from dpmagic.gate.sql.ranks import (
     Bounding,
     Ranked,
     Window,
@@ -58,10 +61,6 @@ from dpmagic.gate.sql.contribution import (
     join_cap,
     load_cap,
 )
-from dpmagic.gate.sql.keys import MAX_PARTITIONS, KeyDomain
-from dpmagic.gate.sql.kinds import MeasureKind
-from dpmagic.gate.sql.parse import DIALECT
-from dpmagic.gate.sql.randomized import Debias, debiasing
 from dpmagic.gate.sql.resolve import Resolved
 from dpmagic.gate.sql.trees import display
 from dpmagic.gate.sql.value_range import ValueRange
@@ -821,7 +820,7 @@ def partition_rows(resolved: Resolved, contribution: Contribution) -> int:
     table's matches), but every joined row extends a row of the first private scan
     (joins are inner or ``LEFT`` with the private table first), so fewer than
     ``MAX_ROWS`` units reach the aggregate, and bounding leaves each at most
-    ``contribution.rows`` rows in a partition. The policy keeps that below
+    ``ranks.rows`` rows in a partition. The policy keeps that below
     ``policy.MAX_UNIT_ROWS``, so this is at most ``2^62``."""
     return MAX_ROWS if len(resolved.scans) == 1 else MAX_ROWS * contribution.rows
 

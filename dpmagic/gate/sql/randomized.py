@@ -41,7 +41,7 @@ from statistics import NormalDist
 from sqlglot import exp
 
 from dpmagic.gate.dp.randomized_response import random_share, true_count, true_sum
-from dpmagic.gate.errors import Refused, required
+from dpmagic.gate.failures import Refused, required
 from dpmagic.gate.policy import Column
 from dpmagic.gate.sql.check import Checked
 from dpmagic.gate.sql.trees import unparen

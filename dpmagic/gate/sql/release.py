@@ -37,10 +37,10 @@ import pyarrow as pa
 from sqlglot import exp
 
 from dpmagic import wire
-from dpmagic.gate.calibration import REPORT_ALPHA
-from dpmagic.gate.mechanisms import GaussianNoise
+from dpmagic.gate.dp.calibration import REPORT_ALPHA
+from dpmagic.gate.dp.mechanisms import GaussianNoise
+from dpmagic.gate.engines.dialect import DUCKDB
 from dpmagic.gate.sql.check import Checked
-from dpmagic.gate.sql.dialect import DUCKDB
 from dpmagic.gate.sql.dominance import (
     count_stretch,
     expected_width,

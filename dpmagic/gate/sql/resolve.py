@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
-from dpmagic.gate.errors import Refused, required
+from dpmagic.gate.failures import Refused, required
 from dpmagic.gate.policy import Column, Dataset, Table
 from dpmagic.gate.sql.limits import AnalysisLimit, Expansion, nodes
 from dpmagic.gate.sql.parse import DIALECT, Parsed

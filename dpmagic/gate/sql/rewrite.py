@@ -9,7 +9,7 @@ each made total by ``totality.total`` (divisors become ``NULLIF(d, 0)``,
 decimal literals doubles, and whatever is not proven unable to raise is
 evaluated under ``TRY``), and columns read as the gate stored them at load:
 cast to their declared type, clamped into their declared bounds, text cut to
-its ``max_length``, NULL staying NULL (``contribution.stored``).
+its ``max_length``, NULL staying NULL (``ranks.stored``).
 
 Rows come from the join of the query's scans, each scan reading only the
 columns it needs; every filter of the query and of the subqueries merged
@@ -52,9 +52,14 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from dpmagic.gate.dp.contribution import Contribution
-from dpmagic.gate.errors import Refused, required
+from dpmagic.gate.engines.dialect import DUCKDB, Dialect
+from dpmagic.gate.failures import Refused, required
 from dpmagic.gate.policy import Column
-from dpmagic.gate.sql.contribution import (
+from dpmagic.gate.sql.keys import KeyDomain
+from dpmagic.gate.sql.kinds import MeasureKind
+from dpmagic.gate.sql.limits import check_deadline
+from dpmagic.gate.sql.plan import MAX_ROWS, Measurement, Plan, Selection
+from dpmagic.gate.sql.ranks import (
     RoomRead,
     Window,
     bounded_by_units,
@@ -64,11 +69,6 @@ from dpmagic.gate.sql.contribution import (
     load_cap,
     room_reads,
 )
-from dpmagic.gate.sql.dialect import DUCKDB, Dialect
-from dpmagic.gate.sql.keys import KeyDomain
-from dpmagic.gate.sql.kinds import MeasureKind
-from dpmagic.gate.sql.limits import check_deadline
-from dpmagic.gate.sql.plan import MAX_ROWS, Measurement, Plan, Selection
 from dpmagic.gate.sql.resolve import PRESENT, SEMI, Resolved, Scan
 from dpmagic.gate.sql.totality import comparable
 from dpmagic.gate.sql.trees import conjuncts
@@ -414,7 +414,7 @@ def _from(
 
 def _scan_reads(resolved: Resolved, scans: tuple[Scan, ...], cap: int) -> dict[str, RoomRead]:
     """How each private scan of ``scans`` (one join) reads its table so that a unit keeps
-    at most ``cap`` joined rows (``contribution.room_reads``): the plan's ``K`` when the
+    at most ``cap`` joined rows (``ranks.room_reads``): the plan's ``K`` when the
     ranks bound the query, else the load cap, which bounds the work one unit causes
     however many times the join reads its tables."""
     private = [s for s in scans if bounded_by_units(resolved.dataset, s.table)]
@@ -578,7 +578,7 @@ def _summand(m: Measurement, resolved: Resolved) -> exp.Expression:
     clamp = m.bounds
     if _stored_within(m, resolved):
         # A bare column is read as stored at load: already of its type, NULL or
-        # clamped into declared bounds that lie within this clamp (``contribution.
+        # clamped into declared bounds that lie within this clamp (``ranks.
         # stored``), so clamping again would change nothing and costs a CASE a row.
         value: exp.Expression = v
     else:

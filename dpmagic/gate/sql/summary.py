@@ -11,9 +11,9 @@ import math
 
 from sqlglot import exp
 
-from dpmagic.gate.accounting import Cost
-from dpmagic.gate.calibration import REPORT_ALPHA
-from dpmagic.gate.selection import QuantileNoise, calibrate_quantile
+from dpmagic.gate.dp.accounting import Cost
+from dpmagic.gate.dp.calibration import REPORT_ALPHA
+from dpmagic.gate.dp.quantile_selection import QuantileNoise, calibrate_quantile
 from dpmagic.gate.sql.dominance import DOMINANT_SHARE
 from dpmagic.gate.sql.expected import average_error, variance_error
 from dpmagic.gate.sql.keys import KeyDomain

@@ -35,7 +35,7 @@ The proof is conservative: where it is unsure (a kind it cannot name, an
 operand without finite bounds, a node type it has no rule for) it answers
 "may raise", which costs only speed. Data-independent failures (a binder
 error, a constant that overflows) are caught before the debit instead, by
-running the generated SQL on an empty copy of the schema (``execute.vet``).
+running the generated SQL on an empty copy of the schema (``duckdb.database.vet``).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
-from dpmagic.gate.errors import Refused
+from dpmagic.gate.failures import Refused
 from dpmagic.gate.sql.bound import memoised, value_range
 from dpmagic.gate.sql.check import CONCATENATION, DATE_PARTS, TEXT_POSITION_LIMIT, date_part
 from dpmagic.gate.sql.resolve import Resolved

@@ -14,7 +14,7 @@ policy alone:
 **Rows.** Every intermediate result of the generated SQL holds, of one unit
 ``u``, only rows whose private parts are ``u``'s (``resolve`` proves a join's
 private rows share their unit). Its private scans keep at most ``cap`` joined
-rows of ``u`` (``contribution.room_reads``: ``cap`` is the plan's ``K`` under
+rows of ``u`` (``ranks.room_reads``: ``cap`` is the plan's ``K`` under
 the ranks and the load cap otherwise), whatever order the engine joins them in:
 a join of a subset of the scans has at most the product of their factors, each
 at least 1, which is at most ``cap``. A public table multiplies each of those
@@ -55,7 +55,7 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
-from dpmagic.gate.errors import Refused
+from dpmagic.gate.failures import Refused
 from dpmagic.gate.sql.bound import text_length
 from dpmagic.gate.sql.check import CONCATENATION, TEXT_FUNCTIONS
 from dpmagic.gate.sql.resolve import Resolved, Scan
@@ -123,7 +123,7 @@ def unit_work(
     windowed: bool,
 ) -> Work:
     """The bound for a query whose private scans keep at most ``cap`` joined rows of a
-    unit (``contribution.join_cap``; 1 without a unit, when each row is its own), whose
+    unit (``ranks.join_cap``; 1 without a unit, when each row is its own), whose
     row expressions are ``trees`` (keys, aggregate arguments, the unit), with
     ``quantiles`` grid snaps and, if ``windowed``, the window after its joins."""
     where = resolved.tree.args.get("where")

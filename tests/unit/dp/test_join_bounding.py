@@ -11,7 +11,7 @@ import duckdb
 import pytest
 
 from dpmagic.gate.dp.join_bounding import joined_rows_bound, rooms
-from dpmagic.gate.sql.contribution import RANK, ROWS, room_reads
+from dpmagic.gate.sql.ranks import RANK, ROWS, room_reads
 
 
 def _worst_join(k: int, counts: tuple[int, ...], room) -> int:

@@ -15,8 +15,8 @@ import math
 
 import pytest
 
-from dpmagic.gate import calibration
-from dpmagic.gate.accounting import ZCDPAccountant
+from dpmagic.gate.dp import calibration
+from dpmagic.gate.dp.accounting import ZCDPAccountant
 from dpmagic.gate.dp.contribution import Contribution
 from dpmagic.gate.dp.counts import count_sensitivity
 from dpmagic.gate.dp.quantiles import selection_distance

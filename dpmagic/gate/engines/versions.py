@@ -1,68 +1,27 @@
-"""The prepared copy of a dataset: made once, kept and reused across restarts.
+"""A dataset's identity and versions: what its prepared tables and its answers are made from.
 
-At load the declared tables are copied into a DuckDB file in the gate's state
-directory, readable by the gate's user only: each column cast to its declared
-type and clamped into its bounds, each private table ranked and counted per
-unit (``contribution.prepare_tables``). Copying 10M rows takes
-seconds, so the file is kept and reused by later starts as long as nothing it
-was made from has changed: its name carries a fingerprint of the sources
-(path, size, modification time and inode of each file or folder entry) and of
-every policy fact the preparation reads (tables, columns, types, bounds,
-``max_length``, the unit, the contribution bounds), and of this module's
-format. Change any of them and the next start prepares a new file and deletes
-the old ones.
-
-The same identities, split, are the dataset's versions (``versions``): opaque ids
-that the replay keys carry (``engine``), so that an answer is replayed only over
-the data and the policy facts it was computed from. They are computed at start
-from file metadata and the declarations, never from a value.
-
-Reusing a file keeps the secret seed its ranks were drawn with. The bound on
-each unit's rows holds for every fixed seed (``contribution``), so a seed
-kept across restarts costs nothing; what changes each start is only the seed
-of the per-query bounding after joins (``engine``).
+The prepared copy (DuckDB's file, Spark's Parquet folders) is named by a
+fingerprint of its sources (path, size, modification time and inode of each file
+or folder entry), of every policy fact the preparation reads and of the
+preparation's format: change any and the next start prepares anew. The same
+identities, split, are the dataset's versions (``versions``): opaque ids that the
+replay keys carry (``engine.py``), so that an answer is replayed only over the data
+and the policy facts it was computed from. They come from file metadata and the
+declarations, never from a value. Both engines share this module.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import logging
-import os
-import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import duckdb
-
 from dpmagic.gate.policy import Dataset
-from dpmagic.gate.sql.contribution import prepare_tables
 
-log = logging.getLogger("dpmagic.gate")
-
-# Part of every fingerprint: a change to how tables are prepared must not reuse files
-# prepared the old way.
+# The preparation's format, in every fingerprint and data version: bumped when the
+# prepared tables' layout changes, so that an older copy is never reused.
 FORMAT = "2"
-SUFFIX = ".duckdb"
-
-
-def prepared_file(dataset: Dataset, state_dir: Path) -> Path:
-    """The dataset's prepared file: reused when its fingerprint matches, else made anew."""
-    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(state_dir, 0o700)
-    target = state_dir / f"{dataset.name}.{fingerprint(dataset)[:24]}{SUFFIX}"
-    if target.exists():
-        log.info("dataset %s: reusing its prepared tables", dataset.name)
-        return target
-    log.info("dataset %s: preparing its tables", dataset.name)
-    _prepare(dataset, target)
-    # Older copies of the private data (other fingerprints, or the unversioned name of
-    # earlier releases) are deleted, with their write-ahead logs.
-    mine = re.compile(rf"{re.escape(dataset.name)}(\.[0-9a-f]{{24}})?{SUFFIX}(\.wal)?")
-    for stale in state_dir.iterdir():
-        if mine.fullmatch(stale.name) and stale != target:
-            stale.unlink(missing_ok=True)
-    return target
 
 
 def fingerprint(dataset: Dataset) -> str:
@@ -166,45 +125,3 @@ def _stat(path: Path) -> list[object]:
         st = f.stat()
         out.append([str(f), st.st_size, st.st_mtime_ns, st.st_ino])
     return out
-
-
-def _prepare(dataset: Dataset, target: Path) -> None:
-    """Write the prepared tables to ``target`` through a temporary file, so that a start
-    interrupted halfway never leaves a file a later start would reuse."""
-    partial = target.with_suffix(".loading")
-    for p in (partial, partial.with_suffix(".loading.wal")):
-        p.unlink(missing_ok=True)
-    old = os.umask(0o077)
-    try:
-        con = duckdb.connect(str(partial))
-        try:
-            if dataset.database is not None:
-                con.execute("ATTACH ? AS __owner (READ_ONLY)", [str(dataset.database)])
-                present = {
-                    name.lower()
-                    for (name,) in con.execute(
-                        "SELECT table_name FROM duckdb_tables() WHERE database_name = '__owner'"
-                    ).fetchall()
-                }
-                relations = {t: f'__owner."{t}"' for t in dataset.tables if t in present}
-            else:
-                relations = {t: _reader(p) for t, p in dataset.sources.items()}
-            prepare_tables(con, dataset, relations)
-            con.execute("CHECKPOINT")
-        finally:
-            con.close()
-    finally:
-        os.umask(old)
-    os.chmod(partial, 0o600)
-    os.replace(partial, target)
-
-
-def _reader(source: Path) -> str:
-    if source.is_dir():
-        return f"read_parquet({_string(str(source / '**' / '*.parquet'))})"
-    reader = "read_parquet" if source.suffix.lower() == ".parquet" else "read_csv_auto"
-    return f"{reader}({_string(str(source))})"
-
-
-def _string(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"

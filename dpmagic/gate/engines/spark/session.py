@@ -6,7 +6,7 @@ shares one session (the policy requires the same ``master``/``remote`` and
 
 * ``spark.sql.ansi.enabled = true``: arithmetic that overflows raises instead of
   wrapping around silently. Every row expression the gate runs is proven unable
-  to raise (``sql/spark_dialect.py``), so ANSI mode never fails a query on data;
+  to raise (``engines/spark/dialect.py``), so ANSI mode never fails a query on data;
   it makes a gate bug loud instead of a wrong answer.
 * ``spark.sql.runSQLOnFiles = false``: no ``parquet.`/path``` table can name a file.
 * ``spark.sql.session.timeZone = UTC``: dates read and compared the same everywhere.
@@ -22,7 +22,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
-from dpmagic.gate.errors import required
+from dpmagic.gate.failures import required
 from dpmagic.gate.policy import SparkConfig
 
 if TYPE_CHECKING:

@@ -4,7 +4,7 @@
 keyed hash, its exact sum, how it counts rows per quantile candidate, how a row
 expression is kept from raising: ``total``), the rewrite asks the profile, and the
 profile renders the finished tree. DuckDB's profile is here; Spark's, which refuses
-what Spark would answer differently, is ``spark_dialect.py``.
+what Spark would answer differently, is ``engines/spark/dialect.py``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Which engine holds a dataset: the registry, one entry per ``engine`` of the policy.
 
-DuckDB's ``Database`` (``sql/execute.py``) and Spark's ``SparkDatabase``
+DuckDB's ``Database`` (``engines/duckdb/database.py``) and Spark's ``SparkDatabase``
 (``spark/database.py``) each meet ``sql.execute.Store``; this module alone knows
 both, so neither engine's module imports the other. Spark is imported only when a
 dataset asks for it (pyspark is an optional extra)."""
@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from dpmagic.gate.engines.duckdb.database import Database
+from dpmagic.gate.engines.interface import Store
 from dpmagic.gate.policy import Dataset, EngineKind, GateConfig
-from dpmagic.gate.sql.execute import Database, Store
 
 
 def _spark(dataset: Dataset, gate: GateConfig) -> Store:
-    from dpmagic.gate.spark.database import SparkDatabase  # pyspark only when used
+    from dpmagic.gate.engines.spark.database import SparkDatabase  # pyspark only when used
 
     return SparkDatabase(dataset, gate)
 

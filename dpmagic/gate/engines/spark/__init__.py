@@ -4,6 +4,6 @@
 ``prepare`` is the load-time preparation as a Spark job, ``guard`` the allow-list
 every generated query passes before Spark sees it, and ``database`` runs the
 queries. The SQL itself comes from the same plan as DuckDB's, rendered by
-``sql/spark_dialect.py``. Noise, the ledger and the release stay in the gate's
+``engines/spark/dialect.py``. Noise, the ledger and the release stay in the gate's
 process: executors only ever compute exact aggregates that the gate noises.
 """

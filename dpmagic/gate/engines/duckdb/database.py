@@ -9,7 +9,7 @@ policy's timeout.
 The database is the dataset's prepared copy (``prepared``): the declared
 tables in a DuckDB file in the gate's state directory, readable by the gate's
 user only, each private table ranked and counted per privacy unit
-once (``contribution.prepare_tables``), so that no query has to sort the data
+once (``ranks.prepare_tables``), so that no query has to sort the data
 to bound contributions; made at the first start and reused by later ones.
 
 Before anything runs, DuckDB's own parser (independent of the sqlglot one
@@ -28,66 +28,36 @@ from __future__ import annotations
 
 import json
 import logging
-import secrets
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Protocol
 
 import duckdb
 import pyarrow as pa
 
-from dpmagic.gate.errors import Failed, Refused
+from dpmagic.gate.engines.dialect import DUCKDB
+from dpmagic.gate.engines.duckdb.prepared import prepared_file
+from dpmagic.gate.engines.duckdb.watchdog import Watchdog
+from dpmagic.gate.engines.interface import (
+    KEY_TYPES,
+    VETTED_CACHE_SIZE,
+    Batches,
+    ExactResult,
+    OutOfResources,
+    drawn_timeout,
+    within_max_rows,
+)
+from dpmagic.gate.engines.versions import versions
+from dpmagic.gate.failures import Refused
 from dpmagic.gate.policy import Column, Dataset, GateConfig, PolicyError, Table
-from dpmagic.gate.sql.contribution import SQL_TYPES
-from dpmagic.gate.sql.dialect import DUCKDB, Dialect
 from dpmagic.gate.sql.keys import MAX_PARTITIONS
-from dpmagic.gate.sql.plan import MAX_ROWS
-from dpmagic.gate.sql.prepared import Versions, prepared_file, versions
-from dpmagic.gate.sql.watchdog import Watchdog
+from dpmagic.gate.sql.ranks import SQL_TYPES
 
 log = logging.getLogger("dpmagic.gate")
 
-KEY_TYPES = ("int", "str", "bool")  # public columns whose values can serve as group keys
-# Generated SQL texts the guard has passed, remembered: the engine generates the same
-# text for the same query (its plan is cached, its seed fixed per start).
-VETTED_CACHE_SIZE = 1024
 TIMEOUTS = Watchdog()  # every store's queries, one thread
-
-
-# A query's time limit is drawn at random for each run, between this share below
-# ``query_timeout_s`` and ``query_timeout_s`` itself (``drawn_timeout``).
-TIMEOUT_JITTER = 0.25
-
-
-def drawn_timeout(limit: float) -> float:
-    """A run's time limit, uniform in ``[(1 − TIMEOUT_JITTER) × limit, limit]`` from the
-    operating system's secure generator.
-
-    Why. One unit moves a query's running time by at most its bounded work
-    (``sql/work.py``), milliseconds; a query tuned to end within that of a fixed
-    limit would fail on D and not on D' without the unit. Against a limit drawn over
-    a quarter of ``query_timeout_s`` (7.5 s at the default), that difference moves
-    the chance of failing by at most ``work time / (TIMEOUT_JITTER × limit)``: about
-    0.1% a query at 10 ms, each failure charged and counted against the user's
-    ``max_resource_failures`` (docs/security.md)."""
-    return limit * (1 - TIMEOUT_JITTER * secrets.randbelow(2**32) / 2**32)
-
-
-class OutOfResources(Failed):
-    """A run stopped for want of time or memory, told alike for either (which one ran
-    out, and when, could follow the data), and not before ``release_at`` (the
-    monotonic time of the run's deadline): an out-of-memory error that came early
-    leaves when a time-out would have."""
-
-    def __init__(self, release_at: float) -> None:
-        super().__init__(
-            "the query ran out of the gate's time or memory and was stopped; it stays "
-            "charged. Ask it over fewer rows, joins or groups"
-        )
-        self.release_at = release_at
 
 
 class UnsafeSQL(Refused):
@@ -125,30 +95,10 @@ VALUE_AGGREGATES = frozenset(
 )  # fmt: skip
 
 
-@dataclass(frozen=True)
-class ExactResult:
-    """Exact aggregates by partition: never leaves the gate un-noised."""
-
-    rows: list[tuple]
-    # Whether private keys' noisy threshold was already applied batch by batch.
-    thresholded: bool = False
-    # The result in columns, when the caller asked for them (``Database.run``'s
-    # ``batches``); ``rows`` is then empty.
-    table: pa.Table | None = None
-
-
-Batches = Callable[[pa.RecordBatch], pa.RecordBatch]
-
-
 # DuckDB's common-subexpression optimiser hoists an expression written twice inside a
 # ``TRY(…)`` out of it, where its error is no longer caught (``TRY(CASE WHEN (pid * pid)
 # IS NULL … LEAST(1, pid * pid) END)`` overflowed on one unit's row): off everywhere.
 TRY_BREAKING_OPTIMIZERS = "common_subexpressions"
-# DuckDB's runtime join filters are built as the join runs from its build side's
-# smallest and largest key: one unit's extreme value turns them off, and every other
-# row is then compared with the whole public table. Off, with the optimisers that plan
-# from the data's statistics (``STATISTICS_OPTIMIZERS``, ``Database.run``).
-DATA_DEPENDENT_OPTIMIZERS = "join_filter_pushdown"
 # DuckDB's runtime join filters are built from the join's build side as it runs (its
 # smallest and largest key): one unit's extreme value turns them off, and then every
 # other row is compared with the whole public table (a condition join on 1M units:
@@ -179,41 +129,6 @@ BATCH_ROWS = 65_536
 # follow, and the copy of 100,000 rows costs nothing measurable (19.6 ms either way).
 ARROW_COPY_WARNING = "Arrow output on a DB-API result"
 warnings.filterwarnings("ignore", ARROW_COPY_WARNING, UserWarning)
-
-
-class Store(Protocol):
-    """What the engine needs of a dataset's tables, whichever engine holds them."""
-
-    dialect: Dialect
-    # Whether ``run`` can fetch the result in columns (``batches``).
-    columnar: bool
-    # What its answers are computed from, as opaque ids (``prepared.versions``): read
-    # from the declared dataset as the store opens, before any public fact is added.
-    versions: Versions
-
-    def vet(self, sql: str) -> None: ...
-
-    def run(
-        self,
-        sql: str,
-        keep: Callable[[list[tuple]], list[tuple]] | None = None,
-        batches: Batches | None = None,
-    ) -> ExactResult: ...
-
-    def public_facts(self, dataset: Dataset) -> Dataset: ...
-
-    def close(self) -> None: ...
-
-
-def within_max_rows(dataset: Dataset, table: str, rows: int) -> None:
-    """Refuse to serve a table of ``plan.MAX_ROWS`` rows or more, on which the plan's
-    proofs that sums and counts cannot overflow (``plan.partition_rows``) would not
-    hold. Checked once, as the gate opens the dataset: no query depends on it."""
-    if rows >= MAX_ROWS:
-        raise PolicyError(
-            f"dataset {dataset.name!r}: table {table!r} has {MAX_ROWS:,} rows or more, "
-            "more than the gate's exact sums are proven for"
-        )
 
 
 class Database:

@@ -49,8 +49,8 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
-from dpmagic.gate.errors import Refused
-from dpmagic.gate.sql.dialect import Dialect
+from dpmagic.gate.engines.dialect import Dialect
+from dpmagic.gate.failures import Refused
 from dpmagic.gate.sql.resolve import Resolved
 from dpmagic.gate.sql.totality import CONCATENATION, generated, kind, may_raise
 from dpmagic.gate.sql.trees import display

@@ -12,12 +12,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dpmagic.gate.accounting import Accountant, Cost, rho_for
+from dpmagic.gate.dp.accounting import Accountant, Cost, rho_for
 from dpmagic.gate.dp.contribution import Contribution
 from dpmagic.gate.dp.counts import count_l2_sensitivity, count_sensitivity
-from dpmagic.gate.dp.sums import sum_l2_sensitivity, sum_sensitivity
-from dpmagic.gate.errors import required
-from dpmagic.gate.mechanisms import (
+from dpmagic.gate.dp.mechanisms import (
     GaussianNoise,
     Noise,
     calibrate,
@@ -25,6 +23,8 @@ from dpmagic.gate.mechanisms import (
     gaussian_for_accuracy,
     laplace_for_accuracy,
 )
+from dpmagic.gate.dp.sums import sum_l2_sensitivity, sum_sensitivity
+from dpmagic.gate.failures import required
 
 # The level of the interval every plan step reports, whatever the query asked for.
 REPORT_ALPHA = 0.05

@@ -22,17 +22,7 @@ from dataclasses import replace
 from decimal import Decimal
 from typing import TYPE_CHECKING
 
-from dpmagic.gate.errors import Failed, Refused
-from dpmagic.gate.policy import Dataset, GateConfig
-from dpmagic.gate.spark import session as sessions
-from dpmagic.gate.spark.guard import guard
-from dpmagic.gate.spark.prepare import (
-    FORMAT,
-    SPARK_TYPES,
-    catalog_identity,
-    prepared_tables,
-)
-from dpmagic.gate.sql.execute import (
+from dpmagic.gate.engines.interface import (
     KEY_TYPES,
     VETTED_CACHE_SIZE,
     ExactResult,
@@ -40,9 +30,19 @@ from dpmagic.gate.sql.execute import (
     drawn_timeout,
     within_max_rows,
 )
+from dpmagic.gate.engines.spark import session as sessions
+from dpmagic.gate.engines.spark.dialect import SPARK
+from dpmagic.gate.engines.spark.guard import guard
+from dpmagic.gate.engines.spark.prepare import (
+    FORMAT,
+    SPARK_TYPES,
+    catalog_identity,
+    prepared_tables,
+)
+from dpmagic.gate.engines.versions import versions
+from dpmagic.gate.failures import Failed, Refused
+from dpmagic.gate.policy import Dataset, GateConfig
 from dpmagic.gate.sql.keys import MAX_PARTITIONS
-from dpmagic.gate.sql.prepared import versions
-from dpmagic.gate.sql.spark_dialect import SPARK
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -63,7 +63,7 @@ class CannotRunOnSpark(Refused):
 
 
 class SparkDatabase:
-    """A Spark dataset's tables as the engine queries them (``execute.Database``'s
+    """A Spark dataset's tables as the engine queries them (``duckdb.database.Database``'s
     interface: ``dialect``, ``vet``, ``run``, ``public_facts``, ``close``)."""
 
     dialect = SPARK
@@ -114,7 +114,7 @@ class SparkDatabase:
         """Refuse, before the debit, SQL the guard will not run or that fails on empty
         views of the tables (a failure no data can be in). The verdict is remembered for
         the guard at run time but not consulted here, as on DuckDB
-        (``execute.Database.vet``): the engine vets a text once per user, and a dry run
+        (``duckdb.database.Database.vet``): the engine vets a text once per user, and a dry run
         or a replay is answered at once, unpadded, so a vet skipped because another
         user's query generated the same text would show in its time (docs/security.md,
         "Which replies are padded")."""
@@ -191,7 +191,7 @@ class SparkDatabase:
             done.wait(0.05)
 
     def public_facts(self, dataset: Dataset) -> Dataset:
-        """As ``execute.Database.public_facts``: a public table's distinct values of each
+        """As ``duckdb.database.Database.public_facts``: a public table's distinct values of each
         key column, when there are few enough, become declared keys; its rows and each
         column's most repeated value's rows bound what a join with it costs."""
         from pyspark.sql import functions as F

@@ -1,6 +1,6 @@
 """Load-time preparation as a Spark job: the same prepared tables as DuckDB's.
 
-``sql/contribution.py`` states the rule and its privacy argument; this module
+``sql/ranks.py`` states the rule and its privacy argument; this module
 carries it out with Spark's DataFrame API (not DuckDB SQL transpiled):
 
 1. each declared column is cast to its declared type (``try_cast``: a value that
@@ -18,7 +18,7 @@ carries it out with Spark's DataFrame API (not DuckDB SQL transpiled):
    count of rows there (``__dpmagic_rows_U``, at most ``load_cap``), counted from
    the same rows the ranks number;
 4. the tables are written as Parquet under a folder named by the fingerprint of
-   the sources and the policy (``sql/prepared.fingerprint``), marked complete last,
+   the sources and the policy (``engines/versions.fingerprint``), marked complete last,
    and reused by later starts while the fingerprint matches.
 
 The prepared tables are a copy of the private data. Where the gate can see the
@@ -40,9 +40,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
+from dpmagic.gate.engines.versions import fingerprint
 from dpmagic.gate.policy import Column, Dataset, PolicyError, Table
-from dpmagic.gate.sql.contribution import RANK, ROWS, bounded_by_units, load_cap
-from dpmagic.gate.sql.prepared import fingerprint
+from dpmagic.gate.sql.ranks import RANK, ROWS, bounded_by_units, load_cap
 
 if TYPE_CHECKING:
     from pyspark.sql import Column as SparkColumn
@@ -228,7 +228,7 @@ def typed(raw: SparkColumn, col: Column, source: DataFrame) -> SparkColumn:
 
 
 def stored_column(raw: SparkColumn, col: Column, source: DataFrame) -> SparkColumn:
-    """A declared column as the gate stores it (``contribution.stored``, in Spark)."""
+    """A declared column as the gate stores it (``ranks.stored``, in Spark)."""
     from pyspark.sql import functions as F
 
     value = typed(raw, col, source)

@@ -14,10 +14,10 @@ of the units they belonged to, with their intervals.
 
 from __future__ import annotations
 
-from dpmagic.gate.errors import required
-from dpmagic.gate.mechanisms import Noise
-from dpmagic.gate.sql.contribution import Ranked, RowLevel, Window
+from dpmagic.gate.dp.mechanisms import Noise
+from dpmagic.gate.failures import required
 from dpmagic.gate.sql.plan import Plan, Variance
+from dpmagic.gate.sql.ranks import Ranked, RowLevel, Window
 from dpmagic.gate.sql.summary import cost_dict
 
 

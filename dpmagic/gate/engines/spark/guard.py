@@ -22,7 +22,7 @@ from __future__ import annotations
 import sqlglot
 from sqlglot import exp
 
-from dpmagic.gate.errors import Refused
+from dpmagic.gate.failures import Refused
 
 # The functions generated SQL may call, by sqlglot node type.
 FUNCTIONS: tuple[type[exp.Expression], ...] = (

@@ -35,8 +35,8 @@ from opendp.accuracy import (
     discrete_laplacian_scale_to_accuracy,
 )
 
-from dpmagic.gate.errors import Refused
-from dpmagic.gate.fast_noise import discrete_laplace, exact_scale
+from dpmagic.gate.dp.fast_noise import discrete_laplace, exact_scale
+from dpmagic.gate.failures import Refused
 
 dp.enable_features("contrib")
 
