@@ -20,7 +20,8 @@ from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
 from dpmagic.gate.sql.noise import exact_vectors as noise_exact_vectors
 from dpmagic.gate.sql.parse import parse
-from dpmagic.gate.sql.plan import Plan, plan
+from dpmagic.gate.sql.plan import plan
+from dpmagic.gate.sql.plan_types import Plan
 from dpmagic.gate.sql.ranks import prepare_tables
 from dpmagic.gate.sql.resolve import resolve
 from dpmagic.gate.sql.rewrite import Rewritten, rewrite

@@ -38,7 +38,7 @@ from dpmagic.gate.sql.clip import ClipBounds, Clipped, ClipStage, clipped
 from dpmagic.gate.sql.clip import targets as clip_targets
 from dpmagic.gate.sql.limits import deadline
 from dpmagic.gate.sql.pipeline import Analysed, Answer, Asked, analyse, execute, generate
-from dpmagic.gate.sql.plan import Plan
+from dpmagic.gate.sql.plan_types import Plan
 from dpmagic.gate.sql.rewrite import Rewritten
 from dpmagic.gate.sql.summary import summary
 

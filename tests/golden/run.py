@@ -22,7 +22,7 @@ from pathlib import Path
 from dpmagic.gate.dp.accounting import make_accountant
 from dpmagic.gate.policy import load_policy
 from dpmagic.gate.sql.pipeline import Asked, analyse
-from dpmagic.gate.sql.plan import Plan
+from dpmagic.gate.sql.plan_types import Plan
 from dpmagic.gate.sql.rewrite import rewrite
 from dpmagic.gate.sql.summary import summary as plan_summary
 from tests.gate_helpers import sized

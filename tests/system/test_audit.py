@@ -30,7 +30,7 @@ from dpmagic.client import Gate
 from dpmagic.gate.dp.mechanisms import calibrate
 from dpmagic.gate.engine import Engine, QueryRequest
 from dpmagic.gate.policy import Dataset, load_policy
-from dpmagic.gate.sql.plan import Plan
+from dpmagic.gate.sql.plan_types import Plan
 from tests.conftest import GateProcess
 from tests.dp_audit import ALPHA, AuditResult, epsilon_lower_bound
 

@@ -19,7 +19,8 @@ from dpmagic.gate.failures import Refused
 from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
 from dpmagic.gate.sql.parse import parse
-from dpmagic.gate.sql.plan import Plan, plan
+from dpmagic.gate.sql.plan import plan
+from dpmagic.gate.sql.plan_types import Plan
 from dpmagic.gate.sql.ranks import load_cap
 from dpmagic.gate.sql.resolve import resolve
 from dpmagic.gate.sql.rewrite import left_out

@@ -21,7 +21,7 @@ from dpmagic.gate.engines.spark.dialect import SPARK
 from dpmagic.gate.policy import PolicyError
 from dpmagic.gate.sql import rewrite as rewrite_module
 from dpmagic.gate.sql.noise import exact_vectors
-from dpmagic.gate.sql.plan import MAX_ROWS
+from dpmagic.gate.sql.plan_types import MAX_ROWS
 from dpmagic.gate.sql.rewrite import FUSED_BITS, _single_source, rewrite
 from tests.gate_helpers import dataset, load_table, make_plan, run_rewritten, running_engine
 

@@ -23,7 +23,8 @@ from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
 from dpmagic.gate.sql.noise import noise
 from dpmagic.gate.sql.parse import parse
-from dpmagic.gate.sql.plan import Plan, plan
+from dpmagic.gate.sql.plan import plan
+from dpmagic.gate.sql.plan_types import Plan
 from dpmagic.gate.sql.resolve import resolve
 from tests.gate_helpers import dataset, exact_vectors, load_table, run_rewritten
 from tests.sensitivity_cases import COLUMNS, ORDER, QUERIES, rows_of, unit_rows, units

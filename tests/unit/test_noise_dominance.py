@@ -16,7 +16,7 @@ from dpmagic.gate.sql import dominance
 from dpmagic.gate.sql.edges import edge_names
 from dpmagic.gate.sql.kinds import MeasureKind
 from dpmagic.gate.sql.noise import Noisy
-from dpmagic.gate.sql.plan import Avg, Plan
+from dpmagic.gate.sql.plan_types import Avg, Plan
 from dpmagic.gate.sql.release import release
 from dpmagic.result import DPResult
 from tests.gate_helpers import dataset, make_plan

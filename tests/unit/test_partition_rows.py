@@ -24,9 +24,9 @@ from sqlglot import exp
 from dpmagic.gate.dp.accounting import PureAccountant
 from dpmagic.gate.failures import Refused
 from dpmagic.gate.policy import PolicyError, parse_policy
-from dpmagic.gate.sql import plan as plans
+from dpmagic.gate.sql import plan_types as plans
 from dpmagic.gate.sql.pipeline import Asked, analyse
-from dpmagic.gate.sql.plan import MAX_ROWS
+from dpmagic.gate.sql.plan_types import MAX_ROWS
 from dpmagic.gate.sql.rewrite import rewrite
 from tests.gate_helpers import running_engine
 

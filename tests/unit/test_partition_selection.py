@@ -31,7 +31,8 @@ from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
 from dpmagic.gate.sql.noise import exact_vectors, noise
 from dpmagic.gate.sql.parse import parse
-from dpmagic.gate.sql.plan import Plan, plan
+from dpmagic.gate.sql.plan import plan
+from dpmagic.gate.sql.plan_types import Plan
 from dpmagic.gate.sql.resolve import resolve
 from dpmagic.gate.sql.rewrite import KEY_COUNT, rewrite
 from dpmagic.result import DPResult, SchemaView

@@ -27,7 +27,8 @@ from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
 from dpmagic.gate.sql.noise import Noisy, noise
 from dpmagic.gate.sql.parse import parse
-from dpmagic.gate.sql.plan import Plan, plan
+from dpmagic.gate.sql.plan import plan
+from dpmagic.gate.sql.plan_types import Plan
 from dpmagic.gate.sql.randomized import Debias, debias
 from dpmagic.gate.sql.ranks import prepare_sql
 from dpmagic.gate.sql.resolve import resolve

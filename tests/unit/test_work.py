@@ -25,7 +25,7 @@ from dpmagic.gate.dp.accounting import PureAccountant
 from dpmagic.gate.failures import Refused
 from dpmagic.gate.sql import rewrite as rewrites
 from dpmagic.gate.sql.pipeline import Asked, analyse
-from dpmagic.gate.sql.plan import Plan
+from dpmagic.gate.sql.plan_types import Plan
 from dpmagic.gate.sql.ranks import RANK, RoomRead
 from dpmagic.gate.sql.rewrite import rewrite
 from dpmagic.gate.sql.work import TEXT_STEP, TRY_ROW_STEPS, VECTOR_ROWS, evaluated, steps_of

@@ -12,14 +12,18 @@ under-estimating version of the rule caught):
 - ``partition_selection``: how many keys a unit can make appear or vanish;
 - ``group_privacy``: the cost for groups of ``k`` units, per accountant;
 - ``join_bounding``: a join of one unit's rows keeps at most ``K`` joined rows;
-- ``randomized_response``: debiasing is unbiased post-processing.
+- ``randomized_response``: debiasing is unbiased post-processing;
 - ``shares``: how a query's budget is split over its parts (weights that read no
-  data, shares that add up to the charge).
+  data, shares that add up to the charge);
+- ``composition``: what a plan's parts cost together, and the refusal of a plan
+  that would spend more than its charge;
+- ``left_out``: the bounding report's noises (one unit moves its rows total by at
+  most its cap, its units count by one) and its share of the query's budget.
 
 How the generated SQL enforces these (load-time ranks, a join's room, the
 per-query window) is in ``dpmagic/gate/sql/ranks.py``. The plan calls these
 rules for every noise it calibrates (``calibration.noise_for``,
 ``count_noise_for``), which ``tests/unit/dp/test_production.py`` checks against the
 policy's bounds for each aggregate kind, and refuses a plan whose parts compose to
-more than its charge (``sql/plan.composes``).
+more than its charge (``composition.composes``).
 """

@@ -3,18 +3,21 @@
 Every noisy part of a plan (a measurement, a quantile, an end of a quantile's
 interval, a partition selection, the bounding report) gets a *weight*, a function
 of the query and the policy only; its share of the query's cost is the cost times
-its weight over the total weight (``plan._target``, rounded down by one part in
-10^12). The shares add up to the cost whatever the weights, so no choice of
-weights can spend more than is charged (``plan.composes`` checks it for every
-plan), and since the weights read no data they leak nothing. What the weights
-decide is accuracy:
+its weight over the total weight (``part_share``, rounded down by one part in
+10^12; ``total_weight`` adds them up). The shares add up to the cost whatever the
+weights, so no choice of weights can spend more than is charged
+(``composition.composes`` checks it for every plan), and since the weights read
+no data they leak nothing. What the weights decide is accuracy:
 
 - 1 for a count, a sum, a quantile (an even share, the peers' choice);
 - an AVG's centred sum and count, and a variance's count, sum and sum of squares,
   by their part in its error (``avg_weights``, ``variance_weights``): the split
   that minimises the linearised error's variance at the mean the plan expects;
 - ``EDGE_WEIGHT`` for each end of a quantile's interval in units and
-  ``QUANTILE_COUNT_WEIGHT`` for the count of its argument the plan adds.
+  ``QUANTILE_COUNT_WEIGHT`` for the count of its argument the plan adds;
+- a measurement several aggregates read takes the largest weight any of them
+  gives it (``measurement_weight``);
+- the bounding report, ``left_out.report_weight``.
 
 **The split** (``split``): for noise standard deviations ``Δ_i/ε_i`` (Laplace) the
 error ``Σ (a_i·noise_i)²`` is ``Σ c_i/ε_i²`` with ``c_i = a_i²Δ_i²``; at a fixed
@@ -23,13 +26,16 @@ error ``Σ (a_i·noise_i)²`` is ``Σ c_i/ε_i²`` with ``c_i = a_i²Δ_i²``; a
 gives ``Σ c_i/ρ_i``, least at ``ρ_i ∝ √c_i = a_iΔ_i``. The weights are scaled to
 add up to the number of parts, so an aggregate of ``k`` parts takes ``k`` even
 shares in all, as before it was weighted. ``tests/unit/dp/test_shares.py``
-checks both optima against every split on a grid, and that an even split loses.
+checks both optima against every split on a grid, and that an even split loses;
+``tests/unit/dp/test_composition.py`` that the shares compose to the charge.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 
+from dpmagic.gate.dp.accounting import Accountant, Cost
 from dpmagic.gate.dp.contribution import Contribution
 from dpmagic.gate.dp.sums import sum_l2_squared, sum_sensitivity
 
@@ -101,3 +107,42 @@ def variance_weights(
     s, n = unit_sensitivities(c, neighbouring, gaussian)
     count, total, squares = split((1.5 / math.sqrt(5) * n, 2 / math.sqrt(3) * s, s / 2), gaussian)
     return count, total, squares
+
+
+def part_weights(
+    func: str, parts: int, centred: bool, c: Contribution, neighbouring: str, gaussian: bool
+) -> tuple[float, ...]:
+    """The weights an aggregate of ``parts`` measurements gives them: 1 each, but for an
+    AVG's or a variance's with centred sums (``func`` ``avg``, or a variance's),
+    weighted by their part in its error."""
+    if not centred:
+        return (1.0,) * parts
+    if func == "avg":
+        return avg_weights(c, neighbouring, gaussian)
+    return variance_weights(c, neighbouring, gaussian)
+
+
+def measurement_weight(demands: Sequence[float]) -> float:
+    """A measurement's weight: the largest any aggregate reading it gives it; one no
+    aggregate reads is the count the plan adds for a quantile."""
+    return max(demands) if demands else QUANTILE_COUNT_WEIGHT
+
+
+def total_weight(
+    measurements: Iterable[float], quantiles: int, edges: bool, private: bool
+) -> float:
+    """The weights of a plan's parts added up: its measurements', 1 per quantile and
+    ``EDGE_WEIGHT`` for each end of its interval (with ``edges``), and 1 for the
+    partition selection of keys chosen from the data (``private``). The bounding
+    report's weight comes on top (``left_out.report_weight``)."""
+    total = math.fsum(measurements) + (1 if private else 0)
+    return total + quantiles * (1 + (2 * EDGE_WEIGHT if edges else 0))
+
+
+def part_share(accountant: Accountant, asked: Cost, total: float, weight: float) -> Cost:
+    """The share of the query's cost ``asked`` a part of this ``weight`` gets, of the
+    ``total`` weight. A weighted share is rounded down by one part in 10^12, so that
+    rounding cannot make the shares add up to more than the query is charged."""
+    if weight == 1.0:
+        return accountant.share(asked, total)
+    return accountant.share(asked, total / weight * (1 + 1e-12))

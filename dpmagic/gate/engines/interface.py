@@ -24,7 +24,7 @@ from dpmagic.gate.engines.dialect import Dialect
 from dpmagic.gate.engines.versions import Versions
 from dpmagic.gate.failures import Failed
 from dpmagic.gate.policy import Dataset, PolicyError
-from dpmagic.gate.sql.plan import MAX_ROWS
+from dpmagic.gate.sql.plan_types import MAX_ROWS
 
 KEY_TYPES = ("int", "str", "bool")  # public columns whose values can serve as group keys
 

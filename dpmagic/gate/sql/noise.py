@@ -26,7 +26,7 @@ from dpmagic.gate.dp.calibration import REPORT_ALPHA
 from dpmagic.gate.engines.interface import Batches, ExactResult
 from dpmagic.gate.failures import required
 from dpmagic.gate.sql.edges import edge_names, edge_values
-from dpmagic.gate.sql.plan import Edges, Plan, Selection, keyed
+from dpmagic.gate.sql.plan_types import Edges, Plan, Selection, keyed
 from dpmagic.gate.sql.rewrite import KEY_COUNT, Rewritten
 
 Partition = tuple[object, ...]

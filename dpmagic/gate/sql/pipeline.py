@@ -55,7 +55,8 @@ from dpmagic.gate.sql.clip import ClipBounds, ClipStage, bounds_checked, clip_bo
 from dpmagic.gate.sql.limits import check_deadline, check_generated, deadline
 from dpmagic.gate.sql.noise import columnar, declared_keys, key_threshold, noise
 from dpmagic.gate.sql.parse import Param, parse
-from dpmagic.gate.sql.plan import Plan, plan
+from dpmagic.gate.sql.plan import plan
+from dpmagic.gate.sql.plan_types import Plan
 from dpmagic.gate.sql.release import PostQuery, Released, post_query, release
 from dpmagic.gate.sql.resolve import resolve
 from dpmagic.gate.sql.rewrite import Rewritten, left_out, rewrite

@@ -17,32 +17,42 @@ variance, a quantile's edges and added count (``EDGE_WEIGHT``,
 asked for, each measurement gets the least cost that delivers it
 (``calibration``). Nothing in this pass looks at data: the cost is a
 function of the query and the policy, and so is every share.
+
+The values this pass makes are ``plan_types``'. Every privacy number in them is
+decided by a rule of ``dp/`` that this pass calls: sensitivities and noises
+(``sums``, ``counts``, ``calibration``), shares (``shares``), what the parts cost
+together (``composition``) and the bounding report's noises and share (``left_out``).
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from functools import cached_property
-from operator import itemgetter
+from collections.abc import Sequence
 
 from sqlglot import exp
 
 from dpmagic.gate.dp import centred_sums
 from dpmagic.gate.dp.accounting import Accountant, Cost
 from dpmagic.gate.dp.calibration import Accuracy, Target, count_noise_for, noise_for, spent
+from dpmagic.gate.dp.composition import composes, pure_cost
 from dpmagic.gate.dp.contribution import Contribution
-from dpmagic.gate.dp.mechanisms import Noise
+from dpmagic.gate.dp.left_out import (
+    MAX_REPORT_SHARE,
+    LeftOut,
+    left_out,
+    report_cost,
+    report_weight,
+)
 from dpmagic.gate.dp.partition_selection import KeySelection, calibrate_selection, key_reach
-from dpmagic.gate.dp.quantile_selection import Grid, QuantileNoise, calibrate_quantile, grid
+from dpmagic.gate.dp.quantile_selection import calibrate_quantile, grid
 from dpmagic.gate.dp.quantiles import selection_distance
 from dpmagic.gate.dp.shares import (
     EDGE_WEIGHT,
-    QUANTILE_COUNT_WEIGHT,
-    avg_weights,
-    variance_weights,
+    measurement_weight,
+    part_share,
+    part_weights,
+    total_weight,
 )
 from dpmagic.gate.dp.sums import sum_sensitivity
 from dpmagic.gate.failures import Refused, required
@@ -52,26 +62,28 @@ from dpmagic.gate.sql.check import AggregateCall, Checked, GroupKey
 from dpmagic.gate.sql.keys import MAX_PARTITIONS, KeyDomain
 from dpmagic.gate.sql.kinds import MeasureKind
 from dpmagic.gate.sql.parse import DIALECT
-from dpmagic.gate.sql.randomized import Debias, debiasing
-from dpmagic.gate.sql.ranks import (
-    Bounding,
-    Ranked,
-    Window,
-    bounding,
-    join_cap,
-    load_cap,
+from dpmagic.gate.sql.plan_types import (
+    Avg,
+    Centre,
+    DebiasedSum,
+    Edges,
+    Measured,
+    Measurement,
+    Parts,
+    Plan,
+    Selection,
+    Variance,
+    grid_bounds,
+    partition_rows,
 )
+from dpmagic.gate.sql.randomized import Debias, debiasing
+from dpmagic.gate.sql.ranks import Bounding, Window, bounding, join_cap, load_cap
 from dpmagic.gate.sql.resolve import Resolved
 from dpmagic.gate.sql.trees import display
 from dpmagic.gate.sql.value_range import ValueRange
 from dpmagic.gate.sql.work import Work, unit_work, within
 
 MAX_SCORES = 2_000_000  # candidates scored over all partitions of one quantile
-# Every table a gate serves has fewer rows than this (DuckDB's ``Database`` and
-# Spark's ``SparkDatabase`` refuse a larger one at open); with it the rewrite's sums
-# are proven not to overflow before the query runs (``partition_rows``), and an
-# average's count fits beside its sum (``rewrite.Fused``).
-MAX_ROWS = 2**40
 SUM_LIMIT = 2**126
 # The partition count sensitivities assume when the keys are chosen from the data:
 # larger than any two units' reach, so no overlap between them is counted on.
@@ -82,244 +94,6 @@ GRID_BITS_BELOW_SCALE = 24
 _I64_MAX = 2**63 - 1
 # Aggregates whose every cell is one noisy measurement: an accuracy can be promised.
 _PROMISED = ("count", "count_distinct", "sum")
-
-
-@dataclass(frozen=True)
-class Centre:
-    """A sum noised around the middle of its values' range instead of around 0: the
-    SQL's exact sum and ``count`` of its rows, moved by ``units/per_grid`` grid units
-    (``dp.centred_sums`` states the rule and its proof)."""
-
-    count: str
-    units: int
-    per_grid: int
-
-    def value(self, granularity: float) -> float:
-        """The centre in released units, for a noise of this ``granularity``."""
-        return self.units * granularity
-
-
-@dataclass(frozen=True)
-class Measurement:
-    """One noisy vector: a count, a count of distinct values, or a sum of values on
-    the ``2**grid_exp`` grid (centred when ``centre`` is set)."""
-
-    name: str  # its column in the generated SQL
-    kind: MeasureKind
-    arg: exp.Expression | None  # None: COUNT(*)
-    clamp: ValueRange | None  # sums: each value is clamped into this before summing
-    grid_exp: int  # sums of floats: values are rounded to multiples of 2**grid_exp
-    noise: Noise
-    cost: Cost  # what this measurement's noise costs one privacy unit
-    label: str
-    centre: Centre | None = None
-
-    @property
-    def bounds(self) -> ValueRange:
-        """A sum's clamp. A count has none: asking for it is the gate's own bug."""
-        if self.clamp is None:
-            raise ValueError(f"measurement {self.name} is a count: it has no bounds")
-        return self.clamp
-
-    @property
-    def grid_range(self) -> tuple[int, int]:
-        """A sum's smallest and largest value on its grid, as the SQL rounds it."""
-        return _grid_bounds(self.bounds, self.grid_exp)
-
-    @property
-    def centre_value(self) -> float:
-        """What the released value is centred on, in released units (0 when plain)."""
-        return 0.0 if self.centre is None else self.centre.value(self.noise.granularity)
-
-    @property
-    def sensitivity(self) -> float:
-        """L1 (Laplace) or L2 (Gaussian) sensitivity in released units."""
-        return self.noise.sensitivity * self.noise.granularity
-
-    @property
-    def scale(self) -> float:
-        return self.noise.scale * self.noise.granularity
-
-
-@dataclass(frozen=True)
-class Edges:
-    """A quantile's interval in the column's units (``edges``): two more selections
-    per group from the same histograms, at levels set by measurement ``count`` (a
-    ``COUNT`` of the same argument), each with ``epsilon``."""
-
-    count: str
-    epsilon: float
-
-
-@dataclass(frozen=True)
-class Selection:
-    """A quantile per partition: one candidate of ``grid`` chosen by the exponential
-    mechanism from the histogram of the argument's values snapped to the grid."""
-
-    name: str
-    arg: exp.Expression
-    grid: Grid
-    noise: QuantileNoise
-    epsilon: float
-    label: str
-    edges: Edges | None  # None: no interval in units (a clip's bounds need none)
-
-    @property
-    def sensitivity(self) -> int:
-        """Symmetric distance one unit can cause in the snapped values, over all partitions."""
-        return self.noise.distance
-
-    @property
-    def scale(self) -> float:
-        return self.noise.scale
-
-
-@dataclass(frozen=True)
-class Measured:
-    """An aggregate that is one noisy value: a count, a distinct count, a plain sum
-    (measurement ``name``) or a quantile (selection ``name``)."""
-
-    name: str
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return (self.name,)
-
-
-@dataclass(frozen=True)
-class Avg:
-    """``AVG``: the sum ``total`` (centred, or raw when debiased) over ``count``, the
-    count of the same rows."""
-
-    total: str
-    count: str
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return (self.total, self.count)
-
-
-@dataclass(frozen=True)
-class DebiasedSum:
-    """``SUM`` of a randomized-response column: debiasing reads how many answers
-    ``total`` adds up, ``count``."""
-
-    total: str
-    count: str
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return (self.total, self.count)
-
-
-@dataclass(frozen=True)
-class Variance:
-    """A variance or standard deviation: from ``count`` and the sums of the values'
-    distance to ``centre`` (the middle of their bounds), ``centred``, and of its
-    square, ``squares`` (each sum measured around the middle of its own range)."""
-
-    count: str
-    centred: str
-    squares: str
-    centre: float
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return (self.count, self.centred, self.squares)
-
-
-Parts = Measured | Avg | DebiasedSum | Variance
-
-
-@dataclass(frozen=True)
-class LeftOut:
-    """The bounding report: a noisy count of the rows the query's contribution bounds
-    left out, and of the units that had rows left out, bought with ``share`` of the
-    query's budget (the rest goes to the query's own measurements).
-
-    Each unit's left-out rows are counted up to ``cap`` (``rewrite.left_out``
-    computes, per unit, ``min(max(all − kept, 0), cap)``, a function of that
-    unit's own rows): the rows sum is a sum of one value in ``[0, cap]`` per
-    unit, the units count a count of one row per unit, so their sensitivities
-    are ``sum_sensitivity(0, cap)`` and ``sum_sensitivity(1, 1)`` for one row
-    of one unit in one partition."""
-
-    share: float
-    cap: int
-    rows: Noise
-    units: Noise
-    cost: Cost  # the two noises' cost together, part of the query's
-
-
-MAX_REPORT_SHARE = 0.9
-
-
-@dataclass(frozen=True)
-class Plan:
-    checked: Checked
-    dataset: Dataset
-    keys: tuple[GroupKey, ...]
-    domains: tuple[KeyDomain, ...]
-    partitions: tuple[tuple[object, ...], ...]
-    bounding: Bounding  # how the SQL bounds each unit's rows, which ``contribution`` is of
-    contribution: Contribution
-    work: Work  # what one unit can add to the query's work (``work.py``), within the policy's
-    measurements: tuple[Measurement, ...]
-    selections: tuple[Selection, ...]
-    parts: dict[str, Parts]  # aggregate name -> the measurements it is made of
-    epsilon: float
-    cost: Cost  # what is charged: the group's cost under the policy's group_size
-    unit_cost: Cost  # what the noise costs one privacy unit
-    accuracy: Accuracy | None = None
-    # Private keys: ``partitions`` is empty and the keys released are those this keeps.
-    key_selection: KeySelection | None = None
-    # aggregate name -> how release undoes a randomized-response column's randomization
-    debiased: dict[str, Debias] = field(default_factory=dict)
-    left_out: LeftOut | None = None  # the bounding report, when one was asked for
-
-    def measurement(self, name: str) -> Measurement:
-        return next(m for m in self.measurements if m.name == name)
-
-    @property
-    def listed_at_fetch(self) -> bool:
-        """Whether keys declared value by value are tested as the exact result is
-        fetched (``noise.declared_keys``) rather than row by row in the SQL.
-
-        Testing each row against a list costs DuckDB more than the aggregation (50
-        strings: 2 of 4 ms a query on 1M rows), and it makes no difference to what
-        is released when no window bounds a unit per group: each group is then
-        aggregated from its own rows only, and a group whose key is not declared is
-        dropped before noise (``noise``), unseen. Under the window it must stay in
-        the SQL: a unit's rows with an undeclared key would take its group slots.
-        A whole integer range stays one ``BETWEEN``, which costs nothing."""
-        return not isinstance(self.bounding, Window) and self.key_selection is None
-
-    @property
-    def reads_unit(self) -> bool:
-        """Whether the SQL carries each row's unit. The window bounds rows per unit and
-        the bounding report counts them per unit; but under the load-time ranks no
-        aggregate reads it (distinct units and chosen keys take the window), and no
-        row's unit is NULL (load drops such rows), so reading and testing it would
-        only cost a column (count by state, 100M rows: one more BIGINT scanned)."""
-        if self.checked.resolved.unit is None:
-            return False
-        return not isinstance(self.bounding, Ranked) or self.left_out is not None
-
-    @cached_property
-    def declared_keys(self) -> frozenset[object]:
-        """The released partitions as a row's keys are matched to them (``keyed``)."""
-        _, partition_key = keyed(len(self.keys))
-        return frozenset(map(partition_key, self.partitions))
-
-    @cached_property
-    def partition_rows(self) -> int:
-        """More rows than any aggregate of the query adds up in one partition (the
-        function ``partition_rows``)."""
-        return partition_rows(self.checked.resolved, self.contribution)
-
-    def selection(self, name: str) -> Selection:
-        return next(s for s in self.selections if s.name == name)
-
 
 # A measurement before calibration: (kind, argument, clamp, label, and for a sum
 # measured around its centre, the index in the same list of the count of its rows).
@@ -362,19 +136,17 @@ def plan(
     work = _work(bounded, bounds, wanted, quantiles)
     rows = partition_rows(resolved, contribution)
     weights = _weights(checked, uses, wanted, contribution, dataset, accountant)
-    total_weight = math.fsum(weights.values()) + (1 if private else 0)
-    total_weight += len(quantiles) * (1 + (2 * EDGE_WEIGHT if quantile_intervals else 0))
-    # The report takes its share of the whole: a weight w with w / (T + w) = report.
-    report_weight = 0.0 if report is None else total_weight * report / (1 - report)
-    total_weight += report_weight
-    share = None if asked is None else accountant.share(asked, total_weight)
+    total = total_weight(weights.values(), len(quantiles), quantile_intervals, bool(private))
+    reported = 0.0 if report is None else report_weight(total, report)
+    total += reported
+    share = None if asked is None else part_share(accountant, asked, total, 1.0)
     target = Target(accountant, share=share, accuracy=accuracy)
     names = {key: f"m{i}" for i, key in enumerate(wanted)}
     measurements = tuple(
         _measurement(
             names[key],
             wanted[key],
-            _target(target, asked, total_weight, weights[key]),
+            _target(target, asked, total, weights[key]),
             contribution,
             rows,
             dataset,
@@ -388,7 +160,7 @@ def plan(
     for i, key in enumerate(quantiles):
         names[("quantile", f"{key[0]}|{key[1]}")] = f"q{i}"
     distance = selection_distance(contribution, dataset.neighbouring)
-    edge = _target(target, asked, total_weight, EDGE_WEIGHT)
+    edge = _target(target, asked, total, EDGE_WEIGHT)
     selections = tuple(
         _selection(
             f"q{i}", level, arg, clamp, label, target, distance, len(partitions) or 1,
@@ -401,12 +173,13 @@ def plan(
     if private is not None:
         share = required(share, "the ε share of partition selection")
         key_selection = _key_selection(contribution, dataset, share)
-    left_out = None
+    report_noises = None
     if report is not None:
-        whole = accountant.share(required(asked, "the asked budget"), total_weight / report_weight)
-        half = _target(target, asked, total_weight, report_weight / 2)
-        left_out = _left_out(report, dataset, half, whole)
-    composes(accountant, asked, parts_spent(measurements, selections, key_selection, left_out))
+        whole = report_cost(accountant, required(asked, "the asked budget"), total, reported)
+        half = _target(target, asked, total, reported / 2)
+        report_noises = left_out(report, load_cap(dataset), dataset.neighbouring, half, whole)
+    spent_parts = parts_spent(measurements, selections, key_selection, report_noises)
+    composes(accountant, asked, spent_parts)
     return Plan(
         checked=checked,
         dataset=dataset,
@@ -428,7 +201,7 @@ def plan(
         accuracy=accuracy,
         key_selection=key_selection,
         debiased=debiased,
-        left_out=left_out,
+        left_out=report_noises,
     )
 
 
@@ -456,32 +229,17 @@ def parts_spent(
     left_out: LeftOut | None,
 ) -> list[Cost]:
     """What each noisy part of a plan costs one unit: its measurements, its quantiles
-    and their interval's ends (pure ε, hence ε²/2 in ρ), its partition selection and
-    its bounding report."""
+    and their interval's ends (pure ε, ``composition.pure_cost``), its partition
+    selection and its bounding report."""
     costs = [m.cost for m in measurements]
     for s in selections:
         epsilons = [s.epsilon] + ([s.edges.epsilon] * 2 if s.edges else [])
-        costs += [Cost(e, 0.0, e * e / 2) for e in epsilons]
+        costs += [pure_cost(e) for e in epsilons]
     if key_selection is not None:
         costs.append(Cost(key_selection.epsilon, key_selection.delta))
     if left_out is not None:
         costs.append(left_out.cost)
     return costs
-
-
-def composes(accountant: Accountant, asked: Cost, parts: list[Cost]) -> None:
-    """Refuse, as the gate's own bug, a plan whose parts together cost one unit more
-    than the query is charged (by the accountants' composition: ε and δ add up under
-    ``pure`` and ``approx``, ρ under ``zcdp``): whatever the shares, weights and
-    roundings, a reply never spends more than its debit."""
-    slack = 1 + 1e-9
-    if accountant.gaussian:  # ρ adds up (read as ρ: converting to ε overflows at huge ε)
-        over = math.fsum(p.rho for p in parts) > asked.rho * slack
-    else:
-        epsilon, delta = math.fsum(p.epsilon for p in parts), math.fsum(p.delta for p in parts)
-        over = epsilon > asked.epsilon * slack or delta > asked.delta * slack
-    if over:
-        raise RuntimeError("internal error: the plan's parts cost more than its charge")
 
 
 def _report_allowed(report: float, dataset: Dataset, accuracy: Accuracy | None) -> None:
@@ -497,15 +255,6 @@ def _report_allowed(report: float, dataset: Dataset, accuracy: Accuracy | None) 
         )
     if accuracy is not None:
         raise Refused("ask for the bounding report with an ε, not with an accuracy")
-
-
-def _left_out(report: float, dataset: Dataset, half: Target, whole: Cost) -> LeftOut:
-    """The report's two noises, each at half of its share (see :class:`LeftOut`)."""
-    one = Contribution.bounded(1, 1, 1)
-    cap = load_cap(dataset)
-    rows = noise_for(0, cap, one, dataset.neighbouring, half)
-    units = count_noise_for(one, dataset.neighbouring, half)
-    return LeftOut(report, cap, rows, units, whole)
 
 
 Quantiles = dict[tuple[float, str], tuple[exp.Expression, ValueRange, str]]
@@ -704,39 +453,27 @@ def _weights(
     dataset: Dataset,
     accountant: Accountant,
 ) -> dict[Key, float]:
-    """Each measurement's weight in the split of the query's budget: 1 (an even share)
-    but for the parts of an AVG or a variance with centred sums, weighted by their
-    part in its error; a measurement several aggregates use takes the largest weight
-    any of them gives it. The weights depend on the plan only, so they cannot
-    leak anything; and since the shares always add up to the query's cost, no
-    choice of weights can make a query cost more than it is charged."""
+    """Each measurement's weight in the split of the query's budget, as ``dp.shares``
+    decides it from what each aggregate reading it is made of."""
     demands: dict[Key, list[float]] = {key: [] for key in wanted}
     for agg in checked.aggregates:
         keys = uses.get(agg.name, ())
-        if not any(key[0].endswith("centred") for key in keys):
-            for key in keys:
-                if key in demands:
-                    demands[key].append(1.0)
-            continue
-        given = (
-            avg_weights(c, dataset.neighbouring, accountant.gaussian)
-            if agg.func == "avg"
-            else variance_weights(c, dataset.neighbouring, accountant.gaussian)
+        centred = any(key[0].endswith("centred") for key in keys)
+        given = part_weights(
+            agg.func, len(keys), centred, c, dataset.neighbouring, accountant.gaussian
         )
         for key, weight in zip(keys, given, strict=True):
-            demands[key].append(weight)
-    # A measurement no aggregate reads is the count the plan adds for a quantile.
-    return {key: max(ws) if ws else QUANTILE_COUNT_WEIGHT for key, ws in demands.items()}
+            if key in demands:  # a quantile's key names no measurement
+                demands[key].append(weight)
+    return {key: measurement_weight(ws) for key, ws in demands.items()}
 
 
-def _target(target: Target, asked: Cost | None, total_weight: float, weight: float) -> Target:
-    """The target of a measurement of this weight: its share of the query's cost.
-    Weighted shares are rounded down a little, so that rounding cannot make them
-    add up to more than the query is charged."""
-    if asked is None or weight == 1.0:
+def _target(target: Target, asked: Cost | None, total: float, weight: float) -> Target:
+    """The target of a part of this weight: its share of the query's cost
+    (``shares.part_share``); with an accuracy asked for, each part's own least cost."""
+    if asked is None:
         return target
-    share = target.accountant.share(asked, total_weight / weight * (1 + 1e-12))
-    return Target(target.accountant, share=share)
+    return Target(target.accountant, share=part_share(target.accountant, asked, total, weight))
 
 
 def _partitions(
@@ -792,7 +529,7 @@ def _measurement(
         return Measurement(name, kind, arg, None, 0, noise, spent(noise, target), label)
     clamp = required(clamp, "a sum's bounds")
     grid_exp = 0 if clamp.integral else _grid_exp(clamp, contribution, dataset, target)
-    lo, hi = _grid_bounds(clamp, grid_exp)
+    lo, hi = grid_bounds(clamp, grid_exp)
     if rows * max(abs(lo), abs(hi)) >= SUM_LIMIT:
         raise Refused(f"{label}: the declared bounds are too wide to sum exactly")
     centre = None if count is None else _centre(lo, hi, count, clamp.integral)
@@ -806,35 +543,6 @@ def _measurement(
         raise Refused(f"{label}: the declared bounds are too wide to sum exactly")
     noise = noise_for(lo, hi, contribution, dataset.neighbouring, target, step)
     return Measurement(name, kind, arg, clamp, grid_exp, noise, spent(noise, target), label, centre)
-
-
-def partition_rows(resolved: Resolved, contribution: Contribution) -> int:
-    """More rows than any aggregate of the query adds up in one partition, decided
-    from the query's shape and the bounds alone; the sums' overflow proofs (the
-    plan's ``SUM_LIMIT``, Spark's choice of a BIGINT sum) and the counts' BIGINT rest
-    on it.
-
-    A query of one scan reads each row of its table at most once (the grammar has
-    no set operation, table function or ``UNNEST``; a semi-join only filters), so
-    fewer than ``MAX_ROWS``. A join can repeat a row (a unit's rows times a public
-    table's matches), but every joined row extends a row of the first private scan
-    (joins are inner or ``LEFT`` with the private table first), so fewer than
-    ``MAX_ROWS`` units reach the aggregate, and bounding leaves each at most
-    ``ranks.rows`` rows in a partition. The policy keeps that below
-    ``policy.MAX_UNIT_ROWS``, so this is at most ``2^62``."""
-    return MAX_ROWS if len(resolved.scans) == 1 else MAX_ROWS * contribution.rows
-
-
-def keyed(keys: int) -> tuple[Callable[[Sequence], object], Callable[[tuple], object]]:
-    """How a row's first ``keys`` values and a partition are compared: as the same
-    tuple, or, for one key, as the value itself (equal exactly when the one-value
-    tuples are, and a 100,000-row result is then matched without building a tuple a
-    row: 90 → 30 ms)."""
-    if keys == 1:
-        return itemgetter(0), itemgetter(0)
-    if keys == 0:
-        return lambda row: (), tuple
-    return itemgetter(*range(keys)), tuple
 
 
 def _centre(lo: int, hi: int, count: str, integral: bool) -> Centre | None:
@@ -852,10 +560,3 @@ def _grid_exp(clamp: ValueRange, c: Contribution, dataset: Dataset, target: Targ
     # Keep a single value below 2**62 grid units: then Δ fits OpenDP's i64 and
     # ``partition_rows`` of them (below 2**62) fit a 128-bit sum.
     return max(k, math.ceil(math.log2(widest)) - 62 + math.ceil(math.log2(c.rows * 2 * c.groups)))
-
-
-def _grid_bounds(clamp: ValueRange, grid_exp: int) -> tuple[int, int]:
-    """Integer bounds of a clamped value rounded to the grid: whichever way the SQL
-    rounds a value in ``[lo, hi]``, it lands within ``[floor(lo), ceil(hi)]``."""
-    step = 2.0**grid_exp
-    return math.floor(clamp.lo / step), math.ceil(clamp.hi / step)

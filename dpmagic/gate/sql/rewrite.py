@@ -58,7 +58,7 @@ from dpmagic.gate.policy import Column
 from dpmagic.gate.sql.keys import KeyDomain
 from dpmagic.gate.sql.kinds import MeasureKind
 from dpmagic.gate.sql.limits import check_deadline
-from dpmagic.gate.sql.plan import MAX_ROWS, Measurement, Plan, Selection
+from dpmagic.gate.sql.plan_types import MAX_ROWS, Measurement, Plan, Selection
 from dpmagic.gate.sql.ranks import (
     RoomRead,
     Window,

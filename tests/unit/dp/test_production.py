@@ -26,7 +26,8 @@ from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
 from dpmagic.gate.sql.kinds import MeasureKind
 from dpmagic.gate.sql.parse import parse
-from dpmagic.gate.sql.plan import Plan, parts_spent, plan
+from dpmagic.gate.sql.plan import parts_spent, plan
+from dpmagic.gate.sql.plan_types import Plan
 from dpmagic.gate.sql.resolve import resolve
 from tests.gate_helpers import dataset, make_plan
 
