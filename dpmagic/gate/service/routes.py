@@ -1,0 +1,90 @@
+"""The HTTP API's endpoints (docs/http-api.md): what each route reads from the URL and
+the body, and which of the engine's answers it returns."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from urllib.parse import parse_qs
+
+from dpmagic.gate.engine import Engine
+from dpmagic.gate.failures import BadRequest
+from dpmagic.gate.service.body import parse_body
+from dpmagic.gate.service.padding import PrivateRead
+from dpmagic.gate.service.reply import Reply
+
+# Entries of /v1/history: the newest ones, by default and at most.
+HISTORY_DEFAULT = 100
+HISTORY_MAX = 1000
+
+
+class HTTPError(BadRequest):
+    """A ``bad_request`` with its own HTTP status (400, 404, 405, 411, 413, 501)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _params(query: str, allowed: set[str]) -> dict[str, str]:
+    """Single-valued query parameters; a typo is an error, not a silent default."""
+    parsed = parse_qs(query, keep_blank_values=True)
+    for name, values in parsed.items():
+        if name not in allowed:
+            raise HTTPError(400, f"unknown parameter {name!r}")
+        if len(values) != 1:
+            raise HTTPError(400, f"parameter {name!r} is given more than once")
+    return {name: values[0] for name, values in parsed.items()}
+
+
+def _query(engine: Engine, user: str, query: str, body: bytes, reads: PrivateRead) -> Reply:
+    _params(query, set())
+    return engine.respond(user, parse_body(body), reads)
+
+
+def _budget(
+    engine: Engine, user: str, query: str, body: bytes, reads: PrivateRead
+) -> dict[str, object]:
+    params = _params(query, {"dataset", "notebook"})
+    return engine.budget(user, params.get("dataset"), params.get("notebook"))
+
+
+def _history(
+    engine: Engine, user: str, query: str, body: bytes, reads: PrivateRead
+) -> dict[str, object]:
+    params = _params(query, {"dataset", "notebook", "limit"})
+    raw = params.get("limit", str(HISTORY_DEFAULT))
+    if not raw.isdigit() or not 1 <= int(raw) <= HISTORY_MAX:
+        raise HTTPError(400, f"limit must be a whole number from 1 to {HISTORY_MAX}")
+    return engine.history(user, params.get("dataset"), params.get("notebook"), int(raw))
+
+
+def _schema(
+    engine: Engine, user: str, query: str, body: bytes, reads: PrivateRead
+) -> dict[str, object]:
+    return engine.schema(_params(query, {"dataset"}).get("dataset"))
+
+
+def _health(
+    engine: Engine, user: str, query: str, body: bytes, reads: PrivateRead
+) -> dict[str, object]:
+    return {"ok": True}
+
+
+@dataclass(frozen=True)
+class Route:
+    """An endpoint. ``run`` gets the engine, the caller, the URL's query string, the
+    body and the request's ``PrivateRead``, which only the engine's query run marks."""
+
+    method: str
+    authenticated: bool
+    run: Callable[[Engine, str, str, bytes, PrivateRead], dict[str, object] | Reply]
+
+
+ROUTES: dict[str, Route] = {
+    "/v1/query": Route("POST", True, _query),
+    "/v1/budget": Route("GET", True, _budget),
+    "/v1/schema": Route("GET", True, _schema),
+    "/v1/history": Route("GET", True, _history),
+    "/v1/health": Route("GET", False, _health),
+}
