@@ -27,13 +27,15 @@ from IPython.core.magic import (
 from IPython.display import display
 from traitlets import Bool, Enum, Float, Int, Unicode, observe
 
+from dpmagic.budget_view import BudgetView, DatasetBudget
 from dpmagic.client import Gate, connect
 from dpmagic.completion import Sources, make_matcher
 from dpmagic.errors import DPError
 from dpmagic.identity import notebook_name
 from dpmagic.plot import KINDS
 from dpmagic.progress import Interrupted, Progress, wait_for
-from dpmagic.result import BudgetView, DatasetBudget, DPResult, SchemaView
+from dpmagic.result import DPResult
+from dpmagic.schema_view import SchemaView
 from dpmagic.settings import load_project_settings
 from dpmagic.snippets import Snippets
 from dpmagic.templates import bind_templates

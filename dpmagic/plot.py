@@ -9,18 +9,36 @@ the ``plot`` extra (``pip install 'dpmagic[plot]'``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
+
+import pandas as pd
 
 from dpmagic.render import MOCK_LABEL, format_value
 
-if TYPE_CHECKING:
-    from dpmagic.result import DPResult
+
+class Plotted(Protocol):
+    """What a plot reads of an answer (``DPResult`` has it): named by what is used, so
+    that the answer, which offers ``.plot()``, and the plot do not import each other."""
+
+    columns: list[str]
+    rows: list[list[Any]]
+    mock: bool
+
+    @property
+    def confidence(self) -> float: ...
+
+    @property
+    def keys(self) -> list[str]: ...
+
+    def interval(self, column: str) -> pd.DataFrame: ...
+
+    def noise_dominates(self, column: str) -> list[bool | None]: ...
 
 KINDS = ("bar", "hist", "line")
 INSTALL_HINT = "plots need matplotlib: pip install 'dpmagic[plot]'"
 
 
-def plot(result: DPResult, kind: str = "bar", x: str | None = None, y: str | None = None) -> Any:
+def plot(result: Plotted, kind: str = "bar", x: str | None = None, y: str | None = None) -> Any:
     """Draw ``y`` against ``x`` (default: the first group key and the first noisy column)
     and return the matplotlib Axes."""
     if kind not in KINDS:
@@ -66,7 +84,7 @@ def plot(result: DPResult, kind: str = "bar", x: str | None = None, y: str | Non
     return axes
 
 
-def _columns(result: DPResult, x: str | None, y: str | None) -> tuple[str | None, str]:
+def _columns(result: Plotted, x: str | None, y: str | None) -> tuple[str | None, str]:
     for name in (x, y):
         if name is not None and name not in result.columns:
             raise KeyError(f"no column {name!r}; columns are {result.columns}")
@@ -82,7 +100,7 @@ def _columns(result: DPResult, x: str | None, y: str | None) -> tuple[str | None
 
 
 def _errors(
-    result: DPResult, y: str, rows: list[int], values: list[float]
+    result: Plotted, y: str, rows: list[int], values: list[float]
 ) -> list[list[float]] | None:
     """Asymmetric error bars (below, above) from the intervals (a quantile's too); None
     for a mock answer or a group key, which have none."""

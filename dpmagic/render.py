@@ -163,3 +163,55 @@ def format_value(value: Any) -> str:
     if abs(value) >= 1:
         return f"{value:.2f}"
     return f"{value:.3g}"
+
+
+def markdown_table(headers: list[str] | tuple[str, ...], rows: list[list[str]]) -> str:
+    """A GitHub-flavoured Markdown table: what shared and untrusted notebooks can show."""
+    lines = [
+        "| " + " | ".join(markdown_escape(h) for h in headers) + " |",
+        "|" + "---|" * len(headers),
+    ]
+    lines += ["| " + " | ".join(markdown_escape(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def markdown_escape(text: str) -> str:
+    """Text safe in a Markdown table cell: no pipes, no HTML, no emphasis."""
+    text = escape(" ".join(str(text).split()), quote=False)
+    for char in "\\|*_`[]":
+        text = text.replace(char, "\\" + char)
+    return text
+
+
+def format_exact(value: Any) -> str:
+    """A public number (a bound, a budget, a scale) shown in full, without padding."""
+    if isinstance(value, float):
+        return f"{value:g}"
+    return format_value(value)
+
+
+BUDGET_METADATA = "dpmagic"
+"""Key of the output metadata that carries the notebook's ε left (the status bar reads it)."""
+
+
+def amount(cost: dict[str, Any], left: bool = False) -> str:
+    """``ε 0.5`` or ``ε 0.5, δ 1e-06``: δ only when it is in play; to three significant
+    digits (``budget_number``), rounded down for what is ``left``, up otherwise."""
+    text = f"ε {budget_number(float(cost.get('epsilon') or 0.0), up=not left)}"
+    delta = float(cost.get("delta") or 0.0)
+    return f"{text}, δ {budget_number(delta, up=not left)}" if delta else text
+
+
+def budget_left(budget: dict[str, Any]) -> str:
+    parts = []
+    for scope in ("notebook", "user"):
+        remaining = (budget.get(scope) or {}).get("remaining")
+        if remaining is not None:
+            parts.append(f"{amount(remaining, left=True)} left for the {scope}")
+    return ", ".join(parts)
+
+
+def epsilon_of(budget: dict[str, Any], scope: str, key: str) -> float | None:
+    """``budget[scope][key]["epsilon"]`` of a budget view, if the gate sent it."""
+    value = ((budget.get(scope) or {}).get(key) or {}).get("epsilon")
+    return None if value is None else float(value)

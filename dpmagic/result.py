@@ -11,8 +11,6 @@ everything is HTML-escaped; colours are inherited from the front end's theme
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
-from datetime import datetime
 from functools import cached_property
 from html import escape
 from typing import Any
@@ -25,13 +23,18 @@ from dpmagic import wire
 from dpmagic.cells import CellAccuracy, cell_accuracy
 from dpmagic.plan_view import HEADERS, OUTPUT_HEADERS, dominance_warnings, output_rows, plan_rows
 from dpmagic.render import (
+    BUDGET_METADATA,
     MOCK_LABEL,
     MUTED,
     STYLE,
+    amount,
     budget_bar,
-    budget_number,
+    budget_left,
+    epsilon_of,
+    format_exact,
     format_value,
-    spend_chart,
+    markdown_escape,
+    markdown_table,
     table,
 )
 
@@ -39,8 +42,6 @@ MOCK_MEANING = (
     "answered on fake rows drawn from the public schema (declared bounds and values) in "
     "this kernel; the query never reached the gate and nothing was charged"
 )
-BUDGET_METADATA = "dpmagic"
-"""Key of the output metadata that carries the notebook's ε left (the status bar reads it)."""
 
 
 class DPResult:
@@ -255,17 +256,17 @@ class DPResult:
             parts.append(f"{MOCK_LABEL}: fake rows drawn from the public schema, nothing charged")
         elif self.dry_run and self._envelope.get("offline"):
             parts.append(
-                f"dry run: nothing charged; it would spend {_amount(self.cost)} "
+                f"dry run: nothing charged; it would spend {amount(self.cost)} "
                 "(its plan is not in the transcript: ask the gate for it)"
             )
         elif self.dry_run:
-            parts.append(f"dry run: nothing charged; it would spend {_amount(self.cost)}")
+            parts.append(f"dry run: nothing charged; it would spend {amount(self.cost)}")
             if self._envelope.get("engine") == "spark":
                 parts.append("answered by Spark")
         elif self.replayed:
             parts.append("replayed (no cost)")
         else:
-            parts.append(f"{_amount(self.cost)} spent")
+            parts.append(f"{amount(self.cost)} spent")
             fresh = self._envelope.get("fresh_because")
             if fresh:
                 parts.append(f"answered afresh: {fresh}")
@@ -277,7 +278,7 @@ class DPResult:
                 for c in clip.get("chosen", [])
             )
             parts.append(f"values clipped: {chosen} (chosen with ε {clip['epsilon']:.3g})")
-        left = _left(self.budget)
+        left = budget_left(self.budget)
         if left:
             parts.append(left)
         bounded = bounding_note(self._envelope.get("bounding"))
@@ -307,8 +308,8 @@ class DPResult:
 
     def budget_note(self) -> dict[str, Any] | None:
         """What the status bar shows: this notebook's ε left, if the gate said."""
-        left = _epsilon(self.budget, "notebook", "remaining")
-        limit = _epsilon(self.budget, "notebook", "limit")
+        left = epsilon_of(self.budget, "notebook", "remaining")
+        limit = epsilon_of(self.budget, "notebook", "limit")
         if left is None or limit is None or self.mock:
             return None
         return {
@@ -346,8 +347,8 @@ class DPResult:
     def _footer_html(self) -> str:
         bars = []
         for scope in ("notebook", "user"):
-            spent = _epsilon(self.budget, scope, "spent")
-            limit = _epsilon(self.budget, scope, "limit")
+            spent = epsilon_of(self.budget, scope, "spent")
+            limit = epsilon_of(self.budget, scope, "limit")
             if spent is None or not limit:
                 continue
             this = 0.0 if self.replayed or self.dry_run else float(self.cost.get("epsilon") or 0)
@@ -515,392 +516,6 @@ def _rows(n: int) -> str:
 def _whole(value: Any) -> str:
     """A noisy count, with thousands separators."""
     return f"{round(float(value)):,}"
-
-
-def markdown_table(headers: list[str] | tuple[str, ...], rows: list[list[str]]) -> str:
-    """A GitHub-flavoured Markdown table: what shared and untrusted notebooks can show."""
-    lines = [
-        "| " + " | ".join(markdown_escape(h) for h in headers) + " |",
-        "|" + "---|" * len(headers),
-    ]
-    lines += ["| " + " | ".join(markdown_escape(v) for v in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def markdown_escape(text: str) -> str:
-    """Text safe in a Markdown table cell: no pipes, no HTML, no emphasis."""
-    text = escape(" ".join(str(text).split()), quote=False)
-    for char in "\\|*_`[]":
-        text = text.replace(char, "\\" + char)
-    return text
-
-
-@dataclass(frozen=True)
-class DatasetBudget:
-    """One dataset's ``GET /v1/budget`` reply and this notebook's ``GET /v1/history``."""
-
-    budget: dict[str, Any]
-    history: list[dict[str, Any]]
-
-    @property
-    def name(self) -> str:
-        return str(self.budget.get("dataset", ""))
-
-
-class BudgetView:
-    """``%dpbudget``: per dataset, what the user and this notebook spent and have
-    left, the notebook's queries in order, and a picture of the spending."""
-
-    def __init__(self, datasets: list[DatasetBudget], notebook: str) -> None:
-        self.datasets = datasets
-        self.notebook = notebook
-
-    def rename_note(self) -> str:
-        """What the notebook's name means for its budget: users rename notebooks."""
-        return (
-            f"charged as notebook {self.notebook}; renamed or moved, a notebook starts a "
-            "new notebook budget, drawn from the same user budget (its answers still "
-            "replay at no cost)"
-        )
-
-    def __getitem__(self, dataset: str) -> DatasetBudget:
-        for entry in self.datasets:
-            if entry.name == dataset:
-                return entry
-        raise KeyError(f"no dataset {dataset!r}; shown are {[d.name for d in self.datasets]}")
-
-    def _scopes(self, entry: DatasetBudget) -> tuple[list[str], list[tuple[str, list[str]]]]:
-        scopes = [("user", "you, all notebooks"), ("notebook", f"notebook {self.notebook}")]
-        with_delta = any(
-            (entry.budget.get(s) or {}).get(k, {}).get("delta")
-            for s, _ in scopes
-            for k in BUDGET_KEYS
-        )
-        headers = ["", "spent ε", "limit ε", "left ε"]
-        if with_delta:
-            headers += ["spent δ", "limit δ", "left δ"]
-        rows = []
-        for scope, label in scopes:
-            view = entry.budget.get(scope) or {}
-            row = [label] + [format_exact(view.get(k, {}).get("epsilon")) for k in BUDGET_KEYS]
-            if with_delta:
-                row += [format_exact(view.get(k, {}).get("delta")) for k in BUDGET_KEYS]
-            rows.append((scope, row))
-        return headers, rows
-
-    def _history_rows(self, entry: DatasetBudget) -> list[list[str]]:
-        return [
-            [
-                _time(item.get("time")),
-                " ".join(str(item.get("sql", "")).split()),
-                _amount(item.get("cost") or {}),
-                STATUS_TEXT.get(str(item.get("status")), str(item.get("status", ""))),
-            ]
-            for item in entry.history
-        ]
-
-    def _repr_html_(self) -> str:
-        parts = [STYLE]
-        parts.append(f'<div style="{MUTED}">{escape(self.rename_note())}</div>')
-        for entry in self.datasets:
-            headers, rows = self._scopes(entry)
-            body = []
-            for scope, row in rows:
-                bar = budget_bar(
-                    _epsilon(entry.budget, scope, "spent") or 0.0,
-                    _epsilon(entry.budget, scope, "limit") or 0.0,
-                    label=scope,
-                )
-                label, *numbers = row
-                body.append(
-                    [f'<td style="text-align: left">{escape(label)}</td>']
-                    + [f"<td>{escape(v)}</td>" for v in numbers]
-                    + [f"<td>{bar}</td>"]
-                )
-            parts.append(f"<div><strong>dataset {escape(entry.name)}</strong></div>")
-            parts.append(table([*headers, ""], body, raw=True))
-            history = self._history_rows(entry)
-            if not history:
-                parts.append(f'<div style="{MUTED}">no queries from this notebook yet</div>')
-                continue
-            body = [
-                [f'<td class="dpm-nowrap">{escape(t)}</td>', _sql_cell(sql),
-                 f'<td class="dpm-nowrap">{escape(c)}</td>', f"<td>{escape(st)}</td>"]
-                for t, sql, c, st in history
-            ]  # fmt: skip
-            parts.append(table(HISTORY_HEADERS, body, raw=True, text=True))
-            limit = _epsilon(entry.budget, "notebook", "limit") or 0.0
-            costs = [float((i.get("cost") or {}).get("epsilon") or 0) for i in entry.history]
-            parts.append(
-                spend_chart(costs, limit, f"ε spent by notebook {self.notebook}, query by query")
-            )
-        return f'<div class="dpmagic dpmagic-budget">{"".join(parts)}</div>'
-
-    def _repr_markdown_(self) -> str:
-        """The same tables for viewers that drop HTML's styles; the chart as numbers."""
-        parts = [f"_{markdown_escape(self.rename_note())}_\n"]
-        for entry in self.datasets:
-            headers, rows = self._scopes(entry)
-            parts.append(f"**dataset {markdown_escape(entry.name)}**\n")
-            parts.append(markdown_table(headers, [row for _, row in rows]))
-            history = self._history_rows(entry)
-            if not history:
-                parts.append("\n_no queries from this notebook yet_\n")
-                continue
-            shown = [[t, _shorten(sql, SQL_SHOWN_CHARS), c, st] for t, sql, c, st in history]
-            parts.append("\n" + markdown_table(HISTORY_HEADERS, shown))
-            total, steps = 0.0, []
-            for item in entry.history:
-                total += float((item.get("cost") or {}).get("epsilon") or 0)
-                steps.append(f"{total:g}")
-            limit = _epsilon(entry.budget, "notebook", "limit") or 0.0
-            parts.append(
-                f"\n_ε spent by notebook {markdown_escape(self.notebook)}, query by query: "
-                f"{' → '.join(steps)} (limit {limit:g})_\n"
-            )
-        return "\n".join(parts)
-
-    def _repr_mimebundle_(
-        self, include: Any = None, exclude: Any = None
-    ) -> tuple[dict[str, str], dict[str, Any]]:
-        """As a result's: HTML, Markdown and text, and the notebook's ε left for the
-        status bar (of the only dataset shown, when one is)."""
-        data = {
-            "text/html": self._repr_html_(),
-            "text/markdown": self._repr_markdown_(),
-            "text/plain": repr(self),
-        }
-        if len(self.datasets) != 1:
-            return data, {}
-        budget = self.datasets[0].budget
-        left = _epsilon(budget, "notebook", "remaining")
-        limit = _epsilon(budget, "notebook", "limit")
-        if left is None or limit is None:
-            return data, {}
-        note = {"notebook": self.notebook, "dataset": self.datasets[0].name,
-                "epsilon_left": left, "epsilon_limit": limit}  # fmt: skip
-        return data, {BUDGET_METADATA: note}
-
-    def __repr__(self) -> str:
-        parts = [self.rename_note()]
-        for entry in self.datasets:
-            headers, rows = self._scopes(entry)
-            frame = pd.DataFrame([row for _, row in rows], columns=headers)
-            parts.append(f"dataset {entry.name}\n{frame.to_string(index=False)}")
-            history = self._history_rows(entry)
-            if history:
-                shown = [[t, _shorten(sql, 60), c, st] for t, sql, c, st in history]
-                frame = pd.DataFrame(shown, columns=list(HISTORY_HEADERS))
-                parts.append(f"queries of notebook {self.notebook}\n{frame.to_string(index=False)}")
-            else:
-                parts.append("no queries from this notebook yet")
-        return "\n\n".join(parts)
-
-
-HISTORY_HEADERS = ("time (UTC)", "query", "cost", "")
-STATUS_TEXT = {
-    "released": "answered",
-    "replayed": "replayed (no cost)",
-    "failed": "failed (charged)",
-    "charged": "running (charged)",
-}
-SQL_SHOWN_CHARS = 80
-
-
-BUDGET_KEYS = ("spent", "limit", "remaining")
-
-
-def _count_error(error: dict[str, Any] | None) -> list[str]:
-    """What the bounds cost, as the gate states it (``count_error`` of ``/v1/schema``)."""
-    if not error:
-        return []
-    return [
-        f"a count's 95% error at ε = {format_value(error['epsilon'])}: "
-        f"±{error['ungrouped']}, ±{error['grouped']} grouped"
-    ]
-
-
-class SchemaView:
-    """``GET /v1/schema``: what may be queried and under which policy."""
-
-    def __init__(self, reply: dict[str, Any]) -> None:
-        self.reply = reply
-
-    def summary(self) -> str:
-        r = self.reply
-        unit = r.get("privacy_unit")
-        return " · ".join(
-            [
-                f"dataset {r.get('dataset', '')}",
-                f"privacy unit {unit}" if unit else "privacy unit: each row",
-                f"neighbouring {r.get('neighbouring', '')}",
-                f"each unit in ≤ {r.get('max_partitions')} groups, "
-                f"≤ {r.get('max_rows_per_partition')} rows per group",
-                *_count_error(r.get("count_error")),
-                f"budget: user {_amount(r.get('user_budget') or {})}, "
-                f"notebook {_amount(r.get('notebook_budget') or {})}, "
-                f"query default {_amount(r.get('query_default') or {})}",
-                *(["answered by Spark"] if r.get("engine") == "spark" else []),
-            ]
-        )
-
-    def _tables(self) -> list[tuple[str, str, list[list[str]]]]:
-        out = []
-        for name, info_table in (self.reply.get("tables") or {}).items():
-            public = bool(info_table.get("public"))
-            title = f"{name} (public)" if public else name
-            unit = self._unit(info_table)
-            rows = []
-            for col, info in (info_table.get("columns") or {}).items():
-                values = info.get("public_values")
-                rows.append(
-                    [
-                        col,
-                        str(info.get("type", "")),
-                        _bounds(info.get("lower"), info.get("upper")),
-                        ", ".join(format_exact(v) for v in values) if values is not None else "",
-                        self._use(col, info, public, unit),
-                    ]
-                )
-            out.append((title, self._privacy(name, info_table, unit), rows))
-        return out
-
-    def _unit(self, info_table: dict[str, Any]) -> str | None:
-        """The column holding the table's privacy unit (older gates name only the dataset's)."""
-        if info_table.get("public"):
-            return None
-        return info_table.get("unit") or self.reply.get("privacy_unit")
-
-    def _privacy(self, name: str, info_table: dict[str, Any], unit: str | None) -> str:
-        """One line on whose privacy the table's rows carry, from the policy alone."""
-        if info_table.get("public"):
-            return "public: no privacy unit, no privacy cost"
-        held = f"privacy unit in column {unit}" if unit else "each row is its own privacy unit"
-        links = [f"{name}.{c} → {t}" for c, t in (info_table.get("links") or {}).items()]
-        bounds = (
-            f"each unit in ≤ {self.reply.get('max_partitions')} groups, "
-            f"≤ {self.reply.get('max_rows_per_partition')} rows per group"
-        )
-        if info_table.get("max_rows_per_unit"):
-            bounds = f"≤ {info_table['max_rows_per_unit']} row(s) per unit in this table"
-        own = ((self.reply.get("count_error") or {}).get("tables") or {}).get(name)
-        cost = [f"a count's 95% error at ε = 1: ±{own['grouped']}"] if own else []
-        return " · ".join(["private", held, *(f"links {link}" for link in links), bounds, *cost])
-
-    def _use(self, column: str, info: dict[str, Any], public: bool, unit: str | None) -> str:
-        """Every way the column can appear in a query, from the policy's declarations alone."""
-        if public:
-            return "public table: join, filter and group by it at no privacy cost"
-        if column == unit:
-            return "privacy unit: COUNT(DISTINCT …) and joins on it; never shown or grouped by"
-        randomized = info.get("randomized_response")
-        if isinstance(randomized, dict):
-            return (
-                f"randomized response (p = {format_exact(randomized.get('p'))}): "
-                "GROUP BY with COUNT, SUM/AVG, debiased"
-            )
-        kind = str(info.get("type", ""))
-        bounded = info.get("lower") is not None and info.get("upper") is not None
-        uses = []
-        if info.get("public_values") is not None:
-            uses.append("GROUP BY")
-        elif kind == "int" and bounded:
-            uses.append(f"GROUP BY {column} or {column} // 10 (every value in its bounds)")
-        elif kind == "date" and bounded:
-            uses.append(f"GROUP BY YEAR({column}), MONTH({column}), QUARTER({column})")
-        elif self.reply.get("accountant") == "approx":
-            uses.append("GROUP BY with δ > 0 (keys kept by DP partition selection)")
-        if bounded and kind in ("int", "float"):
-            uses.append("SUM/AVG/VARIANCE/STDDEV")
-            uses.append("MEDIAN/MIN/MAX/quantiles")
-        elif bounded and kind == "bool":
-            uses.append("SUM/AVG")
-        if kind == "str":
-            uses.append("text functions (UPPER, LENGTH, …)")
-        return ", ".join([*uses, "WHERE, COUNT"])
-
-    def _repr_html_(self) -> str:
-        parts = [STYLE, f'<div style="{MUTED}">{escape(self.summary())}</div>']
-        for title, privacy, rows in self._tables():
-            parts.append(
-                f"<div><strong>{escape(title)}</strong> "
-                f'<span style="{MUTED}">{escape(privacy)}</span></div>'
-            )
-            parts.append(table(SCHEMA_HEADERS, rows, text=True))
-        return f'<div class="dpmagic dpmagic-schema">{"".join(parts)}</div>'
-
-    def _repr_markdown_(self) -> str:
-        parts = [f"_{markdown_escape(self.summary())}_\n"]
-        for title, privacy, rows in self._tables():
-            parts.append(f"**{markdown_escape(title)}** {markdown_escape(privacy)}\n")
-            parts.append(markdown_table(SCHEMA_HEADERS, rows) + "\n")
-        return "\n".join(parts)
-
-    def __repr__(self) -> str:
-        parts = [self.summary()]
-        for title, privacy, rows in self._tables():
-            frame = pd.DataFrame(rows, columns=list(SCHEMA_HEADERS))
-            parts.append(f"\n{title}: {privacy}\n{frame.to_string(index=False)}")
-        return "\n".join(parts)
-
-
-SCHEMA_HEADERS = ("column", "type", "bounds", "public values", "use in a query")
-
-
-def format_exact(value: Any) -> str:
-    """A public number (a bound, a budget, a scale) shown in full, without padding."""
-    if isinstance(value, float):
-        return f"{value:g}"
-    return format_value(value)
-
-
-def _amount(cost: dict[str, Any], left: bool = False) -> str:
-    """``ε 0.5`` or ``ε 0.5, δ 1e-06``: δ only when it is in play; to three significant
-    digits (``budget_number``), rounded down for what is ``left``, up otherwise."""
-    text = f"ε {budget_number(float(cost.get('epsilon') or 0.0), up=not left)}"
-    delta = float(cost.get("delta") or 0.0)
-    return f"{text}, δ {budget_number(delta, up=not left)}" if delta else text
-
-
-def _left(budget: dict[str, Any]) -> str:
-    parts = []
-    for scope in ("notebook", "user"):
-        remaining = (budget.get(scope) or {}).get("remaining")
-        if remaining is not None:
-            parts.append(f"{_amount(remaining, left=True)} left for the {scope}")
-    return ", ".join(parts)
-
-
-def _bounds(lower: Any, upper: Any) -> str:
-    if lower is None and upper is None:
-        return ""
-    lo = "-∞" if lower is None else format_exact(lower)
-    hi = "∞" if upper is None else format_exact(upper)
-    return f"[{lo}, {hi}]"
-
-
-def _epsilon(budget: dict[str, Any], scope: str, key: str) -> float | None:
-    """``budget[scope][key]["epsilon"]`` of a budget view, if the gate sent it."""
-    value = ((budget.get(scope) or {}).get(key) or {}).get("epsilon")
-    return None if value is None else float(value)
-
-
-def _time(stamp: Any) -> str:
-    """A ledger timestamp (UTC, ISO 8601) to the second."""
-    try:
-        return datetime.fromisoformat(str(stamp)).strftime("%Y-%m-%d %H:%M:%S")
-    except ValueError:
-        return str(stamp or "")
-
-
-def _shorten(text: str, chars: int) -> str:
-    return text if len(text) <= chars else text[: chars - 1] + "…"
-
-
-def _sql_cell(sql: str) -> str:
-    """A query cut to one short line, whole in its tooltip."""
-    short = _shorten(sql, SQL_SHOWN_CHARS)
-    return f'<td title="{escape(sql)}" style="text-align: left"><code>{escape(short)}</code></td>'
 
 
 def _frame(cells: pa.Table, fields: dict[tuple[int, str], int], columns: list[str]) -> pd.DataFrame:

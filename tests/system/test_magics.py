@@ -15,7 +15,9 @@ import pytest
 from IPython.core.error import UsageError
 
 from dpmagic import identity
-from dpmagic.result import BudgetView, DPResult, SchemaView
+from dpmagic.budget_view import BudgetView
+from dpmagic.result import DPResult
+from dpmagic.schema_view import SchemaView
 from tests.conftest import TOKENS
 from tests.shells import COUNT_BY_SEX, connected, ipython, shell  # noqa: F401
 

@@ -14,7 +14,7 @@ from dpmagic.examples import clinic
 from dpmagic.gate.engine import Engine
 from dpmagic.gate.failures import GateError
 from dpmagic.gate.policy import load_policy
-from dpmagic.result import SchemaView
+from dpmagic.schema_view import SchemaView
 
 PATIENTS = 300
 EPSILON = 200.0  # little noise: answers land near the truth

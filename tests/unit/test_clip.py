@@ -172,7 +172,8 @@ def test_a_transcript_replays_clipped_and_bounded_answers_offline(engine, tmp_pa
 
 
 def test_the_footer_says_the_clip_and_the_schema_what_bounds_cost(engine) -> None:
-    from dpmagic.result import DPResult, SchemaView
+    from dpmagic.result import DPResult
+    from dpmagic.schema_view import SchemaView
 
     reply = engine.query(
         "dee", {"sql": "SELECT AVG(income) AS a FROM t", "epsilon": 1.0, "clip": 0.25}

@@ -35,7 +35,8 @@ from dpmagic.gate.sql.plan import plan
 from dpmagic.gate.sql.plan_types import Plan
 from dpmagic.gate.sql.resolve import resolve
 from dpmagic.gate.sql.rewrite import KEY_COUNT, rewrite
-from dpmagic.result import DPResult, SchemaView
+from dpmagic.result import DPResult
+from dpmagic.schema_view import SchemaView
 from tests.cities import cities_engine, city_rows
 from tests.gate_helpers import dataset, load_table, neighbours, run_rewritten
 

@@ -33,7 +33,8 @@ from dpmagic.gate.sql.randomized import Debias, debias
 from dpmagic.gate.sql.ranks import prepare_sql
 from dpmagic.gate.sql.resolve import resolve
 from dpmagic.gate.sql.rewrite import rewrite
-from dpmagic.result import DPResult, SchemaView
+from dpmagic.result import DPResult
+from dpmagic.schema_view import SchemaView
 from tests.gate_helpers import dataset, make_plan, running_engine
 
 SMOKER = {"type": "int", "public_values": [0, 1], "randomized_response": {"p": 0.75}}

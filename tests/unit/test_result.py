@@ -7,8 +7,10 @@ from html import escape
 
 import pytest
 
+from dpmagic.budget_view import BudgetView, DatasetBudget
 from dpmagic.render import format_value
-from dpmagic.result import BudgetView, DatasetBudget, DPResult, SchemaView
+from dpmagic.result import DPResult
+from dpmagic.schema_view import SchemaView
 from tests.replies import budget, quantile_reply, reply
 
 
