@@ -41,6 +41,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import visits  # noqa: E402
+from data import row_count  # noqa: E402
 from queries import COUNT_BY_STATE  # noqa: E402
 
 from dpmagic.gate.policy import DEFAULT_QUANTUM_MS  # noqa: E402
@@ -52,7 +53,7 @@ CELL_TIMEOUT_S = 120
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=visits._count, default=1_000_000, help="1M, 10M or a number")
+    parser.add_argument("--rows", type=row_count, default=1_000_000, help="1M, 10M or a number")
     parser.add_argument("--cells", type=int, default=20, help="timed cells of each kind")
     parser.add_argument("--quantum", type=float, default=DEFAULT_QUANTUM_MS, help="padding, ms")
     parser.add_argument("--sql", default=COUNT_BY_STATE.sql, help="the query every cell asks")

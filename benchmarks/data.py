@@ -70,3 +70,10 @@ def _generate(rows: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     }
     persons = {"pid": pid, "sex": sex, "enrolled": enrolled}
     return visits, persons
+
+
+def row_count(text: str) -> int:
+    """Rows as ``--rows`` takes them: ``1M``, ``10M``, ``500K`` or digits."""
+    text = text.strip().upper()
+    scale = {"K": 1_000, "M": 1_000_000}.get(text[-1:], 1)
+    return int(float(text.rstrip("KM")) * scale)

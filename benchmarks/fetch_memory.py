@@ -31,10 +31,9 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=100_000)
     parser.add_argument("--way", choices=WAYS, help="internal: run one way and print peak MB")
     args = parser.parse_args()
-    from data import dataset
-    from run import _count
+    from data import dataset, row_count
 
-    folder = dataset(_count(args.rows))
+    folder = dataset(row_count(args.rows))
     if args.way:
         print(_peak_mb(folder, args.groups, args.way))
         return

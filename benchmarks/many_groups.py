@@ -53,8 +53,9 @@ import duckdb
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from data import row_count  # noqa: E402
 from queries import relative_error  # noqa: E402
-from visits import _count, _peak_mb, _start, alternated  # noqa: E402
+from visits import _peak_mb, _start, alternated  # noqa: E402
 
 SQL = "SELECT k, COUNT(*) AS n, SUM(x) AS s FROM t GROUP BY k"
 RELEASE_QUERIES = (
@@ -69,7 +70,7 @@ PEER_NAMES = {"smartnoise": "SmartNoise SQL", "opendp-polars": "OpenDP Polars"}
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=_count, default=1_000_000, help="1M, 10M, a number")
+    parser.add_argument("--rows", type=row_count, default=1_000_000, help="1M, 10M, a number")
     parser.add_argument("--groups", default="1000,10000,100000", help="group counts, by commas")
     parser.add_argument("--reps", type=int, default=9, help="timed runs per query (median)")
     parser.add_argument("--release", action="store_true", help="time the release pass alone")
@@ -137,9 +138,9 @@ def _mean_errors(exact: list[tuple], answers: list[list]) -> tuple[float, float]
 def _peer_cells(peer: str, database: Path, groups: int, reps: int, m: Measured) -> str:
     """A peer's median, its ratio to raw DuckDB's median of this run, and its errors;
     what stopped it, if it could not answer."""
-    from run import _peer_python
+    from peers import peer_python
 
-    command = [str(_peer_python(peer)), str(HERE / "tools.py"), peer, str(database),
+    command = [str(peer_python(peer)), str(HERE / "tools.py"), peer, str(database),
                "--many", str(groups), "--reps", str(reps), "--epsilon", "1.0"]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:

@@ -35,13 +35,14 @@ import duckdb
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import visits
+from data import row_count
 
 PASSES = ("debit", "run", "noise", "release", "reply written", "stored reply", "budget views")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=visits._count, default=1_000_000, help="1M, 10M, a number")
+    parser.add_argument("--rows", type=row_count, default=1_000_000, help="1M, 10M, a number")
     parser.add_argument("--reps", type=int, default=15, help="timed runs per query (median)")
     parser.add_argument("--serve", nargs=3, metavar=("POLICY", "ADDRESS", "OUT"),
                         help=argparse.SUPPRESS)  # fmt: skip

@@ -14,7 +14,6 @@ DuckDB and the gate run in turn, run by run; the peers run after them.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import secrets
@@ -32,31 +31,19 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from data import CACHE, DIAGNOSES, STATES, dataset  # noqa: E402
+from data import DIAGNOSES, STATES, dataset, row_count  # noqa: E402
+from peers import PEERS, peer_python, tool_run  # noqa: E402
 from queries import QUERIES, indexed, relative_error  # noqa: E402
 from tools import THREADS  # noqa: E402
 from visits import alternated  # noqa: E402
 
-
-def _opendp_polars() -> list[str]:
-    """Our OpenDP version with the Polars it pins (it refuses others), without the
-    rest of its ``polars`` extra (scikit-learn and friends are not used here)."""
-    pin = next(
-        r.split(";")[0].strip()
-        for r in metadata.requires("opendp") or []
-        if r.startswith("polars") and 'extra == "polars"' in r
-    )
-    return [f"opendp=={metadata.version('opendp')}", pin, "pyarrow", "numpy"]
-
-
-PEERS = {"smartnoise": lambda: ["smartnoise-sql", "duckdb"], "opendp-polars": _opendp_polars}
 ROUND_TRIP_ROWS = 2_000  # the size of the PUMS samples the examples use
 ROUND_TRIP_SQL = "SELECT state, COUNT(*) AS n FROM visits GROUP BY state"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=_count, default=1_000_000, help="1M, 10M or a number")
+    parser.add_argument("--rows", type=row_count, default=1_000_000, help="1M, 10M or a number")
     parser.add_argument("--reps", type=int, default=5, help="timed runs per query (median)")
     parser.add_argument("--epsilon", type=float, default=1.0, help="ε per query, every tool")
     parser.add_argument(
@@ -69,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     folder = dataset(args.rows)
-    tools = {"duckdb": _tool("duckdb", sys.executable, folder, args.reps, args.epsilon)}
+    tools = {"duckdb": tool_run("duckdb", sys.executable, folder, args.reps, args.epsilon)}
     exact = {q.name: indexed(q, tools["duckdb"]["queries"][q.name]["answers"][0]) for q in QUERIES}
     with Gate(folder) as gate:
         tools["dpmagic"], raw_s = gate.run_queries(args.reps, args.epsilon)
@@ -79,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         tools["duckdb"]["queries"][name]["seconds"] = seconds
     if args.peers:
         for peer in PEERS:
-            tools[peer] = _tool(peer, str(_peer_python(peer)), folder, args.reps, args.epsilon)
+            tools[peer] = tool_run(peer, str(peer_python(peer)), folder, args.reps, args.epsilon)
     print(_header(args.rows))
     print(_table(tools, exact))
     print(_noise_speed())
@@ -302,27 +289,6 @@ enrolled = {{ type = "int", lower = 2000, upper = 2025 }}
 """
 
 
-def _tool(
-    name: str, python: str, data: Path, reps: int, epsilon: float, workload: str = "bench"
-) -> dict:
-    """``tools.py``'s run of one tool on a workload's data, in ``python``."""
-    cmd = [python, str(HERE / "tools.py"), name, str(data), "--workload", workload,
-           "--reps", str(reps), "--epsilon", str(epsilon)]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    return json.loads(done.stdout)
-
-
-def _peer_python(peer: str) -> Path:
-    """A virtual environment of the peer's own (they pin their own OpenDP or Polars),
-    made once."""
-    venv = CACHE / f"venv-{peer}"
-    python = venv / "bin" / "python"
-    if not python.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", *PEERS[peer]()], check=True)
-    return python
-
-
 def _table(tools: dict[str, dict], exact: dict[str, dict]) -> str:
     names = list(tools)
     head = "| query | " + " | ".join(
@@ -368,12 +334,6 @@ def _header(rows: int) -> str:
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.1f} ms" if seconds < 10 else f"{seconds:.1f} s"
-
-
-def _count(text: str) -> int:
-    text = text.strip().upper()
-    scale = {"K": 1_000, "M": 1_000_000}.get(text[-1:], 1)
-    return int(float(text.rstrip("KM")) * scale)
 
 
 if __name__ == "__main__":

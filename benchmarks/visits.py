@@ -37,6 +37,7 @@ import duckdb
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from data import row_count  # noqa: E402
 from queries import VISITS_QUERIES, Query, indexed, relative_error  # noqa: E402
 
 CACHE = HERE / ".data"
@@ -48,7 +49,7 @@ PEER_NAMES = {"smartnoise": "SmartNoise SQL", "opendp-polars": "OpenDP Polars"}
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=_count, default=1_000_000, help="1M, 10M or a number")
+    parser.add_argument("--rows", type=row_count, default=1_000_000, help="1M, 10M or a number")
     parser.add_argument("--reps", type=int, default=5, help="timed runs per query (median)")
     parser.add_argument(
         "--peers",
@@ -125,9 +126,9 @@ def _cells(
 
 def _peer(peer: str, database: Path, reps: int) -> dict:
     """A peer's times and answers, from ``tools.py`` in the peer's own venv."""
-    from run import _peer_python, _tool
+    from peers import peer_python, tool_run
 
-    return _tool(peer, str(_peer_python(peer)), database, reps, 1.0, "visits")
+    return tool_run(peer, str(peer_python(peer)), database, reps, 1.0, "visits")
 
 
 def visits_parquet(database: Path) -> Path:
@@ -286,12 +287,6 @@ def _timed(run, reps: int) -> list[float]:
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
-
-
-def _count(text: str) -> int:
-    text = text.strip().upper()
-    scale = {"K": 1_000, "M": 1_000_000}.get(text[-1:], 1)
-    return int(float(text.rstrip("KM")) * scale)
 
 
 if __name__ == "__main__":
