@@ -25,11 +25,13 @@ from dpmagic.gate.dp.accounting import ZCDPAccountant
 from dpmagic.gate.dp.mechanisms import calibrate
 from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
+from dpmagic.gate.sql.intervals import CellIntervals as _Intervals
 from dpmagic.gate.sql.intervals import fieller
+from dpmagic.gate.sql.intervals import variance_box as _variance
 from dpmagic.gate.sql.noise import Noisy
 from dpmagic.gate.sql.parse import parse
 from dpmagic.gate.sql.plan import plan
-from dpmagic.gate.sql.release import _Intervals, _variance, release
+from dpmagic.gate.sql.release import release
 from dpmagic.gate.sql.resolve import resolve
 from tests.gate_helpers import dataset, make_plan
 

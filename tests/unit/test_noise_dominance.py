@@ -206,7 +206,7 @@ def test_an_average_whose_interval_came_out_narrow_is_judged_by_its_noise(monkey
     error at the least favourable mean, so a group whose noise can cover half the
     range is flagged though this draw's interval did not. Without that floor the same
     cells pass: the test catches the rule's broken version."""
-    from dpmagic.gate.sql import release as release_module
+    from dpmagic.gate.sql import dominance as release_module
 
     plan = make_plan("SELECT g, AVG(x) AS a FROM t GROUP BY g", DS)
     half = plan.measurement(plan.parts["__a0"].count).noise.half_width(0.05)

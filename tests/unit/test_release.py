@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 from sqlglot import exp
 
 from dpmagic.gate.engines.dialect import DUCKDB
-from dpmagic.gate.sql.release import _at_least, _col, _direct
+from dpmagic.gate.sql.post_query import at_least as _at_least
+from dpmagic.gate.sql.post_query import col as _col
+from dpmagic.gate.sql.release_columns import direct as _direct
 
 TABLE: dict[str, list[object]] = {
     "__pid": [0, 1, 2, 3],
@@ -104,7 +106,7 @@ def test_anything_else_goes_to_duckdb(expr):
 
 def _average_tree(sql: str) -> exp.Expression:
     """The tree the release pass builds for the query's AVG output."""
-    from dpmagic.gate.sql.release import _PostExpr
+    from dpmagic.gate.sql.post_query import PostExpr as _PostExpr
     from tests.gate_helpers import dataset, make_plan
 
     columns = {
@@ -209,8 +211,9 @@ _GROUPED = "SELECT g, COUNT(*) AS n, SUM(x) AS s, SUM(y) AS f FROM t GROUP BY g"
 def test_bare_count_and_sum_intervals_are_each_cells_own(counts, sums, floats, parts):
     """The intervals of a bare count or sum, computed for all cells at once, are the
     ones the cell-by-cell evaluation gives (``_measured``), huge values included."""
+    from dpmagic.gate.sql.intervals import CellIntervals as _Intervals
+    from dpmagic.gate.sql.intervals import json_pair as _json_pair
     from dpmagic.gate.sql.noise import Noisy
-    from dpmagic.gate.sql.release import _Intervals, _json_pair
     from tests.gate_helpers import dataset, make_plan
 
     columns = {

@@ -1,4 +1,5 @@
-"""Whether noise dominates a released cell: one rule, decided in the release pass.
+"""Whether noise dominates a released cell: one rule, which the release pass applies to
+each released column (``judged``) and the dry run states (``judging_rule``).
 
 A reader must not take noise for a finding, so every noisy cell of a reply
 carries a verdict, computed here from the plan and the noisy values only
@@ -36,7 +37,25 @@ ratio whose denominator's interval reaches 0) gets ``None`` too.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+from sqlglot import exp
+
+from dpmagic.gate.sql.expected import average_error, variance_error
+from dpmagic.gate.sql.kinds import MeasureKind
+from dpmagic.gate.sql.noise import Noisy
+from dpmagic.gate.sql.parse import DIALECT
+from dpmagic.gate.sql.plan_types import (
+    Avg,
+    Measured,
+    Measurement,
+    Plan,
+    Selection,
+    Variance,
+    max_variance,
+)
+from dpmagic.gate.sql.trees import unparen
 
 DOMINANT_SHARE = 0.5
 """Noise dominates a value whose interval covers at least this share of its range."""
@@ -132,3 +151,141 @@ def verdicts(flags: np.ndarray, unknown: np.ndarray | None = None) -> list[bool 
         for i in np.flatnonzero(unknown).tolist():
             out[i] = None
     return out
+
+
+Rule = tuple[str, object]
+"""How noise dominance is judged (``dominance``): ``("range", (lo, hi, count, floor))``
+(the count of the value's group, or None; ``floor`` an average's or variance's
+``(error, parts, square_root)``, ``expected``, or None under scaling),
+``("percentiles", selection)`` or ``("zero", (measurement, sign))`` for a bare count
+or sum (``("zero", None)`` otherwise)."""
+
+
+def judging_rule(plan: Plan, node: exp.Expression) -> Rule:
+    """The rule a released expression is judged by: a value with a declared range (an
+    average, a variance, a standard deviation, or one of them rounded, cast or scaled
+    by a constant) by its range, a bare quantile (or one rounded, cast or scaled by a
+    positive constant) by its percentiles, anything else by the zero rule (a bare
+    count or sum with its measurement, judged on its noise's own interval)."""
+    if isinstance(node, exp.Paren | exp.Round | exp.Floor | exp.Ceil | exp.TryCast):
+        inner = judging_rule(plan, node.this)
+        return inner if inner[0] != "zero" else ("zero", None)
+    if isinstance(node, exp.Mul | exp.Div):
+        factor, other = _constant(node.expression), node.this
+        if factor is None and isinstance(node, exp.Mul):
+            factor, other = _constant(node.this), node.expression
+        if not factor:
+            return "zero", None
+        factor = 1 / factor if isinstance(node, exp.Div) else factor
+        kind, what = judging_rule(plan, other)
+        if kind == "range":
+            lo, hi, count, _ = what  # type: ignore[misc]
+            return "range", (*sorted((lo * factor, hi * factor)), count, None)
+        if kind == "percentiles" and factor > 0:
+            return kind, what
+        return "zero", None
+    if not (isinstance(node, exp.Column) and node.name in plan.parts):
+        return "zero", None
+    parts = plan.parts[node.name]
+    func = plan.checked.aggregate(node.name).func
+    if func == "quantile":
+        return "percentiles", plan.selection(parts.names[0])
+    if isinstance(parts, Avg):
+        total, count = plan.measurement(parts.total), plan.measurement(parts.count)
+        floor = None if node.name in plan.debiased else (average_error, parts, False)
+        return "range", (total.bounds.lo, total.bounds.hi, count, floor)
+    if isinstance(parts, Variance):
+        widest = max_variance(plan, parts)
+        root = func.startswith("stddev")
+        high = math.sqrt(widest) if root else widest
+        return "range", (0.0, high, plan.measurement(parts.count), (variance_error, parts, root))
+    if isinstance(parts, Measured) and node.name not in plan.debiased:
+        m = plan.measurement(parts.name)
+        sign = 1 if m.clamp is None or m.clamp.lo >= 0 else -1 if m.clamp.hi <= 0 else 0
+        return "zero", (m, sign)
+    return "zero", None
+
+
+def _constant(node: exp.Expression) -> float | None:
+    node = unparen(node)
+    if isinstance(node, exp.Literal) and not node.is_string:
+        return float(node.this)
+    return None
+
+
+def judged(
+    plan: Plan,
+    noisy: Noisy,
+    alpha: float,
+    node: exp.Expression,
+    pids: list[int],
+    pairs: list[list[float] | None],
+) -> dict[str, object]:
+    """The rule a column is judged by and, per cell, whether noise dominates it
+    (``dominance``; ``None`` where the gate cannot tell); a quantile's band of
+    percentiles too. From the plan and the noisy values only."""
+    kind, what = judging_rule(plan, node)
+    if kind == "percentiles":
+        return _judged_quantile(plan, noisy, alpha, what, pids)  # type: ignore[arg-type]
+    index = np.asarray(pids, dtype=np.intp)
+    if kind == "zero" and what is not None:
+        # A bare count or sum: its noise's own interval, before a count's floor at 0
+        # (a noisy count of -8 is released as 0 [0, 0], and is noise).
+        m, sign = what  # type: ignore[misc]
+        half = m.noise.half_width(alpha) if m.noise.sensitivity else 0.0
+        value = np.asarray(noisy.values[m.name], dtype=float)[index]
+        flags = signed_rule(value, half, sign)
+        return {"rule": "zero", "noise_dominates": verdicts(flags, ~np.isfinite(value))}
+    ends = np.array([p if p is not None else (np.nan, np.nan) for p in pairs], dtype=float)
+    ends = ends.reshape(len(pairs), 2)
+    lo, hi = ends[:, 0], ends[:, 1]
+    unknown = np.isnan(lo) | np.isnan(hi)
+    if kind == "range":
+        low, high, count, floor = what  # type: ignore[misc]
+        stretch = least = None
+        if count is not None:
+            half = count.noise.half_width(alpha) if count.noise.sensitivity else 0.0
+            counts = np.asarray(noisy.values[count.name], dtype=float)[index]
+            stretch, least = count_stretch(counts, half), counts - half
+        widths = None
+        if floor is not None and least is not None:
+            error, parts, root = floor
+            widths = expected_width(error(plan, parts, alpha), least, lo, hi, root)
+        flags = range_rule(lo, hi, low, high, stretch, widths)
+        return {"rule": "range", "range": [low, high], "noise_dominates": verdicts(flags, unknown)}
+    return {"rule": "zero", "noise_dominates": verdicts(zero_rule(lo, hi), unknown)}
+
+
+def _judged_quantile(
+    plan: Plan, noisy: Noisy, alpha: float, selection: Selection, pids: list[int]
+) -> dict[str, object]:
+    """A quantile's band of the group's percentiles and verdict, from a noisy count of
+    the values it was chosen from (the rank radius and the count's interval at
+    ``alpha/2`` each, so the band holds at ``1 − alpha``); ``None`` without one."""
+    count = quantile_count(plan, selection)
+    if count is None:
+        unknown = [None] * len(pids)
+        return {"rule": "percentiles", "count": None, "percentiles": unknown,
+                "noise_dominates": list(unknown)}  # fmt: skip
+    half = count.noise.half_width(alpha / 2) if count.noise.sensitivity else 0.0
+    counts = np.asarray(noisy.values[count.name], dtype=float)[np.asarray(pids, dtype=np.intp)]
+    radius = selection.noise.rank_radius(alpha / 2)
+    a, b, flags = percentile_band(selection.noise.level, radius, counts - half)
+    return {
+        "rule": "percentiles",
+        "count": count.label,
+        "percentiles": np.column_stack((a, b)).tolist(),
+        "noise_dominates": verdicts(flags),
+    }
+
+
+def quantile_count(plan: Plan, selection: Selection) -> Measurement | None:
+    """The query's noisy count of exactly the values ``selection`` is chosen from: a
+    ``COUNT`` of the same argument (its own, or the count of an average or variance
+    of it), in the same groups. ``COUNT(*)`` does not do: it counts rows whose
+    argument is NULL, and a count too high makes the band too narrow."""
+    arg = selection.arg.sql(dialect=DIALECT)
+    for m in plan.measurements:
+        if m.kind == MeasureKind.COUNT and m.arg is not None and m.arg.sql(dialect=DIALECT) == arg:
+            return m
+    return None

@@ -1,7 +1,7 @@
 """The 95% error of an average or a variance at the least favourable values its bounds
 allow, as ``n`` times its half-width in a group of ``n`` rows: the dry run states it per
 group size before anything is spent (``summary``), and the release pass judges noise
-dominance by it at the smallest size a group's noisy count allows (``release``), so a
+dominance by it at the smallest size a group's noisy count allows (``dominance``), so a
 lucky draw whose own interval came out narrow is still judged by what its noise can
 do. Public: a function of the plan alone."""
 

@@ -1,4 +1,16 @@
-"""Calibrated confidence intervals for averages and variances, from noisy values only.
+"""The interval of every released cell, from the plan and noisy values only (so
+post-processing): the one interval arithmetic of released values.
+
+A bare count or sum has its noise's own interval; an average and a variance
+calibrated intervals (below); a quantile the interval its two more selections
+chose (``edges``), at 95% only; a debiased aggregate its normal approximation
+(``randomized``). An expression of several has the interval arithmetic over
+theirs, each at its share of the level (Bonferroni), where every end of the
+result is a corner of its arguments' box (``CellIntervals``). Where the
+arithmetic cannot bound a cell (a ratio whose denominator's interval reaches 0,
+a quantile at a finer level), its interval is unknown. Ranges of row values
+before noise (``ValueRange``, from the declared bounds) are ``bound``'s, not
+these.
 
 Averages: Fieller's method, below. Variances: :func:`variance_half_width`.
 
@@ -40,9 +52,28 @@ used instead: wider, never narrower than its level needs.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from statistics import NormalDist
 
 import numpy as np
+from sqlglot import exp
+
+from dpmagic.gate.dp.calibration import REPORT_ALPHA
+from dpmagic.gate.dp.mechanisms import GaussianNoise
+from dpmagic.gate.sql.edges import edge_names
+from dpmagic.gate.sql.kinds import MeasureKind
+from dpmagic.gate.sql.noise import Noisy
+from dpmagic.gate.sql.plan_types import (
+    Avg,
+    DebiasedSum,
+    Measured,
+    Measurement,
+    Plan,
+    max_variance,
+)
+from dpmagic.gate.sql.randomized import Debiased
+
+Bounds = tuple[float, float]
 
 # Bisection steps: each end is the outer end of a final bracket 2**-14 of the first
 # (ten standard deviations wide for an average): wider than exact by at most
@@ -181,3 +212,265 @@ def variance_half_width(
     b_n, b_1, b_2 = scales
     weights = [b_2 / n, abs(2 * m) * b_1 / n, abs(2 * m * (m - c1) - (q - c2)) * b_n / n]
     return mix_quantile(weights, gaussian, alpha)
+
+
+class CellIntervals:
+    """Interval arithmetic over the noise's intervals, for one released cell."""
+
+    def __init__(
+        self, plan: Plan, noisy: Noisy, alpha: float, debiased: dict[str, Debiased]
+    ) -> None:
+        self.plan = plan
+        self.noisy = noisy
+        self.alpha = alpha
+        self.debiased = debiased
+        self._mean_cache: dict[tuple[str, float], list[Bounds]] = {}
+
+    def cells(
+        self, node: exp.Expression, pids: Sequence[int], parts: int
+    ) -> list[list[float] | None] | np.ndarray:
+        """The JSON intervals of one output's cells, in ``pids`` order. A bare count or
+        sum (most cells of a large GROUP BY) is its measurement's interval, read
+        without walking the expression, as an ``(n, 2)`` array (NaN where JSON has
+        null: an end not finite); other expressions are evaluated cell by cell."""
+        found = self.plan.parts.get(node.name) if isinstance(node, exp.Column) else None
+        agg = None if found is None else self.plan.checked.aggregate(node.name).func
+        if (
+            not isinstance(found, Measured)
+            or agg not in ("count", "count_distinct", "sum")
+            or node.name in self.debiased
+        ):
+            return [json_pair(self.of(node, pid, parts)) for pid in pids]
+        m = self.plan.measurement(found.name)
+        half = m.noise.half_width(self.alpha / parts) if m.noise.sensitivity else 0.0
+        values = np.asarray(self.noisy.values[m.name], dtype=float)
+        # As ``_measured`` computes each cell (a value minus a float is a float), at once.
+        value = values[np.asarray(pids, dtype=np.intp)]
+        lo, hi = value - half, value + half
+        if m.kind != MeasureKind.SUM:
+            lo, hi = np.maximum(lo, 0.0), np.maximum(hi, 0.0)
+        pairs = np.column_stack((lo, hi))
+        pairs[~(np.isfinite(lo) & np.isfinite(hi))] = np.nan
+        return pairs
+
+    def of(self, node: exp.Expression, pid: int, parts: int) -> Bounds | None:
+        alpha = self.alpha / parts
+        return self._eval(node, pid, alpha)
+
+    def _measured(self, m: Measurement, pid: int, alpha: float) -> Bounds:
+        value = self.noisy.values[m.name][pid]
+        half = m.noise.half_width(alpha) if m.noise.sensitivity else 0.0
+        if m.kind != MeasureKind.SUM:
+            return max(0.0, value - half), max(0.0, value + half)
+        return value - half, value + half
+
+    def _aggregate(self, name: str, pid: int, alpha: float) -> Bounds | None:
+        agg = self.plan.checked.aggregate(name)
+        if agg.func == "quantile":
+            selection = self.plan.selection(self.plan.parts[name].names[0])
+            if selection.edges is None or alpha < REPORT_ALPHA:  # they hold at 95% only
+                return None
+            low, high = edge_names(selection.name)
+            return float(self.noisy.values[low][pid]), float(self.noisy.values[high][pid])
+        parts_of = self.plan.parts[name]
+        ms = [self.plan.measurement(n) for n in parts_of.names]
+        if name in self.debiased:
+            widths = [m.noise.half_width(alpha) if m.noise.sensitivity else 0.0 for m in ms]
+            second = widths[1] if len(widths) > 1 else 0.0
+            return self.debiased[name].interval(pid, alpha, (widths[0], second))
+        if isinstance(parts_of, Measured | DebiasedSum):
+            return self._measured(ms[0], pid, alpha)
+        if isinstance(parts_of, Avg):
+            return self._means(name, parts_of, alpha)[pid]
+        widest = max_variance(self.plan, parts_of)
+        calibrated = self._calibrated_variance(agg.func, ms, pid, alpha, widest)
+        if calibrated is not None:
+            return calibrated
+        # Interval arithmetic over the three measurements' intervals, alpha/3 each.
+        n, s1, s2 = (self._measured(m, pid, alpha / 3) for m in ms)
+        c1, c2 = ms[1].centre_value, ms[2].centre_value
+        return variance_box(agg.func, n, (c1, s1), (c2, s2), widest=widest)
+
+    def _calibrated_variance(
+        self, func: str, ms: list[Measurement], pid: int, alpha: float, widest: float
+    ) -> Bounds | None:
+        """The calibrated interval of a variance's cell (``intervals.variance_half_width``)
+        around the released estimate, or None where it does not apply: noises of
+        different kinds, or a count not well above its noise (below twice its own
+        interval's half-width)."""
+        count, total, squares = ms
+        if not (type(count.noise) is type(total.noise) is type(squares.noise)):
+            return None
+        if min(count.scale, total.scale, squares.scale) <= 0 or not count.noise.sensitivity:
+            return None
+        n = float(self.noisy.values[count.name][pid])
+        if n <= max(2 * count.noise.half_width(alpha), 2.0):
+            return None
+        c1, c2 = total.centre_value, squares.centre_value
+        m = c1 + float(self.noisy.values[total.name][pid]) / n
+        q = c2 + float(self.noisy.values[squares.name][pid]) / n
+        estimate = q - m * m
+        m = _within(m, total.bounds.lo, total.bounds.hi)
+        q = _within(q, m * m, squares.bounds.hi)
+        scales = (count.scale, total.scale, squares.scale)
+        gaussian = isinstance(count.noise, GaussianNoise)
+        half = variance_half_width(n, m, q, (c1, c2), scales, gaussian, alpha)
+        lo, hi = estimate - half, estimate + half
+        if func.endswith("samp"):
+            lo, hi, widest = lo * n / (n - 1), hi * n / (n - 1), widest * n / (n - 1)
+        lo, hi = _within(lo, 0.0, widest), _within(hi, 0.0, widest)
+        if func.startswith("stddev"):
+            return math.sqrt(lo), math.sqrt(hi)
+        return lo, hi
+
+    def _means(self, name: str, parts: Avg, alpha: float) -> list[Bounds]:
+        """The intervals of an average's cells, all computed at once (remembered per
+        aggregate and level): Fieller's where it applies, else the box of its sum's
+        and its count's intervals at ``alpha/2`` each."""
+        known = self._mean_cache.get((name, alpha))
+        if known is not None:
+            return known
+        total_m, count = self.plan.measurement(parts.total), self.plan.measurement(parts.count)
+        lo, hi, centre = total_m.bounds.lo, total_m.bounds.hi, total_m.centre_value
+        sums = np.asarray(self.noisy.values[total_m.name], dtype=float)
+        counts = np.asarray(self.noisy.values[count.name], dtype=float)
+        usable = (
+            type(total_m.noise) is type(count.noise)
+            and total_m.scale > 0
+            and count.scale > 0
+            and count.noise.sensitivity > 0
+        )
+        if not usable:
+            out = [self._box(total_m, count, pid, alpha / 2) for pid in range(len(sums))]
+        else:
+            floor = 2 * count.noise.half_width(alpha)
+            ends = fieller(
+                sums,
+                np.maximum(counts, 1.0),
+                lo - centre,
+                hi - centre,
+                total_m.scale,
+                count.scale,
+                isinstance(count.noise, GaussianNoise),
+                alpha,
+            )
+            out = [
+                (centre + float(a), centre + float(b))
+                if n > floor
+                else self._box(total_m, count, i, alpha / 2)
+                for i, (a, b, n) in enumerate(zip(*ends, counts, strict=True))
+            ]
+        self._mean_cache[(name, alpha)] = out
+        return out
+
+    def _box(self, total_m: Measurement, count: Measurement, pid: int, alpha: float) -> Bounds:
+        """Where ``centre + S/N`` lies when the sum and the count lie in their intervals."""
+        lo, hi = total_m.bounds.lo, total_m.bounds.hi
+        s = self._measured(total_m, pid, alpha)
+        c = self._measured(count, pid, alpha)
+        if c[0] < 1:
+            return lo, hi
+        corners = [total_m.centre_value + a / b for a in s for b in c]
+        return _within(min(corners), lo, hi), _within(max(corners), lo, hi)
+
+    def _eval(self, node: exp.Expression, pid: int, alpha: float) -> Bounds | None:
+        if isinstance(node, exp.Paren):
+            return self._eval(node.this, pid, alpha)
+        if isinstance(node, exp.Literal) and not node.is_string:
+            v = float(node.this)
+            return v, v
+        if isinstance(node, exp.Column):
+            if node.name in self.plan.parts:
+                return self._aggregate(node.name, pid, alpha)
+            key = next((i for i, k in enumerate(self.plan.keys) if k.name == node.name), None)
+            if key is None:
+                return None
+            v = self.noisy.partitions[pid][key]
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                return None
+            return float(v), float(v)
+        if isinstance(node, exp.Neg):
+            a = self._eval(node.this, pid, alpha)
+            return None if a is None else (-a[1], -a[0])
+        if isinstance(node, exp.Add | exp.Sub | exp.Mul | exp.Div):
+            a = self._eval(node.this, pid, alpha)
+            b = self._eval(node.expression, pid, alpha)
+            return None if a is None or b is None else _arith(type(node), a, b)
+        if isinstance(node, exp.Round | exp.Floor | exp.Ceil | exp.Abs | exp.TryCast | exp.Sqrt):
+            a = self._eval(node.this, pid, alpha)
+            if a is None:
+                return None
+            return _unary(node, a)
+        return None
+
+
+def variance_box(
+    func: str, n: Bounds, s1: tuple[float, Bounds], s2: tuple[float, Bounds], widest: float
+) -> Bounds:
+    """Where the variance lies when the count, the sum of the values' distances to the
+    middle of the bounds and the sum of their squares lie in their intervals (each
+    sum with the centre it is released around); the bounds' own range when the
+    count may be too small to say anything."""
+    (c1, s1), (c2, s2) = s1, s2
+    samp = func.endswith("samp")
+    low_n = 2 if samp else 1
+    top = widest * (2 if samp else 1)
+    if n[0] < low_n:
+        lo, hi = 0.0, top
+    else:
+        means = [c1 + a / b for a in s1 for b in n]
+        m_lo, m_hi = min(means), max(means)
+        sq_lo = 0.0 if m_lo <= 0 <= m_hi else min(m_lo * m_lo, m_hi * m_hi)
+        sq_hi = max(m_lo * m_lo, m_hi * m_hi)
+        q = [c2 + a / b for a in s2 for b in n]
+        lo, hi = max(min(q) - sq_hi, 0.0), min(max(q) - sq_lo, widest)
+        if samp:
+            lo, hi = lo * n[1] / (n[1] - 1), hi * n[0] / (n[0] - 1)
+        lo, hi = min(max(lo, 0.0), top), min(max(hi, 0.0), top)
+    if func.startswith("stddev"):
+        return math.sqrt(lo), math.sqrt(hi)
+    return lo, hi
+
+
+def _arith(op: type[exp.Expression], a: Bounds, b: Bounds) -> Bounds | None:
+    ops: dict[type[exp.Expression], Callable[[float, float], float]] = {
+        exp.Add: lambda x, y: x + y,
+        exp.Sub: lambda x, y: x - y,
+        exp.Mul: lambda x, y: x * y,
+        exp.Div: lambda x, y: x / y,
+    }
+    if op is exp.Add:
+        return a[0] + b[0], a[1] + b[1]
+    if op is exp.Sub:
+        return a[0] - b[1], a[1] - b[0]
+    if op is exp.Div and b[0] <= 0 <= b[1]:
+        return None
+    corners = [ops[op](x, y) for x in a for y in b]
+    return min(corners), max(corners)
+
+
+def _unary(node: exp.Expression, a: Bounds) -> Bounds:
+    if isinstance(node, exp.Round):
+        digits = node.args.get("decimals")
+        n = int(digits.this) if isinstance(digits, exp.Literal) and digits.is_int else 0
+        return round(a[0], n), round(a[1], n)
+    if isinstance(node, exp.Floor):
+        return float(math.floor(a[0])), float(math.floor(a[1]))
+    if isinstance(node, exp.Ceil):
+        return float(math.ceil(a[0])), float(math.ceil(a[1]))
+    if isinstance(node, exp.Abs):
+        low = 0.0 if a[0] <= 0 <= a[1] else min(abs(a[0]), abs(a[1]))
+        return low, max(abs(a[0]), abs(a[1]))
+    if isinstance(node, exp.Sqrt):
+        return math.sqrt(max(a[0], 0.0)), math.sqrt(max(a[1], 0.0))
+    return a
+
+
+def _within(value: float, lo: float, hi: float) -> float:
+    return min(max(value, lo), hi)
+
+
+def json_pair(pair: Bounds | None) -> list[float] | None:
+    if pair is None or not (math.isfinite(pair[0]) and math.isfinite(pair[1])):
+        return None
+    return [pair[0], pair[1]]

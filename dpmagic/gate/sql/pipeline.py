@@ -57,7 +57,8 @@ from dpmagic.gate.sql.noise import columnar, declared_keys, key_threshold, noise
 from dpmagic.gate.sql.parse import Param, parse
 from dpmagic.gate.sql.plan import plan
 from dpmagic.gate.sql.plan_types import Plan
-from dpmagic.gate.sql.release import PostQuery, Released, post_query, release
+from dpmagic.gate.sql.post_query import PostQuery, post_query
+from dpmagic.gate.sql.release import Released, release
 from dpmagic.gate.sql.resolve import resolve
 from dpmagic.gate.sql.rewrite import Rewritten, left_out, rewrite
 

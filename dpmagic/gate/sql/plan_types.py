@@ -285,3 +285,9 @@ def grid_bounds(clamp: ValueRange, grid_exp: int) -> tuple[int, int]:
     rounds a value in ``[lo, hi]``, it lands within ``[floor(lo), ceil(hi)]``."""
     step = 2.0**grid_exp
     return math.floor(clamp.lo / step), math.ceil(clamp.hi / step)
+
+
+def max_variance(plan: Plan, parts: Variance) -> float:
+    """The largest population variance of values within the argument's bounds."""
+    deviation = plan.measurement(parts.centred).bounds
+    return ((deviation.hi - deviation.lo) / 2) ** 2

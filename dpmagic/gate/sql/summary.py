@@ -14,11 +14,10 @@ from sqlglot import exp
 from dpmagic.gate.dp.accounting import Cost
 from dpmagic.gate.dp.calibration import REPORT_ALPHA
 from dpmagic.gate.dp.quantile_selection import QuantileNoise, calibrate_quantile
-from dpmagic.gate.sql.dominance import DOMINANT_SHARE
+from dpmagic.gate.sql.dominance import DOMINANT_SHARE, judging_rule, quantile_count
 from dpmagic.gate.sql.expected import average_error, variance_error
 from dpmagic.gate.sql.keys import KeyDomain
 from dpmagic.gate.sql.plan_types import Avg, Edges, Measured, Measurement, Plan, Selection, Variance
-from dpmagic.gate.sql.release import judging_rule, quantile_count
 from dpmagic.gate.sql.trees import display
 
 GROUP_SIZES = (100, 1000)

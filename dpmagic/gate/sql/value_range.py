@@ -1,6 +1,6 @@
 """Where every non-NULL value of a row expression lies: ``[lo, hi]``, from the declared
 bounds (``bound``). The one meaning of a range of values in the gate; a 95% interval
-of a noisy cell is ``intervals``' and ``release``'s, never this."""
+of a noisy cell is ``intervals``', never this."""
 
 from __future__ import annotations
 
