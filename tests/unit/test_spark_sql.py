@@ -62,7 +62,7 @@ def test_engine_defaults_to_duckdb_and_spark_is_declared_with_a_master_or_a_remo
     ("dataset", "message"),
     [
         ({"engine": "postgres"}, "engine must be one of duckdb, spark"),
-        ({"engine": "spark"}, "[datasets.d.spark] is missing"),
+        ({"engine": "spark"}, "datasets.d.spark is required"),
         ({"engine": "spark", "spark": {}}, "exactly one of `master`"),
         ({"engine": "spark", "spark": {"master": "local", "remote": "sc://h:1"}}, "exactly one"),
         ({"engine": "spark", "spark": {"remote": "http://h:1"}}, "Spark Connect URL"),

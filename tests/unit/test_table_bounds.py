@@ -70,7 +70,11 @@ def test_a_join_is_bounded_by_the_product_of_its_tables() -> None:
 
 @pytest.mark.parametrize(
     ("value", "message"),
-    [(0, "whole number ≥ 1"), (1.5, "whole number ≥ 1"), (True, "whole number ≥ 1")],
+    [
+        (0, "datasets.d.tables.t.max_rows_per_unit must be at least 1"),
+        (1.5, "datasets.d.tables.t.max_rows_per_unit must be a whole number"),
+        (True, "datasets.d.tables.t.max_rows_per_unit must be a whole number"),
+    ],
 )
 def test_a_bad_declaration_is_refused(value, message) -> None:
     raw = {

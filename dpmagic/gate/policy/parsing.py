@@ -1,0 +1,420 @@
+"""The parsed TOML of a policy into its typed values (``values.py``).
+
+``schema.py`` checks each table's keys, types and ranges; what is left here are
+the rules that link keys (a table's unit through its links, bounds in order, the
+columns randomized response may cover, a Spark dataset's settings) and the
+defaults that depend on other keys. Every error names the key's path.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from dpmagic.gate.policy.schema import (
+    BudgetShape,
+    ColumnShape,
+    ConfValue,
+    DatasetShape,
+    GateShape,
+    PolicyShape,
+    SparkShape,
+    TableShape,
+    decode,
+)
+from dpmagic.gate.policy.values import (
+    CATALOG_PREFIX,
+    DEFAULT_MAX_LENGTH,
+    MAX_UNIT_ROWS,
+    AccountantKind,
+    Budget,
+    Column,
+    Dataset,
+    EngineKind,
+    GateConfig,
+    Policy,
+    PolicyError,
+    RandomizedResponse,
+    SparkConfig,
+    Table,
+)
+
+
+def parse_policy(raw: dict, path: Path) -> Policy:
+    """The policy whose parsed TOML is ``raw``; relative paths resolve against the
+    folder of ``path``."""
+    base = path.parent
+    shape = decode(raw, PolicyShape, "")
+    gate = _gate(shape.gate, base)
+    if not shape.datasets:
+        raise PolicyError("[datasets] declares no dataset")
+    datasets = {
+        name: _dataset(name, decode(draw, DatasetShape, f"datasets.{name}"), base, gate.accountant)
+        for name, draw in shape.datasets.items()
+    }
+    sessions = {
+        (d.spark.master, d.spark.remote, d.spark.conf) for d in datasets.values() if d.spark
+    }
+    if len(sessions) > 1:
+        # A process has one Spark session (its JVM's): every Spark dataset shares it.
+        raise PolicyError("the Spark datasets of one gate must declare the same master or remote "
+                          "and the same conf")  # fmt: skip
+    return Policy(path=path, gate=gate, datasets=datasets)
+
+
+def _gate(shape: GateShape, base: Path) -> GateConfig:
+    return GateConfig(
+        listen=shape.listen or "unix:" + str(base / "gate.sock"),
+        state_dir=_path(shape.state_dir, base),
+        accountant=shape.accountant,
+        tokens_file=_path(shape.tokens_file, base) if shape.tokens_file else None,
+        response_quantum_ms=shape.response_quantum_ms,
+        query_timeout_s=shape.query_timeout_s,
+        memory_limit=shape.memory_limit,
+        threads=shape.threads,
+    )
+
+
+def _dataset(name: str, shape: DatasetShape, base: Path, default: AccountantKind) -> Dataset:
+    where = f"datasets.{name}"
+    engine, spark = _engine(shape, where)
+    if (shape.database is None) == (not shape.sources):
+        raise PolicyError(f"{where}: declare exactly one of `database` or `sources`")
+    if shape.database is not None and engine == EngineKind.SPARK:
+        raise PolicyError(
+            f"{where}: `database` is a DuckDB file; a Spark dataset declares `sources` "
+            "(Parquet files or folders, CSV files)"
+        )
+    unit = shape.privacy_unit.lower() if shape.privacy_unit else None
+    tables = {
+        tname.lower(): _table(tname, traw, f"{where}.tables.{tname}")
+        for tname, traw in shape.tables.items()
+    }
+    if not tables:
+        raise PolicyError(f"{where}: declare at least one table under [{where}.tables]")
+    tables = _units(tables, unit, where)
+    _randomized_tables(tables, where)
+    sources = _sources(shape.sources, tables, engine, where)
+    user_budget = _budget(shape.user_budget)
+    notebook_budget = _budget(shape.notebook_budget) if shape.notebook_budget else user_budget
+    accountant = shape.accountant or default
+    if accountant == AccountantKind.ZCDP and not (user_budget.delta and notebook_budget.delta):
+        raise PolicyError(
+            f"{where}: the zcdp accountant keeps budgets in (ε, δ); give user_budget and "
+            "notebook_budget a delta > 0"
+        )
+    unit_rows = shape.max_partitions * shape.max_rows_per_partition
+    if unit_rows > MAX_UNIT_ROWS:
+        raise PolicyError(
+            f"{where}: max_partitions × max_rows_per_partition is {unit_rows:,}"
+            f"; at most {MAX_UNIT_ROWS:,} rows of one unit can be bounded"
+        )
+    return Dataset(
+        name=name,
+        database=_path(shape.database, base) if shape.database else None,
+        sources={t: _path(s, base) for t, s in sources.items() if not s.startswith(CATALOG_PREFIX)},
+        privacy_unit=unit,
+        neighbouring=shape.neighbouring,
+        max_partitions=shape.max_partitions,
+        max_rows_per_partition=shape.max_rows_per_partition,
+        user_budget=user_budget,
+        notebook_budget=notebook_budget,
+        query_default=_budget(shape.query_default) if shape.query_default else Budget(0.1),
+        tables=tables,
+        accountant=accountant,
+        group_size=shape.group_size,
+        engine=engine,
+        spark=spark,
+        catalog={
+            t: s.removeprefix(CATALOG_PREFIX)
+            for t, s in sources.items()
+            if s.startswith(CATALOG_PREFIX)
+        },
+        max_unit_work=shape.max_unit_work,
+        max_resource_failures=shape.max_resource_failures,
+    )
+
+
+def _sources(
+    raw: dict[str, Any], tables: dict[str, Table], engine: EngineKind, where: str
+) -> dict[str, str]:
+    """Each declared table's file, folder or (Spark only) ``table:NAME``, by table."""
+    for tname, source in raw.items():
+        if tname.lower() not in tables:
+            raise PolicyError(f"{where}.sources.{tname}: no such table is declared")
+        if not isinstance(source, str) or not source:
+            raise PolicyError(f"{where}.sources.{tname} must be a file, a folder or table:NAME")
+        if source.startswith(CATALOG_PREFIX) and engine != EngineKind.SPARK:
+            raise PolicyError(
+                f"{where}.sources.{tname}: {source!r} names a catalog table, which only a "
+                'dataset with engine = "spark" reads'
+            )
+    return {t.lower(): s for t, s in raw.items()}
+
+
+def _engine(shape: DatasetShape, where: str) -> tuple[EngineKind, SparkConfig | None]:
+    """The dataset's ``engine`` and, for Spark, its ``spark`` table."""
+    if shape.engine == EngineKind.DUCKDB:
+        if shape.spark is not None:
+            raise PolicyError(f'{where}.spark: only a dataset with engine = "spark" has one')
+        return EngineKind.DUCKDB, None
+    spark = shape.spark
+    if spark is None:
+        raise PolicyError(f'{where}.spark is required for engine = "spark", e.g. '
+                          '{ master = "local[2]" }')  # fmt: skip
+    if (spark.master is None) == (spark.remote is None):
+        raise PolicyError(
+            f"{where}.spark: declare exactly one of `master` (a session the gate starts, "
+            'e.g. "local[2]") or `remote` (Spark Connect, e.g. "sc://host:15002")'
+        )
+    if spark.remote is not None and not spark.remote.startswith("sc://"):
+        raise PolicyError(f"{where}.spark.remote must be a Spark Connect URL (sc://host:port)")
+    if spark.remote is not None and spark.prepared is None:
+        raise PolicyError(
+            f"{where}.spark: a Spark Connect dataset names `prepared`, the folder or URI on "
+            "the cluster's storage where the gate keeps its prepared tables (readable by the "
+            "gate's principal only): the gate's state_dir is not the cluster's"
+        )
+    return EngineKind.SPARK, SparkConfig(
+        spark.master, spark.remote, _conf(spark, where), spark.prepared
+    )
+
+
+def _conf(spark: SparkShape, where: str) -> tuple[tuple[str, str], ...]:
+    """The session's settings as Spark reads them: text, booleans in lower case."""
+    pairs = []
+    for key, raw in spark.conf.items():
+        value = decode(raw, ConfValue, f"{where}.spark.conf.{key}")
+        pairs.append((key, str(value).lower() if isinstance(value, bool) else str(value)))
+    return tuple(sorted(pairs))
+
+
+def _table(name: str, raw: object, where: str) -> Table:
+    shape = decode(raw, TableShape, where)
+    columns = {
+        cname.lower(): _column(cname, craw, f"{where}.columns.{cname}")
+        for cname, craw in shape.columns.items()
+    }
+    if not shape.public and not columns:
+        raise PolicyError(f"{where}: a private table must declare its columns")
+    unit = shape.unit
+    if unit is not None and unit.lower() not in columns:
+        raise PolicyError(f"{where}.unit must name one of the table's declared columns")
+    for column, target in shape.links.items():
+        if column.lower() not in columns:
+            raise PolicyError(f"{where}.links: {column!r} is not a declared column")
+        if not isinstance(target, str) or target.count(".") != 1:
+            raise PolicyError(f'{where}.links.{column} must be "table.column"')
+    if shape.public and (unit or shape.links):
+        raise PolicyError(f"{where}: a public table has no privacy unit and no links")
+    if shape.public and shape.max_rows_per_unit is not None:
+        raise PolicyError(f"{where}.max_rows_per_unit: a public table has no units")
+    return Table(
+        name=name.lower(),
+        public=shape.public,
+        columns=columns,
+        unit=unit.lower() if unit else None,
+        links={c.lower(): t.lower() for c, t in shape.links.items()},
+        max_rows=shape.max_rows_per_unit,
+    )
+
+
+def _units(tables: dict[str, Table], unit: str | None, where: str) -> dict[str, Table]:
+    """Give each private table the column that holds its privacy unit.
+
+    A table holds it under the dataset's ``privacy_unit`` name, under its own
+    ``unit`` key, or in a column it ``links`` to another table's unit column
+    (``visits.patient_id → patients.id``): each of its rows then belongs to
+    the unit that column names.
+    """
+    out = dict(tables)
+    for t in tables.values():
+        if t.public or unit is None:
+            if (t.unit or t.links) and unit is None:
+                raise PolicyError(
+                    f"{where}.tables.{t.name}: units and links need the dataset's privacy_unit"
+                )
+            continue
+        if t.unit is None and unit in t.columns:
+            out[t.name] = replace(t, unit=unit)
+    # A link may point at a table whose own unit comes from a link: settle in rounds.
+    for _ in range(len(out)):
+        for t in list(out.values()):
+            for column, target in t.links.items():
+                tname, tcol = target.split(".")
+                other = out.get(tname)
+                if other is None or other.public or tcol not in other.columns:
+                    raise PolicyError(
+                        f"{where}.tables.{t.name}.links.{column}: {target!r} is not a column "
+                        "of a declared private table"
+                    )
+                if other.unit == tcol and t.unit is None:
+                    out[t.name] = t = replace(t, unit=column)
+    for t in out.values():
+        for column, target in t.links.items():
+            tname, tcol = target.split(".")
+            if out[tname].unit != tcol:
+                raise PolicyError(
+                    f"{where}.tables.{t.name}.links.{column}: {target!r} must be the privacy "
+                    f"unit column of {tname!r}"
+                )
+            if t.unit != column:
+                raise PolicyError(
+                    f"{where}.tables.{t.name}: its unit is {t.unit!r}, yet it links "
+                    f"{column!r} to the unit of {tname!r}"
+                )
+    for t in out.values():
+        if not t.public and unit is not None and t.unit is None:
+            raise PolicyError(
+                f"{where}.tables.{t.name}: a private table must hold the privacy unit: a "
+                f"column {unit!r}, a `unit` key, or a link to another table's unit"
+            )
+    return out
+
+
+def _randomized_tables(tables: dict[str, Table], where: str) -> None:
+    """Randomized response protects private answers: a public table's values are not
+    answers, and a privacy unit column must hold the unit itself."""
+    for t in tables.values():
+        for c in t.columns.values():
+            if c.randomized_response is None:
+                continue
+            at = f"{where}.tables.{t.name}.columns.{c.name}.randomized_response"
+            if t.public:
+                raise PolicyError(f"{at}: a public table's columns are not randomized answers")
+            if c.name == t.unit or c.name in t.links:
+                raise PolicyError(f"{at}: the privacy unit column cannot be randomized")
+
+
+def _column(name: str, raw: object, where: str) -> Column:
+    shape = decode(raw, ColumnShape, where, example='{ type = "int" }')
+    values = _public_values(shape, where)
+    response = _randomized_response(shape, where) if shape.randomized_response else None
+    if shape.type == "str":
+        return replace(_text_column(name, shape, values, where), randomized_response=response)
+    if shape.max_length is not None:
+        raise PolicyError(f"{where}.max_length applies to str columns only")
+    if shape.type == "date":
+        dates = _date_bounds(shape.lower, shape.upper, where)
+        return Column(name=name.lower(), type="date", dates=dates, public_values=values)
+    lower, upper = _numeric_bounds(shape, values, where)
+    return Column(
+        name=name.lower(),
+        type=shape.type,
+        lower=lower,
+        upper=upper,
+        public_values=values,
+        randomized_response=response,
+    )
+
+
+def _numeric_bounds(
+    shape: ColumnShape, values: tuple[object, ...] | None, where: str
+) -> tuple[float | None, float | None]:
+    """An int, float or bool column's bounds: as declared, else the range of its
+    numeric public values (0 and 1 for a bool); whole numbers for an int column."""
+    lower, upper = shape.lower, shape.upper
+    for key, value in (("lower", lower), ("upper", upper)):
+        if value is not None and not _is_number(value):
+            raise PolicyError(f"{where}.{key} must be a finite number")
+    if (lower is None) != (upper is None):
+        raise PolicyError(f"{where}: declare both `lower` and `upper`, or neither")
+    if lower is not None and lower > upper:
+        raise PolicyError(f"{where}: lower ({lower}) is above upper ({upper})")
+    if lower is not None and shape.type == "bool":
+        raise PolicyError(f"{where}: bounds apply to int and float columns only")
+    numbers = values is not None and all(_is_number(v) for v in values)
+    if numbers and lower is None and shape.type != "bool":
+        lower, upper = min(values), max(values)
+    if shape.type == "bool" and lower is None:
+        return 0, 1
+    if shape.type == "int" and lower is not None:
+        if lower != int(lower) or upper != int(upper):
+            raise PolicyError(f"{where}: an int column needs whole-number bounds")
+        return int(lower), int(upper)
+    if shape.type == "float" and lower is not None:
+        return float(lower), float(upper)
+    return lower, upper
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _randomized_response(shape: ColumnShape, where: str) -> RandomizedResponse:
+    """``randomized_response = { p = … }``: the debiasing divides by ``p`` (in (0, 1],
+    ``schema.py``) and spreads the other answers over ``public_values``, so a column
+    needs at least two and no bounds of its own."""
+    at = f"{where}.randomized_response"
+    if shape.type == "date":
+        raise PolicyError(f"{at}: applies to int, float, str and bool columns")
+    if shape.public_values is None or len(shape.public_values) < 2:
+        raise PolicyError(
+            f"{at} needs public_values (at least two): the values a random answer was drawn from"
+        )
+    if shape.lower is not None or shape.upper is not None:
+        raise PolicyError(
+            f"{at}: the column's bounds are its public_values; remove lower and upper"
+        )
+    return RandomizedResponse(p=float(shape.randomized_response.p))
+
+
+def _text_column(
+    name: str, shape: ColumnShape, values: tuple[object, ...] | None, where: str
+) -> Column:
+    """A ``str`` column: its public values, and how many characters of each value are
+    kept at load (``max_length``, at least the longest public value)."""
+    if shape.lower is not None or shape.upper is not None:
+        raise PolicyError(f"{where}: bounds apply to int and float columns only")
+    longest = max((len(str(v)) for v in values or ()), default=0)
+    length = shape.max_length or max(DEFAULT_MAX_LENGTH, longest)
+    if length < longest:
+        raise PolicyError(f"{where}.max_length ({length}) is shorter than a public value")
+    return Column(name=name.lower(), type="str", public_values=values, max_length=length)
+
+
+def _public_values(shape: ColumnShape, where: str) -> tuple[object, ...] | None:
+    """The declared values, each one once; a value is a TOML scalar (a list or table
+    cannot be a column's value)."""
+    values = shape.public_values
+    if values is None:
+        return None
+    for i, value in enumerate(values):
+        if isinstance(value, list | dict):
+            raise PolicyError(f"{where}.public_values[{i}] must be a single value")
+    if len(set(values)) != len(values):
+        raise PolicyError(f"{where}.public_values has duplicates")
+    return tuple(values)
+
+
+def _date_bounds(lower: object, upper: object, where: str) -> tuple[dt.date, dt.date] | None:
+    """A date column's bounds: TOML dates (``2019-01-01``) or ISO strings."""
+    if lower is None and upper is None:
+        return None
+    out = []
+    for key, value in (("lower", lower), ("upper", upper)):
+        if isinstance(value, dt.datetime):
+            value = value.date()
+        if isinstance(value, str):
+            try:
+                value = dt.date.fromisoformat(value)
+            except ValueError:
+                value = None
+        if not isinstance(value, dt.date):
+            raise PolicyError(f"{where}.{key} must be a date such as 2019-01-01")
+        out.append(value)
+    if out[0] > out[1]:
+        raise PolicyError(f"{where}: lower ({out[0]}) is above upper ({out[1]})")
+    return out[0], out[1]
+
+
+def _budget(shape: BudgetShape) -> Budget:
+    return Budget(epsilon=shape.epsilon, delta=shape.delta)
+
+
+def _path(value: str, base: Path) -> Path:
+    p = Path(value).expanduser()
+    return p if p.is_absolute() else (base / p)
