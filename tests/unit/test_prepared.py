@@ -16,9 +16,9 @@ from dpmagic.gate.policy import Policy, parse_policy
 ROWS = "pid,age,city\n" + "".join(f"{i % 7},{i % 90},c{i % 3}\n" for i in range(60))
 
 
-def _policy(folder: Path, upper: int = 100, max_rows: int = 2) -> Policy:
+def _policy(folder: Path, upper: int = 100, max_rows: int = 2, **gate: object) -> Policy:
     raw = {
-        "gate": {"state_dir": "state"},
+        "gate": {"state_dir": "state", **gate},
         "datasets": {
             "d": {
                 "sources": {"t": "t.csv"},
@@ -93,10 +93,42 @@ def test_a_change_prepares_anew_and_deletes_the_stale_copy(folder, change):
 def test_an_interrupted_preparation_is_never_reused(folder):
     policy = _policy(folder)
     ds = policy.dataset("d")
-    target = prepared_file(ds, policy.gate.state_dir)
+    target = prepared_file(ds, policy.gate)
     target.unlink()
     # What a crash halfway leaves: a partial file under another name, never the target.
     target.with_suffix(".loading").write_bytes(b"partial")
-    assert prepared_file(ds, policy.gate.state_dir) == target
+    assert prepared_file(ds, policy.gate) == target
     assert _ranked(policy)
     assert not target.with_suffix(".loading").exists()
+
+
+def test_the_preparation_holds_to_the_gates_memory_limit_and_cleans_its_spill_folder(
+    folder, monkeypatch
+):
+    """The ranking runs on a connection with the policy's ``memory_limit`` and
+    ``threads``, spilling into a folder of its own in the state directory that is gone
+    after; whatever else the owner keeps there stays."""
+    from dpmagic.gate.engines.duckdb import prepared
+
+    policy = _policy(folder, memory_limit="123MB", threads=1)
+    state = policy.gate.state_dir
+    state.mkdir()
+    (state / "notes.txt").write_text("the owner's")
+    seen = {}
+    original = prepared.prepare_tables
+
+    def observed(con, dataset, relations, *args, **kwargs):
+        settings = "memory_limit", "threads", "temp_directory"
+        for name in settings:
+            (seen[name],) = con.execute(f"SELECT current_setting('{name}')").fetchone()
+        seen["spill exists"] = Path(seen["temp_directory"]).is_dir()
+        return original(con, dataset, relations, *args, **kwargs)
+
+    monkeypatch.setattr(prepared, "prepare_tables", observed)
+    target = prepared_file(policy.dataset("d"), policy.gate)
+    assert seen["memory_limit"] == "117.3 MiB"  # 123 MB, as DuckDB reports it
+    assert seen["threads"] == 1
+    spill = Path(seen["temp_directory"])
+    assert spill.parent.resolve() == state.resolve()
+    assert seen["spill exists"] and not spill.exists()
+    assert sorted(p.name for p in state.iterdir()) == sorted([target.name, "notes.txt"])

@@ -145,7 +145,7 @@ class Database:
             raise FileNotFoundError(
                 f"dataset {dataset.name!r}: database {dataset.database} not found"
             )
-        path = prepared_file(dataset, gate.state_dir)
+        path = prepared_file(dataset, gate)
         self.versions = versions(dataset)
         self.timeout_s = gate.query_timeout_s
         self.tables = frozenset(name.lower() for name in dataset.tables)

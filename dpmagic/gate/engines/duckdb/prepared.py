@@ -15,8 +15,15 @@ the old ones.
 The fingerprint, and the dataset's versions the replay keys carry, are
 ``engines/versions.py``'s, shared with Spark.
 
+The preparation holds to the policy's ``memory_limit`` and ``threads``, as the
+queries do: beyond the limit DuckDB spills its sorts to a folder the preparation
+makes for itself in the state directory (readable by the gate's user only) and
+removes when done. Without it, the ranking of 10M rows held 1.1 GB at the first
+start whatever the owner had set; with ``memory_limit = "256MB"``, 490 MB and a
+start 1.8× as long (``docs/speed.md``).
+
 Reusing a file keeps the secret seed its ranks were drawn with. The bound on
-each unit's rows holds for every fixed seed (``contribution``), so a seed
+each unit's rows holds for every fixed seed (``sql/ranks.py``), so a seed
 kept across restarts costs nothing; what changes each start is only the seed
 of the per-query bounding after joins (``engine``).
 """
@@ -26,12 +33,14 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
+import tempfile
 from pathlib import Path
 
 import duckdb
 
 from dpmagic.gate.engines.versions import fingerprint
-from dpmagic.gate.policy import Dataset
+from dpmagic.gate.policy import Dataset, GateConfig
 from dpmagic.gate.sql.ranks import prepare_tables
 
 log = logging.getLogger("dpmagic.gate")
@@ -39,8 +48,10 @@ log = logging.getLogger("dpmagic.gate")
 SUFFIX = ".duckdb"
 
 
-def prepared_file(dataset: Dataset, state_dir: Path) -> Path:
-    """The dataset's prepared file: reused when its fingerprint matches, else made anew."""
+def prepared_file(dataset: Dataset, gate: GateConfig) -> Path:
+    """The dataset's prepared file in the gate's state directory: reused when its
+    fingerprint matches, else made anew within the gate's memory limit."""
+    state_dir = gate.state_dir
     state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(state_dir, 0o700)
     target = state_dir / f"{dataset.name}.{fingerprint(dataset)[:24]}{SUFFIX}"
@@ -48,7 +59,7 @@ def prepared_file(dataset: Dataset, state_dir: Path) -> Path:
         log.info("dataset %s: reusing its prepared tables", dataset.name)
         return target
     log.info("dataset %s: preparing its tables", dataset.name)
-    _prepare(dataset, target)
+    _prepare(dataset, target, gate)
     # Older copies of the private data (other fingerprints, or the unversioned name of
     # earlier releases) are deleted, with their write-ahead logs.
     mine = re.compile(rf"{re.escape(dataset.name)}(\.[0-9a-f]{{24}})?{SUFFIX}(\.wal)?")
@@ -58,15 +69,22 @@ def prepared_file(dataset: Dataset, state_dir: Path) -> Path:
     return target
 
 
-def _prepare(dataset: Dataset, target: Path) -> None:
+def _prepare(dataset: Dataset, target: Path, gate: GateConfig) -> None:
     """Write the prepared tables to ``target`` through a temporary file, so that a start
-    interrupted halfway never leaves a file a later start would reuse."""
+    interrupted halfway never leaves a file a later start would reuse; DuckDB spills
+    past ``gate.memory_limit`` into a folder of its own, removed after."""
     partial = target.with_suffix(".loading")
     for p in (partial, partial.with_suffix(".loading.wal")):
         p.unlink(missing_ok=True)
     old = os.umask(0o077)
+    spill = Path(tempfile.mkdtemp(prefix=f"{dataset.name}.spill.", dir=target.parent))
     try:
-        con = duckdb.connect(str(partial))
+        config = {
+            "memory_limit": gate.memory_limit,
+            "threads": gate.threads,
+            "temp_directory": str(spill),
+        }
+        con = duckdb.connect(str(partial), config=config)
         try:
             if dataset.database is not None:
                 con.execute("ATTACH ? AS __owner (READ_ONLY)", [str(dataset.database)])
@@ -85,6 +103,7 @@ def _prepare(dataset: Dataset, target: Path) -> None:
             con.close()
     finally:
         os.umask(old)
+        shutil.rmtree(spill, ignore_errors=True)
     os.chmod(partial, 0o600)
     os.replace(partial, target)
 
