@@ -23,7 +23,8 @@ from dataclasses import dataclass, replace
 from dpmagic.gate.admission import Admission
 from dpmagic.gate.analysis_cache import BYTES_PER_CHAR, AnalysisCache
 from dpmagic.gate.dp.accounting import AccountantError, make_accountant
-from dpmagic.gate.dp.calibration import REPORT_ALPHA, Accuracy
+from dpmagic.gate.dp.calibration import Accuracy
+from dpmagic.gate.dp.levels import REPORT_ALPHA
 from dpmagic.gate.dp.mechanisms import calibrate
 from dpmagic.gate.engines.interface import OutOfResources
 from dpmagic.gate.engines.registry import open_store

@@ -350,7 +350,7 @@ def test_releases_without_duckdb_equal_what_it_returns(monkeypatch, sql, values)
     (arithmetic and NaN still go through it); the rows, their values and their types
     are what DuckDB returns for the same table."""
     direct = _released(sql, values)
-    monkeypatch.setattr("dpmagic.gate.sql.release._direct", lambda table, exprs: None)
+    monkeypatch.setattr("dpmagic.gate.sql.release.direct", lambda table, exprs: None)
     through_duckdb = _released(sql, values)
     assert direct == through_duckdb
     assert [[type(v) for v in row] for row in direct.rows] == [

@@ -25,9 +25,7 @@ from dpmagic.gate.dp.accounting import ZCDPAccountant
 from dpmagic.gate.dp.mechanisms import calibrate
 from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
-from dpmagic.gate.sql.intervals import CellIntervals as _Intervals
-from dpmagic.gate.sql.intervals import fieller
-from dpmagic.gate.sql.intervals import variance_box as _variance
+from dpmagic.gate.sql.intervals import CellIntervals, fieller, variance_box
 from dpmagic.gate.sql.noise import Noisy
 from dpmagic.gate.sql.parse import parse
 from dpmagic.gate.sql.plan import plan
@@ -102,7 +100,7 @@ def test_avg_intervals_cover_close_to_their_level(case):
 
 def _box_intervals(p, noisy: Noisy) -> list[tuple[float, float]]:
     """The box the sum's and count's 97.5% intervals span: the gate's interval before."""
-    intervals = _Intervals(p, noisy, 0.05, {})
+    intervals = CellIntervals(p, noisy, 0.05, {})
     total_m, count = (p.measurement(n) for n in p.parts[p.checked.aggregates[0].name].names)
     return [intervals._box(total_m, count, pid, 0.025) for pid in range(CELLS)]
 
@@ -203,11 +201,11 @@ def test_variance_intervals_cover_close_to_their_level(case):
     coverage = _coverage(column["intervals"], truth)
     assert BAND[0] <= coverage <= BAND[1], (case, coverage)
     # The box the three measurements' 1 - 0.05/3 intervals span: far above the band.
-    intervals = _Intervals(p, noisy, 0.05, {})
+    intervals = CellIntervals(p, noisy, 0.05, {})
     widest = ((HIGH - LOW) / 2) ** 2
     box = []
     for pid in range(CELLS):
         n, s1, s2 = (intervals._measured(m, pid, 0.05 / 3) for m in (count, total, squares))
         pair = ((total.centre_value, s1), (squares.centre_value, s2))
-        box.append(_variance(func.lower(), n, *pair, widest=widest))
+        box.append(variance_box(func.lower(), n, *pair, widest=widest))
     assert _coverage(box, truth) > BAND[1]

@@ -206,8 +206,6 @@ def test_an_average_whose_interval_came_out_narrow_is_judged_by_its_noise(monkey
     error at the least favourable mean, so a group whose noise can cover half the
     range is flagged though this draw's interval did not. Without that floor the same
     cells pass: the test catches the rule's broken version."""
-    from dpmagic.gate.sql import dominance as release_module
-
     plan = make_plan("SELECT g, AVG(x) AS a FROM t GROUP BY g", DS)
     half = plan.measurement(plan.parts["__a0"].count).noise.half_width(0.05)
 
@@ -218,5 +216,5 @@ def test_an_average_whose_interval_came_out_narrow_is_judged_by_its_noise(monkey
 
     caught = [n for n in range(8, 400) if judged(n)[0] and judged(n)[1] < 50]
     assert caught, "no group size where only the plan's error flags the average"
-    monkeypatch.setattr(release_module, "expected_width", lambda *a: np.zeros(3))
+    monkeypatch.setattr(dominance, "expected_width", lambda *a: np.zeros(3))
     assert not any(judged(n)[0] for n in caught)

@@ -1,4 +1,4 @@
-"""``plan.partition_rows``: more rows than any aggregate adds up in one partition,
+"""``plan_types.partition_rows``: more rows than any aggregate adds up in one partition,
 searched over the join shapes the gate accepts, on a real DuckDB gate.
 
 The bound is ``MAX_ROWS`` (more than any table's rows) for a query of one scan and
@@ -24,7 +24,7 @@ from sqlglot import exp
 from dpmagic.gate.dp.accounting import PureAccountant
 from dpmagic.gate.failures import Refused
 from dpmagic.gate.policy import PolicyError, parse_policy
-from dpmagic.gate.sql import plan_types as plans
+from dpmagic.gate.sql import plan_types
 from dpmagic.gate.sql.pipeline import Asked, analyse
 from dpmagic.gate.sql.plan_types import MAX_ROWS
 from dpmagic.gate.sql.rewrite import rewrite
@@ -146,7 +146,7 @@ def test_the_bound_without_a_join_factor_is_caught(engine, monkeypatch) -> None:
     sql = "SELECT COUNT(*) FROM patients p JOIN visits v ON v.pid = p.pid"
     most, bound = _rows_per_partition(engine, sql)
     assert bound // PATIENTS == 3 and PATIENTS < most <= bound
-    monkeypatch.setattr(plans, "partition_rows", lambda resolved, contribution: MAX_ROWS)
+    monkeypatch.setattr(plan_types, "partition_rows", lambda resolved, contribution: MAX_ROWS)
     most, bound = _rows_per_partition(engine, sql)
     assert most > bound
 

@@ -13,9 +13,8 @@ from hypothesis import strategies as st
 from sqlglot import exp
 
 from dpmagic.gate.engines.dialect import DUCKDB
-from dpmagic.gate.sql.post_query import at_least as _at_least
-from dpmagic.gate.sql.post_query import col as _col
-from dpmagic.gate.sql.release_columns import direct as _direct
+from dpmagic.gate.sql.post_query import at_least, col
+from dpmagic.gate.sql.release_columns import direct
 
 TABLE: dict[str, list[object]] = {
     "__pid": [0, 1, 2, 3],
@@ -47,14 +46,14 @@ def _via_duckdb(exprs: list[exp.Expression], table: dict[str, list[object]] = TA
 @pytest.mark.parametrize(
     "exprs",
     [
-        [_col("__pid"), _col("k"), _at_least(_col("__m0"), 0)],
-        [_col("__pid"), _col("__m1"), _at_least(_col("__m1"), 0)],
-        [_col("__pid"), _col("__m0"), _col("k")],
+        [col("__pid"), col("k"), at_least(col("__m0"), 0)],
+        [col("__pid"), col("__m1"), at_least(col("__m1"), 0)],
+        [col("__pid"), col("__m0"), col("k")],
     ],
     ids=["key and floored count", "sum and floored sum", "bare columns"],
 )
 def test_the_fast_path_answers_as_the_post_processing_query(exprs):
-    fast = _rows(_direct(TABLE, exprs))
+    fast = _rows(direct(TABLE, exprs))
     assert fast is not None
     assert fast == _via_duckdb(exprs)
 
@@ -62,9 +61,9 @@ def test_the_fast_path_answers_as_the_post_processing_query(exprs):
 @pytest.mark.parametrize(
     "exprs",
     [
-        [_col("__pid"), _col("k"), _at_least(_col("__m0"), 0)],
-        [_col("__pid"), _col("__m1")],
-        [_col("__pid"), _col("__m0"), _col("k")],
+        [col("__pid"), col("k"), at_least(col("__m0"), 0)],
+        [col("__pid"), col("__m1")],
+        [col("__pid"), col("__m0"), col("k")],
     ],
     ids=["key and floored count", "sum", "bare columns"],
 )
@@ -73,7 +72,7 @@ def test_numpy_columns_are_answered_as_the_post_processing_query(exprs):
     path and give DuckDB's values, types included."""
     table = {**TABLE, "__pid": np.arange(4), "__m0": np.array(TABLE["__m0"]),
              "__m1": np.array(TABLE["__m1"])}  # fmt: skip
-    columns = _direct(table, exprs)
+    columns = direct(table, exprs)
     assert columns is not None
     assert all(isinstance(c, np.ndarray) for c, e in zip(columns, exprs, strict=True)
                if e.name != "k")  # fmt: skip
@@ -85,28 +84,28 @@ def test_numpy_columns_are_answered_as_the_post_processing_query(exprs):
 
 def test_a_numpy_column_duckdb_would_not_pass_as_it_is_goes_to_duckdb():
     floats = {"__pid": np.arange(2), "__m1": np.array([1.5, -2.0])}
-    assert _direct(floats, [_col("__pid"), _at_least(_col("__m1"), 0)]) is None
+    assert direct(floats, [col("__pid"), at_least(col("__m1"), 0)]) is None
     infinite = {"__pid": np.arange(2), "__m1": np.array([1.5, np.inf])}
-    assert _direct(infinite, [_col("__pid"), _col("__m1")]) is None
+    assert direct(infinite, [col("__pid"), col("__m1")]) is None
 
 
 @pytest.mark.parametrize(
     "expr",
     [
-        exp.Add(this=_col("__m0"), expression=exp.Literal.number(1)),
-        _at_least(_col("__m0"), 1),  # floored at 1, not 0: not a released count
-        _at_least(_col("k"), 0),  # text is never floored
-        _col("missing"),
+        exp.Add(this=col("__m0"), expression=exp.Literal.number(1)),
+        at_least(col("__m0"), 1),  # floored at 1, not 0: not a released count
+        at_least(col("k"), 0),  # text is never floored
+        col("missing"),
     ],
     ids=["arithmetic", "floor at one", "text floored", "unknown column"],
 )
 def test_anything_else_goes_to_duckdb(expr):
-    assert _direct(TABLE, [_col("__pid"), expr]) is None
+    assert direct(TABLE, [col("__pid"), expr]) is None
 
 
 def _average_tree(sql: str) -> exp.Expression:
     """The tree the release pass builds for the query's AVG output."""
-    from dpmagic.gate.sql.post_query import PostExpr as _PostExpr
+    from dpmagic.gate.sql.post_query import PostExpr
     from tests.gate_helpers import dataset, make_plan
 
     columns = {
@@ -116,7 +115,7 @@ def _average_tree(sql: str) -> exp.Expression:
     }
     plan = make_plan(sql, dataset(columns))
     (out,) = plan.checked.outputs
-    return _PostExpr(plan, plan.checked).tree(out.expr)
+    return PostExpr(plan, plan.checked).tree(out.expr)
 
 
 @settings(max_examples=200, deadline=None)
@@ -146,13 +145,13 @@ def test_an_average_is_answered_by_the_fast_path_as_by_duckdb(sql, values):
         total_name: [kind(t) for t in totals],
         count_name: [n for _, n in values],
     }
-    exprs = [_col("__pid"), tree]
-    fast = _rows(_direct(table, exprs))
+    exprs = [col("__pid"), tree]
+    fast = _rows(direct(table, exprs))
     assert fast is not None
     assert fast == _via_duckdb(exprs, table)
     if all(abs(t) < 2**62 for t in totals):  # as the noise pass's int64 or float64 arrays
         arrays = {k: np.asarray(v) for k, v in table.items()}
-        assert _rows(_direct(arrays, exprs)) == fast
+        assert _rows(direct(arrays, exprs)) == fast
 
 
 _CELL = st.one_of(
@@ -178,15 +177,15 @@ def test_the_fast_path_answers_as_duckdb_or_declines(column, floored):
     post-processing query over the same columns, wherever DuckDB can read them (it
     cannot read integers of 128 bits and more, which the fast path returns as they are)."""
     table: dict[str, list[object]] = {"__pid": list(range(len(column))), "__m0": column}
-    expr = _at_least(_col("__m0"), 0) if floored else _col("__m0")
-    fast = _rows(_direct(table, [_col("__pid"), expr]))
+    expr = at_least(col("__m0"), 0) if floored else col("__m0")
+    fast = _rows(direct(table, [col("__pid"), expr]))
     if fast is None:
         return
     if any(type(v) is int and abs(v) >= 2**127 - 1 for v in column):
         # DuckDB reads these as text or not at all; the fast path keeps the numbers.
         assert [v for _, v in fast] == [max(v, 0) if floored else v for v in column]
         return
-    slow = _via_duckdb([_col("__pid"), expr], table)
+    slow = _via_duckdb([col("__pid"), expr], table)
     assert [type(v) for row in fast for v in row] == [type(v) for row in slow for v in row]
     assert fast == slow
 
@@ -195,7 +194,7 @@ def test_a_tree_like_an_average_but_not_one_goes_to_duckdb():
     tree = _average_tree("SELECT AVG(x) FROM t")
     broken = tree.copy()
     broken.find(exp.Greatest).find(exp.Greatest).set("expressions", [exp.Literal.number(2)])
-    assert _direct(TABLE, [_col("__pid"), broken]) is None
+    assert direct(TABLE, [col("__pid"), broken]) is None
 
 
 _GROUPED = "SELECT g, COUNT(*) AS n, SUM(x) AS s, SUM(y) AS f FROM t GROUP BY g"
@@ -211,8 +210,7 @@ _GROUPED = "SELECT g, COUNT(*) AS n, SUM(x) AS s, SUM(y) AS f FROM t GROUP BY g"
 def test_bare_count_and_sum_intervals_are_each_cells_own(counts, sums, floats, parts):
     """The intervals of a bare count or sum, computed for all cells at once, are the
     ones the cell-by-cell evaluation gives (``_measured``), huge values included."""
-    from dpmagic.gate.sql.intervals import CellIntervals as _Intervals
-    from dpmagic.gate.sql.intervals import json_pair as _json_pair
+    from dpmagic.gate.sql.intervals import CellIntervals, json_pair
     from dpmagic.gate.sql.noise import Noisy
     from tests.gate_helpers import dataset, make_plan
 
@@ -228,10 +226,10 @@ def test_bare_count_and_sum_intervals_are_each_cells_own(counts, sums, floats, p
     for m in plan.measurements:
         values[m.name] = floats if m.noise.granularity != 1.0 else by_kind[m.kind.value]
     noisy = Noisy(plan=plan, values=values, partitions=plan.partitions)
-    intervals = _Intervals(plan, noisy, 0.05, {})
+    intervals = CellIntervals(plan, noisy, 0.05, {})
     pids = [2, 0, 1]
     for out in plan.checked.outputs[1:]:
         m = plan.measurement(plan.parts[out.expr.name].names[0])
-        each = [_json_pair(intervals._measured(m, pid, 0.05 / parts)) for pid in pids]
+        each = [json_pair(intervals._measured(m, pid, 0.05 / parts)) for pid in pids]
         pairs = intervals.cells(out.expr, pids, parts)
         assert [None if np.isnan(p).any() else p.tolist() for p in pairs] == each

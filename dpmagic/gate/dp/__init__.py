@@ -19,6 +19,10 @@ under-estimating version of the rule caught):
   that would spend more than its charge;
 - ``left_out``: the bounding report's noises (one unit moves its rows total by at
   most its cap, its units count by one) and its share of the query's budget.
+- ``levels``: the level each part of a released interval is computed at (the
+  union bound: ``k`` parts at ``α/k`` hold together at ``1 − α``), its splits for
+  an expression, a variance's and an average's box, a quantile's interval and
+  band, and the default report level.
 
 How the generated SQL enforces these (load-time ranks, a join's room, the
 per-query window) is in ``dpmagic/gate/sql/ranks.py``. The plan calls these

@@ -109,16 +109,16 @@ class PureAccountant:
             raise AccountantError(
                 "this dataset uses the pure (ε-only) accountant: ask with delta = 0"
             )
-        return _pure(float(epsilon))
+        return pure_cost(float(epsilon))
 
     def share(self, cost: Cost, parts: float) -> Cost:
-        return _pure(cost.epsilon / parts)
+        return pure_cost(cost.epsilon / parts)
 
     def total(self, parts: Iterable[Cost], delta: float) -> Cost:
-        return _pure(math.fsum(p.epsilon for p in parts))
+        return pure_cost(math.fsum(p.epsilon for p in parts))
 
     def group(self, cost: Cost, k: int) -> Cost:
-        return _pure(pure_group(cost.epsilon, k))
+        return pure_cost(pure_group(cost.epsilon, k))
 
     def fits(self, spent: Cost, cost: Cost, limit: Budget) -> bool:
         return _fits_basic(spent, cost, limit)
@@ -275,7 +275,9 @@ def _shown(rho: float, delta: float) -> dict[str, float]:
     return {"epsilon": rho_to_epsilon(rho, delta), "delta": delta}
 
 
-def _pure(epsilon: float) -> Cost:
+def pure_cost(epsilon: float) -> Cost:
+    """A pure ε-DP mechanism's cost in every unit: ε, δ = 0, and ρ = ε²/2 (ε-DP implies
+    ε²/2-zCDP, Bun and Steinke 2016, Proposition 1.4)."""
     return Cost(epsilon, 0.0, epsilon * epsilon / 2)
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from dpmagic.gate.dp.accounting import Accountant, Cost, rho_for
 from dpmagic.gate.dp.contribution import Contribution
 from dpmagic.gate.dp.counts import count_l2_sensitivity, count_sensitivity
+from dpmagic.gate.dp.levels import REPORT_ALPHA
 from dpmagic.gate.dp.mechanisms import (
     GaussianNoise,
     Noise,
@@ -25,9 +26,6 @@ from dpmagic.gate.dp.mechanisms import (
 )
 from dpmagic.gate.dp.sums import sum_l2_sensitivity, sum_sensitivity
 from dpmagic.gate.failures import required
-
-# The level of the interval every plan step reports, whatever the query asked for.
-REPORT_ALPHA = 0.05
 
 
 @dataclass(frozen=True)

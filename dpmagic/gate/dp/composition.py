@@ -3,8 +3,10 @@ no more than the query is charged.
 
 Each part costs what its noise was calibrated to: a measurement its ``Cost``
 (``calibration.spent``), a quantile's selection and each end of its interval a pure
-ε, which is also ε²/2-zCDP (Bun and Steinke 2016, Proposition 1.4; ``pure_cost``), a
-partition selection its (ε, δ), the bounding report its charge (``left_out``).
+ε, which is also ε²/2-zCDP (Bun and Steinke 2016, Proposition 1.4; ``pure_cost``,
+defined beside ``Cost`` in ``accounting``, whose pure accountant charges by it
+too), a partition selection its (ε, δ), the bounding report its charge
+(``left_out``).
 Under sequential composition these add up: ε and δ under ``pure`` and ``approx``
 (basic composition), ρ under ``zcdp``. So a plan whose parts add up to at most the
 query's charge spends no more than it is debited, whatever the shares, weights and
@@ -21,15 +23,12 @@ from __future__ import annotations
 
 import math
 
-from dpmagic.gate.dp.accounting import Accountant, Cost
+from dpmagic.gate.dp.accounting import Accountant, Cost, pure_cost
+
+__all__ = ["SLACK", "composes", "pure_cost"]
 
 SLACK = 1 + 1e-9
 """Float sums of the parts may pass the charge by this factor (roundings only)."""
-
-
-def pure_cost(epsilon: float) -> Cost:
-    """A pure ε-DP mechanism's cost in every unit: ε, δ = 0, and ρ = ε²/2."""
-    return Cost(epsilon, 0.0, epsilon * epsilon / 2)
 
 
 def composes(accountant: Accountant, asked: Cost, parts: list[Cost]) -> None:

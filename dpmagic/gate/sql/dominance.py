@@ -42,6 +42,7 @@ import math
 import numpy as np
 from sqlglot import exp
 
+from dpmagic.gate.dp.levels import band_level
 from dpmagic.gate.sql.expected import average_error, variance_error
 from dpmagic.gate.sql.kinds import MeasureKind
 from dpmagic.gate.sql.noise import Noisy
@@ -260,16 +261,17 @@ def _judged_quantile(
     plan: Plan, noisy: Noisy, alpha: float, selection: Selection, pids: list[int]
 ) -> dict[str, object]:
     """A quantile's band of the group's percentiles and verdict, from a noisy count of
-    the values it was chosen from (the rank radius and the count's interval at
-    ``alpha/2`` each, so the band holds at ``1 − alpha``); ``None`` without one."""
+    the values it was chosen from (the rank radius and the count's interval each at
+    ``levels.band_level``, so the band holds at ``1 − alpha``); ``None`` without one."""
     count = quantile_count(plan, selection)
     if count is None:
         unknown = [None] * len(pids)
         return {"rule": "percentiles", "count": None, "percentiles": unknown,
                 "noise_dominates": list(unknown)}  # fmt: skip
-    half = count.noise.half_width(alpha / 2) if count.noise.sensitivity else 0.0
+    part = band_level(alpha)
+    half = count.noise.half_width(part) if count.noise.sensitivity else 0.0
     counts = np.asarray(noisy.values[count.name], dtype=float)[np.asarray(pids, dtype=np.intp)]
-    radius = selection.noise.rank_radius(alpha / 2)
+    radius = selection.noise.rank_radius(part)
     a, b, flags = percentile_band(selection.noise.level, radius, counts - half)
     return {
         "rule": "percentiles",

@@ -27,7 +27,8 @@ candidate with at least ``q·n`` values at or below it.
   grid's last candidate.
 
 The three events (the count's interval, each edge's radius) fail with
-probability at most ``alpha/3`` each, so ``[L, U]`` holds ``Q`` with probability
+probability at most ``alpha/3`` each (``dp.levels.EDGE_PART_ALPHA``, at
+``alpha = EDGES_ALPHA``), so ``[L, U]`` holds ``Q`` with probability
 at least ``1 − alpha``, whatever the data, ties included. A group whose count's
 interval reaches below one value has the whole grid as its interval.
 
@@ -44,7 +45,7 @@ import math
 from collections.abc import Callable
 from functools import lru_cache
 
-from dpmagic.gate.dp.calibration import REPORT_ALPHA
+from dpmagic.gate.dp.levels import EDGE_PART_ALPHA
 from dpmagic.gate.dp.quantile_selection import QuantileNoise, calibrate_quantile
 
 LEVEL_STEPS = 1000
@@ -127,14 +128,13 @@ def edge_values(
 ) -> tuple[list[int | float], list[int | float]]:
     """Per group, ``L`` and ``U`` (see the module's docstring): ``histograms`` the
     groups' candidate-index histograms, ``counts`` their noisy counts, ``count_half``
-    the count's half-width at ``REPORT_ALPHA/3``, ``value`` a candidate index's value."""
-    part = REPORT_ALPHA / 3
+    the count's half-width at ``EDGE_PART_ALPHA``, ``value`` a candidate index's value."""
 
     def noise_at(p: float) -> QuantileNoise:
         return _calibrated(p, size, distance, epsilon)
 
     def radius(p: float) -> float:
-        return noise_at(p).rank_radius(part)
+        return noise_at(p).rank_radius(EDGE_PART_ALPHA)
 
     lows: list[int | float] = []
     highs: list[int | float] = []

@@ -5,10 +5,11 @@ A bare count or sum has its noise's own interval; an average and a variance
 calibrated intervals (below); a quantile the interval its two more selections
 chose (``edges``), at 95% only; a debiased aggregate its normal approximation
 (``randomized``). An expression of several has the interval arithmetic over
-theirs, each at its share of the level (Bonferroni), where every end of the
-result is a corner of its arguments' box (``CellIntervals``). Where the
-arithmetic cannot bound a cell (a ratio whose denominator's interval reaches 0,
-a quantile at a finer level), its interval is unknown. Ranges of row values
+theirs, each at its share of the level, where every end of the result is a
+corner of its arguments' box (``CellIntervals``). Where the arithmetic cannot
+bound a cell (a ratio whose denominator's interval reaches 0, a quantile at a
+finer level), its interval is unknown. Every level a part is computed at is
+decided in ``dp.levels`` (the union bound and its splits), not here. Ranges of row values
 before noise (``ValueRange``, from the declared bounds) are ``bound``'s, not
 these.
 
@@ -58,7 +59,13 @@ from statistics import NormalDist
 import numpy as np
 from sqlglot import exp
 
-from dpmagic.gate.dp.calibration import REPORT_ALPHA
+from dpmagic.gate.dp.levels import (
+    average_box_level,
+    edges_hold,
+    expression_level,
+    joint_level,
+    variance_box_level,
+)
 from dpmagic.gate.dp.mechanisms import GaussianNoise
 from dpmagic.gate.sql.edges import edge_names
 from dpmagic.gate.sql.kinds import MeasureKind
@@ -242,7 +249,8 @@ class CellIntervals:
         ):
             return [json_pair(self.of(node, pid, parts)) for pid in pids]
         m = self.plan.measurement(found.name)
-        half = m.noise.half_width(self.alpha / parts) if m.noise.sensitivity else 0.0
+        level = expression_level(self.alpha, parts)
+        half = m.noise.half_width(level) if m.noise.sensitivity else 0.0
         values = np.asarray(self.noisy.values[m.name], dtype=float)
         # As ``_measured`` computes each cell (a value minus a float is a float), at once.
         value = values[np.asarray(pids, dtype=np.intp)]
@@ -254,8 +262,7 @@ class CellIntervals:
         return pairs
 
     def of(self, node: exp.Expression, pid: int, parts: int) -> Bounds | None:
-        alpha = self.alpha / parts
-        return self._eval(node, pid, alpha)
+        return self._eval(node, pid, expression_level(self.alpha, parts))
 
     def _measured(self, m: Measurement, pid: int, alpha: float) -> Bounds:
         value = self.noisy.values[m.name][pid]
@@ -268,7 +275,7 @@ class CellIntervals:
         agg = self.plan.checked.aggregate(name)
         if agg.func == "quantile":
             selection = self.plan.selection(self.plan.parts[name].names[0])
-            if selection.edges is None or alpha < REPORT_ALPHA:  # they hold at 95% only
+            if selection.edges is None or not edges_hold(alpha):
                 return None
             low, high = edge_names(selection.name)
             return float(self.noisy.values[low][pid]), float(self.noisy.values[high][pid])
@@ -283,11 +290,10 @@ class CellIntervals:
         if isinstance(parts_of, Avg):
             return self._means(name, parts_of, alpha)[pid]
         widest = max_variance(self.plan, parts_of)
-        calibrated = self._calibrated_variance(agg.func, ms, pid, alpha, widest)
+        calibrated = self._calibrated_variance(agg.func, ms, pid, joint_level(alpha), widest)
         if calibrated is not None:
             return calibrated
-        # Interval arithmetic over the three measurements' intervals, alpha/3 each.
-        n, s1, s2 = (self._measured(m, pid, alpha / 3) for m in ms)
+        n, s1, s2 = (self._measured(m, pid, variance_box_level(alpha)) for m in ms)
         c1, c2 = ms[1].centre_value, ms[2].centre_value
         return variance_box(agg.func, n, (c1, s1), (c2, s2), widest=widest)
 
@@ -325,8 +331,8 @@ class CellIntervals:
 
     def _means(self, name: str, parts: Avg, alpha: float) -> list[Bounds]:
         """The intervals of an average's cells, all computed at once (remembered per
-        aggregate and level): Fieller's where it applies, else the box of its sum's
-        and its count's intervals at ``alpha/2`` each."""
+        aggregate and level): Fieller's where it applies, at the whole level, else
+        the box of its sum's and its count's intervals (``levels.average_box_level``)."""
         known = self._mean_cache.get((name, alpha))
         if known is not None:
             return known
@@ -340,8 +346,9 @@ class CellIntervals:
             and count.scale > 0
             and count.noise.sensitivity > 0
         )
+        box = average_box_level(alpha)
         if not usable:
-            out = [self._box(total_m, count, pid, alpha / 2) for pid in range(len(sums))]
+            out = [self._box(total_m, count, pid, box) for pid in range(len(sums))]
         else:
             floor = 2 * count.noise.half_width(alpha)
             ends = fieller(
@@ -352,12 +359,12 @@ class CellIntervals:
                 total_m.scale,
                 count.scale,
                 isinstance(count.noise, GaussianNoise),
-                alpha,
+                joint_level(alpha),
             )
             out = [
                 (centre + float(a), centre + float(b))
                 if n > floor
-                else self._box(total_m, count, i, alpha / 2)
+                else self._box(total_m, count, i, box)
                 for i, (a, b, n) in enumerate(zip(*ends, counts, strict=True))
             ]
         self._mean_cache[(name, alpha)] = out

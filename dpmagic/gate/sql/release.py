@@ -13,7 +13,7 @@ and averages skips DuckDB (``release_columns``).
 Each released cell carries a 95% interval (``intervals``): the noise's own
 interval for a single count or sum, calibrated intervals for an average
 (Fieller's) and a variance, and interval arithmetic over the aggregates'
-intervals (Bonferroni-adjusted) for expressions of several. A quantile's interval
+intervals (Bonferroni-adjusted, ``dp.levels``) for expressions of several. A quantile's interval
 is made of two more selections (``edges``), at 95% only: under arithmetic that
 needs it at a finer level its interval is unknown. It carries its rank radius
 and its band of the group's percentiles too (``QuantileNoise.rank_radius``).
@@ -41,7 +41,7 @@ import pyarrow as pa
 from sqlglot import exp
 
 from dpmagic import wire
-from dpmagic.gate.dp.calibration import REPORT_ALPHA
+from dpmagic.gate.dp.levels import REPORT_ALPHA, expression_level
 from dpmagic.gate.engines.dialect import DUCKDB
 from dpmagic.gate.sql.dominance import judged
 from dpmagic.gate.sql.intervals import CellIntervals
@@ -49,8 +49,7 @@ from dpmagic.gate.sql.noise import Noisy, Partition, declared_array
 from dpmagic.gate.sql.plan_types import Avg, DebiasedSum, Measured, Measurement, Plan, Selection
 from dpmagic.gate.sql.post_query import PID, PostExpr, PostQuery, debiased_column, post_query
 from dpmagic.gate.sql.randomized import Debiased, debias
-from dpmagic.gate.sql.release_columns import Columns
-from dpmagic.gate.sql.release_columns import direct as _direct
+from dpmagic.gate.sql.release_columns import Columns, direct
 
 ALPHA = REPORT_ALPHA
 # An empty in-memory database that only ever sees noisy values; each release
@@ -103,7 +102,7 @@ def release(noisy: Noisy, alpha: float = ALPHA, made: PostQuery | None = None) -
     exprs = list(made.exprs)
     names = [PID, *(o.name for o in checked.outputs)]
     plain = checked.having is None and not checked.order and checked.limit is checked.offset is None
-    vectors = _direct(table, exprs) if plain else None
+    vectors = direct(table, exprs) if plain else None
     if vectors is None:
         query = exp.select(
             *(exp.alias_(e.copy(), n, quoted=True) for e, n in zip(exprs, names, strict=True))
@@ -146,7 +145,7 @@ def release(noisy: Noisy, alpha: float = ALPHA, made: PostQuery | None = None) -
                 **_randomized_accuracy(plan, out.expr),
                 "measurements": [p.label for p in parts],
                 "intervals": pairs,
-                **judged(plan, noisy, alpha / events, out.expr, pids, pairs),
+                **judged(plan, noisy, expression_level(alpha, events), out.expr, pids, pairs),
             }
         )
     accuracy: dict[str, object] = {"alpha": alpha, "columns": accuracy_columns}

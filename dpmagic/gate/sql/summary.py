@@ -12,7 +12,7 @@ import math
 from sqlglot import exp
 
 from dpmagic.gate.dp.accounting import Cost
-from dpmagic.gate.dp.calibration import REPORT_ALPHA
+from dpmagic.gate.dp.levels import REPORT_ALPHA
 from dpmagic.gate.dp.quantile_selection import QuantileNoise, calibrate_quantile
 from dpmagic.gate.sql.dominance import DOMINANT_SHARE, judging_rule, quantile_count
 from dpmagic.gate.sql.expected import average_error, variance_error
