@@ -110,8 +110,7 @@ def run_exact(p: Plan, con: duckdb.DuckDBPyConnection, seed: int) -> ExactResult
 def run_rewritten(
     p: Plan, con: duckdb.DuckDBPyConnection, seed: int
 ) -> tuple[Rewritten, ExactResult]:
-    """``run_exact``, with the query it ran: rewritten as the gate's ``generate`` does
-    (so centred sums carry their counts as the gate's do, ``rewrite.Fused``)."""
+    """``run_exact``, with the query it ran: rewritten as the gate's ``generate`` does."""
     con.execute("CREATE SCHEMA IF NOT EXISTS prepared")
     present = {name for (name,) in con.execute("SHOW TABLES").fetchall()}
     relations = {t: f'main."{t}"' for t in p.dataset.tables if t in present}

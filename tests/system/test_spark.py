@@ -42,6 +42,7 @@ from dpmagic.gate.sql.rewrite import rewrite  # noqa: E402
 from tests.conftest import GateProcess  # noqa: E402
 from tests.golden.run import HERE as GOLDEN  # noqa: E402
 from tests.golden.run import cases  # noqa: E402
+from tests.stores import answers_after  # noqa: E402
 
 pytestmark = pytest.mark.spark
 
@@ -154,26 +155,10 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _exact(sql: str, dataset: Dataset, store, delta: float) -> list[tuple]:
-    """The exact rows, an average's count as a column of its own where DuckDB's SQL
-    carried it inside its sum's (``rewrite.Fused``; Spark's never does)."""
+    """The exact rows the store returns for the gate's SQL of ``sql``."""
     accountant = make_accountant(dataset.accountant)
     the_plan = analyse(Asked(sql, {}, 1e6, delta), dataset, accountant)
-    rw = generate(the_plan, SEED, store).rewritten
-    rows = store.run(rw.sql).rows
-    if not rw.fused:
-        return rows
-    fused = {f.sum: f for f in rw.fused}
-    order = [m.name for m in the_plan.measurements]
-    order += list(rw.measurements[len(order) - len(fused) :])  # selections, key count
-    out = []
-    for row in rows:
-        values = dict(zip(rw.measurements, row[rw.keys :], strict=True))
-        for f in fused.values():
-            packed = values[f.sum]
-            s, n = (None, 0) if packed is None else divmod(int(packed), 1 << f.bits)
-            values[f.sum], values[f.count] = s, n
-        out.append((*row[: rw.keys], *(values[name] for name in order)))
-    return out
+    return store.run(generate(the_plan, SEED, store).rewritten.sql).rows
 
 
 def _same(a: list[tuple], b: list[tuple]) -> bool:
@@ -416,7 +401,7 @@ def test_a_query_past_the_timeout_is_stopped_and_the_session_answers_after(
     with pytest.raises(OutOfResources):
         store.run(heavy)
     assert time.monotonic() - started < 20
-    assert store.run("SELECT COUNT(*) FROM visits").rows == [(600,)]
+    assert answers_after(store, "SELECT COUNT(*) FROM visits") == [(600,)]
 
 
 def test_the_guard_stops_sql_that_spark_itself_would_run(tmp_path: Path) -> None:

@@ -169,7 +169,7 @@ def _approx_plan(sql: str, ds) -> Plan:
 
 def _names(p: Plan) -> tuple[str, ...]:
     """Every measurement and selection, then the threshold's count (each a column of
-    the two-column SQL; fused counts are taken from their sum's)."""
+    the two-column SQL)."""
     return (*(m.name for m in p.measurements), *(s.name for s in p.selections), KEY_COUNT)
 
 

@@ -9,6 +9,7 @@ what Spark would answer differently, is ``engines/spark/dialect.py``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from sqlglot import exp
@@ -32,9 +33,21 @@ class Dialect:
 
     def exact_sum(self, value: exp.Expression, widest: float, rows: int) -> exp.Expression:
         """An exact sum of fewer than ``rows`` integers of magnitude at most ``widest``
-        (``plan.partition_rows``): DuckDB sums BIGINTs into a HUGEINT (128 bits,
-        whose overflow the plan has ruled out), faster than HUGEINTs, so each value is
-        a BIGINT unless one may not fit."""
+        (``plan_types.partition_rows``).
+
+        Where ``rows · widest < 2^63`` every partial sum, in whatever order DuckDB
+        adds the rows and merges its threads' states, has magnitude below ``2^63``: a
+        64-bit accumulator cannot overflow, so DuckDB's ``sum_no_overflow`` (a BIGINT
+        state with no overflow check) is exact, and faster than ``SUM``, which adds
+        into 128 bits (10M rows: a sum 24.3 → 21.1 ms, an average 36.8 → 24.8 ms with
+        its count apart). Otherwise each value is a BIGINT summed into a HUGEINT
+        (whose overflow the plan has ruled out: ``plan.SUM_LIMIT``), or a HUGEINT when
+        one value may not fit 64 bits. Whether the short path is taken depends on the
+        plan alone (the bounds and the query's shape), never on the data."""
+        if fits_64_bits(widest, rows):
+            return exp.Anonymous(
+                this="sum_no_overflow", expressions=[exp.cast(value, exp.DataType.Type.BIGINT)]
+            )
         wide = widest >= 2.0**62
         kind = exp.DataType.Type.INT128 if wide else exp.DataType.Type.BIGINT
         return exp.Sum(this=exp.cast(value, kind))
@@ -44,20 +57,8 @@ class Dialect:
         most ``widest``), each rounded to an integer. DuckDB's cast of a float to an
         integer type rounds to the nearest (half to even), so the cast does the
         rounding; a ``ROUND`` before it made a 10M-row average's SQL 7% slower. The
-        sum's bounds hold whichever way a value is rounded (``plan._grid_bounds``)."""
-        return self.exact_sum(value, widest, rows)
-
-    def fused_sum(self, value: exp.Expression, bits: int) -> exp.Expression | None:
-        """One aggregate for both the exact sum of the integers ``value`` (floats in grid
-        units are rounded by the cast, as in ``grid_sum``) and the count of the rows
-        that have one: ``SUM(value·2^bits + 1)``, ``S·2^bits + N``, from which the gate
-        takes ``S`` and ``N`` apart (``rewrite.Fused`` says when that is exact). A
-        second aggregate made a 10M-row average's SQL 30% slower than one; each term
-        is a BIGINT, summed exactly into a HUGEINT. None: the engine has no such sum."""
-        term = exp.Mul(
-            this=exp.cast(value, exp.DataType.Type.BIGINT), expression=exp.Literal.number(1 << bits)
-        )
-        return exp.Sum(this=exp.Add(this=term, expression=exp.Literal.number(1)))
+        sum's bounds hold whichever way a value is rounded (``plan_types.grid_bounds``)."""
+        return self.exact_sum(value, widest + 1, rows)  # rounded up by at most 1
 
     def histogram(self, value: exp.Expression) -> exp.Expression:
         """The count of rows per value (a quantile's candidate index), NULLs left out."""
@@ -80,6 +81,13 @@ class Dialect:
     def engine(self) -> str:
         """The engine's name as replies and the dry run give it."""
         return "DuckDB"
+
+
+def fits_64_bits(widest: float, rows: int) -> bool:
+    """Whether every sum of fewer than ``rows`` integers of magnitude at most ``widest``
+    lies strictly within a signed 64-bit integer's range, computed exactly in integers
+    (a float product could round below ``2^63``)."""
+    return math.ceil(widest) * rows < 2**63
 
 
 DUCKDB = Dialect("duckdb")

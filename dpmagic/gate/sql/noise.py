@@ -8,7 +8,7 @@ keys, the released partitions are those the plan's noisy threshold keeps
 over those only. A quantile's interval ends (``edges``) are chosen last, from
 its histograms and its count's noisy values.
 
-A centred sum (``plan.Centre``) is noised around its centre: its exact value,
+A centred sum (``plan_types.Centre``) is noised around its centre: its exact value,
 in noise units, is computed here from the exact sum and the exact count of
 its rows that the SQL returns, and only that value plus noise leaves.
 """
@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dpmagic.gate.dp.calibration import REPORT_ALPHA
+from dpmagic.gate.dp.levels import EDGE_PART_ALPHA
 from dpmagic.gate.engines.interface import Batches, ExactResult
 from dpmagic.gate.failures import required
 from dpmagic.gate.sql.edges import edge_names, edge_values
@@ -78,13 +78,13 @@ def noise(plan: Plan, rewritten: Rewritten, exact: ExactResult) -> Noisy:
 def columnar(plan: Plan, rewritten: Rewritten) -> Batches | None:
     """How the exact result's record batches are reduced as they are fetched when the
     query can be noised column by column (``Database.run``'s ``batches``): public keys
-    (or none), at most one, no histogram, fused sum or debiased aggregate (those go
+    (or none), at most one, no histogram or debiased aggregate (those go
     row by row, as before). A key whose declared values are all of one type Arrow
     holds exactly (int64, text, boolean), and whose column the SQL returns as that
     type, is tested with Arrow's hash lookup; any other key by Python's equality, as
     the rows path tests it (``declared_keys``), so a row is kept exactly when it is
     kept there. None: fetch rows."""
-    if plan.key_selection is not None or plan.selections or plan.debiased or rewritten.fused:
+    if plan.key_selection is not None or plan.selections or plan.debiased:
         return None
     if rewritten.keys == 0:
         return lambda batch: batch
@@ -234,7 +234,7 @@ def _edges(
     """A quantile's interval ends per partition (``edges``), from its histograms and
     its count's noisy values."""
     count = plan.measurement(edges.count)
-    half = count.noise.half_width(REPORT_ALPHA / 3) if count.noise.sensitivity else 0.0
+    half = count.noise.half_width(EDGE_PART_ALPHA) if count.noise.sensitivity else 0.0
     lows, highs = edge_values(
         s.noise.level, s.grid.size, s.noise.distance, edges.epsilon,
         histograms, values[count.name], half, s.grid.value,
@@ -256,15 +256,10 @@ def exact_vectors(
     units = {m.name: [0] * size for m in plan.measurements}
     histograms: dict[str, list[dict]] = {s.name: [{} for _ in range(size)] for s in plan.selections}
     at = [(i, row) for row in rows if (i := index.get(row_key(row))) is not None]
-    fused = {f.sum: f for f in rewritten.fused}
     for column, name in enumerate(rewritten.measurements, start=rewritten.keys):
         if name in histograms:
             for i, row in at:
                 histograms[name][i] = dict(row[column] or {})
-        elif name in fused:  # S·2^bits + N, with 0 ≤ N < 2^bits (``rewrite.Fused``)
-            sums, counts, unit = units[name], units[fused[name].count], 1 << fused[name].bits
-            for i, row in at:
-                sums[i], counts[i] = divmod(int(row[column] or 0), unit)
         elif name in units:
             vector = units[name]
             for i, row in at:

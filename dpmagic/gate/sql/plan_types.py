@@ -32,8 +32,8 @@ from dpmagic.gate.sql.work import Work
 
 # Every table a gate serves has fewer rows than this (DuckDB's ``Database`` and
 # Spark's ``SparkDatabase`` refuse a larger one at open); with it the rewrite's sums
-# are proven not to overflow before the query runs (``partition_rows``), and an
-# average's count fits beside its sum (``rewrite.Fused``).
+# are proven not to overflow before the query runs (``partition_rows``), in 64 bits
+# where the values are narrow enough (``engines/dialect.fits_64_bits``).
 MAX_ROWS = 2**40
 
 

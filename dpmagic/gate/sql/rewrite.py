@@ -34,9 +34,12 @@ assumes, and what the brute-force tests check seed by seed. Rows with equal
 content are interchangeable, so ties cannot matter.
 
 Sums are exact: each clamped value is rounded to its integer grid and summed
-in 128 bits, whose overflow the plan has ruled out. An average's sum and the
-count of its rows share one aggregate where the pair can be taken apart exactly
-(``Fused``): a second aggregate costs as much as the sum itself.
+in 64 bits where the plan proves no partial sum can pass ``2^63`` (DuckDB's
+``sum_no_overflow``), else in 128 bits, whose overflow the plan has ruled out
+(``Dialect.exact_sum``). An average's sum and count are two aggregates: on
+DuckDB 2.0 one aggregate packing both (``S·2^40 + N`` summed in 128 bits) cost
+more than the two (10M rows: 36.8 → 24.8 ms by a text key, but 50.8 → 62.7 ms by
+a skewed integer key; ``docs/speed.md``), and it tied the SQL to one engine.
 
 With private group keys (DP partition selection), the SQL keeps every
 non-NULL key found, and adds one last column, ``KEY_COUNT``: the number of
@@ -58,7 +61,7 @@ from dpmagic.gate.policy import Column
 from dpmagic.gate.sql.keys import KeyDomain
 from dpmagic.gate.sql.kinds import MeasureKind
 from dpmagic.gate.sql.limits import check_deadline
-from dpmagic.gate.sql.plan_types import MAX_ROWS, Measurement, Plan, Selection
+from dpmagic.gate.sql.plan_types import Measurement, Plan, Selection
 from dpmagic.gate.sql.ranks import (
     RoomRead,
     Window,
@@ -76,33 +79,6 @@ from dpmagic.gate.sql.value_range import ValueRange
 
 UNIT = "__unit"
 KEY_COUNT = "__keys"
-# A fused count's bits: every table has fewer than MAX_ROWS rows (``Fused``).
-FUSED_BITS = (MAX_ROWS - 1).bit_length()
-
-
-@dataclass(frozen=True)
-class Fused:
-    """A centred sum and the count of its rows, returned as one column: the sum's,
-    holding ``S·2^bits + N`` (``Dialect.fused_sum``); the noise pass takes ``S`` and
-    ``N`` apart with ``divmod``.
-
-    Exact when every term fits a BIGINT and ``0 ≤ N < 2^bits``. The first holds when
-    ``(G + 1)·2^bits ≤ 2^63`` for ``G`` the largest magnitude of a value on the sum's
-    grid. For the second: the query reads one table once, and has no join, set
-    operation or table function, and no ``unnest``, so no row of it is read twice
-    and each ``SELECT`` keeps at most the rows of its one source; so ``N`` is at most
-    the table's rows, below ``plan.MAX_ROWS`` (the store refuses a larger table at
-    open), and ``bits`` is ``FUSED_BITS``. The sum is of a bare stored column
-    (``_stored_within``), whose cast is NULL only where the column is, so ``N`` is
-    what the count's ``COUNT`` of the same column gives. Neither changes what is
-    computed, only how: the released values, their noise and their privacy are
-    those of the two columns apart (``plan.Centre``). Whether a query is fused is
-    decided from the plan and the query's shape alone, never from the data (its
-    size included), so the time it saves says nothing about the data."""
-
-    sum: str
-    count: str
-    bits: int
 
 
 @dataclass(frozen=True)
@@ -111,7 +87,6 @@ class Rewritten:
     sql: str  # ``tree`` as the engine runs it
     keys: int  # the first ``keys`` result columns are the partition key
     measurements: tuple[str, ...]  # then one column per measurement and selection, in order
-    fused: tuple[Fused, ...] = ()  # counts returned inside their sum's column, not listed
 
 
 def rewrite(plan: Plan, seed: int | None = None, dialect: Dialect = DUCKDB) -> Rewritten:
@@ -146,67 +121,13 @@ def rewrite(plan: Plan, seed: int | None = None, dialect: Dialect = DUCKDB) -> R
     for name, cte in ctes:
         tree = tree.with_(name, as_=cte)
     tree = _semijoins(tree, resolved, row)
-    fused = () if apart else _fusions(plan, tree, dialect)
-    if fused:  # the same query, its sums and counts two to a column
-        packed = {f.sum: f.bits for f in fused}
-        dropped = {f.count for f in fused}
-        kept = [o for o in tree.expressions if o.alias not in dropped]
-        for i, output in enumerate(kept):
-            if output.alias in packed:
-                m = plan.measurement(output.alias)
-                summed = dialect.fused_sum(_summand(m, resolved), packed[m.name])
-                kept[i] = _as(required(summed, "the dialect's fused sum"), m.name)
-        tree.set("expressions", kept)
     check_deadline()  # before the rendering, whose time grows with the tree
-    names = tuple(m.name for m in plan.measurements if m.name not in {f.count for f in fused})
+    names = tuple(m.name for m in plan.measurements)
     names += tuple(s.name for s in plan.selections)
     if plan.key_selection is not None:
         names += (KEY_COUNT,)
     sql = dialect.render(tree)
-    return Rewritten(tree=tree, sql=sql, keys=len(keys), measurements=names, fused=fused)
-
-
-def _fusions(plan: Plan, tree: exp.Select, dialect: Dialect) -> tuple[Fused, ...]:
-    """The centred sums whose count can share their column exactly (see ``Fused``)."""
-    if _single_source(tree) is None:
-        return ()
-    bits = FUSED_BITS
-    resolved = plan.checked.resolved
-    out: list[Fused] = []
-    for m in plan.measurements:
-        if m.centre is None or not _stored_within(m, resolved):
-            continue
-        count = plan.measurement(m.centre.count)
-        if count.kind != MeasureKind.COUNT or count.arg != m.arg:
-            continue
-        if any(f.count == count.name for f in out):
-            continue
-        lo, hi = m.grid_range
-        if (max(abs(lo), abs(hi)) + 1) << bits > 2**63:
-            continue
-        if dialect.fused_sum(_col("__v_" + m.name), bits) is None:
-            return ()
-        out.append(Fused(m.name, count.name, bits))
-    return tuple(out)
-
-
-# Nodes through which one source row could reach the aggregate more than once.
-_MULTIPLYING = (exp.Join, exp.SetOperation, exp.Unnest, exp.Explode, exp.Lateral, exp.Pivot)
-
-
-def _single_source(tree: exp.Select) -> str | None:
-    """The one table ``tree`` reads (lower-case), when it reads just one, once, and has
-    nothing that could repeat a row of it (see ``Fused``); otherwise None."""
-    if any(True for _ in tree.find_all(*_MULTIPLYING)):
-        return None
-    ctes = {cte.alias_or_name.lower() for cte in tree.find_all(exp.CTE)}
-    tables = list(tree.find_all(exp.Table))
-    if not all(isinstance(t.this, exp.Identifier) for t in tables):  # a table function
-        return None
-    read = [t.name.lower() for t in tables if t.name.lower() not in ctes or t.db]
-    if len(read) != 1 or read[0] in ctes:
-        return None
-    return read[0]
+    return Rewritten(tree=tree, sql=sql, keys=len(keys), measurements=names)
 
 
 def _histograms_apart(
@@ -296,7 +217,7 @@ def _row_filters(
 
 
 def left_out(plan: Plan, seed: int, dialect: Dialect = DUCKDB) -> Rewritten:
-    """The bounding report's SQL (``plan.LeftOut``): one row, the number of rows the
+    """The bounding report's SQL (``dp/left_out.LeftOut``): one row, the number of rows the
     query's bounds left out, each unit's counted up to ``cap``, and the number of
     units that had rows left out.
 
@@ -557,8 +478,8 @@ def _snap(s: Selection, row: _Rows) -> exp.Expression:
 
 
 def _aggregate(m: Measurement, resolved: Resolved, dialect: Dialect, rows: int) -> exp.Expression:
-    check_deadline()  # one per measurement
     """``m``'s aggregate over the bounded rows, fewer than ``rows`` in a partition."""
+    check_deadline()  # one per measurement
     v = _col("__v_" + m.name)
     if m.kind == MeasureKind.COUNT:
         return exp.Count(this=exp.Star() if m.arg is None else v)

@@ -158,7 +158,7 @@ class Database:
         )
         self._empty = _empty_copy(self._db)
         self._plain = _without_statistics(path, gate)
-        # Read-only, so checked once: the plan's sums and ``rewrite.Fused`` rely on it.
+        # Read-only, so checked once: the plan's proofs that sums cannot overflow rely on it.
         for name in sorted(self.tables):
             (rows,) = self._db.execute(f'SELECT COUNT(*) FROM "{_ident(name)}"').fetchone()
             try:

@@ -9,8 +9,8 @@ and requires the same exact answers):
 * **Keyed hash**: ``xxhash64(…, seed)`` (Spark's ``hash`` is 32 bits).
 * **Exact sums**: Spark's BIGINT sum overflows, and with ANSI mode (pinned on in
   every session) raises: a failure that would depend on the data. So a sum is a
-  BIGINT sum only where ``plan.partition_rows`` rows (more than the sum can add
-  up: ``2^40``, ``plan.MAX_ROWS``, more than any table has, times a unit's rows
+  BIGINT sum only where ``plan_types.partition_rows`` rows (more than the sum can add
+  up: ``2^40``, ``plan_types.MAX_ROWS``, more than any table has, times a unit's rows
   after a join) of the largest value fit in a BIGINT, and
   ``SUM(CAST(v AS DECIMAL(38,0)))`` otherwise: DECIMAL(38,0) holds
   ``10^38 - 1 > 2^126``, and the plan refuses any sum whose values could reach
@@ -49,7 +49,7 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
-from dpmagic.gate.engines.dialect import Dialect
+from dpmagic.gate.engines.dialect import Dialect, fits_64_bits
 from dpmagic.gate.failures import Refused
 from dpmagic.gate.sql.resolve import Resolved
 from dpmagic.gate.sql.totality import CONCATENATION, generated, kind, may_raise
@@ -83,17 +83,14 @@ class SparkDialect(Dialect):
         return exp.Anonymous(this="xxhash64", expressions=list(args))
 
     def exact_sum(self, value: exp.Expression, widest: float, rows: int) -> exp.Expression:
-        if widest * rows < 2.0**63:  # fewer rows than ``rows``: a BIGINT sum cannot overflow
+        if fits_64_bits(widest, rows):  # fewer rows than ``rows``: a BIGINT sum cannot overflow
             return exp.Sum(this=exp.cast(value, exp.DataType.Type.BIGINT))
         return exp.Sum(this=exp.Cast(this=value, to=EXACT.copy()))
 
     def grid_sum(self, value: exp.Expression, widest: float, rows: int) -> exp.Expression:
-        # Spark's cast to an integer truncates: rounding to the nearest is asked for.
-        return self.exact_sum(exp.Round(this=value), widest, rows)
-
-    def fused_sum(self, value: exp.Expression, bits: int) -> exp.Expression | None:
-        # Spark sums BIGINTs into a BIGINT: a packed sum could overflow it.
-        return None
+        # Spark's cast to an integer truncates: rounding to the nearest is asked for,
+        # which moves a value up by at most 1.
+        return self.exact_sum(exp.Round(this=value), widest + 1, rows)
 
     def total(
         self, tree: exp.Expression, resolved: Resolved, condition: bool = False
