@@ -24,8 +24,8 @@ pytest.importorskip("pyspark", reason="the spark extra is not installed")
 
 from dpmagic.gate.engine import Engine
 from dpmagic.gate.policy import load_policy
+from tests import work_search as search
 from tests.gate_helpers import write_gate
-from tests.unit import test_work_search as search
 
 pytestmark = pytest.mark.spark
 
@@ -33,7 +33,7 @@ pytestmark = pytest.mark.spark
 def _spark_engine(folder: Path, with_target: bool) -> Engine:
     """The search's dataset as Parquet files, served by Spark on ``local[2]``."""
     policy = search.POLICY.replace("query_timeout_s = 4", "query_timeout_s = 60")
-    write_gate(folder, policy, search._tables(with_target))
+    write_gate(folder, policy, search.tables(with_target))
     con = duckdb.connect()
     for table in ("patients", "visits", "codes"):
         source, target = folder / f"{table}.csv", folder / f"{table}.parquet"
@@ -73,4 +73,4 @@ def spark_gates(tmp_path_factory) -> Iterator[tuple[Engine, Engine]]:
 @given(sql=search.multiplying())
 def test_no_spark_reply_hinges_on_one_units_work(spark_gates, sql: str, monkeypatch) -> None:
     monkeypatch.setattr(search, "SLOT_S", 5.0)
-    search._compare(spark_gates, sql)
+    search.compare(spark_gates, sql)

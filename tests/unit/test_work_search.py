@@ -22,200 +22,40 @@ examples; Spark's pair is in tests/system/test_spark_fuzz.py.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
-from hypothesis import strategies as st
+from hypothesis import Phase, given, settings
 from sqlglot import exp
 
 from dpmagic.gate.engine import Engine
-from dpmagic.gate.failures import GateError
 from dpmagic.gate.sql import rewrite as rewrites
 from dpmagic.gate.sql.ranks import RANK, RoomRead
 from tests.gate_helpers import running_engine
-
-TARGET = 7
-VISITS = 40  # the target's: ten times the load cap of 2 × 2
-SLOT_S = 1.0
-POLICY = """
-[gate]
-state_dir = "state"
-accountant = "approx"
-query_timeout_s = 4
-response_quantum_ms = 0
-
-[datasets.c]
-sources = { patients = "patients.csv", visits = "visits.csv", codes = "codes.csv" }
-privacy_unit = "pid"
-max_partitions = 2
-max_rows_per_partition = 2
-user_budget = { epsilon = 1e9, delta = 0.5 }
-notebook_budget = { epsilon = 1e9, delta = 0.5 }
-
-[datasets.c.tables.patients.columns]
-pid = { type = "int" }
-age = { type = "int", lower = 0, upper = 100 }
-
-[datasets.c.tables.visits]
-links = { pid = "patients.pid" }
-[datasets.c.tables.visits.columns]
-pid = { type = "int" }
-diag = { type = "str", public_values = ["a", "b", "c", "d"] }
-day = { type = "int", lower = 0, upper = 60 }
-note = { type = "str", max_length = 64 }
-
-[datasets.c.tables.codes]
-public = true
-[datasets.c.tables.codes.columns]
-code = { type = "int", lower = 0, upper = 60 }
-"""
-
-
-def _tables(with_target: bool) -> dict:
-    people = [p for p in range(1, 61) if with_target or p != TARGET]
-    patients = [(p, 20 + p % 50) for p in people]
-    visits = [
-        (p, "abcd"[(p + j) % 4], (p * 3 + j) % 61, f"n{(p + j) % 9}")
-        for p in people
-        for j in range(VISITS if p == TARGET else 1 + p % 3)
-    ]
-    return {
-        "patients": ("pid,age", patients),
-        "visits": ("pid,diag,day,note", visits),
-        "codes": ("code", [(c,) for c in range(0, 61, 2)]),
-    }
+from tests.work_search import ASKED, POLICY, SEARCH, compare, multiplying, tables
 
 
 @pytest.fixture(scope="module")
 def gates(tmp_path_factory) -> Iterator[tuple[Engine, Engine]]:
     with (
-        running_engine(tmp_path_factory.mktemp("d"), POLICY, _tables(True)) as d,
-        running_engine(tmp_path_factory.mktemp("d2"), POLICY, _tables(False)) as d2,
+        running_engine(tmp_path_factory.mktemp("d"), POLICY, tables(True)) as d,
+        running_engine(tmp_path_factory.mktemp("d2"), POLICY, tables(False)) as d2,
     ):
         yield d, d2
-
-
-@st.composite
-def multiplying(draw) -> str:
-    """A query the grammar accepts whose rows could multiply one unit's."""
-    scans = draw(st.integers(1, 12))
-    form = draw(st.sampled_from(["on", "using", "cte"]))
-    tables = ["visits"] + [draw(st.sampled_from(["visits", "visits", "patients"]))
-                           for _ in range(scans - 1)]  # fmt: skip
-    source = "c" if form == "cte" else None
-    first = f"{source or tables[0]} AS a0"
-    joins = []
-    for i, table in enumerate(tables[1:], start=1):
-        name = source or table
-        side = draw(st.sampled_from(["", "LEFT "]))
-        if form == "using":
-            joins.append(f"{side}JOIN {name} AS a{i} USING (pid)")
-        else:
-            joins.append(f"{side}JOIN {name} AS a{i} ON a{i}.pid = a0.pid")
-    public = draw(st.sampled_from(["", "JOIN codes AS r ON r.code = a0.day",
-                                   "JOIN codes AS r ON r.code < a0.day"]))  # fmt: skip
-    if public:
-        joins.append(public)
-    where = draw(
-        st.sampled_from(
-            [
-                "",
-                f"a0.pid = {TARGET}",
-                "a0.diag = 'b'",
-                f"a0.note = 'n{TARGET % 9}' AND a0.day > 3",
-                "a0.pid IN (SELECT x.pid FROM visits AS x JOIN visits AS y ON y.pid = x.pid "
-                "JOIN visits AS z ON z.pid = x.pid)",
-            ]
-        )
-    )
-    aggregate = draw(
-        st.sampled_from(["COUNT(*)", "COUNT(DISTINCT a0.pid)", "MEDIAN(a0.day)", "SUM(a0.day)"])
-    )
-    key = draw(st.sampled_from(["", "a0.diag", "a0.note"]))
-    select = f"{key}, {aggregate}" if key else aggregate
-    sql = f"SELECT {select} FROM {first} {' '.join(joins)}"
-    if form == "cte":
-        sql = "WITH c AS (SELECT pid, diag, day, note FROM visits) " + sql
-    if where:
-        sql += f" WHERE {where}"
-    if key:
-        sql += f" GROUP BY {key}"
-    return sql
-
-
-@dataclass(frozen=True)
-class Reply:
-    kind: str
-    status: int
-    message: str
-    slot: int
-    seconds: float
-
-    @property
-    def told(self) -> tuple[str, int, str]:
-        """What the reply says, its time apart."""
-        return self.kind, self.status, self.message
-
-
-def _ask(engine: Engine, sql: str, n: int, user: str) -> Reply:
-    body = {"sql": sql, "epsilon": 0.1, "delta": 1e-6, "fresh": True, "notebook": f"nb{n}"}
-    start = time.monotonic()
-    try:
-        engine.query(user, body)
-        kind, status, message = "ok", 200, ""
-    except GateError as exc:
-        kind, status, message = exc.kind, exc.status, exc.message
-    took = time.monotonic() - start
-    return Reply(kind, status, message, int(took // SLOT_S), took)
-
-
-ASKED = iter(range(10**9))
-
-
-def _compare(gates: tuple[Engine, Engine], sql: str, user: str = "searcher") -> None:
-    n = next(ASKED)
-    a, b = (_ask(g, sql, n, user) for g in gates)
-    assert a.told == b.told, f"the reply hinges on the target unit: {sql}\n  D : {a}\n  D': {b}"
-    if a.slot == b.slot:
-        return
-    # Only the slots differ: asked twice more, each side's fastest reply is compared, so
-    # that a pause of the machine's is not taken for the target's work (which every run
-    # of D pays); and two times a hair apart that straddle a slot's edge are not a
-    # difference the target made: theirs must be a slot or more.
-    for _ in range(2):
-        n = next(ASKED)
-        again = [_ask(g, sql, n, user) for g in gates]
-        a, b = (min(x, y, key=lambda r: r.seconds) for x, y in zip((a, b), again, strict=True))
-    assert abs(a.seconds - b.seconds) < SLOT_S, (
-        f"the reply hinges on the target unit: {sql}\n  D : {a}\n  D': {b}"
-    )
-
-
-SEARCH = settings(
-    derandomize=True,
-    database=None,
-    deadline=None,
-    max_examples=60,
-    phases=[p for p in Phase if p is not Phase.explain],
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
 
 
 @pytest.mark.search
 @SEARCH
 @given(sql=multiplying())
 def test_no_reply_hinges_on_one_units_work(gates, sql: str) -> None:
-    _compare(gates, sql)
+    compare(gates, sql)
 
 
 @pytest.mark.fuzz
 @settings(SEARCH, derandomize=False, max_examples=1500)
 @given(sql=multiplying())
 def test_fuzz_no_reply_hinges_on_one_units_work(gates, sql: str) -> None:
-    _compare(gates, sql)
+    compare(gates, sql)
 
 
 def _whole_cap(tables: list[str], cap: int) -> list[RoomRead]:
@@ -238,7 +78,7 @@ def test_the_search_catches_bounding_after_the_join(gates) -> None:
         try:
             # Other users: the analyses cached for the searcher hold the sound SQL, and
             # each of these is a new one to the failure count.
-            _compare(gates, sql, user=f"broken{next(ASKED)}")
+            compare(gates, sql, user=f"broken{next(ASKED)}")
         except AssertionError:
             found.append(sql)
             raise
