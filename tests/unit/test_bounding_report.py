@@ -1,4 +1,4 @@
-"""The bounding report (``sql/bounding_report.py``, ``rewrite.left_out``, ``plan.LeftOut``):
+"""The bounding report (``sql/bounding_report.py``, ``rewrite.left_out``, ``dp/left_out.LeftOut``):
 its count is exact, one unit moves it by at most its sensitivity on every
 neighbour of random data, its cost is a share of the query's, and every reply
 says which bounds it is over."""

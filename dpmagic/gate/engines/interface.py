@@ -105,8 +105,8 @@ class Store(Protocol):
 
 
 def within_max_rows(dataset: Dataset, table: str, rows: int) -> None:
-    """Refuse to serve a table of ``plan.MAX_ROWS`` rows or more, on which the plan's
-    proofs that sums and counts cannot overflow (``plan.partition_rows``) would not
+    """Refuse to serve a table of ``plan_types.MAX_ROWS`` rows or more, on which the plan's
+    proofs that sums and counts cannot overflow (``plan_types.partition_rows``) would not
     hold. Checked once, as the gate opens the dataset: no query depends on it."""
     if rows >= MAX_ROWS:
         raise PolicyError(

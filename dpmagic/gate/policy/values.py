@@ -21,7 +21,7 @@ COLUMN_TYPES: tuple[str, ...] = ("int", "float", "str", "bool", "date")
 DEFAULT_MAX_LENGTH = 1024
 MAX_MAX_LENGTH = 1_000_000
 # ``max_partitions × max_rows_per_partition``, the most rows of one unit a query
-# reads, is at most this: fewer than 2^40 units (``sql.plan.MAX_ROWS``) with this many
+# reads, is at most this: fewer than 2^40 units (``sql.plan_types.MAX_ROWS``) with this many
 # rows each then fit a 64-bit count, and the exact sums' overflow proofs hold.
 MAX_UNIT_ROWS = 2**22
 # The most steps of work one unit may add to a query (``sql/work.py``), unless a dataset

@@ -8,7 +8,7 @@ with a tight interval while the table has 100,000 rows is misled by an
 interval that is only about the noise. ``statement`` says, for every reply
 and every dry run, which bounds the query is answered under, from the plan
 alone (public). ``report`` adds, when the request buys it with a share of its
-budget (``plan.LeftOut``), a noisy count of the rows the bounds left out and
+budget (``dp/left_out.LeftOut``), a noisy count of the rows the bounds left out and
 of the units they belonged to, with their intervals.
 """
 

@@ -24,7 +24,7 @@ Execution, after the engine has debited the plan's cost:
     report        Plan, exact left-out count  dict         ``sql/bounding_report.py``
     ============  ==========================  ===========  ====================
 
-A plan with a bounding report (``plan.LeftOut``) also has a second query,
+A plan with a bounding report (``dp/left_out.LeftOut``) also has a second query,
 ``rewrite.left_out``, vetted with the first and run after it.
 
 Each pass decides what it decides once and hands it on as a typed value; a later
@@ -45,7 +45,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dpmagic.gate.dp.accounting import Accountant
-from dpmagic.gate.dp.calibration import REPORT_ALPHA, Accuracy
+from dpmagic.gate.dp.calibration import Accuracy
+from dpmagic.gate.dp.levels import REPORT_ALPHA
 from dpmagic.gate.engines.interface import Store
 from dpmagic.gate.policy import Dataset
 from dpmagic.gate.sql import bounding_report

@@ -12,7 +12,7 @@ import math
 from sqlglot import exp
 
 from dpmagic.gate.dp.accounting import Cost
-from dpmagic.gate.dp.levels import REPORT_ALPHA
+from dpmagic.gate.dp.levels import EDGE_PART_ALPHA, REPORT_ALPHA
 from dpmagic.gate.dp.quantile_selection import QuantileNoise, calibrate_quantile
 from dpmagic.gate.sql.dominance import DOMINANT_SHARE, judging_rule, quantile_count
 from dpmagic.gate.sql.expected import average_error, variance_error
@@ -105,8 +105,8 @@ def edge_noise(s: Selection, edges: Edges) -> QuantileNoise:
 
 def edge_radius(s: Selection, edges: Edges) -> float:
     """The rank radius of a quantile's interval ends (``edge_noise``), at
-    ``REPORT_ALPHA/3`` each."""
-    return edge_noise(s, edges).rank_radius(REPORT_ALPHA / 3)
+    ``levels.EDGE_PART_ALPHA`` each."""
+    return edge_noise(s, edges).rank_radius(EDGE_PART_ALPHA)
 
 
 def _edges_step(

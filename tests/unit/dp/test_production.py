@@ -117,7 +117,7 @@ def test_a_production_count_that_stops_calling_its_rule_is_caught(monkeypatch):
 
 @pytest.mark.parametrize("relation", RELATIONS)
 def test_every_plan_composes_to_its_charge_and_one_that_does_not_is_refused(relation, monkeypatch):
-    """Each plan above passed ``plan.composes``; one whose weighted shares are handed
+    """Each plan above passed ``dp/composition.composes``; one whose weighted shares are handed
     out unweighted (each part a full share) spends more than it charges, and is
     refused as the gate's own bug before anything runs."""
     sql = "SELECT g, COUNT(*) AS n, AVG(x) AS a, MEDIAN(x) AS q FROM t GROUP BY g"
