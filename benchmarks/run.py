@@ -86,7 +86,9 @@ class Gate:
 
     folder: Path
     users: int = 0  # > 0: on TCP, with this many users, each with a token of its own
-    load_s: float = 0.0
+    load_s: float = 0.0  # the first start: preparing the data
+    restart_s: float = 0.0  # a start on the prepared data
+    prepare_peak_mb: float = 0.0  # the first start's peak memory
     proc: subprocess.Popen | None = None
     workdir: tempfile.TemporaryDirectory = field(default_factory=tempfile.TemporaryDirectory)
     tokens: list[str] = field(default_factory=list)
@@ -107,6 +109,18 @@ class Gate:
             self.address = f"tcp:127.0.0.1:{port}"
             text = text.replace("[gate]\n", f'[gate]\ntokens_file = "{work / "tokens.toml"}"\n', 1)
         policy.write_text(text)
+        # The first start prepares the data (ranks every unit's rows) and stops; the
+        # gate measured is the second, serving from the prepared file, as a deployed
+        # gate does after its first start (raw DuckDB's file is made beforehand too).
+        self.load_s = self._spawn(policy)
+        self.prepare_peak_mb = self.peak_mb()
+        self.proc.terminate()  # type: ignore[union-attr]
+        self.proc.wait(30)  # type: ignore[union-attr]
+        self.restart_s = self._spawn(policy)
+        return self
+
+    def _spawn(self, policy: Path) -> float:
+        """Start the gate and wait until it listens; the seconds it took."""
         start = time.perf_counter()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "dpmagic", "serve", "--policy", str(policy),
@@ -119,8 +133,7 @@ class Gate:
                 break
         else:
             raise RuntimeError("the gate exited before listening")
-        self.load_s = time.perf_counter() - start
-        return self
+        return time.perf_counter() - start
 
     def __exit__(self, *exc: object) -> None:
         assert self.proc is not None
@@ -169,7 +182,13 @@ class Gate:
                 continue
             out[q.name] = {"status": "ok", "seconds": seconds, "answers": answers[1:]}
         raw.close()
-        return {"peak_mb": self.peak_mb(), "load_s": self.load_s, "queries": out}, raw_s
+        return {
+            "peak_mb": self.peak_mb(),
+            "load_s": self.load_s,
+            "restart_s": self.restart_s,
+            "prepare_peak_mb": self.prepare_peak_mb,
+            "queries": out,
+        }, raw_s
 
     def round_trips(self, n: int) -> str:
         """``%%dpsql`` cells executed by a real kernel, timed from request to reply."""
@@ -311,8 +330,13 @@ def _table(tools: dict[str, dict], exact: dict[str, dict]) -> str:
     for n in names[1:]:
         memory += [f"{tools[n]['peak_mb']:.0f} MB", "", ""]
     lines.append("| " + " | ".join(memory) + " |")
-    load = tools["dpmagic"].get("load_s")
-    return "\n".join(lines) + f"\n\ndpmagic gate start (load, rank, serve): {load:.1f} s"
+    gate = tools["dpmagic"]
+    return "\n".join(lines) + (
+        f"\n\ndpmagic's peak memory is the serving gate's (started on the prepared data); "
+        f"its first start prepared the data in {gate['load_s']:.1f} s "
+        f"(peak {gate['prepare_peak_mb']:.0f} MB, within the policy's memory_limit), "
+        f"a start on the prepared data took {gate['restart_s']:.1f} s"
+    )
 
 
 def _median(run: dict) -> float | None:

@@ -36,7 +36,6 @@ from dataclasses import dataclass
 
 import duckdb
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 from sqlglot import exp
 
@@ -115,6 +114,11 @@ def release(noisy: Noisy, alpha: float = ALPHA, made: PostQuery | None = None) -
             query = query.limit(checked.limit)
         if checked.offset is not None:
             query = query.offset(checked.offset)
+        # pandas only here, for the few queries with HAVING, ORDER BY or LIMIT: its
+        # frame holds any Python value DuckDB reads (integers past 64 bits among them),
+        # and the gate does not load it (67 MB) for queries that never need it.
+        import pandas as pd
+
         con = _POST_DB.cursor()
         try:
             con.register("noisy", pd.DataFrame(table))
