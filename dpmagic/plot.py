@@ -34,6 +34,7 @@ class Plotted(Protocol):
 
     def noise_dominates(self, column: str) -> list[bool | None]: ...
 
+
 KINDS = ("bar", "hist", "line")
 INSTALL_HINT = "plots need matplotlib: pip install 'dpmagic[plot]'"
 
