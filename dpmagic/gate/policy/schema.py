@@ -24,12 +24,12 @@ from dpmagic.gate.policy.values import (
     COLUMN_TYPES,
     DEFAULT_MAX_RESOURCE_FAILURES,
     DEFAULT_MAX_UNIT_WORK,
-    DEFAULT_QUANTUM_MS,
     ENGINES,
     MAX_MAX_LENGTH,
     NEIGHBOURING,
     AccountantKind,
     EngineKind,
+    GateConfig,
     Neighbouring,
     PolicyError,
 )
@@ -104,14 +104,16 @@ class DatasetShape(_Shape):
 
 
 class GateShape(_Shape):
+    """The ``[gate]`` table; its defaults are ``GateConfig``'s, stated once there."""
+
     listen: str | None = None  # a socket next to the policy file, unless set
     state_dir: str = "state"
-    accountant: AccountantKind = AccountantKind.PURE
+    accountant: AccountantKind = GateConfig.accountant
     tokens_file: str | None = None
-    response_quantum_ms: NonNegative = DEFAULT_QUANTUM_MS
-    query_timeout_s: Seconds = 30.0
-    memory_limit: str = "2GB"
-    threads: Whole = 2
+    response_quantum_ms: NonNegative = GateConfig.response_quantum_ms
+    query_timeout_s: Seconds = GateConfig.query_timeout_s
+    memory_limit: str = GateConfig.memory_limit
+    threads: Whole = GateConfig.threads
 
 
 class PolicyShape(_Shape):
