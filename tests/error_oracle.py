@@ -23,9 +23,10 @@ import duckdb
 import pytest
 from hypothesis import HealthCheck, Phase, event, note, settings
 
-from dpmagic.gate.engine import Engine, QueryRequest
+from dpmagic.gate.engine import Engine
 from dpmagic.gate.failures import Failed, GateError
 from dpmagic.gate.policy import load_policy
+from dpmagic.gate.request import QueryRequest
 from tests.sql_grammar import Schema, swarm
 
 # The target unit: its id is past the 53 bits a double holds exactly, and its rows

@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import secrets
 from dataclasses import dataclass, replace
 
@@ -28,14 +27,15 @@ from dpmagic.gate.dp.levels import REPORT_ALPHA
 from dpmagic.gate.dp.mechanisms import calibrate
 from dpmagic.gate.engines.interface import OutOfResources
 from dpmagic.gate.engines.registry import open_store
-from dpmagic.gate.failures import BadRequest, Failed, GateError, InvalidBody, Refused, required
+from dpmagic.gate.failures import BadRequest, Failed, GateError, Refused, required
 from dpmagic.gate.policy import AccountantKind, Dataset, Policy, PolicyError
-from dpmagic.gate.service.ledger import Ledger, ReplayKey
+from dpmagic.gate.request import QueryRequest
+from dpmagic.gate.service.ledger import Charge, Ledger, ReplayKey
 from dpmagic.gate.service.padding import PrivateRead
 from dpmagic.gate.service.reply import Reply
 from dpmagic.gate.service.views import budget_views, history_entries
 from dpmagic.gate.sql import bounding_report
-from dpmagic.gate.sql.clip import ClipBounds, Clipped, ClipStage, clipped
+from dpmagic.gate.sql.clip import ClipBounds, Clipped, clipped
 from dpmagic.gate.sql.clip import targets as clip_targets
 from dpmagic.gate.sql.limits import deadline
 from dpmagic.gate.sql.pipeline import Analysed, Answer, Asked, analyse, execute, generate
@@ -48,148 +48,8 @@ log = logging.getLogger("dpmagic.gate")
 # Part of every replay key: a change to how answers are computed must not
 # replay answers computed the old way.
 ANSWER_VERSION = "2"
-MAX_NOTEBOOK_CHARS = 512
-MIN_EPSILON = 1e-12
 # A user's failures after the debit are counted over this window (``_within_failures``).
 FAILURE_WINDOW_S = 24 * 3600
-
-
-@dataclass(frozen=True)
-class QueryRequest:
-    sql: str
-    dataset: str | None
-    epsilon: float | None
-    delta: float | None
-    notebook: str
-    dry_run: bool
-    fresh: bool
-    params: dict[str, object]
-    accuracy: float | None = None
-    alpha: float = REPORT_ALPHA
-    # The share of the budget for the bounding report (``sql/bounding_report.py``), if any.
-    bounding_report: float | None = None
-    # Tighter contribution bounds the analyst chose for this query (never above the
-    # policy's: ``tightened``), as BigQuery's ``max_groups_contributed`` does.
-    max_partitions: int | None = None
-    max_rows_per_partition: int | None = None
-    # The share of the query's ε that chooses its sums' value bounds (``sql/clip.py``),
-    # and, set by the engine for each of the two releases, which one this is.
-    clip: float | None = None
-    stage: ClipStage | None = None
-    whole_epsilon: float | None = None  # a clipped query's ε, both releases together
-
-    @property
-    def label(self) -> str:
-        """The SQL as the ledger and the history show it: a clipped query's first release
-        says what it is."""
-        if isinstance(self.stage, ClipBounds):
-            return f"-- --clip: the value bounds of this query's sums\n{self.sql}"
-        return self.sql
-
-    @classmethod
-    def from_body(cls, body: object) -> QueryRequest:
-        """The request a parsed body asks for; `InvalidBody` (nothing charged) if the
-        body's shape is wrong. Only the body's form is judged here, never its SQL."""
-        if not isinstance(body, dict):
-            raise InvalidBody("the request body must be a JSON object")
-        unknown = set(body) - {
-            "sql",
-            "dataset",
-            "epsilon",
-            "delta",
-            "notebook",
-            "dry_run",
-            "fresh",
-            "params",
-            "accuracy",
-            "alpha",
-            "bounding_report",
-            "max_partitions",
-            "max_rows_per_partition",
-            "clip",
-        }
-        if unknown:
-            # Cut short: the name is the client's own text, echoed back.
-            raise InvalidBody(f"unknown field {sorted(unknown)[0][:MAX_NOTEBOOK_CHARS]!r}")
-
-        def unicode(text: object, what: str) -> None:
-            # JSON's escapes can spell a lone surrogate ("\ud800"), which no UTF-8 text
-            # holds: refused here, before it fails deep in the analysis or the ledger.
-            if not isinstance(text, str):
-                return
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError as exc:
-                raise InvalidBody(
-                    f"{what} is not valid Unicode (a lone surrogate, "
-                    f"U+{ord(text[exc.start]):04X}, at character {exc.start + 1})"
-                ) from None
-
-        sql = body.get("sql")
-        if not isinstance(sql, str):
-            raise InvalidBody("`sql` must be a string")
-        unicode(sql, "the query text")
-        notebook = body.get("notebook") or "unnamed"
-        if not isinstance(notebook, str) or len(notebook) > MAX_NOTEBOOK_CHARS:
-            raise InvalidBody("`notebook` must be a short string")
-        unicode(notebook, "`notebook`")
-        dataset = body.get("dataset")
-        if dataset is not None and (
-            not isinstance(dataset, str) or len(dataset) > MAX_NOTEBOOK_CHARS
-        ):
-            raise InvalidBody("`dataset` must be a short string")
-        unicode(dataset, "`dataset`")
-        params = body.get("params") or {}
-        if not isinstance(params, dict):
-            raise InvalidBody("`params` must be an object")
-        for name, value in params.items():
-            unicode(name, "a parameter's name")
-            values = [value]
-            while values:  # a list or object in a parameter too (refused later)
-                item = values.pop()
-                if isinstance(item, dict):
-                    values.extend([*item, *item.values()])
-                elif isinstance(item, list):
-                    values.extend(item)
-                else:
-                    unicode(item, f"parameter ${name}")
-        accuracy = _number(body, "accuracy")
-        if accuracy == 0:
-            raise InvalidBody("`accuracy` must be positive")
-        alpha = _number(body, "alpha")
-        if alpha is not None and not 0 < alpha < 1:
-            raise InvalidBody("`alpha` must be between 0 and 1")
-        if alpha is not None and accuracy is None:
-            raise InvalidBody("`alpha` goes with `accuracy`")
-        if accuracy is not None and body.get("epsilon") is not None:
-            raise InvalidBody("ask with `epsilon` or with `accuracy`, not both")
-        report = _number(body, "bounding_report")
-        if report is not None and not 0 < report < 1:
-            raise InvalidBody("`bounding_report` is a share of the budget, between 0 and 1")
-        clip = _number(body, "clip")
-        if clip is not None and not 0 < clip < 1:
-            raise InvalidBody("`clip` is a share of the query's ε, between 0 and 1")
-        if clip is not None and (accuracy is not None or report is not None):
-            raise InvalidBody("`clip` goes with an ε, without `accuracy` or `bounding_report`")
-        for flag in ("dry_run", "fresh"):
-            if not isinstance(body.get(flag, False), bool):
-                raise InvalidBody(f"`{flag}` must be true or false")
-        return cls(
-            sql=sql,
-            dataset=dataset,
-            epsilon=_number(body, "epsilon"),
-            delta=_number(body, "delta"),
-            notebook=notebook,
-            dry_run=_flag(body, "dry_run"),
-            fresh=_flag(body, "fresh"),
-            params=params,
-            accuracy=accuracy,
-            alpha=REPORT_ALPHA if alpha is None else alpha,
-            bounding_report=report,
-            max_partitions=_whole(body, "max_partitions"),
-            max_rows_per_partition=_whole(body, "max_rows_per_partition"),
-            clip=clip,
-        )
 
 
 @dataclass(frozen=True)
@@ -354,115 +214,27 @@ class Engine:
         return reply
 
     def _query(self, user: str, request: QueryRequest, reads: PrivateRead) -> Reply:
+        """A query's reply: a dry run's plan, a replay from the ledger, or, after the
+        debit, a fresh release (stored for later replays)."""
         dataset = tightened(self._dataset(request.dataset), request)
         analysis = self.analysis(user, dataset, request)
-        the_plan, key = analysis.plan, analysis.replay_key
-        eps, delta = _asked(dataset, request)
-        reply: dict[str, object] = {
-            "dataset": dataset.name,
-            "engine": dataset.engine,
-            "cost": the_plan.cost.as_dict(),
-            "plan": summary(the_plan),
-            # The bounds the answer is over, said before any data is read: a dry run
-            # names the bounds a query will be answered under.
-            "bounding": analysis.bounds,
-            "dry_run": request.dry_run,
-            "replayed": False,
-            # What was asked, with the policy's defaults filled in: a transcript
-            # of released answers is matched on it where no gate can analyse.
-            "request": {
-                "sql": request.sql,
-                "params": request.params,
-                "epsilon": eps,
-                "delta": delta,
-                **(
-                    {"accuracy": request.accuracy, "alpha": request.alpha}
-                    if request.accuracy is not None
-                    else {}
-                ),
-                **(
-                    {"bounding_report": request.bounding_report}
-                    if request.bounding_report is not None
-                    else {}
-                ),
-                **{
-                    k: getattr(request, k)
-                    for k in ("max_partitions", "max_rows_per_partition", "clip")
-                    if getattr(request, k) is not None
-                },
-            },
-        }
-        if request.whole_epsilon is not None:
-            # Each release of a clipped query echoes what was asked, the first marked so
-            # that a transcript tells the two apart.
-            reply["request"]["epsilon"] = request.whole_epsilon  # type: ignore[index]
-            if isinstance(request.stage, ClipBounds):
-                reply["request"]["clip_bounds"] = True  # type: ignore[index]
-        if isinstance(request.stage, Clipped):
-            share = required(request.clip, "the clip's share")
-            chosen = [
-                {"aggregate": agg.label, "bounds": [lo, hi]}
-                for agg, (_, lo, hi) in zip(
-                    clip_targets(the_plan.checked), request.stage.clips, strict=True
-                )
-            ]
-            whole = required(request.whole_epsilon, "a clipped query's ε")
-            reply["clip"] = {"share": share, "epsilon": whole * share,
-                             "chosen": chosen}  # fmt: skip
+        reply = _envelope(dataset, analysis, request)
         if request.dry_run:
             reply.update(
-                columns=[o.name for o in the_plan.checked.outputs],
+                columns=[o.name for o in analysis.plan.checked.outputs],
                 rows=[],
-                accuracy={"alpha": 0.05, "columns": []},
+                accuracy={"alpha": REPORT_ALPHA, "columns": []},
             )
             return Reply.of(self._with_budget(reply, user, dataset, request.notebook))
         fresh_because = None
         if not request.fresh:
-            stored = self.ledger.find_release(user, dataset.name, key)
+            stored = self._replayed(user, dataset, request, analysis.replay_key)
             if stored is not None:
-                self.ledger.record_replay(
-                    user=user,
-                    dataset=dataset.name,
-                    notebook=request.notebook,
-                    sql=request.label,
-                    replay_key=key,
-                )
-                stored.envelope.update(replayed=True, cost={"epsilon": 0.0, "delta": 0.0})
-                self._with_budget(stored.envelope, user, dataset, request.notebook)
                 return stored
             # The same query released before over other data or policy facts: answered
             # afresh (and charged: it is a new release), saying why.
-            fresh_because = self.ledger.fresh_because(user, dataset.name, key)
-
-        self._within_failures(user, dataset)
-        charge = self.ledger.debit(
-            user=user,
-            dataset=dataset.name,
-            notebook=request.notebook,
-            cost=the_plan.cost,
-            user_limit=dataset.user_budget,
-            notebook_limit=dataset.notebook_budget,
-            sql=request.label,
-            replay_key=key,
-            accountant=self.accountants[dataset.name],
-        )
-
-        def run() -> Answer:
-            # The one place a query reads the private data: marked before the read, so
-            # whatever follows (a release, a failure, a refusal) is padded.
-            reads.begin()
-            return execute(analysis.analysed, self.databases[dataset.name])
-
-        try:
-            answer = self._admissions[dataset.name].run(user, run, OutOfResources)
-        except GateError as exc:
-            self.ledger.record_failure(charge)
-            raise Failed(exc.message) if not isinstance(exc, Failed) else exc from None
-        except Exception as exc:
-            # The text of a DuckDB error may quote data; only its type is logged.
-            log.error("query failed after the debit: %s", type(exc).__name__)
-            self.ledger.record_failure(charge)
-            raise Failed() from None
+            fresh_because = self.ledger.fresh_because(user, dataset.name, analysis.replay_key)
+        charge, answer = self._charged_run(user, dataset, request, analysis, reads)
         released = answer.released
         accuracy = {**released.cells_accuracy, "bounds": analysis.bounds["text"]}
         reply.update(columns=released.columns, rows=released.values, accuracy=accuracy)
@@ -475,6 +247,65 @@ class Engine:
             released_reply.envelope["fresh_because"] = fresh_because
         self._with_budget(released_reply.envelope, user, dataset, request.notebook)
         return released_reply
+
+    def _replayed(
+        self, user: str, dataset: Dataset, request: QueryRequest, key: ReplayKey
+    ) -> Reply | None:
+        """The stored reply of the same query over the same data and policy facts,
+        recorded as replayed at no cost; None when there is none."""
+        stored = self.ledger.find_release(user, dataset.name, key)
+        if stored is None:
+            return None
+        self.ledger.record_replay(
+            user=user,
+            dataset=dataset.name,
+            notebook=request.notebook,
+            sql=request.label,
+            replay_key=key,
+        )
+        stored.envelope.update(replayed=True, cost={"epsilon": 0.0, "delta": 0.0})
+        self._with_budget(stored.envelope, user, dataset, request.notebook)
+        return stored
+
+    def _charged_run(
+        self,
+        user: str,
+        dataset: Dataset,
+        request: QueryRequest,
+        analysis: Analysis,
+        reads: PrivateRead,
+    ) -> tuple[Charge, Answer]:
+        """The debit, durable first, then the run; a failure after the debit stays
+        charged and is told in a fixed text (its own may quote data)."""
+        self._within_failures(user, dataset)
+        charge = self.ledger.debit(
+            user=user,
+            dataset=dataset.name,
+            notebook=request.notebook,
+            cost=analysis.plan.cost,
+            user_limit=dataset.user_budget,
+            notebook_limit=dataset.notebook_budget,
+            sql=request.label,
+            replay_key=analysis.replay_key,
+            accountant=self.accountants[dataset.name],
+        )
+
+        def run() -> Answer:
+            # The one place a query reads the private data: marked before the read, so
+            # whatever follows (a release, a failure, a refusal) is padded.
+            reads.begin()
+            return execute(analysis.analysed, self.databases[dataset.name])
+
+        try:
+            return charge, self._admissions[dataset.name].run(user, run, OutOfResources)
+        except GateError as exc:
+            self.ledger.record_failure(charge)
+            raise Failed(exc.message) if not isinstance(exc, Failed) else exc from None
+        except Exception as exc:
+            # The text of a DuckDB error may quote data; only its type is logged.
+            log.error("query failed after the debit: %s", type(exc).__name__)
+            self.ledger.record_failure(charge)
+            raise Failed() from None
 
     def _within_failures(self, user: str, dataset: Dataset) -> None:
         """Refuse, free, a user whose queries on ``dataset`` failed after the debit
@@ -566,6 +397,66 @@ class Engine:
         return ReplayKey(query, versions.data, policy)
 
 
+def _envelope(dataset: Dataset, analysis: Analysis, request: QueryRequest) -> dict[str, object]:
+    """What every reply to ``request`` says before any data is read: the cost, the plan,
+    the bounds it is answered under, and what was asked (the policy's defaults filled
+    in), with a clipped query's choice of bounds."""
+    the_plan = analysis.plan
+    eps, delta = _asked(dataset, request)
+    reply: dict[str, object] = {
+        "dataset": dataset.name,
+        "engine": dataset.engine,
+        "cost": the_plan.cost.as_dict(),
+        "plan": summary(the_plan),
+        # The bounds the answer is over, said before any data is read: a dry run
+        # names the bounds a query will be answered under.
+        "bounding": analysis.bounds,
+        "dry_run": request.dry_run,
+        "replayed": False,
+        # What was asked, with the policy's defaults filled in: a transcript
+        # of released answers is matched on it where no gate can analyse.
+        "request": {
+            "sql": request.sql,
+            "params": request.params,
+            "epsilon": eps,
+            "delta": delta,
+            **(
+                {"accuracy": request.accuracy, "alpha": request.alpha}
+                if request.accuracy is not None
+                else {}
+            ),
+            **(
+                {"bounding_report": request.bounding_report}
+                if request.bounding_report is not None
+                else {}
+            ),
+            **{
+                k: getattr(request, k)
+                for k in ("max_partitions", "max_rows_per_partition", "clip")
+                if getattr(request, k) is not None
+            },
+        },
+    }
+    if request.whole_epsilon is not None:
+        # Each release of a clipped query echoes what was asked, the first marked so
+        # that a transcript tells the two apart.
+        reply["request"]["epsilon"] = request.whole_epsilon  # type: ignore[index]
+        if isinstance(request.stage, ClipBounds):
+            reply["request"]["clip_bounds"] = True  # type: ignore[index]
+    if isinstance(request.stage, Clipped):
+        share = required(request.clip, "the clip's share")
+        chosen = [
+            {"aggregate": agg.label, "bounds": [lo, hi]}
+            for agg, (_, lo, hi) in zip(
+                clip_targets(the_plan.checked), request.stage.clips, strict=True
+            )
+        ]
+        whole = required(request.whole_epsilon, "a clipped query's ε")
+        reply["clip"] = {"share": share, "epsilon": whole * share,
+                         "chosen": chosen}  # fmt: skip
+    return reply
+
+
 def _estimated_bytes(analysis: Analysis) -> int:
     """What keeping ``analysis`` costs, estimated from its texts
     (``analysis_cache.BYTES_PER_CHAR``)."""
@@ -627,35 +518,6 @@ def _asked(dataset: Dataset, request: QueryRequest) -> tuple[float, float]:
     return epsilon, request.delta if request.delta is not None else _default_delta(dataset)
 
 
-def _number(body: dict, key: str) -> float | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidBody(f"`{key}` must be a finite number")
-    try:
-        number = float(value)  # a big int overflows here, not later in the engine
-    except OverflowError:
-        raise InvalidBody(f"`{key}` must be a finite number") from None
-    if not math.isfinite(number):
-        raise InvalidBody(f"`{key}` must be a finite number")
-    if number < 0 or (key == "epsilon" and number == 0):
-        raise InvalidBody(f"`{key}` must be positive")
-    if key == "epsilon" and number < MIN_EPSILON:
-        # Split over measurements, a smaller ε can round to zero.
-        raise InvalidBody(f"`epsilon` must be at least {MIN_EPSILON:g}")
-    return number
-
-
-def _whole(body: dict, key: str) -> int | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidBody(f"`{key}` must be a whole number ≥ 1")
-    return value
-
-
 def tightened(dataset: Dataset, request: QueryRequest) -> Dataset:
     """``dataset`` with the contribution bounds the request chose, which may only be
     tighter than the policy's: a unit then brings fewer rows, the noise is smaller at
@@ -675,10 +537,3 @@ def tightened(dataset: Dataset, request: QueryRequest) -> Dataset:
             )
     chosen = {k: v for k, v in asked.items() if v is not None}
     return replace(dataset, **chosen) if chosen else dataset
-
-
-def _flag(body: dict, key: str) -> bool:
-    value = body.get(key, False)
-    if not isinstance(value, bool):
-        raise BadRequest(f"`{key}` must be true or false")
-    return value

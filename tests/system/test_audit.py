@@ -28,8 +28,9 @@ from scipy.stats import ks_2samp
 
 from dpmagic.client import Gate
 from dpmagic.gate.dp.mechanisms import calibrate
-from dpmagic.gate.engine import Engine, QueryRequest
+from dpmagic.gate.engine import Engine
 from dpmagic.gate.policy import Dataset, load_policy
+from dpmagic.gate.request import QueryRequest
 from dpmagic.gate.sql.plan_types import Plan
 from tests.conftest import GateProcess
 from tests.dp_audit import ALPHA, AuditResult, epsilon_lower_bound

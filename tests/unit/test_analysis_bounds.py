@@ -379,7 +379,7 @@ def test_users_do_not_share_keys():
 
 
 def _request(sql: str):
-    from dpmagic.gate.engine import QueryRequest
+    from dpmagic.gate.request import QueryRequest
 
     return QueryRequest.from_body({"sql": sql})
 

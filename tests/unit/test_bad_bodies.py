@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from dpmagic.gate.engine import Engine, QueryRequest
+from dpmagic.gate.engine import Engine
 from dpmagic.gate.failures import InvalidBody
 from dpmagic.gate.policy import load_policy
+from dpmagic.gate.request import QueryRequest
 from dpmagic.gate.service.body import MAX_DEPTH, MAX_NUMBER_CHARS, parse_body
 from tests.bad_bodies import BAD_BODIES, NOTHING, SQL, nested, wire
 from tests.conftest import write_dataset

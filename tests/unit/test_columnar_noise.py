@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dpmagic.gate.dp.mechanisms import LaplaceNoise
-from dpmagic.gate.engine import QueryRequest
 from dpmagic.gate.engines.interface import ExactResult
+from dpmagic.gate.request import QueryRequest
 from dpmagic.gate.sql.noise import columnar, exact_vectors, noise
 from tests.gate_helpers import running_engine
 

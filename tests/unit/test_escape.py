@@ -179,6 +179,6 @@ def test_what_the_rewrite_generates_passes_the_guard_with_count_and_sum_only(eng
 
 
 def _request(sql: str):
-    from dpmagic.gate.engine import QueryRequest
+    from dpmagic.gate.request import QueryRequest
 
     return QueryRequest.from_body({"sql": sql})

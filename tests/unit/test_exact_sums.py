@@ -11,12 +11,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dpmagic.gate.engine import QueryRequest
 from dpmagic.gate.engines import dialect as dialects
 from dpmagic.gate.engines import interface
 from dpmagic.gate.engines.dialect import fits_64_bits
 from dpmagic.gate.engines.spark.dialect import SPARK
 from dpmagic.gate.policy import PolicyError
+from dpmagic.gate.request import QueryRequest
 from dpmagic.gate.sql import plan_types
 from dpmagic.gate.sql.noise import exact_vectors
 from dpmagic.gate.sql.plan_types import MAX_ROWS

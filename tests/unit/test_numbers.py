@@ -15,9 +15,10 @@ import pytest
 import sqlglot
 from sqlglot import exp
 
-from dpmagic.gate.engine import Engine, QueryRequest
+from dpmagic.gate.engine import Engine
 from dpmagic.gate.failures import BadRequest, OverBudget, Refused
 from dpmagic.gate.policy import load_policy
+from dpmagic.gate.request import QueryRequest
 from dpmagic.gate.sql.rewrite import rewrite
 
 SPECIAL = [math.nan, math.inf, -math.inf, -0.0, 1e308, -1e308, 5e-324, None]

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from dpmagic.gate.engine import Engine, QueryRequest
+from dpmagic.gate.engine import Engine
 from dpmagic.gate.failures import InvalidBody, Refused
 from dpmagic.gate.policy import load_policy
+from dpmagic.gate.request import QueryRequest
 from dpmagic.gate.service.body import parse_body
 from dpmagic.gate.sql.parse import parse
 from tests.conftest import write_dataset

@@ -211,6 +211,6 @@ def test_an_older_ledger_opens_and_its_releases_are_answered_afresh_with_a_reaso
 
 
 def _request():
-    from dpmagic.gate.engine import QueryRequest
+    from dpmagic.gate.request import QueryRequest
 
     return QueryRequest.from_body(QUERY)
