@@ -16,18 +16,17 @@ import json
 import math
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dpmagic.gate.policy import Policy, PolicyError, load_policy
+from dpmagic.gate.failures import OwnerError
+from dpmagic.gate.policy import Budget, Policy, PolicyError, load_policy
 
 if TYPE_CHECKING:
-    from dpmagic.gate.service.ledger import Ledger
+    from dpmagic.gate.service.budget_scopes import Scope
 
 USAGE_ERROR = 2
-LEDGER_FILE = "ledger.sqlite3"
-ALL_NOTEBOOKS = "(all notebooks)"
 AUDIT_COLUMNS = ("id", "time", "user", "dataset", "notebook", "epsilon", "status", "sql")
 
 
@@ -42,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return args.run(args)
-    except (CommandError, PolicyError) as exc:
+    except (CommandError, PolicyError, OwnerError) as exc:
         print(f"dpmagic: error: {exc}", file=sys.stderr)
         return USAGE_ERROR
     except Stopped as stop:
@@ -161,7 +160,9 @@ def _parser() -> argparse.ArgumentParser:
     _admin_options(b)
     b.set_defaults(run=_budget_show)
     b = bsub.add_parser(
-        "grant", help="raise a user's or a notebook's limit", description=_budget_grant.__doc__
+        "grant",
+        help="raise a budget's limit (a user's, a notebook's, a group's or the dataset's)",
+        description=_budget_grant.__doc__,
     )
     _change_options(b)
     b.add_argument("--epsilon", type=_amount, required=True, help="ε to add to the limit")
@@ -169,7 +170,7 @@ def _parser() -> argparse.ArgumentParser:
     b.set_defaults(run=_budget_grant)
     b = bsub.add_parser(
         "reset",
-        help="start a user's or a notebook's spending from zero",
+        help="start a budget's spending from zero",
         description=_budget_reset.__doc__,
     )
     _change_options(b)
@@ -213,10 +214,19 @@ def _admin_options(p: argparse.ArgumentParser) -> None:
 
 def _change_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", type=Path, required=True, help="the gate's policy TOML file")
-    p.add_argument("--user", required=True, help="the user whose budget changes")
     p.add_argument("--dataset", help="the dataset (default: the policy's only one)")
-    p.add_argument("--notebook", help="only this notebook's budget (default: the user's)")
-    p.add_argument("--note", default="", help="why, for the audit log")
+    who = p.add_mutually_exclusive_group(required=True)
+    who.add_argument("--user", help="the user whose budget changes")
+    who.add_argument("--group", help="the group whose budget changes (group_budgets)")
+    who.add_argument(
+        "--all-users",
+        action="store_true",
+        help="the dataset's own budget, shared by all users (dataset_budget)",
+    )
+    p.add_argument("--notebook", help="with --user: only this notebook's budget")
+    p.add_argument(
+        "--reason", "--note", dest="reason", required=True, help="why, for the audit log"
+    )
 
 
 def _amount(text: str) -> float:
@@ -361,58 +371,68 @@ def _init(args: argparse.Namespace) -> int:
 
 
 def _budget_show(args: argparse.Namespace) -> int:
-    """Privacy budget spent and remaining, per user and notebook, from the ledger."""
+    """Privacy budget spent and remaining, from the ledger: the dataset's and each
+    group's (where the policy sets them), each user's and each notebook's."""
+    from dpmagic.gate import owner
+
     policy = load_policy(args.policy)
-    rows = budget_rows(policy, _datasets(policy, args.dataset), args.user)
+    with owner.open_ledger(policy) as ledger:
+        rows = owner.budget_rows(policy, ledger, _datasets(policy, args.dataset), args.user)
     return _emit(rows, args.json, empty="no budget spent yet")
 
 
 def _budget_grant(args: argparse.Namespace) -> int:
-    """Raise a user's limit on a dataset (or one notebook's) by an (ε, δ) amount,
-    recorded in the audit log with who granted it."""
-    if args.epsilon == 0 and args.delta == 0:
-        raise CommandError("a grant needs --epsilon or --delta above 0")
-    policy = load_policy(args.policy)
-    from dpmagic.gate.policy import Budget
+    """Raise a budget's limit on a dataset (a user's, one notebook's, a group's or the
+    dataset's own) by an (ε, δ) amount, recorded in the audit log with who granted
+    it and why."""
+    from dpmagic.gate import owner
 
-    dataset = policy.dataset(args.dataset).name
-    note = _admin_note("grant", args.note)
-    with _ledger(policy, create=True) as ledger:
+    policy = load_policy(args.policy)
+    amount = Budget(args.epsilon, args.delta)
+    change = owner.grant(_scope(policy, args), amount, getpass.getuser(), args.reason)
+    with owner.open_ledger(policy, create=True) as ledger:
         assert ledger is not None
-        amount = Budget(args.epsilon, args.delta)
-        ledger.grant(
-            user=args.user, dataset=dataset, notebook=args.notebook, amount=amount, note=note
-        )
-    print(
-        f"granted ε={args.epsilon:g}"
-        + (f", δ={args.delta:g}" if args.delta else "")
-        + " to "
-        + _scope_text(args.user, dataset, args.notebook)
-    )
+        owner.apply(ledger, change)
+    print(change.describe())
     return 0
 
 
 def _budget_reset(args: argparse.Namespace) -> int:
-    """Forget what a user (or one notebook) spent and was granted on a dataset, so
-    the policy's limit applies afresh; recorded in the audit log. Answers
-    already released stay replayable at no cost."""
+    """Forget what a budget (a user's, one notebook's, a group's or the dataset's own)
+    spent and was granted, so the policy's limit applies afresh; recorded in the
+    audit log with who and why. Answers already released stay replayable at no cost."""
+    from dpmagic.gate import owner
+
     policy = load_policy(args.policy)
-    dataset = policy.dataset(args.dataset).name
-    note = _admin_note("reset", args.note)
-    with _ledger(policy, create=True) as ledger:
+    change = owner.reset(_scope(policy, args), getpass.getuser(), args.reason)
+    with owner.open_ledger(policy, create=True) as ledger:
         assert ledger is not None
-        ledger.reset(user=args.user, dataset=dataset, notebook=args.notebook, note=note)
-    print("reset the budget of " + _scope_text(args.user, dataset, args.notebook))
+        owner.apply(ledger, change)
+    print(change.describe())
     return 0
+
+
+def _scope(policy: Policy, args: argparse.Namespace) -> Scope:
+    from dpmagic.gate import owner
+
+    return owner.scope_of(
+        policy,
+        args.dataset,
+        user=args.user,
+        notebook=args.notebook,
+        group=args.group,
+        whole=args.all_users,
+    )
 
 
 def _transcript_export(args: argparse.Namespace) -> int:
     """Write a signed transcript of the answers released to a user in a notebook;
     with DPMAGIC_TRANSCRIPT=FILE, a kernel answers from it without a gate."""
     policy = load_policy(args.policy)
+    from dpmagic.gate import owner
     from dpmagic.gate.service.signed_transcripts import TranscriptError, export
 
-    with _ledger(policy) as ledger:
+    with owner.open_ledger(policy) as ledger:
         if ledger is None:
             raise CommandError("the gate has released nothing yet")
         try:
@@ -462,132 +482,22 @@ def _transcript_verify(args: argparse.Namespace) -> int:
     return 0
 
 
-def _admin_note(action: str, note: str) -> str:
-    """What the audit log says of an admin action: what, by whom, why."""
-    text = f"budget {action} by {getpass.getuser()}"
-    return f"{text}: {' '.join(note.split())}" if note.strip() else text
-
-
-def _scope_text(user: str, dataset: str, notebook: str | None) -> str:
-    where = f"notebook {notebook!r} of " if notebook is not None else ""
-    return f"{where}user {user} on dataset {dataset!r}"
-
-
 def _audit(args: argparse.Namespace) -> int:
     """The most recent queries (charged, released, failed or replayed) and budget
     grants and resets, newest first."""
+    from dpmagic.gate import owner
+
     policy = load_policy(args.policy)
-    rows = audit_rows(policy, _datasets(policy, args.dataset), args.user, args.limit, args.notebook)
+    with owner.open_ledger(policy) as ledger:
+        rows = owner.audit_rows(
+            ledger, _datasets(policy, args.dataset), args.user, args.limit, args.notebook
+        )
     if not args.json:
         # The SQL goes last: it is the one long column; times to the second.
         rows = [{k: r.get(k) for k in AUDIT_COLUMNS} for r in rows]
         for row in rows:
             row["time"] = str(row["time"])[:19].replace("T", " ")
     return _emit(rows, args.json, empty="no queries recorded yet")
-
-
-def budget_rows(policy: Policy, datasets: list[str], user: str | None) -> list[dict[str, object]]:
-    """One row per user (all notebooks) and per notebook, for each dataset."""
-    with _ledger(policy) as ledger:
-        if ledger is None:
-            return []
-        from dpmagic.gate.dp.accounting import make_accountant
-        from dpmagic.gate.service.ledger import WHOLE_USER
-
-        rows: list[dict[str, object]] = []
-        for name in datasets:
-            ds = policy.datasets[name]
-            accountant = make_accountant(ds.accountant)
-            seen: dict[str, set[str]] = {}
-            for entry in ledger.history(user=user, dataset=name, notebook=None, limit=None):
-                notebooks = seen.setdefault(str(entry["user"]), set())
-                if entry["notebook"] != WHOLE_USER:
-                    notebooks.add(str(entry["notebook"]))
-            for who in sorted(seen):
-                scopes = [(ALL_NOTEBOOKS, None, ds.user_budget)]
-                scopes += [(nb, nb, ds.notebook_budget) for nb in sorted(seen[who])]
-                for label, notebook, limit in scopes:
-                    limit = ledger.limit(limit, who, name, notebook)
-                    view = accountant.view(ledger.spent(who, name, notebook), limit)
-                    used, left = view["spent"], view["remaining"]
-                    row: dict[str, object] = {
-                        "dataset": name,
-                        "user": who,
-                        "notebook": label,
-                        "spent_epsilon": used["epsilon"],
-                        "limit_epsilon": limit.epsilon,
-                        "remaining_epsilon": left["epsilon"],
-                    }
-                    if ds.accountant != "pure":
-                        row.update(
-                            spent_delta=used["delta"],
-                            limit_delta=limit.delta,
-                            remaining_delta=left["delta"],
-                        )
-                    if "rho" in used:
-                        row.update(spent_rho=used["rho"], remaining_rho=left["rho"])
-                    rows.append(row)
-        return rows
-
-
-def audit_rows(
-    policy: Policy,
-    datasets: list[str],
-    user: str | None,
-    limit: int,
-    notebook: str | None = None,
-) -> list[dict[str, object]]:
-    """The ledger's history, newest first, across the chosen datasets."""
-    with _ledger(policy) as ledger:
-        if ledger is None:
-            return []
-        rows = [
-            dict(entry)
-            for name in datasets
-            for entry in ledger.history(user=user, dataset=name, notebook=notebook, limit=limit)
-        ]
-    rows.sort(key=lambda r: r["id"], reverse=True)
-    return rows[:limit]
-
-
-@contextlib.contextmanager
-def _ledger(policy: Policy, create: bool = False) -> Iterator[Ledger | None]:
-    """The gate's ledger, or None if no query was ever recorded (created only if asked)."""
-    path = policy.gate.state_dir / LEDGER_FILE
-    if not path.exists() and not create:
-        yield None
-        return
-    _check_owner(path if path.exists() else policy.gate.state_dir)
-    from dpmagic.gate.dp.accounting import make_accountant
-    from dpmagic.gate.service.ledger import Ledger
-
-    ledger = Ledger(path, make_accountant(policy.gate.accountant))
-    try:
-        yield ledger
-    finally:
-        ledger.close()
-
-
-def _check_owner(path: Path) -> None:
-    """Refuse to touch another user's ledger: files SQLite creates beside it
-    (its journal) would be ours, and the gate could no longer open them."""
-    if not path.exists():
-        return
-    owner = path.stat().st_uid
-    if owner != os.getuid():
-        name = _user_name(owner)
-        raise CommandError(
-            f"the ledger belongs to user {name}: run this as that user (sudo -u {name} dpmagic …)"
-        )
-
-
-def _user_name(uid: int) -> str:
-    import pwd
-
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
 
 
 def _datasets(policy: Policy, name: str | None) -> list[str]:

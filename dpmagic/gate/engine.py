@@ -28,8 +28,11 @@ from dpmagic.gate.dp.mechanisms import calibrate
 from dpmagic.gate.engines.interface import OutOfResources
 from dpmagic.gate.engines.registry import open_store
 from dpmagic.gate.failures import BadRequest, Failed, GateError, Refused, required
+from dpmagic.gate.membership import Membership
 from dpmagic.gate.policy import AccountantKind, Dataset, Policy, PolicyError
+from dpmagic.gate.policy.values import Sharing
 from dpmagic.gate.request import QueryRequest
+from dpmagic.gate.service.budget_scopes import applicable
 from dpmagic.gate.service.ledger import Charge, Ledger, ReplayKey
 from dpmagic.gate.service.padding import PrivateRead
 from dpmagic.gate.service.reply import Reply
@@ -95,6 +98,8 @@ class Engine:
         self.ledger = Ledger(
             policy.gate.state_dir / "ledger.sqlite3", make_accountant(policy.gate.accountant)
         )
+        # Users' groups: the policy's, and a Hub's as its authenticator reports them.
+        self.membership = Membership(policy.groups)
 
     def close(self) -> None:
         for db in self.databases.values():
@@ -252,8 +257,26 @@ class Engine:
         self, user: str, dataset: Dataset, request: QueryRequest, key: ReplayKey
     ) -> Reply | None:
         """The stored reply of the same query over the same data and policy facts,
-        recorded as replayed at no cost; None when there is none."""
+        recorded as replayed at no cost; None when there is none. Where the dataset
+        shares releases, one released to another user (to anyone, or to a member of a
+        group the asker is in) is served too, marked ``shared`` with when and at what
+        cost it was released: serving it is post-processing of a release the ledger
+        already charged (docs/privacy.md, "Shared releases")."""
         stored = self.ledger.find_release(user, dataset.name, key)
+        shared = None
+        if stored is None and dataset.share_releases != Sharing.NONE:
+            among = None if dataset.share_releases == Sharing.EVERYONE else self.membership.of(user)
+            shared = self.ledger.find_shared(dataset.name, key, among)
+            if shared is None:
+                return None
+            stored = shared.reply
+            stored.envelope["shared"] = {
+                "released_at": shared.time,
+                "cost": shared.cost.as_dict(),
+                "scope": dataset.share_releases.value,
+            }
+            # The asker's own words: another user's text (and its comments) stays theirs.
+            stored.envelope["request"] = {**stored.envelope["request"], "sql": request.sql}
         if stored is None:
             return None
         self.ledger.record_replay(
@@ -262,6 +285,7 @@ class Engine:
             notebook=request.notebook,
             sql=request.label,
             replay_key=key,
+            source=None if shared is None else shared.entry_id,
         )
         stored.envelope.update(replayed=True, cost={"epsilon": 0.0, "delta": 0.0})
         self._with_budget(stored.envelope, user, dataset, request.notebook)
@@ -278,13 +302,14 @@ class Engine:
         """The debit, durable first, then the run; a failure after the debit stays
         charged and is told in a fixed text (its own may quote data)."""
         self._within_failures(user, dataset)
+        groups = self.membership.of(user)
         charge = self.ledger.debit(
             user=user,
             dataset=dataset.name,
             notebook=request.notebook,
             cost=analysis.plan.cost,
-            user_limit=dataset.user_budget,
-            notebook_limit=dataset.notebook_budget,
+            limits=applicable(dataset, user, request.notebook, groups),
+            groups=groups,
             sql=request.label,
             replay_key=analysis.replay_key,
             accountant=self.accountants[dataset.name],
@@ -360,7 +385,8 @@ class Engine:
     def _with_budget(
         self, reply: dict[str, object], user: str, dataset: Dataset, notebook: str
     ) -> dict[str, object]:
-        reply["budget"] = budget_views(self.ledger, user, dataset, notebook)
+        groups = self.membership.of(user)
+        reply["budget"] = budget_views(self.ledger, user, dataset, notebook, groups)
         return reply
 
     def _replay_key(self, dataset: Dataset, the_plan: Plan, request: QueryRequest) -> ReplayKey:

@@ -55,8 +55,22 @@ class Busy(GateError):
 
 
 class OverBudget(GateError):
+    """A charge that does not fit a budget. ``budget`` names which, typed (its kind:
+    dataset, group, user or notebook; its dataset and holder), for the client to say
+    without reading the message."""
+
     kind = "budget"
     status = 403
+
+    def __init__(self, message: str, budget: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.budget = budget
+
+    def as_reply(self) -> dict[str, dict[str, str]]:
+        reply = super().as_reply()
+        if self.budget is not None:
+            reply["error"]["budget"] = self.budget  # type: ignore[assignment]
+        return reply
 
 
 class Unauthorized(GateError):
@@ -81,3 +95,8 @@ def required(value: T | None, what: str) -> T:
     if value is None:
         raise RuntimeError(f"internal error: {what} is missing")
     return value
+
+
+class OwnerError(ValueError):
+    """An owner's action (``gate/owner.py``: the CLI's budget commands, the console)
+    that cannot be done; the message says why and what to do. Never sent to users."""

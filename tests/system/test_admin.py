@@ -34,13 +34,16 @@ def test_grant_and_reset_reach_a_running_gate(
         capsys, "budget", "grant", "--policy", policy, "--user", getpass.getuser(),
         "--notebook", "a.ipynb", "--epsilon", "0.5", "--note", "lab 3 retake",
     )  # fmt: skip
-    assert code == 0 and "granted ε=0.5 to notebook 'a.ipynb'" in out
+    assert code == 0 and "granted ε=0.5 to the budget of notebook 'a.ipynb'" in out
     assert budget(gate)["notebook"]["limit"]["epsilon"] == pytest.approx(2.5)
     result = client.query(COUNT, epsilon=0.5, notebook="a.ipynb", fresh=True)
     assert result.cost["epsilon"] == pytest.approx(0.5)
     assert budget(gate)["user"]["spent"]["epsilon"] == pytest.approx(2.5)
 
-    code, out, _ = cli(capsys, "budget", "reset", "--policy", policy, "--user", getpass.getuser())
+    code, out, _ = cli(
+        capsys, "budget", "reset", "--policy", policy, "--user", getpass.getuser(),
+        "--reason", "new term",
+    )  # fmt: skip
     assert code == 0 and out.startswith("reset the budget of user")
     after = budget(gate)
     assert after["user"]["spent"]["epsilon"] == 0.0

@@ -31,6 +31,7 @@ from dpmagic.gate.sql.check import check
 from dpmagic.gate.sql.parse import parse
 from dpmagic.gate.sql.plan import plan
 from dpmagic.gate.sql.resolve import resolve
+from tests.budgets import user_limits
 from tests.gate_helpers import dataset
 from tests.small_gate import write_policy
 
@@ -274,8 +275,7 @@ def test_ledger_never_overspends_rho_under_racing_debits(tmp_path):
                     dataset="d",
                     notebook="n",
                     cost=cost,
-                    user_limit=limit,
-                    notebook_limit=limit,
+                    limits=user_limits("d", "a", "n", limit, limit),
                     sql="q",
                     replay_key=None,
                     accountant=acc,
@@ -306,8 +306,7 @@ def test_past_charges_stay_counted_when_the_accountant_changes(tmp_path):
         dataset="d",
         notebook="n",
         cost=pure.query_cost(0.2, 0),
-        user_limit=limit,
-        notebook_limit=limit,
+        limits=user_limits("d", "a", "n", limit, limit),
         sql="q",
         replay_key=None,
     )
@@ -322,8 +321,7 @@ def test_past_charges_stay_counted_when_the_accountant_changes(tmp_path):
         dataset="d",
         notebook="n",
         cost=approx,
-        user_limit=limit,
-        notebook_limit=limit,
+        limits=user_limits("d", "a", "n", limit, limit),
         sql="q",
         replay_key=None,
         accountant=ApproxAccountant(),
@@ -334,8 +332,7 @@ def test_past_charges_stay_counted_when_the_accountant_changes(tmp_path):
             dataset="d",
             notebook="n",
             cost=z.query_cost(0.01, 1e-6),
-            user_limit=limit,
-            notebook_limit=limit,
+            limits=user_limits("d", "a", "n", limit, limit),
             sql="q",
             replay_key=None,
             accountant=z,

@@ -12,9 +12,11 @@ from dpmagic.cli import main
 from dpmagic.gate.dp.accounting import Cost, PureAccountant
 from dpmagic.gate.failures import OverBudget
 from dpmagic.gate.policy import Budget
+from dpmagic.gate.service.budget_scopes import Scope
 from dpmagic.gate.service.ledger import Ledger
 from dpmagic.gate.service.reply import Reply
 from tests.admin_cli import cli
+from tests.budgets import user_limits
 from tests.conftest import write_dataset
 
 USER_CAP = Budget(1.0)
@@ -34,8 +36,7 @@ def charge(ledger: Ledger, epsilon: float, notebook: str = "a.ipynb", key: str |
         dataset="d",
         notebook=notebook,
         cost=Cost(epsilon),
-        user_limit=USER_CAP,
-        notebook_limit=NOTEBOOK_CAP,
+        limits=user_limits("d", "alice", notebook, USER_CAP, NOTEBOOK_CAP),
         sql=f"SELECT {epsilon}",
         replay_key=key,
     )
@@ -46,10 +47,10 @@ def test_a_user_grant_raises_the_user_limit_only(ledger: Ledger) -> None:
     charge(ledger, 0.5, "b.ipynb")
     with pytest.raises(OverBudget):
         charge(ledger, 0.1, "c.ipynb")
-    ledger.grant(user="alice", dataset="d", notebook=None, amount=Budget(2.0), note="more")
-    assert ledger.limit(USER_CAP, "alice", "d") == Budget(3.0)
-    assert ledger.limit(NOTEBOOK_CAP, "alice", "d", "c.ipynb") == NOTEBOOK_CAP
-    assert ledger.limit(USER_CAP, "bob", "d") == USER_CAP
+    ledger.grant(Scope.user("d", "alice"), Budget(2.0), "more")
+    assert ledger.limit(Scope.user("d", "alice"), USER_CAP) == Budget(3.0)
+    assert ledger.limit(Scope.of_notebook("d", "alice", "c.ipynb"), NOTEBOOK_CAP) == NOTEBOOK_CAP
+    assert ledger.limit(Scope.user("d", "bob"), USER_CAP) == USER_CAP
     charge(ledger, 0.6, "c.ipynb")
     with pytest.raises(OverBudget, match=r"for notebook 'c\.ipynb'"):
         charge(ledger, 0.1, "c.ipynb")  # the notebook's own cap still holds
@@ -58,21 +59,21 @@ def test_a_user_grant_raises_the_user_limit_only(ledger: Ledger) -> None:
 
 def test_a_notebook_grant_raises_that_notebook_only(ledger: Ledger) -> None:
     charge(ledger, 0.6, "a.ipynb")
-    ledger.grant(user="alice", dataset="d", notebook="a.ipynb", amount=Budget(0.2), note="")
+    ledger.grant(Scope.of_notebook("d", "alice", "a.ipynb"), Budget(0.2), "")
     charge(ledger, 0.2, "a.ipynb")
     with pytest.raises(OverBudget):
         charge(ledger, 0.1, "a.ipynb")
-    assert ledger.limit(NOTEBOOK_CAP, "alice", "d", "b.ipynb") == NOTEBOOK_CAP
+    assert ledger.limit(Scope.of_notebook("d", "alice", "b.ipynb"), NOTEBOOK_CAP) == NOTEBOOK_CAP
 
 
 def test_a_reset_starts_from_zero_and_forgets_grants(ledger: Ledger) -> None:
     ledger.record_release(charge(ledger, 0.5, "a.ipynb", key="k"), Reply.of({"rows": [[1]]}))
     charge(ledger, 0.5, "b.ipynb")
-    ledger.grant(user="alice", dataset="d", notebook=None, amount=Budget(2.0), note="")
-    ledger.reset(user="alice", dataset="d", notebook=None, note="new term")
+    ledger.grant(Scope.user("d", "alice"), Budget(2.0), "")
+    ledger.reset(Scope.user("d", "alice"), "new term")
     assert ledger.spent("alice", "d") == Cost(0.0)
     assert ledger.spent("alice", "d", "a.ipynb") == Cost(0.0)
-    assert ledger.limit(USER_CAP, "alice", "d") == USER_CAP
+    assert ledger.limit(Scope.user("d", "alice"), USER_CAP) == USER_CAP
     # What was released before stays replayable: it was paid for.
     assert ledger.find_release("alice", "d", "k").json() == {"rows": [[1]]}
     charge(ledger, 0.6, "a.ipynb")
@@ -81,7 +82,7 @@ def test_a_reset_starts_from_zero_and_forgets_grants(ledger: Ledger) -> None:
 def test_a_notebook_reset_gives_back_nothing_of_the_user_budget(ledger: Ledger) -> None:
     charge(ledger, 0.6, "a.ipynb")
     charge(ledger, 0.4, "b.ipynb")
-    ledger.reset(user="alice", dataset="d", notebook="a.ipynb", note="")
+    ledger.reset(Scope.of_notebook("d", "alice", "a.ipynb"), "")
     assert ledger.spent("alice", "d", "a.ipynb") == Cost(0.0)
     assert ledger.spent("alice", "d") == Cost(pytest.approx(1.0))
     with pytest.raises(OverBudget, match="for user alice"):
@@ -90,8 +91,8 @@ def test_a_notebook_reset_gives_back_nothing_of_the_user_budget(ledger: Ledger) 
 
 def test_admin_actions_are_in_the_audit_log(ledger: Ledger) -> None:
     charge(ledger, 0.5)
-    ledger.grant(user="alice", dataset="d", notebook=None, amount=Budget(0.25), note="why")
-    ledger.reset(user="alice", dataset="d", notebook="a.ipynb", note="again")
+    ledger.grant(Scope.user("d", "alice"), Budget(0.25), "why")
+    ledger.reset(Scope.of_notebook("d", "alice", "a.ipynb"), "again")
     rows = ledger.history(user="alice")
     assert [r["status"] for r in rows] == ["reset", "granted", "charged"]
     assert rows[1]["epsilon"] == 0.25 and rows[1]["sql"] == "why"
@@ -104,7 +105,20 @@ def test_a_bad_amount_is_a_usage_error(
 ) -> None:
     policy = write_dataset(tmp_path)
     with pytest.raises(SystemExit) as caught:
-        main(["budget", "grant", "--policy", str(policy), "--user", "u", "--epsilon", amount])
+        main(
+            [
+                "budget",
+                "grant",
+                "--policy",
+                str(policy),
+                "--user",
+                "u",
+                "--reason",
+                "r",
+                "--epsilon",
+                amount,
+            ]
+        )
     assert caught.value.code == 2
     assert "argument --epsilon: " in capsys.readouterr().err
     assert not (tmp_path / "state").exists()
@@ -113,7 +127,7 @@ def test_a_bad_amount_is_a_usage_error(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--epsilon", "0"], "a grant needs --epsilon or --delta above 0"),
+        (["--epsilon", "0"], "a grant needs an ε or a δ above 0"),
         (["--epsilon", "1", "--dataset", "nope"], "unknown dataset"),
     ],
 )
@@ -121,7 +135,9 @@ def test_bad_grants_are_one_line_errors(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
 ) -> None:
     policy = write_dataset(tmp_path)
-    code, _, err = cli(capsys, "budget", "grant", "--policy", str(policy), "--user", "u", *args)
+    code, _, err = cli(
+        capsys, "budget", "grant", "--policy", str(policy), "--user", "u", "--reason", "r", *args
+    )
     assert code == 2
     assert err.startswith("dpmagic: error: ") and message in err
     assert len(err.strip().splitlines()) == 1

@@ -14,6 +14,7 @@ from dpmagic.gate import engine as engines
 from dpmagic.gate.admission import Admission
 from dpmagic.gate.engines.interface import TIMEOUT_JITTER, OutOfResources, drawn_timeout
 from dpmagic.gate.failures import Refused
+from dpmagic.gate.service.budget_scopes import Scope
 from tests.gate_helpers import running_engine
 
 
@@ -176,7 +177,7 @@ def test_failures_are_told_alike_and_after_a_few_the_user_is_refused_free(
     # another user is not affected, and an owner's reset lets alice query again
     monkeypatch.undo()
     assert engine.query("bob", ask)["rows"]
-    engine.ledger.reset(user="alice", dataset="c", notebook=None, note="tuned to the limit")
+    engine.ledger.reset(Scope.user("c", "alice"), "tuned to the limit")
     assert engine.query("alice", ask)["rows"]
 
 

@@ -19,8 +19,10 @@ from hypothesis import strategies as st
 from dpmagic.gate.dp.accounting import Cost, PureAccountant
 from dpmagic.gate.failures import OverBudget
 from dpmagic.gate.policy import Budget
+from dpmagic.gate.service.budget_scopes import Scope
 from dpmagic.gate.service.ledger import Charge, Ledger, _Flusher
 from dpmagic.gate.service.reply import Reply
+from tests.budgets import user_limits
 
 USER_CAP = Budget(1.0)
 NOTEBOOK_CAP = Budget(0.6)
@@ -45,8 +47,7 @@ def charge(
         dataset="d",
         notebook=notebook,
         cost=Cost(epsilon),
-        user_limit=user_cap,
-        notebook_limit=notebook_cap,
+        limits=user_limits("d", user, notebook, user_cap, notebook_cap),
         sql=f"SELECT COUNT(*) -- {epsilon}",
         replay_key=key,
     )
@@ -248,6 +249,13 @@ _ACTIONS = st.lists(
 )
 
 
+def _scope(notebook: str | None) -> Scope:
+    """Alice's budget on ``d`` (None), or one of her notebooks'."""
+    return (
+        Scope.user("d", "alice") if notebook is None else Scope.of_notebook("d", "alice", notebook)
+    )
+
+
 @settings(
     max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -264,11 +272,11 @@ def test_running_tallies_agree_with_a_fresh_reading(tmp_path: Path, actions) -> 
     def check(notebook: str) -> None:
         fresh = open_ledger(path)
         try:
-            expected = fresh.standing("alice", "d", notebook, big, big)
+            expected = fresh.standing(user_limits("d", "alice", notebook, big, big))
         finally:
             fresh.close()
         for led in handles:
-            assert led.standing("alice", "d", notebook, big, big) == expected
+            assert led.standing(user_limits("d", "alice", notebook, big, big)) == expected
 
     try:
         for action, notebook, which, amount, probe in actions:
@@ -277,11 +285,9 @@ def test_running_tallies_agree_with_a_fresh_reading(tmp_path: Path, actions) -> 
                 nb = notebook or "a.ipynb"
                 charge(led, amount, notebook=nb, user_cap=big, notebook_cap=big)
             elif action == "grant":
-                led.grant(
-                    user="alice", dataset="d", notebook=notebook, amount=Budget(amount), note=""
-                )
+                led.grant(_scope(notebook), Budget(amount), "")
             else:
-                led.reset(user="alice", dataset="d", notebook=notebook, note="")
+                led.reset(_scope(notebook), "")
             if probe is not None:
                 check(probe)
         for nb in _NOTEBOOKS:

@@ -293,7 +293,7 @@ def _fits_basic(spent: Cost, cost: Cost, limit: Budget) -> bool:
 def _basic_view(spent: Cost, limit: Budget) -> dict[str, dict[str, float]]:
     return {
         "spent": {"epsilon": spent.epsilon, "delta": spent.delta},
-        "limit": limit.as_dict(),
+        "limit": {"epsilon": limit.epsilon, "delta": limit.delta},
         "remaining": {
             "epsilon": max(0.0, limit.epsilon - spent.epsilon),
             "delta": max(0.0, limit.delta - spent.delta),

@@ -51,6 +51,7 @@ def parse_policy(raw: dict, path: Path) -> Policy:
     gate = _gate(shape.gate, base)
     if not shape.datasets:
         raise PolicyError("[datasets] declares no dataset")
+    groups = _groups(shape.groups)
     datasets = {
         name: _dataset(name, decode(draw, DatasetShape, f"datasets.{name}"), base, gate.accountant)
         for name, draw in shape.datasets.items()
@@ -62,7 +63,22 @@ def parse_policy(raw: dict, path: Path) -> Policy:
         # A process has one Spark session (its JVM's): every Spark dataset shares it.
         raise PolicyError("the Spark datasets of one gate must declare the same master or remote "
                           "and the same conf")  # fmt: skip
-    return Policy(path=path, gate=gate, datasets=datasets)
+    return Policy(path=path, gate=gate, datasets=datasets, groups=groups)
+
+
+def _groups(raw: dict[str, object]) -> dict[str, frozenset[str]]:
+    """The ``[groups]`` table: each group's members, a list of user names. (On a
+    JupyterHub a user's Hub groups join these, as the Hub reports them.)"""
+    groups = {}
+    for name, members in raw.items():
+        if not name:
+            raise PolicyError("groups: a group needs a name")
+        if not isinstance(members, list) or not all(isinstance(m, str) and m for m in members):
+            raise PolicyError(
+                f'groups.{name} must be a list of user names, such as ["alice", "bob"]'
+            )
+        groups[name] = frozenset(members)
+    return groups
 
 
 def _gate(shape: GateShape, base: Path) -> GateConfig:
@@ -100,12 +116,24 @@ def _dataset(name: str, shape: DatasetShape, base: Path, default: AccountantKind
     sources = _sources(shape.sources, tables, engine, where)
     user_budget = _budget(shape.user_budget)
     notebook_budget = _budget(shape.notebook_budget) if shape.notebook_budget else user_budget
+    dataset_budget = _budget(shape.dataset_budget) if shape.dataset_budget else None
+    group_budgets = {
+        group: _budget(decode(braw, BudgetShape, f"{where}.group_budgets.{group}"))
+        for group, braw in shape.group_budgets.items()
+    }
     accountant = shape.accountant or default
-    if accountant == AccountantKind.ZCDP and not (user_budget.delta and notebook_budget.delta):
+    limits = {"user_budget": user_budget, "notebook_budget": notebook_budget}
+    if dataset_budget is not None:
+        limits["dataset_budget"] = dataset_budget
+    limits.update({f"group_budgets.{g}": b for g, b in group_budgets.items()})
+    if accountant == AccountantKind.ZCDP and not all(b.delta for b in limits.values()):
         raise PolicyError(
-            f"{where}: the zcdp accountant keeps budgets in (ε, δ); give user_budget and "
-            "notebook_budget a delta > 0"
+            f"{where}: the zcdp accountant keeps budgets in (ε, δ); give "
+            + ", ".join(k for k, b in limits.items() if not b.delta)
+            + " a delta > 0"
         )
+    if shape.query_default is not None and shape.query_default.renew is not None:
+        raise PolicyError(f"{where}.query_default: a query's default ε does not renew")
     unit_rows = shape.max_partitions * shape.max_rows_per_partition
     if unit_rows > MAX_UNIT_ROWS:
         raise PolicyError(
@@ -123,6 +151,9 @@ def _dataset(name: str, shape: DatasetShape, base: Path, default: AccountantKind
         user_budget=user_budget,
         notebook_budget=notebook_budget,
         query_default=_budget(shape.query_default) if shape.query_default else Budget(0.1),
+        dataset_budget=dataset_budget,
+        group_budgets=group_budgets,
+        share_releases=shape.share_releases,
         tables=tables,
         accountant=accountant,
         group_size=shape.group_size,
@@ -412,7 +443,7 @@ def _date_bounds(lower: object, upper: object, where: str) -> tuple[dt.date, dt.
 
 
 def _budget(shape: BudgetShape) -> Budget:
-    return Budget(epsilon=shape.epsilon, delta=shape.delta)
+    return Budget(epsilon=shape.epsilon, delta=shape.delta, renew=shape.renew)
 
 
 def _path(value: str, base: Path) -> Path:

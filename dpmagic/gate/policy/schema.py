@@ -27,11 +27,15 @@ from dpmagic.gate.policy.values import (
     ENGINES,
     MAX_MAX_LENGTH,
     NEIGHBOURING,
+    PERIODS,
+    SHARINGS,
     AccountantKind,
     EngineKind,
     GateConfig,
     Neighbouring,
+    Period,
     PolicyError,
+    Sharing,
 )
 
 # Written as msgspec bounds, which take an int or a float but not the union of both: a
@@ -53,6 +57,7 @@ class _Shape(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 class BudgetShape(_Shape):
     epsilon: NonNegative
     delta: Below1 = 0.0
+    renew: Period | None = None
 
 
 class ResponseShape(_Shape):
@@ -101,6 +106,9 @@ class DatasetShape(_Shape):
     group_size: Whole = 1
     engine: EngineKind = EngineKind.DUCKDB
     spark: SparkShape | None = None
+    dataset_budget: BudgetShape | None = None
+    group_budgets: dict[str, Any] = {}
+    share_releases: Sharing = Sharing.NONE
 
 
 class GateShape(_Shape):
@@ -119,6 +127,7 @@ class GateShape(_Shape):
 class PolicyShape(_Shape):
     datasets: dict[str, Any]
     gate: GateShape = msgspec.field(default_factory=GateShape)
+    groups: dict[str, Any] = {}
 
 
 _T = TypeVar("_T")
@@ -151,9 +160,12 @@ _CHOICES = {
     "neighbouring": NEIGHBOURING,
     "engine": ENGINES,
     "type": COLUMN_TYPES,
+    "renew": PERIODS,
+    "share_releases": SHARINGS,
 }
 _EXAMPLES = {
     "user_budget": "{ epsilon = 10.0 }",
+    "dataset_budget": '{ epsilon = 50.0, renew = "month" }',
     "notebook_budget": "{ epsilon = 3.0 }",
     "query_default": "{ epsilon = 0.1 }",
     "randomized_response": "{ p = 0.75 }",

@@ -107,15 +107,42 @@ class RandomizedResponse:
         return {"p": self.p}
 
 
+class Period(StrEnum):
+    """How often a renewing budget starts afresh (``service/renewal.py``)."""
+
+    DAY = "day"
+    WEEK = "week"
+    MONTH = "month"
+
+
+PERIODS = tuple(p.value for p in Period)
+
+
+class Sharing(StrEnum):
+    """Who is served an answer another user was released (``share_releases``)."""
+
+    NONE = "none"
+    GROUP = "group"  # users who share a group with the one it was released to
+    EVERYONE = "everyone"
+
+
+SHARINGS = tuple(s.value for s in Sharing)
+
+
 @dataclass(frozen=True)
 class Budget:
-    """A privacy amount in (ε, δ) terms: a limit, a spend or a default."""
+    """A privacy amount in (ε, δ) terms: a limit, a spend or a default. A limit may
+    ``renew`` each period: then it bounds what is spent within one period."""
 
     epsilon: float
     delta: float = 0.0
+    renew: Period | None = None
 
-    def as_dict(self) -> dict[str, float]:
-        return {"epsilon": self.epsilon, "delta": self.delta}
+    def as_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {"epsilon": self.epsilon, "delta": self.delta}
+        if self.renew is not None:
+            out["renew"] = self.renew.value
+        return out
 
 
 @dataclass(frozen=True)
@@ -191,6 +218,11 @@ class Dataset:
     catalog: dict[str, str] = field(default_factory=dict)
     max_unit_work: int = DEFAULT_MAX_UNIT_WORK  # ``sql/work.py``
     max_resource_failures: int = DEFAULT_MAX_RESOURCE_FAILURES
+    # Budgets shared by many users: every user's spending on the dataset, and each
+    # named group's members' (``Policy.groups``); None where the owner set none.
+    dataset_budget: Budget | None = None
+    group_budgets: dict[str, Budget] = field(default_factory=dict)
+    share_releases: Sharing = Sharing.NONE
 
     def table(self, name: str) -> Table | None:
         return self.tables.get(name.lower())
@@ -208,6 +240,13 @@ class Dataset:
             "user_budget": self.user_budget.as_dict(),
             "notebook_budget": self.notebook_budget.as_dict(),
             "query_default": self.query_default.as_dict(),
+            **({"dataset_budget": self.dataset_budget.as_dict()} if self.dataset_budget else {}),
+            **(
+                {"group_budgets": {g: b.as_dict() for g, b in self.group_budgets.items()}}
+                if self.group_budgets
+                else {}
+            ),
+            "share_releases": self.share_releases.value,
             "accountant": self.accountant,
             "group_size": self.group_size,
             "engine": self.engine,
@@ -247,6 +286,8 @@ class Policy:
     path: Path
     gate: GateConfig
     datasets: dict[str, Dataset] = field(default_factory=dict)
+    # The ``[groups]`` table: group name → its members' user names.
+    groups: dict[str, frozenset[str]] = field(default_factory=dict)
 
     def dataset(self, name: str | None) -> Dataset:
         """The named dataset, or the only one when no name is given."""

@@ -62,37 +62,44 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import sqlite3
 import threading
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from fractions import Fraction
 from pathlib import Path
 
 from dpmagic.gate.dp.accounting import Accountant, Cost
 from dpmagic.gate.failures import OverBudget, required
 from dpmagic.gate.policy import Budget
+from dpmagic.gate.service.budget_scopes import (
+    ADMIN,
+    CHARGED,
+    FAILED,
+    GRANTED,
+    GROUP_SEPARATOR,
+    RELEASED,
+    RENEWED,
+    REPLAYED,
+    RESET,
+    SPENDING,
+    Scope,
+    ScopeKind,
+    Tally,
+    admin_target,
+    charged_to,
+    renewal_due,
+)
 from dpmagic.gate.service.reply import Reply
 
 # Long enough that a burst of debits from many processes queues rather than
 # fails; each transaction holds the lock for well under a millisecond.
 BUSY_TIMEOUT_S = 30.0
-SCHEMA_VERSION = 2  # 2: the replay_keys table
+SCHEMA_VERSION = 3  # 2: the replay_keys table; 3: scopes and charged groups
 
-CHARGED, RELEASED, FAILED, REPLAYED = "charged", "released", "failed", "replayed"
-# Admin actions, kept in the same log as the queries they affect.
-GRANTED, RESET = "granted", "reset"
-# The notebook column of an admin action that applies to the user as a whole;
-# never a real notebook name, as the gate names a nameless notebook "unnamed".
-WHOLE_USER = ""
-# Statuses whose cost counts against the budget; a replay costs nothing.
-_SPENDING = (CHARGED, RELEASED, FAILED)
-
-_SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS entries (
+_ENTRIES = """CREATE TABLE IF NOT EXISTS entries (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     time TEXT NOT NULL,
     user TEXT NOT NULL,
@@ -104,8 +111,18 @@ _SCHEMA = (
     sql TEXT NOT NULL,
     replay_key TEXT,
     status TEXT NOT NULL,
-    reply TEXT
-)""",
+    reply TEXT,
+    scope TEXT NOT NULL DEFAULT '',
+    source INTEGER
+)"""
+# Columns added since the first release, to a ledger of an earlier one where missing:
+# an admin row's scope (``budget_scopes.Scope.row_columns``; empty: a user's or a
+# notebook's, as every earlier admin row is), and the release a shared replay served.
+_ADDED_COLUMNS = {
+    "scope": "ALTER TABLE entries ADD COLUMN scope TEXT NOT NULL DEFAULT ''",
+    "source": "ALTER TABLE entries ADD COLUMN source INTEGER",
+}
+_SCHEMA = (
     "CREATE INDEX IF NOT EXISTS entries_scope ON entries (user, dataset, notebook)",
     "CREATE INDEX IF NOT EXISTS entries_replay ON entries (user, dataset, replay_key)",
     # Each query reads only the rows appended since its scope was last read (``_tally``).
@@ -118,7 +135,15 @@ _SCHEMA = (
     policy TEXT NOT NULL
 )""",
     "CREATE INDEX IF NOT EXISTS replay_keys_query ON replay_keys (query_key)",
-    f"PRAGMA user_version = {SCHEMA_VERSION}",
+    # The groups a charge's user was in when it was charged (``budget_scopes``).
+    """CREATE TABLE IF NOT EXISTS charged_groups (
+    entry_id INTEGER NOT NULL,
+    dataset TEXT NOT NULL,
+    grp TEXT NOT NULL
+)""",
+    "CREATE INDEX IF NOT EXISTS charged_groups_group ON charged_groups (dataset, grp, entry_id)",
+    "CREATE INDEX IF NOT EXISTS charged_groups_entry ON charged_groups (entry_id)",
+    "CREATE INDEX IF NOT EXISTS entries_dataset ON entries (dataset, id)",
 )
 
 
@@ -218,6 +243,17 @@ class _Flusher:
         self._thread.shutdown(wait=True)
 
 
+@dataclass(frozen=True)
+class SharedRelease:
+    """An answer released to another user, which the asker may be served for free
+    (``share_releases``): its ledger row, when, and at what cost it was released."""
+
+    entry_id: int
+    time: str
+    cost: Cost
+    reply: Reply
+
+
 class Ledger:
     """One SQLite file; safe to share between the gate's request threads.
 
@@ -232,7 +268,7 @@ class Ledger:
         self.accountant = accountant  # for debits that name none
         _private_file(self.path)
         self._lock = threading.Lock()
-        self._tallies: dict[tuple[str, str], _Scopes] = {}
+        self._cursors: dict[str, _Cursor] = {}
         self._db = sqlite3.connect(
             self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
         )
@@ -244,8 +280,14 @@ class Ledger:
         # debits commit FULL and are on the disk when they return.
         self._flusher = _Flusher(self.path) if mode.lower() == "wal" else None
         with self._transaction():
+            self._db.execute(_ENTRIES)
+            columns = {row["name"] for row in self._db.execute("PRAGMA table_info(entries)")}
+            for name, statement in _ADDED_COLUMNS.items():
+                if name not in columns:
+                    self._db.execute(statement)
             for statement in _SCHEMA:
                 self._db.execute(statement)
+            self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         # SQLite gives the -wal and -shm files the database file's mode; this
         # only tightens them if an older file was created more openly.
         for suffix in ("-wal", "-shm"):
@@ -260,46 +302,38 @@ class Ledger:
         dataset: str,
         notebook: str,
         cost: Cost,
-        user_limit: Budget,
-        notebook_limit: Budget,
+        limits: Sequence[tuple[Scope, Budget]],
         sql: str,
         replay_key: str | None,
+        groups: Iterable[str] = (),
         accountant: Accountant | None = None,
     ) -> Charge:
-        """Charge ``cost``, or raise OverBudget having written nothing.
+        """Charge ``cost`` against every budget in ``limits`` (each scope's policy
+        limit, before grants), or raise OverBudget naming the first one it does not
+        fit, having written nothing. ``groups``: the user's groups now, which the
+        charge counts for from now on, whatever later becomes of their membership.
 
-        The charge survives the gate's crash when this returns, and the disk's loss of
+        All the budgets are read and the charge written in one transaction, so
+        concurrent debits (threads or processes) never overspend any of them. The
+        charge survives the gate's crash when this returns, and the disk's loss of
         power once ``Charge.durable`` is done (see the module's docstring): recording
         its release or failure waits for that."""
         acc = accountant or self.accountant
+        now = datetime.now(UTC)
         with self._lock, self._transaction(durable=self._flusher is None):
-            (spent_user, user_limit), (spent_nb, notebook_limit) = self._standing(
-                user, dataset, notebook, user_limit, notebook_limit
-            )
-            user_fits = acc.fits(spent_user, cost, user_limit)
-            if not (user_fits and acc.fits(spent_nb, cost, notebook_limit)):
-                # The refusal's words are made only for a refusal.
-                show_delta = bool(cost.delta or user_limit.delta or notebook_limit.delta)
-                need = acc.describe(cost)
-                user_left = _left(acc, spent_user, user_limit, show_delta)
-                why = self._fresh_because(user, dataset, replay_key)
-                # A query that was replayed for free before: why it is charged now.
-                because = "" if why is None else f"; not replayed: {why}"
-                if not user_fits:
-                    raise OverBudget(
-                        f"needs {need} but only {user_left} is left for user {user} on dataset "
-                        f"{dataset!r}{because}"
-                    )
-                nb_left = _left(acc, spent_nb, notebook_limit, show_delta)
-                raise OverBudget(
-                    f"needs {need} but only {nb_left} is left "
-                    f"for notebook {notebook!r} ({user_left} left for user {user}){because}"
-                )
+            standing = [(scope, *self._standing(scope, base, now)) for scope, base in limits]
+            for scope, spent, limit, _due in standing:
+                if not acc.fits(spent, cost, limit):
+                    self._refuse(acc, cost, scope, standing, replay_key)
+            when = _text(now)
+            for scope, _spent, _limit, due in standing:
+                if due is not None:  # the period's first charge: its renewal, before it
+                    self._insert_admin(scope, Budget(0.0), due[0], due[1], when)
             cursor = self._db.execute(
                 "INSERT INTO entries (time, user, dataset, notebook, epsilon, delta, rho, sql,"
                 " replay_key, status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
-                    _now(),
+                    when,
                     user,
                     dataset,
                     notebook,
@@ -312,6 +346,10 @@ class Ledger:
                 ),
             )
             charge_id = required(cursor.lastrowid, "the ledger row's id")
+            self._db.executemany(
+                "INSERT INTO charged_groups (entry_id, dataset, grp) VALUES (?, ?, ?)",
+                [(charge_id, dataset, group) for group in sorted(set(groups))],
+            )
             if isinstance(replay_key, ReplayKey):
                 self._db.execute(
                     "INSERT OR IGNORE INTO replay_keys (replay_key, query_key, data, policy)"
@@ -319,6 +357,35 @@ class Ledger:
                     (str(replay_key), replay_key.query, replay_key.data, replay_key.policy),
                 )
         return Charge(charge_id, self._durable())  # after the commit, which it must follow
+
+    def _refuse(
+        self,
+        acc: Accountant,
+        cost: Cost,
+        scope: Scope,
+        standing: list[tuple[Scope, Cost, Budget, tuple[str, str] | None]],
+        replay_key: str | None,
+    ) -> None:
+        """Raise the refusal of a charge that does not fit ``scope``'s budget: what it
+        needs, what is left there, and which budget that is (typed, in ``budget``)."""
+        show_delta = bool(cost.delta or any(limit.delta for _s, _c, limit, _d in standing))
+        need = acc.describe(cost)
+        left = {s: _left(acc, spent, limit, show_delta) for s, spent, limit, _d in standing}
+        why = self._fresh_because(scope.holder, scope.dataset, replay_key)
+        # A query that was replayed for free before: why it is charged now.
+        because = "" if why is None else f"; not replayed: {why}"
+        if scope.kind == ScopeKind.USER:
+            where = f"for user {scope.holder} on dataset {scope.dataset!r}"
+        elif scope.kind == ScopeKind.NOTEBOOK:
+            user = Scope.user(scope.dataset, scope.holder)
+            where = f"for notebook {scope.notebook!r}" + (
+                f" ({left[user]} left for user {scope.holder})" if user in left else ""
+            )
+        else:
+            where = "of " + scope.describe()
+        raise OverBudget(
+            f"needs {need} but only {left[scope]} is left {where}{because}", scope.as_dict()
+        )
 
     def _durable(self) -> Future[None]:
         """The flush of the commit that just returned (done already if it was FULL)."""
@@ -349,12 +416,12 @@ class Ledger:
     def recent_failures(self, user: str, dataset: str, seconds: float) -> int:
         """How many of ``user``'s queries on ``dataset`` failed after the debit in the
         last ``seconds``, and since the owner last reset the user's budget there."""
-        since = (datetime.now(UTC) - timedelta(seconds=seconds)).isoformat(timespec="microseconds")
+        since = _text(datetime.now(UTC) - timedelta(seconds=seconds))
         with self._lock:
             (count,) = self._db.execute(
                 "SELECT COUNT(*) FROM entries WHERE user = ? AND dataset = ? AND status = ?"
                 " AND time > ? AND time > COALESCE((SELECT MAX(time) FROM entries WHERE"
-                " user = ? AND dataset = ? AND status = ?), '')",
+                " user = ? AND dataset = ? AND status = ? AND scope = ''), '')",
                 (user, dataset, FAILED, since, user, dataset, RESET),
             ).fetchone()
         return int(count)
@@ -369,6 +436,34 @@ class Ledger:
                 (user, dataset, replay_key, RELEASED),
             ).fetchone()
         return None if row is None else Reply.stored(row["reply"])
+
+    def find_shared(
+        self, dataset: str, replay_key: str, among: frozenset[str] | None
+    ) -> SharedRelease | None:
+        """The first answer released to anyone for this replay key (``among`` None),
+        or to a user charged as a member of one of the groups ``among``; the first,
+        so every user who is served it is served the same answer."""
+        where = "dataset = ? AND replay_key = ? AND status = ?"
+        args: list[object] = [dataset, replay_key, RELEASED]
+        if among is not None:
+            if not among:
+                return None
+            marks = ", ".join("?" * len(among))
+            where += (
+                " AND id IN (SELECT entry_id FROM charged_groups WHERE dataset = ?"
+                f" AND grp IN ({marks}))"
+            )
+            args += [dataset, *sorted(among)]
+        with self._lock:
+            row = self._db.execute(
+                f"SELECT id, time, epsilon, delta, rho, reply FROM entries WHERE {where}"
+                " ORDER BY id LIMIT 1",
+                args,
+            ).fetchone()
+        if row is None:
+            return None
+        cost = Cost(row["epsilon"], row["delta"], row["rho"])
+        return SharedRelease(row["id"], row["time"], cost, Reply.stored(row["reply"]))
 
     def fresh_because(self, user: str, dataset: str, replay_key: str) -> str | None:
         """Why a query with no release under ``replay_key`` is answered afresh, when
@@ -403,40 +498,57 @@ class Ledger:
         return POLICY_CHANGED if policy else None
 
     def reply(self, entry_id: int) -> dict | None:
-        """The reply a released or replayed entry gave (a replay: the release it served)."""
+        """The reply a released or replayed entry gave (a replay: the release it served,
+        the user's own or, shared, another's)."""
         with self._lock:
             row = self._db.execute(
-                "SELECT reply FROM entries WHERE status = ? AND id = (SELECT MAX(r.id)"
+                "SELECT reply FROM entries WHERE status = ? AND id = COALESCE("
+                "(SELECT source FROM entries WHERE id = ?), (SELECT MAX(r.id)"
                 " FROM entries AS r JOIN entries AS e ON r.user = e.user"
                 " AND r.dataset = e.dataset AND r.replay_key = e.replay_key"
-                " WHERE e.id = ? AND r.id <= e.id AND r.status = ?)",
-                (RELEASED, entry_id, RELEASED),
+                " WHERE e.id = ? AND r.id <= e.id AND r.status = ?))",
+                (RELEASED, entry_id, entry_id, RELEASED),
             ).fetchone()
         return None if row is None else Reply.stored(row["reply"]).json()
 
     def record_replay(
-        self, *, user: str, dataset: str, notebook: str, sql: str, replay_key: str
+        self,
+        *,
+        user: str,
+        dataset: str,
+        notebook: str,
+        sql: str,
+        replay_key: str,
+        source: int | None = None,
     ) -> None:
-        """An audit line for an answer served again; it costs nothing."""
+        """An audit line for an answer served again; it costs nothing. ``source``: the
+        release it served, when that was another user's (a shared release)."""
         with self._lock, self._transaction(durable=False):
             self._db.execute(
                 "INSERT INTO entries (time, user, dataset, notebook, epsilon, delta, rho, sql,"
-                " replay_key, status) VALUES (?, ?, ?, ?, 0, 0, 0, ?, ?, ?)",
-                (_now(), user, dataset, notebook, sql, replay_key, REPLAYED),
+                " replay_key, status, source) VALUES (?, ?, ?, ?, 0, 0, 0, ?, ?, ?, ?)",
+                (_now(), user, dataset, notebook, sql, replay_key, REPLAYED, source),
             )
 
     def standing(
-        self, user: str, dataset: str, notebook: str, user_base: Budget, notebook_base: Budget
-    ) -> tuple[tuple[Cost, Budget], tuple[Cost, Budget]]:
-        """What the user and the notebook spent, and their limits (``*_base`` plus
-        grants), read together."""
+        self, limits: Sequence[tuple[Scope, Budget]], now: datetime | None = None
+    ) -> list[tuple[Cost, Budget]]:
+        """What each scope spent, and its limit (the policy's ``base`` plus grants),
+        read together; a renewing budget whose period ended reads as renewed."""
+        when = now or datetime.now(UTC)
         with self._lock:
-            return self._standing(user, dataset, notebook, user_base, notebook_base)
+            return [self._standing(scope, base, when)[:2] for scope, base in limits]
 
     def spent(self, user: str, dataset: str, notebook: str | None = None) -> Cost:
-        """What ``user`` spent on ``dataset``, in all notebooks or in one."""
+        """What ``user`` spent on ``dataset``, in all notebooks or in one (since the
+        last reset; renewals aside)."""
+        scope = (
+            Scope.user(dataset, user)
+            if notebook is None
+            else Scope.of_notebook(dataset, user, notebook)
+        )
         with self._lock:
-            return self._spent(user, dataset, notebook)
+            return self._tally(scope).spent()
 
     def history(
         self,
@@ -444,26 +556,42 @@ class Ledger:
         user: str | None = None,
         dataset: str | None = None,
         notebook: str | None = None,
+        status: str | None = None,
         limit: int | None = None,
     ) -> list[dict[str, object]]:
-        """Audit rows, newest first; the stored replies are not part of them."""
+        """Audit rows, newest first; the stored replies are not part of them. Each row
+        names the budget scope of an admin action (``scope``: empty for a user's or a
+        notebook's, as before scopes) and, for a charge, the groups it counted for."""
         where, args = [], []
-        for column, value in (("user", user), ("dataset", dataset), ("notebook", notebook)):
+        for column, value in (
+            ("user", user),
+            ("dataset", dataset),
+            ("notebook", notebook),
+            ("status", status),
+        ):
             if value is not None:
-                where.append(f"{column} = ?")
+                where.append(f"e.{column} = ?")
                 args.append(value)
         sql = (
-            "SELECT id, time, user, dataset, notebook, sql, epsilon, delta, rho, status"
-            " FROM entries"
+            "SELECT e.id, e.time, e.user, e.dataset, e.notebook, e.sql, e.epsilon, e.delta,"
+            " e.rho, e.status, e.scope, e.source, (SELECT group_concat(g.grp, char(31))"
+            " FROM charged_groups AS g WHERE g.entry_id = e.id) AS groups FROM entries AS e"
             + (" WHERE " + " AND ".join(where) if where else "")
-            + " ORDER BY id DESC"
+            + " ORDER BY e.id DESC"
         )
         if limit is not None:
             sql += " LIMIT ?"
             args.append(int(limit))
         with self._lock:
             rows = self._db.execute(sql, args).fetchall()
-        return [{**dict(row), "replayed": row["status"] == REPLAYED} for row in rows]
+        return [
+            {
+                **{k: v for k, v in dict(row).items() if k != "groups"},
+                "groups": row["groups"].split(GROUP_SEPARATOR) if row["groups"] else [],
+                "replayed": row["status"] == REPLAYED,
+            }
+            for row in rows
+        ]
 
     def close(self) -> None:
         if self._flusher is not None:
@@ -472,166 +600,140 @@ class Ledger:
             self._db.close()
 
     def _standing(
-        self, user: str, dataset: str, notebook: str, user_base: Budget, notebook_base: Budget
-    ) -> tuple[tuple[Cost, Budget], tuple[Cost, Budget]]:
-        whole = self._tally(user, dataset, None)
-        # The read above brought every scope of the user on the dataset up to date.
-        own = self._tally(user, dataset, notebook, refresh=False)
-        return (
-            (whole.spent(), whole.limit(user_base)),
-            (own.spent(), own.limit(notebook_base)),
-        )
+        self, scope: Scope, base: Budget, now: datetime
+    ) -> tuple[Cost, Budget, tuple[str, str] | None]:
+        """A scope's spending and limit, and the renewal row a charge now must write
+        first (whose period's spending then reads as none)."""
+        tally = self._tally(scope)
+        due = renewal_due(tally, base, now)
+        renewed = due is not None and due[0] == RENEWED
+        return (Cost(0.0) if renewed else tally.spent(), tally.limit(base), due)
 
-    def _spent(self, user: str, dataset: str, notebook: str | None) -> Cost:
-        return self._tally(user, dataset, notebook).spent()
-
-    def _tally(self, user: str, dataset: str, notebook: str | None, refresh: bool = True) -> _Tally:
+    def _tally(self, scope: Scope) -> Tally:
         """A scope's spending and grants since its last reset, brought up to date with the
         rows written since it was last read, by this process or any other.
 
-        Summing a user's whole history on every query made each query cost time in
+        Summing a scope's whole history on every query made each query cost time in
         proportion to it (6.5 ms a query after 1,000 queries, 82 ms after 10,000, with
         the ledger's lock held). The log only grows: rows are appended with increasing
         ids, and the one update a row receives (``charged`` to ``released`` or
         ``failed``) keeps it spending the same. So the totals over the rows up to some
-        id never change, and each read adds only the rows after it. The sums are
-        exact, rounded once when read: ``accounting.compose``'s ``math.fsum``."""
-        scopes = self._tallies.setdefault((user, dataset), _Scopes())
-        tally = scopes.tallies.get(notebook)
+        id never change, and each read adds only the rows after it: one read of the
+        dataset's new rows brings every scope of it read before up to date. The sums
+        are exact, rounded once when read: ``accounting.compose``'s ``math.fsum``."""
+        cursor = self._cursors.setdefault(scope.dataset, _Cursor())
+        tally = cursor.tallies.get(scope)
         if tally is None:  # a scope first read here: its rows up to where the others are
-            tally = scopes.tallies[notebook] = _Tally()
-            for row in self._rows(user, dataset, after=0, upto=scopes.seen):
-                tally.apply(row, notebook)
-        if not refresh:
-            return tally
-        # One read brings every scope of the user on the dataset up to date.
-        for row in self._rows(user, dataset, after=scopes.seen):
-            scopes.seen = row["id"]
-            for scope, each in scopes.tallies.items():
-                each.apply(row, scope)
+            tally = cursor.tallies[scope] = Tally()
+            for row in self._scope_rows(scope, cursor.seen):
+                _count(row, scope, tally)
+        for row in self._rows(
+            "e.dataset = ? AND e.id > ?", (scope.dataset, cursor.seen)
+        ):  # every scope of the dataset, by the scopes each row counts for
+            cursor.seen = row["id"]
+            if row["status"] in SPENDING:
+                for target in charged_to(row, scope.dataset):
+                    if (each := cursor.tallies.get(target)) is not None:
+                        each.spend(row)
+            elif row["status"] in ADMIN:
+                for target, each in cursor.tallies.items():
+                    _count(row, target, each)
         return tally
 
-    def _rows(self, user: str, dataset: str, after: int, upto: int | None = None) -> list:
+    def _scope_rows(self, scope: Scope, upto: int) -> list[sqlite3.Row]:
+        """The rows up to id ``upto`` that may count for ``scope`` (``_count`` decides)."""
+        if scope.kind == ScopeKind.DATASET:
+            return self._rows("e.dataset = ? AND e.id <= ?", (scope.dataset, upto))
+        if scope.kind == ScopeKind.GROUP:
+            return self._rows(
+                "e.dataset = ? AND e.id <= ? AND (e.id IN (SELECT entry_id FROM charged_groups"
+                " WHERE dataset = ? AND grp = ?) OR (e.scope = 'group' AND e.user = ?))",
+                (scope.dataset, upto, scope.dataset, scope.holder, scope.holder),
+            )
+        return self._rows(
+            "e.user = ? AND e.dataset = ? AND e.id <= ?", (scope.holder, scope.dataset, upto)
+        )
+
+    def _rows(self, where: str, args: tuple[object, ...]) -> list[sqlite3.Row]:
         return self._db.execute(
-            "SELECT id, notebook, status, epsilon, delta, rho FROM entries"
-            " WHERE user = ? AND dataset = ? AND id > ?"
-            + ("" if upto is None else " AND id <= ?")
-            + " ORDER BY id",
-            (user, dataset, after) if upto is None else (user, dataset, after, upto),
+            "SELECT e.id, e.user, e.notebook, e.status, e.epsilon, e.delta, e.rho, e.scope,"
+            f" CASE WHEN e.status IN ({', '.join('?' * len(ADMIN))}) THEN e.sql END AS sql,"
+            " (SELECT group_concat(g.grp, char(31)) FROM charged_groups AS g"
+            f" WHERE g.entry_id = e.id) AS groups FROM entries AS e WHERE {where} ORDER BY e.id",
+            (*ADMIN, *args),
         ).fetchall()
 
-    # Admin actions (``dpmagic budget grant|reset``). A grant raises a limit by
-    # an (ε, δ) amount; a reset forgets what was spent and granted before it.
-    # Both are rows of the audit log, so the log alone explains every budget.
+    # Admin actions (``dpmagic budget grant|reset``, the console). A grant raises a
+    # limit by an (ε, δ) amount; a reset forgets what was spent and granted before
+    # it. Both are rows of the audit log, so the log alone explains every budget.
 
-    def grant(
-        self, *, user: str, dataset: str, notebook: str | None, amount: Budget, note: str
-    ) -> None:
-        """Raise the user's (or one notebook's) limit on ``dataset`` by ``amount``."""
-        self._admin(user, dataset, notebook, amount, GRANTED, note)
+    def grant(self, scope: Scope, amount: Budget, note: str) -> None:
+        """Raise ``scope``'s limit by ``amount``."""
+        with self._lock, self._transaction():
+            self._insert_admin(scope, amount, GRANTED, note, _now())
 
-    def reset(self, *, user: str, dataset: str, notebook: str | None, note: str) -> None:
-        """Start the user's (or one notebook's) spending on ``dataset`` from zero.
+    def reset(self, scope: Scope, note: str) -> None:
+        """Start ``scope``'s spending from zero (a user's: each notebook's too).
 
         Released answers stay replayable: they were already paid for.
         """
-        self._admin(user, dataset, notebook, Budget(0.0), RESET, note)
+        with self._lock, self._transaction(durable=False):
+            self._insert_admin(scope, Budget(0.0), RESET, note, _now())
 
-    def limit(self, base: Budget, user: str, dataset: str, notebook: str | None = None) -> Budget:
+    def limit(self, scope: Scope, base: Budget) -> Budget:
         """``base`` (the policy's limit) plus what was granted since the last reset."""
         with self._lock:
-            return self._limit(base, user, dataset, notebook)
+            return self._tally(scope).limit(base)
 
-    def _admin(
-        self,
-        user: str,
-        dataset: str,
-        notebook: str | None,
-        amount: Budget,
-        status: str,
-        note: str,
+    def _insert_admin(
+        self, scope: Scope, amount: Budget, status: str, note: str, when: str
     ) -> None:
-        scope = WHOLE_USER if notebook is None else notebook
-        with self._lock, self._transaction(durable=status != RESET):
-            self._db.execute(
-                "INSERT INTO entries (time, user, dataset, notebook, epsilon, delta, rho, sql,"
-                " status) VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?)",
-                (_now(), user, dataset, scope, amount.epsilon, amount.delta, note, status),
-            )
-
-    def _limit(self, base: Budget, user: str, dataset: str, notebook: str | None) -> Budget:
-        return self._tally(user, dataset, notebook).limit(base)
+        kind, holder, notebook = scope.row_columns()
+        self._db.execute(
+            "INSERT INTO entries (time, user, dataset, notebook, epsilon, delta, rho, sql,"
+            " status, scope) VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?, ?)",
+            (
+                when,
+                holder,
+                scope.dataset,
+                notebook,
+                amount.epsilon,
+                amount.delta,
+                note,
+                status,
+                kind,
+            ),
+        )
 
     def _transaction(self, durable: bool = True) -> _Immediate:
         return _Immediate(self._db, durable)
 
 
-class _Sum:
-    """A running sum of floats, read as ``math.fsum`` of every value added (the exact sum,
-    rounded once), in constant memory: an exact rational, plus the non-finite values."""
-
-    def __init__(self) -> None:
-        self._exact = Fraction(0)
-        self._special: set[float] = set()
-
-    def add(self, value: float) -> None:
-        if math.isfinite(value):
-            self._exact += Fraction(value)
-        else:
-            self._special.add(value)
-
-    def value(self) -> float:
-        return math.fsum(self._special) if self._special else float(self._exact)
-
-
-@dataclass
-class _Tally:
-    """What counts in one scope (a user's, or one notebook's, on a dataset) among the
-    ledger's rows read so far, since the scope's last reset."""
-
-    epsilon: _Sum = field(default_factory=_Sum)
-    delta: _Sum = field(default_factory=_Sum)
-    rho: _Sum = field(default_factory=_Sum)
-    granted_epsilon: _Sum = field(default_factory=_Sum)
-    granted_delta: _Sum = field(default_factory=_Sum)
-
-    def apply(self, row: sqlite3.Row, notebook: str | None) -> None:
-        """Count one row for the scope of ``notebook`` (None: the whole user)."""
-        scope = WHOLE_USER if notebook is None else notebook
-        status, nb = row["status"], row["notebook"]
-        # A whole-user reset applies to every notebook; a notebook's own reset
-        # only to that notebook, so it never gives back the user's budget.
-        if status == RESET and nb in (WHOLE_USER, scope):
-            self.reset()
-        elif status in _SPENDING and notebook in (None, nb):
-            self.epsilon.add(row["epsilon"])
-            self.delta.add(row["delta"])
-            self.rho.add(row["rho"])
-        elif status == GRANTED and nb == scope:
-            self.granted_epsilon.add(row["epsilon"])
-            self.granted_delta.add(row["delta"])
-
-    def spent(self) -> Cost:
-        return Cost(self.epsilon.value(), self.delta.value(), self.rho.value())
-
-    def limit(self, base: Budget) -> Budget:
-        """``base`` (the policy's limit) plus what was granted."""
-        return Budget(
-            base.epsilon + self.granted_epsilon.value(), base.delta + self.granted_delta.value()
+def _count(row: sqlite3.Row, scope: Scope, tally: Tally) -> None:
+    """Count one row for ``scope``, if it counts there: a charge for each scope it was
+    charged to; an admin row for its own scope, and a user's reset for each of the
+    user's notebooks too (a notebook's own reset never gives back the user's budget)."""
+    if row["status"] in SPENDING:
+        if scope in charged_to(row, scope.dataset):
+            tally.spend(row)
+    elif row["status"] in ADMIN:
+        target = admin_target(row, scope.dataset)
+        cascade = (
+            row["status"] == RESET
+            and target.kind == ScopeKind.USER
+            and scope.kind == ScopeKind.NOTEBOOK
+            and scope.holder == target.holder
         )
-
-    def reset(self) -> None:
-        self.epsilon, self.delta, self.rho = _Sum(), _Sum(), _Sum()
-        self.granted_epsilon, self.granted_delta = _Sum(), _Sum()
+        if target == scope or cascade:
+            tally.admin(row)
 
 
 @dataclass
-class _Scopes:
-    """The tallies of one user on one dataset (by notebook; None for the whole user),
-    all brought up to row id ``seen``."""
+class _Cursor:
+    """The tallies of one dataset's scopes, all brought up to row id ``seen``."""
 
     seen: int = 0
-    tallies: dict[str | None, _Tally] = field(default_factory=dict)
+    tallies: dict[Scope, Tally] = field(default_factory=dict)
 
 
 class _Immediate:
@@ -678,4 +780,9 @@ def _left(accountant: Accountant, spent: Cost, limit: Budget, show_delta: bool) 
 
 
 def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="microseconds")
+    return _text(datetime.now(UTC))
+
+
+def _text(when: datetime) -> str:
+    """A time as the ledger keeps it: ISO 8601 in UTC, to the microsecond."""
+    return when.isoformat(timespec="microseconds")

@@ -22,6 +22,7 @@ import secrets
 from datetime import UTC, datetime
 from pathlib import Path
 
+from dpmagic.gate.membership import declared_groups
 from dpmagic.gate.policy import Policy
 from dpmagic.gate.service.ledger import RELEASED, REPLAYED, Ledger
 from dpmagic.gate.service.views import budget_views, history_entries
@@ -68,7 +69,9 @@ def export(ledger: Ledger, policy: Policy, user: str, notebook: str) -> dict[str
             name: {
                 **policy.datasets[name].as_dict(),
                 "datasets": sorted(policy.datasets),
-                "budget": budget_views(ledger, user, policy.datasets[name], notebook),
+                "budget": budget_views(
+                    ledger, user, policy.datasets[name], notebook, declared_groups(policy, user)
+                ),
             }
             for name in sorted(datasets)
         },

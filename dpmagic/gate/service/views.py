@@ -5,28 +5,52 @@ so both say the same thing the same way."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from dpmagic.gate.dp.accounting import make_accountant
+from dpmagic.gate.failures import required
 from dpmagic.gate.policy import Dataset
+from dpmagic.gate.service.budget_scopes import ScopeKind, applicable, next_period
 from dpmagic.gate.service.ledger import Ledger
 
 
 def budget_views(
-    ledger: Ledger, user: str, dataset: Dataset, notebook: str
-) -> dict[str, dict[str, dict[str, float]]]:
-    """The ``budget`` object of a reply: the user's and the notebook's spent,
-    limit (with grants) and remaining, as the dataset's accountant states them."""
+    ledger: Ledger, user: str, dataset: Dataset, notebook: str, groups: frozenset[str]
+) -> dict[str, object]:
+    """The ``budget`` object of a reply: each budget the user's queries are charged
+    against, with its spent, limit (with grants) and remaining as the dataset's
+    accountant states them: ``user`` and ``notebook`` always, ``dataset`` where the
+    owner set a dataset-wide budget, ``groups`` (by name) for the user's groups that
+    have one. A renewing budget says its period and when the next one begins.
+
+    The notebook's ``remaining`` is what its next query may spend: the least left in
+    any of them (a notebook draws on every budget above it), and ``binding`` names
+    the budget that least is in."""
     accountant = make_accountant(dataset.accountant)
-    standing = ledger.standing(
-        user, dataset.name, notebook, dataset.user_budget, dataset.notebook_budget
-    )
-    views = {
-        scope: accountant.view(spent, limit)
-        for scope, (spent, limit) in zip(("user", "notebook"), standing, strict=True)
-    }
-    user_left = views["user"]["remaining"]
-    nb_view = views["notebook"]
-    # A notebook draws on the user's budget: it can never have more left than the user.
-    nb_view["remaining"] = {k: min(v, user_left[k]) for k, v in nb_view["remaining"].items()}
+    now = datetime.now(UTC)
+    limits = applicable(dataset, user, notebook, groups)
+    standing = ledger.standing(limits, now)
+    views: dict[str, object] = {}
+    group_views: dict[str, dict[str, object]] = {}
+    binding = None
+    least: dict[str, float] = {}
+    for (scope, base), (spent, limit) in zip(limits, standing, strict=True):
+        view: dict[str, object] = dict(accountant.view(spent, limit))
+        if base.renew is not None:
+            view["renew"] = {"period": base.renew.value, "next": next_period(base.renew, now)}
+        remaining = view["remaining"]
+        if binding is None or remaining["epsilon"] < least["epsilon"]:
+            binding = scope
+        least = {k: min(v, least.get(k, v)) for k, v in remaining.items()}
+        if scope.kind == ScopeKind.GROUP:
+            group_views[scope.holder] = view
+        else:
+            views[scope.kind.value] = view
+    notebook_view = views["notebook"]
+    notebook_view["remaining"] = least  # type: ignore[index]
+    notebook_view["binding"] = required(binding, "a budget").as_dict()  # type: ignore[index]
+    if group_views:
+        views["groups"] = group_views
     return views
 
 
