@@ -65,7 +65,7 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -263,9 +263,13 @@ class Ledger:
     consistent by SQLite's own file locks.
     """
 
-    def __init__(self, path: Path, accountant: Accountant) -> None:
+    def __init__(
+        self, path: Path, accountant: Accountant, clock: Callable[[], datetime] | None = None
+    ) -> None:
         self.path = Path(path)
         self.accountant = accountant  # for debits that name none
+        # The time rows are stamped with and renewals' periods are read from (UTC).
+        self._clock = clock or (lambda: datetime.now(UTC))
         _private_file(self.path)
         self._lock = threading.Lock()
         self._cursors: dict[str, _Cursor] = {}
@@ -319,7 +323,7 @@ class Ledger:
         power once ``Charge.durable`` is done (see the module's docstring): recording
         its release or failure waits for that."""
         acc = accountant or self.accountant
-        now = datetime.now(UTC)
+        now = self._clock()
         with self._lock, self._transaction(durable=self._flusher is None):
             standing = [(scope, *self._standing(scope, base, now)) for scope, base in limits]
             for scope, spent, limit, _due in standing:
@@ -416,7 +420,7 @@ class Ledger:
     def recent_failures(self, user: str, dataset: str, seconds: float) -> int:
         """How many of ``user``'s queries on ``dataset`` failed after the debit in the
         last ``seconds``, and since the owner last reset the user's budget there."""
-        since = _text(datetime.now(UTC) - timedelta(seconds=seconds))
+        since = _text(self._clock() - timedelta(seconds=seconds))
         with self._lock:
             (count,) = self._db.execute(
                 "SELECT COUNT(*) FROM entries WHERE user = ? AND dataset = ? AND status = ?"
@@ -527,15 +531,17 @@ class Ledger:
             self._db.execute(
                 "INSERT INTO entries (time, user, dataset, notebook, epsilon, delta, rho, sql,"
                 " replay_key, status, source) VALUES (?, ?, ?, ?, 0, 0, 0, ?, ?, ?, ?)",
-                (_now(), user, dataset, notebook, sql, replay_key, REPLAYED, source),
+                (_text(self._clock()), user, dataset, notebook, sql, replay_key, REPLAYED, source),
             )
 
-    def standing(
-        self, limits: Sequence[tuple[Scope, Budget]], now: datetime | None = None
-    ) -> list[tuple[Cost, Budget]]:
+    def now(self) -> datetime:
+        """The ledger's time (UTC), which renewals' periods are read from."""
+        return self._clock()
+
+    def standing(self, limits: Sequence[tuple[Scope, Budget]]) -> list[tuple[Cost, Budget]]:
         """What each scope spent, and its limit (the policy's ``base`` plus grants),
         read together; a renewing budget whose period ended reads as renewed."""
-        when = now or datetime.now(UTC)
+        when = self._clock()
         with self._lock:
             return [self._standing(scope, base, when)[:2] for scope, base in limits]
 
@@ -670,7 +676,7 @@ class Ledger:
     def grant(self, scope: Scope, amount: Budget, note: str) -> None:
         """Raise ``scope``'s limit by ``amount``."""
         with self._lock, self._transaction():
-            self._insert_admin(scope, amount, GRANTED, note, _now())
+            self._insert_admin(scope, amount, GRANTED, note, _text(self._clock()))
 
     def reset(self, scope: Scope, note: str) -> None:
         """Start ``scope``'s spending from zero (a user's: each notebook's too).
@@ -678,7 +684,7 @@ class Ledger:
         Released answers stay replayable: they were already paid for.
         """
         with self._lock, self._transaction(durable=False):
-            self._insert_admin(scope, Budget(0.0), RESET, note, _now())
+            self._insert_admin(scope, Budget(0.0), RESET, note, _text(self._clock()))
 
     def limit(self, scope: Scope, base: Budget) -> Budget:
         """``base`` (the policy's limit) plus what was granted since the last reset."""
@@ -777,10 +783,6 @@ def _left(accountant: Accountant, spent: Cost, limit: Budget, show_delta: bool) 
     if show_delta:
         text += f", δ={left['delta']:.3g}"
     return f"ρ={left['rho']:.6g} ({text})" if "rho" in left else text
-
-
-def _now() -> str:
-    return _text(datetime.now(UTC))
 
 
 def _text(when: datetime) -> str:

@@ -5,8 +5,6 @@ so both say the same thing the same way."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 from dpmagic.gate.dp.accounting import make_accountant
 from dpmagic.gate.failures import required
 from dpmagic.gate.policy import Dataset
@@ -27,9 +25,9 @@ def budget_views(
     any of them (a notebook draws on every budget above it), and ``binding`` names
     the budget that least is in."""
     accountant = make_accountant(dataset.accountant)
-    now = datetime.now(UTC)
+    now = ledger.now()
     limits = applicable(dataset, user, notebook, groups)
-    standing = ledger.standing(limits, now)
+    standing = ledger.standing(limits)
     views: dict[str, object] = {}
     group_views: dict[str, dict[str, object]] = {}
     binding = None
