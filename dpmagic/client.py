@@ -25,7 +25,7 @@ from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 from dpmagic import wire
-from dpmagic.errors import ERROR_KINDS, DPError, GateUnavailable
+from dpmagic.errors import ERROR_KINDS, BudgetExhausted, DPError, GateUnavailable
 from dpmagic.mock import mock_query
 from dpmagic.result import DPResult
 from dpmagic.transcript import SCHEME, TranscriptGate
@@ -333,7 +333,10 @@ def _decode(status: int, raw: bytes) -> dict[str, Any]:
         if isinstance(error, dict) and isinstance(error.get("message"), str):
             kind = str(error.get("kind") or "failed")
             message = " ".join(error["message"].split())
-            raise ERROR_KINDS.get(kind, DPError)(message, kind=kind)
+            failure = ERROR_KINDS.get(kind, DPError)(message, kind=kind)
+            if isinstance(failure, BudgetExhausted) and isinstance(error.get("budget"), dict):
+                failure.budget = {str(k): str(v) for k, v in error["budget"].items()}
+            raise failure
         raise DPError(f"the gate replied with HTTP {status}")
     if not isinstance(reply, dict):
         raise DPError("the gate's reply was not a JSON object")

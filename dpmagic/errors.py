@@ -26,9 +26,26 @@ class QueryRefused(DPError):
 
 
 class BudgetExhausted(DPError):
-    """The query costs more than the budget left; nothing was charged."""
+    """The query costs more than the budget left; nothing was charged. ``budget`` is
+    which budget, as the gate typed it: ``{"budget": "dataset" | "group" | "user" |
+    "notebook", "dataset": …, "holder": …, "notebook": …}`` (None from an older gate)."""
 
     kind = "budget"
+    budget: dict[str, str] | None = None
+
+    def which(self) -> str:
+        """The exhausted budget in a user's words, from the typed fields alone."""
+        budget = self.budget or {}
+        kind, holder = budget.get("budget"), budget.get("holder", "")
+        if kind == "dataset":
+            return "the dataset's budget, shared by all its users, is spent"
+        if kind == "group":
+            return f"the budget of your group {holder!r} is spent"
+        if kind == "user":
+            return "your budget on this dataset is spent"
+        if kind == "notebook":
+            return "this notebook's budget is spent"
+        return "not enough privacy budget"
 
 
 class AuthError(DPError):

@@ -30,7 +30,7 @@ from traitlets import Bool, Enum, Float, Int, Unicode, observe
 from dpmagic.budget_view import BudgetView, DatasetBudget
 from dpmagic.client import Gate, connect
 from dpmagic.completion import Sources, make_matcher
-from dpmagic.errors import DPError
+from dpmagic.errors import BudgetExhausted, DPError
 from dpmagic.identity import notebook_name
 from dpmagic.plot import KINDS
 from dpmagic.progress import Interrupted, Progress, wait_for
@@ -194,6 +194,8 @@ def gate_errors() -> Iterator[None]:
         yield
     except DPError as exc:
         prefix = ERROR_PREFIX.get(exc.kind, "")
+        if isinstance(exc, BudgetExhausted) and exc.budget:
+            prefix = exc.which() + ": "
         raise UsageError(prefix + " ".join(str(exc).split())) from None
 
 

@@ -203,11 +203,22 @@ def amount(cost: dict[str, Any], left: bool = False) -> str:
 
 
 def budget_left(budget: dict[str, Any]) -> str:
+    """What is left: the notebook's (the least of every budget above it), the user's,
+    and the shared budgets' (the dataset's, the user's groups'), where the gate sent
+    them; which one binds, when it is a shared one."""
     parts = []
-    for scope in ("notebook", "user"):
+    for scope in ("notebook", "user", "dataset"):
         remaining = (budget.get(scope) or {}).get("remaining")
         if remaining is not None:
-            parts.append(f"{amount(remaining, left=True)} left for the {scope}")
+            whom = "the dataset (all users)" if scope == "dataset" else f"the {scope}"
+            parts.append(f"{amount(remaining, left=True)} left for {whom}")
+    for group, view in sorted((budget.get("groups") or {}).items()):
+        remaining = (view or {}).get("remaining")
+        if remaining is not None:
+            parts.append(f"{amount(remaining, left=True)} left for group {group}")
+    binding = ((budget.get("notebook") or {}).get("binding") or {}).get("budget")
+    if binding in ("dataset", "group"):
+        parts[0] += f" (the {binding}'s budget binds)"
     return ", ".join(parts)
 
 

@@ -38,6 +38,15 @@ from dpmagic.render import (
     table,
 )
 
+
+def shared_note(shared: dict[str, Any]) -> str:
+    """A shared answer's footer: when and at what cost another user's release of the
+    same question was made; it costs this user nothing."""
+    when = str(shared.get("released_at", ""))[:16].replace("T", " ")
+    cost = amount(shared["cost"])
+    return f"shared answer, released to another user {when} UTC at {cost} (no cost to you)"
+
+
 MOCK_MEANING = (
     "answered on fake rows drawn from the public schema (declared bounds and values) in "
     "this kernel; the query never reached the gate and nothing was charged"
@@ -71,6 +80,8 @@ class DPResult:
         self.cost: dict[str, float] = reply.get("cost", {"epsilon": 0.0, "delta": 0.0})
         self.budget: dict[str, Any] = reply.get("budget", {})
         self.replayed: bool = bool(reply.get("replayed", False))
+        # Another user's release of the same question, served free (``share_releases``).
+        self.shared: dict[str, Any] | None = reply.get("shared")
         self.dry_run: bool = bool(reply.get("dry_run", False))
         self.mock: bool = bool(reply.get("mock"))
         """Answered on fake tables made from the public schema (``--mock``), not the data."""
@@ -263,6 +274,8 @@ class DPResult:
             parts.append(f"dry run: nothing charged; it would spend {amount(self.cost)}")
             if self._envelope.get("engine") == "spark":
                 parts.append("answered by Spark")
+        elif self.shared:
+            parts.append(shared_note(self.shared))
         elif self.replayed:
             parts.append("replayed (no cost)")
         else:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Protocol
 
 from dpmagic.gate.failures import Unauthorized
+from dpmagic.gate.membership import Membership
 
 MIN_TOKEN_CHARS = 16
 _CREDENTIALS = struct.Struct("3i")  # struct ucred: pid, uid, gid
@@ -120,7 +121,14 @@ class HubTokenAuth:
     it must belong to a user, not a service, and carry this gate's access
     scope (``access:services!service=NAME``). ``JUPYTERHUB_USER`` and other
     claims the kernel makes about itself are never read.
+
+    The Hub's answer also lists the user's Hub groups where the token may read
+    them (the ``read:users:groups`` scope on the user); they are reported to
+    ``membership``, where they join the policy's ``[groups]`` for group budgets
+    and shared releases (docs/deployment.md, "Groups on JupyterHub").
     """
+
+    membership: Membership | None = None
 
     at_accept = False
     blocking = True  # asks the Hub over HTTP
@@ -157,7 +165,10 @@ class HubTokenAuth:
                 f"the token lacks the scope {' or '.join(sorted(self.scopes))}: "
                 "add it to c.Spawner.server_token_scopes and to the users' role"
             )
-        return str(model["name"])
+        name = str(model["name"])
+        if self.membership is not None:
+            self.membership.report(name, [str(g) for g in model.get("groups") or ()])
+        return name
 
 
 class HubConfigError(ValueError):

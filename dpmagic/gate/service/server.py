@@ -313,6 +313,8 @@ def open_gate(policy: Policy, listen: str, jupyterhub: bool = False) -> RunningG
     except BaseException:
         listener.close()
         raise
+    if isinstance(auth, HubTokenAuth):
+        auth.membership = engine.membership  # the Hub's groups join the policy's
     app = App(engine=engine, auth=auth, quantum_s=policy.gate.response_quantum_ms / 1000)
     return RunningGate(listener, app)
 
