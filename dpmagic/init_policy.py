@@ -134,6 +134,11 @@ def skeleton(
         "user_budget = { epsilon = 10.0 }",
         "notebook_budget = { epsilon = 3.0 }",
         "query_default = { epsilon = 0.1 }",
+        "# What all users together may spend: the number you can promise the data's",
+        "# subjects (per-user budgets alone protect nothing against users who pool",
+        "# their answers). With many users, set it, and share releases:",
+        '# dataset_budget = { epsilon = 30.0, renew = "month" }',
+        '# share_releases = "everyone"',
     ]
     for table, (_, columns) in tables.items():
         if row_level and privacy_unit is not None:
