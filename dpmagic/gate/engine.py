@@ -18,6 +18,7 @@ import json
 import logging
 import secrets
 from dataclasses import dataclass, replace
+from functools import partial
 
 from dpmagic.gate.admission import Admission
 from dpmagic.gate.analysis_cache import BYTES_PER_CHAR, AnalysisCache
@@ -31,6 +32,7 @@ from dpmagic.gate.failures import BadRequest, Failed, GateError, Refused, requir
 from dpmagic.gate.membership import Membership
 from dpmagic.gate.policy import AccountantKind, Dataset, Policy, PolicyError
 from dpmagic.gate.policy.values import Sharing
+from dpmagic.gate.preview import PreviewRequest, utility_preview
 from dpmagic.gate.request import QueryRequest
 from dpmagic.gate.service.budget_scopes import applicable
 from dpmagic.gate.service.ledger import Charge, Ledger, ReplayKey
@@ -346,11 +348,28 @@ class Engine:
                 "resets your budget; nothing was charged"
             )
 
-    def budget(self, user: str, dataset: str | None, notebook: str | None) -> dict[str, object]:
-        """``GET /v1/budget``: the user's and the notebook's views, at the top level."""
+    def budget(
+        self,
+        user: str,
+        dataset: str | None,
+        notebook: str | None,
+        preview: PreviewRequest | None = None,
+    ) -> dict[str, object]:
+        """``GET /v1/budget``: the user's and the notebook's views, at the top level, and
+        with ``preview`` what more queries of each kind they allow (``gate/preview.py``):
+        planned as this engine plans a request, counted against every budget the debit
+        checks (``budget_scopes.applicable``), reading no data."""
         ds = self._dataset(dataset)
-        views = self._with_budget({}, user, ds, notebook or "unnamed")["budget"]
-        return {"dataset": ds.name, **views}
+        nb = notebook or "unnamed"
+        views = self._with_budget({}, user, ds, nb)["budget"]
+        reply: dict[str, object] = {"dataset": ds.name, **views}
+        if preview is not None:
+            limits = applicable(ds, user, nb, self.membership.of(user))
+            standings = self.ledger.standing(limits)
+            accountant = self.accountants[ds.name]
+            analyse = partial(self.analyse, ds)
+            reply["preview"] = utility_preview(ds, accountant, analyse, standings, preview)
+        return reply
 
     def history(
         self, user: str, dataset: str | None, notebook: str | None, limit: int

@@ -3,15 +3,19 @@ the body, and which of the engine's answers it returns."""
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import parse_qs
 
 from dpmagic.gate.engine import Engine
 from dpmagic.gate.failures import BadRequest
+from dpmagic.gate.preview import DEFAULT_ROWS, PreviewRequest
 from dpmagic.gate.service.body import parse_body
 from dpmagic.gate.service.padding import PrivateRead
 from dpmagic.gate.service.reply import Reply
+from dpmagic.gate.sql.plan_types import MAX_ROWS
 
 # Entries of /v1/history: the newest ones, by default and at most.
 HISTORY_DEFAULT = 100
@@ -45,8 +49,34 @@ def _query(engine: Engine, user: str, query: str, body: bytes, reads: PrivateRea
 def _budget(
     engine: Engine, user: str, query: str, body: bytes, reads: PrivateRead
 ) -> dict[str, object]:
-    params = _params(query, {"dataset", "notebook"})
-    return engine.budget(user, params.get("dataset"), params.get("notebook"))
+    params = _params(query, {"dataset", "notebook", "preview", "accuracy", "rows"})
+    preview = _preview(params)
+    return engine.budget(user, params.get("dataset"), params.get("notebook"), preview)
+
+
+def _preview(params: dict[str, str]) -> PreviewRequest | None:
+    """The utility preview asked for: ``preview=true``, with an ``accuracy`` (a positive
+    number) and the ``rows`` a mean is over (a whole number) if given; either of them
+    without ``preview=true`` is an error, not ignored."""
+    flag = params.get("preview", "false")
+    if flag not in ("true", "false"):
+        raise HTTPError(400, "preview must be true or false")
+    if flag == "false":
+        if "accuracy" in params or "rows" in params:
+            raise HTTPError(400, "accuracy and rows shape the preview: add preview=true")
+        return None
+    accuracy = None
+    if "accuracy" in params:
+        try:
+            accuracy = float(params["accuracy"])
+        except ValueError:
+            accuracy = math.nan
+        if not (math.isfinite(accuracy) and accuracy > 0):
+            raise HTTPError(400, "accuracy must be a positive number")
+    raw = params.get("rows", str(DEFAULT_ROWS))
+    if not (re.fullmatch(r"[0-9]{1,20}", raw) and 1 <= int(raw) <= MAX_ROWS):
+        raise HTTPError(400, f"rows must be a whole number from 1 to {MAX_ROWS}")
+    return PreviewRequest(accuracy, int(raw))
 
 
 def _history(
