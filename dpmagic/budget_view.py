@@ -1,6 +1,7 @@
 """What ``%dpbudget`` shows: each dataset's ε spent and left, per notebook and user,
-and this notebook's history of charges, from ``GET /v1/budget`` and ``/v1/history``.
-Every string came over the wire, so everything is escaped."""
+what more queries that allows (``preview_view``), and this notebook's history of
+charges, from ``GET /v1/budget`` and ``/v1/history``. Every string came over the
+wire, so everything is escaped."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 
 import pandas as pd
 
+from dpmagic.preview_view import preview_html, preview_markdown, preview_note, preview_rows
 from dpmagic.render import (
     BUDGET_METADATA,
     MUTED,
@@ -36,6 +38,13 @@ class DatasetBudget:
     @property
     def name(self) -> str:
         return str(self.budget.get("dataset", ""))
+
+    @property
+    def preview(self) -> dict[str, Any] | None:
+        """The gate's utility preview, when it sent one with a kind in it (a transcript
+        has none; a dataset of public tables only, no kind)."""
+        preview = self.budget.get("preview")
+        return preview if preview and preview.get("kinds") else None
 
 
 class BudgetView:
@@ -110,6 +119,9 @@ class BudgetView:
                 )
             parts.append(f"<div><strong>dataset {escape(entry.name)}</strong></div>")
             parts.append(table([*headers, ""], body, raw=True))
+            if entry.preview is not None:
+                parts.append(f'<div style="{MUTED}">{escape(preview_note(entry.preview))}</div>')
+                parts.append(preview_html(entry.preview))
             history = self._history_rows(entry)
             if not history:
                 parts.append(f'<div style="{MUTED}">no queries from this notebook yet</div>')
@@ -134,6 +146,9 @@ class BudgetView:
             headers, rows = self._scopes(entry)
             parts.append(f"**dataset {markdown_escape(entry.name)}**\n")
             parts.append(markdown_table(headers, [row for _, row in rows]))
+            if entry.preview is not None:
+                parts.append(f"\n_{markdown_escape(preview_note(entry.preview))}_\n")
+                parts.append(preview_markdown(entry.preview))
             history = self._history_rows(entry)
             if not history:
                 parts.append("\n_no queries from this notebook yet_\n")
@@ -178,6 +193,10 @@ class BudgetView:
             headers, rows = self._scopes(entry)
             frame = pd.DataFrame([row for _, row in rows], columns=headers)
             parts.append(f"dataset {entry.name}\n{frame.to_string(index=False)}")
+            if entry.preview is not None:
+                preview_headers, preview = preview_rows(entry.preview)
+                frame = pd.DataFrame([cells for _, cells in preview], columns=preview_headers)
+                parts.append(f"{preview_note(entry.preview)}\n{frame.to_string(index=False)}")
             history = self._history_rows(entry)
             if history:
                 shown = [[t, _shorten(sql, 60), c, st] for t, sql, c, st in history]

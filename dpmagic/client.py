@@ -181,10 +181,32 @@ class Gate:
                 return DPResult(envelope, cells=cells)
             return DPResult(reply)
 
-    def budget(self, dataset: str | None = None, notebook: str | None = None) -> dict[str, Any]:
+    def budget(
+        self,
+        dataset: str | None = None,
+        notebook: str | None = None,
+        *,
+        preview: bool = False,
+        accuracy: float | None = None,
+        rows: int | None = None,
+    ) -> dict[str, Any]:
         """What the user and the notebook have spent and have left:
-        ``{"dataset", "user": {"spent", "limit", "remaining"}, "notebook": {…}}``."""
-        return self._request("GET", _path("/v1/budget", dataset=dataset, notebook=notebook))
+        ``{"dataset", "user": {"spent", "limit", "remaining"}, "notebook": {…}}``.
+
+        With ``preview`` (implied by ``accuracy`` or ``rows``), also ``"preview"``: per
+        kind of query (a count, the mean of each bounded column), its cost and how many
+        more the budget allows at the default ε and, with ``accuracy``, at ±``accuracy``
+        (a mean's over ``rows`` rows; docs/http-api.md)."""
+        asked = preview or accuracy is not None or rows is not None
+        path = _path(
+            "/v1/budget",
+            dataset=dataset,
+            notebook=notebook,
+            preview="true" if asked else None,
+            accuracy=None if accuracy is None else repr(float(accuracy)),
+            rows=None if rows is None else str(rows),
+        )
+        return self._request("GET", path)
 
     def history(
         self, dataset: str | None = None, notebook: str | None = None, limit: int | None = None

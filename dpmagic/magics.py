@@ -150,14 +150,48 @@ def _option_value(field: str, name: str, raw: str) -> float | int | str:
         if field in ("alpha", "bounding_report", "clip") and value >= 1:
             raise UsageError(f"option {name} must be between 0 and 1, not {raw!r}")
         return value
-    if field in ("mock_rows", "max_groups", "max_rows"):
-        if not raw.isdigit() or int(raw) < 1:
+    if field in ("mock_rows", "max_groups", "max_rows", "rows"):
+        if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
             raise UsageError(f"option {name} needs a whole number ≥ 1, not {raw!r}")
         return int(raw)
     if field in ("out", "save", "with_") and not IDENTIFIER.fullmatch(raw):
         what = "a Python variable name" if field == "out" else "a snippet name (an SQL identifier)"
         raise UsageError(f"option {name} needs {what}, not {raw!r}")
     return raw
+
+
+@dataclass
+class BudgetOptions:
+    """What a ``%dpbudget`` line may say."""
+
+    dataset: str | None = None
+    accuracy: float | None = None
+    rows: int | None = None
+
+
+BUDGET_VALUED = {"--dataset": "dataset", "--accuracy": "accuracy", "--rows": "rows"}
+
+
+def parse_budget_line(text: str) -> BudgetOptions:
+    """``%dpbudget``'s options (``--name value`` or ``--name=value``), each checked as
+    ``%%dpsql`` checks its own; anything else is an error that says what it takes."""
+    opts = BudgetOptions()
+    tokens = text.split()
+    i = 0
+    while i < len(tokens):
+        name, eq, raw = tokens[i].partition("=")
+        if name not in BUDGET_VALUED:
+            raise UsageError(
+                f"%dpbudget takes only --dataset NAME, --accuracy A and --rows N, not {tokens[i]!r}"
+            )
+        if not eq:
+            if i + 1 >= len(tokens):
+                raise UsageError(f"option {name} needs a value")
+            i += 1
+            raw = tokens[i]
+        setattr(opts, BUDGET_VALUED[name], _option_value(BUDGET_VALUED[name], name, raw))
+        i += 1
+    return opts
 
 
 def split_assignment(sql: str) -> tuple[str | None, str]:
@@ -447,23 +481,27 @@ class DpSql(Magics):
     def dpbudget(self, line: str) -> BudgetView:
         """Show the privacy budget and this notebook's queries, per dataset.
 
-        %dpbudget [--dataset NAME]
+        %dpbudget [--dataset NAME] [--accuracy A] [--rows N]
 
         For each dataset (only NAME when given, else DpSql.dataset, else all
         the gate serves): what you and this notebook have spent and have left,
-        as a table with bars, then this notebook's queries in order (time,
-        query, cost, whether it was replayed at no cost) and a chart of its
-        cumulative ε against its limit. Nothing is charged.
+        as a table with bars; what more that allows, per kind of query (a count
+        of the unit's table, the mean of each bounded column): how to ask for
+        it, its 95% ±, what each costs and how many more fit, at the dataset's
+        default ε and, with --accuracy, at ±A (a mean's over a group of N rows,
+        default 1000); then this notebook's queries in order (time, query, cost,
+        whether it was replayed at no cost) and a chart of its cumulative ε
+        against its limit. Nothing is charged.
         """
-        opts, rest = parse_line(line)
-        if rest.strip():
-            raise UsageError(f"%dpbudget takes only --dataset, not {rest.strip()!r}")
+        opts = parse_budget_line(line)
         dataset = opts.dataset or self.dataset
         with gate_errors():
             history = self.client.history(dataset, self.notebook)
             views = [
                 DatasetBudget(
-                    budget=self.client.budget(name, self.notebook),
+                    budget=self.client.budget(
+                        name, self.notebook, preview=True, accuracy=opts.accuracy, rows=opts.rows
+                    ),
                     history=[e for e in history["entries"] if e.get("dataset") == name],
                 )
                 for name in history["datasets"]

@@ -119,8 +119,17 @@ class TranscriptGate:
             reply.update(replayed=True, cost={"epsilon": 0.0, "delta": 0.0})
         return DPResult(reply)
 
-    def budget(self, dataset: str | None = None, notebook: str | None = None) -> dict[str, Any]:
-        """The budget as it stood when the transcript was exported."""
+    def budget(
+        self,
+        dataset: str | None = None,
+        notebook: str | None = None,
+        *,
+        preview: bool = False,
+        accuracy: float | None = None,
+        rows: int | None = None,
+    ) -> dict[str, Any]:
+        """The budget as it stood when the transcript was exported. Never a preview:
+        only the gate can plan one, and there is none to ask offline."""
         name = self._dataset(dataset)
         return {"dataset": name, **self.datasets[name]["budget"]}
 
