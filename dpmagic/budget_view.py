@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from dpmagic.preview_view import preview_html, preview_markdown, preview_note, preview_rows
+from dpmagic.preview_view import preview_html, preview_markdown, preview_note, preview_text
 from dpmagic.render import (
     BUDGET_METADATA,
     MUTED,
@@ -41,19 +41,19 @@ class DatasetBudget:
 
     @property
     def preview(self) -> dict[str, Any] | None:
-        """The gate's utility preview, when it sent one with a kind in it (a transcript
-        has none; a dataset of public tables only, no kind)."""
-        preview = self.budget.get("preview")
-        return preview if preview and preview.get("kinds") else None
+        """The gate's utility preview, when it sent one (a transcript has none)."""
+        return self.budget.get("preview")
 
 
 class BudgetView:
     """``%dpbudget``: per dataset, what the user and this notebook spent and have
-    left, the notebook's queries in order, and a picture of the spending."""
+    left, what more that allows (with ``preview``: asked for, it is shown or its
+    absence said), the notebook's queries in order, and a picture of the spending."""
 
-    def __init__(self, datasets: list[DatasetBudget], notebook: str) -> None:
+    def __init__(self, datasets: list[DatasetBudget], notebook: str, preview: bool = False) -> None:
         self.datasets = datasets
         self.notebook = notebook
+        self.preview = preview
 
     def rename_note(self) -> str:
         """What the notebook's name means for its budget: users rename notebooks."""
@@ -119,7 +119,7 @@ class BudgetView:
                 )
             parts.append(f"<div><strong>dataset {escape(entry.name)}</strong></div>")
             parts.append(table([*headers, ""], body, raw=True))
-            if entry.preview is not None:
+            if self.preview:
                 parts.append(f'<div style="{MUTED}">{escape(preview_note(entry.preview))}</div>')
                 parts.append(preview_html(entry.preview))
             history = self._history_rows(entry)
@@ -146,7 +146,7 @@ class BudgetView:
             headers, rows = self._scopes(entry)
             parts.append(f"**dataset {markdown_escape(entry.name)}**\n")
             parts.append(markdown_table(headers, [row for _, row in rows]))
-            if entry.preview is not None:
+            if self.preview:
                 parts.append(f"\n_{markdown_escape(preview_note(entry.preview))}_\n")
                 parts.append(preview_markdown(entry.preview))
             history = self._history_rows(entry)
@@ -193,10 +193,8 @@ class BudgetView:
             headers, rows = self._scopes(entry)
             frame = pd.DataFrame([row for _, row in rows], columns=headers)
             parts.append(f"dataset {entry.name}\n{frame.to_string(index=False)}")
-            if entry.preview is not None:
-                preview_headers, preview = preview_rows(entry.preview)
-                frame = pd.DataFrame([cells for _, cells in preview], columns=preview_headers)
-                parts.append(f"{preview_note(entry.preview)}\n{frame.to_string(index=False)}")
+            if self.preview:
+                parts.append(f"{preview_note(entry.preview)}\n{preview_text(entry.preview)}")
             history = self._history_rows(entry)
             if history:
                 shown = [[t, _shorten(sql, 60), c, st] for t, sql, c, st in history]

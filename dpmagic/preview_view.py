@@ -9,14 +9,21 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
+import pandas as pd
+
 from dpmagic.render import amount, budget_number, format_exact, markdown_table, table
 
 HEADERS = ("query", "ask with", "± at {level}", "cost each", "more that fit")
 BASES = ("at_accuracy", "at_default")
 
 
-def preview_note(preview: dict[str, Any]) -> str:
-    """What the table says, in one line: whose budget, at what level, over what rows."""
+def preview_note(preview: dict[str, Any] | None) -> str:
+    """What the table says, in one line (whose budget, at what level, over what rows),
+    or why there is none."""
+    if preview is None:
+        return "no preview: these answers come from a transcript, and only a gate can plan one"
+    if not preview.get("kinds"):
+        return "nothing to preview: no private table to count, no bounded column to average"
     rows = preview.get("rows")
     over = f"; a mean's ± is over a group of {rows:,} rows" if isinstance(rows, int) else ""
     return (
@@ -42,19 +49,26 @@ def preview_rows(preview: dict[str, Any]) -> tuple[list[str], list[tuple[str, li
     return headers, rows
 
 
-def preview_html(preview: dict[str, Any]) -> str:
-    headers, rows = preview_rows(preview)
+def preview_html(preview: dict[str, Any] | None) -> str:
+    headers, rows = preview_rows(preview or {})
     body = [
         [f'<td title="{escape(sql)}" style="text-align: left">{escape(label)}</td>']
         + [f"<td>{escape(cell)}</td>" for cell in cells]
         for sql, (label, *cells) in rows
     ]
-    return table(headers, body, raw=True)
+    return table(headers, body, raw=True) if body else ""
 
 
-def preview_markdown(preview: dict[str, Any]) -> str:
-    headers, rows = preview_rows(preview)
-    return markdown_table(headers, [cells for _, cells in rows])
+def preview_markdown(preview: dict[str, Any] | None) -> str:
+    headers, rows = preview_rows(preview or {})
+    return markdown_table(headers, [cells for _, cells in rows]) if rows else ""
+
+
+def preview_text(preview: dict[str, Any] | None) -> str:
+    headers, rows = preview_rows(preview or {})
+    if not rows:
+        return ""
+    return pd.DataFrame([cells for _, cells in rows], columns=headers).to_string(index=False)
 
 
 def _label(kind: dict[str, Any]) -> str:

@@ -1,7 +1,7 @@
 """The utility preview through a real gate process: ``GET /v1/budget?preview=true``
 says how many more counts fit at an accuracy, and exactly that many are answered
 before the next is refused as over budget; ``%dpbudget --accuracy`` shows the gate's
-numbers.
+numbers when asked for them.
 
 Through real processes; the in-process tests of the same subject are in
 tests/unit/test_preview.py, tests/unit/dp/test_preview.py and
@@ -74,7 +74,10 @@ def test_dpbudget_shows_the_gates_preview(shell, gate):
         assert "-e 0.1 (the default)" in shown and "over a group of 100 rows" in shown
     # The default-ε line of a count: ±30 at ε = 0.1, 20 of them in the notebook's 2.
     assert count["at_default"]["fits"] == 20 and "±30" in text
+    default = shell.run_line_magic("dpbudget", "--preview")
+    assert all(k["at_accuracy"] is None for k in default.datasets[0].preview["kinds"])
+    # Not asked for, not planned: a plain %dpbudget is what a graded run shows offline.
     plain = shell.run_line_magic("dpbudget", "")
-    assert all(k["at_accuracy"] is None for k in plain.datasets[0].preview["kinds"])
+    assert plain.datasets[0].preview is None and "more that fit" not in plain._repr_html_()
     with pytest.raises(UsageError, match="whole number"):
         shell.run_line_magic("dpbudget", "--rows 0")

@@ -46,11 +46,11 @@ ROWS = [
 HEADERS = ["query", "ask with", "± at 95%", "cost each", "more that fit"]
 
 
-def view(preview: dict | None = PREVIEW) -> BudgetView:
+def view(preview: dict | None = PREVIEW, asked: bool = True) -> BudgetView:
     reply = {"dataset": "d", **budget(0.5, 3.5)}
     if preview is not None:
         reply["preview"] = preview
-    return BudgetView([DatasetBudget(reply, [])], "nb")
+    return BudgetView([DatasetBudget(reply, [])], "nb", preview=asked)
 
 
 def test_the_html_shows_each_way_to_ask_with_its_numbers():
@@ -78,19 +78,28 @@ def test_markdown_and_text_show_the_same_numbers():
     assert "-e 0.1 -d 1e-06 (the default)" in text and "±8660" in text
 
 
-def test_a_budget_without_a_preview_shows_none():
-    """A transcript's budget has no preview (only the gate can plan one), and a dataset
-    of public tables alone nothing to preview."""
-    for shown in (view(None)._repr_html_(), view(None)._repr_markdown_(), repr(view(None))):
+def test_a_preview_not_asked_for_is_not_shown_and_one_missing_says_why():
+    """Not asked for, nothing (a plain ``%dpbudget`` is as it was, live or graded from a
+    transcript); asked of a transcript, which cannot plan one, or of a dataset with
+    nothing to preview, a line that says so and no table."""
+    for shown in (view(asked=False)._repr_html_(), view(asked=False)._repr_markdown_()):
+        assert "more that fit" not in shown and "preview" not in shown
+    offline, public = view(None), view({"alpha": 0.05, "rows": 1000, "kinds": []})
+    for shown in (offline._repr_html_(), offline._repr_markdown_(), repr(offline)):
+        assert "no preview: these answers come from a transcript" in shown
         assert "more that fit" not in shown
-    assert "more that fit" not in view({"alpha": 0.05, "rows": 1000, "kinds": []})._repr_html_()
+    assert "nothing to preview" in repr(public) and "more that fit" not in repr(public)
 
 
 def test_dpbudget_options():
-    assert parse_budget_line("") == BudgetOptions()
-    assert parse_budget_line("--dataset d --accuracy 2.5 --rows=40") == BudgetOptions("d", 2.5, 40)
+    assert parse_budget_line("") == BudgetOptions() and not BudgetOptions().previewed
+    opts = parse_budget_line("--dataset d --accuracy 2.5 --rows=40")
+    assert opts == BudgetOptions("d", False, 2.5, 40) and opts.previewed
+    assert parse_budget_line("--preview").previewed
+    assert parse_budget_line("--rows 10").previewed
     refused = {
-        "extra": "takes only --dataset NAME, --accuracy A and --rows N, not 'extra'",
+        "extra": "takes only --dataset NAME, --preview, --accuracy A and --rows N, not 'extra'",
+        "--preview=1": "takes only",
         "-e 0.5": "takes only",
         "--accuracy": "needs a value",
         "--accuracy -1": "must be a positive number",
