@@ -27,7 +27,7 @@ def preview_note(preview: dict[str, Any] | None) -> str:
     rows = preview.get("rows")
     over = f"; a mean's ± is over a group of {rows:,} rows" if isinstance(rows, int) else ""
     return (
-        "what the budget left allows (yours or this notebook's, whichever is tighter), "
+        "what the budget left allows (the least left in any budget this notebook draws on), "
         f"planned by the gate without charging anything{over}"
     )
 

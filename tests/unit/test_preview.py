@@ -141,7 +141,6 @@ def test_as_many_as_fit_are_answered_and_the_next_is_refused(engine):
                 engine.query(user, body(entry, option, fresh=True))
             assert previewed(engine, user)[sql][basis]["fits"] == 0
             seen.append(n)
-            print(sql, basis, tighter, n, option["cost"])
     assert len(set(seen)) > 2  # the ways differ in what they cost
 
 
@@ -223,3 +222,59 @@ def test_kinds_are_read_from_the_policy():
         assert make_plan(kind.sql, ds).cost.epsilon == 1.0
     rows = dataset({"x": {"type": "int", "lower": 0, "upper": 5}}, unit=None)
     assert [(k.kind, k.table) for k in kinds(rows)] == [("count", "t"), ("mean", "t")]
+
+
+SHARED = """
+[gate]
+state_dir = "state"
+
+[groups]
+lab = ["carol", "dave"]
+
+[datasets.d]
+sources = { t = "t.csv" }
+privacy_unit = "pid"
+max_partitions = 2
+max_rows_per_partition = 2
+dataset_budget = { epsilon = 2.0 }
+group_budgets = { lab = { epsilon = 1.2 } }
+user_budget = { epsilon = 2.0 }
+notebook_budget = { epsilon = 1.5 }
+query_default = { epsilon = 0.25 }
+
+[datasets.d.tables.t.columns]
+pid = { type = "int" }
+age = { type = "int", lower = 0, upper = 100 }
+"""
+
+
+def test_a_group_and_the_dataset_budget_count_too(tmp_path):
+    """Every budget the debit checks bounds the count: a group's, shared by its
+    members (carol's queries leave dave less), then the dataset's, shared by all."""
+    write_policy(tmp_path, rows=300)
+    (tmp_path / "policy.toml").write_text(textwrap.dedent(SHARED))
+    engine = Engine(load_policy(tmp_path / "policy.toml"))
+    try:
+
+        def fits(user: str) -> int:
+            entry = engine.budget(user, None, "nb", PreviewRequest())["preview"]["kinds"][0]
+            return entry["at_default"]["fits"]
+
+        def spend(user: str, times: int) -> None:
+            for _ in range(times):
+                engine.query(user, {"sql": COUNT, "notebook": "nb", "fresh": True})
+
+        assert fits("dave") == 4  # the group's 1.2, at ε = 0.25 a count
+        spend("carol", 2)  # the group's, and the dataset's
+        assert fits("dave") == 2 and fits("erin") == 6  # erin is in no group: her notebook's
+        spend("dave", 2)
+        # The dataset has 1.0 left, less than erin's notebook's 1.5.
+        assert fits("dave") == 0 and fits("erin") == 4
+        with pytest.raises(OverBudget):
+            spend("dave", 1)
+        spend("erin", 4)
+        assert fits("erin") == 0 and fits("frank") == 0  # the dataset's 2.0 is spent
+        with pytest.raises(OverBudget):
+            spend("frank", 1)
+    finally:
+        engine.close()

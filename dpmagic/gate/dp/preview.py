@@ -1,8 +1,9 @@
 """Rule: how many more queries of one cost the budgets that apply still allow.
 
 The ledger debits a query only if it fits every budget that applies to it
-(``service/ledger.debit``): the user's on the dataset and the notebook's, each
-checked by the dataset's accountant as ``fits(spent, cost, limit)``. After ``n``
+(``service/ledger.debit``): the dataset's, each of the user's groups', the user's
+and the notebook's (``budget_scopes.applicable``), each checked by the dataset's
+accountant as ``fits(spent, cost, limit)``. After ``n``
 more queries of cost ``c`` a scope has spent ``spent`` composed with ``n`` copies
 of ``c`` (``accounting.compose``: ε and δ add up, and ρ); so the queries that fit
 are the largest ``n`` for which ``fits(spent, c composed n times, limit)`` holds in
@@ -16,11 +17,12 @@ find its last ``n`` with the accountant's own ``fits`` at every step; ``c`` with
 no positive amount would fit without end and is refused.
 
 The ledger adds a charge to a total it keeps exact and rounds once
-(``ledger._Sum``); here ``n`` copies are composed exactly and rounded once, then
+(``budget_scopes._Sum``); here ``n`` copies are composed exactly and rounded once, then
 composed with ``spent``: the two differ by a few units in the last place, far
 inside the accountants' slack (``accounting._SLACK``, 10^-9), so they disagree only
 for a total within a few ulps of that slack's edge.
 
+A renewing budget is counted as it stands now: its next period allows more.
 Nothing here reads data: the cost is a plan's, the standings the ledger's.
 ``tests/unit/dp/test_preview.py`` checks, for each accountant, that ``n`` queries
 fit one after another as the ledger checks them and the ``n + 1``-th does not,

@@ -29,7 +29,7 @@ ACCOUNTANTS = [PureAccountant(), ApproxAccountant(), ZCDPAccountant()]
 def next_fits(accountant: Accountant, standings: list[Standing], cost: Cost, k: int) -> bool:
     """Whether the ledger lets one more query of ``cost`` through after ``k`` of them:
     each scope's spending with ``k`` charges added, kept exact and rounded once as the
-    ledger keeps it (``ledger._Sum``), then ``fits`` for the next (``ledger.debit``).
+    ledger keeps it (``budget_scopes._Sum``), then ``fits`` for the next (``ledger.debit``).
     Once it is false it stays false (spending only grows), so the ledger lets through
     ``n`` queries exactly when this holds after ``n - 1`` and not after ``n``."""
 
@@ -55,8 +55,9 @@ def _exact(spent: float, each: float, k: int) -> float:
 
 
 def cases(accountant: Accountant, seed: int) -> list[tuple[list[Standing], Cost]]:
-    """Standings of a user and a notebook (either may be the tighter, some spent beyond
-    their limit) and costs as the accountant states a query's, n from 0 to a few hundred."""
+    """Standings of two budgets, say a user's and a notebook's (either may be the
+    tighter, some spent beyond their limit), and costs as the accountant states a
+    query's: n from 0 to thousands."""
     rng = random.Random(seed)
     delta = 0.0 if accountant.name == "pure" else 1e-5
     # Few distinct amounts: each new one costs zCDP a search over OpenDP's conversion.
