@@ -34,18 +34,17 @@ class BudgetExhausted(DPError):
     budget: dict[str, str] | None = None
 
     def which(self) -> str:
-        """The exhausted budget in a user's words, from the typed fields alone."""
+        """The budget too small for the query, in a user's words, from the typed
+        fields alone."""
         budget = self.budget or {}
         kind, holder = budget.get("budget"), budget.get("holder", "")
-        if kind == "dataset":
-            return "the dataset's budget, shared by all its users, is spent"
-        if kind == "group":
-            return f"the budget of your group {holder!r} is spent"
-        if kind == "user":
-            return "your budget on this dataset is spent"
-        if kind == "notebook":
-            return "this notebook's budget is spent"
-        return "not enough privacy budget"
+        where = {
+            "dataset": " in the dataset's budget, shared by all its users",
+            "group": f" in the budget of your group {holder!r}",
+            "user": " in your budget on this dataset",
+            "notebook": " in this notebook's budget",
+        }.get(str(kind), "")
+        return f"not enough privacy budget{where}"
 
 
 class AuthError(DPError):

@@ -432,7 +432,9 @@ def _follow_the_budget(lab: str, page, tmp_path: Path) -> None:
     page.keyboard.press("Enter")
     page.keyboard.type("%%dpsql -e 2\nSELECT COUNT(*) AS visits FROM patients")
     page.keyboard.press("Shift+Enter")
-    error = page.locator(".jp-OutputArea-output", has_text="not enough privacy budget: ")
+    error = page.locator(
+        ".jp-OutputArea-output", has_text="not enough privacy budget in this notebook's budget: "
+    )
     error.wait_for()
     refused = gate_says()
     assert refused["notebook"]["remaining"]["epsilon"] == pytest.approx(1.5)

@@ -153,7 +153,7 @@ def test_budget_show(spent_gate: Path, capsys: pytest.CaptureFixture[str]) -> No
 
     assert main(["budget", "show", "--policy", str(spent_gate)]) == 0
     table = capsys.readouterr().out.splitlines()
-    assert table[0].split()[:3] == ["dataset", "user", "notebook"]
+    assert table[0].split()[:3] == ["dataset", "budget", "user"]
     assert len(table) == 2 + len(rows)
     assert any("a.ipynb" in line and "0.250" in line for line in table)
 

@@ -96,7 +96,9 @@ def test_refusal_is_a_one_line_usage_error(connected):
 
 def test_budget_exhaustion_is_a_usage_error_with_numbers(connected):
     connected.run_cell_magic("dpsql", "-e 1.5", COUNT_BY_SEX)
-    with pytest.raises(UsageError, match=r"^not enough privacy budget: .*0\.5"):
+    with pytest.raises(
+        UsageError, match=r"^not enough privacy budget in this notebook's budget: .*0\.5"
+    ):
         connected.run_cell_magic("dpsql", "-e 1", "SELECT COUNT(*) AS n FROM t")
 
 
