@@ -69,23 +69,35 @@ class BudgetView:
                 return entry
         raise KeyError(f"no dataset {dataset!r}; shown are {[d.name for d in self.datasets]}")
 
-    def _scopes(self, entry: DatasetBudget) -> tuple[list[str], list[tuple[str, list[str]]]]:
-        scopes = [("user", "you, all notebooks"), ("notebook", f"notebook {self.notebook}")]
+    def _scopes(
+        self, entry: DatasetBudget
+    ) -> tuple[list[str], list[tuple[dict[str, Any], list[str]]]]:
+        """Each budget the gate sent, widest first: the dataset's (all users) and the
+        user's groups' where the owner set them, then the user's and the notebook's;
+        a renewing one says its period and when the next begins."""
+        budget = entry.budget
+        scopes = []
+        if budget.get("dataset_budget"):
+            scopes.append((budget["dataset_budget"], "the dataset, all users together"))
+        for group, view in sorted((budget.get("groups") or {}).items()):
+            scopes.append((view, f"group {group}, its members together"))
+        scopes.append((budget.get("user") or {}, "you, all notebooks"))
+        scopes.append((budget.get("notebook") or {}, f"notebook {self.notebook}"))
         with_delta = any(
-            (entry.budget.get(s) or {}).get(k, {}).get("delta")
-            for s, _ in scopes
-            for k in BUDGET_KEYS
+            (view.get(k) or {}).get("delta") for view, _ in scopes for k in BUDGET_KEYS
         )
         headers = ["", "spent ε", "limit ε", "left ε"]
         if with_delta:
             headers += ["spent δ", "limit δ", "left δ"]
         rows = []
-        for scope, label in scopes:
-            view = entry.budget.get(scope) or {}
-            row = [label] + [format_exact(view.get(k, {}).get("epsilon")) for k in BUDGET_KEYS]
+        for view, label in scopes:
+            renew = view.get("renew")
+            if renew:
+                label += f" (renews each {renew['period']}; next {_time(renew['next'])})"
+            row = [label] + [format_exact((view.get(k) or {}).get("epsilon")) for k in BUDGET_KEYS]
             if with_delta:
-                row += [format_exact(view.get(k, {}).get("delta")) for k in BUDGET_KEYS]
-            rows.append((scope, row))
+                row += [format_exact((view.get(k) or {}).get("delta")) for k in BUDGET_KEYS]
+            rows.append((view, row))
         return headers, rows
 
     def _history_rows(self, entry: DatasetBudget) -> list[list[str]]:
@@ -105,11 +117,11 @@ class BudgetView:
         for entry in self.datasets:
             headers, rows = self._scopes(entry)
             body = []
-            for scope, row in rows:
+            for view, row in rows:
                 bar = budget_bar(
-                    epsilon_of(entry.budget, scope, "spent") or 0.0,
-                    epsilon_of(entry.budget, scope, "limit") or 0.0,
-                    label=scope,
+                    float((view.get("spent") or {}).get("epsilon") or 0.0),
+                    float((view.get("limit") or {}).get("epsilon") or 0.0),
+                    label=row[0],
                 )
                 label, *numbers = row
                 body.append(

@@ -207,10 +207,10 @@ def budget_left(budget: dict[str, Any]) -> str:
     and the shared budgets' (the dataset's, the user's groups'), where the gate sent
     them; which one binds, when it is a shared one."""
     parts = []
-    for scope in ("notebook", "user", "dataset"):
+    for scope in ("notebook", "user", "dataset_budget"):
         remaining = (budget.get(scope) or {}).get("remaining")
         if remaining is not None:
-            whom = "the dataset (all users)" if scope == "dataset" else f"the {scope}"
+            whom = "the dataset (all users)" if scope == "dataset_budget" else f"the {scope}"
             parts.append(f"{amount(remaining, left=True)} left for {whom}")
     for group, view in sorted((budget.get("groups") or {}).items()):
         remaining = (view or {}).get("remaining")

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from IPython.core.error import UsageError
 
+from dpmagic.budget_view import BudgetView, DatasetBudget
 from dpmagic.client import Gate
 from dpmagic.errors import BudgetExhausted
 from dpmagic.gate import owner
@@ -72,8 +73,8 @@ def test_shared_budgets_and_releases_end_to_end(gate: GateProcess) -> None:
     first = ann.query(COUNT, epsilon=0.5)
     assert first.cost["epsilon"] == pytest.approx(0.5) and first.shared is None
     budget = first.budget
-    assert budget["dataset"]["spent"]["epsilon"] == pytest.approx(0.5)
-    assert budget["dataset"]["renew"]["period"] == "month"
+    assert budget["dataset_budget"]["spent"]["epsilon"] == pytest.approx(0.5)
+    assert budget["dataset_budget"]["renew"]["period"] == "month"
     assert budget["groups"]["sec-a"]["spent"]["epsilon"] == pytest.approx(0.5)
     assert budget["notebook"]["binding"]["budget"] == "user"  # 0.5 left of ann's own 1.0
 
@@ -122,3 +123,10 @@ def test_shared_budgets_and_releases_end_to_end(gate: GateProcess) -> None:
     assert spent[("user", "bob")] == pytest.approx(1.0)
     [replay] = shared
     assert replay["source"] is not None and replay["epsilon"] == 0.0
+
+    # What %dpbudget shows ann, from the gate's reply as it is: every budget of hers.
+    view = BudgetView([DatasetBudget(ann.budget("d"), [])], "unnamed")
+    shown = repr(view)
+    assert "the dataset, all users together (renews each month; next" in shown
+    assert "group sec-a, its members together" in shown
+    assert "you, all notebooks" in shown

@@ -8,7 +8,7 @@ from html import escape
 import pytest
 
 from dpmagic.budget_view import BudgetView, DatasetBudget
-from dpmagic.render import format_value
+from dpmagic.render import budget_left, format_value
 from dpmagic.result import DPResult
 from dpmagic.schema_view import SchemaView
 from tests.replies import budget, quantile_reply, reply
@@ -525,3 +525,30 @@ def test_the_footer_says_what_bounds_the_answer_is_over_and_what_they_left_out()
     window = {**bounding, "rows_per_unit": None, "rows_per_group": 2, "groups_per_unit": 3}
     assert "≤ 2 rows per pid and group, ≤ 3 groups" in DPResult(reply(bounding=window)).footer()
     assert "bounded" not in DPResult(reply()).footer()  # an older gate's reply says nothing
+
+
+def test_budget_view_shows_the_shared_budgets_widest_first():
+    shared = {
+        "spent": {"epsilon": 12.0, "delta": 0.0},
+        "limit": {"epsilon": 30.0, "delta": 0.0},
+        "remaining": {"epsilon": 18.0, "delta": 0.0},
+        "renew": {"period": "month", "next": "2026-12-01T00:00:00+00:00"},
+    }
+    group = {k: v for k, v in shared.items() if k != "renew"}
+    reply = {"dataset": "d", **budget(0.5, 3.5), "dataset_budget": shared}
+    reply["groups"] = {"sec<a>": {**group, "spent": {"epsilon": 5.5, "delta": 0.0}}}
+    view = BudgetView([DatasetBudget(reply, [])], "nb")
+    html = view._repr_html_()
+    labels = re.findall(r'<td style="text-align: left">([^<]*)</td>', html)
+    assert labels == [
+        "the dataset, all users together (renews each month; next 2026-12-01 00:00:00)",
+        "group sec&lt;a&gt;, its members together",
+        "you, all notebooks",
+        "notebook nb",
+    ]
+    assert "00:00:00)</td><td>12</td><td>30</td><td>18</td>" in html
+    text = repr(view)
+    assert "group sec<a>, its members together" in text
+    footer = budget_left(reply)
+    assert "ε 18 left for the dataset (all users)" in footer
+    assert "ε 18 left for group sec<a>" in footer

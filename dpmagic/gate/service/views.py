@@ -17,8 +17,8 @@ def budget_views(
 ) -> dict[str, object]:
     """The ``budget`` object of a reply: each budget the user's queries are charged
     against, with its spent, limit (with grants) and remaining as the dataset's
-    accountant states them: ``user`` and ``notebook`` always, ``dataset`` where the
-    owner set a dataset-wide budget, ``groups`` (by name) for the user's groups that
+    accountant states them: ``user`` and ``notebook`` always, ``dataset_budget``
+    where the owner set a budget for all users, ``groups`` (by name) for the user's groups that
     have one. A renewing budget says its period and when the next one begins.
 
     The notebook's ``remaining`` is what its next query may spend: the least left in
@@ -42,6 +42,8 @@ def budget_views(
         least = {k: min(v, least.get(k, v)) for k, v in remaining.items()}
         if scope.kind == ScopeKind.GROUP:
             group_views[scope.holder] = view
+        elif scope.kind == ScopeKind.DATASET:  # named as in the policy: ``dataset`` names it
+            views["dataset_budget"] = view
         else:
             views[scope.kind.value] = view
     notebook_view = views["notebook"]
