@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import getpass
 import importlib.util
 import json
-import math
 import os
 import sys
 from collections.abc import Sequence
@@ -27,7 +25,6 @@ if TYPE_CHECKING:
     from dpmagic.gate.service.budget_scopes import Scope
 
 USAGE_ERROR = 2
-AUDIT_COLUMNS = ("id", "time", "user", "dataset", "notebook", "epsilon", "status", "sql")
 
 
 class CommandError(Exception):
@@ -230,13 +227,12 @@ def _change_options(p: argparse.ArgumentParser) -> None:
 
 
 def _amount(text: str) -> float:
+    from dpmagic.gate import owner
+
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number ≥ 0: {text!r}")
-    return value
+        return owner.amount(text)
+    except OwnerError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _positive(text: str) -> int:
@@ -389,7 +385,7 @@ def _budget_grant(args: argparse.Namespace) -> int:
 
     policy = load_policy(args.policy)
     amount = Budget(args.epsilon, args.delta)
-    change = owner.grant(_scope(policy, args), amount, getpass.getuser(), args.reason)
+    change = owner.grant(_scope(policy, args), amount, owner.operator(), args.reason)
     with owner.open_ledger(policy, create=True) as ledger:
         assert ledger is not None
         owner.apply(ledger, change)
@@ -404,7 +400,7 @@ def _budget_reset(args: argparse.Namespace) -> int:
     from dpmagic.gate import owner
 
     policy = load_policy(args.policy)
-    change = owner.reset(_scope(policy, args), getpass.getuser(), args.reason)
+    change = owner.reset(_scope(policy, args), owner.operator(), args.reason)
     with owner.open_ledger(policy, create=True) as ledger:
         assert ledger is not None
         owner.apply(ledger, change)
@@ -494,7 +490,7 @@ def _audit(args: argparse.Namespace) -> int:
         )
     if not args.json:
         # The SQL goes last: it is the one long column; times to the second.
-        rows = [{k: r.get(k) for k in AUDIT_COLUMNS} for r in rows]
+        rows = [{k: r.get(k) for k in owner.AUDIT_COLUMNS} for r in rows]
         for row in rows:
             row["time"] = str(row["time"])[:19].replace("T", " ")
     return _emit(rows, args.json, empty="no queries recorded yet")

@@ -12,21 +12,39 @@ open them). Nothing here reads private data or a stored answer.
 from __future__ import annotations
 
 import contextlib
+import getpass
+import math
 import os
 import pwd
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from dpmagic.gate.dp.accounting import make_accountant
 from dpmagic.gate.failures import OwnerError
 from dpmagic.gate.policy import Budget, Dataset, Policy
-from dpmagic.gate.service.budget_scopes import WHOLE_USER, Scope, ScopeKind
+from dpmagic.gate.policy.values import AccountantKind, Period
+from dpmagic.gate.service.budget_scopes import (
+    GROUP_SEPARATOR,
+    RENEWED,
+    RENEWS,
+    WHOLE_USER,
+    Scope,
+    ScopeKind,
+    admin_target,
+    next_period,
+    period_label,
+)
 from dpmagic.gate.service.ledger import Ledger
 
 LEDGER_FILE = "ledger.sqlite3"
 ALL_NOTEBOOKS = "(all notebooks)"
 # The audit columns a terminal shows, the long SQL last.
-AUDIT_COLUMNS = ("id", "time", "user", "dataset", "notebook", "status", "epsilon", "sql")
+AUDIT_COLUMNS = ("id", "time", "user", "dataset", "notebook", "epsilon", "status", "sql")
+# Every status a log row may have, queries' first, then the owner's and the renewals'.
+# The renewal rows shown per renewing budget, newest first.
+RENEWAL_ROWS = 50
+STATUSES = ("charged", "released", "failed", "replayed", "granted", "reset", RENEWS, RENEWED)
 
 
 @dataclass(frozen=True)
@@ -77,6 +95,12 @@ def check_owner(path: os.PathLike[str] | str) -> None:
         )
 
 
+def operator() -> str:
+    """Who runs the CLI, or the console by its printed login URL: the gate's Unix user,
+    as the audit log names whoever changed a budget."""
+    return getpass.getuser()
+
+
 def user_name(uid: int) -> str:
     try:
         return pwd.getpwuid(uid).pw_name
@@ -121,6 +145,36 @@ def scope_of(
     if notebook is None:
         return Scope.user(ds.name, user)
     return Scope.of_notebook(ds.name, user, notebook)
+
+
+def scope_named(
+    policy: Policy, dataset: str | None, budget: str, holder: str = "", notebook: str = ""
+) -> Scope:
+    """The budget a form names by its kind (``dataset``, ``group``, ``user`` or
+    ``notebook``) and holder, checked as ``scope_of`` checks the CLI's options."""
+    holder, notebook = holder.strip(), notebook.strip()
+    if budget == ScopeKind.DATASET:
+        return scope_of(policy, dataset, whole=True)
+    if budget == ScopeKind.GROUP:
+        return scope_of(policy, dataset, group=holder)
+    if budget == ScopeKind.USER:
+        return scope_of(policy, dataset, user=holder)
+    if budget == ScopeKind.NOTEBOOK:
+        if not notebook:
+            raise OwnerError("name the notebook whose budget changes")
+        return scope_of(policy, dataset, user=holder, notebook=notebook)
+    raise OwnerError(f"no such budget: {budget!r} (dataset, group, user or notebook)")
+
+
+def amount(text: str) -> float:
+    """An ε or δ an owner typed: a finite number ≥ 0 (empty: 0)."""
+    try:
+        value = float(text) if text.strip() else 0.0
+    except ValueError:
+        raise OwnerError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise OwnerError(f"must be a finite number ≥ 0: {text!r}")
+    return value
 
 
 def grant(scope: Scope, amount: Budget, by: str, reason: str) -> Change:
@@ -184,46 +238,210 @@ def scopes(ledger: Ledger, ds: Dataset, user: str | None = None) -> list[Scope]:
     return found
 
 
-def budget_rows(
+@dataclass(frozen=True)
+class Standing:
+    """One budget's standing as the accountant shows it: spent, limit (with grants) and
+    remaining in (ε, δ), ρ too under zCDP, and the policy's renewal period if any."""
+
+    scope: Scope
+    accountant: AccountantKind
+    spent: Budget
+    limit: Budget
+    remaining: Budget
+    spent_rho: float | None
+    remaining_rho: float | None
+    renew: Period | None
+
+    def row(self) -> dict[str, object]:
+        """The row ``dpmagic budget show`` prints (δ where the accountant has one)."""
+        scope = self.scope
+        row: dict[str, object] = {
+            "dataset": scope.dataset,
+            "budget": scope.kind.value,
+            "user": scope.holder if scope.kind != ScopeKind.GROUP else "",
+            "group": scope.holder if scope.kind == ScopeKind.GROUP else "",
+            "notebook": scope.notebook
+            if scope.kind == ScopeKind.NOTEBOOK
+            else (ALL_NOTEBOOKS if scope.kind == ScopeKind.USER else ""),
+            "spent_epsilon": self.spent.epsilon,
+            "limit_epsilon": self.limit.epsilon,
+            "remaining_epsilon": self.remaining.epsilon,
+        }
+        if self.accountant != AccountantKind.PURE:
+            row.update(
+                spent_delta=self.spent.delta,
+                limit_delta=self.limit.delta,
+                remaining_delta=self.remaining.delta,
+            )
+        if self.spent_rho is not None:
+            row.update(spent_rho=self.spent_rho, remaining_rho=self.remaining_rho)
+        row["renews"] = self.renew.value if self.renew is not None else ""
+        return row
+
+
+def standings(
     policy: Policy, ledger: Ledger | None, datasets: list[str], user: str | None
-) -> list[dict[str, object]]:
-    """One row per budget (dataset, group, user, notebook), for each dataset: what it
-    spent, its limit with grants, what is left, and its renewal period if any."""
+) -> list[Standing]:
+    """Every budget (dataset, group, user, notebook) of each dataset: what it spent, its
+    limit with grants, what is left, and its renewal period if any."""
     if ledger is None:
         return []
-    rows: list[dict[str, object]] = []
+    found: list[Standing] = []
     for name in datasets:
         ds = policy.datasets[name]
         accountant = make_accountant(ds.accountant)
-        found = scopes(ledger, ds, user)
-        standing = ledger.standing([(s, base_limit(ds, s)) for s in found])
-        for scope, (spent, limit) in zip(found, standing, strict=True):
+        budgets = scopes(ledger, ds, user)
+        standing = ledger.standing([(s, base_limit(ds, s)) for s in budgets])
+        for scope, (spent, limit) in zip(budgets, standing, strict=True):
             view = accountant.view(spent, limit)
             used, left = view["spent"], view["remaining"]
-            row: dict[str, object] = {
-                "dataset": name,
-                "budget": scope.kind.value,
-                "user": scope.holder if scope.kind != ScopeKind.GROUP else "",
-                "group": scope.holder if scope.kind == ScopeKind.GROUP else "",
-                "notebook": scope.notebook
-                if scope.kind == ScopeKind.NOTEBOOK
-                else (ALL_NOTEBOOKS if scope.kind == ScopeKind.USER else ""),
-                "spent_epsilon": used["epsilon"],
-                "limit_epsilon": limit.epsilon,
-                "remaining_epsilon": left["epsilon"],
-            }
-            if ds.accountant != "pure":
-                row.update(
-                    spent_delta=used["delta"],
-                    limit_delta=limit.delta,
-                    remaining_delta=left["delta"],
+            found.append(
+                Standing(
+                    scope=scope,
+                    accountant=ds.accountant,
+                    spent=Budget(used["epsilon"], used["delta"]),
+                    limit=limit,
+                    remaining=Budget(left["epsilon"], left["delta"]),
+                    spent_rho=used.get("rho"),
+                    remaining_rho=left.get("rho"),
+                    renew=base_limit(ds, scope).renew,
                 )
-            if "rho" in used:
-                row.update(spent_rho=used["rho"], remaining_rho=left["rho"])
-            renew = base_limit(ds, scope).renew
-            row["renews"] = renew.value if renew is not None else ""
-            rows.append(row)
-    return rows
+            )
+    return found
+
+
+def budget_rows(
+    policy: Policy, ledger: Ledger | None, datasets: list[str], user: str | None
+) -> list[dict[str, object]]:
+    """``standings`` as the rows ``dpmagic budget show`` prints."""
+    return [s.row() for s in standings(policy, ledger, datasets, user)]
+
+
+@dataclass(frozen=True)
+class Point:
+    """A budget's spending (ε, as its accountant shows it) and its limit's ε from a time
+    on; the limit is None for a dataset without a dataset budget."""
+
+    time: datetime
+    spent: float
+    limit: float | None
+
+
+def spending(policy: Policy, ledger: Ledger, scope: Scope) -> list[Point]:
+    """How ``scope``'s spending and limit went over time (``Ledger.timeline``), ending
+    now with its standing (a renewing budget whose period ended reads as renewed).
+    A dataset's whole spending is drawn also where it has no dataset budget: then as
+    its charges' ε added up, there being no limit to show it against."""
+    ds = policy.dataset(scope.dataset)
+    accountant = make_accountant(ds.accountant)
+    capped = scope.kind != ScopeKind.DATASET or ds.dataset_budget is not None
+    base = base_limit(ds, scope) if capped else Budget(0.0)
+    steps = [(datetime.fromisoformat(t), c, b) for t, c, b in ledger.timeline(scope, base)]
+    [(spent, limit)] = ledger.standing([(scope, base)])
+    steps.append((datetime.now(UTC), spent, limit))
+    if not capped:
+        return [Point(when, cost.epsilon, None) for when, cost, _ in steps]
+    return [
+        Point(when, accountant.view(cost, cap)["spent"]["epsilon"], cap.epsilon)
+        for when, cost, cap in steps
+    ]
+
+
+@dataclass(frozen=True)
+class LogFilter:
+    """Which log rows to read: each field narrows (None: any), ``text`` is found in the
+    SQL (or an owner's note) whatever its case, ``limit`` the newest rows kept (None:
+    all)."""
+
+    user: str | None = None
+    notebook: str | None = None
+    status: str | None = None
+    text: str | None = None
+    limit: int | None = 50
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    """One row of the audit log (never its stored answer): a query's charge, release,
+    failure or replay, or a grant, reset or renewal of a budget (``target``)."""
+
+    id: int
+    time: datetime
+    user: str
+    dataset: str
+    notebook: str
+    sql: str
+    epsilon: float
+    delta: float
+    rho: float
+    status: str
+    groups: tuple[str, ...]
+    source: int | None  # a shared replay: the release it served
+    target: Scope | None  # an admin row: the budget it was written for
+
+    @property
+    def replayed(self) -> bool:
+        return self.status == "replayed"
+
+    def row(self) -> dict[str, object]:
+        """The row ``dpmagic audit --json`` prints."""
+        return {
+            "id": self.id,
+            "time": self.time.isoformat(timespec="microseconds"),
+            "user": self.user,
+            "dataset": self.dataset,
+            "notebook": self.notebook,
+            "sql": self.sql,
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "rho": self.rho,
+            "status": self.status,
+            "scope": self.target.row_columns()[0] if self.target is not None else "",
+            "source": self.source,
+            "groups": list(self.groups),
+            "replayed": self.replayed,
+        }
+
+
+def log(ledger: Ledger | None, datasets: list[str], which: LogFilter) -> list[LogEntry]:
+    """The ledger's history, newest first, across the chosen datasets, as ``which``
+    narrows it; never a stored answer (``Ledger.history`` reads none)."""
+    if ledger is None:
+        return []
+    needle = (which.text or "").casefold()
+    found: list[LogEntry] = []
+    for name in datasets:
+        rows = ledger.history(
+            user=which.user,
+            dataset=name,
+            notebook=which.notebook,
+            status=which.status,
+            limit=None if needle else which.limit,
+        )
+        found += [_entry(r) for r in rows if needle in str(r["sql"]).casefold()]
+    found.sort(key=lambda e: e.id, reverse=True)
+    return found[: which.limit]
+
+
+def _entry(row: dict[str, object]) -> LogEntry:
+    admin = row["status"] in ("granted", "reset", RENEWS, RENEWED)
+    dataset = str(row["dataset"])
+    columns = {**row, "groups": GROUP_SEPARATOR.join(row["groups"])}  # type: ignore[arg-type]
+    return LogEntry(
+        id=int(row["id"]),  # type: ignore[call-overload]
+        time=datetime.fromisoformat(str(row["time"])),
+        user=str(row["user"]),
+        dataset=dataset,
+        notebook=str(row["notebook"]),
+        sql=str(row["sql"]),
+        epsilon=float(row["epsilon"]),  # type: ignore[arg-type]
+        delta=float(row["delta"]),  # type: ignore[arg-type]
+        rho=float(row["rho"]),  # type: ignore[arg-type]
+        status=str(row["status"]),
+        groups=tuple(row["groups"]),  # type: ignore[arg-type]
+        source=row["source"],  # type: ignore[arg-type]
+        target=admin_target(columns, dataset) if admin else None,  # type: ignore[arg-type]
+    )
 
 
 def audit_rows(
@@ -234,16 +452,66 @@ def audit_rows(
     notebook: str | None = None,
     status: str | None = None,
 ) -> list[dict[str, object]]:
-    """The ledger's history, newest first, across the chosen datasets; never a stored
-    answer."""
-    if ledger is None:
-        return []
-    rows = [
-        dict(entry)
-        for name in datasets
-        for entry in ledger.history(
-            user=user, dataset=name, notebook=notebook, status=status, limit=limit
-        )
-    ]
-    rows.sort(key=lambda r: r["id"], reverse=True)
-    return rows[:limit]
+    """``log`` as the rows ``dpmagic audit`` prints."""
+    which = LogFilter(user=user, notebook=notebook, status=status, limit=limit)
+    return [e.row() for e in log(ledger, datasets, which)]
+
+
+@dataclass(frozen=True)
+class Renewal:
+    """A renewing budget of the policy (the dataset's, a group's, each user's or each
+    notebook's): its limit and period, the period now and when the next begins (at
+    the first charge after it), and its renewal rows, newest first."""
+
+    dataset: str
+    kind: ScopeKind
+    group: str
+    limit: Budget
+    period: Period
+    current: str
+    next_begins: datetime
+    history: list[LogEntry]
+
+
+def renewals(policy: Policy, ledger: Ledger | None, now: datetime | None = None) -> list[Renewal]:
+    """Every renewing budget of the policy, with its renewal rows from the ledger."""
+    when = now or datetime.now(UTC)
+    found: list[Renewal] = []
+    for ds in sorted(policy.datasets.values(), key=lambda d: d.name):
+        budgets: list[tuple[ScopeKind, str, Budget]] = []
+        if ds.dataset_budget is not None:
+            budgets.append((ScopeKind.DATASET, "", ds.dataset_budget))
+        budgets += [(ScopeKind.GROUP, g, b) for g, b in sorted(ds.group_budgets.items())]
+        budgets += [
+            (ScopeKind.USER, "", ds.user_budget),
+            (ScopeKind.NOTEBOOK, "", ds.notebook_budget),
+        ]
+        rows = [
+            e
+            for status in (RENEWS, RENEWED)
+            for e in log(ledger, [ds.name], LogFilter(status=status, limit=None))
+        ]
+        rows.sort(key=lambda e: e.id, reverse=True)
+        for kind, group, limit in budgets:
+            if limit.renew is None:
+                continue
+            mine = [
+                e
+                for e in rows
+                if e.target is not None
+                and e.target.kind == kind
+                and (kind != ScopeKind.GROUP or e.target.holder == group)
+            ]
+            found.append(
+                Renewal(
+                    dataset=ds.name,
+                    kind=kind,
+                    group=group,
+                    limit=limit,
+                    period=limit.renew,
+                    current=period_label(limit.renew, when),
+                    next_begins=datetime.fromisoformat(next_period(limit.renew, when)),
+                    history=mine[:RENEWAL_ROWS],
+                )
+            )
+    return found

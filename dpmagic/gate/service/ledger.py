@@ -714,6 +714,29 @@ class Ledger:
     def _transaction(self, durable: bool = True) -> _Immediate:
         return _Immediate(self._db, durable)
 
+    def timeline(self, scope: Scope, base: Budget) -> list[tuple[str, Cost, Budget]]:
+        """When ``scope``'s spending or limit (``base`` plus grants) changed, and to what,
+        oldest first: every row that counts for it, counted as every tally counts
+        (``_count``), read afresh from the log. The owner's console charts it."""
+        tally = Tally()
+        last = (tally.spent(), tally.limit(base))
+        points: list[tuple[str, Cost, Budget]] = []
+        with self._lock:
+            (upto,) = self._db.execute("SELECT COALESCE(MAX(id), 0) FROM entries").fetchone()
+            times = dict(
+                self._db.execute(
+                    "SELECT id, time FROM entries WHERE dataset = ? AND id <= ?",
+                    (scope.dataset, upto),
+                ).fetchall()
+            )
+            for row in self._scope_rows(scope, upto):
+                _count(row, scope, tally)
+                now = (tally.spent(), tally.limit(base))
+                if now != last:
+                    points.append((times[row["id"]], *now))
+                    last = now
+        return points
+
 
 def _count(row: sqlite3.Row, scope: Scope, tally: Tally) -> None:
     """Count one row for ``scope``, if it counts there: a charge for each scope it was
