@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from dpmagic.gate.service.budget_scopes import Scope
 
 USAGE_ERROR = 2
+CONSOLE_PORT = 8766
 
 
 class CommandError(Exception):
@@ -194,6 +195,29 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("transcript", type=Path, help="the transcript file")
     t.set_defaults(run=_transcript_verify)
 
+    p = sub.add_parser("console", help="the owner's web console", description=_console.__doc__)
+    p.add_argument("--policy", type=Path, required=True, help="the gate's policy TOML file")
+    p.add_argument(
+        "--host", default="127.0.0.1", help="the address to serve on (default 127.0.0.1)"
+    )
+    p.add_argument(
+        "--port", type=_port, default=CONSOLE_PORT,
+        help=f"the port (default {CONSOLE_PORT}; 0: any free port, printed)",
+    )  # fmt: skip
+    p.add_argument(
+        "--admin-token-file",
+        type=Path,
+        metavar="FILE",
+        help="admin tokens ([users] name = token, mode 0600), each signing an admin in",
+    )
+    p.add_argument(
+        "--jupyterhub",
+        action="store_true",
+        help="run as a JupyterHub service: the Hub's admins sign in through the Hub "
+        "(the address is the service's url)",
+    )
+    p.set_defaults(run=_console)
+
     p = sub.add_parser("audit", help="the query log", description=_audit.__doc__)
     _admin_options(p)
     p.add_argument("--notebook", help="only this notebook")
@@ -233,6 +257,16 @@ def _amount(text: str) -> float:
         return owner.amount(text)
     except OwnerError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"not a port number: {value}")
+    return value
 
 
 def _positive(text: str) -> int:
@@ -494,6 +528,25 @@ def _audit(args: argparse.Namespace) -> int:
         for row in rows:
             row["time"] = str(row["time"])[:19].replace("T", " ")
     return _emit(rows, args.json, empty="no queries recorded yet")
+
+
+def _console(args: argparse.Namespace) -> int:
+    """Serve the owner's console, a web page over the gate's ledger and policy: the
+    datasets and their policy, every budget with its spending over time, the query
+    log, renewals, and grants and resets with a reason. Run it as the gate's user;
+    it prints a login URL that signs one browser in, once. Until SIGTERM or SIGINT."""
+    policy = load_policy(args.policy)
+    if args.jupyterhub and importlib.util.find_spec("jupyterhub") is None:
+        raise CommandError("--jupyterhub needs JupyterHub: pip install 'dpmagic[hub]'")
+    from dpmagic.gate.console.server import run
+    from dpmagic.gate.service.auth import TokenFileError
+
+    try:
+        return run(policy, args.host, args.port, args.admin_token_file, args.jupyterhub)
+    except TokenFileError as exc:
+        raise CommandError(str(exc)) from None
+    except OSError as exc:
+        raise CommandError(f"cannot serve the console: {exc.strerror or exc}") from None
 
 
 def _datasets(policy: Policy, name: str | None) -> list[str]:

@@ -1,0 +1,102 @@
+"""The console as a JupyterHub service: the Hub's admins sign in with the Hub's OAuth.
+
+The Hub starts ``dpmagic console --jupyterhub`` as a service with a URL, proxies
+``/services/NAME/`` to it, and lists it in its Services menu. A browser there is sent
+to the Hub to sign in (OAuth, jupyterhub's ``HubOAuth``), and comes back with a token
+of the Hub's in a cookie; on each request the console asks the Hub (answers kept
+``CACHE_S``) who the token is, and admits them only if:
+
+- the token is a user's, not a service's;
+- the Hub says that user is one of its admins (the user model's ``admin``: set by
+  ``Authenticator.admin_users`` or the Hub's ``admin`` role), read from the Hub on
+  every check, so an admin demoted there is refused within ``CACHE_S``;
+- the token carries access to this service (``access:services!service=NAME``): a
+  token an admin made for something else, with fewer scopes, does not open the
+  console just because its owner is an admin.
+
+Why the ``admin`` flag and not the ``admin:users`` scope: for the console to see that
+scope, the Hub would have to put it into the tokens it hands the console (the
+service's ``oauth_client_allowed_scopes``), and every console cookie would then carry
+the power to administer the Hub's users. With the flag, the console's tokens can do
+nothing but identify their admin to it. A role granting ``access:services`` to other
+users lets them reach the console's URL, never past this check.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+from urllib.parse import urlsplit
+
+from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler, HubOAuthenticated
+from tornado.web import Application
+
+from dpmagic.gate.console.owners import AdminTokens, Owner, Way
+from dpmagic.gate.console.server import COOKIE, Console, ConsoleHandler, Refused, application
+from dpmagic.gate.console.sessions import Session
+from dpmagic.gate.failures import OwnerError
+from dpmagic.gate.policy import Policy
+
+# How long the Hub's word on a token is kept: a demoted admin is refused within it.
+CACHE_S = 60
+
+
+def hub_admin(model: dict[str, Any], hub_auth: HubOAuth) -> Owner:
+    """The console's owner a Hub user model names, or ``Refused`` (see the module)."""
+    name = str(model.get("name", ""))
+    if model.get("kind", "user") != "user":
+        raise Refused(f"{name} is a Hub service: the console is for the Hub's admins")
+    if model.get("admin") is not True:
+        raise Refused(f"{name} is not an admin of this Hub: the console is for its admins")
+    if not hub_auth.check_scopes(hub_auth.access_scopes, model):
+        raise Refused("this token has no access to the console; sign in through the Hub")
+    return Owner(name, Way.HUB)
+
+
+class HubConsoleHandler(HubOAuthenticated, ConsoleHandler):
+    """The console's handler, its owners signed in by the Hub."""
+
+    # The console's own CSRF check, not the Hub's: HubOAuth calls this before it
+    # trusts its cookie on a POST.
+    check_xsrf_cookie = ConsoleHandler.check_xsrf_cookie
+
+    async def signed_in(self) -> tuple[Owner | None, Session | None]:
+        model = await self.hub_auth.get_user(self, sync=False)
+        if not model:
+            return None, None
+        who = hub_admin(model, self.hub_auth)
+        sessions = self.console.sessions
+        session = sessions.find(self.get_cookie(COOKIE))
+        if (session is None or session.owner != who) and self.request.method == "GET":
+            # The admin's console session, which holds the CSRF token of their forms.
+            cookie, session = sessions.open(who)
+            self.set_session_cookie(cookie)
+        return who, (session if session is not None and session.owner == who else None)
+
+    def not_signed_in(self) -> None:
+        """A browser nobody signed in yet goes to the Hub to sign in; a POST is refused."""
+        if self.request.method == "GET":
+            self.redirect(self.get_login_url())
+            return
+        super().not_signed_in()
+
+
+def hub_console(
+    policy: Policy, admins: AdminTokens | None
+) -> tuple[Console, Application, str, int]:
+    """The console, its application, and the address the Hub proxies it from
+    (``$JUPYTERHUB_SERVICE_URL``), under the service's prefix."""
+    service_url = os.environ.get("JUPYTERHUB_SERVICE_URL", "")
+    prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "")
+    if not service_url or not prefix:
+        raise OwnerError(
+            "--jupyterhub runs the console as a Hub service: add it to "
+            "c.JupyterHub.services with a url (docs/console.md)"
+        )
+    where = urlsplit(service_url)
+    base = prefix if prefix.endswith("/") else prefix + "/"
+    HubOAuth.instance(cache_max_age=CACHE_S)  # the one every handler and the callback use
+    console = Console(policy, base, admins, unix=None)
+    callback = (base + "oauth_callback", HubOAuthCallbackHandler)
+    app = application(console, HubConsoleHandler, [callback])
+    return console, app, where.hostname or "127.0.0.1", where.port or 80

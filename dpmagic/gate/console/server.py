@@ -1,0 +1,449 @@
+"""The console's HTTP server: who is asking, whether they may, and which page.
+
+Tornado, because it is already a base dependency of dpmagic (the gate serves on it),
+so the console runs wherever the gate does with nothing more installed; and because
+JupyterHub's OAuth for services is a tornado mixin (``HubOAuthenticated``), so on a
+Hub the same handler serves the Hub's admins (``hub.py``). One handler serves every
+page of the console: the Hub's mixin then applies to all of them at once.
+
+Every request is checked here before a page is drawn:
+
+- who: a session cookie (from the one-time login URL printed to the gate's Unix
+  user, or an admin token typed into the sign-in form), an admin token as
+  ``Authorization: Bearer``, or on a Hub its OAuth cookie (``hub.py``). Anyone else is
+  answered 403 with the sign-in form and nothing of the ledger or the policy;
+- a POST (a change, signing in or out) must come from the console's own pages
+  (``guards.py``: its session's CSRF token and its Origin), or it is refused
+  before anything is read or written; a GET never changes the ledger;
+- the pages carry no script, and the Content-Security-Policy forbids any, nor may
+  another site frame them (a grant's button under a decoy).
+
+The console reads the ledger on the event loop: reads of a local SQLite file in WAL
+mode, which the gate's writes do not block, for one owner's page at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import secrets
+import signal
+import sys
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from tornado.httpserver import HTTPServer
+from tornado.netutil import bind_sockets
+from tornado.web import Application, HTTPError, RequestHandler
+
+from dpmagic.gate import owner
+from dpmagic.gate.console.budgets import budgets_page
+from dpmagic.gate.console.changes import ChangeForm, change_page
+from dpmagic.gate.console.guards import CSRF_FIELD, csrf_ok, same_origin
+from dpmagic.gate.console.layout import Frame, bare, esc, url
+from dpmagic.gate.console.overview import overview_page
+from dpmagic.gate.console.owners import AdminTokens, Owner, Way, bearer
+from dpmagic.gate.console.query_log import DEFAULT_ROWS, MAX_ROWS, log_page
+from dpmagic.gate.console.renewals import renewals_page
+from dpmagic.gate.console.sessions import Session, Sessions
+from dpmagic.gate.failures import OwnerError
+from dpmagic.gate.policy import Policy, PolicyError
+from dpmagic.gate.service.budget_scopes import Scope
+from dpmagic.gate.service.ledger import Ledger
+
+COOKIE = "dpmagic-console"
+CSP = (
+    "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; "
+    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+log = logging.getLogger("dpmagic.console")
+
+
+class Refused(HTTPError):
+    """A 403 whose reason the page may show (it says nothing of the ledger)."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(403, why)
+        self.why = why
+
+
+class Ledgers:
+    """The gate's ledger, opened once it exists and kept open: a GET never creates it
+    (a change does, as ``dpmagic budget grant`` does)."""
+
+    def __init__(self, policy: Policy) -> None:
+        self._policy = policy
+        self._open = contextlib.ExitStack()
+        self._ledger: Ledger | None = None
+
+    def get(self, create: bool = False) -> Ledger | None:
+        if self._ledger is None:
+            path = self._policy.gate.state_dir / owner.LEDGER_FILE
+            if not create and not path.exists():
+                return None
+            self._ledger = self._open.enter_context(owner.open_ledger(self._policy, create))
+        return self._ledger
+
+    def close(self) -> None:
+        self._open.close()
+
+
+@dataclass
+class Console:
+    """What every request of one console shares."""
+
+    policy: Policy
+    base: str  # the URL path the console is served under, ending in "/"
+    admins: AdminTokens | None
+    unix: Owner | None  # the owner a login URL signs in (None on a Hub)
+    sessions: Sessions = field(default_factory=Sessions)
+    read_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+
+    def __post_init__(self) -> None:
+        self.ledgers = Ledgers(self.policy)
+
+
+class ConsoleHandler(RequestHandler):
+    """Every page and action of the console, below its base URL."""
+
+    console: Console
+    who: Owner | None
+    session: Session | None
+
+    def initialize(self, console: Console) -> None:
+        self.console = console
+
+    def set_default_headers(self) -> None:
+        self.set_header("Content-Security-Policy", CSP)
+        self.set_header("X-Frame-Options", "DENY")
+        self.set_header("X-Content-Type-Options", "nosniff")
+        self.set_header("Referrer-Policy", "same-origin")
+        self.set_header("Cache-Control", "no-store")
+
+    async def prepare(self) -> None:
+        self.who, self.session = None, None
+        token = bearer(self.request.headers.get("Authorization"))
+        if token is not None and self.console.admins is not None:
+            self.who = self.console.admins.owner(token)
+            if self.who is None:
+                raise Refused("that token is not one of this console's admin tokens")
+        else:
+            self.who, self.session = await self.signed_in()
+        if self.request.method == "POST":
+            self.check_xsrf_cookie()
+
+    async def signed_in(self) -> tuple[Owner | None, Session | None]:
+        """The owner and session of the request's session cookie, if it has a live one."""
+        session = self.console.sessions.find(self.get_cookie(COOKIE))
+        return (None, None) if session is None else (session.owner, session)
+
+    def check_xsrf_cookie(self) -> None:
+        """Refuse a POST that may have been forged (``guards.py``). Signing in has no
+        session yet: its origin alone is checked. A bearer token's request carries no
+        cookie a forger could ride on; an Origin it names must still be ours."""
+        headers = self.request.headers
+        origin_ok = same_origin(headers.get("Origin"), headers.get("Referer"), self.request.host)
+        if bearer(headers.get("Authorization")) is not None and self.console.admins is not None:
+            if "Origin" in headers and not origin_ok:
+                raise Refused("this change came from another site")
+            return
+        if not origin_ok:
+            raise Refused("this change came from another site's page, or names no origin")
+        if self.path_kwargs["path"] == "login":
+            return
+        session = self.console.sessions.find(self.get_cookie(COOKIE))
+        if not csrf_ok(session, self.get_body_argument(CSRF_FIELD, None)):
+            raise Refused("this form is stale or was not the console's; reload the page")
+
+    def not_signed_in(self) -> None:
+        """Answer a request without an owner: the sign-in form, and nothing else."""
+        raise Refused("sign in as an owner of this gate to see its console")
+
+    # Pages (GET) and actions (POST), by their path below the console's base.
+
+    def get(self, path: str) -> None:
+        if path == "login":
+            self._login_by_link()
+            return
+        if self.who is None:
+            self.not_signed_in()
+            return
+        pages = {
+            "": self._show_overview,
+            "budgets": self._show_budgets,
+            "log": self._show_log,
+            "renewals": self._show_renewals,
+            "change": self._show_change,
+        }
+        if path not in pages:
+            raise HTTPError(404)
+        try:
+            self.finish(pages[path]())
+        except (OwnerError, PolicyError) as exc:  # a filter or a link the owner mistyped
+            self.set_status(400)
+            self.finish(
+                bare("Not understood", f"<main><h1>Not understood</h1><p>{esc(exc)}</p></main>")
+            )
+
+    def post(self, path: str) -> None:
+        if path == "login":
+            self._login_by_form()
+            return
+        if self.who is None:
+            self.not_signed_in()
+            return
+        if path == "logout":
+            self.console.sessions.close(self.get_cookie(COOKIE))
+            self.clear_cookie(COOKIE, path=self.console.base)
+            self.redirect(self.console.base + "login", status=303)
+        elif path in ("grant", "reset"):
+            self._apply(path)
+        else:
+            raise HTTPError(404)
+
+    def _frame(self) -> Frame:
+        assert self.who is not None
+        if self.session is None:
+            return Frame(self.console.base, self.who)
+        note = self.console.sessions.take_note(self.get_cookie(COOKIE))
+        return Frame(self.console.base, self.who, self.session.csrf, note)
+
+    def _datasets(self) -> list[str]:
+        name = self.get_query_argument("dataset", "")
+        return (
+            [self.console.policy.dataset(name).name]
+            if name
+            else sorted(self.console.policy.datasets)
+        )
+
+    def _show_overview(self) -> str:
+        return overview_page(self._frame(), self.console.policy, self.console.read_at)
+
+    def _show_budgets(self) -> str:
+        arg = self.get_query_argument
+        selected: Scope | None = None
+        if arg("budget", ""):
+            selected = owner.scope_named(
+                self.console.policy,
+                arg("dataset", "") or None,
+                arg("budget"),
+                arg("holder", ""),
+                arg("notebook", ""),
+            )
+        return budgets_page(
+            self._frame(),
+            self.console.policy,
+            self.console.ledgers.get(),
+            self._datasets(),
+            selected,
+        )
+
+    def _show_log(self) -> str:
+        arg = self.get_query_argument
+        status = arg("status", "")
+        if status and status not in owner.STATUSES:
+            raise OwnerError(f"no such status: {status!r}")
+        try:
+            limit = max(1, min(MAX_ROWS, int(arg("limit", "") or DEFAULT_ROWS)))
+        except ValueError:
+            raise OwnerError("at most how many rows: a whole number") from None
+        which = owner.LogFilter(
+            user=arg("user", "") or None,
+            notebook=arg("notebook", "") or None,
+            status=status or None,
+            text=arg("q", "") or None,
+            limit=limit,
+        )
+        entries = owner.log(self.console.ledgers.get(), self._datasets(), which)
+        return log_page(self._frame(), self.console.policy, entries, arg("dataset", ""), which)
+
+    def _show_renewals(self) -> str:
+        found = owner.renewals(self.console.policy, self.console.ledgers.get())
+        return renewals_page(self._frame(), found)
+
+    def _show_change(self) -> str:
+        form = ChangeForm.read(lambda name: self.get_query_argument(name, None))
+        return change_page(self._frame(), self.console.policy, form)
+
+    def _apply(self, action: str) -> None:
+        """A grant or reset from the change form, through ``owner`` as the CLI's."""
+        assert self.who is not None
+        form = ChangeForm.read(lambda name: self.get_body_argument(name, None))
+        try:
+            change = form.change(self.console.policy, action, self.who.by)
+        except (OwnerError, PolicyError) as exc:
+            self.set_status(400)
+            self.finish(change_page(self._frame(), self.console.policy, form, str(exc)))
+            return
+        ledger = self.console.ledgers.get(create=True)
+        assert ledger is not None
+        owner.apply(ledger, change)
+        log.info("%s by %s", change.describe(), self.who.by)
+        cookie = self.get_cookie(COOKIE)
+        if self.session is None or cookie is None:  # a script with a bearer token
+            self.finish(change.describe() + "\n")
+            return
+        self.console.sessions.note(cookie, change.describe())
+        self.redirect(url(self.console.base, "log", dataset=change.scope.dataset), status=303)
+
+    # Signing in.
+
+    def _login_by_link(self) -> None:
+        """The printed login URL: its one-time token for a session, then the overview."""
+        token = self.get_query_argument("token", "")
+        if not token:
+            self.finish(self._sign_in_page())
+            return
+        if self.console.unix is None or not self.console.sessions.redeem(token):
+            self.set_status(403)
+            self.finish(self._sign_in_page("this login link was used already, or is not valid"))
+            return
+        self._open_session(self.console.unix)
+
+    def _login_by_form(self) -> None:
+        """The sign-in form: the login URL's token, or an admin token."""
+        token = self.get_body_argument("token", "").strip()
+        found: Owner | None = None
+        if self.console.unix is not None and token and self.console.sessions.redeem(token):
+            found = self.console.unix
+        elif self.console.admins is not None and token:
+            found = self.console.admins.owner(token)
+        if found is None:
+            self.set_status(403)
+            self.finish(self._sign_in_page("that token does not sign anyone in here"))
+            return
+        self._open_session(found)
+
+    def _open_session(self, who: Owner) -> None:
+        self.console.sessions.close(self.get_cookie(COOKIE))
+        cookie, self.session = self.console.sessions.open(who)
+        self.set_session_cookie(cookie)
+        log.info("%s signed in", who.by)
+        self.redirect(self.console.base, status=303)
+
+    def set_session_cookie(self, cookie: str) -> None:
+        self.set_cookie(
+            COOKIE,
+            cookie,
+            path=self.console.base,
+            httponly=True,
+            samesite="Strict",
+            secure=self.request.protocol == "https",
+        )
+
+    def _sign_in_page(self, problem: str | None = None) -> str:
+        """The sign-in form, where a token can sign anyone in (not on a Hub without
+        admin tokens: there the Hub signs its admins in)."""
+        error = f'<p class="error">{esc(problem)}</p>' if problem else ""
+        ways = []
+        if self.console.unix is not None:
+            ways.append("open the login link <code>dpmagic console</code> printed (it works once)")
+        if self.console.admins is not None:
+            ways.append("give an admin token")
+        form = (
+            f"<p>To sign in, {' or '.join(ways)}.</p>"
+            f'<form method="post" action="{esc(self.console.base)}login">'
+            '<label>token <input name="token" type="password" autocomplete="off"></label> '
+            "<button>Sign in</button></form>"
+            if ways
+            else ""
+        )
+        return bare("Sign in", f"<main><h1>dpmagic console</h1>{error}{form}</main>")
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        """A refusal or an error as a page: its reason where it is one a user may read
+        (a refusal's, an owner's mistake), else the status alone, never a traceback."""
+        reason = ""
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        if isinstance(exc, Refused):
+            self.finish(
+                self._sign_in_page(exc.why)
+                if self.who is None
+                else bare("Refused", f"<main><h1>Refused</h1><p>{esc(exc.why)}</p></main>")
+            )
+            return
+        if status_code == 404:
+            reason = "no such page"
+        self.finish(
+            bare(str(status_code), f"<main><h1>{status_code}</h1><p>{esc(reason)}</p></main>")
+        )
+
+    def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
+        if isinstance(value, HTTPError):
+            log.info("%s %s: %s", self.request.method, self.request.path, value.status_code)
+        else:
+            super().log_exception(typ, value, tb)
+
+
+def _log_request(handler: RequestHandler) -> None:
+    """The access log: method, path and status; never a query string (the login
+    token, filters) nor a form."""
+    request = handler.request
+    log.info("%d %s %s", handler.get_status(), request.method, request.path)
+
+
+def application(
+    console: Console, handler: type[ConsoleHandler] = ConsoleHandler, extra: list[Any] | None = None
+) -> Application:
+    routes = [*(extra or []), (console.base + "(?P<path>.*)", handler, {"console": console})]
+    return Application(
+        routes,
+        cookie_secret=secrets.token_bytes(32),
+        log_function=_log_request,
+        xsrf_cookies=False,  # the console's own check, for every POST (``guards.py``)
+    )
+
+
+def run(
+    policy: Policy,
+    host: str,
+    port: int,
+    admin_tokens: Path | None,
+    jupyterhub: bool,
+) -> int:
+    """Serve the console until SIGTERM or SIGINT, then exit 0."""
+    admins = AdminTokens.from_file(admin_tokens) if admin_tokens is not None else None
+    with owner.open_ledger(policy):  # refuses another user's ledger before serving
+        pass
+    logging.basicConfig(level=logging.INFO, format="dpmagic console: %(message)s")
+    if jupyterhub:
+        from dpmagic.gate.console.hub import hub_console
+
+        console, app, host, port = hub_console(policy, admins)
+    else:
+        console = Console(policy, "/", admins, Owner(owner.operator(), Way.UNIX))
+        app = application(console)
+    return asyncio.run(_serve(console, app, host, port, jupyterhub))
+
+
+async def _serve(console: Console, app: Application, host: str, port: int, hub: bool) -> int:
+    sockets = bind_sockets(port, host)
+    server = HTTPServer(app, xheaders=hub)  # behind the Hub's proxy: its forwarded scheme
+    server.add_sockets(sockets)
+    bound = sockets[0].getsockname()[1]
+    where = f"http://{host if ':' not in host else f'[{host}]'}:{bound}{console.base}"
+    if console.unix is not None:
+        token = console.sessions.login_token()
+        print(f"dpmagic console: open {where}login?token={token} (it signs in one browser, once)")
+    else:
+        print(f"dpmagic console: serving {where} to the Hub's admins")
+    if not hub and not ipaddress.ip_address(sockets[0].getsockname()[0]).is_loopback:
+        print(
+            "dpmagic console: warning: served over plain HTTP beyond this machine; "
+            "put it behind TLS, or keep --host on 127.0.0.1 and tunnel (ssh -L)"
+        )
+    sys.stdout.flush()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        server.stop()
+        console.ledgers.close()
+    return 0
