@@ -1,0 +1,223 @@
+"""What the owner's console shows and does, read from its pages over real HTTP: the
+numbers ``owner`` gives the CLI, the log's filters, never a released value, every
+user-chosen text escaped, and changes that are the CLI's own rows in the log."""
+
+from __future__ import annotations
+
+import html
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlencode
+
+import pytest
+
+from dpmagic.gate import owner
+from dpmagic.gate.console.owners import Owner, Way
+from dpmagic.gate.console.server import Console
+from dpmagic.gate.policy import Budget, Policy
+from dpmagic.gate.service.budget_scopes import Scope
+from tests.admin_cli import cli
+from tests.consoles import PLANTED, QUERIES, Client, console_policy, seed, served
+
+
+@pytest.fixture
+def policy(tmp_path: Path) -> Policy:
+    found = console_policy(tmp_path)
+    seed(found)
+    return found
+
+
+@pytest.fixture
+def console(policy: Policy) -> Console:
+    return Console(policy, "/", None, Owner(owner.operator(), Way.UNIX))
+
+
+@pytest.fixture
+def client(console: Console) -> Iterator[Client]:
+    with served(console) as base:
+        client = Client(base)
+        assert client.get(f"login?token={console.sessions.login_token()}").status == 303
+        yield client
+
+
+def cells(page: str, first_head: str) -> list[list[str]]:
+    """The text of each body row's cells in the table whose first heading is given."""
+    start = page.index(f"<thead><tr><th>{first_head}</th>")
+    body = page[start : page.index("</table>", start)]
+    return [
+        [html.unescape(re.sub(r"<[^>]+>", "", c)) for c in re.findall(r"<td[^>]*>(.*?)</td>", r)]
+        for r in re.findall(r"<tr>(.*?)</tr>", body.split("<tbody>", 1)[1])
+    ]
+
+
+def test_the_budgets_page_shows_the_numbers_budget_rows_gives(
+    client: Client, policy: Policy
+) -> None:
+    with owner.open_ledger(policy) as ledger:
+        rows = owner.budget_rows(policy, ledger, ["d"], None)
+    shown = {(r[0], r[1], r[2]): r for r in cells(client.get("budgets").body, "budget")}
+    assert len(shown) == len(rows) == 9  # the dataset, group ta, 3 users, 4 notebooks
+    for row in rows:
+        holder = row["group"] or row["user"]
+        mine = shown[(row["budget"], holder, row["notebook"])]
+        spent, limit, left = (float(x) for x in mine[3:6])
+        assert spent == pytest.approx(row["spent_epsilon"], rel=1e-5)
+        assert limit == pytest.approx(row["limit_epsilon"], rel=1e-5)
+        assert left == pytest.approx(row["remaining_epsilon"], rel=1e-5)
+        assert mine[7] == row["renews"]
+
+
+def test_the_budgets_page_charts_each_dataset_and_the_chosen_budget(client: Client) -> None:
+    page = client.get("budgets?dataset=d&budget=user&holder=alice").body
+    charts = re.findall(r'<svg class="chart"[^>]*aria-label="([^"]*)"', page)
+    assert charts == [
+        "the budget of user alice on dataset &#x27;d&#x27;: spent ε=0.75 of 5",
+        "d: all users&#x27; spending under the dataset budget: spent ε=1.875 of 20",
+    ]
+    # One step per charge, then now: 0.5, 0.75 (alice's two queries), 0.75.
+    alice = page.split('<svg class="chart"')[1]
+    spent = re.findall(r"spent ε=([0-9.]+) of 5</title></circle>", alice)
+    assert spent == ["0.5", "0.75", "0.75"]
+    group = client.get("budgets?dataset=d&budget=group&holder=ta").body
+    assert "the budget of group &#x27;ta&#x27; on dataset &#x27;d&#x27;: spent ε=1.75 of 8" in group
+    assert client.get("budgets?dataset=d&budget=group&holder=nope").status == 400
+
+
+def test_spending_over_time_follows_grants_resets_and_the_standing(policy: Policy) -> None:
+    alice = Scope.user("d", "alice")
+    with owner.open_ledger(policy) as ledger:
+        assert ledger is not None
+        owner.apply(ledger, owner.grant(alice, Budget(2.0), "root", "more"))
+        owner.apply(ledger, owner.reset(alice, "root", "new term"))
+        points = owner.spending(policy, ledger, alice)
+        [standing] = [
+            s for s in owner.standings(policy, ledger, ["d"], "alice") if s.scope == alice
+        ]
+    assert [(p.spent, p.limit) for p in points] == [
+        (0.5, 5.0), (0.75, 5.0), (0.75, 7.0), (0.0, 5.0), (0.0, 5.0)
+    ]  # fmt: skip
+    assert points[-1].spent == standing.spent.epsilon
+    assert points[-1].limit == standing.limit.epsilon
+
+
+def logged(client: Client, query: str) -> list[list[str]]:
+    page = client.get(f"log?{query}")
+    assert page.status == 200, page.body
+    return cells(page.body, "id") if "<thead><tr><th>id</th>" in page.body else []
+
+
+def test_the_log_filters_by_user_notebook_status_text_dataset_and_count(client: Client) -> None:
+    everything = logged(client, "")
+    assert len(everything) == 4 + 3  # the queries, and each user's first week's row
+    assert {r[2] for r in logged(client, "user=alice")} == {"alice"}
+    assert {r[4] for r in logged(client, "notebook=hw1.ipynb")} == {"hw1.ipynb"}
+    assert len(logged(client, "notebook=hw1.ipynb")) == 2
+    assert {r[5] for r in logged(client, "status=renews")} == {"renews"}
+    [bob] = logged(client, "q=group+by")  # whatever the case
+    assert bob[2] == "bob" and bob[8] == QUERIES[2][3]
+    assert len(logged(client, "dataset=d&limit=2")) == 2
+    assert logged(client, "user=nobody") == []
+    assert client.get("log?status=stolen").status == 400
+    assert client.get("log?dataset=nope").status == 400
+    ids = [int(r[0]) for r in everything]
+    assert ids == sorted(ids, reverse=True)
+
+
+def test_no_page_shows_a_released_value(client: Client, policy: Policy) -> None:
+    paths = ["", "budgets", "log", "renewals", "change", "log?status=released&limit=1000"]
+    with owner.open_ledger(policy) as ledger:
+        for s in owner.standings(policy, ledger, ["d"], None):
+            paths.append(f"budgets?{urlencode(s.scope.as_dict())}")
+    for path in paths:
+        reply = client.get(path)
+        assert reply.status == 200, (path, reply.body)
+        for value in PLANTED:
+            assert value not in reply.body, (path, value)
+
+
+def test_user_chosen_text_is_escaped(client: Client) -> None:
+    for path in ("log", "budgets"):
+        page = client.get(path).body
+        assert "&lt;b&gt;notes&lt;/b&gt;.ipynb" in page
+        assert "<b>notes</b>" not in page
+
+
+CHANGES = [
+    (["--user", "alice"], {"budget": "user", "holder": "alice"}),
+    (["--user", "alice", "--notebook", "hw1.ipynb"],
+     {"budget": "notebook", "holder": "alice", "notebook": "hw1.ipynb"}),
+    (["--group", "ta"], {"budget": "group", "holder": "ta"}),
+    (["--all-users"], {"budget": "dataset"}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("options", "fields"), CHANGES)
+def test_a_console_change_is_the_clis_own_row_in_the_log(
+    client: Client,
+    policy: Policy,
+    capsys: pytest.CaptureFixture[str],
+    options: list[str],
+    fields: dict[str, str],
+) -> None:
+    """Owner actions have one implementation: the same grant and reset through the
+    console and through ``dpmagic budget`` write the same rows, but for id and time."""
+    where = ["--policy", str(policy.path), "--dataset", "d", *options]
+    for action, amount in (("grant", {"epsilon": "0.5", "delta": ""}), ("reset", {})):
+        form = {"dataset": "d", **fields, **amount, "reason": f"{action}: lab 3  retake"}
+        reply = client.post(action, {**form, "_csrf": client.csrf()})
+        assert reply.status == 303, reply.body
+        flags = ["--epsilon", "0.5"] if amount else []
+        code, out, _ = cli(capsys, "budget", action, *where, *flags, "--reason", form["reason"])
+        assert code == 0, out
+        # The console's note of what was done is the CLI's.
+        assert html.escape(out.strip()) in client.get("log").body
+        with owner.open_ledger(policy) as ledger:
+            assert ledger is not None
+            ours, theirs = ledger.history(limit=2)[::-1]
+        assert {**ours, "id": 0, "time": ""} == {**theirs, "id": 0, "time": ""}
+        assert ours["sql"] == f"budget {action} by {owner.operator()}: {action}: lab 3 retake"
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"reason": "  "}, "say why (a reason), for the audit log"),
+        ({"holder": "zed", "budget": "group"}, "group &#x27;zed&#x27; has no budget"),
+        ({"epsilon": "-1"}, "must be a finite number ≥ 0"),
+        ({"epsilon": "0"}, "a grant needs an ε or a δ above 0"),
+        ({"budget": "notebook"}, "name the notebook whose budget changes"),
+        ({"dataset": "nope"}, "unknown dataset"),
+    ],
+)
+def test_a_bad_change_is_explained_and_writes_nothing(
+    client: Client, policy: Policy, fields: dict[str, str], message: str
+) -> None:
+    form = {"dataset": "d", "budget": "user", "holder": "alice", "epsilon": "1",
+            "reason": "why", **fields}  # fmt: skip
+    with owner.open_ledger(policy) as ledger:
+        assert ledger is not None
+        before = len(ledger.history())
+        reply = client.post("grant", {**form, "_csrf": client.csrf()})
+        assert reply.status == 400
+        assert message in reply.body
+        assert len(ledger.history()) == before
+
+
+def test_the_renewals_page_shows_each_renewing_budget_and_its_rows(client: Client) -> None:
+    page = client.get("renewals").body
+    [summary] = cells(page, "dataset")
+    assert summary[:5] == ["d", "each user", "5", "0", "week"]
+    assert summary[5].startswith("week ") and summary[7] == "3"
+    rows = cells(page, "id")
+    assert {r[3] for r in rows} == {"alice", "bob", "carol"}
+    assert {r[2] for r in rows} == {"renews"}
+
+
+def test_the_overview_shows_the_policy_in_force(client: Client) -> None:
+    page = client.get("").body
+    budgets = {r[0]: r[1:] for r in cells(page, "budget")}
+    assert budgets["each user"] == ["5", "0", "week"]
+    assert budgets["group ta (alice, bob)"] == ["8", "0", "never"]
+    assert budgets["the dataset (all users together)"] == ["20", "0", "never"]
+    assert cells(page, "group") == [["ta", "alice, bob"]]
