@@ -1,0 +1,57 @@
+"""The console's rule for JupyterHub users: the Hub's admins, by a token that carries
+access to the console, and nobody else (``console/hub.py``). Judged on the user
+models the Hub's ``/hub/api/user`` answers, with jupyterhub's own scope check; the
+whole sign-in through a real Hub is tests/system/test_hub_console.py."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("jupyterhub", reason="the hub extra: pip install 'dpmagic[hub]'")
+
+from jupyterhub.services.auth import HubOAuth
+
+from dpmagic.gate.console.hub import hub_admin
+from dpmagic.gate.console.owners import Owner, Way
+from dpmagic.gate.console.server import Refused
+
+ACCESS = "access:services!service=dpmagic-console"
+
+
+@pytest.fixture
+def hub_auth() -> HubOAuth:
+    return HubOAuth(
+        api_token="service-token-0123456789",
+        oauth_client_id="service-dpmagic-console",
+        access_scopes={ACCESS},
+    )
+
+
+def model(name: str, admin: bool, scopes: list[str], kind: str = "user") -> dict[str, object]:
+    """A user model as the Hub answers it for an OAuth token."""
+    return {"kind": kind, "name": name, "admin": admin, "scopes": scopes}
+
+
+def test_a_hub_admin_with_the_consoles_access_is_an_owner(hub_auth: HubOAuth) -> None:
+    assert hub_admin(model("ada", True, [ACCESS, "read:users:name!user=ada"]), hub_auth) == (
+        Owner("ada", Way.HUB)
+    )
+    assert Owner("ada", Way.HUB).by == "hub:ada"
+    # Access to every service includes this one.
+    assert hub_admin(model("ada", True, ["access:services"]), hub_auth).name == "ada"
+
+
+@pytest.mark.parametrize(
+    ("who", "why"),
+    [
+        (model("bob", False, [ACCESS]), "bob is not an admin of this Hub"),
+        (model("bob", False, [ACCESS, "admin:users", "admin:servers"]), "not an admin"),
+        (model("ada", True, ["read:users:name!user=ada"]), "has no access to the console"),
+        (model("ada", True, ["access:services!service=dpmagic"]), "no access to the console"),
+        (model("cron", True, [ACCESS], kind="service"), "cron is a Hub service"),
+    ],
+)
+def test_anyone_else_is_refused(hub_auth: HubOAuth, who: dict[str, object], why: str) -> None:
+    with pytest.raises(Refused, match=why) as refused:
+        hub_admin(who, hub_auth)
+    assert refused.value.status_code == 403
