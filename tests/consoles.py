@@ -10,8 +10,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import http.client
+import os
 import re
+import select
+import signal
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +35,7 @@ from dpmagic.gate.service.ledger import Ledger
 from dpmagic.gate.service.reply import Reply
 from tests.conftest import write_dataset
 
+START_TIMEOUT_S = 60
 # Budgets of every kind: the dataset's, a group's, each user's (renewing weekly).
 BUDGETS = """\
 user_budget = { epsilon = 5.0, renew = "week" }
@@ -108,6 +115,53 @@ def served(console: Console) -> Iterator[str]:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
         console.ledgers.close()
+
+
+@dataclass
+class ConsoleProcess:
+    """``dpmagic console`` run as its owner runs it; ``login`` is the URL it printed."""
+
+    proc: subprocess.Popen[str]
+    login: str
+
+    @property
+    def base(self) -> str:
+        return self.login.split("login?", 1)[0]
+
+
+@contextlib.contextmanager
+def console_process(policy: Path, *options: str) -> Iterator[ConsoleProcess]:
+    """``dpmagic console --policy P --port 0 OPTIONS`` until the test ends, then SIGTERM
+    (it must exit 0)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dpmagic", "console", "--policy", str(policy), "--port", "0",
+         *options],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith(("DPMAGIC_", "JUPYTERHUB_"))},
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        line = ""
+        while not line and time.monotonic() < deadline and proc.poll() is None:
+            if select.select([proc.stdout], [], [], 0.2)[0]:
+                line = proc.stdout.readline()
+        found = re.search(r"open (http://\S+)", line)
+        if not found:
+            said = proc.stderr.read() if proc.poll() is not None else ""
+            raise AssertionError(f"the console did not start: {line!r} {said}")
+        yield ConsoleProcess(proc, found.group(1))
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                assert proc.wait(timeout=20) == 0
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
 
 
 @dataclass
