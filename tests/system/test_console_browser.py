@@ -1,0 +1,190 @@
+"""The owner's console in a real browser: ``dpmagic console`` driven by Chromium through
+Playwright, as an owner uses it.
+
+Signed in by the printed login URL: the overview, the budgets with their charts, the
+query log filtered, a grant made with a reason and seen in the log. A second browser
+profile that never signed in is refused, and so is the printed URL a second time; a
+page of another site whose form posts a grant to the console gets a 403 and writes
+nothing. Screenshots are kept in ``test-artifacts/console-*.png``.
+
+Run with ``python -m pytest -m browser``. It needs Debian's ``chromium`` and
+Playwright's Python client; Playwright's own browser download is never used.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from dpmagic.gate import owner
+from dpmagic.gate.policy import Policy
+from tests.consoles import ConsoleProcess, console_policy, console_process, seed
+
+pytestmark = pytest.mark.browser
+sync_api = pytest.importorskip(
+    "playwright.sync_api", reason="Playwright's Python client: pip install 'dpmagic[browser]'"
+)
+CHROMIUM = "/usr/bin/chromium"
+if not os.access(CHROMIUM, os.X_OK):
+    pytest.skip(
+        "Debian's chromium is not installed (apt-get install chromium)", allow_module_level=True
+    )
+
+FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+STEP_MS = 20_000
+
+
+@pytest.fixture
+def policy(tmp_path: Path) -> Policy:
+    found = console_policy(tmp_path)
+    seed(found)
+    return found
+
+
+@pytest.fixture
+def console(policy: Policy) -> Iterator[ConsoleProcess]:
+    with console_process(policy.path) as running:
+        yield running
+
+
+@pytest.fixture
+def browser():
+    with sync_api.sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+def _shoot(page, name: str) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / name), full_page=True)
+
+
+def _history(policy: Policy) -> list[dict[str, object]]:
+    with owner.open_ledger(policy) as ledger:
+        assert ledger is not None
+        return ledger.history()
+
+
+def test_an_owner_signs_in_reads_budgets_filters_the_log_and_grants(
+    console: ConsoleProcess, browser, policy: Policy
+) -> None:
+    page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
+    page.set_default_timeout(STEP_MS)
+    page.goto(console.login)
+    assert page.url == console.base  # the token is gone from the address bar
+    assert page.locator("h1").inner_text() == "Overview"
+    assert page.locator("header .who").inner_text() == f"signed in as {owner.operator()}"
+    _shoot(page, "console-overview.png")
+
+    page.get_by_role("link", name="Budgets").click()
+    assert page.locator("svg.chart").count() == 1  # the dataset's
+    row = page.locator("tr", has=page.locator("td", has_text="alice")).filter(
+        has_text="(all notebooks)"
+    )
+    assert row.locator("td").nth(3).inner_text() == "0.75"
+    row.get_by_role("link", name="chart").click()
+    assert page.locator("svg.chart").count() == 2
+    assert "Spending of the budget of user alice" in page.locator("h2").first.inner_text()
+    _shoot(page, "console-budgets.png")
+
+    page.get_by_role("link", name="Query log").click()
+    page.fill("input[name=user]", "alice")
+    page.select_option("select[name=status]", "released")
+    page.get_by_role("button", name="Filter").click()
+    users = page.locator("tbody tr td:nth-child(3)").all_inner_texts()
+    assert users == ["alice", "alice"]
+    assert set(page.locator("tbody tr .status").all_inner_texts()) == {"released"}
+    _shoot(page, "console-log-filtered.png")
+
+    before = len(_history(policy))
+    page.get_by_role("link", name="Change a budget").click()
+    page.select_option("select[name=budget]", "user")
+    page.fill("input[name=holder]", "bob")
+    page.fill("input[name=epsilon]", "0.75")
+    page.fill("textarea[name=reason]", "exam week: one more analysis")
+    page.get_by_role("button", name="Grant").click()
+    assert page.locator(".flash").inner_text() == (
+        "granted ε=0.75 to the budget of user bob on dataset 'd'"
+    )
+    first = page.locator("tbody tr").first
+    assert first.locator(".status").inner_text() == "granted"
+    assert f"budget grant by {owner.operator()}: exam week: one more analysis" in (
+        first.inner_text()
+    )
+    _shoot(page, "console-grant.png")
+    assert len(_history(policy)) == before + 1
+
+    # Another browser, never signed in, sees nothing; the printed URL is spent.
+    stranger = browser.new_context(viewport={"width": 1280, "height": 500}).new_page()
+    stranger.set_default_timeout(STEP_MS)
+    reply = stranger.goto(console.base + "budgets")
+    assert reply is not None and reply.status == 403
+    assert "alice" not in stranger.content() and "ε" not in stranger.content()
+    reply = stranger.goto(console.login)
+    assert reply is not None and reply.status == 403
+    assert "used already" in stranger.content()
+    _shoot(stranger, "console-refused.png")
+
+
+@pytest.fixture
+def other_site(console: ConsoleProcess) -> Iterator[str]:
+    """A page of another site (``localhost``, not the console's ``127.0.0.1``) whose form
+    posts a grant to the console, as a forger would make it: every field but the
+    session's CSRF token, which it cannot read."""
+    fields = {"dataset": "d", "budget": "user", "holder": "mallory", "epsilon": "100",
+              "reason": "forged", "_csrf": "guessed"}  # fmt: skip
+    inputs = "".join(
+        f'<input type="hidden" name="{k}" value="{html.escape(v)}">' for k, v in fields.items()
+    )
+    body = (
+        f'<!doctype html><form method="post" action="{console.base}grant">{inputs}'
+        "<button>Win a prize</button></form>"
+    ).encode()
+
+    class Page(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://localhost:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_another_sites_form_cannot_change_a_budget(
+    console: ConsoleProcess, browser, policy: Policy, other_site: str
+) -> None:
+    page = browser.new_context().new_page()
+    page.set_default_timeout(STEP_MS)
+    page.goto(console.login)  # the owner is signed in, in this browser
+    before = _history(policy)
+    page.goto(other_site)
+    with page.expect_navigation() as navigation:
+        page.get_by_role("button", name="Win a prize").click()
+    assert navigation.value is not None and navigation.value.status == 403
+    assert _history(policy) == before
+    page.goto(console.base + "log")  # still signed in, and nothing was granted
+    assert "mallory" not in page.content()
