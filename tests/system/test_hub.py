@@ -12,15 +12,9 @@ run with ``python -m pytest -q -m hub``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
-import signal
-import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,38 +25,17 @@ import pytest
 from dpmagic.cli import main
 from dpmagic.demo import prepare_example
 from tests.conftest import free_port
+from tests.hubs import START_TIMEOUT_S, Hub, needs_hub, running_hub, wait_for
 
 pytestmark = pytest.mark.hub
 
-ROOT = Path(__file__).resolve().parents[2]
-PROXY = ROOT / ".hub" / "node_modules" / ".bin" / "configurable-http-proxy"
 SERVICE = "dpmagic"
 ADMIN_TOKEN = uuid.uuid4().hex
 USERS = ("alice", "bob")
-START_TIMEOUT_S = 120
 COUNT = "SELECT COUNT(*) AS visits FROM visits"
 
-CONFIG = """\
-c = get_config()  # noqa
-c.JupyterHub.ip = "127.0.0.1"
-c.JupyterHub.port = {proxy_port}
-c.JupyterHub.hub_ip = "127.0.0.1"
-c.JupyterHub.hub_port = {hub_port}
-c.ConfigurableHTTPProxy.command = [{chp!r}]
-c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{chp_port}"
-c.JupyterHub.db_url = "sqlite:///{work}/jupyterhub.sqlite"
-c.JupyterHub.cookie_secret_file = "{work}/cookie_secret"
-c.JupyterHub.pid_file = "{work}/jupyterhub.pid"
-c.JupyterHub.authenticator_class = "dummy"
-c.Authenticator.allowed_users = {users!r}
-c.JupyterHub.spawner_class = "simple"
-c.SimpleLocalProcessSpawner.home_dir_template = "{work}/home/{{username}}"
-c.Spawner.cmd = [{singleuser!r}]
-c.Spawner.args = ["--allow-root"]  # the test may run as root
-c.Spawner.start_timeout = 120
-c.Spawner.http_timeout = 120
-
 # --- what a deployment adds for dpmagic (README: "On JupyterHub") ---
+SERVICES = """
 c.JupyterHub.services = [
     {{
         "name": "{service}",
@@ -89,82 +62,35 @@ c.Spawner.environment = {{"DPMAGIC_GATE": "http://127.0.0.1:{gate_port}"}}
 
 
 @dataclass
-class Hub:
-    api: str
-    proxy: str
+class GateHub(Hub):
+    """The Hub, and the gate it runs as a service."""
+
     gate: str
     policy: Path
 
-    def request(self, method: str, path: str, token: str, body: object = None) -> tuple[int, dict]:
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.api + path, data=data, method=method)
-        req.add_header("Authorization", f"token {token}")
-        if data is not None:
-            req.add_header("Content-Type", "application/json")
-        try:
-            with urllib.request.urlopen(req, timeout=30) as reply:
-                raw = reply.read()
-                return reply.status, json.loads(raw) if raw else {}
-        except urllib.error.HTTPError as exc:
-            return exc.code, {}
-
-
-def _wait(url: str, deadline: float, what: str, log: Path) -> None:
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=5):
-                return
-        except urllib.error.HTTPError:
-            return  # it answers
-        except OSError:
-            time.sleep(0.5)
-    raise RuntimeError(f"{what} did not start; the Hub's log:\n{log.read_text()[-4000:]}")
-
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
-    pytest.importorskip("jupyterhub", reason="needs pip install -e '.[hub]'")
-    if not PROXY.exists():
-        pytest.skip("needs npm install --prefix .hub configurable-http-proxy")
+def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GateHub]:
+    needs_hub()
     work = tmp_path_factory.mktemp("hub")
     policy = prepare_example(work / "clinic", patients=200)
-    ports = {name: free_port() for name in ("proxy_port", "hub_port", "chp_port", "gate_port")}
-    bin_dir = Path(sys.executable).parent
-    config = work / "jupyterhub_config.py"
-    config.write_text(
-        CONFIG.format(
-            **ports,
-            chp=str(PROXY),
-            work=work,
-            users=set(USERS),
-            singleuser=str(bin_dir / "jupyterhub-singleuser"),
-            service=SERVICE,
-            python=sys.executable,
-            policy=str(policy),
-            admin_token=ADMIN_TOKEN,
+    gate_port = free_port()
+    services = SERVICES.format(
+        service=SERVICE,
+        gate_port=gate_port,
+        python=sys.executable,
+        policy=str(policy),
+        admin_token=ADMIN_TOKEN,
+    )
+    with running_hub(work, set(USERS), services) as running:
+        the_hub = GateHub(
+            running.api, running.proxy, running.log, f"http://127.0.0.1:{gate_port}", policy
         )
-    )
-    log = work / "hub.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DPMAGIC_", "JUPYTERHUB_"))}
-    env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [str(bin_dir / "jupyterhub"), "-f", str(config)],
-            cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-    the_hub = Hub(
-        api=f"http://127.0.0.1:{ports['hub_port']}/hub/api",
-        proxy=f"http://127.0.0.1:{ports['proxy_port']}",
-        gate=f"http://127.0.0.1:{ports['gate_port']}",
-        policy=policy,
-    )
-    try:
         deadline = time.monotonic() + START_TIMEOUT_S
-        _wait(the_hub.api + "/", deadline, "the Hub", log)
-        _wait(the_hub.gate + "/v1/health", deadline, "the gate service", log)
+        wait_for(the_hub.gate + "/v1/health", deadline, "the gate service", the_hub)
         for user in USERS:
             status, _ = the_hub.request("POST", f"/users/{user}/server", ADMIN_TOKEN)
-            assert status in (201, 202), (status, log.read_text()[-4000:])
+            assert status in (201, 202), (status, the_hub.tail())
         for user in USERS:
             while time.monotonic() < deadline:
                 _, model = the_hub.request("GET", f"/users/{user}", ADMIN_TOKEN)
@@ -172,21 +98,11 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
                     break
                 time.sleep(0.5)
             else:
-                raise RuntimeError(f"{user}'s server did not start:\n{log.read_text()[-4000:]}")
+                raise RuntimeError(f"{user}'s server did not start:\n{the_hub.tail()}")
         yield the_hub
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        # The Hub stops its servers and services; anything left in its group goes too.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
 
 
-def server_token(hub: Hub, user: str) -> str:
+def server_token(hub: GateHub, user: str) -> str:
     """A token to drive the user's server from outside, as their browser would."""
     status, reply = hub.request(
         "POST", f"/users/{user}/tokens", ADMIN_TOKEN,
@@ -196,12 +112,12 @@ def server_token(hub: Hub, user: str) -> str:
     return reply["token"]
 
 
-def run_in_kernel(hub: Hub, user: str, cells: list[str]) -> list[dict]:
+def run_in_kernel(hub: GateHub, user: str, cells: list[str]) -> list[dict]:
     """Run cells in a new kernel of the user's server; each cell's outputs and status."""
     return asyncio.run(_run_in_kernel(hub, user, server_token(hub, user), cells))
 
 
-async def _run_in_kernel(hub: Hub, user: str, token: str, cells: list[str]) -> list[dict]:
+async def _run_in_kernel(hub: GateHub, user: str, token: str, cells: list[str]) -> list[dict]:
     from tornado.httpclient import AsyncHTTPClient, HTTPRequest
     from tornado.websocket import websocket_connect
 
@@ -263,7 +179,7 @@ def asked(outcome: dict) -> dict:
 
 
 def test_each_users_kernel_is_charged_to_its_own_budget(
-    hub: Hub, capsys: pytest.CaptureFixture[str]
+    hub: GateHub, capsys: pytest.CaptureFixture[str]
 ) -> None:
     alice = run_in_kernel(
         hub, "alice", ["%load_ext dpmagic", f"%%dpsql -e 0.5\n{COUNT}", ASK.format(eps=0.5)]
@@ -292,7 +208,7 @@ def test_each_users_kernel_is_charged_to_its_own_budget(
     assert spent == {"alice": 0.5, "bob": 0.75}
 
 
-def test_a_kernel_cannot_use_another_token(hub: Hub) -> None:
+def test_a_kernel_cannot_use_another_token(hub: GateHub) -> None:
     # A token of Alice's that the Hub issued without the gate's scope (the one
     # her browser uses for her server), and a made-up one: both refused.
     alices = server_token(hub, "alice")

@@ -117,6 +117,19 @@ def test_an_admin_token_signs_in_as_a_bearer_or_by_the_form(base: str, policy: P
         assert ledger.history(limit=1)[0]["sql"] == "budget grant by token:ops: lab 3 retake"
 
 
+def test_a_script_with_an_admin_token_changes_a_budget(base: str, policy: Policy) -> None:
+    script = Client(base, extra={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    before = log_size(policy)
+    assert script.post("grant", GRANT, {"Origin": "http://evil.example"}).status == 403
+    assert log_size(policy) == before
+    reply = script.post("grant", GRANT, {"Origin": ""})  # as curl sends it: no origin
+    assert reply.status == 200
+    assert reply.body == "granted ε=0.5 to the budget of user alice on dataset 'd'\n"
+    with owner.open_ledger(policy) as ledger:
+        assert ledger is not None
+        assert ledger.history(limit=1)[0]["sql"] == "budget grant by token:ops: lab 3 retake"
+
+
 def test_an_admin_tokens_file_others_can_read_is_refused(tmp_path: Path) -> None:
     tokens = tmp_path / "admins.toml"
     tokens.write_text(f'[users]\nops = "{ADMIN_TOKEN}"\n')
