@@ -19,15 +19,23 @@ import pwd
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING, cast
 
 from dpmagic.gate.dp.accounting import make_accountant
 from dpmagic.gate.failures import OwnerError
 from dpmagic.gate.policy import Budget, Dataset, Policy
 from dpmagic.gate.policy.values import AccountantKind, Period
 from dpmagic.gate.service.budget_scopes import (
+    ADMIN,
+    CHARGED,
+    FAILED,
+    GRANTED,
     GROUP_SEPARATOR,
+    RELEASED,
     RENEWED,
     RENEWS,
+    REPLAYED,
+    RESET,
     WHOLE_USER,
     Scope,
     ScopeKind,
@@ -37,6 +45,9 @@ from dpmagic.gate.service.budget_scopes import (
 )
 from dpmagic.gate.service.ledger import Ledger
 
+if TYPE_CHECKING:
+    import sqlite3
+
 LEDGER_FILE = "ledger.sqlite3"
 ALL_NOTEBOOKS = "(all notebooks)"
 # The audit columns a terminal shows, the long SQL last.
@@ -44,7 +55,7 @@ AUDIT_COLUMNS = ("id", "time", "user", "dataset", "notebook", "epsilon", "status
 # Every status a log row may have, queries' first, then the owner's and the renewals'.
 # The renewal rows shown per renewing budget, newest first.
 RENEWAL_ROWS = 50
-STATUSES = ("charged", "released", "failed", "replayed", "granted", "reset", RENEWS, RENEWED)
+STATUSES = (CHARGED, RELEASED, FAILED, REPLAYED, GRANTED, RESET, RENEWS, RENEWED)
 
 
 @dataclass(frozen=True)
@@ -381,7 +392,7 @@ class LogEntry:
 
     @property
     def replayed(self) -> bool:
-        return self.status == "replayed"
+        return self.status == REPLAYED
 
     def row(self) -> dict[str, object]:
         """The row ``dpmagic audit --json`` prints."""
@@ -424,23 +435,34 @@ def log(ledger: Ledger | None, datasets: list[str], which: LogFilter) -> list[Lo
 
 
 def _entry(row: dict[str, object]) -> LogEntry:
-    admin = row["status"] in ("granted", "reset", RENEWS, RENEWED)
-    dataset = str(row["dataset"])
-    columns = {**row, "groups": GROUP_SEPARATOR.join(row["groups"])}  # type: ignore[arg-type]
+    """A history row (``Ledger.history``) as typed."""
+
+    def number(key: str) -> float:
+        value = row[key]
+        assert isinstance(value, int | float)
+        return float(value)
+
+    groups, source, dataset = row["groups"], row["source"], str(row["dataset"])
+    assert isinstance(groups, list) and (source is None or isinstance(source, int))
+    target = None
+    if row["status"] in ADMIN:
+        # ``admin_target`` reads a row by its columns' names, which a history row keeps.
+        columns = cast("sqlite3.Row", {**row, "groups": GROUP_SEPARATOR.join(groups)})
+        target = admin_target(columns, dataset)
     return LogEntry(
-        id=int(row["id"]),  # type: ignore[call-overload]
+        id=int(number("id")),
         time=datetime.fromisoformat(str(row["time"])),
         user=str(row["user"]),
         dataset=dataset,
         notebook=str(row["notebook"]),
         sql=str(row["sql"]),
-        epsilon=float(row["epsilon"]),  # type: ignore[arg-type]
-        delta=float(row["delta"]),  # type: ignore[arg-type]
-        rho=float(row["rho"]),  # type: ignore[arg-type]
+        epsilon=number("epsilon"),
+        delta=number("delta"),
+        rho=number("rho"),
         status=str(row["status"]),
-        groups=tuple(row["groups"]),  # type: ignore[arg-type]
-        source=row["source"],  # type: ignore[arg-type]
-        target=admin_target(columns, dataset) if admin else None,  # type: ignore[arg-type]
+        groups=tuple(groups),
+        source=source,
+        target=target,
     )
 
 

@@ -5,6 +5,7 @@ gate's next query, and what it refuses to start on is said in one line."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ from dpmagic.errors import BudgetExhausted
 from dpmagic.gate import owner
 from tests.admin_cli import COUNT, cli
 from tests.conftest import GateProcess
-from tests.consoles import Client, console_policy, console_process
+from tests.consoles import Client, console_policy, console_process, seed
 
 
 @pytest.fixture
@@ -87,3 +88,13 @@ def test_the_console_on_jupyterhub_needs_to_be_a_hub_service(tmp_path: Path) -> 
     done = run_console("--policy", str(policy), "--jupyterhub")
     assert done.returncode == 2
     assert "--jupyterhub runs the console as a Hub service" in done.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to hand the ledger to another user")
+def test_the_console_refuses_another_users_ledger(tmp_path: Path) -> None:
+    policy = console_policy(tmp_path)
+    seed(policy)
+    os.chown(policy.gate.state_dir / owner.LEDGER_FILE, 65534, 65534)
+    done = run_console("--policy", str(policy.path), "--port", "0")
+    assert done.returncode == 2
+    assert done.stderr.startswith("dpmagic: error: the ledger belongs to user ")

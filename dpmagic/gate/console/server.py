@@ -57,8 +57,8 @@ from dpmagic.gate.service.ledger import Ledger
 
 COOKIE = "dpmagic-console"
 CSP = (
-    "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; "
-    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; "
+    "frame-ancestors 'none'; base-uri 'none'"
 )
 log = logging.getLogger("dpmagic.console")
 
@@ -102,6 +102,7 @@ class Console:
     unix: Owner | None  # the owner a login URL signs in (None on a Hub)
     sessions: Sessions = field(default_factory=Sessions)
     read_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    ledgers: Ledgers = field(init=False)
 
     def __post_init__(self) -> None:
         self.ledgers = Ledgers(self.policy)
@@ -111,8 +112,9 @@ class ConsoleHandler(RequestHandler):
     """Every page and action of the console, below its base URL."""
 
     console: Console
-    who: Owner | None
-    session: Session | None
+    # Until ``prepare`` knows better (a refusal may be written before it runs).
+    who: Owner | None = None
+    session: Session | None = None
 
     def initialize(self, console: Console) -> None:
         self.console = console
@@ -350,14 +352,14 @@ class ConsoleHandler(RequestHandler):
             '<label>token <input name="token" type="password" autocomplete="off"></label> '
             "<button>Sign in</button></form>"
             if ways
-            else ""
+            else f'<p><a href="{esc(self.console.base)}">Sign in at the Hub</a>, as one of '
+            "its admins.</p>"
         )
         return bare("Sign in", f"<main><h1>dpmagic console</h1>{error}{form}</main>")
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         """A refusal or an error as a page: its reason where it is one a user may read
         (a refusal's, an owner's mistake), else the status alone, never a traceback."""
-        reason = ""
         exc = kwargs.get("exc_info", (None, None, None))[1]
         if isinstance(exc, Refused):
             self.finish(
@@ -366,8 +368,7 @@ class ConsoleHandler(RequestHandler):
                 else bare("Refused", f"<main><h1>Refused</h1><p>{esc(exc.why)}</p></main>")
             )
             return
-        if status_code == 404:
-            reason = "no such page"
+        reason = "no such page" if status_code == 404 else ""
         self.finish(
             bare(str(status_code), f"<main><h1>{status_code}</h1><p>{esc(reason)}</p></main>")
         )
@@ -407,8 +408,8 @@ def run(
 ) -> int:
     """Serve the console until SIGTERM or SIGINT, then exit 0."""
     admins = AdminTokens.from_file(admin_tokens) if admin_tokens is not None else None
-    with owner.open_ledger(policy):  # refuses another user's ledger before serving
-        pass
+    ledger = policy.gate.state_dir / owner.LEDGER_FILE  # another user's: refused
+    owner.check_owner(ledger if ledger.exists() else policy.gate.state_dir)
     logging.basicConfig(level=logging.INFO, format="dpmagic console: %(message)s")
     if jupyterhub:
         from dpmagic.gate.console.hub import hub_console

@@ -66,8 +66,12 @@ class Sessions:
 
     def open(self, owner: Owner) -> tuple[str, Session]:
         """A new session for ``owner``: its cookie value, and the session."""
+        now = self._clock()
+        for key in [k for k, s in self._sessions.items() if s.ends <= now]:  # the ended
+            del self._sessions[key]
+            self._notes.pop(key, None)
         cookie = secrets.token_urlsafe(TOKEN_BYTES)
-        session = Session(owner, secrets.token_urlsafe(TOKEN_BYTES), self._clock() + LIFETIME_S)
+        session = Session(owner, secrets.token_urlsafe(TOKEN_BYTES), now + LIFETIME_S)
         self._sessions[_digest(cookie)] = session
         return cookie, session
 
