@@ -76,14 +76,17 @@ class Hub:
         return self.log.read_text()[-4000:]
 
 
-def wait_for(url: str, deadline: float, what: str, hub: Hub) -> None:
-    """Until ``url`` answers at all (an HTTP error is an answer)."""
+def wait_for(url: str, deadline: float, what: str, hub: Hub, *, served: bool = False) -> None:
+    """Until ``url`` answers at all (an HTTP error is an answer), or with ``served``
+    until it answers 200 (through the proxy: once the Hub has added its route)."""
     while time.monotonic() < deadline:
         try:
             with urllib.request.urlopen(url, timeout=5):
                 return
         except urllib.error.HTTPError:
-            return  # it answers
+            if not served:
+                return  # it answers
+            time.sleep(0.5)
         except OSError:
             time.sleep(0.5)
     raise RuntimeError(f"{what} did not start; the Hub's log:\n{hub.tail()}")

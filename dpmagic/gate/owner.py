@@ -1,5 +1,6 @@
-"""What the data's owner can read and do: every budget's standing, the query log,
-and the changes to budgets (grants and resets), each with its reason.
+"""What the data's owner can read and do: every budget's standing and its spending
+over time, the query log, the renewing budgets, and the changes to budgets (grants
+and resets), each with its reason.
 
 One implementation, which ``dpmagic budget``/``dpmagic audit`` and the owner's
 console (``dpmagic console``) both call, so the terminal and the web page can
@@ -53,9 +54,9 @@ ALL_NOTEBOOKS = "(all notebooks)"
 # The audit columns a terminal shows, the long SQL last.
 AUDIT_COLUMNS = ("id", "time", "user", "dataset", "notebook", "epsilon", "status", "sql")
 # Every status a log row may have, queries' first, then the owner's and the renewals'.
+STATUSES = (CHARGED, RELEASED, FAILED, REPLAYED, GRANTED, RESET, RENEWS, RENEWED)
 # The renewal rows shown per renewing budget, newest first.
 RENEWAL_ROWS = 50
-STATUSES = (CHARGED, RELEASED, FAILED, REPLAYED, GRANTED, RESET, RENEWS, RENEWED)
 
 
 @dataclass(frozen=True)

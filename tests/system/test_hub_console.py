@@ -77,6 +77,8 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Hub, Policy]
     with running_hub(work, {ADMIN, USER}, services) as running:
         deadline = time.monotonic() + START_TIMEOUT_S
         wait_for(f"http://127.0.0.1:{port}/services/{SERVICE}/", deadline, "the console", running)
+        for path in ("/hub/login", f"/services/{SERVICE}/login"):
+            wait_for(running.proxy + path, deadline, "the proxy", running, served=True)
         yield running, policy
 
 
@@ -100,7 +102,8 @@ def _sign_in(browser, hub: Hub, user: str, then: str):
     takes any password), at ``then``."""
     page = browser.new_context(viewport={"width": 1280, "height": 800}).new_page()
     page.set_default_timeout(STEP_MS)
-    page.goto(f"{hub.proxy}/hub/login?next={then}")
+    reply = page.goto(f"{hub.proxy}/hub/login?next={then}")
+    assert reply is not None and reply.status == 200, hub.tail()
     page.fill("input[name=username]", user)
     page.fill("input[name=password]", "any password")
     page.click("input[type=submit], button[type=submit]")

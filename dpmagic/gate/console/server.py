@@ -160,6 +160,9 @@ class ConsoleHandler(RequestHandler):
         session = self.console.sessions.find(self.get_cookie(COOKIE))
         if not csrf_ok(session, self.get_body_argument(CSRF_FIELD, None)):
             raise Refused("this form is stale or was not the console's; reload the page")
+        if self.who is not None and session is not None and session.owner != self.who:
+            # On a Hub: the browser's console session is another admin's than its Hub's.
+            raise Refused("this form was another owner's; reload the page")
 
     def not_signed_in(self) -> None:
         """Answer a request without an owner: the sign-in form, and nothing else."""
