@@ -350,7 +350,7 @@ def spending(policy: Policy, ledger: Ledger, scope: Scope) -> list[Point]:
     base = base_limit(ds, scope) if capped else Budget(0.0)
     steps = [(datetime.fromisoformat(t), c, b) for t, c, b in ledger.timeline(scope, base)]
     [(spent, limit)] = ledger.standing([(scope, base)])
-    steps.append((datetime.now(UTC), spent, limit))
+    steps.append((ledger.now(), spent, limit))
     if not capped:
         return [Point(when, cost.epsilon, None) for when, cost, _ in steps]
     return [
@@ -496,9 +496,9 @@ class Renewal:
     history: list[LogEntry]
 
 
-def renewals(policy: Policy, ledger: Ledger | None, now: datetime | None = None) -> list[Renewal]:
+def renewals(policy: Policy, ledger: Ledger | None) -> list[Renewal]:
     """Every renewing budget of the policy, with its renewal rows from the ledger."""
-    when = now or datetime.now(UTC)
+    when = ledger.now() if ledger is not None else datetime.now(UTC)
     found: list[Renewal] = []
     for ds in sorted(policy.datasets.values(), key=lambda d: d.name):
         budgets: list[tuple[ScopeKind, str, Budget]] = []
