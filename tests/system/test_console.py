@@ -82,8 +82,8 @@ def test_the_console_refuses_an_open_admin_tokens_file(tmp_path: Path) -> None:
     assert "chmod 600" in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.hub  # run where the hub extra is installed (.ci/run's Hub stage)
 def test_the_console_on_jupyterhub_needs_to_be_a_hub_service(tmp_path: Path) -> None:
-    pytest.importorskip("jupyterhub", reason="the hub extra: pip install 'dpmagic[hub]'")
     policy = console_policy(tmp_path).path
     done = run_console("--policy", str(policy), "--jupyterhub")
     assert done.returncode == 2

@@ -24,6 +24,8 @@ import pytest
 
 from dpmagic.cli import main
 from dpmagic.demo import prepare_example
+from dpmagic.gate import owner
+from dpmagic.gate.policy import load_policy
 from tests.conftest import free_port
 from tests.hubs import START_TIMEOUT_S, Hub, needs_hub, running_hub, wait_for
 
@@ -32,6 +34,7 @@ pytestmark = pytest.mark.hub
 SERVICE = "dpmagic"
 ADMIN_TOKEN = uuid.uuid4().hex
 USERS = ("alice", "bob")
+GROUP = "section-a"  # a Hub group, alice's
 COUNT = "SELECT COUNT(*) AS visits FROM visits"
 
 # --- what a deployment adds for dpmagic (README: "On JupyterHub") ---
@@ -56,7 +59,9 @@ c.Spawner.server_token_scopes = [
     "users:activity!user",
     "access:servers!server",
     "access:services!service={service}",
+    "read:users:groups!user",
 ]
+c.JupyterHub.load_groups = {{"{group}": {{"users": ["alice"]}}}}
 c.Spawner.environment = {{"DPMAGIC_GATE": "http://127.0.0.1:{gate_port}"}}
 """
 
@@ -74,8 +79,18 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GateHub]:
     needs_hub()
     work = tmp_path_factory.mktemp("hub")
     policy = prepare_example(work / "clinic", patients=200)
+    # A budget for a group the Hub declares, which the policy's [groups] does not.
+    text = policy.read_text()
+    policy.write_text(
+        text.replace(
+            "[datasets.clinic]\n",
+            f"[datasets.clinic]\ngroup_budgets = {{ {GROUP} = {{ epsilon = 40.0 }} }}\n",
+            1,
+        )
+    )
     gate_port = free_port()
     services = SERVICES.format(
+        group=GROUP,
         service=SERVICE,
         gate_port=gate_port,
         python=sys.executable,
@@ -263,3 +278,27 @@ def test_a_hub_gate_needs_its_service_name_and_url(
     monkeypatch.setenv("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:1")
     assert main(["serve", "--jupyterhub", "--policy", str(policy)]) == 2
     assert "needs the gate's service name" in capsys.readouterr().err
+
+
+# Last: it spends alice's and bob's budgets, which the tests above count.
+GROUPS = f"""\
+import json
+from dpmagic.client import Gate
+r = Gate().query({COUNT!r}, epsilon=0.5, notebook="groups.ipynb", fresh=True)
+print(json.dumps(sorted(r.budget.get("groups", {{}}))))
+"""
+
+
+def test_a_users_hub_groups_are_charged_as_groups(hub: GateHub) -> None:
+    """alice is in the Hub's group section-a, bob in none: the gate reads that from
+    the Hub's answer for each kernel's token, and charges alice's query to the
+    group's budget as well as hers."""
+    [alice] = run_in_kernel(hub, "alice", [GROUPS])
+    [bob] = run_in_kernel(hub, "bob", [GROUPS])
+    assert alice["status"] == "ok" and bob["status"] == "ok", (alice, bob)
+    assert json.loads(alice["stdout"].strip().splitlines()[-1]) == [GROUP]
+    assert json.loads(bob["stdout"].strip().splitlines()[-1]) == []
+    policy = load_policy(hub.policy)
+    with owner.open_ledger(policy) as ledger:
+        charged = ledger.history(notebook="groups.ipynb", status="released")
+    assert {row["user"]: row["groups"] for row in charged} == {"alice": [GROUP], "bob": []}

@@ -15,6 +15,8 @@ from dpmagic.gate.console.hub import hub_admin
 from dpmagic.gate.console.owners import Owner, Way
 from dpmagic.gate.console.server import Refused
 
+# Run where the hub extra is installed (.ci/run's Hub stage), not skipped in the unit run.
+pytestmark = pytest.mark.hub
 ACCESS = "access:services!service=dpmagic-console"
 
 
