@@ -22,7 +22,7 @@ from functools import partial
 
 from dpmagic.gate.admission import Admission
 from dpmagic.gate.analysis_cache import BYTES_PER_CHAR, AnalysisCache
-from dpmagic.gate.dp.accounting import AccountantError, make_accountant
+from dpmagic.gate.dp.accounting import Accountant, AccountantError, make_accountant
 from dpmagic.gate.dp.calibration import Accuracy
 from dpmagic.gate.dp.levels import REPORT_ALPHA
 from dpmagic.gate.dp.mechanisms import calibrate
@@ -111,23 +111,7 @@ class Engine:
     def analyse(self, dataset: Dataset, request: QueryRequest) -> Plan:
         """Every check that can refuse a query (``pipeline.analyse``); touches no
         data, costs nothing."""
-        epsilon, delta = _asked(dataset, request)
-        accuracy = None
-        if request.accuracy is not None:
-            accuracy = Accuracy(request.accuracy, request.alpha)
-        asked = Asked(
-            request.sql,
-            request.params,
-            epsilon,
-            delta,
-            accuracy,
-            request.bounding_report,
-            request.stage,
-        )
-        try:
-            return analyse(asked, dataset, self.accountants[dataset.name])
-        except AccountantError as exc:
-            raise BadRequest(str(exc)) from None
+        return plan_request(dataset, self.accountants[dataset.name], request)
 
     def analysis(self, user: str, dataset: Dataset, request: QueryRequest) -> Analysis:
         """``analyse`` and ``rewrite``, remembered per user, query text, parameters and
@@ -440,6 +424,29 @@ class Engine:
         versions = self.databases[dataset.name].versions
         policy = versions.policy(frozenset(s.table.name for s in scans))
         return ReplayKey(query, versions.data, policy)
+
+
+def plan_request(dataset: Dataset, accountant: Accountant, request: QueryRequest) -> Plan:
+    """A request's plan, with the dataset's defaults filled in (``pipeline.analyse``):
+    a function of the request, the policy and the accountant alone, which the owner's
+    tools (``owner.preview``) call as the engine does."""
+    epsilon, delta = _asked(dataset, request)
+    accuracy = None
+    if request.accuracy is not None:
+        accuracy = Accuracy(request.accuracy, request.alpha)
+    asked = Asked(
+        request.sql,
+        request.params,
+        epsilon,
+        delta,
+        accuracy,
+        request.bounding_report,
+        request.stage,
+    )
+    try:
+        return analyse(asked, dataset, accountant)
+    except AccountantError as exc:
+        raise BadRequest(str(exc)) from None
 
 
 def _envelope(dataset: Dataset, analysis: Analysis, request: QueryRequest) -> dict[str, object]:

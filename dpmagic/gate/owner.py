@@ -13,6 +13,7 @@ open them). Nothing here reads private data or a stored answer.
 from __future__ import annotations
 
 import contextlib
+import functools
 import getpass
 import math
 import os
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, cast
 
-from dpmagic.gate.dp.accounting import make_accountant
+from dpmagic.gate.dp.accounting import Cost, make_accountant
 from dpmagic.gate.failures import OwnerError
 from dpmagic.gate.policy import Budget, Dataset, Policy
 from dpmagic.gate.policy.values import AccountantKind, Period
@@ -538,3 +539,31 @@ def renewals(policy: Policy, ledger: Ledger | None) -> list[Renewal]:
                 )
             )
     return found
+
+
+def preview(
+    policy: Policy, ledger: Ledger | None, dataset: str, accuracy: float | None = None
+) -> dict[str, object]:
+    """What the budget left allows, for the owner: the utility preview users get from
+    ``%dpbudget`` (``gate/preview.py``: each kind of query planned as the gate plans
+    it, counted by the accountant), against the dataset's own budget as it stands, or,
+    where the policy sets none, against a new user's budgets (the user's and a
+    notebook's, unspent). Planned from the policy alone: the preview's kinds read only
+    private tables, whose plans need none of the public tables' facts a gate reads at
+    its start."""
+    # The planner's modules load here, not with the CLI's budget commands.
+    from dpmagic.gate.engine import plan_request
+    from dpmagic.gate.preview import PreviewRequest, utility_preview
+
+    ds = policy.datasets[dataset]
+    accountant = make_accountant(ds.accountant)
+    if ds.dataset_budget is not None:
+        whole = [(Scope.whole(ds.name), ds.dataset_budget)]
+        standing = (
+            ledger.standing(whole) if ledger is not None else [(Cost(0.0), ds.dataset_budget)]
+        )
+    else:
+        standing = [(Cost(0.0), ds.user_budget), (Cost(0.0), ds.notebook_budget)]
+    plan = functools.partial(plan_request, ds, accountant)
+    found = utility_preview(ds, accountant, plan, standing, PreviewRequest(accuracy=accuracy))
+    return {**found, "against": "dataset" if ds.dataset_budget is not None else "new user"}

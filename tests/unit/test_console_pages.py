@@ -221,3 +221,28 @@ def test_the_overview_shows_the_policy_in_force(client: Client) -> None:
     assert budgets["group ta (alice, bob)"] == ["8", "0", "never"]
     assert budgets["the dataset (all users together)"] == ["20", "0", "never"]
     assert cells(page, "group") == [["ta", "alice, bob"]]
+
+
+def test_the_budgets_page_previews_what_the_dataset_budget_left_allows(
+    client: Client, policy: Policy
+) -> None:
+    """The owner sees the utility preview users get, counted against the dataset's own
+    budget as it stands: the same plans, the same fits."""
+    with owner.open_ledger(policy) as ledger:
+        expected = owner.preview(policy, ledger, "d", accuracy=5.0)
+    assert expected["against"] == "dataset"
+    page = client.get("budgets?dataset=d&accuracy=5").body
+    shown = cells(page, "query")
+    wanted = []
+    for kind in expected["kinds"]:
+        for key in ("at_accuracy", "at_default"):
+            option = kind[key]
+            if "refused" not in option:
+                wanted.append((option["cost"]["epsilon"], option["fits"]))
+    got = [(float(r[2]), int(r[4])) for r in shown]
+    assert got == [(pytest.approx(cost, rel=1e-5), fits) for cost, fits in wanted]
+    assert any(r[1] == "± 5" for r in shown)  # the count asked by accuracy
+    # 18.125 of the dataset's 20 is left; a count at ε 0.1 fits 181 times.
+    count = next(k for k in expected["kinds"] if k["kind"] == "count")["at_default"]
+    assert count["fits"] == 181
+    assert client.get("budgets?dataset=d&accuracy=-1").status == 400

@@ -19,10 +19,12 @@ def budgets_page(
     ledger: Ledger | None,
     datasets: list[str],
     selected: Scope | None,
+    accuracy: float | None = None,
 ) -> str:
     parts = [_choose(frame, policy, datasets)]
     if ledger is None:
         parts.append('<p class="note">No query has been recorded yet.</p>')
+        parts += [_preview(frame, policy, None, name, accuracy) for name in datasets]
         return page(frame, "budgets", "Budgets", "".join(parts))
     if selected is not None:
         parts.append(
@@ -41,6 +43,7 @@ def budgets_page(
             f"<h2>Dataset {esc(name)}</h2><p>{esc(label.capitalize())}</p>"
             + spending_chart(owner.spending(policy, ledger, whole), f"{name}: {label}")
             + (_table(frame, mine, ds.accountant) if mine else "<p>No budget used yet.</p>")
+            + _preview(frame, policy, ledger, name, accuracy)
         )
     return page(frame, "budgets", "Budgets", "".join(parts))
 
@@ -90,3 +93,47 @@ def _table(frame: Frame, standings: list[owner.Standing], accountant: Accountant
         ]
         rows.append(row)
     return table(heads, rows, numeric=numeric)
+
+
+def _preview(
+    frame: Frame, policy: Policy, ledger: Ledger | None, name: str, accuracy: float | None
+) -> str:
+    """What the budget left allows (``owner.preview``): per kind of query, the ε to ask
+    with, its ± at 95% and how many more fit, at the dataset's default ε and, when the
+    page was asked with ``accuracy``, at that accuracy."""
+    found = owner.preview(policy, ledger, name, accuracy)
+    against = "the dataset budget left" if found["against"] == "dataset" else "a new user's budgets"
+    heads = ["query", "asked with", "cost ε", "± at 95%", "more that fit"]
+    rows = []
+    for kind in found["kinds"]:  # type: ignore[union-attr]
+        what = "count" if kind["kind"] == "count" else f"mean of {kind['column']}"
+        what += f" ({kind['table']})"
+        for key in ("at_accuracy", "at_default"):
+            option = kind.get(key)
+            if not option:
+                continue
+            if "refused" in option:
+                rows.append([esc(what), esc("refused: " + option["refused"]), "", "", ""])
+                continue
+            ask = option["ask"]
+            asked = f"± {ask['accuracy']:g}" if "accuracy" in ask else f"ε {ask['epsilon']:g}"
+            rows.append([
+                esc(what),
+                esc(asked),
+                number(option["cost"]["epsilon"]),
+                number(option["half_width"]),
+                esc(str(option["fits"])),
+            ])  # fmt: skip
+    form = (
+        f'<form method="get" action="{esc(url(frame.base, "budgets"))}">'
+        f'<input type="hidden" name="dataset" value="{esc(name)}">'
+        '<label>at an accuracy of ± <input name="accuracy" size="6"'
+        f' value="{esc("" if accuracy is None else f"{accuracy:g}")}"></label> '
+        '<button type="submit">Preview</button></form>'
+    )
+    means = f"means over {found['rows']} rows"
+    return (
+        f"<h3>What {esc(against)} allows on {esc(name)}</h3>"
+        f"<p>Each kind of query planned as the gate plans it ({esc(means)}); nothing is "
+        "charged or read.</p>" + form + table(heads, rows, numeric={2, 3, 4})
+    )

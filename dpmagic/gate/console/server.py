@@ -239,12 +239,18 @@ class ConsoleHandler(RequestHandler):
                 arg("holder", ""),
                 arg("notebook", ""),
             )
+        accuracy = None
+        if arg("accuracy", ""):
+            accuracy = owner.amount(arg("accuracy"))
+            if not accuracy > 0:
+                raise OwnerError("the accuracy must be a number above 0")
         return budgets_page(
             self._frame(),
             self.console.policy,
             self.console.ledgers.get(),
             self._datasets(),
             selected,
+            accuracy,
         )
 
     def _show_log(self) -> str:
