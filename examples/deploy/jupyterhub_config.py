@@ -12,7 +12,15 @@ c.JupyterHub.services = [
         # Started and stopped by the Hub, as the Hub's Unix user; the policy,
         # data and state dir must be readable by that user only.
         "command": ["dpmagic", "serve", "--jupyterhub", "--policy", "/etc/dpmagic/policy.toml"],
-    }
+    },
+    # The owner's console (docs/console.md): a page for the Hub's admins only, in the
+    # Hub's Services menu. It runs as the same Unix user as the gate.
+    {
+        "name": "dpmagic-console",
+        "url": "http://127.0.0.1:8766",
+        "command": ["dpmagic", "console", "--jupyterhub", "--policy", "/etc/dpmagic/policy.toml"],
+        "oauth_no_confirm": True,
+    },
 ]
 
 # Users may reach the gate, and their servers' tokens (JUPYTERHUB_API_TOKEN,
@@ -25,6 +33,9 @@ c.Spawner.server_token_scopes = [
     "users:activity!user",
     "access:servers!server",
     "access:services!service=dpmagic",
+    # The user's Hub groups, which join the policy's [groups] for group budgets and
+    # releases shared within groups; leave it out to use the policy's groups alone.
+    "read:users:groups!user",
 ]
 
 # Where kernels find the gate.
