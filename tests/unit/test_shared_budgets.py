@@ -22,7 +22,7 @@ from dpmagic.gate.service.budget_scopes import (
     next_period,
     period_label,
 )
-from dpmagic.gate.service.ledger import Ledger
+from dpmagic.gate.service.ledger import DATA_CHANGED, Ledger, ReplayKey
 from dpmagic.gate.service.reply import Reply
 
 BIG = Budget(100.0)
@@ -311,3 +311,15 @@ def test_running_tallies_of_every_scope_agree_with_a_fresh_reading(tmp_path, act
     finally:
         for led in handles:
             led.close()
+
+
+def test_a_shared_budgets_refusal_says_why_the_users_answer_was_not_replayed(ledger) -> None:
+    """The reason is the asker's own (their earlier release), whichever budget refused."""
+    before = ReplayKey("q", "data v1", "policy v1")
+    released = charge(ledger, "ann", 0.5, dataset=Budget(0.75), key=before)
+    ledger.record_release(released, Reply.of({"rows": [[1]]}))
+    after = ReplayKey("q", "data v2", "policy v1")
+    with pytest.raises(OverBudget) as refused:
+        charge(ledger, "ann", 0.5, dataset=Budget(0.75), key=after)
+    assert refused.value.budget == {"budget": "dataset", "dataset": "d"}
+    assert str(refused.value).endswith("; not replayed: " + DATA_CHANGED)

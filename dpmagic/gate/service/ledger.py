@@ -328,7 +328,7 @@ class Ledger:
             standing = [(scope, *self._standing(scope, base, now)) for scope, base in limits]
             for scope, spent, limit, _due in standing:
                 if not acc.fits(spent, cost, limit):
-                    self._refuse(acc, cost, scope, standing, replay_key)
+                    self._refuse(acc, cost, scope, standing, user, replay_key)
             when = _text(now)
             for scope, _spent, _limit, due in standing:
                 if due is not None:  # the period's first charge: its renewal, before it
@@ -368,6 +368,7 @@ class Ledger:
         cost: Cost,
         scope: Scope,
         standing: list[tuple[Scope, Cost, Budget, tuple[str, str] | None]],
+        user: str,
         replay_key: str | None,
     ) -> None:
         """Raise the refusal of a charge that does not fit ``scope``'s budget: what it
@@ -375,7 +376,7 @@ class Ledger:
         show_delta = bool(cost.delta or any(limit.delta for _s, _c, limit, _d in standing))
         need = acc.describe(cost)
         left = {s: _left(acc, spent, limit, show_delta) for s, spent, limit, _d in standing}
-        why = self._fresh_because(scope.holder, scope.dataset, replay_key)
+        why = self._fresh_because(user, scope.dataset, replay_key)
         # A query that was replayed for free before: why it is charged now.
         because = "" if why is None else f"; not replayed: {why}"
         if scope.kind == ScopeKind.USER:
