@@ -218,3 +218,22 @@ def test_an_average_whose_interval_came_out_narrow_is_judged_by_its_noise(monkey
     assert caught, "no group size where only the plan's error flags the average"
     monkeypatch.setattr(dominance, "expected_width", lambda *a: np.zeros(3))
     assert not any(judged(n)[0] for n in caught)
+
+
+def test_a_quantile_whose_interval_spans_half_its_range_is_flagged_whatever_its_band():
+    """A large group's band of percentiles is narrow, but an interval in units that
+    covers half of the declared range or more (edges far apart, or fallen back to the
+    grid's ends: ``4 [0, 10]``) says nothing, and is flagged as an average's would be;
+    a quantile scaled into other units is judged by its band alone."""
+    sql = "SELECT g, COUNT(x) AS n, MEDIAN(x) AS m, 2 * MEDIAN(x) AS twice FROM t GROUP BY g"
+    plan = make_plan(sql, DS)
+    noisy = _noisy(plan, [5000, 5000, 5000], [0] * 3)
+    [s] = plan.selections
+    low, high = edge_names(s.name)
+    noisy.values[low] = [40, 0, 25]  # [40, 60], [0, 100] (the grid's ends), [25, 75]
+    noisy.values[high] = [60, 100, 75]
+    columns = release(noisy).accuracy["columns"]
+    assert columns[2]["noise_dominates"] == [False, True, True]
+    assert columns[3]["noise_dominates"] == [False, False, False]
+    bands = columns[2]["percentiles"]
+    assert all(b - a < 0.1 for a, b in bands)  # the band alone would flag none

@@ -50,20 +50,26 @@ def test_a_body_needs_a_modest_content_length(
 
 def test_the_padding_clock_runs_from_the_accept(tmp_path: Path):
     """A client that connects, waits 0.3 s and only then sends its query is answered one
-    quantum (0.6 s) after it connected: how soon the request was read is inside the
-    pad. A clock started at the headers, as the gate's first was, answers at 0.9 s."""
+    quantum (1 s) after it connected: how soon the request was read is inside the pad.
+    A clock started at the headers, as the gate's first was, answers at 1.3 s. The
+    gate answers the same query once before, so the measured one is not its first
+    (whose imports and analysis, on a loaded machine, once took past the quantum)."""
     with tempfile.TemporaryDirectory(prefix="dpm-") as short:
-        gate = Gate(write_policy(tmp_path, "response_quantum_ms = 600"), f"unix:{short}/g.sock")
+        gate = Gate(write_policy(tmp_path, "response_quantum_ms = 1000"), f"unix:{short}/g.sock")
         try:
+            warm = connection(gate.address)
+            warm.request("POST", "/v1/query", body=json.dumps(COUNT))
+            warm.getresponse().read()
+            warm.close()
             conn = connection(gate.address)
             conn.connect()
             start = time.monotonic()
             time.sleep(0.3)
-            conn.request("POST", "/v1/query", body=json.dumps(COUNT))
+            conn.request("POST", "/v1/query", body=json.dumps({**COUNT, "fresh": True}))
             response = conn.getresponse()
             response.read()
             elapsed = time.monotonic() - start
         finally:
             gate.stop()
     assert response.status == 200
-    assert 0.55 <= elapsed < 0.85, elapsed
+    assert 0.95 <= elapsed < 1.28, elapsed

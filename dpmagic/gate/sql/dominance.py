@@ -28,8 +28,10 @@ the rule is stated once, in docs/accuracy.md ("When noise dominates"):
   query's own ``COUNT`` of the same argument, in the same group), the band of
   the group's percentiles its rank radius allows (``percentile_band``);
   noise dominates when the band covers at least half of the group, or the
-  count's interval reaches below one value. Without such a count the gate
-  cannot tell: the verdict is ``None``, shown as "noise may dominate".
+  count's interval reaches below one value, or its interval in units covers at
+  least half of its grid's range. Without such a count the gate cannot tell,
+  but for that last case: the verdict is ``None``, shown as "noise may
+  dominate".
 
 A cell with no interval (an expression whose interval is unknown, such as a
 ratio whose denominator's interval reaches 0) gets ``None`` too.
@@ -207,6 +209,14 @@ def judging_rule(plan: Plan, node: exp.Expression) -> Rule:
     return "zero", None
 
 
+def _in_own_units(node: exp.Expression) -> bool:
+    """Whether an output is an aggregate's value in its own units: the bare aggregate,
+    or rounded or cast (not scaled)."""
+    while isinstance(node, exp.Paren | exp.Round | exp.Floor | exp.Ceil | exp.TryCast):
+        node = node.this
+    return isinstance(node, exp.Column)
+
+
 def _constant(node: exp.Expression) -> float | None:
     node = unparen(node)
     if isinstance(node, exp.Literal) and not node.is_string:
@@ -227,7 +237,9 @@ def judged(
     percentiles too. From the plan and the noisy values only."""
     kind, what = judging_rule(plan, node)
     if kind == "percentiles":
-        return _judged_quantile(plan, noisy, alpha, what, pids)  # type: ignore[arg-type]
+        # Scaled, its interval is in other units than its grid: judged by its band alone.
+        in_units = pairs if _in_own_units(node) else [None] * len(pairs)
+        return _judged_quantile(plan, noisy, alpha, what, pids, in_units)  # type: ignore[arg-type]
     index = np.asarray(pids, dtype=np.intp)
     if kind == "zero" and what is not None:
         # A bare count or sum: its noise's own interval, before a count's floor at 0
@@ -258,16 +270,30 @@ def judged(
 
 
 def _judged_quantile(
-    plan: Plan, noisy: Noisy, alpha: float, selection: Selection, pids: list[int]
+    plan: Plan,
+    noisy: Noisy,
+    alpha: float,
+    selection: Selection,
+    pids: list[int],
+    pairs: list[list[float] | None],
 ) -> dict[str, object]:
     """A quantile's band of the group's percentiles and verdict, from a noisy count of
     the values it was chosen from (the rank radius and the count's interval each at
-    ``levels.band_level``, so the band holds at ``1 − alpha``); ``None`` without one."""
+    ``levels.band_level``, so the band holds at ``1 − alpha``); ``None`` without one.
+    Whatever the band, a quantile whose interval in units covers at least half of its
+    grid's range is dominated, as a bounded value is (``range_rule``): the interval's
+    ends are chosen with less of the ε than the value (``edges``), and where the group
+    is too small for them they fall back to the grid's ends, so a narrow band can sit
+    inside an interval that says nothing (``4 [0, 10]``)."""
+    grid = selection.grid
+    ends = np.array([p if p is not None else (np.nan, np.nan) for p in pairs], dtype=float)
+    ends = ends.reshape(len(pairs), 2)
+    wide = range_rule(ends[:, 0], ends[:, 1], grid.lo, grid.hi) & ~np.isnan(ends[:, 0])
     count = quantile_count(plan, selection)
     if count is None:
         unknown = [None] * len(pids)
         return {"rule": "percentiles", "count": None, "percentiles": unknown,
-                "noise_dominates": list(unknown)}  # fmt: skip
+                "noise_dominates": verdicts(wide, ~wide)}  # fmt: skip
     part = band_level(alpha)
     half = count.noise.half_width(part) if count.noise.sensitivity else 0.0
     counts = np.asarray(noisy.values[count.name], dtype=float)[np.asarray(pids, dtype=np.intp)]
@@ -277,7 +303,7 @@ def _judged_quantile(
         "rule": "percentiles",
         "count": count.label,
         "percentiles": np.column_stack((a, b)).tolist(),
-        "noise_dominates": verdicts(flags),
+        "noise_dominates": verdicts(flags | wide),
     }
 
 

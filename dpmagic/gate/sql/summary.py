@@ -191,9 +191,15 @@ def _expected(
         bands = [[n, [max(0.0, q - span / n), min(1.0, q + span / n)]] for n in GROUP_SIZES]
         # The band covers half the group once radius/n reaches this share.
         reach = 0.25 if min(q, 1 - q) >= 0.25 else DOMINANT_SHARE - min(q, 1 - q)
+        below = math.floor(radius / reach) + 1
+        if s.edges is not None and 0 < q < 1:
+            # Below about r_e/min(q, 1 − q) values an end's level cannot fit between 0
+            # and q (or q and 1): it falls back to the grid's end, and an interval
+            # from a bound is judged by its range (``dominance``) and flagged.
+            below = max(below, math.floor(edge_radius(s, s.edges) / min(q, 1 - q)) + 1)
         return {
             "percentiles_at": bands,
-            "dominated_below": math.floor(radius / reach) + 1,
+            "dominated_below": below,
             "count": None if count is None else count.label,
         }
     scale = _affine_factor(node)
