@@ -523,10 +523,18 @@ def _audit(args: argparse.Namespace) -> int:
             ledger, _datasets(policy, args.dataset), args.user, args.limit, args.notebook
         )
     if not args.json:
-        # The SQL goes last: it is the one long column; times to the second.
-        rows = [{k: r.get(k) for k in owner.AUDIT_COLUMNS} for r in rows]
-        for row in rows:
+        # The SQL goes last: it is the one long column; times to the second. A change to
+        # a group's or the dataset's budget names it where a user's name would be.
+        shown = []
+        for r in rows:
+            row = {k: r.get(k) for k in owner.AUDIT_COLUMNS}
             row["time"] = str(row["time"])[:19].replace("T", " ")
+            if r.get("scope") == "group":
+                row["user"] = f"(group {r['user']})"
+            elif r.get("scope") == "dataset":
+                row["user"] = "(all users)"
+            shown.append(row)
+        rows = shown
     return _emit(rows, args.json, empty="no queries recorded yet")
 
 

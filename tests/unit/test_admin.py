@@ -3,6 +3,7 @@ ledger directly and against a running gate, whose next query must see a change."
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -158,3 +159,29 @@ def test_admin_commands_refuse_another_users_ledger(
     assert code == 2
     assert "the ledger belongs to user" in err and "sudo -u" in err
     assert {p.stat().st_uid for p in state.iterdir()} == {nobody}
+
+
+def test_a_groups_and_the_datasets_budgets_are_granted_and_shown_by_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    policy = write_dataset(tmp_path)
+    text = policy.read_text().replace(
+        "[datasets.d]\n",
+        "[datasets.d]\ndataset_budget = { epsilon = 20.0 }\n"
+        "group_budgets = { sec-a = { epsilon = 4.0 } }\n",
+        1,
+    )
+    policy.write_text(text)
+    args = ("--policy", str(policy), "--epsilon", "1", "--reason", "term 2")
+    code, out, _ = cli(capsys, "budget", "grant", "--group", "sec-a", *args)
+    assert code == 0 and "granted ε=1 to the budget of group 'sec-a' on dataset 'd'" in out
+    code, out, _ = cli(capsys, "budget", "grant", "--all-users", *args)
+    assert code == 0 and "the dataset budget of 'd' (all users together)" in out
+    code, _, err = cli(capsys, "budget", "grant", "--group", "sec-b", *args)
+    assert code == 2 and "group 'sec-b' has no budget on dataset 'd'" in err
+    code, out, _ = cli(capsys, "audit", "--policy", str(policy))
+    lines = out.splitlines()[2:]
+    assert "(all users)" in lines[0] and "(group sec-a)" in lines[1]
+    code, out, _ = cli(capsys, "budget", "show", "--policy", str(policy), "--json")
+    rows = {r["budget"]: r for r in json.loads(out)}
+    assert rows["dataset"]["limit_epsilon"] == 21.0 and rows["group"]["limit_epsilon"] == 5.0
