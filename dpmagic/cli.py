@@ -546,7 +546,7 @@ def _console(args: argparse.Namespace) -> int:
     policy = load_policy(args.policy)
     if args.jupyterhub and importlib.util.find_spec("jupyterhub") is None:
         raise CommandError("--jupyterhub needs JupyterHub: pip install 'dpmagic[hub]'")
-    from dpmagic.gate.console.server import run
+    from dpmagic.gate.console.serve import run
     from dpmagic.gate.service.auth import TokenFileError
 
     try:

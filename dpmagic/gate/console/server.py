@@ -24,20 +24,13 @@ mode, which the gate's writes do not block, for one owner's page at a time.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import ipaddress
 import logging
 import secrets
-import signal
-import sys
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
-from tornado.httpserver import HTTPServer
-from tornado.netutil import bind_sockets
 from tornado.web import Application, HTTPError, RequestHandler
 
 from dpmagic.gate import owner
@@ -46,7 +39,7 @@ from dpmagic.gate.console.changes import ChangeForm, change_page
 from dpmagic.gate.console.guards import CSRF_FIELD, csrf_ok, same_origin
 from dpmagic.gate.console.layout import Frame, bare, esc, url
 from dpmagic.gate.console.overview import overview_page
-from dpmagic.gate.console.owners import AdminTokens, Owner, Way, bearer
+from dpmagic.gate.console.owners import AdminTokens, Owner, bearer
 from dpmagic.gate.console.query_log import DEFAULT_ROWS, MAX_ROWS, log_page
 from dpmagic.gate.console.renewals import renewals_page
 from dpmagic.gate.console.sessions import Session, Sessions
@@ -406,54 +399,3 @@ def application(
         log_function=_log_request,
         xsrf_cookies=False,  # the console's own check, for every POST (``guards.py``)
     )
-
-
-def run(
-    policy: Policy,
-    host: str,
-    port: int,
-    admin_tokens: Path | None,
-    jupyterhub: bool,
-) -> int:
-    """Serve the console until SIGTERM or SIGINT, then exit 0."""
-    admins = AdminTokens.from_file(admin_tokens) if admin_tokens is not None else None
-    ledger = policy.gate.state_dir / owner.LEDGER_FILE  # another user's: refused
-    owner.check_owner(ledger if ledger.exists() else policy.gate.state_dir)
-    logging.basicConfig(level=logging.INFO, format="dpmagic console: %(message)s")
-    if jupyterhub:
-        from dpmagic.gate.console.hub import hub_console
-
-        console, app, host, port = hub_console(policy, admins)
-    else:
-        console = Console(policy, "/", admins, Owner(owner.operator(), Way.UNIX))
-        app = application(console)
-    return asyncio.run(_serve(console, app, host, port, jupyterhub))
-
-
-async def _serve(console: Console, app: Application, host: str, port: int, hub: bool) -> int:
-    sockets = bind_sockets(port, host)
-    server = HTTPServer(app, xheaders=hub)  # behind the Hub's proxy: its forwarded scheme
-    server.add_sockets(sockets)
-    bound = sockets[0].getsockname()[1]
-    where = f"http://{host if ':' not in host else f'[{host}]'}:{bound}{console.base}"
-    if console.unix is not None:
-        token = console.sessions.login_token()
-        print(f"dpmagic console: open {where}login?token={token} (it signs in one browser, once)")
-    else:
-        print(f"dpmagic console: serving {where} to the Hub's admins")
-    if not hub and not ipaddress.ip_address(sockets[0].getsockname()[0]).is_loopback:
-        print(
-            "dpmagic console: warning: served over plain HTTP beyond this machine; "
-            "put it behind TLS, or keep --host on 127.0.0.1 and tunnel (ssh -L)"
-        )
-    sys.stdout.flush()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        server.stop()
-        console.ledgers.close()
-    return 0
