@@ -325,6 +325,7 @@ class Ledger:
         acc = accountant or self.accountant
         now = self._clock()
         with self._lock, self._transaction(durable=self._flusher is None):
+            self._refresh(dataset)
             standing = [(scope, *self._standing(scope, base, now)) for scope, base in limits]
             for scope, spent, limit, _due in standing:
                 if not acc.fits(spent, cost, limit):
@@ -382,9 +383,9 @@ class Ledger:
         if scope.kind == ScopeKind.USER:
             where = f"for user {scope.holder} on dataset {scope.dataset!r}"
         elif scope.kind == ScopeKind.NOTEBOOK:
-            user = Scope.user(scope.dataset, scope.holder)
+            whole = Scope.user(scope.dataset, scope.holder)
             where = f"for notebook {scope.notebook!r}" + (
-                f" ({left[user]} left for user {scope.holder})" if user in left else ""
+                f" ({left[whole]} left for user {scope.holder})" if whole in left else ""
             )
         else:
             where = "of " + scope.describe()
@@ -544,6 +545,8 @@ class Ledger:
         read together; a renewing budget whose period ended reads as renewed."""
         when = self._clock()
         with self._lock:
+            for dataset in {scope.dataset for scope, _ in limits}:
+                self._refresh(dataset)
             return [self._standing(scope, base, when)[:2] for scope, base in limits]
 
     def spent(self, user: str, dataset: str, notebook: str | None = None) -> Cost:
@@ -610,13 +613,14 @@ class Ledger:
         self, scope: Scope, base: Budget, now: datetime
     ) -> tuple[Cost, Budget, tuple[str, str] | None]:
         """A scope's spending and limit, and the renewal row a charge now must write
-        first (whose period's spending then reads as none)."""
-        tally = self._tally(scope)
+        first (whose period's spending then reads as none); its dataset refreshed
+        (``_refresh``) by the caller."""
+        tally = self._tally(scope, refresh=False)
         due = renewal_due(tally, base, now)
         renewed = due is not None and due[0] == RENEWED
         return (Cost(0.0) if renewed else tally.spent(), tally.limit(base), due)
 
-    def _tally(self, scope: Scope) -> Tally:
+    def _tally(self, scope: Scope, refresh: bool = True) -> Tally:
         """A scope's spending and grants since its last reset, brought up to date with the
         rows written since it was last read, by this process or any other.
 
@@ -634,18 +638,24 @@ class Ledger:
             tally = cursor.tallies[scope] = Tally()
             for row in self._scope_rows(scope, cursor.seen):
                 _count(row, scope, tally)
-        for row in self._rows(
-            "e.dataset = ? AND e.id > ?", (scope.dataset, cursor.seen)
-        ):  # every scope of the dataset, by the scopes each row counts for
+        if refresh:
+            self._refresh(scope.dataset)
+        return tally
+
+    def _refresh(self, dataset: str) -> None:
+        """Bring every scope of ``dataset`` read before up to date with the rows written
+        since, by the scopes each row counts for: one read, however many scopes a
+        debit checks (``refresh=False`` for the others)."""
+        cursor = self._cursors.setdefault(dataset, _Cursor())
+        for row in self._rows("e.dataset = ? AND e.id > ?", (dataset, cursor.seen)):
             cursor.seen = row["id"]
             if row["status"] in SPENDING:
-                for target in charged_to(row, scope.dataset):
+                for target in charged_to(row, dataset):
                     if (each := cursor.tallies.get(target)) is not None:
                         each.spend(row)
             elif row["status"] in ADMIN:
                 for target, each in cursor.tallies.items():
                     _count(row, target, each)
-        return tally
 
     def _scope_rows(self, scope: Scope, upto: int) -> list[sqlite3.Row]:
         """The rows up to id ``upto`` that may count for ``scope`` (``_count`` decides)."""
