@@ -238,16 +238,14 @@ def scopes(ledger: Ledger, ds: Dataset, user: str | None = None) -> list[Scope]:
         if ds.dataset_budget is not None:
             found.append(Scope.whole(ds.name))
         found += [Scope.group(ds.name, g) for g in sorted(ds.group_budgets)]
-    seen: dict[str, set[str]] = {}
-    for entry in ledger.history(user=user, dataset=ds.name):
-        if entry["scope"]:  # a dataset's or a group's admin row
-            continue
-        notebooks = seen.setdefault(str(entry["user"]), set())
-        if entry["notebook"] != WHOLE_USER:
-            notebooks.add(str(entry["notebook"]))
-    for who in sorted(seen):
+    seen: dict[str, list[str]] = {}
+    for who, notebook in ledger.notebooks(ds.name, user):
+        notebooks = seen.setdefault(who, [])
+        if notebook != WHOLE_USER:
+            notebooks.append(notebook)
+    for who, notebooks in seen.items():
         found.append(Scope.user(ds.name, who))
-        found += [Scope.of_notebook(ds.name, who, nb) for nb in sorted(seen[who])]
+        found += [Scope.of_notebook(ds.name, who, nb) for nb in notebooks]
     return found
 
 

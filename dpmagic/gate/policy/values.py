@@ -108,7 +108,7 @@ class RandomizedResponse:
 
 
 class Period(StrEnum):
-    """How often a renewing budget starts afresh (``service/renewal.py``)."""
+    """How often a renewing budget starts afresh (``service/budget_scopes.py``)."""
 
     DAY = "day"
     WEEK = "week"

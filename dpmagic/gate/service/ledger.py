@@ -560,6 +560,22 @@ class Ledger:
         with self._lock:
             return self._tally(scope).spent()
 
+    def notebooks(self, dataset: str, user: str | None = None) -> list[tuple[str, str]]:
+        """Each (user, notebook) the log names on ``dataset`` (a user's own admin rows
+        as notebook ``WHOLE_USER``), sorted: the users' and notebooks' budgets there is
+        something to show of, read without the rows themselves."""
+        where, args = "dataset = ? AND scope = ''", [dataset]
+        if user is not None:
+            where += " AND user = ?"
+            args.append(user)
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT DISTINCT user, notebook FROM entries WHERE {where}"
+                " ORDER BY user, notebook",
+                args,
+            ).fetchall()
+        return [(row["user"], row["notebook"]) for row in rows]
+
     def history(
         self,
         *,
