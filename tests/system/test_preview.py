@@ -12,11 +12,10 @@ from __future__ import annotations
 import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
-from traitlets.config import Config
 
 from dpmagic.client import Gate
-from dpmagic.magics import DpSql, register
 from tests.server_gate import call
+from tests.shells import connected, ipython, shell  # noqa: F401
 
 # The gate's dataset: one row per person, a notebook budget of ε = 2 (tests/conftest.py).
 # A count's 95% interval of ±6 costs about ε = ln(20)/6 ≈ 0.5, so four fit.
@@ -48,19 +47,14 @@ def test_as_many_counts_as_the_preview_says_are_answered_then_one_is_refused(gat
 
 
 @pytest.fixture
-def shell(gate, monkeypatch) -> InteractiveShell:
-    config = Config()
-    config.HistoryManager.hist_file = ":memory:"
-    ipython = InteractiveShell.instance(config=config)
+def notebook(connected: InteractiveShell, monkeypatch) -> InteractiveShell:  # noqa: F811
+    """The shared shell on this module's gate, in a notebook named ``hw.ipynb``."""
     monkeypatch.setenv("JPY_SESSION_NAME", "hw.ipynb")
-    ipython.configurables[:] = [c for c in ipython.configurables if not isinstance(c, DpSql)]
-    register(ipython)
-    ipython.run_line_magic("config", f"DpSql.gate = {gate.address!r}")
-    return ipython
+    return connected
 
 
-def test_dpbudget_shows_the_gates_preview(shell, gate):
-    view = shell.run_line_magic("dpbudget", f"--accuracy {ACCURACY:g} --rows 100")
+def test_dpbudget_shows_the_gates_preview(notebook, gate):
+    view = notebook.run_line_magic("dpbudget", f"--accuracy {ACCURACY:g} --rows 100")
     (entry,) = view.datasets
     asked = Gate(gate.address).budget("d", "hw.ipynb", accuracy=ACCURACY, rows=100)
     assert entry.preview == asked["preview"]
@@ -74,10 +68,10 @@ def test_dpbudget_shows_the_gates_preview(shell, gate):
         assert "-e 0.1 (the default)" in shown and "over a group of 100 rows" in shown
     # The default-ε line of a count: ±30 at ε = 0.1, 20 of them in the notebook's 2.
     assert count["at_default"]["fits"] == 20 and "±30" in text
-    default = shell.run_line_magic("dpbudget", "--preview")
+    default = notebook.run_line_magic("dpbudget", "--preview")
     assert all(k["at_accuracy"] is None for k in default.datasets[0].preview["kinds"])
     # Not asked for, not planned: a plain %dpbudget is what a graded run shows offline.
-    plain = shell.run_line_magic("dpbudget", "")
+    plain = notebook.run_line_magic("dpbudget", "")
     assert plain.datasets[0].preview is None and "more that fit" not in plain._repr_html_()
     with pytest.raises(UsageError, match="whole number"):
-        shell.run_line_magic("dpbudget", "--rows 0")
+        notebook.run_line_magic("dpbudget", "--rows 0")
