@@ -32,24 +32,12 @@ import pytest
 from dpmagic.client import Gate
 from dpmagic.demo import NOTEBOOK, example_file
 from dpmagic.render import budget_number
+from tests.chromium import ARTIFACTS, CHROMIUM, FLAGS, playwright_api
 
 pytestmark = pytest.mark.browser
 pytest.importorskip("jupyterlab", reason="JupyterLab is the optional extra dpmagic[lab]")
-sync_api = pytest.importorskip(
-    "playwright.sync_api", reason="Playwright's Python client: pip install 'dpmagic[browser]'"
-)
-CHROMIUM = "/usr/bin/chromium"
-if not os.access(CHROMIUM, os.X_OK):
-    pytest.skip(
-        "Debian's chromium is not installed (apt-get install chromium)", allow_module_level=True
-    )
-
-FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
+sync_api = playwright_api()
 TOKEN = "dpmagic-browser-test-token"
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 LAB_START_S = 120
 RUN_ALL_S = 60
 STEP_MS = 60_000

@@ -14,7 +14,6 @@ Playwright's Python client; Playwright's own browser download is never used.
 from __future__ import annotations
 
 import html
-import os
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -24,23 +23,11 @@ import pytest
 
 from dpmagic.gate import owner
 from dpmagic.gate.policy import Policy
+from tests.chromium import ARTIFACTS, CHROMIUM, FLAGS, playwright_api
 from tests.consoles import ConsoleProcess, console_policy, console_process, seed
 
 pytestmark = pytest.mark.browser
-sync_api = pytest.importorskip(
-    "playwright.sync_api", reason="Playwright's Python client: pip install 'dpmagic[browser]'"
-)
-CHROMIUM = "/usr/bin/chromium"
-if not os.access(CHROMIUM, os.X_OK):
-    pytest.skip(
-        "Debian's chromium is not installed (apt-get install chromium)", allow_module_level=True
-    )
-
-FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+sync_api = playwright_api()
 STEP_MS = 20_000
 
 

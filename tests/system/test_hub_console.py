@@ -13,34 +13,21 @@ in ``.hub/``, Debian's ``chromium`` and Playwright's Python client).
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from dpmagic.gate import owner
 from dpmagic.gate.policy import Policy
+from tests.chromium import ARTIFACTS, CHROMIUM, FLAGS, playwright_api
 from tests.conftest import free_port
 from tests.consoles import PLANTED, console_policy, seed
 from tests.hubs import START_TIMEOUT_S, Hub, needs_hub, running_hub, wait_for
 
 pytestmark = pytest.mark.hub
-sync_api = pytest.importorskip(
-    "playwright.sync_api", reason="Playwright's Python client: pip install 'dpmagic[browser]'"
-)
-CHROMIUM = "/usr/bin/chromium"
-if not os.access(CHROMIUM, os.X_OK):
-    pytest.skip(
-        "Debian's chromium is not installed (apt-get install chromium)", allow_module_level=True
-    )
-FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+sync_api = playwright_api()
 STEP_MS = 60_000
 SERVICE = "dpmagic-console"
 ADMIN, USER = "ada", "bob"
