@@ -237,3 +237,16 @@ def test_a_quantile_whose_interval_spans_half_its_range_is_flagged_whatever_its_
     assert columns[3]["noise_dominates"] == [False, False, False]
     bands = columns[2]["percentiles"]
     assert all(b - a < 0.1 for a, b in bands)  # the band alone would flag none
+
+
+def test_a_max_whose_interval_ends_at_its_bound_is_judged_by_its_band():
+    """MAX's interval always ends at the grid's top (no level lies past 1): a wide one
+    says nothing of the noise, and a large group's MAX is not flagged for it (the
+    real-data check found one such cell flagged though sound)."""
+    plan = make_plan("SELECT g, COUNT(x) AS n, MAX(x) AS hi FROM t GROUP BY g", DS)
+    noisy = _noisy(plan, [5000, 5000, 5000], [0] * 3)
+    [s] = plan.selections
+    low, high = edge_names(s.name)
+    noisy.values[low], noisy.values[high] = [30, 60, 90], [100, 100, 100]
+    columns = release(noisy).accuracy["columns"]
+    assert columns[2]["noise_dominates"] == [False, False, False]

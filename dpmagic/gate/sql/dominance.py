@@ -28,7 +28,8 @@ the rule is stated once, in docs/accuracy.md ("When noise dominates"):
   query's own ``COUNT`` of the same argument, in the same group), the band of
   the group's percentiles its rank radius allows (``percentile_band``);
   noise dominates when the band covers at least half of the group, or the
-  count's interval reaches below one value, or its interval in units covers at
+  count's interval reaches below one value, or (but for MIN and MAX, whose
+  intervals end at a bound by construction) its interval in units covers at
   least half of its grid's range. Without such a count the gate cannot tell,
   but for that last case: the verdict is ``None``, shown as "noise may
   dominate".
@@ -284,11 +285,16 @@ def _judged_quantile(
     grid's range is dominated, as a bounded value is (``range_rule``): the interval's
     ends are chosen with less of the ε than the value (``edges``), and where the group
     is too small for them they fall back to the grid's ends, so a narrow band can sit
-    inside an interval that says nothing (``4 [0, 10]``)."""
+    inside an interval that says nothing (``4 [0, 10]``). Not MIN and MAX: one end of
+    theirs is always a bound."""
     grid = selection.grid
     ends = np.array([p if p is not None else (np.nan, np.nan) for p in pairs], dtype=float)
     ends = ends.reshape(len(pairs), 2)
     wide = range_rule(ends[:, 0], ends[:, 1], grid.lo, grid.hi) & ~np.isnan(ends[:, 0])
+    if not 0 < selection.noise.level < 1:
+        # MIN's and MAX's intervals end at a bound by construction (no level lies past
+        # 0 or 1), however exact the value: their width says nothing of the noise.
+        wide[:] = False
     count = quantile_count(plan, selection)
     if count is None:
         unknown = [None] * len(pids)
