@@ -220,6 +220,32 @@ def test_an_average_whose_interval_came_out_narrow_is_judged_by_its_noise(monkey
     assert not any(judged(n)[0] for n in caught)
 
 
+@pytest.mark.parametrize("expression", ["AVG(x) - 40", "2 * (40 - AVG(x))", "VAR_POP(x) - 100"])
+def test_an_average_minus_a_constant_is_judged_by_its_noise_not_one_narrow_draw(
+    monkeypatch, expression
+):
+    """An average (or variance) with a constant added is judged by the zero rule, on its
+    interval widened as a bare one's is: at the middle of its bounds an average's
+    interval comes out narrower than its noise can be (the real-data check found a
+    41-row ``AVG(age) - 30`` released 3 from its truth with an interval too narrow to
+    flag it, though its noise's 95% error was half again its truth). Cells flagged
+    here whose own interval would not be: without the widening they pass, so the test
+    catches the broken version."""
+    plan = make_plan(f"SELECT g, {expression} AS d FROM t GROUP BY g", DS)
+
+    def judged(n: int) -> tuple[bool, bool]:
+        column = release(_noisy(plan, [n] * 3, [50] * 3)).accuracy["columns"][1]
+        assert column["rule"] == "zero"
+        (lo, hi), *_ = column["intervals"]
+        own = dominance.zero_rule(np.array([lo]), np.array([hi]))[0]
+        return column["noise_dominates"][0], bool(own)
+
+    caught = [n for n in range(8, 2000, 7) if judged(n) == (True, False)]
+    assert caught, "no group size where only the widening flags the cell"
+    monkeypatch.setattr(dominance, "_widened", lambda *a: a[-2:])
+    assert not any(judged(n)[0] for n in caught)
+
+
 def test_a_quantile_whose_interval_spans_half_its_range_is_flagged_whatever_its_band():
     """A large group's band of percentiles is narrow, but an interval in units that
     covers half of the declared range or more (edges far apart, or fallen back to the

@@ -23,7 +23,10 @@ the rule is stated once, in docs/accuracy.md ("When noise dominates"):
   from 0 is at most its half-width (``zero_rule``: ``|v| ≤ 2h`` for a
   symmetric interval). Whenever the interval holds the truth, a truth the
   noise dominates is then flagged. A count, or a sum of values that cannot be
-  negative, below 0 is noise whatever its size (``signed_rule``);
+  negative, below 0 is noise whatever its size (``signed_rule``). An average
+  or variance with a constant added (``AVG(age) - 30``, scaled or not) is
+  judged on its interval widened as a bare one's is (``Floor``): its own
+  interval can come out narrow by luck too;
 - a quantile: from a noisy count of the values it was chosen from (the
   query's own ``COUNT`` of the same argument, in the same group), the band of
   the group's percentiles its rank radius allows (``percentile_band``);
@@ -41,6 +44,8 @@ ratio whose denominator's interval reaches 0) gets ``None`` too.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 from sqlglot import exp
@@ -157,12 +162,25 @@ def verdicts(flags: np.ndarray, unknown: np.ndarray | None = None) -> list[bool 
     return out
 
 
+class Floor(NamedTuple):
+    """An average or variance under arithmetic with constants, judged by the zero rule:
+    the count of its group, its plan's 95% error (``error(plan, parts, alpha)``, as
+    ``expected``'s) and the factor it is scaled by. Its interval is widened to what
+    its noise can do, as a bare one's is by the range rule."""
+
+    count: Measurement
+    error: Callable[[Plan, Avg | Variance, float], float]
+    parts: Avg | Variance
+    scale: float
+
+
 Rule = tuple[str, object]
 """How noise dominance is judged (``dominance``): ``("range", (lo, hi, count, floor))``
 (the count of the value's group, or None; ``floor`` an average's or variance's
 ``(error, parts, square_root)``, ``expected``, or None under scaling),
-``("percentiles", selection)`` or ``("zero", (measurement, sign))`` for a bare count
-or sum (``("zero", None)`` otherwise)."""
+``("percentiles", selection)``, ``("zero", (measurement, sign))`` for a bare count
+or sum, ``("zero", Floor)`` for an average or variance a constant was added to, and
+``("zero", None)`` otherwise."""
 
 
 def judging_rule(plan: Plan, node: exp.Expression) -> Rule:
@@ -173,13 +191,13 @@ def judging_rule(plan: Plan, node: exp.Expression) -> Rule:
     count or sum with its measurement, judged on its noise's own interval)."""
     if isinstance(node, exp.Paren | exp.Round | exp.Floor | exp.Ceil | exp.TryCast):
         inner = judging_rule(plan, node.this)
-        return inner if inner[0] != "zero" else ("zero", None)
+        return inner if inner[0] != "zero" else ("zero", _floor(plan, node))
     if isinstance(node, exp.Mul | exp.Div):
         factor, other = _constant(node.expression), node.this
         if factor is None and isinstance(node, exp.Mul):
             factor, other = _constant(node.this), node.expression
         if not factor:
-            return "zero", None
+            return "zero", _floor(plan, node)
         factor = 1 / factor if isinstance(node, exp.Div) else factor
         kind, what = judging_rule(plan, other)
         if kind == "range":
@@ -187,8 +205,10 @@ def judging_rule(plan: Plan, node: exp.Expression) -> Rule:
             return "range", (*sorted((lo * factor, hi * factor)), count, None)
         if kind == "percentiles" and factor > 0:
             return kind, what
-        return "zero", None
-    if not (isinstance(node, exp.Column) and node.name in plan.parts):
+        return "zero", _floor(plan, node)
+    if not isinstance(node, exp.Column):
+        return "zero", _floor(plan, node)
+    if node.name not in plan.parts:
         return "zero", None
     parts = plan.parts[node.name]
     func = plan.checked.aggregate(node.name).func
@@ -208,6 +228,52 @@ def judging_rule(plan: Plan, node: exp.Expression) -> Rule:
         sign = 1 if m.clamp is None or m.clamp.lo >= 0 else -1 if m.clamp.hi <= 0 else 0
         return "zero", (m, sign)
     return "zero", None
+
+
+def _floor(plan: Plan, node: exp.Expression) -> Floor | None:
+    """``node``'s ``Floor`` where it is an affine function (``affine_factor``) of a
+    single average or variance, not a standard deviation (whose interval is not
+    linear in its variance's); None otherwise."""
+    scale = affine_factor(node)
+    names = {n.name for n in node.walk() if isinstance(n, exp.Column) and n.name in plan.parts}
+    if not scale or len(names) != 1:
+        return None
+    (name,) = names
+    parts = plan.parts[name]
+    if isinstance(parts, Avg) and name not in plan.debiased:
+        return Floor(plan.measurement(parts.count), average_error, parts, scale)
+    if isinstance(parts, Variance) and not plan.checked.aggregate(name).func.startswith("stddev"):
+        return Floor(plan.measurement(parts.count), variance_error, parts, scale)
+    return None
+
+
+def affine_factor(node: exp.Expression) -> float | None:
+    """The factor a single aggregate is scaled by in ``node`` (rounded, cast, a constant
+    added or multiplied), or None for anything else."""
+    if isinstance(node, exp.Column):
+        return 1.0
+    if isinstance(node, exp.Paren | exp.Round | exp.Floor | exp.Ceil | exp.TryCast):
+        return affine_factor(node.this)
+    if isinstance(node, exp.Neg):
+        inner = affine_factor(node.this)
+        return None if inner is None else -inner
+    if isinstance(node, exp.Add | exp.Sub | exp.Mul | exp.Div):
+        left, right = _constant(node.this), _constant(node.expression)
+        if isinstance(node, exp.Add | exp.Sub):
+            if right is not None:
+                return affine_factor(node.this)
+            if left is not None:
+                inner = affine_factor(node.expression)
+                return None if inner is None else inner * (-1 if isinstance(node, exp.Sub) else 1)
+            return None
+        if right:
+            inner = affine_factor(node.this)
+            factor = 1 / right if isinstance(node, exp.Div) else right
+            return None if inner is None else inner * factor
+        if left is not None and isinstance(node, exp.Mul):
+            inner = affine_factor(node.expression)
+            return None if inner is None else inner * left
+    return None
 
 
 def _in_own_units(node: exp.Expression) -> bool:
@@ -242,7 +308,7 @@ def judged(
         in_units = pairs if _in_own_units(node) else [None] * len(pairs)
         return _judged_quantile(plan, noisy, alpha, what, pids, in_units)  # type: ignore[arg-type]
     index = np.asarray(pids, dtype=np.intp)
-    if kind == "zero" and what is not None:
+    if kind == "zero" and what is not None and not isinstance(what, Floor):
         # A bare count or sum: its noise's own interval, before a count's floor at 0
         # (a noisy count of -8 is released as 0 [0, 0], and is noise).
         m, sign = what  # type: ignore[misc]
@@ -258,16 +324,48 @@ def judged(
         low, high, count, floor = what  # type: ignore[misc]
         stretch = least = None
         if count is not None:
-            half = count.noise.half_width(alpha) if count.noise.sensitivity else 0.0
-            counts = np.asarray(noisy.values[count.name], dtype=float)[index]
-            stretch, least = count_stretch(counts, half), counts - half
+            stretch, least = _sizes(count, noisy, alpha, index)
         widths = None
         if floor is not None and least is not None:
             error, parts, root = floor
             widths = expected_width(error(plan, parts, alpha), least, lo, hi, root)
         flags = range_rule(lo, hi, low, high, stretch, widths)
         return {"rule": "range", "range": [low, high], "noise_dominates": verdicts(flags, unknown)}
+    if isinstance(what, Floor):
+        lo, hi = _widened(plan, noisy, alpha, index, what, lo, hi)
     return {"rule": "zero", "noise_dominates": verdicts(zero_rule(lo, hi), unknown)}
+
+
+def _sizes(
+    count: Measurement, noisy: Noisy, alpha: float, index: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per cell, ``count_stretch`` of the group's noisy count, and the least size its
+    interval allows."""
+    half = count.noise.half_width(alpha) if count.noise.sensitivity else 0.0
+    counts = np.asarray(noisy.values[count.name], dtype=float)[index]
+    return count_stretch(counts, half), counts - half
+
+
+def _widened(
+    plan: Plan,
+    noisy: Noisy,
+    alpha: float,
+    index: np.ndarray,
+    floor: Floor,
+    lo: np.ndarray,
+    hi: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``[lo, hi]`` widened on both sides to the width the range rule would judge it by
+    (its own times ``count_stretch``, or the plan's at the least size, scaled):
+    infinite where the group may be empty."""
+    stretch, least = _sizes(floor.count, noisy, alpha, index)
+    error = abs(floor.scale) * floor.error(plan, floor.parts, alpha)
+    width = hi - lo
+    with np.errstate(invalid="ignore"):
+        judged = np.fmax(np.where(np.isinf(stretch), np.inf, width * stretch),
+                         expected_width(error, least, lo, hi, False))  # fmt: skip
+    extra = (judged - width) / 2
+    return lo - extra, hi + extra
 
 
 def _judged_quantile(

@@ -14,7 +14,7 @@ from sqlglot import exp
 from dpmagic.gate.dp.accounting import Cost
 from dpmagic.gate.dp.levels import EDGE_PART_ALPHA, REPORT_ALPHA
 from dpmagic.gate.dp.quantile_selection import QuantileNoise, calibrate_quantile
-from dpmagic.gate.sql.dominance import DOMINANT_SHARE, judging_rule, quantile_count
+from dpmagic.gate.sql.dominance import DOMINANT_SHARE, affine_factor, judging_rule, quantile_count
 from dpmagic.gate.sql.expected import average_error, variance_error
 from dpmagic.gate.sql.keys import KeyDomain
 from dpmagic.gate.sql.plan_types import Avg, Edges, Measured, Measurement, Plan, Selection, Variance
@@ -202,7 +202,7 @@ def _expected(
             "dominated_below": below,
             "count": None if count is None else count.label,
         }
-    scale = _affine_factor(node)
+    scale = affine_factor(node)
     name = used[0] if len(used) == 1 else None
     parts = None if name is None or scale is None else the_plan.parts[name]
     if parts is None:
@@ -255,43 +255,6 @@ def _zero_below(m: Measurement, half: float, node: exp.Expression) -> int | None
     if lo <= 0 <= hi:
         return None
     return math.floor(half / min(abs(lo), abs(hi))) + 1
-
-
-def _affine_factor(node: exp.Expression) -> float | None:
-    """The factor a single aggregate is scaled by in ``node`` (rounded, cast, a constant
-    added or multiplied), or None for anything else."""
-    if isinstance(node, exp.Column):
-        return 1.0
-    if isinstance(node, exp.Paren | exp.Round | exp.Floor | exp.Ceil | exp.TryCast):
-        return _affine_factor(node.this)
-    if isinstance(node, exp.Neg):
-        inner = _affine_factor(node.this)
-        return None if inner is None else -inner
-    if isinstance(node, exp.Add | exp.Sub | exp.Mul | exp.Div):
-        left, right = _number(node.this), _number(node.expression)
-        if isinstance(node, exp.Add | exp.Sub):
-            if right is not None:
-                return _affine_factor(node.this)
-            if left is not None:
-                inner = _affine_factor(node.expression)
-                return None if inner is None else inner * (-1 if isinstance(node, exp.Sub) else 1)
-            return None
-        if right:
-            inner = _affine_factor(node.this)
-            factor = 1 / right if isinstance(node, exp.Div) else right
-            return None if inner is None else inner * factor
-        if left is not None and isinstance(node, exp.Mul):
-            inner = _affine_factor(node.expression)
-            return None if inner is None else inner * left
-    return None
-
-
-def _number(node: exp.Expression) -> float | None:
-    while isinstance(node, exp.Paren):
-        node = node.this
-    if isinstance(node, exp.Literal) and not node.is_string:
-        return float(node.this)
-    return None
 
 
 def _key_source(domain: KeyDomain) -> str:
