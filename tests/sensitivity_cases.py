@@ -4,6 +4,7 @@ sensitivity (L1, L2, the bounding report) against neighbouring datasets."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 
 import duckdb
@@ -17,6 +18,11 @@ COLUMNS = {
     "x": {"type": "int", "lower": -3, "upper": 5},
     "y": {"type": "float", "lower": 0.0, "upper": 2.5},
 }
+# The same columns declared away from 0: a bare one's average is then centred on the
+# middle of its bounds alone (``dp.centred_sums``, ``exact``), an expression's on the
+# middle of the bounds with 0 added.
+OFFSET = {**COLUMNS, "x": {"type": "int", "lower": 2, "upper": 9},
+          "y": {"type": "float", "lower": 0.5, "upper": 3.0}}  # fmt: skip
 QUERIES = [
     "SELECT COUNT(*) FROM t",
     "SELECT g, COUNT(*) FROM t GROUP BY g",
@@ -52,7 +58,11 @@ ORDER = ["pid", "g", "x", "y"]
 row = st.tuples(
     st.sampled_from([0, 1, 2, 3, None]),
     st.one_of(st.none(), st.integers(-10, 10)),
-    st.one_of(st.none(), st.sampled_from([-5.0, 0.0, 0.5, 1.0, 2.5, 7.0]), st.floats(-5, 5)),
+    st.one_of(
+        st.none(),
+        st.sampled_from([-5.0, 0.0, 0.5, 1.0, 2.5, 7.0, math.nan, math.inf, -math.inf]),
+        st.floats(-5, 5),
+    ),
 )
 unit_rows = st.lists(row, min_size=0, max_size=5)
 units = st.lists(unit_rows, min_size=1, max_size=4)

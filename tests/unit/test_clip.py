@@ -19,10 +19,11 @@ from hypothesis import strategies as st
 
 from dpmagic.gate.dp.accounting import PureAccountant
 from dpmagic.gate.failures import InvalidBody, Refused
-from dpmagic.gate.sql import rewrite as rewrites
+from dpmagic.gate.sql import plan as plans
 from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
 from dpmagic.gate.sql.clip import Clipped, bounds_checked, clip_bounded
+from dpmagic.gate.sql.kinds import Summand
 from dpmagic.gate.sql.parse import parse
 from dpmagic.gate.sql.plan import plan
 from dpmagic.gate.sql.resolve import resolve
@@ -82,7 +83,7 @@ def test_every_clip_keeps_its_sensitivity(per_unit, query, x, y, seed) -> None:
 def test_a_clip_the_sql_does_not_clamp_into_is_caught(monkeypatch) -> None:
     """The broken version: the interval narrowed, the SQL trusting the stored values
     (clamped at load into the declared, wider range) to lie within it."""
-    monkeypatch.setattr(rewrites, "_stored_within", lambda m, resolved: True)
+    monkeypatch.setattr(plans, "_summand", lambda part, resolved: Summand.STORED)
     p = _clipped_plan("SELECT SUM(x) FROM t", {"x": (0, 10)})
     ((moved, sensitivity),) = _worst(p, [[(0, 100, 0.0)] * 3, [(1, 5, 0.0)]], seed=1)
     assert sensitivity == 20 and moved > sensitivity

@@ -27,7 +27,7 @@ from dpmagic.gate.sql.plan import plan
 from dpmagic.gate.sql.plan_types import Plan
 from dpmagic.gate.sql.resolve import resolve
 from tests.gate_helpers import dataset, exact_vectors, load_table, run_rewritten
-from tests.sensitivity_cases import COLUMNS, ORDER, QUERIES, rows_of, unit_rows, units
+from tests.sensitivity_cases import COLUMNS, OFFSET, ORDER, QUERIES, rows_of, unit_rows, units
 from tests.statistical import discrete_gaussian_fits
 
 
@@ -102,12 +102,14 @@ def _l2(a: list[int], b: list[int]) -> float:
     max_partitions=st.integers(1, 3),
     max_rows=st.integers(1, 3),
     seed=st.integers(0, 2**62),
+    offset=st.booleans(),
 )
 def test_l2_sensitivity_bounds_every_neighbour(
-    per_unit, replacement, query, neighbouring, max_partitions, max_rows, seed
+    per_unit, replacement, query, neighbouring, max_partitions, max_rows, seed, offset
 ):
+    columns = OFFSET if offset else COLUMNS
     ds = dataset(
-        COLUMNS, neighbouring=neighbouring, max_partitions=max_partitions, max_rows=max_rows
+        columns, neighbouring=neighbouring, max_partitions=max_partitions, max_rows=max_rows
     )
     p = zcdp_plan(query, ds)
     con = duckdb.connect()

@@ -29,6 +29,7 @@ from tests.sensitivity_cases import (
     COLUMNS,
     JOIN_QUERIES,
     JOINED,
+    OFFSET,
     ORDER,
     QUERIES,
     joined_neighbours,
@@ -54,12 +55,13 @@ def _l1(a: list[int], b: list[int]) -> int:
     max_partitions=st.integers(1, 3),
     max_rows=st.integers(1, 3),
     seed=st.integers(0, 2**62),
+    offset=st.booleans(),
 )
 def test_sensitivity_bounds_every_neighbour(
-    per_unit, replacement, query, neighbouring, user_level, max_partitions, max_rows, seed
+    per_unit, replacement, query, neighbouring, user_level, max_partitions, max_rows, seed, offset
 ):
     ds = dataset(
-        COLUMNS,
+        OFFSET if offset else COLUMNS,
         unit="pid" if user_level else None,
         neighbouring=neighbouring,
         max_partitions=max_partitions,
@@ -122,19 +124,22 @@ def test_worst_case_unit_at_the_bounds_reaches_the_sum_bound():
 
 
 @pytest.mark.parametrize(
-    ("sql", "high", "low", "sensitivity"),
+    ("sql", "columns", "high", "low", "sensitivity"),
     [
         # x in [-3, 5]: centred on 1, each term in [-4, 4]; 2 rows kept in one group.
-        ("SELECT AVG(x) FROM t", 99, -99, 16),
+        ("SELECT AVG(x) FROM t", COLUMNS, 99, -99, 16),
         # 0/1 values centred on 1/2 in half units: terms in [-1, 1], released as ±0.5.
-        ("SELECT AVG(CASE WHEN x > 0 THEN 1 ELSE 0 END) FROM t", 1, -1, 4),
+        ("SELECT AVG(CASE WHEN x > 0 THEN 1 ELSE 0 END) FROM t", COLUMNS, 1, -1, 4),
+        # x in [2, 9], counted exactly: centred on 5.5 in half units, terms in [-7, 7]
+        # (around 4.5 of [0, 9] they would reach 9).
+        ("SELECT AVG(x) FROM t", OFFSET, 99, -99, 28),
     ],
 )
-def test_worst_case_unit_reaches_the_centred_sum_bound(sql, high, low, sensitivity):
+def test_worst_case_unit_reaches_the_centred_sum_bound(sql, columns, high, low, sensitivity):
     """Under substitute, a unit at the top of the range replaced by one at the bottom
     moves the centred sum by exactly its sensitivity: the bound is tight, so a centred
     sum noised for half of it (the rule's broken variant) would be caught here."""
-    ds = dataset(COLUMNS, max_partitions=1, max_rows=2, neighbouring="substitute")
+    ds = dataset(columns, max_partitions=1, max_rows=2, neighbouring="substitute")
     p = make_plan(sql, ds)
     (m,) = [m for m in p.measurements if m.centre is not None]
     con = duckdb.connect()

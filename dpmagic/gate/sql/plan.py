@@ -60,7 +60,7 @@ from dpmagic.gate.policy import AccountantKind, Dataset
 from dpmagic.gate.sql.bound import Bounded
 from dpmagic.gate.sql.check import AggregateCall, Checked, GroupKey
 from dpmagic.gate.sql.keys import MAX_PARTITIONS, KeyDomain
-from dpmagic.gate.sql.kinds import MeasureKind
+from dpmagic.gate.sql.kinds import MeasureKind, Summand
 from dpmagic.gate.sql.parse import DIALECT
 from dpmagic.gate.sql.plan_types import (
     Avg,
@@ -151,6 +151,7 @@ def plan(
             rows,
             dataset,
             names.get(counted.get(key, ("", ""))),
+            _summand(wanted[key], resolved),
         )
         for key in wanted
     )
@@ -519,6 +520,7 @@ def _measurement(
     rows: int,
     dataset: Dataset,
     count: str | None,
+    summand: Summand,
 ) -> Measurement:
     kind, arg, clamp, label, _ = part
     if kind == MeasureKind.COUNT_UNIT:  # one per unit and partition
@@ -532,23 +534,41 @@ def _measurement(
     lo, hi = grid_bounds(clamp, grid_exp)
     if rows * max(abs(lo), abs(hi)) >= SUM_LIMIT:
         raise Refused(f"{label}: the declared bounds are too wide to sum exactly")
-    centre = None if count is None else _centre(lo, hi, count, clamp.integral)
+    centre = None if count is None else _centre(lo, hi, count, clamp.integral, summand)
     step = 2.0**grid_exp
     if centre is not None:
-        lo, hi = centred_sums.centred_bounds(lo, hi, centre.units, centre.per_grid)
+        lo, hi = centred_sums.centred_bounds(
+            lo, hi, centre.units, centre.per_grid, summand.counted_exactly
+        )
         step /= centre.per_grid
         label = f"{label} centred on {centre.value(step):g}"
     sensitivity = sum_sensitivity(lo, hi, contribution, dataset.neighbouring)
     if sensitivity > _I64_MAX:
         raise Refused(f"{label}: the declared bounds are too wide to sum exactly")
     noise = noise_for(lo, hi, contribution, dataset.neighbouring, target, step)
-    return Measurement(name, kind, arg, clamp, grid_exp, noise, spent(noise, target), label, centre)
+    return Measurement(
+        name, kind, arg, clamp, grid_exp, noise, spent(noise, target), label, centre, summand
+    )
 
 
-def _centre(lo: int, hi: int, count: str, integral: bool) -> Centre | None:
+def _centre(lo: int, hi: int, count: str, integral: bool, summand: Summand) -> Centre | None:
     """The centre ``dp.centred_sums`` chooses for a sum of ``count``'s rows."""
-    found = centred_sums.centre(lo, hi, integral)
+    found = centred_sums.centre(lo, hi, integral, summand.counted_exactly)
     return None if found is None else Centre(count, *found)
+
+
+def _summand(part: Wanted, resolved: Resolved) -> Summand:
+    """How a sum's SQL reads each row's value (``Summand``): a bare declared number
+    column of the sum's type is NULL exactly where it is NULL (the load stored it of
+    its type), and needs no clamp where its declared bounds lie within the sum's."""
+    kind, arg, clamp = part[:3]
+    col = resolved.column(arg) if kind == MeasureKind.SUM and arg is not None else None
+    if col is None or clamp is None or col.type != ("int" if clamp.integral else "float"):
+        return Summand.CAST
+    within = col.lower is not None and col.upper is not None
+    if within and clamp.lo <= col.lower and col.upper <= clamp.hi:
+        return Summand.STORED
+    return Summand.TYPED
 
 
 def _grid_exp(clamp: ValueRange, c: Contribution, dataset: Dataset, target: Target) -> int:

@@ -23,7 +23,7 @@ from dpmagic.gate.dp.quantile_selection import Grid, QuantileNoise
 from dpmagic.gate.policy import Dataset
 from dpmagic.gate.sql.check import Checked, GroupKey
 from dpmagic.gate.sql.keys import KeyDomain
-from dpmagic.gate.sql.kinds import MeasureKind
+from dpmagic.gate.sql.kinds import MeasureKind, Summand
 from dpmagic.gate.sql.randomized import Debias
 from dpmagic.gate.sql.ranks import Bounding, Ranked, Window
 from dpmagic.gate.sql.resolve import Resolved
@@ -66,6 +66,7 @@ class Measurement:
     cost: Cost  # what this measurement's noise costs one privacy unit
     label: str
     centre: Centre | None = None
+    summand: Summand = Summand.CAST  # sums: how the SQL reads each row's value
 
     @property
     def bounds(self) -> ValueRange:

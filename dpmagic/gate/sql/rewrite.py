@@ -59,7 +59,7 @@ from dpmagic.gate.engines.dialect import DUCKDB, Dialect
 from dpmagic.gate.failures import Refused, required
 from dpmagic.gate.policy import Column
 from dpmagic.gate.sql.keys import KeyDomain
-from dpmagic.gate.sql.kinds import MeasureKind
+from dpmagic.gate.sql.kinds import MeasureKind, Summand
 from dpmagic.gate.sql.limits import check_deadline
 from dpmagic.gate.sql.plan_types import Measurement, Plan, Selection
 from dpmagic.gate.sql.ranks import (
@@ -100,7 +100,7 @@ def rewrite(plan: Plan, seed: int | None = None, dialect: Dialect = DUCKDB) -> R
     apart = bool(plan.selections) and dialect.histograms_apart
     outputs: list[exp.Expression] = [_col(k) for k in keys]
     rows = plan.partition_rows
-    outputs += [_as(_aggregate(m, resolved, dialect, rows), m.name) for m in plan.measurements]
+    outputs += [_as(_aggregate(m, dialect, rows), m.name) for m in plan.measurements]
     if not apart:
         outputs += [_as(dialect.histogram(_col("__v_" + s.name)), s.name) for s in plan.selections]
     if plan.key_selection is not None:
@@ -477,7 +477,7 @@ def _snap(s: Selection, row: _Rows) -> exp.Expression:
     )
 
 
-def _aggregate(m: Measurement, resolved: Resolved, dialect: Dialect, rows: int) -> exp.Expression:
+def _aggregate(m: Measurement, dialect: Dialect, rows: int) -> exp.Expression:
     """``m``'s aggregate over the bounded rows, fewer than ``rows`` in a partition."""
     check_deadline()  # one per measurement
     v = _col("__v_" + m.name)
@@ -487,17 +487,17 @@ def _aggregate(m: Measurement, resolved: Resolved, dialect: Dialect, rows: int) 
         return exp.Count(this=exp.Distinct(expressions=[v]))
     clamp = m.bounds
     widest = max(abs(clamp.lo), abs(clamp.hi)) * 2.0**-m.grid_exp  # one value, grid units
-    value = _summand(m, resolved)
+    value = _summand(m)
     if clamp.integral:
         return dialect.exact_sum(value, widest, rows)
     return dialect.grid_sum(value, widest, rows)
 
 
-def _summand(m: Measurement, resolved: Resolved) -> exp.Expression:
+def _summand(m: Measurement) -> exp.Expression:
     """A sum's value per row, clamped, in grid units (a float until the sum rounds it)."""
     v = _col("__v_" + m.name)
     clamp = m.bounds
-    if _stored_within(m, resolved):
+    if m.summand == Summand.STORED:
         # A bare column is read as stored at load: already of its type, NULL or
         # clamped into declared bounds that lie within this clamp (``ranks.
         # stored``), so clamping again would change nothing and costs a CASE a row.
@@ -508,15 +508,6 @@ def _summand(m: Measurement, resolved: Resolved) -> exp.Expression:
     if clamp.integral:
         return value
     return exp.Mul(this=value, expression=literal(2.0**-m.grid_exp, integral=False))
-
-
-def _stored_within(m: Measurement, resolved: Resolved) -> bool:
-    """Whether ``m`` sums a bare declared number column whose bounds lie within its clamp."""
-    col = resolved.column(m.arg) if m.arg is not None else None
-    if col is None or col.lower is None or col.upper is None or m.clamp is None:
-        return False
-    kind = "int" if m.clamp.integral else "float"
-    return col.type == kind and m.clamp.lo <= col.lower and col.upper <= m.clamp.hi
 
 
 @dataclass(frozen=True)
