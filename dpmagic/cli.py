@@ -513,8 +513,8 @@ def _transcript_verify(args: argparse.Namespace) -> int:
 
 
 def _audit(args: argparse.Namespace) -> int:
-    """The most recent queries (charged, released, failed or replayed) and budget
-    grants and resets, newest first."""
+    """The most recent queries (charged, released, failed, replayed, or refused before
+    the debit, with why) and budget grants and resets, newest first."""
     from dpmagic.gate import owner
 
     policy = load_policy(args.policy)
@@ -529,6 +529,8 @@ def _audit(args: argparse.Namespace) -> int:
         for r in rows:
             row = {k: r.get(k) for k in owner.AUDIT_COLUMNS}
             row["time"] = str(row["time"])[:19].replace("T", " ")
+            if r.get("reason"):
+                row["sql"] = f"{row['sql']}  [refused: {r['reason']}]"
             if r.get("scope") == "group":
                 row["user"] = f"(group {r['user']})"
             elif r.get("scope") == "dataset":

@@ -28,7 +28,7 @@ from dpmagic.gate.dp.levels import REPORT_ALPHA
 from dpmagic.gate.dp.mechanisms import calibrate
 from dpmagic.gate.engines.interface import OutOfResources
 from dpmagic.gate.engines.registry import open_store
-from dpmagic.gate.failures import BadRequest, Failed, GateError, Refused, required
+from dpmagic.gate.failures import BadRequest, Failed, GateError, OverBudget, Refused, required
 from dpmagic.gate.membership import Membership
 from dpmagic.gate.policy import AccountantKind, Dataset, Policy, PolicyError
 from dpmagic.gate.policy.values import Sharing
@@ -172,9 +172,29 @@ class Engine:
         run or a refusal before the run leaves it unmarked."""
         reads = PrivateRead() if reads is None else reads
         request = QueryRequest.from_body(body)
-        if request.clip is not None:
-            return self._clipped(user, request, reads)
-        return self._query(user, request, reads)
+        try:
+            if request.clip is not None:
+                return self._clipped(user, request, reads)
+            return self._query(user, request, reads)
+        except (Refused, OverBudget) as exc:
+            self._record_refusal(user, request, exc)
+            raise
+
+    def _record_refusal(self, user: str, request: QueryRequest, exc: GateError) -> None:
+        """Keep a query refused before its debit in the ledger, with the reason its user
+        is told (which names no private value: it is decided from the SQL, the policy
+        and the ledger), for the owner's log; a dry run, which charges nothing when
+        answered either, and a dataset the gate does not serve are not kept."""
+        if request.dry_run:
+            return
+        try:
+            name = self._dataset(request.dataset).name
+        except BadRequest:
+            return
+        self.ledger.record_refusal(
+            user=user, dataset=name, notebook=request.notebook, sql=request.label,
+            reason=exc.message,
+        )  # fmt: skip
 
     def _clipped(self, user: str, request: QueryRequest, reads: PrivateRead) -> Reply:
         """A query whose sums are clipped at value bounds it chooses privately, in two
@@ -367,7 +387,9 @@ class Engine:
         """
         name = None if dataset is None else self._dataset(dataset).name
         nb = notebook or "unnamed"
-        rows = self.ledger.history(user=user, dataset=name, notebook=nb, limit=limit)
+        rows = self.ledger.history(
+            user=user, dataset=name, notebook=nb, limit=limit, refusals=False
+        )
         entries = history_entries(rows)
         datasets = sorted(self.policy.datasets) if name is None else [name]
         return {"datasets": datasets, "notebook": nb, "entries": entries}

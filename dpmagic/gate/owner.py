@@ -33,6 +33,7 @@ from dpmagic.gate.service.budget_scopes import (
     FAILED,
     GRANTED,
     GROUP_SEPARATOR,
+    REFUSED,
     RELEASED,
     RENEWED,
     RENEWS,
@@ -55,7 +56,7 @@ ALL_NOTEBOOKS = "(all notebooks)"
 # The audit columns a terminal shows, the long SQL last.
 AUDIT_COLUMNS = ("id", "time", "user", "dataset", "notebook", "epsilon", "status", "sql")
 # Every status a log row may have, queries' first, then the owner's and the renewals'.
-STATUSES = (CHARGED, RELEASED, FAILED, REPLAYED, GRANTED, RESET, RENEWS, RENEWED)
+STATUSES = (CHARGED, RELEASED, FAILED, REPLAYED, REFUSED, GRANTED, RESET, RENEWS, RENEWED)
 # The renewal rows shown per renewing budget, newest first.
 RENEWAL_ROWS = 50
 
@@ -374,7 +375,8 @@ class LogFilter:
 @dataclass(frozen=True)
 class LogEntry:
     """One row of the audit log (never its stored answer): a query's charge, release,
-    failure or replay, or a grant, reset or renewal of a budget (``target``)."""
+    failure, replay or refusal before the debit (``reason``: what its user was told),
+    or a grant, reset or renewal of a budget (``target``)."""
 
     id: int
     time: datetime
@@ -389,6 +391,7 @@ class LogEntry:
     groups: tuple[str, ...]
     source: int | None  # a shared replay: the release it served
     target: Scope | None  # an admin row: the budget it was written for
+    reason: str | None = None  # a refusal: why
 
     @property
     def replayed(self) -> bool:
@@ -411,6 +414,7 @@ class LogEntry:
             "source": self.source,
             "groups": list(self.groups),
             "replayed": self.replayed,
+            "reason": self.reason,
         }
 
 
@@ -429,7 +433,11 @@ def log(ledger: Ledger | None, datasets: list[str], which: LogFilter) -> list[Lo
             status=which.status,
             limit=None if needle else which.limit,
         )
-        found += [_entry(r) for r in rows if needle in str(r["sql"]).casefold()]
+        found += [
+            _entry(r)
+            for r in rows
+            if needle in str(r["sql"]).casefold() or needle in str(r["reason"] or "").casefold()
+        ]
     found.sort(key=lambda e: e.id, reverse=True)
     return found[: which.limit]
 
@@ -463,6 +471,7 @@ def _entry(row: dict[str, object]) -> LogEntry:
         groups=tuple(groups),
         source=source,
         target=target,
+        reason=None if row["reason"] is None else str(row["reason"]),
     )
 
 

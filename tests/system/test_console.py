@@ -1,11 +1,14 @@
 """``dpmagic console`` as an owner runs it, beside a real gate that charges real queries:
 its pages agree with ``dpmagic budget show``, a grant made there reaches the running
-gate's next query, and what it refuses to start on is said in one line."""
+gate's next query, the gate's refusals are in its log with their reasons, and what it
+refuses to start on is said in one line."""
 
 from __future__ import annotations
 
+import html
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -14,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from dpmagic.client import Gate
-from dpmagic.errors import BudgetExhausted
+from dpmagic.errors import BudgetExhausted, QueryRefused
 from dpmagic.gate import owner
 from tests.admin_cli import COUNT, cli
 from tests.conftest import GateProcess
@@ -62,6 +65,49 @@ def test_the_console_shows_the_gates_budgets_and_its_grant_reaches_the_gate(
     # The running gate's next query is charged under the raised limit.
     assert client.budget(notebook="a.ipynb")["notebook"]["limit"]["epsilon"] == 2.5
     assert client.query(COUNT, epsilon=0.5, notebook="a.ipynb", fresh=True).cost["epsilon"] == 0.5
+
+
+def test_the_gates_refusals_are_in_the_console_log_with_what_their_user_was_told(
+    gate: GateProcess, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A query over the notebook's budget and one the analysis refuses are each kept
+    with the reason its user was told, charged nothing; the console lists them as
+    refused, ``dpmagic audit`` too; the user's own history and budget do not change."""
+    client = Gate(gate.address)
+    client.query(COUNT, epsilon=2.0, notebook="a.ipynb")
+    before = client.budget(notebook="a.ipynb")["notebook"]["spent"]
+    told = []
+    for sql, epsilon, error in [
+        (COUNT, 0.5, BudgetExhausted),
+        ("SELECT * FROM t", 0.1, QueryRefused),
+    ]:
+        with pytest.raises(error) as refused:
+            client.query(sql, epsilon=epsilon, notebook="a.ipynb", fresh=True)
+        told.append((sql, str(refused.value)))
+    with pytest.raises(QueryRefused):  # a dry run is not kept, refused or not
+        client.query("SELECT * FROM t", notebook="a.ipynb", dry_run=True)
+    assert client.budget(notebook="a.ipynb")["notebook"]["spent"] == before
+    history = client.history(notebook="a.ipynb")["entries"]
+    assert [e["status"] for e in history] == ["released"]
+
+    with console_process(gate.policy) as console:
+        browser = Client(console.base)
+        assert browser.get(console.login.split("/", 3)[3]).status == 303
+        page = browser.get("log?status=refused").body
+    rows = re.findall(r'<div class="sql">(.*?)</div></td>', page, re.S)
+    assert len(rows) == 2
+    for (sql, message), row in zip(reversed(told), rows, strict=True):
+        text = html.unescape(re.sub(r"<[^>]+>", " ", row))
+        assert sql in text
+        # the reason as the gate wrote it; the client prefixes its own words
+        reason = text.split("refused: ", 1)[1].strip()
+        assert reason and reason in message, (reason, message)
+
+    code, out, _ = cli(capsys, "audit", "--policy", str(gate.policy), "--json")
+    assert code == 0
+    audited = [r for r in json.loads(out) if r["status"] == "refused"]
+    assert [r["sql"] for r in audited] == [sql for sql, _ in reversed(told)]
+    assert all(r["epsilon"] == 0 and r["reason"] for r in audited)
 
 
 def run_console(*args: str) -> subprocess.CompletedProcess[str]:

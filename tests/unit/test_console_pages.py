@@ -143,6 +143,22 @@ def test_user_chosen_text_is_escaped(client: Client) -> None:
         assert "<b>notes</b>" not in page
 
 
+def test_a_refusal_is_listed_with_its_reason_escaped(client: Client, policy: Policy) -> None:
+    """A query refused before the debit: status refused, ε 0, its SQL and the reason
+    its user was told, both as text; found by a word of the reason."""
+    with owner.open_ledger(policy) as ledger:
+        ledger.record_refusal(
+            user="bob", dataset="d", notebook="hw1.ipynb", sql="SELECT <i>x</i> FROM t",
+            reason="column <b>x</b> is not declared",
+        )  # fmt: skip
+    [row] = logged(client, "status=refused")
+    assert row[2] == "bob" and row[5] == "refused" and float(row[6]) == 0
+    assert row[8] == "SELECT <i>x</i> FROM trefused: column <b>x</b> is not declared"
+    page = client.get("log?status=refused").body
+    assert "<b>x</b>" not in page and "<i>x</i>" not in page
+    assert [r[0] for r in logged(client, "q=NOT+DECLARED")] == [row[0]]
+
+
 CHANGES = [
     (["--user", "alice"], {"budget": "user", "holder": "alice"}),
     (["--user", "alice", "--notebook", "hw1.ipynb"],

@@ -115,6 +115,27 @@ def test_a_failure_stays_charged(ledger: Ledger) -> None:
     assert ledger.find_release("alice", "d", "k") is None
 
 
+def test_a_refusal_is_kept_with_its_reason_and_counted_by_no_budget(ledger: Ledger) -> None:
+    """A query refused before its debit: in the owner's history with why, at no cost, in
+    no tally, timeline or failure count, and not in the user's own history."""
+    charge(ledger, 0.5)
+    with pytest.raises(OverBudget) as refused:
+        charge(ledger, 0.2)
+    ledger.record_refusal(
+        user="alice", dataset="d", notebook="a.ipynb", sql="SELECT COUNT(*) -- 0.2",
+        reason=refused.value.message,
+    )  # fmt: skip
+    row, first = ledger.history()
+    assert (row["status"], row["epsilon"], row["sql"]) == ("refused", 0.0, "SELECT COUNT(*) -- 0.2")
+    assert row["reason"] == str(refused.value) and first["reason"] is None
+    assert [r["status"] for r in ledger.history(refusals=False)] == ["charged"]
+    assert ledger.spent("alice", "d", "a.ipynb") == Cost(0.5)
+    assert ledger.recent_failures("alice", "d", 3600) == 0
+    points = ledger.timeline(Scope.user("d", "alice"), USER_CAP)
+    assert [p[1] for p in points] == [Cost(0.5)]
+    assert [r["status"] for r in ledger.history(status="refused")] == ["refused"]
+
+
 def test_replay_lookup_and_audit(ledger: Ledger) -> None:
     first = charge(ledger, 0.1, key="k1")
     ledger.record_release(first, Reply.of({"rows": [[1]], "n": 1}))
@@ -239,7 +260,7 @@ def test_racing_processes_never_overspend(tmp_path: Path) -> None:
 _NOTEBOOKS = ["a.ipynb", "b.ipynb", "c.ipynb"]
 _ACTIONS = st.lists(
     st.tuples(
-        st.sampled_from(["debit", "grant", "reset"]),
+        st.sampled_from(["debit", "grant", "reset", "refuse"]),
         st.sampled_from([None, *_NOTEBOOKS]),  # None: the whole user (a debit: a.ipynb)
         st.sampled_from([0, 1]),  # which of two handles on the file (two processes)
         st.sampled_from([0.125, 0.25, 0.5]),
@@ -261,7 +282,8 @@ def _scope(notebook: str | None) -> Scope:
 )
 @given(actions=_ACTIONS)
 def test_running_tallies_agree_with_a_fresh_reading(tmp_path: Path, actions) -> None:
-    """Whatever mix of debits, grants and resets two handles on one ledger write, and
+    """Whatever mix of debits, grants, resets and refusals two handles on one ledger
+    write, and
     whenever each scope is first read, each handle's incremental standing of the user
     and of a notebook equals the one a handle opened afresh computes from the whole
     log (spending, and limits with grants)."""
@@ -286,6 +308,9 @@ def test_running_tallies_agree_with_a_fresh_reading(tmp_path: Path, actions) -> 
                 charge(led, amount, notebook=nb, user_cap=big, notebook_cap=big)
             elif action == "grant":
                 led.grant(_scope(notebook), Budget(amount), "")
+            elif action == "refuse":
+                led.record_refusal(user="alice", dataset="d", notebook=notebook or "a.ipynb",
+                                   sql="SELECT 1", reason="over budget")  # fmt: skip
             else:
                 led.reset(_scope(notebook), "")
             if probe is not None:

@@ -53,6 +53,7 @@ div.sql { font-family: ui-monospace, monospace; font-size: 12px; white-space: pr
 .status.released { background: #dff0dc; } .status.failed { background: #f7dcdc; }
 .status.replayed { background: #e0ebf8; } .status.granted, .status.reset { background: #f6ecd2; }
 .status.renews, .status.renewed { background: #ebe2f5; }
+.status.refused { background: #eeeeee; } .reason { color: #8a1f11; font-size: 0.9em; }
 form.filters { display: flex; gap: 10px; flex-wrap: wrap; align-items: end; margin: 8px 0; }
 form.filters label, form.change label { display: flex; flex-direction: column; font-size: 12px; }
 form.change { display: inline-grid; grid-template-columns: repeat(3, minmax(180px, 260px));

@@ -3,8 +3,8 @@ filters by dataset, user, notebook, status and a text in the SQL or the reason.
 
 Each row is who asked, when, on which dataset and notebook, the SQL, its ε and δ and
 what became of it; the answer itself is never shown (the console never reads one).
-The ledger records what was charged: a query refused before its debit (by the
-analysis, or over a budget) costs nothing and is not written, so it is not here.
+A query refused before its debit (by the analysis, or over a budget) costs nothing;
+the ledger keeps it with the reason its user was told, and it is listed as refused.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ HEADS = (
 WHAT_IS_HERE = (
     "Every query the gate charged (charged: running; released: answered; failed: out "
     "of time or memory after the debit, and still spent), every replay (served again "
-    "at no cost; shared: another user's release), and every grant, reset and renewal. "
-    "A query refused before the debit (by the analysis, or over a budget) costs nothing "
-    "and is not written to the ledger, so it is not listed; its user was told why."
+    "at no cost; shared: another user's release), every query refused before the debit "
+    "(by the analysis, or over a budget: nothing charged, and why, as its user was told), "
+    "and every grant, reset and renewal."
 )
 
 
@@ -90,6 +90,8 @@ def _row(frame: Frame, e: owner.LogEntry) -> list[str]:
     if e.target is not None:
         changed = esc(e.target.describe())
         text = f"<b>{changed}</b>: {esc(e.sql)}"
+    elif e.reason is not None:
+        text = f'{esc(e.sql)}<div class="reason">refused: {esc(e.reason)}</div>'
     else:
         text = esc(e.sql)
     user_link = url(frame.base, "log", dataset=e.dataset, user=e.user)

@@ -29,6 +29,9 @@ from dpmagic.gate.policy import Budget, Dataset
 from dpmagic.gate.policy.values import Period
 
 CHARGED, RELEASED, FAILED, REPLAYED = "charged", "released", "failed", "replayed"
+# A query refused before its debit (by the analysis, or over a budget): nothing
+# charged, kept so the owner's log shows what was asked and why it was refused.
+REFUSED = "refused"
 # Admin actions, kept in the same log as the queries they affect.
 GRANTED, RESET = "granted", "reset"
 # A renewing budget's periods: the first one seen, and each later one begun.

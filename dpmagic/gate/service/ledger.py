@@ -80,6 +80,7 @@ from dpmagic.gate.service.budget_scopes import (
     FAILED,
     GRANTED,
     GROUP_SEPARATOR,
+    REFUSED,
     RELEASED,
     RENEWED,
     REPLAYED,
@@ -97,7 +98,7 @@ from dpmagic.gate.service.reply import Reply
 # Long enough that a burst of debits from many processes queues rather than
 # fails; each transaction holds the lock for well under a millisecond.
 BUSY_TIMEOUT_S = 30.0
-SCHEMA_VERSION = 3  # 2: the replay_keys table; 3: scopes and charged groups
+SCHEMA_VERSION = 4  # 2: the replay_keys table; 3: scopes and charged groups; 4: refusals
 
 _ENTRIES = """CREATE TABLE IF NOT EXISTS entries (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -113,14 +114,17 @@ _ENTRIES = """CREATE TABLE IF NOT EXISTS entries (
     status TEXT NOT NULL,
     reply TEXT,
     scope TEXT NOT NULL DEFAULT '',
-    source INTEGER
+    source INTEGER,
+    reason TEXT
 )"""
 # Columns added since the first release, to a ledger of an earlier one where missing:
 # an admin row's scope (``budget_scopes.Scope.row_columns``; empty: a user's or a
-# notebook's, as every earlier admin row is), and the release a shared replay served.
+# notebook's, as every earlier admin row is), the release a shared replay served, and
+# why a refused query was refused.
 _ADDED_COLUMNS = {
     "scope": "ALTER TABLE entries ADD COLUMN scope TEXT NOT NULL DEFAULT ''",
     "source": "ALTER TABLE entries ADD COLUMN source INTEGER",
+    "reason": "ALTER TABLE entries ADD COLUMN reason TEXT",
 }
 _SCHEMA = (
     "CREATE INDEX IF NOT EXISTS entries_scope ON entries (user, dataset, notebook)",
@@ -419,6 +423,19 @@ class Ledger:
         with self._lock, self._transaction(durable=False):
             self._db.execute("UPDATE entries SET status = ? WHERE id = ?", (FAILED, charge.id))
 
+    def record_refusal(
+        self, *, user: str, dataset: str, notebook: str, sql: str, reason: str
+    ) -> None:
+        """Keep a query refused before its debit, with the reason its user was told: no
+        cost, and counted by no budget (``SPENDING`` and ``ADMIN`` leave it out), so the
+        owner's log shows what was asked and why it was refused."""
+        with self._lock, self._transaction(durable=False):
+            self._db.execute(
+                "INSERT INTO entries (time, user, dataset, notebook, epsilon, delta, rho, sql,"
+                " status, reason) VALUES (?, ?, ?, ?, 0, 0, 0, ?, ?, ?)",
+                (_text(self._clock()), user, dataset, notebook, sql, REFUSED, reason),
+            )
+
     def recent_failures(self, user: str, dataset: str, seconds: float) -> int:
         """How many of ``user``'s queries on ``dataset`` failed after the debit in the
         last ``seconds``, and since the owner last reset the user's budget there."""
@@ -584,11 +601,17 @@ class Ledger:
         notebook: str | None = None,
         status: str | None = None,
         limit: int | None = None,
+        refusals: bool = True,
     ) -> list[dict[str, object]]:
         """Audit rows, newest first; the stored replies are not part of them. Each row
         names the budget scope of an admin action (``scope``: empty for a user's or a
-        notebook's, as before scopes) and, for a charge, the groups it counted for."""
+        notebook's, as before scopes), for a charge the groups it counted for, and for
+        a refusal its reason; ``refusals=False`` leaves refusals out (a user's own
+        history shows what was charged or replayed)."""
         where, args = [], []
+        if not refusals:
+            where.append("e.status <> ?")
+            args.append(REFUSED)
         for column, value in (
             ("user", user),
             ("dataset", dataset),
@@ -600,8 +623,9 @@ class Ledger:
                 args.append(value)
         sql = (
             "SELECT e.id, e.time, e.user, e.dataset, e.notebook, e.sql, e.epsilon, e.delta,"
-            " e.rho, e.status, e.scope, e.source, (SELECT group_concat(g.grp, char(31))"
-            " FROM charged_groups AS g WHERE g.entry_id = e.id) AS groups FROM entries AS e"
+            " e.rho, e.status, e.scope, e.source, e.reason, (SELECT group_concat(g.grp,"
+            " char(31)) FROM charged_groups AS g WHERE g.entry_id = e.id) AS groups"
+            " FROM entries AS e"
             + (" WHERE " + " AND ".join(where) if where else "")
             + " ORDER BY e.id DESC"
         )

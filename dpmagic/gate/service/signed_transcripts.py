@@ -46,7 +46,7 @@ def export(ledger: Ledger, policy: Policy, user: str, notebook: str) -> dict[str
     """
     answers: dict[str, dict[str, object]] = {}
     datasets: set[str] = set()
-    rows = ledger.history(user=user, notebook=notebook)
+    rows = ledger.history(user=user, notebook=notebook, refusals=False)
     for entry in reversed(rows):
         if entry["status"] not in (RELEASED, REPLAYED):
             continue
