@@ -26,12 +26,16 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Protocol
 
-import opendp.prelude as dp
+from opendp import combinators, measurements
+from opendp.domains import atom_domain
+from opendp.measures import zero_concentrated_divergence
+from opendp.metrics import discrete_distance
+from opendp.mod import PrivacyProfile, enable_features
 
 from dpmagic.gate.dp.group_privacy import approx_group, pure_group, zcdp_group
 from dpmagic.gate.policy import AccountantKind, Budget
 
-dp.enable_features("contrib", "honest-but-curious")
+enable_features("contrib", "honest-but-curious")
 
 # Float sums of many ε may drift by a few ulps; a spend this close to the limit
 # is treated as fitting so that ten queries of 0.1 fit a budget of 1.0.
@@ -258,15 +262,15 @@ def limit_rho(limit: Budget) -> float:
     return rho_for(limit.epsilon, limit.delta)
 
 
-def _profile(rho: float) -> dp.PrivacyProfile:
-    meas = dp.m.make_user_measurement(
-        dp.atom_domain(T=bool),
-        dp.discrete_distance(),
-        dp.zero_concentrated_divergence(),
+def _profile(rho: float) -> PrivacyProfile:
+    meas = measurements.make_user_measurement(
+        atom_domain(T=bool),
+        discrete_distance(),
+        zero_concentrated_divergence(),
         lambda x: x,
         lambda _d_in: rho,
     )
-    return dp.c.make_zCDP_to_approxDP(meas).map(1)
+    return combinators.make_zCDP_to_approxDP(meas).map(1)
 
 
 def _shown(rho: float, delta: float) -> dict[str, float]:

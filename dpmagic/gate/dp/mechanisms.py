@@ -27,18 +27,21 @@ from functools import lru_cache
 from statistics import NormalDist
 
 import numpy as np
-import opendp.prelude as dp
+from opendp import measurements
 from opendp.accuracy import (
     accuracy_to_discrete_gaussian_scale,
     accuracy_to_discrete_laplacian_scale,
     discrete_gaussian_scale_to_accuracy,
     discrete_laplacian_scale_to_accuracy,
 )
+from opendp.domains import atom_domain, vector_domain
+from opendp.metrics import absolute_distance, l1_distance, l2_distance
+from opendp.mod import Measurement, enable_features
 
 from dpmagic.gate.dp.fast_noise import discrete_laplace, exact_scale
 from dpmagic.gate.failures import Refused
 
-dp.enable_features("contrib")
+enable_features("contrib")
 
 DISCRETE_LAPLACE = "discrete_laplace"
 GRANULAR_LAPLACE = "granular_laplace"
@@ -297,27 +300,27 @@ def _gaussian_map(scale: float, sensitivity: float) -> float:
 
 
 @lru_cache(maxsize=256)
-def _laplace_vector(scale: float) -> dp.Measurement:
-    return dp.m.make_laplace(
-        dp.vector_domain(dp.atom_domain(T="i64")), dp.l1_distance(T="i64"), scale=scale
+def _laplace_vector(scale: float) -> Measurement:
+    return measurements.make_laplace(
+        vector_domain(atom_domain(T="i64")), l1_distance(T="i64"), scale=scale
     )
 
 
 @lru_cache(maxsize=256)
-def _laplace_scalar(scale: float) -> dp.Measurement:
-    return dp.m.make_laplace(dp.atom_domain(T="i64"), dp.absolute_distance(T="i64"), scale=scale)
+def _laplace_scalar(scale: float) -> Measurement:
+    return measurements.make_laplace(atom_domain(T="i64"), absolute_distance(T="i64"), scale=scale)
 
 
 @lru_cache(maxsize=256)
-def _gaussian_vector(scale: float) -> dp.Measurement:
-    return dp.m.make_gaussian(
-        dp.vector_domain(dp.atom_domain(T="i64")), dp.l2_distance(T="i64"), scale=scale
+def _gaussian_vector(scale: float) -> Measurement:
+    return measurements.make_gaussian(
+        vector_domain(atom_domain(T="i64")), l2_distance(T="i64"), scale=scale
     )
 
 
 @lru_cache(maxsize=256)
-def _gaussian_l2(scale: float) -> dp.Measurement:
+def _gaussian_l2(scale: float) -> Measurement:
     """The same discrete Gaussian, with its map taken over a real-valued L2 distance."""
-    return dp.m.make_gaussian(
-        dp.vector_domain(dp.atom_domain(T="i64")), dp.l2_distance(T="f64"), scale=scale
+    return measurements.make_gaussian(
+        vector_domain(atom_domain(T="i64")), l2_distance(T="f64"), scale=scale
     )

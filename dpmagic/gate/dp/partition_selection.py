@@ -37,14 +37,17 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-import opendp.prelude as dp
+from opendp import measurements
+from opendp.domains import atom_domain, map_domain
+from opendp.metrics import absolute_distance, l01inf_distance
+from opendp.mod import Measurement, enable_features
 
 from dpmagic.gate.dp.contribution import Contribution, checked_relation
 from dpmagic.gate.dp.mechanisms import MAX_SCALE, LaplaceNoise
 from dpmagic.gate.failures import Refused
 from dpmagic.gate.policy import Neighbouring
 
-dp.enable_features("contrib")
+enable_features("contrib")
 
 LAPLACE_THRESHOLD = "laplace_threshold"
 _MAX_THRESHOLD = 2**62
@@ -116,10 +119,10 @@ def _map(scale: float, threshold: int, d_in: tuple[int, int, int]) -> tuple[floa
 
 
 @lru_cache(maxsize=256)
-def _measurement(scale: float, threshold: int) -> dp.Measurement:
-    return dp.m.make_laplace_threshold(
-        dp.map_domain(dp.atom_domain(T="i64"), dp.atom_domain(T="i64")),
-        dp.l01inf_distance(dp.absolute_distance(T="i64")),
+def _measurement(scale: float, threshold: int) -> Measurement:
+    return measurements.make_laplace_threshold(
+        map_domain(atom_domain(T="i64"), atom_domain(T="i64")),
+        l01inf_distance(absolute_distance(T="i64")),
         scale=scale,
         threshold=threshold,
     )

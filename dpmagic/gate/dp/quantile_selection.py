@@ -29,11 +29,15 @@ from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
 
-import opendp.prelude as dp
+from opendp import measurements
+from opendp.domains import atom_domain, vector_domain
+from opendp.measures import max_divergence
+from opendp.metrics import linf_distance
+from opendp.mod import Measurement, enable_features
 
 from dpmagic.gate.dp.quantiles import quantile_scores, score_sensitivity
 
-dp.enable_features("contrib")
+enable_features("contrib")
 
 EXPONENTIAL = "exponential"
 GRID_POINTS = 1001  # candidates over a float range, or an int range wider than this
@@ -152,11 +156,11 @@ def _epsilon(level: float, size: int, distance: int, scale: float) -> float:
 
 
 @lru_cache(maxsize=256)
-def _noisy_min(scale: float) -> dp.Measurement:
-    return dp.m.make_noisy_max(
-        dp.vector_domain(dp.atom_domain(T="u64")),
-        dp.linf_distance(T="u64"),
-        dp.max_divergence(),
+def _noisy_min(scale: float) -> Measurement:
+    return measurements.make_noisy_max(
+        vector_domain(atom_domain(T="u64")),
+        linf_distance(T="u64"),
+        max_divergence(),
         scale=scale,
         negate=True,
     )
