@@ -114,7 +114,7 @@ def served(console: Console) -> Iterator[str]:
     finally:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
-        console.ledgers.close()
+        console.close()
 
 
 @dataclass

@@ -6,13 +6,18 @@ from __future__ import annotations
 
 import html
 import re
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlencode
 
 import pytest
+from tornado.platform.asyncio import BaseAsyncIOLoop
 
 from dpmagic.gate import owner
+from dpmagic.gate.console import server as console_server
 from dpmagic.gate.console.owners import Owner, Way
 from dpmagic.gate.console.server import Console
 from dpmagic.gate.policy import Budget, Policy
@@ -157,6 +162,41 @@ def test_a_refusal_is_listed_with_its_reason_escaped(client: Client, policy: Pol
     page = client.get("log?status=refused").body
     assert "<b>x</b>" not in page and "<i>x</i>" not in page
     assert [r[0] for r in logged(client, "q=NOT+DECLARED")] == [row[0]]
+
+
+def _sign_in_page_waits(client: Client, monkeypatch: pytest.MonkeyPatch) -> float:
+    """How long the sign-in page takes while a budgets page takes 1.5 s to build."""
+    started = threading.Event()
+
+    def slow(*args: object) -> str:
+        started.set()
+        time.sleep(1.5)
+        return "built"
+
+    monkeypatch.setattr(console_server, "budgets_page", slow)
+    slow_page = threading.Thread(target=client.get, args=("budgets",))
+    slow_page.start()
+    assert started.wait(10)
+    begun = time.perf_counter()
+    assert Client(client.base).get("login").status == 200
+    waited = time.perf_counter() - begun
+    slow_page.join(10)
+    return waited
+
+
+def test_a_page_being_built_does_not_hold_up_the_console(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pages are built off the event loop (reading the ledger, planning the preview):
+    a sign-in is answered while a slow page is being built; built on the loop (the
+    broken version), it waits for it."""
+    assert _sign_in_page_waits(client, monkeypatch) < 0.75
+
+    async def on_the_loop(self: object, executor: object, build: Any, *args: object) -> object:
+        return build(*args)
+
+    monkeypatch.setattr(BaseAsyncIOLoop, "run_in_executor", on_the_loop)
+    assert _sign_in_page_waits(client, monkeypatch) > 1.0
 
 
 CHANGES = [

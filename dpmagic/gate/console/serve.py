@@ -69,5 +69,5 @@ async def _serve(console: Console, app: Application, host: str, port: int, hub: 
         await stop.wait()
     finally:
         server.stop()
-        console.ledgers.close()
+        console.close()
     return 0

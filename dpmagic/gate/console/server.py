@@ -27,10 +27,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import secrets
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from tornado.ioloop import IOLoop
 from tornado.web import Application, HTTPError, RequestHandler
 
 from dpmagic.gate import owner
@@ -87,7 +90,10 @@ class Ledgers:
 
 @dataclass
 class Console:
-    """What every request of one console shares."""
+    """What every request of one console shares. Its pages are built on one thread of
+    their own (``pages``), off the event loop: reading the ledger and planning the
+    preview take milliseconds to seconds, and the loop keeps answering meanwhile (a
+    sign-in, another owner's request); one thread, so builds never overlap."""
 
     policy: Policy
     base: str  # the URL path the console is served under, ending in "/"
@@ -96,9 +102,16 @@ class Console:
     sessions: Sessions = field(default_factory=Sessions)
     read_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     ledgers: Ledgers = field(init=False)
+    pages: ThreadPoolExecutor = field(init=False)
 
     def __post_init__(self) -> None:
         self.ledgers = Ledgers(self.policy)
+        self.pages = ThreadPoolExecutor(max_workers=1, thread_name_prefix="console-pages")
+
+    def close(self) -> None:
+        """Wait for a page being built, then close the ledger."""
+        self.pages.shutdown(wait=True)
+        self.ledgers.close()
 
 
 class ConsoleHandler(RequestHandler):
@@ -163,14 +176,14 @@ class ConsoleHandler(RequestHandler):
 
     # Pages (GET) and actions (POST), by their path below the console's base.
 
-    def get(self, path: str) -> None:
+    async def get(self, path: str) -> None:
         if path == "login":
             self._login_by_link()
             return
         if self.who is None:
             self.not_signed_in()
             return
-        pages = {
+        pages: dict[str, Callable[[Frame], str]] = {
             "": self._show_overview,
             "budgets": self._show_budgets,
             "log": self._show_log,
@@ -179,8 +192,10 @@ class ConsoleHandler(RequestHandler):
         }
         if path not in pages:
             raise HTTPError(404)
+        frame = self._frame()  # on the loop: it takes the session's note
         try:
-            self.finish(pages[path]())
+            body = await IOLoop.current().run_in_executor(self.console.pages, pages[path], frame)
+            self.finish(body)
         except (OwnerError, PolicyError) as exc:  # a filter or a link the owner mistyped
             self.set_status(400)
             self.finish(
@@ -218,10 +233,10 @@ class ConsoleHandler(RequestHandler):
             else sorted(self.console.policy.datasets)
         )
 
-    def _show_overview(self) -> str:
-        return overview_page(self._frame(), self.console.policy, self.console.read_at)
+    def _show_overview(self, frame: Frame) -> str:
+        return overview_page(frame, self.console.policy, self.console.read_at)
 
-    def _show_budgets(self) -> str:
+    def _show_budgets(self, frame: Frame) -> str:
         arg = self.get_query_argument
         selected: Scope | None = None
         if arg("budget", ""):
@@ -238,7 +253,7 @@ class ConsoleHandler(RequestHandler):
             if not accuracy > 0:
                 raise OwnerError("the accuracy must be a number above 0")
         return budgets_page(
-            self._frame(),
+            frame,
             self.console.policy,
             self.console.ledgers.get(),
             self._datasets(),
@@ -246,7 +261,7 @@ class ConsoleHandler(RequestHandler):
             accuracy,
         )
 
-    def _show_log(self) -> str:
+    def _show_log(self, frame: Frame) -> str:
         arg = self.get_query_argument
         status = arg("status", "")
         if status and status not in owner.STATUSES:
@@ -263,15 +278,15 @@ class ConsoleHandler(RequestHandler):
             limit=limit,
         )
         entries = owner.log(self.console.ledgers.get(), self._datasets(), which)
-        return log_page(self._frame(), self.console.policy, entries, arg("dataset", ""), which)
+        return log_page(frame, self.console.policy, entries, arg("dataset", ""), which)
 
-    def _show_renewals(self) -> str:
+    def _show_renewals(self, frame: Frame) -> str:
         found = owner.renewals(self.console.policy, self.console.ledgers.get())
-        return renewals_page(self._frame(), found)
+        return renewals_page(frame, found)
 
-    def _show_change(self) -> str:
+    def _show_change(self, frame: Frame) -> str:
         form = ChangeForm.read(lambda name: self.get_query_argument(name, None))
-        return change_page(self._frame(), self.console.policy, form)
+        return change_page(frame, self.console.policy, form)
 
     def _apply(self, action: str) -> None:
         """A grant or reset from the change form, through ``owner`` as the CLI's."""
