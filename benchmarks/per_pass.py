@@ -134,7 +134,7 @@ def _serve(policy: str, address: str, out: str) -> int:
     """The gate, with a clock on each pass; the clocks are written to ``out`` at exit."""
     from dpmagic.gate.engine import Engine
     from dpmagic.gate.engines.duckdb import database
-    from dpmagic.gate.service import server
+    from dpmagic.gate.service import exchange, server
     from dpmagic.gate.service.ledger import Ledger
     from dpmagic.gate.service.reply import Reply
     from dpmagic.gate.sql import pipeline
@@ -149,7 +149,7 @@ def _serve(policy: str, address: str, out: str) -> int:
         (Ledger, "record_release", "stored reply"),
         (Engine, "_with_budget", "budget views"),
         (Engine, "respond", "engine"),
-        (server, "_run", "request"),
+        (exchange, "_run", "request"),
     ):
         setattr(owner, attr, _clocked(getattr(owner, attr), clocks.setdefault(label, [])))
     run = database.Database.run

@@ -277,7 +277,19 @@ def prepare_tables(
 ) -> None:
     """Create every table of ``relations`` (its name to a relation the gate wrote) in
     ``schema`` as ``prepare_sql`` makes it, then add to each private table the counts
-    of kept rows per unit in every private table (see above)."""
+    of kept rows per unit in every private table (see above), its rows stored in rank
+    order.
+
+    Why in rank order: every query's scan keeps ``rank <= room``, a filter DuckDB
+    evaluates on every row it reads, unless the row group's smallest and largest rank
+    (its zone map) already decide it. Stored as the window left them (by unit), every
+    row group holds ranks from 1 to its largest, and the filter cost 3 ms of a 10M-row
+    count's 15 (``benchmarks/plan_statistics.py``'s workload); in rank order, row groups
+    of ranks within the room skip it and those beyond are not read, and it costs about
+    0.5 ms. The order is a function of the ranks, which the bound already reads; what
+    one unit changes is where each rank's rows begin and end, by its own rows, which
+    moves the filter's work by at most a row group per rank within the room
+    (docs/security.md, "Per-unit work")."""
     counted = [n for n in relations if bounded_by_units(dataset, dataset.tables[n])]
     for name, relation in relations.items():
         target = STAGE + name if name in counted else name
@@ -297,9 +309,11 @@ def prepare_tables(
                 on = f"CAST(__t.{_unit(table)} AS VARCHAR) = CAST(__c{i}.__u AS VARCHAR)"
             columns.append(f"COALESCE(__c{i}.__n, 0) AS {quoted(ROWS + other)}")
             joins.append(f"LEFT JOIN ({kept}) AS __c{i} ON {on}")
+        # Stored in rank order (``stored_in_rank_order``).
         con.execute(
             f"CREATE OR REPLACE TABLE {schema}.{quoted(name)} AS SELECT {', '.join(columns)} "
-            f"FROM {schema}.{quoted(STAGE + name)} AS __t {' '.join(joins)}"
+            f"FROM {schema}.{quoted(STAGE + name)} AS __t {' '.join(joins)} "
+            f"ORDER BY __t.{quoted(RANK)}"
         )
     for name in counted:
         con.execute(f"DROP TABLE {schema}.{quoted(STAGE + name)}")

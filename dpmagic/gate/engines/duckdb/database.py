@@ -115,13 +115,13 @@ LOCKED: dict[str, object] = {
     "lock_configuration": True,
     "disabled_optimizers": f"{TRY_BREAKING_OPTIMIZERS},{DATA_DEPENDENT_OPTIMIZERS}",
 }
-# DuckDB's optimisers that plan from the data's statistics: off in the database every
-# query runs in (``Database.run``).
+# DuckDB's optimisers that plan from the data's statistics: off in the database
+# (``Database.run``).
 STATISTICS_OPTIMIZERS = (
     f"{TRY_BREAKING_OPTIMIZERS},{DATA_DEPENDENT_OPTIMIZERS},statistics_propagation,"
     "compressed_materialization"
 )
-PLAIN_CATALOG = "prepared"  # the name the replanning database attaches the file under
+PLAIN_CATALOG = "prepared"  # the name the database attaches the prepared file under
 # Rows fetched at a time when each batch is reduced as it arrives.
 BATCH_ROWS = 65_536
 # DuckDB warns that a cursor's result is copied once more on its way to Arrow; a
@@ -151,16 +151,14 @@ class Database:
         self.tables = frozenset(name.lower() for name in dataset.tables)
         # The guard's verdict is a function of the SQL text and ``tables`` alone.
         self._vetted: set[str] = set()
-        self._db = duckdb.connect(
-            str(path),
-            read_only=True,
-            config={**LOCKED, "memory_limit": gate.memory_limit, "threads": gate.threads},
-        )
+        # One DuckDB instance holds the file, so that the policy's ``memory_limit`` (one
+        # buffer pool per instance) bounds all of it: a second, which planned from the
+        # statistics and answered the start's own reads, held 25 MB more at rest.
+        self._db = _without_statistics(path, gate)
         self._empty = _empty_copy(self._db)
-        self._plain = _without_statistics(path, gate)
         # Read-only, so checked once: the plan's proofs that sums cannot overflow rely on it.
         for name in sorted(self.tables):
-            (rows,) = self._db.execute(f'SELECT COUNT(*) FROM "{_ident(name)}"').fetchone()
+            rows = self._one(f'SELECT COUNT(*) FROM "{_ident(name)}"')
             try:
                 within_max_rows(dataset, name, rows)
             except PolicyError:
@@ -210,7 +208,7 @@ class Database:
         does, with keys declared value by value and tested at fetch
         (``Plan.listed_at_fetch``), for the keys nobody declared.
 
-        Every query is planned without the data's statistics (``_plain``: each
+        Every query is planned without the data's statistics (``_without_statistics``: each
         column's smallest and largest value, and the runtime join filters built from
         them, off), so that its plan is a function of the SQL alone. With them, one
         unit's values decided the plan's work for every other row, beyond anything
@@ -224,7 +222,7 @@ class Database:
         depended on the data. The price is speed: 1.3–1.5× on simple aggregates of
         3M rows (count by a key 5.7 → 7.4 ms), where the statistics let DuckDB pick
         a perfect hash and compress its intermediates."""
-        return self._execute(self._plain, sql, keep, catalog=PLAIN_CATALOG, batches=batches)
+        return self._execute(self._db, sql, keep, catalog=PLAIN_CATALOG, batches=batches)
 
     def _execute(
         self,
@@ -288,8 +286,15 @@ class Database:
         )
         return found or 0
 
-    def _one(self, sql: str) -> int:
+    def _cursor(self) -> duckdb.DuckDBPyConnection:
+        """A connection of the database in the prepared file's catalog (each cursor
+        starts in the in-memory one)."""
         con = self._db.cursor()
+        con.execute(f"USE {PLAIN_CATALOG}")
+        return con
+
+    def _one(self, sql: str) -> int:
+        con = self._cursor()
         try:
             (value,) = con.execute(sql).fetchone()
         finally:
@@ -299,7 +304,7 @@ class Database:
     def _distinct(self, table: str, column: str, sql_type: str) -> tuple[object, ...] | None:
         """The distinct non-NULL values of a public column, if there are few enough
         to release as keys; ``None`` when there are too many or the table is absent."""
-        con = self._db.cursor()
+        con = self._cursor()
         try:
             rows = con.execute(
                 f'SELECT DISTINCT TRY_CAST("{_ident(column)}" AS {sql_type}) AS v '
@@ -316,7 +321,6 @@ class Database:
 
     def close(self) -> None:
         self._db.close()
-        self._plain.close()
         self._empty.close()
 
     def _guard(self, con: duckdb.DuckDBPyConnection, sql: str) -> None:
@@ -348,10 +352,9 @@ class Database:
 
 
 def _without_statistics(path: Path, gate: GateConfig) -> duckdb.DuckDBPyConnection:
-    """The prepared file, read-only, in a database of its own whose optimiser does not
-    use the data's statistics (DuckDB keeps one configuration per open file, so the
-    file is attached to an in-memory database rather than opened twice); then locked
-    like the main one."""
+    """The prepared file, read-only, attached to an in-memory database whose optimiser
+    does not use the data's statistics, its catalog the default; then locked (no file,
+    extension or setting reachable; ``LOCKED``)."""
     db = duckdb.connect(
         ":memory:",
         config={
@@ -364,6 +367,7 @@ def _without_statistics(path: Path, gate: GateConfig) -> duckdb.DuckDBPyConnecti
         },
     )
     db.execute(f"ATTACH {_literal(str(path))} AS {PLAIN_CATALOG} (READ_ONLY)")
+    db.execute(f"USE {PLAIN_CATALOG}")
     db.execute("SET enable_external_access = false")
     db.execute("SET lock_configuration = true")
     return db
@@ -379,7 +383,8 @@ def _empty_copy(db: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
     columns: dict[str, list[str]] = {}
     for table, column, sql_type in db.execute(
         "SELECT table_name, column_name, data_type FROM duckdb_columns() "
-        "WHERE schema_name = 'main' ORDER BY table_name, column_index"
+        f"WHERE database_name = '{PLAIN_CATALOG}' AND schema_name = 'main' "
+        "ORDER BY table_name, column_index"
     ).fetchall():
         columns.setdefault(table, []).append(f'"{_ident(column)}" {sql_type}')
     for table, cols in columns.items():

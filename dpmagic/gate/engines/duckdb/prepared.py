@@ -13,7 +13,8 @@ format. Change any of them and the next start prepares a new file and deletes
 the old ones.
 
 The fingerprint, and the dataset's versions the replay keys carry, are
-``engines/versions.py``'s, shared with Spark.
+``engines/versions.py``'s, shared with Spark; the file's name joins this engine's
+``LAYOUT`` to the fingerprint.
 
 The preparation holds to the policy's ``memory_limit`` and ``threads``, as the
 queries do: beyond the limit DuckDB spills its sorts to a folder the preparation
@@ -30,6 +31,7 @@ of the per-query bounding after joins (``engine``).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -46,6 +48,11 @@ from dpmagic.gate.sql.ranks import prepare_tables
 log = logging.getLogger("dpmagic.gate")
 
 SUFFIX = ".duckdb"
+# How this engine lays the prepared rows out (1: each private table in rank order,
+# ``ranks.prepare_tables``), in the file's name but not in the data's version: a copy
+# of another layout is prepared anew at the next start, and the answers released
+# over the old one, computed from the same data, are still replayed.
+LAYOUT = "1"
 
 
 def prepared_file(dataset: Dataset, gate: GateConfig) -> Path:
@@ -54,7 +61,8 @@ def prepared_file(dataset: Dataset, gate: GateConfig) -> Path:
     state_dir = gate.state_dir
     state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(state_dir, 0o700)
-    target = state_dir / f"{dataset.name}.{fingerprint(dataset)[:24]}{SUFFIX}"
+    name = hashlib.sha256(f"{fingerprint(dataset)}:{LAYOUT}".encode()).hexdigest()
+    target = state_dir / f"{dataset.name}.{name[:24]}{SUFFIX}"
     if target.exists():
         log.info("dataset %s: reusing its prepared tables", dataset.name)
         return target
