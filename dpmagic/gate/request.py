@@ -54,85 +54,18 @@ class QueryRequest:
         body's shape is wrong. Only the body's form is judged here, never its SQL."""
         if not isinstance(body, dict):
             raise InvalidBody("the request body must be a JSON object")
-        unknown = set(body) - {
-            "sql",
-            "dataset",
-            "epsilon",
-            "delta",
-            "notebook",
-            "dry_run",
-            "fresh",
-            "params",
-            "accuracy",
-            "alpha",
-            "bounding_report",
-            "max_partitions",
-            "max_rows_per_partition",
-            "clip",
-        }
+        unknown = set(body) - FIELDS
         if unknown:
             # Cut short: the name is the client's own text, echoed back.
             raise InvalidBody(f"unknown field {sorted(unknown)[0][:MAX_NOTEBOOK_CHARS]!r}")
-
-        def unicode(text: object, what: str) -> None:
-            # JSON's escapes can spell a lone surrogate ("\ud800"), which no UTF-8 text
-            # holds: refused here, before it fails deep in the analysis or the ledger.
-            if not isinstance(text, str):
-                return
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError as exc:
-                raise InvalidBody(
-                    f"{what} is not valid Unicode (a lone surrogate, "
-                    f"U+{ord(text[exc.start]):04X}, at character {exc.start + 1})"
-                ) from None
-
         sql = body.get("sql")
         if not isinstance(sql, str):
             raise InvalidBody("`sql` must be a string")
-        unicode(sql, "the query text")
-        notebook = body.get("notebook") or "unnamed"
-        if not isinstance(notebook, str) or len(notebook) > MAX_NOTEBOOK_CHARS:
-            raise InvalidBody("`notebook` must be a short string")
-        unicode(notebook, "`notebook`")
-        dataset = body.get("dataset")
-        if dataset is not None and (
-            not isinstance(dataset, str) or len(dataset) > MAX_NOTEBOOK_CHARS
-        ):
-            raise InvalidBody("`dataset` must be a short string")
-        unicode(dataset, "`dataset`")
-        params = body.get("params") or {}
-        if not isinstance(params, dict):
-            raise InvalidBody("`params` must be an object")
-        for name, value in params.items():
-            unicode(name, "a parameter's name")
-            values = [value]
-            while values:  # a list or object in a parameter too (refused later)
-                item = values.pop()
-                if isinstance(item, dict):
-                    values.extend([*item, *item.values()])
-                elif isinstance(item, list):
-                    values.extend(item)
-                else:
-                    unicode(item, f"parameter ${name}")
-        accuracy = _number(body, "accuracy")
-        if accuracy == 0:
-            raise InvalidBody("`accuracy` must be positive")
-        alpha = _number(body, "alpha")
-        if alpha is not None and not 0 < alpha < 1:
-            raise InvalidBody("`alpha` must be between 0 and 1")
-        if alpha is not None and accuracy is None:
-            raise InvalidBody("`alpha` goes with `accuracy`")
-        if accuracy is not None and body.get("epsilon") is not None:
-            raise InvalidBody("ask with `epsilon` or with `accuracy`, not both")
-        report = _number(body, "bounding_report")
-        if report is not None and not 0 < report < 1:
-            raise InvalidBody("`bounding_report` is a share of the budget, between 0 and 1")
-        clip = _number(body, "clip")
-        if clip is not None and not 0 < clip < 1:
-            raise InvalidBody("`clip` is a share of the query's ε, between 0 and 1")
-        if clip is not None and (accuracy is not None or report is not None):
-            raise InvalidBody("`clip` goes with an ε, without `accuracy` or `bounding_report`")
+        _unicode(sql, "the query text")
+        notebook = _short(body.get("notebook") or "unnamed", "notebook")
+        dataset = None if body.get("dataset") is None else _short(body["dataset"], "dataset")
+        params = _params(body)
+        accuracy, alpha, report, clip = _shares(body)
         for flag in ("dry_run", "fresh"):
             if not isinstance(body.get(flag, False), bool):
                 raise InvalidBody(f"`{flag}` must be true or false")
@@ -152,6 +85,81 @@ class QueryRequest:
             max_rows_per_partition=_whole(body, "max_rows_per_partition"),
             clip=clip,
         )
+
+
+FIELDS = frozenset(
+    {
+        "sql", "dataset", "epsilon", "delta", "notebook", "dry_run", "fresh", "params",
+        "accuracy", "alpha", "bounding_report", "max_partitions", "max_rows_per_partition",
+        "clip",
+    }
+)  # fmt: skip
+
+
+def _unicode(text: object, what: str) -> None:
+    """Refuse a text no UTF-8 holds: JSON's escapes can spell a lone surrogate
+    ("\\ud800"), which would otherwise fail deep in the analysis or the ledger."""
+    if not isinstance(text, str):
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidBody(
+            f"{what} is not valid Unicode (a lone surrogate, "
+            f"U+{ord(text[exc.start]):04X}, at character {exc.start + 1})"
+        ) from None
+
+
+def _short(value: object, key: str) -> str:
+    """A short text field's value (``notebook``, ``dataset``), checked."""
+    if not isinstance(value, str) or len(value) > MAX_NOTEBOOK_CHARS:
+        raise InvalidBody(f"`{key}` must be a short string")
+    _unicode(value, f"`{key}`")
+    return value
+
+
+def _params(body: dict) -> dict[str, object]:
+    """The parameters' object, every text in it (names and values, nested lists and
+    objects too, which the analysis refuses later) valid Unicode."""
+    params = body.get("params") or {}
+    if not isinstance(params, dict):
+        raise InvalidBody("`params` must be an object")
+    for name, value in params.items():
+        _unicode(name, "a parameter's name")
+        values = [value]
+        while values:
+            item = values.pop()
+            if isinstance(item, dict):
+                values.extend([*item, *item.values()])
+            elif isinstance(item, list):
+                values.extend(item)
+            else:
+                _unicode(item, f"parameter ${name}")
+    return params
+
+
+def _shares(body: dict) -> tuple[float | None, float | None, float | None, float | None]:
+    """``accuracy``, ``alpha``, ``bounding_report`` and ``clip``, each in its range and
+    only with the fields it goes with."""
+    accuracy = _number(body, "accuracy")
+    if accuracy == 0:
+        raise InvalidBody("`accuracy` must be positive")
+    alpha = _number(body, "alpha")
+    if alpha is not None and not 0 < alpha < 1:
+        raise InvalidBody("`alpha` must be between 0 and 1")
+    if alpha is not None and accuracy is None:
+        raise InvalidBody("`alpha` goes with `accuracy`")
+    if accuracy is not None and body.get("epsilon") is not None:
+        raise InvalidBody("ask with `epsilon` or with `accuracy`, not both")
+    report = _number(body, "bounding_report")
+    if report is not None and not 0 < report < 1:
+        raise InvalidBody("`bounding_report` is a share of the budget, between 0 and 1")
+    clip = _number(body, "clip")
+    if clip is not None and not 0 < clip < 1:
+        raise InvalidBody("`clip` is a share of the query's ε, between 0 and 1")
+    if clip is not None and (accuracy is not None or report is not None):
+        raise InvalidBody("`clip` goes with an ε, without `accuracy` or `bounding_report`")
+    return accuracy, alpha, report, clip
 
 
 def _number(body: dict, key: str) -> float | None:
