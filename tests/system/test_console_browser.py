@@ -96,6 +96,23 @@ def test_an_owner_signs_in_reads_budgets_filters_the_log_and_grants(
     assert set(page.locator("tbody tr .status").all_inner_texts()) == {"released"}
     _shoot(page, "console-log-filtered.png")
 
+    # A query the gate refused before its debit, as the engine records it.
+    with owner.open_ledger(policy) as ledger:
+        assert ledger is not None
+        ledger.record_refusal(
+            user="bob", dataset="d", notebook="hw1.ipynb", sql="SELECT * FROM t",
+            reason="only aggregates are released: SELECT * would show rows",
+        )  # fmt: skip
+    page.fill("input[name=user]", "")
+    page.select_option("select[name=status]", "refused")
+    page.get_by_role("button", name="Filter").click()
+    [refused] = page.locator("tbody tr").all()
+    assert refused.locator(".status").inner_text() == "refused"
+    assert refused.locator(".reason").inner_text() == (
+        "refused: only aggregates are released: SELECT * would show rows"
+    )
+    _shoot(page, "console-log-refused.png")
+
     before = len(_history(policy))
     page.get_by_role("link", name="Change a budget").click()
     page.select_option("select[name=budget]", "user")

@@ -53,7 +53,7 @@ def log_page(
         "Query log",
         f'<p class="note">{esc(WHAT_IS_HERE)}</p>'
         + _filters(frame, policy, dataset, which)
-        + f"<p>{len(rows)} entries, newest first.</p>"
+        + f"<p>{len(rows)} {'entry' if len(rows) == 1 else 'entries'}, newest first.</p>"
         + shown,
     )
 
