@@ -193,7 +193,18 @@ def tcp_gate(tmp_path: Path) -> Iterator[GateProcess]:
         process.stop()
 
 
+_GIVEN_PORTS: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    """A loopback port free now, and never one this process was given before: ports
+    asked for together (a Hub's proxy, the Hub, a service) are bound only later, so
+    the system may offer the same free port twice in a row (CI once gave a Hub's proxy
+    and the Hub both 49813, and the Hub could not bind)."""
+    while True:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        if port not in _GIVEN_PORTS:
+            _GIVEN_PORTS.add(port)
+            return port
