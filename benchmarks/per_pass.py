@@ -6,8 +6,10 @@
 A real gate process serves the workload of ``benchmarks/visits.py`` with a clock on
 each of its passes (this script, run with ``--serve``, installs them and then runs
 the gate's own ``main``); the client times each query's round trip over the unix
-socket, in turn with raw DuckDB on the workload's file and with the gate's
-generated SQL alone on the gate's prepared copy (read-only, as the gate reads it).
+socket, in turn with raw DuckDB on the workload's file, each run after the same pause
+(``--pause``, 50 ms by default), and then the gate's generated SQL alone on the gate's
+prepared copy (read-only and planned without the data's statistics, as the gate
+reads it; after the same pause).
 For each query it prints medians of: raw DuckDB; the generated SQL alone; the
 gate's passes (the durable debit, the run with its guard and timeout, the noise,
 the release, the stored reply, the budget views); the rest of the engine's work;
@@ -36,6 +38,7 @@ import duckdb
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import visits
 from data import row_count
+from plan_statistics import attached
 
 PASSES = ("debit", "run", "noise", "release", "reply written", "stored reply", "budget views")
 
@@ -44,15 +47,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=row_count, default=1_000_000, help="1M, 10M, a number")
     parser.add_argument("--reps", type=int, default=15, help="timed runs per query (median)")
+    parser.add_argument(
+        "--pause",
+        type=float,
+        default=visits.PAUSE_MS,
+        help="ms of idleness before each timed run (default %(default)s)",
+    )
     parser.add_argument("--serve", nargs=3, metavar=("POLICY", "ADDRESS", "OUT"),
                         help=argparse.SUPPRESS)  # fmt: skip
     args = parser.parse_args(argv)
     if args.serve:
         return _serve(*args.serve)
     database = visits.visits_file(args.rows)
-    print(f"{args.rows:,} rows; load average {os.getloadavg()[0]:.2f} at start")
+    print(f"{args.rows:,} rows, {args.pause:g} ms pause before each run; "
+          f"load average {os.getloadavg()[0]:.2f} at start")  # fmt: skip
     with tempfile.TemporaryDirectory() as work:
-        rows = _measure(database, Path(work), args.reps)
+        rows = _measure(database, Path(work), args.reps, args.pause / 1000)
     header = ["query", "raw DuckDB", "generated SQL", *PASSES, "rest of the engine",
               "process boundary", "gate", "×"]  # fmt: skip
     print("\n| " + " | ".join(header) + " |\n|" + "---|" * len(header))
@@ -62,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _measure(database: Path, work: Path, reps: int) -> dict[str, list[str]]:
+def _measure(database: Path, work: Path, reps: int, pause_s: float) -> dict[str, list[str]]:
     policy, marks = work / "policy.toml", work / "marks.json"
     policy.write_text(visits._policy(database, work))
     address = f"unix:{work / 'gate.sock'}"
@@ -87,6 +97,7 @@ def _measure(database: Path, work: Path, reps: int) -> dict[str, list[str]]:
                 lambda sql=sql: raw.execute(sql).fetchall(),
                 lambda sql=sql: client.query(sql, epsilon=1.0, fresh=True),
                 reps,
+                pause_s,
             )
     finally:
         proc.terminate()
@@ -94,7 +105,7 @@ def _measure(database: Path, work: Path, reps: int) -> dict[str, list[str]]:
         raw.close()
     clocks = json.loads(marks.read_text())
     prepared = next((work / "state").rglob("*.duckdb"))
-    copy = duckdb.connect(str(prepared), read_only=True)
+    copy = attached(prepared, statistics_on=False)
     rows = {}
     try:
         for i, name in enumerate(visits.QUERIES):
@@ -108,7 +119,7 @@ def _measure(database: Path, work: Path, reps: int) -> dict[str, list[str]]:
             )
             r, g = statistics.median(raws[name]) * 1000, statistics.median(trips[name]) * 1000
             rest = engine - sum(passes.values())
-            generated = _alone(copy, clocks["sql"][i * (reps + 1)], reps)
+            generated = _alone(copy, clocks["sql"][i * (reps + 1)], reps, pause_s)
             rows[name] = [f"{r:.2f}", f"{generated:.2f}", *(f"{passes[p]:.2f}" for p in PASSES),
                           f"{rest:.2f}", f"{boundary:.2f}", f"{g:.2f}", f"{g / r:.2f}"]  # fmt: skip
     finally:
@@ -120,10 +131,12 @@ def _median(seconds: list[float]) -> float:
     return statistics.median(seconds) * 1000
 
 
-def _alone(db: duckdb.DuckDBPyConnection, sql: str, reps: int) -> float:
-    """The generated SQL's median time on the prepared copy, fetched whole."""
+def _alone(db: duckdb.DuckDBPyConnection, sql: str, reps: int, pause_s: float) -> float:
+    """The generated SQL's median time on the prepared copy, fetched whole, planned as
+    the gate plans it (without the data's statistics), each run after ``pause_s``."""
     times = []
     for _ in range(reps + 1):
+        time.sleep(pause_s)
         start = time.perf_counter()
         db.execute(sql).fetchall()
         times.append(time.perf_counter() - start)

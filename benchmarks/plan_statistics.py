@@ -62,9 +62,9 @@ def main(argv: list[str] | None = None) -> int:
         _add_policy_rows(bounded, dataset)
         settings = {
             "raw DuckDB": (duckdb.connect(str(source), read_only=True), False),
-            "as served": (_attached(prepared, statistics_on=False), True),
-            "the data's statistics": (_attached(prepared, statistics_on=True), True),
-            "the policy's statistics": (_attached(bounded, statistics_on=True), True),
+            "as served": (attached(prepared, statistics_on=False), True),
+            "the data's statistics": (attached(prepared, statistics_on=True), True),
+            "the policy's statistics": (attached(bounded, statistics_on=True), True),
         }
         print(f"{args.rows:,} rows, {args.reps} runs of each, load {os.getloadavg()[0]:.2f}")
         print("| query | " + " | ".join(settings) + " |")
@@ -115,7 +115,7 @@ def _generated(source: Path, work: Path) -> tuple[dict[str, str], Path, object]:
     return dict(zip(names, seen, strict=True)), prepared, policy.datasets["visits"]
 
 
-def _attached(path: Path, statistics_on: bool) -> duckdb.DuckDBPyConnection:
+def attached(path: Path, statistics_on: bool) -> duckdb.DuckDBPyConnection:
     """``path`` read-only, as the gate attaches it, planned with or without statistics."""
     from dpmagic.gate.engines.duckdb.database import LOCKED, STATISTICS_OPTIMIZERS
 

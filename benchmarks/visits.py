@@ -9,7 +9,9 @@ a DuckDB file (cached in ``benchmarks/.data/visits-N.duckdb``). Raw DuckDB reads
 file as a native table with default settings; the gate serves the same file (policy
 ``max_partitions = 3``, ``max_rows_per_partition = 3``, padding off, ε = 1 per
 query) from a real process over its unix socket. Each query runs once to warm up,
-then ``--reps`` times; the table gives medians and the ratio gate / raw. With
+then ``--reps`` times, raw DuckDB and the gate in turn, each run after the same
+pause (``--pause``, 50 ms by default, as a user's queries come; 0 runs them back to
+back); the table gives medians and the ratio gate / raw. With
 ``--peers``, SmartNoise SQL and OpenDP's Polars front end answer the same SQL in
 the same run (each in a venv of its own, on the same DuckDB file and its Parquet
 copy, keeping up to 9 rows of a person, the reach the gate's policy allows,
@@ -44,6 +46,9 @@ CACHE = HERE / ".data"
 STATES = 50
 DIAGNOSES = 20
 QUERIES = {q.name: q.sql for q in VISITS_QUERIES}
+# Issue 30's protocol: each run after the same 50 ms of idleness, as a user's queries
+# come. Back to back (``--pause 0``), DuckDB's worker threads are still awake.
+PAUSE_MS = 50.0
 PEER_NAMES = {"smartnoise": "SmartNoise SQL", "opendp-polars": "OpenDP Polars"}
 
 
@@ -52,14 +57,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=row_count, default=1_000_000, help="1M, 10M or a number")
     parser.add_argument("--reps", type=int, default=5, help="timed runs per query (median)")
     parser.add_argument(
+        "--pause",
+        type=float,
+        default=PAUSE_MS,
+        help="ms of idleness before each timed run (default %(default)s; 0: back to back)",
+    )
+    parser.add_argument(
         "--peers",
         action="store_true",
         help="also SmartNoise SQL and OpenDP's Polars front end, in the same run",
     )
     args = parser.parse_args(argv)
     database = visits_file(args.rows)
-    print(f"{args.rows:,} rows; load average {os.getloadavg()[0]:.2f} at start")
-    run = side_by_side(database, args.reps)
+    print(f"{args.rows:,} rows, {args.pause:g} ms pause before each run; "
+          f"load average {os.getloadavg()[0]:.2f} at start")  # fmt: skip
+    run = side_by_side(database, args.reps, args.pause / 1000)
     print(f"gate start on {args.rows:,} rows: {run.start_s[0]:.2f} s preparing the data, "
           f"{run.start_s[1]:.2f} s restarting on it; gate peak memory {run.peak_mb:.0f} MB, "
           f"raw DuckDB's process {_peak_mb('self'):.0f} MB")  # fmt: skip
@@ -180,7 +192,7 @@ def _raw(database: Path, reps: int) -> dict[str, list[float]]:
         con.close()
 
 
-def side_by_side(database: Path, reps: int) -> Run:
+def side_by_side(database: Path, reps: int, pause_s: float) -> Run:
     """Raw DuckDB and the gate per query, one run of each in turn, so that a change
     in the machine's load falls on both alike."""
     from dpmagic.client import Gate
@@ -206,6 +218,7 @@ def side_by_side(database: Path, reps: int) -> Run:
                         client.query(sql, epsilon=1.0, fresh=True).rows
                     ),
                     reps,
+                    pause_s,
                 )
                 del answers[name][0]  # the warm-up's
             peak_mb = _peak_mb(str(proc.pid))
@@ -216,13 +229,16 @@ def side_by_side(database: Path, reps: int) -> Run:
     return Run(raw, gate, exact, answers, (first_s, again_s), peak_mb)
 
 
-def alternated(first, second, reps: int) -> tuple[list[float], list[float]]:
-    """Each run once to warm up, then ``reps`` timed runs of each, in turn."""
+def alternated(first, second, reps: int, pause_s: float = 0.0) -> tuple[list[float], list[float]]:
+    """Each run once to warm up, then ``reps`` timed runs of each, in turn, each timed
+    run after ``pause_s`` of idleness (as a user's queries come: DuckDB's worker
+    threads, and the machine's idle cores, have gone to sleep by then)."""
     first()
     second()
     times: tuple[list[float], list[float]] = ([], [])
     for _ in range(reps):
         for run, out in zip((first, second), times, strict=True):
+            time.sleep(pause_s)
             start = time.perf_counter()
             run()
             out.append(time.perf_counter() - start)
