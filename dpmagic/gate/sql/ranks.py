@@ -74,7 +74,9 @@ and the policy: ``K`` is.
 
 from __future__ import annotations
 
+import hashlib
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import duckdb
@@ -218,17 +220,42 @@ def table_cap(resolved: Resolved) -> int | None:
 class RoomRead:
     """How one private scan of a join reads its table: ``source`` (the table, or for a
     later scan a chain of subqueries over it that carries its unit's product of the
-    earlier scans' factors, one column a scan) and ``bound``, ``rank <= room``."""
+        earlier scans' factors, one column a scan) and ``bound``, which keeps the ranks
+    within its room."""
 
     source: exp.Expression
-    bound: exp.LTE
+    bound: exp.Expression
 
 
-def room_reads(tables: list[str], cap: int) -> list[RoomRead]:
+def first_ranks(table: str, room: int) -> exp.Expression:
+    """The filter that keeps each unit's first ``room`` ranks of ``table``: the rank
+    itself, which every engine can read (a store that keeps ranks as row-id prefixes
+    reads them so instead: ``dialect.Dialect.first_ranks``)."""
+    return exp.LTE(this=exp.column(RANK, quoted=True), expression=exp.Literal.number(room))
+
+
+def rank_end(table: str, room: int) -> str:
+    """The name of the query parameter that holds how many rows of ``table`` have a
+    rank of at most ``room``: the row id its first ``room`` ranks end before, where the
+    table is stored in rank order. A name, so that the number, which depends on the
+    data, is bound as the query runs and never written into SQL text, an error or a
+    log. The table's name is hashed into it, so any table name gives an identifier."""
+    digest = hashlib.sha256(table.encode()).hexdigest()[:16]
+    return f"__dpmagic_end_{digest}_{room}"
+
+
+def room_reads(
+    tables: list[str],
+    cap: int,
+    first: Callable[[str, int], exp.Expression] = first_ranks,
+) -> list[RoomRead]:
     """What each private scan of a join (over ``tables``, in join order) reads so that a
     unit keeps at most ``cap`` joined rows, whatever the join order the engine picks:
     the first ``cap`` ranks of a single table, less room for a join's later scans.
     This is ``dp.join_bounding.rooms`` written in SQL over the counts stored at load.
+    The first scan's room is the constant ``cap``, read as ``first`` reads a table's
+    first ranks (the engine's dialect decides how); the later scans' rooms depend on
+    each row, and are read by the rank.
 
     Scan ``i`` needs ``p_(i-1)``, which depends on ``p_(i-2)`` twice (in the room and
     in the product): written as one expression it doubles with each scan (a 30-scan
@@ -253,7 +280,10 @@ def room_reads(tables: list[str], cap: int) -> list[RoomRead]:
                 alias=exp.TableAlias(this=exp.to_identifier(f"__dpmagic_r{j}", quoted=True)),
             )
             product = exp.column(PRODUCT + str(j), quoted=True)
-        bound = exp.LTE(this=exp.column(RANK, quoted=True), expression=_room(cap, product))
+        if product is None:
+            bound = first(table, cap)
+        else:
+            bound = exp.LTE(this=exp.column(RANK, quoted=True), expression=_room(cap, product))
         reads.append(RoomRead(source, bound))
     return reads
 

@@ -190,7 +190,7 @@ def _bounded(
     if not row_cols:
         row_cols = [exp.alias_(exp.Literal.number(1), "__one")]
     cap = join_cap(plan.bounding)
-    source, filters = _from(plan, row, _scan_reads(resolved, resolved.scans, cap))
+    source, filters = _from(plan, row, _scan_reads(resolved, resolved.scans, cap, row.dialect))
     units, keyed = _row_filters(plan, row, plan.reads_unit)
     kept = _select(row_cols, source, units + filters + keyed)
     ctes: list[tuple[str, exp.Select]] = [("kept_rows", kept)]
@@ -236,7 +236,7 @@ def left_out(plan: Plan, seed: int, dialect: Dialect = DUCKDB) -> Rewritten:
     required(resolved.unit, "the privacy unit the report counts by")
     row = _Rows(resolved, dialect)
     ctes, (table, condition) = _bounded(plan, row, seed)
-    caps = _scan_reads(resolved, resolved.scans, load_cap(resolved.dataset))
+    caps = _scan_reads(resolved, resolved.scans, load_cap(resolved.dataset), dialect)
     source, filters = _from(plan, row, caps if len(resolved.scans) > 1 else {})
     unit = [_as(row.total(resolved.unit), UNIT)]
     units, keyed = _row_filters(plan, row, True)
@@ -333,13 +333,15 @@ def _from(
     return _reads(resolved.scans, terms, used, row, bounds)
 
 
-def _scan_reads(resolved: Resolved, scans: tuple[Scan, ...], cap: int) -> dict[str, RoomRead]:
+def _scan_reads(
+    resolved: Resolved, scans: tuple[Scan, ...], cap: int, dialect: Dialect
+) -> dict[str, RoomRead]:
     """How each private scan of ``scans`` (one join) reads its table so that a unit keeps
     at most ``cap`` joined rows (``ranks.room_reads``): the plan's ``K`` when the
     ranks bound the query, else the load cap, which bounds the work one unit causes
     however many times the join reads its tables."""
     private = [s for s in scans if bounded_by_units(resolved.dataset, s.table)]
-    reads = room_reads([s.table.name for s in private], cap)
+    reads = room_reads([s.table.name for s in private], cap, dialect.first_ranks)
     return {s.name: r for s, r in zip(private, reads, strict=True)}
 
 
@@ -419,7 +421,7 @@ def _semijoins(tree: exp.Select, resolved: Resolved, row: _Rows) -> exp.Select:
         if not comparable([j.lhs, j.value], resolved):
             raise Refused("IN (SELECT …) compares values of different kinds")
         terms = [j.where] if j.where is not None else []
-        caps = _scan_reads(resolved, j.scans, load_cap(resolved.dataset))
+        caps = _scan_reads(resolved, j.scans, load_cap(resolved.dataset), row.dialect)
         source, where = _reads(j.scans, terms, used, row, caps)
         if j.exists or any(not scan.table.public for scan in j.scans):
             # Over private rows a NULL in the set would turn NOT IN to NULL for every

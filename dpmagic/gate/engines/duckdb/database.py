@@ -50,10 +50,10 @@ from dpmagic.gate.engines.interface import (
     within_max_rows,
 )
 from dpmagic.gate.engines.versions import versions
-from dpmagic.gate.failures import Refused
+from dpmagic.gate.failures import Refused, required
 from dpmagic.gate.policy import Column, Dataset, GateConfig, PolicyError, Table
 from dpmagic.gate.sql.keys import MAX_PARTITIONS
-from dpmagic.gate.sql.ranks import SQL_TYPES
+from dpmagic.gate.sql.ranks import RANK, SQL_TYPES, bounded_by_units, load_cap, rank_end
 
 log = logging.getLogger("dpmagic.gate")
 
@@ -121,6 +121,9 @@ STATISTICS_OPTIMIZERS = (
     f"{TRY_BREAKING_OPTIMIZERS},{DATA_DEPENDENT_OPTIMIZERS},statistics_propagation,"
     "compressed_materialization"
 )
+# Beyond this load cap, ranked tables keep the rank filter (``Database._rank_ends``
+# lists a row count per room).
+MAX_PREFIX_ROOMS = 4096
 PLAIN_CATALOG = "prepared"  # the name the database attaches the prepared file under
 # Rows fetched at a time when each batch is reduced as it arrives.
 BATCH_ROWS = 65_536
@@ -134,7 +137,6 @@ warnings.filterwarnings("ignore", ARROW_COPY_WARNING, UserWarning)
 class Database:
     """A DuckDB dataset's prepared file, locked and read-only (see the module's docstring)."""
 
-    dialect = DUCKDB
     columnar = True
 
     def __init__(self, dataset: Dataset, gate: GateConfig) -> None:
@@ -149,8 +151,9 @@ class Database:
         self.versions = versions(dataset)
         self.timeout_s = gate.query_timeout_s
         self.tables = frozenset(name.lower() for name in dataset.tables)
-        # The guard's verdict is a function of the SQL text and ``tables`` alone.
-        self._vetted: set[str] = set()
+        # The guard's verdict, and the parameters a text names, are functions of the SQL
+        # text and ``tables`` alone.
+        self._vetted: dict[str, tuple[str, ...]] = {}
         # One DuckDB instance holds the file, so that the policy's ``memory_limit`` (one
         # buffer pool per instance) bounds all of it: a second, which planned from the
         # statistics and answered the start's own reads, held 25 MB more at rest.
@@ -164,6 +167,10 @@ class Database:
             except PolicyError:
                 self.close()
                 raise
+        # Where each ranked table's first ranks end (``Dialect.first_ranks``), if every one
+        # is stored in rank order; read once, as the data is.
+        self._ends = self._rank_ends(dataset)
+        self.dialect = replace(DUCKDB, rank_prefixes=self._ends is not None)
 
     def vet(self, sql: str) -> None:
         """Refuse, before the debit, SQL the guard will not run or that fails for reasons
@@ -178,13 +185,14 @@ class Database:
         text would show in its time (docs/security.md, "Which replies are padded")."""
         con = self._empty.cursor()
         try:
-            self._walk(con, sql)
-            con.execute(sql).fetchall()
+            names = self._walk(con, sql)
+            # The copy has no rows: every table's first ranks end at row 0.
+            con.execute(sql, dict.fromkeys(names, 0) or None).fetchall()
         except duckdb.Error as exc:
             raise CannotRun(exc) from None
         finally:
             con.close()
-        self._remember(sql)
+        self._remember(sql, names)
 
     def run(
         self,
@@ -239,8 +247,8 @@ class Database:
         deadline = time.monotonic() + timeout
         try:
             with TIMEOUTS.watching(con, timeout):
-                self._guard(con, sql)
-                cursor = con.execute(sql)
+                names = self._guard(con, sql)
+                cursor = con.execute(sql, self._parameters(names))
                 if batches is not None:
                     reader = cursor.to_arrow_reader(BATCH_ROWS)
                     kept = [batches(batch) for batch in reader]
@@ -323,21 +331,25 @@ class Database:
         self._db.close()
         self._empty.close()
 
-    def _guard(self, con: duckdb.DuckDBPyConnection, sql: str) -> None:
-        """Raise ``UnsafeSQL`` unless ``sql`` passes (see the module's docstring).
-        Parsing and walking DuckDB's tree takes about 2 ms, as long as the rest
-        of a small query, so a text that passed once is not walked again."""
-        if sql in self._vetted:
-            return
-        self._walk(con, sql)
-        self._remember(sql)
+    def _guard(self, con: duckdb.DuckDBPyConnection, sql: str) -> tuple[str, ...]:
+        """Raise ``UnsafeSQL`` unless ``sql`` passes (see the module's docstring); the
+        names of the parameters it takes. Parsing and walking DuckDB's tree takes about
+        2 ms, as long as the rest of a small query, so a text that passed once is not
+        walked again."""
+        names = self._vetted.get(sql)
+        if names is None:
+            names = self._walk(con, sql)
+            self._remember(sql, names)
+        return names
 
-    def _remember(self, sql: str) -> None:
+    def _remember(self, sql: str, names: tuple[str, ...]) -> None:
         if len(self._vetted) >= VETTED_CACHE_SIZE:
             self._vetted.clear()
-        self._vetted.add(sql)
+        self._vetted[sql] = names
 
-    def _walk(self, con: duckdb.DuckDBPyConnection, sql: str) -> None:
+    def _walk(self, con: duckdb.DuckDBPyConnection, sql: str) -> tuple[str, ...]:
+        """The guard's walk of DuckDB's own parse of ``sql``; the parameters it names,
+        each of them where a ranked table's first ranks end (nothing else may be one)."""
         statements = con.extract_statements(sql)
         if len(statements) != 1 or statements[0].type != duckdb.StatementType.SELECT:
             raise UnsafeSQL()
@@ -349,6 +361,56 @@ class Database:
         for node in _nodes(tree):
             if not _safe(node, self.tables | ctes):
                 raise UnsafeSQL()
+        names = tuple(sorted(_values(tree, "key", "named_param_map")))
+        if any(name not in (self._ends or {}) for name in names):
+            raise UnsafeSQL()
+        return names
+
+    def _parameters(self, names: tuple[str, ...]) -> dict[str, int] | None:
+        """The values of the parameters ``names``: where ranked tables' first ranks end.
+        They depend on the data, so they are bound here and written nowhere else."""
+        if not names:
+            return None
+        ends = required(self._ends, "the ends of the ranks, for a text that names them")
+        return {name: ends[name] for name in names}
+
+    def _rank_ends(self, dataset: Dataset) -> dict[str, int] | None:
+        """For each ranked table and each room up to the load cap, how many of its rows
+        have a rank of at most that room (by the name of its parameter, ``ranks.rank_end``);
+        ``None`` unless every ranked table is stored in rank order, so that those rows are
+        the ones before that row id (``ranks.prepare_tables`` stores them so; a file an
+        earlier gate prepared otherwise keeps the rank filter), or where the load cap is
+        too large to list."""
+        cap = load_cap(dataset)
+        if dataset.privacy_unit is None or cap > MAX_PREFIX_ROOMS:
+            return None
+        ends: dict[str, int] = {}
+        for table in dataset.tables.values():
+            if not bounded_by_units(dataset, table) or table.name.lower() not in self.tables:
+                continue
+            if any(c.lower() == "rowid" for c in table.columns):
+                return None  # ``rowid`` would name the column, not the row
+            con = self._cursor()
+            try:
+                ranks = con.execute(
+                    f'SELECT "{RANK}", COUNT(*), MIN(rowid), MAX(rowid) '
+                    f'FROM "{_ident(table.name)}" GROUP BY ALL ORDER BY 1'
+                ).fetchall()
+            finally:
+                con.close()
+            below = 0
+            for rank in range(1, cap + 1):
+                if rank <= len(ranks):
+                    value, count, first, last = ranks[rank - 1]
+                    if (value, first, last) != (rank, below, below + count - 1):
+                        return None
+                    below += count
+                ends[rank_end(table.name, rank)] = below
+            for _value, count, first, last in ranks[cap:]:
+                if first != below or last != below + count - 1:
+                    return None
+                below += count
+        return ends
 
 
 def _without_statistics(path: Path, gate: GateConfig) -> duckdb.DuckDBPyConnection:
@@ -430,13 +492,14 @@ def _nodes(tree: object) -> list[dict]:
     return out
 
 
-def _values(tree: object, key: str) -> list[str]:
-    """The CTE names: every ``key`` of a ``cte_map`` entry."""
+def _values(tree: object, key: str, field: str = "map") -> list[str]:
+    """Every ``key`` of an entry of a ``field`` list: the CTE names (a ``cte_map``'s
+    ``map``), or the parameters' names (a statement's ``named_param_map``)."""
     return [
         entry[key]
         for node in _nodes(tree)
-        if isinstance(node.get("map"), list)
-        for entry in node["map"]
+        if isinstance(node.get(field), list)
+        for entry in node[field]
         if isinstance(entry, dict) and isinstance(entry.get(key), str)
     ]
 
