@@ -106,6 +106,7 @@ def _measure(database: Path, work: Path, reps: int, pause_s: float) -> dict[str,
     clocks = json.loads(marks.read_text())
     prepared = next((work / "state").rglob("*.duckdb"))
     copy = attached(prepared, statistics_on=False)
+    parameters = _parameters(policy, clocks["sql"])
     rows = {}
     try:
         for i, name in enumerate(visits.QUERIES):
@@ -119,7 +120,8 @@ def _measure(database: Path, work: Path, reps: int, pause_s: float) -> dict[str,
             )
             r, g = statistics.median(raws[name]) * 1000, statistics.median(trips[name]) * 1000
             rest = engine - sum(passes.values())
-            generated = _alone(copy, clocks["sql"][i * (reps + 1)], reps, pause_s)
+            sql = clocks["sql"][i * (reps + 1)]
+            generated = _alone(copy, sql, parameters[sql], reps, pause_s)
             rows[name] = [f"{r:.2f}", f"{generated:.2f}", *(f"{passes[p]:.2f}" for p in PASSES),
                           f"{rest:.2f}", f"{boundary:.2f}", f"{g:.2f}", f"{g / r:.2f}"]  # fmt: skip
     finally:
@@ -131,14 +133,30 @@ def _median(seconds: list[float]) -> float:
     return statistics.median(seconds) * 1000
 
 
-def _alone(db: duckdb.DuckDBPyConnection, sql: str, reps: int, pause_s: float) -> float:
+def _parameters(policy: Path, sqls: list[str]) -> dict[str, dict | None]:
+    """The values the gate binds to each generated SQL's parameters (where its scans'
+    first ranks end), from the gate's own store on the same prepared file."""
+    from dpmagic.gate.engines.duckdb.database import Database
+    from dpmagic.gate.policy.loading import load_policy
+
+    loaded = load_policy(policy)
+    store = Database(loaded.datasets["visits"], loaded.gate)
+    try:
+        return {sql: store.parameters(sql) for sql in set(sqls)}
+    finally:
+        store.close()
+
+
+def _alone(
+    db: duckdb.DuckDBPyConnection, sql: str, parameters: dict | None, reps: int, pause_s: float
+) -> float:
     """The generated SQL's median time on the prepared copy, fetched whole, planned as
     the gate plans it (without the data's statistics), each run after ``pause_s``."""
     times = []
     for _ in range(reps + 1):
         time.sleep(pause_s)
         start = time.perf_counter()
-        db.execute(sql).fetchall()
+        db.execute(sql, parameters).fetchall()
         times.append(time.perf_counter() - start)
     return statistics.median(times[1:]) * 1000
 

@@ -75,7 +75,10 @@ def main(argv: list[str] | None = None) -> int:
                 for name, (con, generated) in settings.items():
                     time.sleep(PAUSE_S)
                     start = time.perf_counter()
-                    con.execute(sqls[q.name] if generated else q.sql).fetchall()
+                    if generated:
+                        con.execute(*sqls[q.name]).fetchall()
+                    else:
+                        con.execute(q.sql).fetchall()
                     if rep:  # the first is the warm-up
                         times[name].append(time.perf_counter() - start)
             med = {name: statistics.median(t) * 1000 for name, t in times.items()}
@@ -87,8 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _generated(source: Path, work: Path) -> tuple[dict[str, str], Path, object]:
-    """The gate's SQL for each query, its prepared file, and the dataset's policy."""
+def _generated(source: Path, work: Path) -> tuple[dict[str, tuple[str, dict | None]], Path, object]:
+    """The gate's SQL for each query with the values its store binds to it (where its
+    scans' first ranks end), its prepared file, and the dataset's policy."""
     from dpmagic.gate.engine import Engine
     from dpmagic.gate.engines.duckdb import database
     from dpmagic.gate.policy.loading import load_policy
@@ -108,11 +112,13 @@ def _generated(source: Path, work: Path) -> tuple[dict[str, str], Path, object]:
         engine = Engine(policy)
         for q in VISITS_QUERIES:
             engine.query("bench", {"sql": q.sql, "epsilon": 1.0, "fresh": True})
+        store = engine.databases["visits"]
+        bound = [(sql, store.parameters(sql)) for sql in seen]  # type: ignore[attr-defined]
     finally:
         database.Database.run = run  # type: ignore[method-assign]
     names = [q.name for q in VISITS_QUERIES]
     prepared = next((work / "state").glob("visits.*.duckdb"))
-    return dict(zip(names, seen, strict=True)), prepared, policy.datasets["visits"]
+    return dict(zip(names, bound, strict=True)), prepared, policy.datasets["visits"]
 
 
 def attached(path: Path, statistics_on: bool) -> duckdb.DuckDBPyConnection:

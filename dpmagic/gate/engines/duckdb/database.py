@@ -366,6 +366,15 @@ class Database:
             raise UnsafeSQL()
         return names
 
+    def parameters(self, sql: str) -> dict[str, int] | None:
+        """The values ``run`` binds to ``sql``'s parameters, for running it elsewhere on
+        the same prepared file (``benchmarks/per_pass.py`` times the SQL alone)."""
+        con = self._cursor()
+        try:
+            return self._parameters(self._guard(con, sql))
+        finally:
+            con.close()
+
     def _parameters(self, names: tuple[str, ...]) -> dict[str, int] | None:
         """The values of the parameters ``names``: where ranked tables' first ranks end.
         They depend on the data, so they are bound here and written nowhere else."""
