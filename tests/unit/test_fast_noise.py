@@ -44,10 +44,11 @@ def _draws(t: int, s: int, total: int, size: int) -> np.ndarray:
     return np.concatenate([discrete_laplace(t, s, size) for _ in range(total // size)])
 
 
-SIZES = [60_000, 50]  # one long vector; 1,200 short ones
+# One long vector; 1,200 short ones; 7,500 of the shortest the fast path serves.
+SIZES = [60_000, 50, FAST_NOISE_CELLS]
 
 
-@pytest.mark.parametrize("size", SIZES, ids=["long", "short"])
+@pytest.mark.parametrize("size", SIZES, ids=["long", "short", "shortest"])
 @pytest.mark.parametrize("scale", SCALES)
 def test_fast_sampler_draws_opendps_distribution(scale, size):
     t, s = exact_scale(scale)
@@ -57,7 +58,7 @@ def test_fast_sampler_draws_opendps_distribution(scale, size):
     assert discrete_laplace_fits(ours.tolist(), scale)
 
 
-@pytest.mark.parametrize("size", SIZES, ids=["long", "short"])
+@pytest.mark.parametrize("size", SIZES, ids=["long", "short", "shortest"])
 @pytest.mark.parametrize("scale", [3.0, 1234.5])
 def test_the_comparison_catches_a_scale_ten_percent_off(scale, size):
     t, s = exact_scale(scale * 1.10)
