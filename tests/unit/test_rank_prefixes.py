@@ -142,3 +142,16 @@ def _unchecked_ends(self: database.Database, dataset) -> dict[str, int]:
     for room in range(1, load_cap(dataset) + 1):
         ends[rank_end("t", room)] = self._one(f'SELECT COUNT(*) FROM t WHERE "{RANK}" <= {room}')
     return ends
+
+
+def test_a_load_cap_too_large_to_list_keeps_the_rank_filter(tmp_path: Path) -> None:
+    """The store lists an end per room up to the load cap; past ``MAX_PREFIX_ROOMS``
+    rooms it reads by the rank, and answers alike."""
+    table = [(unit, unit % 100) for unit in range(50) for _ in range(3)]
+    rows = database.MAX_PREFIX_ROOMS // 2 + 1
+    with running_engine(tmp_path, _policy(tmp_path, 2, rows), {"t": ("pid,x", table)}) as e:
+        store = e.databases["d"]
+        assert load_cap(e.policy.datasets["d"]) > database.MAX_PREFIX_ROOMS
+        assert not store.dialect.rank_prefixes
+        assert isinstance(store.dialect.first_ranks("t", 2), exp.LTE)
+        assert len(_read(store, store.dialect.first_ranks("t", 2))) == 100
