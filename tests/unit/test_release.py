@@ -197,7 +197,9 @@ def test_a_tree_like_an_average_but_not_one_goes_to_duckdb():
     assert direct(TABLE, [col("__pid"), broken]) is None
 
 
-_GROUPED = "SELECT g, COUNT(*) AS n, SUM(x) AS s, SUM(y) AS f FROM t GROUP BY g"
+_GROUPED = (
+    "SELECT g, COUNT(*) AS n, SUM(x) AS s, SUM(y) AS f, AVG(x) AS a, AVG(y) AS b FROM t GROUP BY g"
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -207,9 +209,9 @@ _GROUPED = "SELECT g, COUNT(*) AS n, SUM(x) AS s, SUM(y) AS f FROM t GROUP BY g"
     floats=st.lists(st.floats(-1e300, 1e300), min_size=3, max_size=3),
     parts=st.integers(1, 3),
 )
-def test_bare_count_and_sum_intervals_are_each_cells_own(counts, sums, floats, parts):
-    """The intervals of a bare count or sum, computed for all cells at once, are the
-    ones the cell-by-cell evaluation gives (``_measured``), huge values included."""
+def test_bare_count_sum_and_average_intervals_are_each_cells_own(counts, sums, floats, parts):
+    """The intervals of a bare count, sum or average, computed for all cells at once,
+    are the ones the cell-by-cell evaluation gives (``_eval``), huge values included."""
     from dpmagic.gate.sql.intervals import CellIntervals, json_pair
     from dpmagic.gate.sql.noise import Noisy
     from tests.gate_helpers import dataset, make_plan
@@ -229,7 +231,7 @@ def test_bare_count_and_sum_intervals_are_each_cells_own(counts, sums, floats, p
     intervals = CellIntervals(plan, noisy, 0.05, {})
     pids = [2, 0, 1]
     for out in plan.checked.outputs[1:]:
-        m = plan.measurement(plan.parts[out.expr.name].names[0])
-        each = [json_pair(intervals._measured(m, pid, 0.05 / parts)) for pid in pids]
+        each = [json_pair(intervals.of(out.expr, pid, parts)) for pid in pids]
         pairs = intervals.cells(out.expr, pids, parts)
+        assert isinstance(pairs, np.ndarray)
         assert [None if np.isnan(p).any() else p.tolist() for p in pairs] == each

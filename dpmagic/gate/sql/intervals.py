@@ -237,10 +237,17 @@ class CellIntervals:
         self, node: exp.Expression, pids: Sequence[int], parts: int
     ) -> list[list[float] | None] | np.ndarray:
         """The JSON intervals of one output's cells, in ``pids`` order. A bare count or
-        sum (most cells of a large GROUP BY) is its measurement's interval, read
-        without walking the expression, as an ``(n, 2)`` array (NaN where JSON has
-        null: an end not finite); other expressions are evaluated cell by cell."""
+        sum (most cells of a large GROUP BY) is its measurement's interval, and a bare
+        average its cells' intervals as ``_means`` computes them all at once, each
+        read without walking the expression, as an ``(n, 2)`` array (NaN where JSON
+        has null: an end not finite); other expressions are evaluated cell by cell
+        (an average of 20 cells that way: 0.2 ms; of 100,000, about a second)."""
         found = self.plan.parts.get(node.name) if isinstance(node, exp.Column) else None
+        if isinstance(found, Avg) and node.name not in self.debiased:
+            means = self._means(node.name, found, expression_level(self.alpha, parts))
+            pairs = np.asarray(means, dtype=float).reshape(-1, 2)[np.asarray(pids, dtype=np.intp)]
+            pairs[~np.isfinite(pairs).all(axis=1)] = np.nan
+            return pairs
         agg = None if found is None else self.plan.checked.aggregate(node.name).func
         if (
             not isinstance(found, Measured)
