@@ -241,7 +241,7 @@ class CellIntervals:
         average its cells' intervals as ``_means`` computes them all at once, each
         read without walking the expression, as an ``(n, 2)`` array (NaN where JSON
         has null: an end not finite); other expressions are evaluated cell by cell
-        (an average of 20 cells that way: 0.2 ms; of 100,000, about a second)."""
+        (an average's cells that way: about 3.3 µs more each, 66 ms more for 20,000)."""
         found = self.plan.parts.get(node.name) if isinstance(node, exp.Column) else None
         if isinstance(found, Avg) and node.name not in self.debiased:
             means = self._means(node.name, found, expression_level(self.alpha, parts))
