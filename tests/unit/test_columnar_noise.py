@@ -1,4 +1,5 @@
-"""The noise pass over an exact result fetched in columns (``noise.columnar``): the same
+"""The noise pass over an exact result fetched in columns (``noise.batch_reducer``, used
+from ``COLUMNAR_FROM`` partitions on: ``noise.columnar``): the same
 partitions, the same exact vectors and, for the same draws, the same noisy values as
 the rows path, whatever the keys (undeclared, NULL, text) and the sums (past 2**63)."""
 
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 from dpmagic.gate.dp.mechanisms import LaplaceNoise
 from dpmagic.gate.engines.interface import ExactResult
 from dpmagic.gate.request import QueryRequest
-from dpmagic.gate.sql.noise import columnar, exact_vectors, noise
+from dpmagic.gate.sql.noise import COLUMNAR_FROM, batch_reducer, columnar, exact_vectors, noise
 from tests.gate_helpers import running_engine
 
 BIG = 4 * 10**18  # three of them in a group sum past 2**63
@@ -79,7 +80,7 @@ def test_columns_give_what_rows_give(tmp_path_factory, fixed_draws, rows, which)
         analysed = engine.analysis("u", ds, QueryRequest.from_body(body)).analysed
         plan, rewritten = analysed.plan, analysed.rewritten
         database = engine.databases["d"]
-        batches = columnar(plan, rewritten)
+        batches = batch_reducer(plan, rewritten)
         assert batches is not None  # every query here goes column by column
         by_rows = database.run(rewritten.sql).rows
         by_columns = database.run(rewritten.sql, batches=batches)
@@ -109,6 +110,25 @@ def test_a_key_column_of_another_type_is_matched_by_python_equality(tmp_path, fi
         plan, rewritten = analysed.plan, analysed.rewritten
         database = engine.databases["d"]
         by_rows = noise(plan, rewritten, ExactResult(database.run(rewritten.sql).rows))
-        by_columns = noise(plan, rewritten, database.run(rewritten.sql, batches=columnar(
+        by_columns = noise(plan, rewritten, database.run(rewritten.sql, batches=batch_reducer(
             plan, rewritten)))  # fmt: skip
         assert _listed(by_columns.values) == _listed(by_rows.values)
+
+
+def test_only_many_partitions_are_fetched_in_columns(tmp_path):
+    """Fewer than ``COLUMNAR_FROM`` released partitions go by rows (faster there), from it
+    on in columns; decided by the public keys the plan releases, never by the data."""
+    keys = ", ".join(str(k) for k in range(COLUMNAR_FROM))
+    policy = POLICY.replace("public_values = [0, 1, 2, 3]", f"public_values = [{keys}]")
+    rows = [(k % 7, "a", 1, 0.5) for k in range(20)]
+    with running_engine(tmp_path, policy, {"t": ("g,s,x,y", rows)}) as engine:
+        ds = engine.policy.dataset("d")
+        for sql, fetched_in_columns in (
+            ("SELECT g, COUNT(*) AS n FROM t GROUP BY g", True),
+            ("SELECT s, COUNT(*) AS n FROM t GROUP BY s", False),
+            ("SELECT COUNT(*) AS n FROM t", False),
+        ):
+            analysed = engine.analysis("u", ds, QueryRequest.from_body({"sql": sql})).analysed
+            plan, rewritten = analysed.plan, analysed.rewritten
+            assert (columnar(plan, rewritten) is not None) == fetched_in_columns, sql
+            assert batch_reducer(plan, rewritten) is not None
