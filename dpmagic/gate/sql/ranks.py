@@ -220,7 +220,7 @@ def table_cap(resolved: Resolved) -> int | None:
 class RoomRead:
     """How one private scan of a join reads its table: ``source`` (the table, or for a
     later scan a chain of subqueries over it that carries its unit's product of the
-        earlier scans' factors, one column a scan) and ``bound``, which keeps the ranks
+    earlier scans' factors, one column a scan) and ``bound``, which keeps the ranks
     within its room."""
 
     source: exp.Expression

@@ -407,18 +407,16 @@ class Database:
                 ).fetchall()
             finally:
                 con.close()
-            below = 0
-            for rank in range(1, cap + 1):
-                if rank <= len(ranks):
-                    value, count, first, last = ranks[rank - 1]
-                    if (value, first, last) != (rank, below, below + count - 1):
-                        return None
-                    below += count
-                ends[rank_end(table.name, rank)] = below
-            for _value, count, first, last in ranks[cap:]:
-                if first != below or last != below + count - 1:
+            below, ending = 0, []  # ending[r - 1]: the rows ranked at most r
+            for rank, (value, count, first, last) in enumerate(ranks, start=1):
+                if (value, first, last) != (rank, below, below + count - 1):
                     return None
                 below += count
+                ending.append(below)
+            for room in range(1, cap + 1):
+                ends[rank_end(table.name, room)] = (
+                    ending[min(room, len(ending)) - 1] if ending else 0
+                )
         return ends
 
 
