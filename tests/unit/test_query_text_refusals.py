@@ -133,3 +133,22 @@ def test_text_outside_the_basic_plane_is_valid_unicode(engine: Engine) -> None:
     reply = engine.query("alice", {**body, "epsilon": 1.0})
     assert reply["cost"]["epsilon"] == 1.0
     assert json.dumps(reply)  # the reply encodes
+
+
+@pytest.mark.parametrize(
+    ("sql", "said"),
+    [
+        ("SELECT COUNT(*) FROM t WHERE x = 1 AND", "AND has nothing after it at line 1, column 38"),
+        ("SELECT COUNT(*) FROM t WHERE (", "a parenthesis has nothing in it"),
+        ("SELECT COUNT(* FROM t", "Expecting ) at line 1, column 19, near 'FROM'"),
+        ("SELECT 'abc FROM t", "a quote or comment is not closed"),
+    ],
+)
+def test_a_parse_error_speaks_sql_not_python(sql: str, said: str) -> None:
+    """sqlglot's messages name Python classes and tokens ("<class 'sqlglot.expressions
+    .core.And'>"); the refusal says what is wrong in the query's own words and where."""
+    with pytest.raises(Refused) as refused:
+        parse(sql)
+    message = str(refused.value)
+    assert said in message
+    assert "<class" not in message and "sqlglot" not in message and "Token(" not in message

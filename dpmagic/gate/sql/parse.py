@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from dataclasses import dataclass
 
 import sqlglot
@@ -43,8 +44,13 @@ def parse(sql: str, params: dict[str, Param] | None = None) -> Parsed:
         raise Refused(f"the query is longer than {MAX_SQL_CHARS} characters")
     try:
         statements = [s for s in sqlglot.parse(sql, dialect=DIALECT) if s is not None]
-    except (ParseError, TokenError) as exc:
-        raise Refused(f"could not parse the query: {_first_line(exc)}") from None
+    except ParseError as exc:
+        raise Refused(f"could not parse the query: {_parse_error(exc)}") from None
+    except TokenError:
+        raise Refused(
+            "could not parse the query: a quote or comment is not closed (text is written "
+            "between single quotes, names between double quotes)"
+        ) from None
     if not statements:
         raise Refused("the query is empty")
     if len(statements) > 1:
@@ -121,5 +127,26 @@ def _statement_name(tree: exp.Expression, sql: str) -> str:
     return sql.split()[0].upper() if sql.split() else type(tree).__name__.upper()
 
 
-def _first_line(exc: Exception) -> str:
-    return str(exc).strip().splitlines()[0][:200]
+# sqlglot names a node by its class in some messages ("Required keyword: 'expression'
+# missing for <class 'sqlglot.expressions.core.And'>"): a user wrote SQL, not Python.
+_MISSING = re.compile(r"Required keyword: '(\w+)' missing for <class '[\w.]+\.(\w+)'>")
+_CLASS = re.compile(r"<class '[\w.]+\.(\w+)'>")
+
+
+def _parse_error(exc: ParseError) -> str:
+    """sqlglot's first error in the user's terms: what is wrong, where (line, column
+    and the words there), never a token's or a class's Python representation."""
+    errors = getattr(exc, "errors", None) or []
+    if not errors:
+        return _CLASS.sub(r"\1", str(exc).strip().splitlines()[0])[:200]
+    first = errors[0]
+    description = str(first.get("description") or "unexpected text")
+    missing = _MISSING.fullmatch(description)
+    if missing:
+        part, node = missing.groups()
+        name = "a parenthesis" if node == "Paren" else node.upper()
+        description = f"{name} has nothing " + ("after it" if part == "expression" else "in it")
+    description = _CLASS.sub(r"\1", description)
+    near = str(first.get("highlight") or "").strip()
+    where = f"line {first.get('line', 1)}, column {first.get('col', 1)}"
+    return (f"{description} at {where}" + (f", near {near[:40]!r}" if near else ""))[:200]
