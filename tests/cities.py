@@ -29,7 +29,7 @@ query_default = {{ epsilon = 1.0, delta = {delta} }}
 
 [datasets.d.tables.t.columns]
 pid = {{ type = "int" }}
-city = {{ type = "str" }}
+city = {{ type = "str", max_length = 64 }}
 age = {{ type = "int", lower = 0, upper = 100 }}
 """
 

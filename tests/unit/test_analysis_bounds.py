@@ -208,8 +208,12 @@ def test_a_wide_query_an_analyst_writes_is_answered(engine, monkeypatch):
 
 
 def test_a_short_doubling_chain_is_still_answered(engine):
-    reply = engine.query("ann", {"sql": chain(6), "notebook": "short"})
+    """Two doublings of a 1,024-character column make 4,096 characters, the default
+    ``max_text_length``; a third is refused for the text it could make, free."""
+    reply = engine.query("ann", {"sql": chain(2), "notebook": "short"})
     assert reply["rows"]
+    err, _ = _refused(engine, chain(3), notebook="short")
+    assert "could make a text of up to 8,192 characters" in err.message
 
 
 def test_an_exists_over_the_cap_is_refused_for_its_size(engine):

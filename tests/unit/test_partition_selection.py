@@ -143,7 +143,7 @@ def test_a_mis_scaled_threshold_is_caught():
 
 COLUMNS = {
     "pid": {"type": "int"},
-    "s": {"type": "str"},
+    "s": {"type": "str", "max_length": 64},
     "g": {"type": "int", "public_values": [0, 1]},
     "x": {"type": "int", "lower": -3, "upper": 5},
 }
@@ -432,9 +432,9 @@ def test_text_functions_make_private_keys(city_engine):
     assert [r[0] for r in reply["rows"]] == ["shelb…", "sprin…"]
     clamped = city_engine.query("alice", {"sql": "SELECT SUM(LEAST(LENGTH(city), 20)) FROM t"})
     assert clamped["plan"][0]["bounds"] == [0, 20]
-    # Text is cut to its max_length at load (1024 by default), which bounds LENGTH.
+    # Text is cut to its max_length at load (64 here), which bounds LENGTH.
     whole = city_engine.query("alice", {"sql": "SELECT SUM(LENGTH(city)) FROM t"})
-    assert whole["plan"][0]["bounds"] == [0, 1024]
+    assert whole["plan"][0]["bounds"] == [0, 64]
 
 
 @pytest.mark.parametrize(

@@ -26,9 +26,10 @@ from dpmagic.gate.failures import Refused
 from dpmagic.gate.sql import rewrite as rewrites
 from dpmagic.gate.sql.pipeline import Asked, analyse
 from dpmagic.gate.sql.plan_types import Plan
+from dpmagic.gate.sql.prices import MATCH_PER_PAIR
 from dpmagic.gate.sql.ranks import RANK, RoomRead
 from dpmagic.gate.sql.rewrite import rewrite
-from dpmagic.gate.sql.work import TEXT_STEP, TRY_ROW_STEPS, VECTOR_ROWS, evaluated, steps_of
+from dpmagic.gate.sql.work import TRY_ROW_STEPS, VECTOR_ROWS, evaluated, steps_of
 from tests.gate_helpers import running_engine
 
 PATIENTS = 40
@@ -235,15 +236,14 @@ def test_a_query_above_the_limit_is_refused_free_naming_it(engines) -> None:
     assert d.budget("alice", "c", None) == before
 
 
-def test_text_costs_a_step_per_64_characters(engines) -> None:
+def test_a_like_costs_the_text_times_the_pattern(engines) -> None:
     d, _ = engines
     resolved = _plan(d, "SELECT COUNT(*) FROM visits v WHERE v.note LIKE '%a%b%'").checked.resolved
     where = resolved.tree.args["where"].this
     like = next(where.find_all(exp.Like))
-    # the column (200 characters: 1 + 4 steps), the pattern (1 + 1), the LIKE over the
-    # column once per wildcard and once more (1 + 200 × 4 / 64 → 1 + 13)
-    assert TEXT_STEP == 64
-    assert steps_of(like, resolved) == 5 + 2 + 14
+    # the column and the pattern (a step each), the LIKE: the pattern (5 characters and
+    # one more) tried at each of the column's 200 characters (``prices._matched``)
+    assert steps_of(like, resolved) == 1 + 1 + 1 + MATCH_PER_PAIR * 200 * 6
 
 
 def test_an_expression_under_try_costs_a_vector_on_the_slow_path(engines) -> None:
@@ -255,5 +255,7 @@ def test_an_expression_under_try_costs_a_vector_on_the_slow_path(engines) -> Non
     safe = _plan(d, "SELECT SUM(LEAST(GREATEST(v.days * v.days * v.days, 0), 9)) FROM visits v")
     resolved = tried.checked.resolved
     (arg,) = [m.arg for m in tried.measurements if m.arg is not None]
-    assert evaluated(arg, resolved) == VECTOR_ROWS * (steps_of(arg, resolved) + TRY_ROW_STEPS)
+    assert evaluated(arg, resolved).unit == VECTOR_ROWS * (
+        steps_of(arg, resolved) + TRY_ROW_STEPS
+    )
     assert tried.work.total > 1000 * safe.work.total

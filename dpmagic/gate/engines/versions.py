@@ -52,7 +52,7 @@ NOT_ANSWER_FACTS = frozenset(
     {
         "tables", "sources", "database", "catalog",  # versioned on their own
         "user_budget", "notebook_budget", "query_default", "max_unit_work",
-        "max_resource_failures",
+        "max_row_work", "max_text_length", "max_resource_failures",
     }
 )  # fmt: skip
 

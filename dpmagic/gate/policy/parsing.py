@@ -28,7 +28,9 @@ from dpmagic.gate.policy.schema import (
 from dpmagic.gate.policy.values import (
     CATALOG_PREFIX,
     DEFAULT_MAX_LENGTH,
+    DEFAULT_MAX_TEXT_LENGTH,
     MAX_UNIT_ROWS,
+    VECTOR_ROWS,
     AccountantKind,
     Budget,
     Column,
@@ -40,6 +42,7 @@ from dpmagic.gate.policy.values import (
     RandomizedResponse,
     SparkConfig,
     Table,
+    row_work_limit,
 )
 
 
@@ -53,7 +56,7 @@ def parse_policy(raw: dict, path: Path) -> Policy:
         raise PolicyError("[datasets] declares no dataset")
     groups = _groups(shape.groups)
     datasets = {
-        name: _dataset(name, decode(draw, DatasetShape, f"datasets.{name}"), base, gate.accountant)
+        name: _dataset(name, decode(draw, DatasetShape, f"datasets.{name}"), base, gate)
         for name, draw in shape.datasets.items()
     }
     sessions = {
@@ -94,8 +97,9 @@ def _gate(shape: GateShape, base: Path) -> GateConfig:
     )
 
 
-def _dataset(name: str, shape: DatasetShape, base: Path, default: AccountantKind) -> Dataset:
+def _dataset(name: str, shape: DatasetShape, base: Path, gate: GateConfig) -> Dataset:
     where = f"datasets.{name}"
+    default = gate.accountant
     engine, spark = _engine(shape, where)
     if (shape.database is None) == (not shape.sources):
         raise PolicyError(f"{where}: declare exactly one of `database` or `sources`")
@@ -165,8 +169,41 @@ def _dataset(name: str, shape: DatasetShape, base: Path, default: AccountantKind
             if s.startswith(CATALOG_PREFIX)
         },
         max_unit_work=shape.max_unit_work,
+        max_row_work=_row_work(shape, gate, where),
+        max_text_length=_text_cap(shape, tables, where),
         max_resource_failures=shape.max_resource_failures,
     )
+
+
+def _row_work(shape: DatasetShape, gate: GateConfig, where: str) -> int:
+    """``max_row_work``: at most what keeps a vector of rows within its share of the
+    gate's padding quantum (``row_work_limit``), so the owner may lower it only."""
+    limit = row_work_limit(gate.response_quantum_ms)
+    if shape.max_row_work is None:
+        return limit
+    if shape.max_row_work > limit:
+        raise PolicyError(
+            f"{where}.max_row_work ({shape.max_row_work:,}) is above {limit:,}, the most that "
+            f"keeps a vector of {VECTOR_ROWS:,} rows within the gate's "
+            "response_quantum_ms: lower it, or raise the quantum"
+        )
+    return shape.max_row_work
+
+
+def _text_cap(shape: DatasetShape, tables: dict[str, Table], where: str) -> int:
+    """``max_text_length``: the longest text a row expression may make; never shorter
+    than a text column, which a query may read whole."""
+    longest = max(
+        (c.max_length or 0 for t in tables.values() for c in t.columns.values()), default=0
+    )
+    if shape.max_text_length is None:
+        return max(DEFAULT_MAX_TEXT_LENGTH, longest)
+    if shape.max_text_length < longest:
+        raise PolicyError(
+            f"{where}.max_text_length ({shape.max_text_length:,}) is shorter than a text "
+            f"column's max_length ({longest:,})"
+        )
+    return shape.max_text_length
 
 
 def _sources(

@@ -99,6 +99,8 @@ class DatasetShape(_Shape):
     max_partitions: Whole = 1
     max_rows_per_partition: Whole = 1
     max_unit_work: Whole = DEFAULT_MAX_UNIT_WORK
+    max_row_work: Whole | None = None  # from the gate's padding quantum, unless set
+    max_text_length: Whole | None = None  # DEFAULT_MAX_TEXT_LENGTH or the longest column's
     max_resource_failures: Whole = DEFAULT_MAX_RESOURCE_FAILURES
     notebook_budget: BudgetShape | None = None
     query_default: BudgetShape | None = None

@@ -28,6 +28,29 @@ MAX_UNIT_ROWS = 2**22
 # sets ``max_unit_work``: about 50 ms of DuckDB's time at the 3 ns a step measured
 # (``benchmarks/per_unit_work.py``), well under the default padding quantum.
 DEFAULT_MAX_UNIT_WORK = 2**24
+# What one step of ``sql/work.py`` stands for: about 3 ns of DuckDB's time.
+STEP_NS = 3
+# The rows of one DuckDB vector. DuckDB checks for an interrupt only between vectors,
+# and under ``TRY`` a row that raises sends its whole vector through the slow path.
+VECTOR_ROWS = 2048
+# The most of the padding quantum one vector's rows may cost at their price
+# (``max_row_work``); each price is at least twice the worst time measured
+# (``sql/prices.py``), so a run past its time limit stops within half a quantum.
+VECTOR_SHARE_OF_QUANTUM = 1.0
+# The longest text a row expression may make (concatenations, case mappings), unless
+# a dataset sets ``max_text_length``; at least every text column's ``max_length``.
+DEFAULT_MAX_TEXT_LENGTH = 4 * DEFAULT_MAX_LENGTH
+DEFAULT_QUANTUM_MS = 250.0
+
+
+def row_work_limit(quantum_ms: float) -> int:
+    """The most steps one row may cost (``max_row_work``) so that a vector of them
+    costs at most ``VECTOR_SHARE_OF_QUANTUM`` of the padding quantum (the default
+    quantum's where padding is off: a run must still stop soon after its limit)."""
+    quantum_ns = (quantum_ms or DEFAULT_QUANTUM_MS) * 1e6
+    return int(VECTOR_SHARE_OF_QUANTUM * quantum_ns / (VECTOR_ROWS * STEP_NS))
+
+
 # Queries of one user that may fail after the debit (out of time or memory) in a day,
 # before the gate refuses that user's queries on the dataset (``engine._within_failures``).
 DEFAULT_MAX_RESOURCE_FAILURES = 3
@@ -217,6 +240,10 @@ class Dataset:
     # Spark only: tables read from the session's catalog by name (``"table:db.name"``).
     catalog: dict[str, str] = field(default_factory=dict)
     max_unit_work: int = DEFAULT_MAX_UNIT_WORK  # ``sql/work.py``
+    # The most steps one row may cost (``sql/work.py``), from the gate's padding quantum.
+    max_row_work: int = row_work_limit(DEFAULT_QUANTUM_MS)
+    # The longest text a row expression may make (``sql/work.py``).
+    max_text_length: int = DEFAULT_MAX_TEXT_LENGTH
     max_resource_failures: int = DEFAULT_MAX_RESOURCE_FAILURES
     # Budgets shared by many users: every user's spending on the dataset, and each
     # named group's members' (``Policy.groups``); None where the owner set none.
@@ -236,6 +263,8 @@ class Dataset:
             "max_partitions": self.max_partitions,
             "max_rows_per_partition": self.max_rows_per_partition,
             "max_unit_work": self.max_unit_work,
+            "max_row_work": self.max_row_work,
+            "max_text_length": self.max_text_length,
             "max_resource_failures": self.max_resource_failures,
             "user_budget": self.user_budget.as_dict(),
             "notebook_budget": self.notebook_budget.as_dict(),
@@ -262,9 +291,6 @@ class Dataset:
                 for t in self.tables.values()
             },
         }
-
-
-DEFAULT_QUANTUM_MS = 250.0
 
 
 @dataclass(frozen=True)

@@ -217,9 +217,13 @@ NON_TEXT_LENGTH = 64
 CASE_EXPANSION = 3
 
 
-def text_length(node: exp.Expression, r: Resolved) -> float:
-    """The most characters a text expression can have: a column keeps at most its
-    ``max_length`` (cut at load), a literal its own; ``inf`` when unknown."""
+def text_length(node: exp.Expression, r: Resolved) -> int:
+    """The most characters a value of ``node`` can have as text, for every row: a
+    column keeps at most its ``max_length`` (cut at load), a literal its own, a
+    concatenation the sum of its parts, a choice (``CASE``, ``COALESCE``, …) its
+    longest branch, a case mapping ``CASE_EXPANSION`` times its text; a number, date
+    or boolean written as text at most ``NON_TEXT_LENGTH``. Total over the row
+    grammar: every size derived from a text is bounded by construction."""
     if isinstance(node, exp.Paren):
         return text_length(node.this, r)
     col = r.column(node)
@@ -231,13 +235,38 @@ def text_length(node: exp.Expression, r: Resolved) -> float:
         return 0
     if isinstance(node, exp.Upper | exp.Lower):
         return CASE_EXPANSION * text_length(node.this, r)
-    if isinstance(node, exp.Trim | exp.Substring | exp.Right | exp.Left):
+    if isinstance(node, exp.Trim):
         return text_length(node.this, r)
+    if isinstance(node, exp.Substring | exp.Right | exp.Left):
+        # At most the length asked for, where it is a literal (``check`` requires one).
+        length = node.args.get("length") or node.args.get("expression")
+        whole = text_length(node.this, r)
+        if isinstance(length, exp.Literal) and length.is_int and int(length.this) >= 0:
+            return min(whole, int(length.this))
+        return whole
     if isinstance(node, exp.DPipe):
         return text_length(node.this, r) + text_length(node.expression, r)
     if isinstance(node, exp.Concat):
         return sum(text_length(e, r) for e in node.expressions)
-    return math.inf
+    branches = _branches(node)
+    if branches is not None:
+        return max((text_length(b, r) for b in branches), default=0)
+    return NON_TEXT_LENGTH  # a number, date or boolean: nothing else is allowed on rows
+
+
+def _branches(node: exp.Expression) -> list[exp.Expression] | None:
+    """The values a choice may return (its conditions apart); ``None`` if ``node`` is
+    not a choice."""
+    if isinstance(node, exp.Case):
+        found = [i.args.get("true") for i in node.args.get("ifs") or []]
+        return [b for b in [*found, node.args.get("default")] if b is not None]
+    if isinstance(node, exp.If):
+        return [b for b in (node.args.get("true"), node.args.get("false")) if b is not None]
+    if isinstance(node, exp.Coalesce | exp.Greatest | exp.Least):
+        return [node.this, *node.expressions]
+    if isinstance(node, exp.Nullif):
+        return [node.this]
+    return None
 
 
 _DATE_PART_RANGES = {

@@ -219,7 +219,7 @@ def _work(bounded: Bounded, bounds: Bounding, wanted: dict, quantiles: dict) -> 
     cap = join_cap(bounds)
     found = unit_work(resolved, cap, load_cap(dataset), trees, len(quantiles),
                       isinstance(bounds, Window))  # fmt: skip
-    within(found, dataset.max_unit_work, dataset.privacy_unit)
+    within(found, dataset.max_unit_work, dataset.max_row_work, dataset.privacy_unit)
     return found
 
 

@@ -50,20 +50,19 @@ model, calibrated on those measurements and checked against them.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from sqlglot import exp
 
 from dpmagic.gate.failures import Refused
+from dpmagic.gate.policy.values import VECTOR_ROWS
 from dpmagic.gate.sql.bound import text_length
-from dpmagic.gate.sql.check import CONCATENATION, TEXT_FUNCTIONS
+from dpmagic.gate.sql.check import CONCATENATION
+from dpmagic.gate.sql.prices import price
 from dpmagic.gate.sql.resolve import Resolved, Scan
 from dpmagic.gate.sql.totality import BOOLEAN_LIKE, kind, may_raise
-from dpmagic.gate.sql.trees import conjuncts
+from dpmagic.gate.sql.trees import conjuncts, display
 
-# Characters one step reads: a node on a text of n characters costs 1 + n // 64 steps.
-TEXT_STEP = 64
 # Steps a quantile's argument costs to snap to its grid (``rewrite._snap``: a cast, a
 # clamp, a division, a rounding, two bounds and a NULL test).
 SNAP_STEPS = 12
@@ -78,17 +77,19 @@ JOIN_STEPS = 100
 # evaluates that row's whole vector again row by row, other units' rows included, so
 # each of one unit's rows may cost a vector of rows on the slow path (1.3–1.8 ms a
 # failing row where its vectors are shared, ``benchmarks/per_unit_work.py``).
-VECTOR_ROWS = 2048
 TRY_ROW_STEPS = 300  # a row on the slow path, beyond its expression's own steps
 
 
 @dataclass(frozen=True)
 class Join:
     """One join the SQL runs over private rows: the most rows one unit adds to any of
-    its intermediate results, and the most steps each of those rows costs."""
+    its intermediate results, the most steps each of those rows adds to the query,
+    and the most steps one row of a vector costs the engine (``row``: its own
+    evaluation, plus the slow path's where it runs under ``TRY``)."""
 
     rows: int
     steps: int
+    row: int
 
     @property
     def work(self) -> int:
@@ -110,8 +111,24 @@ class Work:
     def total(self) -> int:
         return sum(j.work for j in self.joins)
 
+    @property
+    def row(self) -> int:
+        """The dearest row of any of the joins (``max_row_work`` bounds it)."""
+        return max(j.row for j in self.joins)
+
     def as_dict(self) -> dict[str, int]:
-        return {"rows": self.rows, "steps": self.total}
+        return {"rows": self.rows, "steps": self.total, "row_steps": self.row}
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """What one row's evaluation of an expression costs: ``unit``, counted against one
+    unit's work (a vector of rows on the slow path under ``TRY``, since other units'
+    rows go through it too); ``row``, the engine's time on that row in a vector (its
+    own steps, and again with ``TRY_ROW_STEPS`` on the slow path)."""
+
+    unit: int
+    row: int
 
 
 def unit_work(
@@ -130,24 +147,41 @@ def unit_work(
     terms = conjuncts(where.this) if where is not None else []
     on = [s.on for s in resolved.scans if s.on is not None]
     probes = [j.lhs for j in resolved.semijoins]
-    steps = sum(evaluated(t, resolved) for t in [*trees, *probes])
-    steps += sum(evaluated(t, resolved, condition=True) for t in [*terms, *on])
-    steps += quantiles * SNAP_STEPS + (WINDOW_STEPS if windowed else 0)
-    steps += JOIN_STEPS * len(resolved.scans)
-    joins = [Join(cap * _fan_out(resolved.scans, terms, resolved), steps)]
+    found = [evaluated(t, resolved) for t in [*trees, *probes]]
+    found += [evaluated(t, resolved, condition=True) for t in [*terms, *on]]
+    fixed = quantiles * SNAP_STEPS + (WINDOW_STEPS if windowed else 0)
+    fixed += JOIN_STEPS * len(resolved.scans)
+    rows = cap * _fan_out(resolved.scans, terms, resolved)
+    joins = [_join(rows, found, fixed)]
     for j in resolved.semijoins:
         if all(s.table.public for s in j.scans):
             continue  # the subquery reads no unit's rows: the same on every dataset
         inner = conjuncts(j.where) if j.where is not None else []
         inner_on = [s.on for s in j.scans if s.on is not None]
-        semi = evaluated(j.value, resolved) + JOIN_STEPS * len(j.scans)
-        semi += sum(evaluated(t, resolved, condition=True) for t in [*inner, *inner_on])
-        joins.append(Join(load_cap * _fan_out(j.scans, inner, resolved), semi))
+        semi = [evaluated(j.value, resolved)]
+        semi += [evaluated(t, resolved, condition=True) for t in [*inner, *inner_on]]
+        rows = load_cap * _fan_out(j.scans, inner, resolved)
+        joins.append(_join(rows, semi, JOIN_STEPS * len(j.scans)))
     return Work(tuple(joins))
 
 
-def within(work: Work, limit: int, unit: str | None) -> None:
-    """Refuse, free, a query whose bound is above the policy's ``max_unit_work``."""
+def _join(rows: int, found: list[Evaluation], fixed: int) -> Join:
+    return Join(rows, sum(e.unit for e in found) + fixed, sum(e.row for e in found) + fixed)
+
+
+def within(work: Work, limit: int, row_limit: int, unit: str | None) -> None:
+    """Refuse, free, a query whose bound is above the policy's ``max_unit_work``, or one
+    row of which could cost more than ``max_row_work`` (``row_limit``): DuckDB checks
+    for an interrupt only between vectors, so a vector of such rows could hold the
+    engine, and a reply, past the time limit by more than the padding hides."""
+    if work.row > row_limit:
+        raise Refused(
+            f"one row of this query could cost up to {work.row:,} steps, above the "
+            f"dataset's max_row_work of {row_limit:,} (a vector of {VECTOR_ROWS:,} such rows "
+            "must stay well inside the padding quantum): match shorter patterns, fold "
+            "(UPPER, LOWER, ILIKE) or concatenate fewer or shorter texts, or ask the owner "
+            "for a shorter max_length on the text columns you read"
+        )
     if work.total <= limit:
         return
     who = f"one {unit}" if unit else "one row"
@@ -160,52 +194,47 @@ def within(work: Work, limit: int, unit: str | None) -> None:
     )
 
 
-def evaluated(tree: exp.Expression, resolved: Resolved, condition: bool = False) -> int:
-    """The steps one row's evaluation of ``tree`` may cost as the SQL evaluates it:
-    its own (``steps_of``), or under ``TRY`` (``totality.total``: when a node might
-    raise, or a condition is not boolean) a vector's worth on the slow path."""
+def evaluated(tree: exp.Expression, resolved: Resolved, condition: bool = False) -> Evaluation:
+    """What one row's evaluation of ``tree`` may cost as the SQL evaluates it: its own
+    steps (``steps_of``), or under ``TRY`` (``totality.total``: when a node might raise,
+    or a condition is not boolean) a vector's worth on the slow path."""
     own = steps_of(tree, resolved)
     tried = may_raise(tree, resolved)
     if condition and not tried:
         found = kind(tree, resolved)
         tried = found is None or found.family not in BOOLEAN_LIKE
-    return VECTOR_ROWS * (own + TRY_ROW_STEPS) if tried else own
+    if not tried:
+        return Evaluation(own, own)
+    return Evaluation(VECTOR_ROWS * (own + TRY_ROW_STEPS), 2 * own + TRY_ROW_STEPS)
 
 
 def steps_of(tree: exp.Expression, resolved: Resolved) -> int:
-    """The steps one evaluation of ``tree`` on one row costs (see the module's docstring)."""
-    return sum(
-        1 + math.ceil(_chars(n, resolved) / TEXT_STEP)
-        for n in tree.walk()
-        if not isinstance(n, exp.Identifier | exp.DataType)  # names and types: no work
-    )
+    """The steps one evaluation of ``tree`` on one row costs at its worst: the sum of
+    its nodes' prices (``prices.py``). A text any node may make longer than the
+    dataset's ``max_text_length`` is refused (free) here, so no row ever carries one."""
+    limit = resolved.dataset.max_text_length
+    total = 0
+    for node in tree.walk():
+        if isinstance(node, exp.Identifier | exp.DataType):
+            continue  # names and types: no work
+        if isinstance(node, DERIVED_TEXTS) and text_length(node, resolved) > limit:
+            raise Refused(
+                f"{_short(display(node))} could make a text of up to "
+                f"{text_length(node, resolved):,} characters, longer than the dataset's "
+                f"max_text_length of {limit:,}: concatenate fewer or shorter texts"
+            )
+        total += price(node, resolved)
+    return total
 
 
-def _chars(node: exp.Expression, r: Resolved) -> float:
-    """The most characters ``node`` reads or writes (0 for a node on no text)."""
-    if isinstance(node, exp.Like | exp.ILike):
-        pattern = node.expression
-        wildcards = pattern.this.count("%") + pattern.this.count("_") if pattern.is_string else 0
-        return _text(node.this, r) * (1 + wildcards)
-    return max([_text(node, r), *(_text(c, r) for c in node.iter_expressions())])
+def _short(sql: str) -> str:
+    """The user's expression, cut for a message (a long literal need not be quoted whole)."""
+    return sql if len(sql) <= 80 else sql[:60] + " … " + sql[-15:]
 
 
-def _text(node: exp.Expression, r: Resolved) -> float:
-    """The most characters of a text value ``node`` can hold; 0 if it is not text."""
-    if isinstance(node, exp.Paren):
-        return _text(node.this, r)
-    col = r.column(node)
-    if col is not None:
-        return text_length(node, r) if col.type == "str" else 0
-    if isinstance(node, exp.Literal):
-        return len(node.this) if node.is_string else 0
-    if isinstance(node, TEXT_FUNCTIONS) and not isinstance(node, exp.Length):
-        return text_length(node, r)
-    if isinstance(node, CONCATENATION):
-        return text_length(node, r)
-    if isinstance(node, exp.Case | exp.If | exp.Coalesce | exp.Nullif | exp.Greatest | exp.Least):
-        return max([0, *(_text(c, r) for c in node.iter_expressions())])
-    return 0
+# Nodes whose text is made on the row, not read from the data or the query: the only
+# places a text longer than every column's ``max_length`` could come from.
+DERIVED_TEXTS = (*CONCATENATION, exp.Upper, exp.Lower)
 
 
 def _fan_out(scans: tuple[Scan, ...], terms: list[exp.Expression], r: Resolved) -> int:
