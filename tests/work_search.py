@@ -2,7 +2,10 @@
 tests/system/test_spark_work_search.py): neighbouring datasets D and D' (D holds a
 target unit with ten times the load cap of rows: ``tables``), the grammar of shapes
 that multiply one unit's rows (``multiplying``), and ``compare``, which asks both
-gates and fails where a reply's kind, status, message or padding slot differs."""
+gates and fails where a reply's kind, status, message or padding slot differs. A second
+grammar (``operating``) draws the row operators whose work grows with a text rather than
+with rows: ``LIKE``/``ILIKE`` with varied ``_``/``%`` patterns, text functions over the
+target's multi-byte texts, and CTE chains that double a text up to the caps."""
 
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ query_timeout_s = 4
 response_quantum_ms = 0
 
 [datasets.c]
+max_text_length = 32768
 sources = { patients = "patients.csv", visits = "visits.csv", codes = "codes.csv" }
 privacy_unit = "pid"
 max_partitions = 2
@@ -44,6 +48,7 @@ pid = { type = "int" }
 diag = { type = "str", public_values = ["a", "b", "c", "d"] }
 day = { type = "int", lower = 0, upper = 60 }
 note = { type = "str", max_length = 64 }
+memo = { type = "str", max_length = 1024 }
 
 [datasets.c.tables.codes]
 public = true
@@ -56,15 +61,55 @@ def tables(with_target: bool) -> dict:
     people = [p for p in range(1, 61) if with_target or p != TARGET]
     patients = [(p, 20 + p % 50) for p in people]
     visits = [
-        (p, "abcd"[(p + j) % 4], (p * 3 + j) % 61, f"n{(p + j) % 9}")
+        (p, "abcd"[(p + j) % 4], (p * 3 + j) % 61, f"n{(p + j) % 9}", _memo(p, j))
         for p in people
         for j in range(VISITS if p == TARGET else 1 + p % 3)
     ]
     return {
         "patients": ("pid,age", patients),
-        "visits": ("pid,diag,day,note", visits),
+        "visits": ("pid,diag,day,note,memo", visits),
         "codes": ("code", [(c,) for c in range(0, 61, 2)]),
     }
+
+
+# The target's texts at their longest, in the characters dearest to each operator (``a``
+# makes a LIKE retry at every position; 4-byte and folding characters cost the most per
+# character); everyone else's are short.
+MEMO_FILLS = ("a", "😀", "a", "ﬃ", "a", "a", "é", "a")
+
+
+def _memo(pid: int, visit: int) -> str:
+    return MEMO_FILLS[visit % len(MEMO_FILLS)] * 1024 if pid == TARGET else f"m{visit}"
+
+
+@st.composite
+def operating(draw) -> str:
+    """A query whose work per row grows with the texts it reads or makes."""
+    levels = draw(st.integers(0, 6))  # 1,024 characters doubled: 6 levels pass the cap
+    ctes = ["c0 AS (SELECT pid, day, memo AS s FROM visits)"]
+    ctes += [f"c{i} AS (SELECT pid, day, s || s AS s FROM c{i - 1})" for i in range(1, levels + 1)]
+    text = draw(
+        st.sampled_from(
+            ["s", "UPPER(s)", "LOWER(s)", "TRIM(s)", "SUBSTRING(s, 2, 3000)", "LEFT(s, 900)",
+             "RIGHT(s, 900)", "s || 'ﬃ'", f"CASE WHEN pid = {TARGET} THEN s END",
+             "COALESCE(s, 'x') || 'y'"]
+        )
+    )  # fmt: skip
+    m = draw(st.sampled_from([1, 3, 40, 400, 4000, 15000]))
+    pattern = draw(
+        st.sampled_from(
+            ["%" + "a" * m + "_b%", "%" + "a" * m + "b%", "%a" * min(m, 6) + "_c",
+             "a" * m + "%", "_%" * min(m, 6), "%😀%ﬃ_%"]
+        )
+    )  # fmt: skip
+    condition = draw(
+        st.sampled_from(
+            [f"{text} LIKE '{pattern}'", f"{text} ILIKE '{pattern}'", f"{text} = 'x'",
+             f"LENGTH({text}) > 3", f"{text} IN ('a', 'b', '{pattern[:50]}')"]
+        )
+    )  # fmt: skip
+    aggregate = draw(st.sampled_from(["COUNT(*)", "SUM(day)"]))
+    return f"WITH {', '.join(ctes)} SELECT {aggregate} FROM c{levels} WHERE {condition}"
 
 
 @st.composite

@@ -3,11 +3,12 @@
 The same grammar of shapes that multiply one unit's rows (self-joins to twelve
 scans, ``USING``, CTE references, public joins on a key or a condition,
 semi-joins with a join inside, private keys, ``COUNT(DISTINCT unit)``,
-quantiles) and the same neighbouring datasets (D holds a target with 40 visits,
-ten times the load cap; D' does not), served by Spark from Parquet files: both
-engines must agree on the reply's kind, status, message and padding slot. Spark
-answers in about a second, so the slot is five seconds and the budget small and
-fixed (derandomized).
+quantiles; and the operators' grammar: LIKE/ILIKE patterns, text functions over
+multi-byte texts, CTE chains doubling a text) and the same neighbouring datasets
+(D holds a target with 40 visits, ten times the load cap; D' does not), served by
+Spark from Parquet files: both engines must agree on the reply's kind, status,
+message and padding slot. Spark answers in about a second, so the slot is five
+seconds and the budget small and fixed (derandomized).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def _spark_engine(folder: Path, with_target: bool) -> Engine:
         source, target = folder / f"{table}.csv", folder / f"{table}.parquet"
         with source.open() as f:
             header = next(csv.reader(f))
-        types = {c: ("VARCHAR" if c in ("diag", "note") else "BIGINT") for c in header}
+        types = {c: ("VARCHAR" if c in ("diag", "note", "memo") else "BIGINT") for c in header}
         con.execute(
             f"COPY (SELECT * FROM read_csv('{source}', header = true, columns = {types!r})) "
             f"TO '{target}' (FORMAT parquet)"
@@ -70,7 +71,7 @@ def spark_gates(tmp_path_factory) -> Iterator[tuple[Engine, Engine]]:
 
 
 @settings(search.SEARCH, max_examples=12)
-@given(sql=search.multiplying())
+@given(sql=search.multiplying() | search.operating())
 def test_no_spark_reply_hinges_on_one_units_work(spark_gates, sql: str, monkeypatch) -> None:
     monkeypatch.setattr(search, "SLOT_S", 5.0)
     search.compare(spark_gates, sql)

@@ -255,7 +255,5 @@ def test_an_expression_under_try_costs_a_vector_on_the_slow_path(engines) -> Non
     safe = _plan(d, "SELECT SUM(LEAST(GREATEST(v.days * v.days * v.days, 0), 9)) FROM visits v")
     resolved = tried.checked.resolved
     (arg,) = [m.arg for m in tried.measurements if m.arg is not None]
-    assert evaluated(arg, resolved).unit == VECTOR_ROWS * (
-        steps_of(arg, resolved) + TRY_ROW_STEPS
-    )
+    assert evaluated(arg, resolved).unit == VECTOR_ROWS * (steps_of(arg, resolved) + TRY_ROW_STEPS)
     assert tried.work.total > 1000 * safe.work.total

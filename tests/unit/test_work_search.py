@@ -18,10 +18,17 @@ against the bounding the window path had before (each scan of a join keeps
 the whole load cap of its unit: ``_whole_cap``) is shown to fail, on the
 first shape it finds. ``-m fuzz`` runs thousands of
 examples; Spark's pair is in tests/system/test_spark_fuzz.py.
+
+The operators' grammar (``operating``: ``LIKE``/``ILIKE`` patterns that retry at
+every position, text functions over the target's 4-byte and folding texts, CTE
+chains doubling a text up to the caps) is searched the same way; with ``LIKE``
+priced as it was (the text's length times its wildcards over 64), the search finds
+a pattern on the target's doubled texts that sends D's reply slots later.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import pytest
@@ -29,10 +36,21 @@ from hypothesis import Phase, example, given, settings
 from sqlglot import exp
 
 from dpmagic.gate.engine import Engine
+from dpmagic.gate.sql import plan as plans
+from dpmagic.gate.sql import prices, work
 from dpmagic.gate.sql import rewrite as rewrites
 from dpmagic.gate.sql.ranks import RANK, RoomRead
 from tests.gate_helpers import running_engine
-from tests.work_search import ASKED, POLICY, SEARCH, TARGET, compare, multiplying, tables
+from tests.work_search import (
+    ASKED,
+    POLICY,
+    SEARCH,
+    TARGET,
+    compare,
+    multiplying,
+    operating,
+    tables,
+)
 
 
 @pytest.fixture(scope="module")
@@ -112,3 +130,62 @@ def test_the_search_catches_bounding_after_the_join(gates) -> None:
     finally:
         patch.undo()
     assert found
+
+
+@pytest.mark.search
+@SEARCH
+@given(sql=operating())
+def test_no_reply_hinges_on_one_units_text_work(gates, sql: str) -> None:
+    compare(gates, sql)
+
+
+@pytest.mark.fuzz
+@settings(SEARCH, derandomize=False, max_examples=400)
+@given(sql=operating())
+def test_fuzz_no_reply_hinges_on_one_units_text_work(gates, sql: str) -> None:
+    compare(gates, sql)
+
+
+def _main_price(node: exp.Expression, r) -> int:
+    """Main's prices: one step per node and one more per 64 characters it may read, a
+    ``LIKE`` once per wildcard (and no ``max_text_length`` or ``max_row_work``)."""
+    chars = max([prices._chars(node, r), *(prices._chars(c, r) for c in node.iter_expressions())])
+    if isinstance(node, exp.Like | exp.ILike):
+        pattern = node.expression.this
+        chars = prices._chars(node.this, r) * (1 + pattern.count("%") + pattern.count("_"))
+    return 1 + math.ceil(chars / 64)
+
+
+# The issue's shape on the search's data: the target's texts doubled five times (32,768
+# characters) against a 15,000-character pattern with a ``_``, retried at every position.
+LIKE_FOUND = (
+    "WITH c0 AS (SELECT pid, day, memo AS s FROM visits), "
+    + ", ".join(f"c{i} AS (SELECT pid, day, s || s AS s FROM c{i - 1})" for i in range(1, 6))
+    + " SELECT COUNT(*) FROM c5 WHERE s LIKE '%"
+    + "a" * 15000
+    + "_b%'"
+)
+
+
+@pytest.mark.search
+def test_the_search_catches_a_like_priced_linearly(gates) -> None:
+    """With main's prices (``LIKE`` linear in its text, a step per 64 characters, no
+    row or text cap), the operators' search finds a query whose reply leaves a slot
+    (or more) later on D than on D'."""
+
+    @settings(SEARCH, max_examples=60, phases=[Phase.explicit, Phase.generate],
+              report_multiple_bugs=False)  # fmt: skip
+    @given(sql=operating())
+    @example(sql=LIKE_FOUND)
+    def search(sql: str) -> None:
+        compare(gates, sql, user=f"linear{next(ASKED)}")
+
+    patch = pytest.MonkeyPatch()
+    patch.setattr(work, "price", _main_price)
+    patch.setattr(work, "DERIVED_TEXTS", ())
+    patch.setattr(plans, "within", lambda w, limit, _row, unit: work.within(w, limit, 2**62, unit))
+    try:
+        with pytest.raises(AssertionError, match="hinges on the target unit"):
+            search()
+    finally:
+        patch.undo()
