@@ -33,12 +33,16 @@ quantiles' grid snap, the unit), the join that built it (``JOIN_STEPS`` a scan)
 and the window that bounds it; an expression the SQL evaluates under ``TRY``
 costs a vector of rows on DuckDB's slow path (``VECTOR_ROWS``), since a row
 that raises sends its whole vector, other units' rows with it, through it. A
-*step* is one operator on one value of at most ``TEXT_STEP`` characters; a node
-on text costs one step more per ``TEXT_STEP`` characters it may read (from
-``bound.text_length``: a column's ``max_length``, a literal's own length, sums
-for concatenation), a ``LIKE`` pattern's scan once per wildcard. Steps are
-counted on the plan's trees, an upper bound on what the
-generated SQL evaluates per row (it evaluates each of them at most once a row).
+*step* is one operator on one value, about 3 ns of DuckDB's time; each node
+costs its worst-case price (``prices.py``: one step plus its per-character work
+as a function of its inputs' size bounds, from ``bound.text_length``). Steps are
+counted on the plan's trees, an upper bound on what the generated SQL evaluates
+per row (it evaluates each of them at most once a row). A text any
+concatenation or case mapping may make longer than the dataset's
+``max_text_length`` is refused, so no row carries one; and one row's price,
+with the slow path's under ``TRY``, must stay within ``max_row_work``, which
+keeps a vector of rows (DuckDB checks for an interrupt only between vectors)
+within the padding quantum.
 
 ``work = rows × steps`` summed over the query's joins (the main one and each
 semi-join over private tables). ``benchmarks/per_unit_work.py`` measures what a
