@@ -29,7 +29,7 @@ query_timeout_s = 4
 response_quantum_ms = 0
 
 [datasets.c]
-max_text_length = 32768
+max_text_length = 65536
 sources = { patients = "patients.csv", visits = "visits.csv", codes = "codes.csv" }
 privacy_unit = "pid"
 max_partitions = 2
@@ -85,7 +85,7 @@ def _memo(pid: int, visit: int) -> str:
 @st.composite
 def operating(draw) -> str:
     """A query whose work per row grows with the texts it reads or makes."""
-    levels = draw(st.integers(0, 6))  # 1,024 characters doubled: 6 levels pass the cap
+    levels = draw(st.integers(0, 7))  # 1,024 characters doubled: 7 levels pass the cap
     ctes = ["c0 AS (SELECT pid, day, memo AS s FROM visits)"]
     ctes += [f"c{i} AS (SELECT pid, day, s || s AS s FROM c{i - 1})" for i in range(1, levels + 1)]
     text = draw(
