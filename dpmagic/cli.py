@@ -120,9 +120,13 @@ def _parser() -> argparse.ArgumentParser:
     k.set_defaults(run=_kernel_install)
 
     p = sub.add_parser(
-        "init", help="write a policy skeleton from data files", description=_init.__doc__
+        "init",
+        help="write a policy from data files or a DuckDB database",
+        description=_init.__doc__,
     )
-    p.add_argument("data", nargs="*", type=Path, metavar="DATA", help="CSV or Parquet files")
+    p.add_argument(
+        "data", nargs="*", type=Path, metavar="DATA", help="CSV or Parquet files, or a DuckDB file"
+    )
     p.add_argument(
         "--from",
         dest="sources",
@@ -130,7 +134,8 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="FILE",
-        help="a CSV or Parquet file, one table (repeatable; the same as DATA)",
+        help="a CSV or Parquet file, one table, or a DuckDB database, all its tables "
+        "(repeatable; the same as DATA)",
     )
     p.add_argument(
         "--privacy-unit",
@@ -149,6 +154,36 @@ def _parser() -> argparse.ArgumentParser:
         help="each row is one person: with --privacy-unit every table declares "
         "max_rows_per_unit = 1; without, each row is its own unit (a count's error "
         "at ε = 1 is then ±3, not the ±48 of 4 × 4 bounds)",
+    )
+    p.add_argument(
+        "--link",
+        action="append",
+        default=[],
+        metavar="TABLE.COL=TABLE.COL",
+        help="TABLE's rows belong to the person COL names, the other table's unit column "
+        "(repeatable; a DuckDB file's declared foreign keys are offered without it)",
+    )
+    p.add_argument(
+        "--unit",
+        action="append",
+        default=[],
+        metavar="TABLE.COL",
+        help="TABLE's column naming the person, where it is not called --privacy-unit",
+    )
+    p.add_argument(
+        "--rows-per-unit",
+        action="append",
+        default=[],
+        metavar="TABLE=N",
+        help="the most rows one person has in TABLE (1: a row per person), or TABLE=none",
+    )
+    p.add_argument("--skip", action="append", default=[], metavar="TABLE", help="leave TABLE out")
+    p.add_argument(
+        "-y",
+        "--yes",
+        action="store_true",
+        help="ask nothing: take each default, including the bounds suggested from the "
+        "data's rows per unit",
     )
     p.set_defaults(run=_init)
 
@@ -361,24 +396,37 @@ def _kernel_install(args: argparse.Namespace) -> int:
 
 
 def _init(args: argparse.Namespace) -> int:
-    """Write a policy skeleton from the schema (names and types) of data files.
-    No data value is read into it: declare bounds and public values yourself,
-    and a CSV's column types (a CSV declares none), where it says
-    TODO(dpmagic init); serve refuses the file until you have."""
-    from dpmagic.init_policy import InitError, unfilled, untyped, write_skeleton
+    """Write a policy from the schema (names and types) of data files or a DuckDB
+    database. At a terminal it asks, per table, which column holds the person (offering
+    the foreign keys a database declares) and the most rows one person has there
+    (suggesting a bound from the data's rows per unit, shown to you alone); --yes takes
+    each default, and without a terminal nothing is asked. No value of the data goes in:
+    declare bounds and public values yourself, and a CSV's column types (a CSV declares
+    none), where it says TODO(dpmagic init); serve refuses the file until you have."""
+    from dpmagic.init_policy import (
+        InitError,
+        check_output,
+        parse_answers,
+        plan,
+        read_data,
+        report,
+        terminal,
+        unfilled,
+        untyped,
+        write_plan,
+    )
 
     files = [*args.sources, *args.data]
     if not files:
         raise CommandError("name the data: dpmagic init --from FILE --privacy-unit COL -o P")
     try:
-        out = write_skeleton(
-            files,
-            args.privacy_unit,
-            args.output,
-            dataset=args.dataset,
-            force=args.force,
-            row_level=args.row_level,
-        )
+        answers = parse_answers(
+            args.unit, args.link, args.rows_per_unit, args.skip,
+            yes=args.yes, row_level=args.row_level,
+        )  # fmt: skip
+        check_output(args.output, args.force)
+        settled = plan(read_data(files), args.privacy_unit, answers, terminal())
+        out = write_plan(settled, args.output, dataset=args.dataset, force=args.force)
     except InitError as exc:
         raise CommandError(str(exc)) from None
     policy = load_policy(out)
@@ -390,6 +438,8 @@ def _init(args: argparse.Namespace) -> int:
         f"settle its {left} TODO(dpmagic init) placeholder(s), then: "
         f"dpmagic serve --policy {out}"
     )
+    for line in report(settled):
+        print(line)
     choose = untyped(text)
     if choose:
         print(
