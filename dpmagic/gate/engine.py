@@ -17,7 +17,8 @@ import hashlib
 import json
 import logging
 import secrets
-from dataclasses import dataclass, replace
+import threading
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 from dpmagic.gate.admission import Admission
@@ -75,6 +76,72 @@ class Analysis:
         return self.analysed.rewritten
 
 
+@dataclass(eq=False)
+class _Flight:
+    """One request releasing a replay key afresh, and whom it could be served to: its
+    user, and under group sharing whoever shares one of ``groups`` with it."""
+
+    user: str
+    groups: frozenset[str]
+    landed: threading.Event = field(default_factory=threading.Event)
+
+    def serves(self, user: str, groups: frozenset[str], sharing: Sharing) -> bool:
+        """Whether what this flight releases could be served to ``user``: their own,
+        anyone's under ``everyone``, under ``group`` a release charged to a group
+        they are in (``Ledger.serve_shared`` decides, once it is recorded)."""
+        if user == self.user or sharing == Sharing.EVERYONE:
+            return True
+        return sharing == Sharing.GROUP and bool(groups & self.groups)
+
+
+class _Flights:
+    """Single flight: the same question asked while its first release runs waits for
+    that release instead of making another.
+
+    Without it, concurrent identical asks each found no release in the ledger and
+    each were debited and run: 32 asks of one text by 4 users under ``everyone``
+    made 7 to 14 releases, each charged, each with its own noise, where every
+    asker is to be served the same numbers. A request that finds no release it
+    could be served boards a flight of its replay key on its dataset: it leads one
+    (and releases) unless one is already in the air whose release it could be served
+    (``_Flight.serves``); then it waits for that flight to land and asks the ledger
+    again. A flight lands, in a ``finally``, only after its release is recorded or
+    it failed or was refused, so a waiter finds the release or, finding none, asks
+    as if it had never been: it boards again, and one waiter leads the next.
+
+    A leader boards before reading the ledger, so a release recorded by an earlier
+    leader is found by it and one recorded later has this flight to wait on: there is
+    no moment when a request neither finds a release nor sees its flight. It holds
+    within one gate process; gates sharing a state directory do not wait for one
+    another (each serves the other's releases once recorded, under the same rule)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._flying: dict[tuple[str, str], list[_Flight]] = {}
+
+    def board(
+        self, dataset: str, key: str, user: str, groups: frozenset[str], sharing: Sharing
+    ) -> tuple[_Flight, bool]:
+        """The flight ``user`` waits for (and False), or a new one they lead (True)."""
+        with self._lock:
+            flying = self._flying.setdefault((dataset, key), [])
+            for flight in flying:
+                if flight.serves(user, groups, sharing):
+                    return flight, False
+            flight = _Flight(user, groups)
+            flying.append(flight)
+            return flight, True
+
+    def land(self, dataset: str, key: str, flight: _Flight) -> None:
+        """The leader's release is recorded, or it failed: wake whoever waits on it."""
+        with self._lock:
+            flying = self._flying[(dataset, key)]
+            flying.remove(flight)
+            if not flying:
+                del self._flying[(dataset, key)]
+        flight.landed.set()
+
+
 class Engine:
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
@@ -102,6 +169,9 @@ class Engine:
         )
         # Users' groups: the policy's, and a Hub's as its authenticator reports them.
         self.membership = Membership(policy.groups)
+        # The first releases running, so that the same question asked meanwhile waits
+        # for one and is served it rather than released again (``_Flights``).
+        self._flights = _Flights()
 
     def close(self) -> None:
         for db in self.databases.values():
@@ -237,14 +307,48 @@ class Engine:
                 accuracy={"alpha": REPORT_ALPHA, "columns": []},
             )
             return Reply.of(self._with_budget(reply, user, dataset, request.notebook))
-        fresh_because = None
-        if not request.fresh:
-            stored = self._replayed(user, dataset, request, analysis.replay_key)
-            if stored is not None:
-                return stored
-            # The same query released before over other data or policy facts: answered
-            # afresh (and charged: it is a new release), saying why.
-            fresh_because = self.ledger.fresh_because(user, dataset.name, analysis.replay_key)
+        if request.fresh:  # a new release, asked for: no replay, no flight to wait on
+            return self._released(user, dataset, request, analysis, reply, reads, None)
+        key = analysis.replay_key
+        groups = self.membership.of(user)
+        while True:
+            flight, leading = self._flights.board(
+                dataset.name, key, user, groups, dataset.share_releases
+            )
+            if not leading:
+                # Served, if at all, once another request's run on the private data is
+                # over: this reply's time follows that run's, so it is padded too.
+                reads.begin()
+                flight.landed.wait()
+                stored = self._replayed(user, dataset, request, key, groups)
+                if stored is not None:
+                    return stored
+                continue  # that release failed or was refused: ask as if it never was
+            try:
+                # Read after boarding: a release recorded before is found here, and one
+                # recorded after waits for this flight to land.
+                stored = self._replayed(user, dataset, request, key, groups)
+                if stored is not None:
+                    return stored
+                # The same query released before over other data or policy facts:
+                # answered afresh (and charged: it is a new release), saying why.
+                fresh_because = self.ledger.fresh_because(user, dataset.name, key)
+                return self._released(user, dataset, request, analysis, reply, reads,
+                                      fresh_because)  # fmt: skip
+            finally:
+                self._flights.land(dataset.name, key, flight)
+
+    def _released(
+        self,
+        user: str,
+        dataset: Dataset,
+        request: QueryRequest,
+        analysis: Analysis,
+        reply: dict[str, object],
+        reads: PrivateRead,
+        fresh_because: str | None,
+    ) -> Reply:
+        """A fresh release: the debit, the run, the reply stored for later replays."""
         charge, answer = self._charged_run(user, dataset, request, analysis, reads)
         released = answer.released
         accuracy = {**released.cells_accuracy, "bounds": analysis.bounds["text"]}
@@ -260,40 +364,57 @@ class Engine:
         return released_reply
 
     def _replayed(
-        self, user: str, dataset: Dataset, request: QueryRequest, key: ReplayKey
+        self,
+        user: str,
+        dataset: Dataset,
+        request: QueryRequest,
+        key: ReplayKey,
+        groups: frozenset[str],
     ) -> Reply | None:
-        """The stored reply of the same query over the same data and policy facts,
-        recorded as replayed at no cost; None when there is none. Where the dataset
-        shares releases, one released to another user (to anyone, or to a member of a
-        group the asker is in) is served too, marked ``shared`` with when and at what
-        cost it was released: serving it is post-processing of a release the ledger
-        already charged (docs/privacy.md, "Shared releases")."""
+        """The stored reply of the same query over the same data and policy facts; None
+        when there is none. The user's own is replayed at no cost. Where the dataset
+        shares releases, one released to another user (to anyone, or one counting
+        against a group the asker is in) is served, marked ``shared`` with when and at
+        what cost it was released, and charged to every budget the asker is under that
+        it did not count against yet (``Ledger.serve_shared``: the asker's own, and
+        their groups' it was not charged to; docs/privacy.md, "Shared releases"),
+        or refused, OverBudget, where one of those cannot pay."""
         stored = self.ledger.find_release(user, dataset.name, key)
-        shared = None
-        if stored is None and dataset.share_releases != Sharing.NONE:
-            among = None if dataset.share_releases == Sharing.EVERYONE else self.membership.of(user)
-            shared = self.ledger.find_shared(dataset.name, key, among)
-            if shared is None:
-                return None
-            stored = shared.reply
-            stored.envelope["shared"] = {
-                "released_at": shared.time,
-                "cost": shared.cost.as_dict(),
-                "scope": dataset.share_releases.value,
-            }
-            # The asker's own words: another user's text (and its comments) stays theirs.
-            stored.envelope["request"] = {**stored.envelope["request"], "sql": request.sql}
-        if stored is None:
+        if stored is not None:
+            self.ledger.record_replay(
+                user=user, dataset=dataset.name, notebook=request.notebook,
+                sql=request.label, replay_key=key,
+            )  # fmt: skip
+            stored.envelope.update(replayed=True, cost={"epsilon": 0.0, "delta": 0.0})
+            self._with_budget(stored.envelope, user, dataset, request.notebook)
+            return stored
+        if dataset.share_releases == Sharing.NONE:
             return None
-        self.ledger.record_replay(
+        shared = self.ledger.serve_shared(
             user=user,
             dataset=dataset.name,
             notebook=request.notebook,
-            sql=request.label,
             replay_key=key,
-            source=None if shared is None else shared.entry_id,
+            groups=groups,
+            everyone=dataset.share_releases == Sharing.EVERYONE,
+            limits=applicable(dataset, user, request.notebook, groups),
+            sql=request.label,
+            accountant=self.accountants[dataset.name],
         )
-        stored.envelope.update(replayed=True, cost={"epsilon": 0.0, "delta": 0.0})
+        if shared is None:
+            return None
+        stored = shared.reply
+        stored.envelope["shared"] = {
+            "released_at": shared.time,
+            "cost": shared.cost.as_dict(),
+            "scope": dataset.share_releases.value,
+            # The budgets serving it charged now (the user's, the groups' it had not
+            # counted against), each as the API names a budget; none when it was free.
+            "charged_to": [scope.as_dict() for scope in shared.charged_to],
+        }
+        # The asker's own words: another user's text (and its comments) stays theirs.
+        stored.envelope["request"] = {**stored.envelope["request"], "sql": request.sql}
+        stored.envelope.update(replayed=True, cost=shared.charged.as_dict())
         self._with_budget(stored.envelope, user, dataset, request.notebook)
         return stored
 

@@ -37,8 +37,11 @@ GRANTED, RESET = "granted", "reset"
 # A renewing budget's periods: the first one seen, and each later one begun.
 RENEWS, RENEWED = "renews", "renewed"
 ADMIN = (GRANTED, RESET, RENEWS, RENEWED)
-# Statuses whose cost counts against the budget; a replay costs nothing.
-SPENDING = (CHARGED, RELEASED, FAILED)
+# Statuses whose cost counts against budgets (``charged_to`` says which). A replay of
+# the user's own release costs nothing (its row's cost is zero); a shared release
+# served to a user who had not learned it is charged on its replay row, to the
+# budgets that release did not yet count against (``Ledger.serve_shared``).
+SPENDING = (CHARGED, RELEASED, FAILED, REPLAYED)
 # The notebook column of a row that applies to a user as a whole (or to no user);
 # never a real notebook name, as the gate names a nameless notebook "unnamed".
 WHOLE_USER = ""
@@ -122,10 +125,17 @@ def admin_target(row: sqlite3.Row, dataset: str) -> Scope:
 
 def charged_to(row: sqlite3.Row, dataset: str) -> list[Scope]:
     """The scopes a query's row spends from: the dataset, each group its user was in
-    when it was charged, the user and the notebook."""
+    when it was charged, the user and the notebook.
+
+    A replay row spends from its own groups (only those its serving charged: the
+    asker's groups the release had not counted against yet), its user and its
+    notebook, never from the dataset: the release it served is one release, already
+    counted there when it was charged. A replay of the user's own answer has no
+    groups and costs zero, so it changes nothing."""
     groups = row["groups"].split(GROUP_SEPARATOR) if row["groups"] else []
+    whole = [] if row["status"] == REPLAYED else [Scope.whole(dataset)]
     return [
-        Scope.whole(dataset),
+        *whole,
         *(Scope.group(dataset, g) for g in groups),
         Scope.user(dataset, row["user"]),
         Scope.of_notebook(dataset, row["user"], row["notebook"]),

@@ -29,8 +29,10 @@ passes through before its reply, wait for it. So a result is still never
 released on a charge any crash could forget; the flush no longer adds to the
 query's time, nor holds the ledger's lock, and flushes that queue behind one
 another are done as one (each covers every commit written before it began).
-A grant commits FULL. The commits that follow a debit for the same
-query are NORMAL, because losing one is safe:
+A grant commits FULL. Serving a shared release to a user who had not learned it
+charges budgets too (``serve_shared``), and is made durable as a debit is, before
+the answer leaves. The commits that follow a debit for the same query are NORMAL,
+because losing one is safe:
 
 - the stored release (``record_release``): exists, readable by every gate
   process, before the reply leaves, so a repeated query is replayed for free;
@@ -39,7 +41,8 @@ query are NORMAL, because losing one is safe:
   only the replay is lost. The next durable commit (any debit) flushes it;
 - a failure mark (``record_failure``): a charge stays spent as ``charged``
   or ``failed`` alike;
-- a replay's audit line (``record_replay``), which costs nothing; and a
+- a replay's audit line (``record_replay``, or ``serve_shared``'s where it
+  charges nothing), which costs nothing; and a
   reset, whose loss leaves the budget smaller, never larger.
 
 A release is replayed only over the data and policy it was computed from: its
@@ -98,7 +101,9 @@ from dpmagic.gate.service.reply import Reply
 # Long enough that a burst of debits from many processes queues rather than
 # fails; each transaction holds the lock for well under a millisecond.
 BUSY_TIMEOUT_S = 30.0
-SCHEMA_VERSION = 4  # 2: the replay_keys table; 3: scopes and charged groups; 4: refusals
+# 2: the replay_keys table; 3: scopes and charged groups; 4: refusals; 5: a replay row
+# may carry a charge (``serve_shared``), and releases are found by their key alone.
+SCHEMA_VERSION = 5
 
 _ENTRIES = """CREATE TABLE IF NOT EXISTS entries (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -148,6 +153,8 @@ _SCHEMA = (
     "CREATE INDEX IF NOT EXISTS charged_groups_group ON charged_groups (dataset, grp, entry_id)",
     "CREATE INDEX IF NOT EXISTS charged_groups_entry ON charged_groups (entry_id)",
     "CREATE INDEX IF NOT EXISTS entries_dataset ON entries (dataset, id)",
+    # A key's releases and the replays that served them, for every user (``serve_shared``).
+    "CREATE INDEX IF NOT EXISTS entries_key ON entries (dataset, replay_key, status)",
     # ``recent_failures``, asked before every query, reads these two small indexes
     # instead of every row its user ever wrote on the dataset (0.76 ms after 1,000).
     f"CREATE INDEX IF NOT EXISTS entries_failed ON entries (user, dataset, time)"
@@ -263,13 +270,30 @@ class _Flusher:
 
 @dataclass(frozen=True)
 class SharedRelease:
-    """An answer released to another user, which the asker may be served for free
-    (``share_releases``): its ledger row, when, and at what cost it was released."""
+    """An answer released to another user, served to the asker (``share_releases``):
+    its ledger row, when and at what cost it was released; and what serving it
+    charged the asker (``charged``, zero when the release already counted against
+    every budget they are under) and where (``charged_to``)."""
 
     entry_id: int
     time: str
     cost: Cost
     reply: Reply
+    charged: Cost
+    charged_to: tuple[Scope, ...]
+
+
+@dataclass
+class _Served:
+    """One release of a replay key, and whom it counts for so far: the groups and the
+    users it was charged to, when released or when served to one who had not learned
+    it (``Ledger.serve_shared``)."""
+
+    id: int
+    time: str
+    cost: Cost
+    groups: set[str]
+    users: set[str]
 
 
 class Ledger:
@@ -471,33 +495,124 @@ class Ledger:
             ).fetchone()
         return None if row is None else Reply.stored(row["reply"])
 
-    def find_shared(
-        self, dataset: str, replay_key: str, among: frozenset[str] | None
+    def serve_shared(
+        self,
+        *,
+        user: str,
+        dataset: str,
+        notebook: str,
+        replay_key: str,
+        groups: Iterable[str],
+        everyone: bool,
+        limits: Sequence[tuple[Scope, Budget]],
+        sql: str,
+        accountant: Accountant | None = None,
     ) -> SharedRelease | None:
-        """The first answer released to anyone for this replay key (``among`` None),
-        or to a user charged as a member of one of the groups ``among``; the first,
-        so every user who is served it is served the same answer."""
-        where = "dataset = ? AND replay_key = ? AND status = ?"
-        args: list[object] = [dataset, replay_key, RELEASED]
-        if among is not None:
-            if not among:
+        """Serve ``user`` another user's release of this replay key, charging it to each
+        budget they are under that it does not count against yet; None where there is
+        none they may be served (to anyone when ``everyone``, else one that counts
+        against one of ``groups``, the user's groups now, or one they learned before).
+
+        The rule (docs/privacy.md, "Shared releases"): an answer is served only where
+        its release counts against every budget its asker is under. The dataset's
+        counts every release. A group counts it if it was charged to the group when
+        released, or when served to a member who had not learned it. The user counts
+        it if it was released to them or charged to them when served before; a user
+        who had learned it is served it again free, as their own answers are (and
+        whatever groups they joined since, as a charge records the groups of its
+        moment). Whatever is missing, the user's budget (with the notebook's drawn
+        from it) and each of their groups' it was not charged to, is charged the
+        release's cost, checked against each such budget as a debit is (OverBudget,
+        nothing written, where it does not fit). Of several releases of the key
+        (answered afresh with ``fresh``, or in groups that could not share), the one
+        that charges the fewest budgets is served, the first of those alike: one the
+        user learned before, so a user is never served two answers to one question.
+
+        Finding the release, reading what it counts against and writing the replay
+        row with its charge are one transaction, so two users served the same
+        release at once (threads or gate processes) never both charge a group they
+        share: the second reads the first's charge. The replay row names the
+        release it served (``source``) and carries what was charged, to the groups
+        it names; a charge is on the disk before this returns, as a debit's is
+        before its release."""
+        acc = accountant or self.accountant
+        now = self._clock()
+        mine = frozenset(groups)
+        with self._lock, self._transaction(durable=self._flusher is None):
+            releases = self._releases_of(dataset, replay_key)
+            chosen: tuple[int, _Served, frozenset[str]] | None = None
+            for release in releases:
+                knows = user in release.users
+                if not (knows or everyone or mine & release.groups):
+                    continue
+                missing = frozenset() if knows else mine - release.groups
+                price = 0 if knows else 1 + len(missing)
+                if chosen is None or price < chosen[0]:
+                    chosen = (price, release, missing)
+            if chosen is None:
                 return None
-            marks = ", ".join("?" * len(among))
-            where += (
-                " AND id IN (SELECT entry_id FROM charged_groups WHERE dataset = ?"
-                f" AND grp IN ({marks}))"
+            price, release, missing = chosen
+            charged, charged_to, standing = Cost(0.0), (), []
+            if price:
+                charged = release.cost
+                due = [
+                    (scope, base)
+                    for scope, base in limits
+                    if scope.kind in (ScopeKind.USER, ScopeKind.NOTEBOOK)
+                    or (scope.kind == ScopeKind.GROUP and scope.holder in missing)
+                ]
+                self._refresh(dataset)
+                standing = [(scope, *self._standing(scope, base, now)) for scope, base in due]
+                for scope, spent, limit, _due in standing:
+                    if not acc.fits(spent, charged, limit):
+                        self._refuse(acc, charged, scope, standing, user, replay_key)
+                charged_to = tuple(scope for scope, *_ in standing)
+            when = _text(now)
+            for scope, _spent, _limit, renewal in standing:
+                if renewal is not None:  # the period's first charge: its renewal first
+                    self._insert_admin(scope, Budget(0.0), renewal[0], renewal[1], when)
+            cursor = self._db.execute(
+                "INSERT INTO entries (time, user, dataset, notebook, epsilon, delta, rho, sql,"
+                " replay_key, status, source) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (when, user, dataset, notebook, charged.epsilon, charged.delta, charged.rho,
+                 sql, replay_key, REPLAYED, release.id),
+            )  # fmt: skip
+            row_id = required(cursor.lastrowid, "the ledger row's id")
+            self._db.executemany(
+                "INSERT INTO charged_groups (entry_id, dataset, grp) VALUES (?, ?, ?)",
+                [(row_id, dataset, group) for group in sorted(missing) if price],
             )
-            args += [dataset, *sorted(among)]
-        with self._lock:
-            row = self._db.execute(
-                f"SELECT id, time, epsilon, delta, rho, reply FROM entries WHERE {where}"
-                " ORDER BY id LIMIT 1",
-                args,
+            (stored,) = self._db.execute(
+                "SELECT reply FROM entries WHERE id = ?", (release.id,)
             ).fetchone()
-        if row is None:
-            return None
-        cost = Cost(row["epsilon"], row["delta"], row["rho"])
-        return SharedRelease(row["id"], row["time"], cost, Reply.stored(row["reply"]))
+        if price:
+            self._durable().result()  # the charge on the disk before the answer leaves
+        return SharedRelease(
+            release.id, release.time, release.cost, Reply.stored(stored), charged, charged_to
+        )
+
+    def _releases_of(self, dataset: str, replay_key: str) -> list[_Served]:
+        """Every release of ``replay_key`` on ``dataset``, first first, with the groups
+        and users each counts against: its own charge's, and those of the replay rows
+        that served it with a charge (a zero-cost replay row, a user's own replay or
+        one served free by an older gate, counts it nowhere)."""
+        releases: dict[int, _Served] = {}
+        rows = self._db.execute(
+            "SELECT e.id, e.time, e.user, e.status, e.source, e.epsilon, e.delta, e.rho,"
+            " (SELECT group_concat(g.grp, char(31)) FROM charged_groups AS g"
+            " WHERE g.entry_id = e.id) AS groups FROM entries AS e"
+            " WHERE e.dataset = ? AND e.replay_key = ? AND e.status IN (?, ?) ORDER BY e.id",
+            (dataset, replay_key, RELEASED, REPLAYED),
+        ).fetchall()
+        for row in rows:
+            groups = set(row["groups"].split(GROUP_SEPARATOR)) if row["groups"] else set()
+            cost = Cost(row["epsilon"], row["delta"], row["rho"])
+            if row["status"] == RELEASED:
+                releases[row["id"]] = _Served(row["id"], row["time"], cost, groups, {row["user"]})
+            elif (served := releases.get(row["source"])) is not None and _carries(cost):
+                served.groups |= groups
+                served.users.add(row["user"])
+        return list(releases.values())
 
     def fresh_because(self, user: str, dataset: str, replay_key: str) -> str | None:
         """Why a query with no release under ``replay_key`` is answered afresh, when
@@ -868,6 +983,12 @@ def _left(accountant: Accountant, spent: Cost, limit: Budget, show_delta: bool) 
     if show_delta:
         text += f", δ={left['delta']:.3g}"
     return f"ρ={left['rho']:.6g} ({text})" if "rho" in left else text
+
+
+def _carries(cost: Cost) -> bool:
+    """Whether a replay row carried a charge (a shared release's, to a user who had not
+    learned it); an own replay's, or a free one an older gate wrote, did not."""
+    return cost.epsilon > 0 or cost.delta > 0 or cost.rho > 0
 
 
 def _text(when: datetime) -> str:
