@@ -1,10 +1,9 @@
 """Timing channels, measured on real gate processes over their unix sockets.
 
-D and D' differ by one unit, the target, whose 100 rows of 1 MB strings (the
-most the policy lets one unit keep: 100 rows of ``max_length`` = 1,000,000
-characters) make a case-insensitive LIKE run hundreds of milliseconds longer
-over D than over D'. (Under the default ``max_length`` of 1,024 characters
-the same unit could add at most ~100 KB of text to scan.)
+D and D' differ by one unit, the target, whose 5,000 rows of 1,200 two-byte
+characters (the most the policy lets one unit keep) make ``LOWER`` run about 70 ms
+longer over D than over D' (each row priced under the row cap, ``max_row_work``:
+one row can no longer be slow on its own, so the target brings many).
 Replies are held to the next multiple of ``response_quantum_ms`` after the
 request arrived, so the reply times of the two must be indistinguishable:
 the statistic is a two-sample Kolmogorov-Smirnov test on reply times (D vs
@@ -33,13 +32,15 @@ from tests.conftest import GateProcess
 ALPHA = 1e-3
 QUANTUM_MS = 1500
 REPEATS = 15
-TARGET_ROWS = 100
-TARGET_CHARS = 1_000_000
-SQL = "SELECT COUNT(*) FROM t WHERE s ILIKE '%a%b%z%'"
-# Four times the scan (about 100 ms on a quiet 2-core machine, against 27 ms for SQL):
+TARGET_ROWS = 5000
+TARGET_CHARS = 1200
+# Folding 2-byte characters is the dearest text work per character (docs/security.md,
+# "Operator prices"): priced under every row cap here, slow over many rows.
+SQL = "SELECT COUNT(*) FROM t WHERE LOWER(s) = 'x'"
+# Four times the folding (about 400 ms on a 2-core machine, against 70 ms for SQL):
 # well past the timeout below however idle the machine, so the timeout always fires.
 SLOW_SQL = "SELECT COUNT(*) FROM t WHERE " + " OR ".join(
-    f"s ILIKE '{p}'" for p in ("%a%b%z%", "%b%a%z%", "%z%b%a%", "%a%z%b%")
+    f"{f}(s) = '{v}'" for f, v in (("LOWER", "x"), ("UPPER", "y"), ("LOWER", "z"), ("UPPER", "w"))
 )
 
 POLICY = """
@@ -52,7 +53,7 @@ query_timeout_s = {timeout}
 database = "{name}.duckdb"
 privacy_unit = "pid"
 # The target's heavy rows are kept at load, so they reach the query.
-max_rows_per_partition = 100
+max_rows_per_partition = 5000
 # And the work they bring is allowed (SLOW_SQL's bound is 37.5M steps): the tests
 # below are of the padding and the time limit, past what the work bound refuses.
 max_unit_work = 1000000000
@@ -61,7 +62,7 @@ notebook_budget = {{ epsilon = 1000.0 }}
 
 [datasets.d.tables.t.columns]
 pid = {{ type = "int" }}
-s = {{ type = "str", max_length = 1000000 }}
+s = {{ type = "str", max_length = 1200 }}
 """
 
 
@@ -73,7 +74,7 @@ def data(tmp_path_factory) -> Path:
         con.execute("CREATE TABLE t AS SELECT range AS pid, 'ab' AS s FROM range(2000)")
         if target:  # one unit, the target, with as much text as the policy keeps
             con.execute(
-                f"INSERT INTO t SELECT 999999, repeat('ab', {TARGET_CHARS // 2}) "
+                f"INSERT INTO t SELECT 999999, repeat('é', {TARGET_CHARS}) "
                 f"FROM range({TARGET_ROWS})"
             )
         con.close()
