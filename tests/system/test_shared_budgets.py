@@ -79,23 +79,30 @@ def test_shared_budgets_and_releases_end_to_end(gate: GateProcess) -> None:
     assert budget["notebook"]["binding"]["budget"] == "user"  # 0.5 left of ann's own 1.0
 
     # bob, in ann's group, asks the same question in his own words: served ann's
-    # release, free, and told when and at what cost it was released.
+    # release, told when and at what cost it was released, and charged to his own
+    # budget only: sec-a and the dataset already count it (docs/privacy.md).
     asked = "select count(*) as n  -- bob's\nfrom t where age > 30"
     served = bob.query(asked, epsilon=0.5)
-    assert served.replayed and served.cost["epsilon"] == 0.0
+    assert served.replayed and served.cost["epsilon"] == pytest.approx(0.5)
     assert served.shared["cost"]["epsilon"] == pytest.approx(0.5)
     assert served.shared["scope"] == "group" and served.shared["released_at"]
+    assert [b["budget"] for b in served.shared["charged_to"]] == ["user", "notebook"]
     assert served.rows == first.rows
     assert served.reply["request"]["sql"] == asked  # his words, not ann's
     assert "shared answer, released to another user" in str(served)
-    assert served.budget["user"]["spent"]["epsilon"] == 0.0
+    assert served.budget["user"]["spent"]["epsilon"] == pytest.approx(0.5)
+    assert served.budget["groups"]["sec-a"]["spent"]["epsilon"] == pytest.approx(0.5)
+    assert served.budget["dataset_budget"]["spent"]["epsilon"] == pytest.approx(0.5)
+    again = bob.query(COUNT, epsilon=0.5)  # he learned it: served again, free
+    assert again.rows == first.rows and again.cost["epsilon"] == 0.0
 
     # cat is in another group: the same question is a new release, charged to her.
     own = cat.query(COUNT, epsilon=0.5)
     assert not own.replayed and own.shared is None
     assert own.cost["epsilon"] == pytest.approx(0.5)
 
-    bob.query("SELECT COUNT(*) FROM t", epsilon=1.0)  # sec-a: 1.5 of 1.5
+    bob.query("SELECT COUNT(*) FROM t", epsilon=0.5)  # sec-a: 1.0 of 1.5
+    ann.query("SELECT COUNT(*) FROM t WHERE age < 60", epsilon=0.5)  # sec-a: 1.5 of 1.5
     with pytest.raises(BudgetExhausted) as refused:
         ann.query("SELECT COUNT(*) FROM t WHERE age < 50", epsilon=0.25)
     assert refused.value.budget == {"budget": "group", "dataset": "d", "holder": "sec-a"}
@@ -105,7 +112,8 @@ def test_shared_budgets_and_releases_end_to_end(gate: GateProcess) -> None:
     ):
         raise refused.value
 
-    # The dataset's budget: 0.5 + 0.5 + 1.0 + 0.5 = 2.5 of 2.5.
+    # The dataset's budget: 0.5 (ann's release; bob's serving counts nothing more)
+    # + 0.5 (cat's) + 0.5 + 0.5 + 0.5 = 2.5 of 2.5.
     cat.query("SELECT COUNT(*) FROM t WHERE age < 50", epsilon=0.5)
     with pytest.raises(BudgetExhausted) as refused:
         cat.query("SELECT COUNT(*) FROM t WHERE age < 40", epsilon=0.1)
@@ -121,8 +129,10 @@ def test_shared_budgets_and_releases_end_to_end(gate: GateProcess) -> None:
     assert spent[("dataset", "")] == pytest.approx(2.5)
     assert spent[("group", "sec-a")] == pytest.approx(1.5)
     assert spent[("user", "bob")] == pytest.approx(1.0)
-    [replay] = shared
-    assert replay["source"] is not None and replay["epsilon"] == 0.0
+    [free, charged] = shared  # newest first
+    assert free["source"] == charged["source"] is not None
+    assert (charged["epsilon"], charged["groups"]) == (0.5, [])  # sec-a counted it already
+    assert free["epsilon"] == 0.0
 
     # What %dpbudget shows ann, from the gate's reply as it is: every budget of hers.
     view = BudgetView([DatasetBudget(ann.budget("d"), [])], "unnamed")
