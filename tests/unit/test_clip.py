@@ -89,14 +89,15 @@ def test_a_clip_the_sql_does_not_clamp_into_is_caught(monkeypatch) -> None:
     assert sensitivity == 20 and moved > sensitivity
 
 
-def test_the_bounds_release_asks_each_summed_argument_at_two_levels() -> None:
+def test_the_bounds_release_asks_each_summed_argument_at_two_levels_and_counts_it() -> None:
+    """The count is what the rule judges the bounds' rank error against."""
     ds = dataset(COLUMNS)
     checked = check(resolve(parse("SELECT g, AVG(y), SUM(x), COUNT(*) FROM t GROUP BY g"), ds))
     first = bounds_checked(checked)
     assert first.keys == ()
     assert [(a.func, a.level, a.arg.sql()) for a in first.aggregates] == [
-        ("quantile", 0.02, "__s0.y"), ("quantile", 0.98, "__s0.y"),
-        ("quantile", 0.02, "__s0.x"), ("quantile", 0.98, "__s0.x"),
+        ("quantile", 0.02, "__s0.y"), ("quantile", 0.98, "__s0.y"), ("count", None, "__s0.y"),
+        ("quantile", 0.02, "__s0.x"), ("quantile", 0.98, "__s0.x"), ("count", None, "__s0.x"),
     ]  # fmt: skip
     with pytest.raises(Refused, match="sums none"):
         bounds_checked(check(resolve(parse("SELECT COUNT(*) FROM t"), ds)))

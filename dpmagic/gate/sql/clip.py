@@ -17,26 +17,56 @@ releases, as Google's differential privacy library's ``ApproxBounds`` does:
    each value into them (the stored values lie in the declared range, wider), and
    the sensitivities, centres and intervals follow the narrower interval.
 
+**When the bounds are used** (``clipped``, the rule). The first release also counts
+each summed argument's values (a noisy ``COUNT``), so the gate can judge, from
+public facts and that count alone, whether the ε it spent chose bounds worth
+using. A quantile selection's accuracy is computable from its ε, its candidate
+count and the symmetric distance one unit can cause (``QuantileNoise.rank_radius``):
+with 95% probability the released candidate lies within ``r`` ranks of the
+quantile asked for. The bounds of an argument are used when both its bounds'
+``r`` are at most ``USEFUL_RANKS`` (a tenth) of the lower end of its count's 95%
+interval: then each bound moves, with 95% confidence, at most the 2% asked for
+plus a tenth of the values. Otherwise the bounds are noise more than data (at
+ε 0.3 over 840 rows, ``r`` is about 3,100 ranks: any candidate may come out) and
+the **declared bounds are kept** for that argument, which the reply says
+(``ClipFact.source`` is ``"declared"``, with the figures the rule read). Bounds
+per group are not chosen: the clamp is one expression for all groups.
+
+**What a clipped cell holds.** A cell whose argument was clipped at bounds from
+the data is the aggregate of the values moved into them (the clipped quantity), and
+its interval holds that quantity (the plan's intervals are computed over the clip,
+which every clamped value lies within); the plain aggregate may lie outside it,
+by the bias the clip causes. The reply says so per argument
+(``ClipFact.holds``), and a third release counts, per group, the values the clip
+moved (``ClipMoved``: a noisy ``COUNT`` of the rows outside the clip, with
+``MOVED_SHARE`` of the ε left after the bounds, taken from the query's part, so
+the three releases together cost the ε asked for).
+
 Privacy. The first release is ``SHARE·ε``-DP. For every fixed clip the second is
 ``(1 − SHARE)·ε``-DP: its SQL clamps every value into the clip, so the
 sensitivity holds whatever the data. The clip is a function of the first release
-alone (post-processing), so by adaptive composition the pair is ε-DP, each part
-charged as a query of its own (the ledger shows both). Values outside the clip
-are moved to its ends: a bias, traded for less noise, which the reply states
-(the bounds chosen and the ε they took).
+alone (post-processing: the rule reads the first release and the plan), so by
+adaptive composition the releases are ε-DP together, each charged as a query of
+its own (the ledger shows each). The count of values moved is a function of the
+data and the clip, a count with the sensitivity of any count for each fixed clip.
+Values outside the clip are moved to its ends: a bias, traded for less noise, which
+the reply states (the bounds used, why, and the values moved).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 
 from sqlglot import exp
 
+from dpmagic.gate.dp.levels import REPORT_ALPHA
 from dpmagic.gate.failures import Refused, required
-from dpmagic.gate.sql.bound import Bounded
+from dpmagic.gate.sql.bound import Bounded, bound
 from dpmagic.gate.sql.check import AggregateCall, Checked, Output
 from dpmagic.gate.sql.parse import DIALECT
+from dpmagic.gate.sql.plan_types import Plan, Selection
 from dpmagic.gate.sql.value_range import ValueRange
 
 # The quantiles the bounds are chosen at: a fiftieth of the values is moved to each end.
@@ -44,26 +74,78 @@ LEVELS = (0.02, 0.98)
 # Aggregates whose argument is summed, and whose noise therefore follows its range.
 SUMMED = frozenset({"sum", "avg", "var_samp", "var_pop", "stddev_samp", "stddev_pop"})
 PREFIX = "__clip"
+# The rule: bounds chosen from the data are used when each one's 95% rank radius is at
+# most this share of the (least plausible) number of values; else the declared ones.
+USEFUL_RANKS = 0.1
+# The share of the ε left after the bounds that counts the values the clip moved.
+MOVED_SHARE = 0.05
+DATA, DECLARED = "data", "declared"
 
 
 @dataclass(frozen=True)
 class ClipBounds:
-    """The first release: the bounds of the query's summed arguments."""
+    """The first release: the bounds of the query's summed arguments, and a count of
+    each one's values (what the rule judges the bounds' rank error against)."""
+
+
+@dataclass(frozen=True)
+class ClipFact:
+    """What the gate decided for one summed argument, and the public figures it read:
+    sent in the reply (``reply``), never re-derived by the client."""
+
+    aggregate: str  # the first aggregate summing the argument, as written
+    source: str  # DATA: the bounds chosen from the data; DECLARED: the policy's kept
+    bounds: tuple[float, float]  # the bounds the query's values were moved into
+    selected: tuple[float, float]  # what the first release chose (used or not)
+    declared: tuple[float, float]
+    rank_error: float  # the larger bound's 95% radius in ranks (``rank_radius``)
+    values: float  # the noisy count of the argument's values
+    values_low: float  # the lower end of its 95% interval, which the rule reads
+
+    @property
+    def reason(self) -> str:
+        """The rule as it applied, in words (the figures are sent beside it)."""
+        share = f"{USEFUL_RANKS:.0%}"
+        if self.source == DATA:
+            return (
+                f"each bound is within {self.rank_error:,.0f} ranks of its quantile (95%), "
+                f"at most {share} of the at least {self.values_low:,.0f} values"
+            )
+        return (
+            f"the bounds chosen were each only within {self.rank_error:,.0f} ranks of their "
+            f"quantile (95%), more than {share} of the at least "
+            f"{max(self.values_low, 0.0):,.0f} values: too little ε to be useful, "
+            "so the declared bounds were kept"
+        )
 
 
 @dataclass(frozen=True)
 class Clipped:
     """The second release: each summed argument (by its canonical SQL) cut to
-    ``(lower, upper)``."""
+    ``(lower, upper)``; ``facts`` says, per argument, where those came from."""
 
     clips: tuple[tuple[str, float, float], ...]
+    facts: tuple[ClipFact, ...] = field(default=(), compare=True)
 
     def get(self, arg: exp.Expression) -> tuple[float, float] | None:
         text = arg.sql(dialect=DIALECT)
         return next(((lo, hi) for key, lo, hi in self.clips if key == text), None)
 
+    @property
+    def moves(self) -> bool:
+        """Whether any argument is clipped at bounds from the data (values may move)."""
+        return any(f.source == DATA for f in self.facts) or not self.facts
 
-ClipStage = ClipBounds | Clipped
+
+@dataclass(frozen=True)
+class ClipMoved:
+    """The third release: per group, a noisy count of each clipped argument's values
+    outside its clip (``moved_checked``)."""
+
+    clipped: Clipped
+
+
+ClipStage = ClipBounds | Clipped | ClipMoved
 
 
 def targets(checked: Checked) -> list[AggregateCall]:
@@ -82,14 +164,20 @@ def targets(checked: Checked) -> list[AggregateCall]:
 
 def bounds_checked(checked: Checked) -> Checked:
     """The first release's query: for each summed argument its quantiles at ``LEVELS``
-    over the same rows, without groups, ``HAVING``, order or limit."""
-    aggregates, outputs = [], []
+    and the count of its values, over the same rows, without groups, ``HAVING``, order
+    or limit."""
+    aggregates: list[AggregateCall] = []
+    outputs: list[Output] = []
+
+    def add(func: str, arg: exp.Expression | None, label: str, level: float | None) -> None:
+        name = f"{PREFIX}{len(aggregates)}"
+        aggregates.append(AggregateCall(name, func, arg, label, level))
+        outputs.append(Output(name=name, expr=exp.column(name)))
+
     for agg in targets(checked):
         for side, level in zip(("lower", "upper"), LEVELS, strict=True):
-            name = f"{PREFIX}{len(aggregates)}"
-            label = f"{side} bound of {agg.label}"
-            aggregates.append(AggregateCall(name, "quantile", agg.arg, label, level))
-            outputs.append(Output(name=name, expr=exp.column(name)))
+            add("quantile", agg.arg, f"{side} bound of {agg.label}", level)
+        add("count", agg.arg, f"values of {agg.label}", None)
     return replace(
         checked,
         keys=(),
@@ -102,20 +190,106 @@ def bounds_checked(checked: Checked) -> Checked:
     )
 
 
-def clipped(checked: Checked, values: list[float]) -> Clipped:
+def clipped(
+    checked: Checked,
+    values: Sequence[float],
+    first: Plan | None = None,
+    counted: Sequence[tuple[float, float] | None] | None = None,
+) -> Clipped:
     """The second release's clips from the first's released row (``bounds_checked``'s
-    outputs in order: lower, upper, per summed argument); a pair drawn out of order
-    is taken as the interval between them."""
-    clips = []
+    outputs in order: lower, upper, count, per summed argument); a pair drawn out of
+    order is taken as the interval between them.
+
+    With the first release's plan (``first``) the rule applies (the module's
+    docstring): an argument whose bounds' 95% rank radius exceeds ``USEFUL_RANKS``
+    of the lower end of its count's 95% interval (``counted``, from the first
+    reply's intervals; else the count itself) keeps its declared bounds. Without
+    it (an engine that passes only the row) the bounds are used as released."""
+    clips, facts = [], []
+    width = 3 if len(values) == 3 * len(targets(checked)) else 2
     for i, agg in enumerate(targets(checked)):
-        a, b = values[2 * i], values[2 * i + 1]
-        clips.append((agg.arg.sql(dialect=DIALECT), min(a, b), max(a, b)))  # type: ignore[union-attr]
-    return Clipped(tuple(clips))
+        key = required(agg.arg, "a summed argument").sql(dialect=DIALECT)
+        a, b = values[width * i], values[width * i + 1]
+        selected = (min(a, b), max(a, b))
+        if first is None:
+            clips.append((key, *selected))
+            continue
+        lower, upper = (_selection(first, f"{side} bound of {agg.label}")
+                        for side in ("lower", "upper"))  # fmt: skip
+        radius = max(s.noise.rank_radius(REPORT_ALPHA) for s in (lower, upper))
+        count = values[width * i + 2] if width == 3 else 0.0
+        low = count
+        if counted is not None and counted[i] is not None:
+            low = min(count, required(counted[i], "a count's interval")[0])
+        useful = low > 0 and radius <= USEFUL_RANKS * low
+        declared = (float(lower.grid.lo), float(lower.grid.hi))
+        used = selected if useful else declared
+        clips.append((key, *used))
+        facts.append(
+            ClipFact(
+                agg.label,
+                DATA if useful else DECLARED,
+                used,
+                selected,
+                declared,
+                radius,
+                count,
+                low,
+            )
+        )
+    return Clipped(tuple(clips), tuple(facts))
+
+
+def _selection(first: Plan, label: str) -> Selection:
+    return next(s for s in first.selections if s.label == label)
+
+
+def moved_checked(bounded: Bounded, stage: ClipMoved) -> Checked:
+    """The third release's query: the query's rows and groups, and per argument clipped
+    at bounds from the data, the count of its values outside the clip as the second
+    release applies it (``clip_bounds``: whole numbers for an integer argument, within
+    the declared range), one column per argument after the group keys."""
+    checked = bounded.checked
+    keys = [Output(name=f"{PREFIX}k{i}", expr=exp.column(k.name))
+            for i, k in enumerate(checked.keys)]  # fmt: skip
+    aggregates, outputs = [], []
+    facts = {f.aggregate: f for f in stage.clipped.facts}
+    for agg in targets(checked):
+        fact = facts.get(agg.label)
+        if fact is not None and fact.source != DATA:
+            continue
+        arg = required(agg.arg, "a summed argument")
+        cut = clip_bounds(arg, bounded.bounds[agg.name], stage.clipped)
+        outside = exp.or_(
+            exp.LT(this=arg.copy(), expression=_number(cut.lo)),
+            exp.GT(this=arg.copy(), expression=_number(cut.hi)),
+        )
+        case = exp.Case(ifs=[exp.If(this=outside, true=exp.Literal.number(1))])
+        name = f"{PREFIX}{len(aggregates)}"
+        aggregates.append(AggregateCall(name, "count", case, f"values of {agg.label} moved"))
+        outputs.append(Output(name=name, expr=exp.column(name)))
+    return replace(
+        checked,
+        outputs=(*keys, *outputs),
+        aggregates=tuple(aggregates),
+        having=None,
+        order=(),
+        limit=None,
+        offset=None,
+    )
+
+
+def _number(value: float) -> exp.Expression:
+    text = str(int(value)) if float(value).is_integer() else repr(float(value))
+    return exp.Literal.number(text)
 
 
 def clip_bounded(bounded: Bounded, stage: ClipStage | None) -> Bounded:
     """The bound pass's intervals with each summed argument's cut to its clip: the pass
-    between ``bound`` and ``plan`` of a clipped query (the identity otherwise)."""
+    between ``bound`` and ``plan`` of a clipped query (the identity otherwise). For the
+    third release, the bound pass of its own query (``moved_checked``)."""
+    if isinstance(stage, ClipMoved):
+        return bound(moved_checked(bounded, stage))
     if not isinstance(stage, Clipped):
         return bounded
     checked = bounded.checked

@@ -1,0 +1,177 @@
+"""A clipped query's releases, in order, and what its reply says about them
+(``sql/clip.py`` has the rule and the privacy argument).
+
+1. the bounds and a count of each summed argument's values, with ``SHARE`` of ε;
+2. the rule (``clip.clipped``), from that release and its plan: per argument the
+   bounds from the data or the declared ones;
+3. where some argument is clipped at bounds from the data, a noisy count per group
+   of the values the clip moves (``ClipMoved``), with ``MOVED_SHARE`` of the ε left;
+4. the query, with the rest, each argument cut to its bounds.
+
+Each release is a query of its own in the ledger and replays alike (a re-run replays
+all of them, and the rule, a function of the replayed first release, decides the
+same). The reply's ``clip`` is built here (``facts``) from the stage and the
+releases, as typed data: which bounds were used and why, the figures the rule read,
+what the cells' intervals hold, and the values moved. The client renders it.
+
+``answer`` is the engine's ``Engine._clipped``: it reads the engine's analysis and
+its one-query path (``Engine.analysis``, ``Engine._query``), and nothing else of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from dpmagic.gate.failures import Failed, required
+from dpmagic.gate.sql.clip import (
+    DATA,
+    LEVELS,
+    MOVED_SHARE,
+    USEFUL_RANKS,
+    ClipBounds,
+    ClipMoved,
+    Clipped,
+    clipped,
+)
+
+if TYPE_CHECKING:
+    from dpmagic.gate.engine import Engine
+    from dpmagic.gate.request import QueryRequest
+    from dpmagic.gate.service.padding import PrivateRead
+    from dpmagic.gate.service.reply import Reply
+
+
+RULE = (
+    f"bounds are chosen at the {LEVELS[0]:.0%} and {LEVELS[1]:.0%} quantiles of all the "
+    "query's rows together; they are used when each bound's 95% rank error (from the ε "
+    f"spent and the candidate count) is at most {USEFUL_RANKS:.0%} of the values counted "
+    "(the lower end of the count's 95% interval); otherwise the declared bounds are kept"
+)
+
+
+def answer(engine: Engine, user: str, request: QueryRequest, reads: PrivateRead) -> Reply:
+    """A clipped query's reply (``Engine._clipped``): its releases in order, the reply
+    of the last with ``clip`` saying what the others decided and ``cost`` their sum. A
+    dry run shows the query's plan before any bound is chosen."""
+    from dpmagic.gate.engine import _asked, tightened  # the engine imports this module
+
+    share = required(request.clip, "the clip's share")
+    dataset = tightened(engine._dataset(request.dataset), request)
+    eps, _ = _asked(dataset, request)
+    rest = replace(request, epsilon=eps * (1 - share), whole_epsilon=eps)
+    main = engine.analysis(user, dataset, rest).plan
+    if request.dry_run:
+        reply = engine._query(user, rest, reads)
+        reply.envelope["clip"] = {"share": share, "epsilon": eps * share, "rule": RULE,
+                                  "chosen": []}  # fmt: skip
+        return reply
+    asked = replace(rest, epsilon=eps * share, stage=ClipBounds())
+    first = engine._query(user, asked, reads)
+    first_plan = engine.analysis(user, dataset, asked).plan
+    released = first.json()
+    rows = released["rows"]
+    if not rows or any(v is None for v in rows[0]):
+        raise Failed("the clip's bounds could not be chosen; nothing more was charged")
+    counted = _count_intervals(released)
+    stage = clipped(main.checked, [float(v) for v in rows[0]], first_plan, counted)
+    releases = [first]
+    moved = None
+    left = eps * (1 - share)
+    if stage.moves:
+        counting = replace(rest, epsilon=left * MOVED_SHARE, stage=ClipMoved(stage))
+        moved = engine._query(user, counting, reads)
+        releases.append(moved)
+        left *= 1 - MOVED_SHARE
+    reply = engine._query(user, replace(rest, epsilon=left, stage=stage), reads)
+    envelope = reply.envelope
+    replayed = all(r["replayed"] for r in [*releases, reply])
+    envelope["clip"] = facts(stage, share, eps, None if moved is None else moved.json(), replayed)
+    envelope["cost"] = {
+        k: sum(r["cost"].get(k, 0.0) for r in [*releases, reply])
+        for k in {*reply["cost"], *first["cost"]}
+    }
+    return reply
+
+
+def _count_intervals(released: dict[str, Any]) -> list[tuple[float, float] | None]:
+    """The 95% interval of each argument's count in the first release (every third
+    column, after its two bounds), as its reply carries it."""
+    columns = (released.get("accuracy") or {}).get("columns") or []
+    out: list[tuple[float, float] | None] = []
+    for j in range(2, len(columns), 3):
+        column = columns[j] or {}
+        (pair,) = column.get("intervals") or [None]
+        out.append(None if pair is None else (float(pair[0]), float(pair[1])))
+    return out
+
+
+def facts(
+    stage: Clipped,
+    share: float,
+    epsilon: float,
+    moved: dict[str, Any] | None,
+    replayed: bool,
+) -> dict[str, Any]:
+    """The reply's ``clip``: ``share`` and ``epsilon`` (the bounds' ε), ``rule``, and
+    per summed argument in ``chosen``: ``aggregate``, ``bounds`` (used), ``source``
+    (``"data"`` or ``"declared"``), ``reason``, ``selected``, ``declared``,
+    ``rank_error``, ``values`` and ``values_low`` (the count the rule read), ``holds``
+    (what the cells' intervals hold) and, where values could move, ``moved``: per
+    group ``{"group": [key values], "count": noisy, "interval": [lo, hi]}``. ``moved_epsilon``
+    is the ε the counts of values moved took (0 when nothing was clipped)."""
+    chosen: list[dict[str, Any]] = []
+    labels = [f.aggregate for f in stage.facts if f.source == DATA]
+    columns = {} if moved is None else moved_columns(moved, labels)
+    for fact in stage.facts:
+        clipped_here = fact.source == DATA
+        entry: dict[str, Any] = {
+            "aggregate": fact.aggregate,
+            "bounds": list(fact.bounds),
+            "source": fact.source,
+            "reason": fact.reason,
+            "selected": list(fact.selected),
+            "declared": list(fact.declared),
+            "rank_error": fact.rank_error,
+            "values": fact.values,
+            "values_low": fact.values_low,
+            "holds": (
+                f"{fact.aggregate} of the values moved into [{fact.bounds[0]:g}, "
+                f"{fact.bounds[1]:g}], not of the values as stored"
+                if clipped_here
+                else f"{fact.aggregate} over the declared bounds (nothing moved)"
+            ),
+        }
+        if clipped_here and fact.aggregate in columns:
+            entry["moved"] = columns[fact.aggregate]
+        chosen.append(entry)
+    if not stage.facts:  # an engine without the rule: the bounds as released
+        chosen = [{"aggregate": key, "bounds": [lo, hi]} for key, lo, hi in stage.clips]
+    total = epsilon * (1 - share)
+    return {
+        "share": share,
+        "epsilon": epsilon * share,
+        "moved_epsilon": 0.0 if moved is None else total * MOVED_SHARE,
+        "rule": RULE,
+        "chosen": chosen,
+        "replayed": replayed,
+    }
+
+
+def moved_columns(moved: dict[str, Any], labels: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """The third release's rows by argument (``labels``: the arguments clipped at bounds
+    from the data, in the order ``moved_checked`` counts them): per group its key
+    values, the noisy count of values moved and that count's 95% interval."""
+    columns = moved["columns"]
+    keys = [i for i, c in enumerate(columns) if c.startswith("__clipk")]
+    intervals = (moved.get("accuracy") or {}).get("columns") or [None] * len(columns)
+    counts = [j for j in range(len(columns)) if j not in keys]
+    out: dict[str, list[dict[str, Any]]] = {}
+    for label, j in zip(labels, counts, strict=True):
+        cells = (intervals[j] or {}).get("intervals") or [None] * len(moved["rows"])
+        out[label] = [
+            {"group": [row[k] for k in keys], "count": row[j],
+             "interval": None if pair is None else list(pair)}
+            for row, pair in zip(moved["rows"], cells, strict=True)
+        ]  # fmt: skip
+    return out
