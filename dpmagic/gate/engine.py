@@ -9,6 +9,12 @@ for free; such failures are answered with a fixed message. Its flush to the
 disk runs beside the query, and recording the release or the failure waits
 for it, so nothing about the query leaves before the charge would survive a
 power cut (``service/ledger.py``).
+
+A release is served to another user only where it counts against every budget
+they are under, and what it does not count against yet is charged as it is
+served, as durably as a debit (``Ledger.serve_shared``); the same question asked
+while its first release runs waits for it rather than making another
+(``_Flights``), so everyone who asks is served the same numbers.
 """
 
 from __future__ import annotations
@@ -332,9 +338,8 @@ class Engine:
                     return stored
                 # The same query released before over other data or policy facts:
                 # answered afresh (and charged: it is a new release), saying why.
-                fresh_because = self.ledger.fresh_because(user, dataset.name, key)
-                return self._released(user, dataset, request, analysis, reply, reads,
-                                      fresh_because)  # fmt: skip
+                fresh = self.ledger.fresh_because(user, dataset.name, key)
+                return self._released(user, dataset, request, analysis, reply, reads, fresh)
             finally:
                 self._flights.land(dataset.name, key, flight)
 
@@ -382,9 +387,12 @@ class Engine:
         stored = self.ledger.find_release(user, dataset.name, key)
         if stored is not None:
             self.ledger.record_replay(
-                user=user, dataset=dataset.name, notebook=request.notebook,
-                sql=request.label, replay_key=key,
-            )  # fmt: skip
+                user=user,
+                dataset=dataset.name,
+                notebook=request.notebook,
+                sql=request.label,
+                replay_key=key,
+            )
             stored.envelope.update(replayed=True, cost={"epsilon": 0.0, "delta": 0.0})
             self._with_budget(stored.envelope, user, dataset, request.notebook)
             return stored
