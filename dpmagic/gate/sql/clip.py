@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from sqlglot import exp
 
@@ -120,12 +120,26 @@ class ClipFact:
 
 
 @dataclass(frozen=True)
+class MovedCount:
+    """The third release's cell for one group and argument: the noisy count of the
+    values the clip moved, and its 95% interval."""
+
+    aggregate: str
+    group: tuple[object, ...]  # the group's key values (none without GROUP BY)
+    count: float
+    interval: tuple[float, float] | None
+
+
+@dataclass(frozen=True)
 class Clipped:
-    """The second release: each summed argument (by its canonical SQL) cut to
-    ``(lower, upper)``; ``facts`` says, per argument, where those came from."""
+    """The query's release: each summed argument (by its canonical SQL) cut to
+    ``(lower, upper)``; ``facts`` says, per argument, where those came from, and
+    ``moved`` what the third release counted (both for the reply: a stage is part of
+    the query's replay key, and the rule and the counts replay alike)."""
 
     clips: tuple[tuple[str, float, float], ...]
-    facts: tuple[ClipFact, ...] = field(default=(), compare=True)
+    facts: tuple[ClipFact, ...] = ()
+    moved: tuple[MovedCount, ...] = ()
 
     def get(self, arg: exp.Expression) -> tuple[float, float] | None:
         text = arg.sql(dialect=DIALECT)
@@ -134,7 +148,7 @@ class Clipped:
     @property
     def moves(self) -> bool:
         """Whether any argument is clipped at bounds from the data (values may move)."""
-        return any(f.source == DATA for f in self.facts) or not self.facts
+        return any(f.source == DATA for f in self.facts)
 
 
 @dataclass(frozen=True)

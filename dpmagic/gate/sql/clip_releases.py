@@ -28,10 +28,12 @@ from dpmagic.gate.sql.clip import (
     DATA,
     LEVELS,
     MOVED_SHARE,
+    PREFIX,
     USEFUL_RANKS,
     ClipBounds,
     ClipMoved,
     Clipped,
+    MovedCount,
     clipped,
 )
 
@@ -76,17 +78,20 @@ def answer(engine: Engine, user: str, request: QueryRequest, reads: PrivateRead)
     counted = _count_intervals(released)
     stage = clipped(main.checked, [float(v) for v in rows[0]], first_plan, counted)
     releases = [first]
-    moved = None
     left = eps * (1 - share)
     if stage.moves:
         counting = replace(rest, epsilon=left * MOVED_SHARE, stage=ClipMoved(stage))
         moved = engine._query(user, counting, reads)
         releases.append(moved)
+        labels = [f.aggregate for f in stage.facts if f.source == DATA]
+        stage = replace(stage, moved=moved_counts(moved.json(), labels))
         left *= 1 - MOVED_SHARE
     reply = engine._query(user, replace(rest, epsilon=left, stage=stage), reads)
     envelope = reply.envelope
-    replayed = all(r["replayed"] for r in [*releases, reply])
-    envelope["clip"] = facts(stage, share, eps, None if moved is None else moved.json(), replayed)
+    envelope["clip"] = {
+        **facts(stage, share, eps),
+        "replayed": all(r["replayed"] for r in [*releases, reply]),
+    }
     envelope["cost"] = {
         k: sum(r["cost"].get(k, 0.0) for r in [*releases, reply])
         for k in {*reply["cost"], *first["cost"]}
@@ -106,28 +111,23 @@ def _count_intervals(released: dict[str, Any]) -> list[tuple[float, float] | Non
     return out
 
 
-def facts(
-    stage: Clipped,
-    share: float,
-    epsilon: float,
-    moved: dict[str, Any] | None,
-    replayed: bool,
-) -> dict[str, Any]:
-    """The reply's ``clip``: ``share`` and ``epsilon`` (the bounds' ε), ``rule``, and
-    per summed argument in ``chosen``: ``aggregate``, ``bounds`` (used), ``source``
-    (``"data"`` or ``"declared"``), ``reason``, ``selected``, ``declared``,
+def facts(stage: Clipped, share: float, epsilon: float) -> dict[str, Any]:
+    """The reply's ``clip`` for the query's release (a function of its stage, the
+    share and the whole ε alone, so that ``Engine._envelope`` can build it where it
+    builds the rest): ``share`` and ``epsilon`` (the bounds' ε), ``moved_epsilon``
+    (what the counts of values moved took, 0 when nothing was clipped), ``rule``, and
+    per summed argument in ``chosen``: ``aggregate``, ``bounds`` (those used),
+    ``source`` (``"data"`` or ``"declared"``), ``reason``, ``selected``, ``declared``,
     ``rank_error``, ``values`` and ``values_low`` (the count the rule read), ``holds``
-    (what the cells' intervals hold) and, where values could move, ``moved``: per
-    group ``{"group": [key values], "count": noisy, "interval": [lo, hi]}``. ``moved_epsilon``
-    is the ε the counts of values moved took (0 when nothing was clipped)."""
+    (what the cells' intervals hold) and, where the clip was used, ``moved``: per
+    group ``{"group": [key values], "count": noisy, "interval": [lo, hi]}``."""
     chosen: list[dict[str, Any]] = []
-    labels = [f.aggregate for f in stage.facts if f.source == DATA]
-    columns = {} if moved is None else moved_columns(moved, labels)
     for fact in stage.facts:
-        clipped_here = fact.source == DATA
+        used = fact.source == DATA
+        lo, hi = fact.bounds
         entry: dict[str, Any] = {
             "aggregate": fact.aggregate,
-            "bounds": list(fact.bounds),
+            "bounds": [lo, hi],
             "source": fact.source,
             "reason": fact.reason,
             "selected": list(fact.selected),
@@ -136,42 +136,43 @@ def facts(
             "values": fact.values,
             "values_low": fact.values_low,
             "holds": (
-                f"{fact.aggregate} of the values moved into [{fact.bounds[0]:g}, "
-                f"{fact.bounds[1]:g}], not of the values as stored"
-                if clipped_here
+                f"{fact.aggregate} of the values moved into [{lo:g}, {hi:g}], "
+                "not of the values as stored"
+                if used
                 else f"{fact.aggregate} over the declared bounds (nothing moved)"
             ),
         }
-        if clipped_here and fact.aggregate in columns:
-            entry["moved"] = columns[fact.aggregate]
+        if used:
+            entry["moved"] = [
+                {"group": list(m.group), "count": m.count,
+                 "interval": None if m.interval is None else list(m.interval)}
+                for m in stage.moved
+                if m.aggregate == fact.aggregate
+            ]  # fmt: skip
         chosen.append(entry)
-    if not stage.facts:  # an engine without the rule: the bounds as released
+    if not stage.facts:  # a stage made without the rule: the bounds as released
         chosen = [{"aggregate": key, "bounds": [lo, hi]} for key, lo, hi in stage.clips]
-    total = epsilon * (1 - share)
     return {
         "share": share,
         "epsilon": epsilon * share,
-        "moved_epsilon": 0.0 if moved is None else total * MOVED_SHARE,
+        "moved_epsilon": epsilon * (1 - share) * MOVED_SHARE if stage.moves else 0.0,
         "rule": RULE,
         "chosen": chosen,
-        "replayed": replayed,
     }
 
 
-def moved_columns(moved: dict[str, Any], labels: list[str]) -> dict[str, list[dict[str, Any]]]:
-    """The third release's rows by argument (``labels``: the arguments clipped at bounds
-    from the data, in the order ``moved_checked`` counts them): per group its key
-    values, the noisy count of values moved and that count's 95% interval."""
+def moved_counts(moved: dict[str, Any], labels: list[str]) -> tuple[MovedCount, ...]:
+    """The third release's cells (``labels``: the arguments clipped at bounds from the
+    data, in the order ``moved_checked`` counts them, after the group keys): per group
+    and argument the noisy count of values moved and its 95% interval."""
     columns = moved["columns"]
-    keys = [i for i, c in enumerate(columns) if c.startswith("__clipk")]
-    intervals = (moved.get("accuracy") or {}).get("columns") or [None] * len(columns)
+    keys = [i for i, c in enumerate(columns) if c.startswith(f"{PREFIX}k")]
     counts = [j for j in range(len(columns)) if j not in keys]
-    out: dict[str, list[dict[str, Any]]] = {}
+    accuracy = (moved.get("accuracy") or {}).get("columns") or [None] * len(columns)
+    out = []
     for label, j in zip(labels, counts, strict=True):
-        cells = (intervals[j] or {}).get("intervals") or [None] * len(moved["rows"])
-        out[label] = [
-            {"group": [row[k] for k in keys], "count": row[j],
-             "interval": None if pair is None else list(pair)}
-            for row, pair in zip(moved["rows"], cells, strict=True)
-        ]  # fmt: skip
-    return out
+        cells = (accuracy[j] or {}).get("intervals") or [None] * len(moved["rows"])
+        for row, pair in zip(moved["rows"], cells, strict=True):
+            interval = None if pair is None else (float(pair[0]), float(pair[1]))
+            out.append(MovedCount(label, tuple(row[k] for k in keys), row[j], interval))
+    return tuple(out)
