@@ -380,7 +380,8 @@ def test_every_scope_counts_each_release_its_holders_learned_once(
     as the engine makes them (own answer, else a shared one, else a new release): each
     budget's standing is exactly the releases its holders learned, each once: the
     dataset every release, a group each one a member learned while a member (released
-    to them or first served them), a user each one they learned. Each release's cost
+    to them or first served them), a user each one they learned; so the running
+    tallies read, and so a handle reading the whole log afresh. Each release's cost
     is its own power of 4, so a standing names the releases it counts, and how often.
     Also: a user is never served a release they did not learn while they know one of
     the question, nor one not yet counting against any group of theirs under group
@@ -448,10 +449,16 @@ def test_every_scope_counts_each_release_its_holders_learned_once(
         scopes |= {f"group {g}": Scope.group("d", g) for g in ("g1", "g2", "g3")}
         scopes |= {f"user {u}": Scope.user("d", u) for u in MEMBERS}
         learned["dataset"] = everyone_scopes["d"]
-        for name, scope in scopes.items():
-            [(got, _)] = led.standing([(scope, BIG)])
-            want = sum(cost[r] for r in learned.get(name, set()))
-            assert got.epsilon == want, (name, got.epsilon, sorted(learned.get(name, set())))
+        # The running tallies, and a handle reading the whole log afresh, alike.
+        fresh = Ledger(led.path, PureAccountant())
+        try:
+            for name, scope in scopes.items():
+                want = sum(cost[r] for r in learned.get(name, set()))
+                for handle in (led, fresh):
+                    [(got, _)] = handle.standing([(scope, BIG)])
+                    assert got.epsilon == want, (name, got.epsilon, sorted(learned.get(name, ())))
+        finally:
+            fresh.close()
     finally:
         led.close()
 
