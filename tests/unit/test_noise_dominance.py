@@ -276,3 +276,83 @@ def test_a_max_whose_interval_ends_at_its_bound_is_judged_by_its_band():
     noisy.values[low], noisy.values[high] = [30, 60, 90], [100, 100, 100]
     columns = release(noisy).accuracy["columns"]
     assert columns[2]["noise_dominates"] == [False, False, False]
+
+
+ORDERED = (
+    "SELECT g, COUNT(x) AS n, QUANTILE_CONT(x, 0.75) AS q75, MEDIAN(x) AS m, "
+    "QUANTILE_CONT(x, 0.25) AS q25, MEDIAN(x) - QUANTILE_CONT(x, 0.25) AS d FROM t GROUP BY g"
+)
+
+
+def _quantile_draws(plan: Plan, draws: dict[float, list], ends: dict[float, list]) -> Noisy:
+    """``plan``'s three groups of 5,000 values, each quantile's draws and interval ends
+    as given, by level."""
+    noisy = _noisy(plan, [5000, 5000, 5000], [50] * 3)
+    for s in plan.selections:
+        low, high = edge_names(s.name)
+        noisy.values[s.name] = list(draws[s.noise.level])
+        noisy.values[low] = [lo for lo, _ in ends[s.noise.level]]
+        noisy.values[high] = [hi for _, hi in ends[s.noise.level]]
+    return noisy
+
+
+def test_quantiles_of_one_column_are_released_in_order():
+    """The issue's group: q25 87 > median 74 > q75 49. Released sorted by level, each
+    cell's interval the hull of its own and that of the draw it shows (so it still
+    holds its own 95% interval, and the value shown), in every output that reads them."""
+    plan = make_plan(ORDERED, DS)
+    draws = {0.25: [87, 20, 30], 0.5: [74, 50, 31], 0.75: [49, 80, 32]}
+    ends = {
+        0.25: [(80, 95), (15, 25), (25, 35)],
+        0.5: [(60, 85), (45, 55), (26, 36)],
+        0.75: [(40, 60), (75, 85), (27, 37)],
+    }
+    released = release(_quantile_draws(plan, draws, ends))
+    assert [row[2:5] for row in released.rows] == [[87, 74, 49], [80, 50, 20], [32, 31, 30]]
+    assert [row[5] for row in released.rows] == [74 - 49, 50 - 20, 31 - 30]  # never < 0
+    columns = released.accuracy["columns"]
+    q75, m, q25 = (columns[i]["intervals"] for i in (2, 3, 4))
+    assert q25[0] == [40, 95] and m[0] == [60, 85] and q75[0] == [40, 95]
+    # groups already in order keep their intervals
+    assert q25[1:] == [[15, 25], [25, 35]] and q75[1:] == [[75, 85], [27, 37]]
+    # the value shown lies in its interval, and the interval holds the cell's own
+    for j, level in ((2, 0.75), (3, 0.5), (4, 0.25)):
+        for row, (lo, hi), own in zip(
+            released.rows, columns[j]["intervals"], ends[level], strict=True
+        ):
+            assert lo <= row[j] <= hi and lo <= own[0] and own[1] <= hi
+    # the band of a cell showing another level's draw spans both levels' bands
+    (a, b), *_ = columns[4]["percentiles"]
+    (a75, b75), *_ = columns[2]["percentiles"]
+    assert a < 0.25 and b > 0.75 and (a, b) == (a75, b75)
+    assert all(b - a < 0.1 for a, b in columns[4]["percentiles"][1:])
+
+
+def test_sorted_quantiles_keep_every_interval_they_had():
+    """Random draws, each inside its own interval: after the release every group's
+    quantiles are in order, each cell's interval contains the one it had (which held
+    its true quantile at 95%: so does any superset) and the value it shows. A release
+    that sorted the values and kept the intervals fails the second (a value outside
+    its interval), one that sorted the interval ends as well the first."""
+    rng = np.random.default_rng(39)
+    plan = make_plan(
+        "SELECT g, COUNT(x) AS n, MIN(x) AS lo, QUANTILE_CONT(x, 0.1) AS a, MEDIAN(x) AS m, "
+        "QUANTILE_CONT(x, 0.9) AS b, MAX(x) AS hi FROM t GROUP BY g",
+        DS,
+    )
+    levels = sorted(s.noise.level for s in plan.selections)
+    for _ in range(200):
+        draws = {q: rng.integers(0, 101, 3).tolist() for q in levels}
+        ends = {
+            q: [(int(rng.integers(0, v + 1)), int(rng.integers(v, 101))) for v in draws[q]]
+            for q in levels
+        }
+        released = release(_quantile_draws(plan, draws, ends))
+        columns = released.accuracy["columns"]
+        for row in released.rows:
+            assert row[2:7] == sorted(row[2:7])
+        for j, q in enumerate(levels, start=2):
+            for row, (lo, hi), own in zip(
+                released.rows, columns[j]["intervals"], ends[q], strict=True
+            ):
+                assert lo <= own[0] and own[1] <= hi and lo <= row[j] <= hi

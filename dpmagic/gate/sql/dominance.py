@@ -174,6 +174,12 @@ class Floor(NamedTuple):
     scale: float
 
 
+Origins = dict[str, tuple[tuple[Selection, ...], np.ndarray]]
+"""Per quantile selection whose cells show another level's draw (``release.in_order``):
+the selections of its column, by level, and per partition the index of the one whose
+draw the cell shows."""
+
+
 Rule = tuple[str, object]
 """How noise dominance is judged (``dominance``): ``("range", (lo, hi, count, floor))``
 (the count of the value's group, or None; ``floor`` an average's or variance's
@@ -298,15 +304,18 @@ def judged(
     node: exp.Expression,
     pids: list[int],
     pairs: list[list[float] | None],
+    origins: Origins | None = None,
 ) -> dict[str, object]:
     """The rule a column is judged by and, per cell, whether noise dominates it
     (``dominance``; ``None`` where the gate cannot tell); a quantile's band of
-    percentiles too. From the plan and the noisy values only."""
+    percentiles too (``origins``: which draw each quantile cell shows, where the
+    release sorted them). From the plan and the noisy values only."""
     kind, what = judging_rule(plan, node)
     if kind == "percentiles":
         # Scaled, its interval is in other units than its grid: judged by its band alone.
         in_units = pairs if _in_own_units(node) else [None] * len(pairs)
-        return _judged_quantile(plan, noisy, alpha, what, pids, in_units)  # type: ignore[arg-type]
+        origin = (origins or {}).get(what.name)  # type: ignore[attr-defined]
+        return _judged_quantile(plan, noisy, alpha, what, pids, in_units, origin)  # type: ignore[arg-type]
     index = np.asarray(pids, dtype=np.intp)
     if kind == "zero" and what is not None and not isinstance(what, Floor):
         # A bare count or sum: its noise's own interval, before a count's floor at 0
@@ -375,6 +384,7 @@ def _judged_quantile(
     selection: Selection,
     pids: list[int],
     pairs: list[list[float] | None],
+    origin: tuple[tuple[Selection, ...], np.ndarray] | None = None,
 ) -> dict[str, object]:
     """A quantile's band of the group's percentiles and verdict, from a noisy count of
     the values it was chosen from (the rank radius and the count's interval each at
@@ -384,7 +394,12 @@ def _judged_quantile(
     ends are chosen with less of the ε than the value (``edges``), and where the group
     is too small for them they fall back to the grid's ends, so a narrow band can sit
     inside an interval that says nothing (``4 [0, 10]``). Not MIN and MAX: one end of
-    theirs is always a bound."""
+    theirs is always a bound.
+
+    Where the release sorted a column's quantiles (``origin``), a cell showing another
+    level's draw has as its band the hull of its own and that draw's: the draw lies in
+    its own band at 95%, so the hull holds the value shown, and it spans the cell's
+    level too, so its width measures how far from its level the value may be."""
     grid = selection.grid
     ends = np.array([p if p is not None else (np.nan, np.nan) for p in pairs], dtype=float)
     ends = ends.reshape(len(pairs), 2)
@@ -403,6 +418,16 @@ def _judged_quantile(
     counts = np.asarray(noisy.values[count.name], dtype=float)[np.asarray(pids, dtype=np.intp)]
     radius = selection.noise.rank_radius(part)
     a, b, flags = percentile_band(selection.noise.level, radius, counts - half)
+    if origin is not None:
+        members, came = origin
+        index = came[np.asarray(pids, dtype=np.intp)]
+        bands = [
+            percentile_band(m.noise.level, m.noise.rank_radius(part), counts - half)
+            for m in members
+        ]
+        a = np.minimum(a, np.choose(index, [band[0] for band in bands]))
+        b = np.maximum(b, np.choose(index, [band[1] for band in bands]))
+        flags = (counts - half < 1) | (b - a >= DOMINANT_SHARE)
     return {
         "rule": "percentiles",
         "count": count.label,
