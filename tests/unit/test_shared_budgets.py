@@ -3,6 +3,8 @@ budgets; shared releases. The races between processes are in test_budget_races.p
 
 from __future__ import annotations
 
+import multiprocessing
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -554,3 +556,60 @@ def test_a_shared_budgets_refusal_says_why_the_users_answer_was_not_replayed(led
         charge(ledger, "ann", 0.5, dataset=Budget(0.75), key=after)
     assert refused.value.budget == {"budget": "dataset", "dataset": "d"}
     assert str(refused.value).endswith("; not replayed: " + DATA_CHANGED)
+
+
+def _serve_race(path: str, users: list[str], start: float, out) -> None:
+    """One process: each of its users asks ``k`` twice, as soon as the race starts."""
+    led = Ledger(Path(path), PureAccountant())
+    time.sleep(max(0.0, start - time.time()))
+    served = []
+    for _ in range(2):
+        for user in users:
+            got = led.serve_shared(
+                user=user, dataset="d", notebook="n", replay_key="k", groups=("g1", "g2"),
+                everyone=True, sql="k",
+                limits=[(WHOLE, BIG), (Scope.group("d", "g1"), BIG),
+                        (Scope.group("d", "g2"), BIG), (Scope.user("d", user), BIG),
+                        (Scope.of_notebook("d", user, "n"), BIG)],
+            )  # fmt: skip
+            served.append((user, None if got is None else got.charged.epsilon))
+    led.close()
+    out.put(served)
+
+
+def test_processes_serving_one_release_at_once_charge_each_group_once(tmp_path: Path) -> None:
+    """Forty users in g1 and g2, in four processes on one ledger file, are served ann's
+    release at once, each twice: g1 and g2 are each charged its cost once, whoever was
+    first; each user once, on their first ask. What a serving charges is read and
+    written in one transaction, so the others read the first's charge."""
+    path = tmp_path / "ledger.sqlite3"
+    led = Ledger(path, PureAccountant())
+    first = led.debit(
+        user="ann", dataset="d", notebook="n", cost=Cost(0.5), limits=limits("ann"),
+        groups=("g0",), sql="k", replay_key="k",
+    )  # fmt: skip
+    led.record_release(first, Reply.of({"rows": [[1]]}))
+    led.close()
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    start = time.time() + 3.0  # after every process has imported and opened the ledger
+    procs = [
+        context.Process(
+            target=_serve_race, args=(str(path), [f"u{p}-{i}" for i in range(10)], start, out)
+        )
+        for p in range(4)
+    ]
+    for proc in procs:
+        proc.start()
+    served = [pair for _ in procs for pair in out.get(timeout=120)]
+    for proc in procs:
+        proc.join(timeout=30)
+        assert proc.exitcode == 0
+    assert sorted(charged for _, charged in served) == [0.0] * 40 + [0.5] * 40
+    led = Ledger(path, PureAccountant())
+    try:
+        g0, g1, g2 = (Scope.group("d", g) for g in ("g0", "g1", "g2"))
+        assert spent(led, WHOLE, g0, g1, g2) == [0.5, 0.5, 0.5, 0.5]
+        assert {led.spent(u, "d").epsilon for u, _ in served} == {0.5}
+    finally:
+        led.close()
