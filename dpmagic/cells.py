@@ -12,6 +12,7 @@ none) reads "noise may dominate".
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,11 @@ class CellAccuracy:
     """For ``value ± half-width``; None for a quantile or an unknown interval."""
     verdict: bool | None
     """The gate's: True (noise dominates), False, None (it may: the gate cannot tell)."""
+    judged: str | None = None
+    """Where the gate flagged the cell on a wider interval than ``short`` (which alone
+    would not have been flagged): that interval, ``judged on [lo, hi]``, or that the
+    group may be empty. Shown with the flag, so the flag and the interval beside it
+    never seem to disagree."""
 
     @property
     def dominated(self) -> bool:
@@ -45,7 +51,9 @@ class CellAccuracy:
         """The words shown beside a cell that must be read as noise."""
         if self.verdict is None:
             return MAY_DOMINATE
-        return DOMINATES if self.verdict else None
+        if not self.verdict:
+            return None
+        return f"{DOMINATES}, {self.judged}" if self.judged else DOMINATES
 
 
 def cell_accuracy(
@@ -75,8 +83,54 @@ def cell_accuracy(
     elif verdict is None:
         tip += f": {MAY_DOMINATE}, the gate cannot tell how much"
     elif verdict:
+        wider = _judged_wider(info, row)
+        if wider is not None:
+            judged, why = _wider_words(info, wider, fmt)
+            tip += f": {DOMINATES}, {why}, so this value says little"
+            return CellAccuracy(short, tip, half, verdict, judged)
         tip += f": {DOMINATES} ({_why(info, fmt)}), so this value says little"
     return CellAccuracy(short, tip, half, verdict)
+
+
+def _judged_wider(info: dict[str, Any], row: int) -> tuple[Any, Any] | None:
+    """The interval the gate judged ``row`` on and the least group size it was judged
+    at, where it flagged the cell on a wider interval than the one shown (the
+    column's ``judged_wider``, its rows in ascending order); None elsewhere."""
+    wider = info.get("judged_wider")
+    if not isinstance(wider, dict):
+        return None
+    rows = wider.get("rows") or []
+    at = bisect_left(rows, row)
+    if at == len(rows) or rows[at] != row:
+        return None
+    return _at(wider.get("intervals"), at, None), _at(wider.get("least_rows"), at, None)
+
+
+def _wider_words(info: dict[str, Any], wider: tuple[Any, Any], fmt: Any) -> tuple[str, str]:
+    """What is shown with the flag, and the tooltip's why, for a cell the gate judged on
+    a wider interval than the one shown."""
+    interval, least = wider
+    span = info.get("range") if info.get("rule") == "range" else None
+    covers = (
+        f"it covers at least half of the range [{fmt(span[0])}, {fmt(span[1])}]"
+        if span
+        else "it holds a value the noise would dominate"
+    )
+    if interval is None or least is None:
+        return (
+            "its group may be empty",
+            "judged as its group's noisy count allows: that count's interval reaches "
+            "below one row, so the group may be empty and the value anything its noise "
+            "can make",
+        )
+    judged = f"[{fmt(interval[0])}, {fmt(interval[1])}]"
+    rows = f"{math.floor(float(least)):,}"
+    return (
+        f"judged on {judged}",
+        f"judged on {judged}: the interval shown, widened to what this cell's noise can "
+        f"give in a group of {rows} rows, the fewest its noisy count's interval allows "
+        f"(an interval can come out narrow by luck); {covers}",
+    )
 
 
 def _why(info: dict[str, Any], fmt: Any) -> str:

@@ -356,3 +356,44 @@ def test_sorted_quantiles_keep_every_interval_they_had():
                 released.rows, columns[j]["intervals"], ends[q], strict=True
             ):
                 assert lo <= own[0] and own[1] <= hi and lo <= row[j] <= hi
+
+
+@pytest.mark.parametrize(
+    "sql",
+    ["SELECT g, AVG(x) AS a FROM t GROUP BY g", "SELECT g, AVG(x) - 40 AS a FROM t GROUP BY g"],
+)
+def test_a_cell_flagged_on_a_wider_interval_than_shown_says_which(sql):
+    """The issue's ``33.06 [19.77, 43.49] noise dominates``: the verdict was judged on a
+    wider interval (at the least group size the count allows) that the user never saw.
+    The gate now sends it for exactly the cells whose shown interval alone would not
+    have been flagged, and the client shows it with the flag."""
+    plan = make_plan(sql, DS)
+    half = plan.measurement(plan.parts["__a0"].count).noise.half_width(0.05)
+    seen = 0
+    for n in range(8, 400, 3):
+        released = release(_noisy(plan, [n, 5000, 0], [50] * 3))
+        column = released.accuracy["columns"][1]
+        (lo, hi), *_ = column["intervals"]
+        if column["rule"] == "range":
+            own = dominance.range_rule(np.array([lo]), np.array([hi]), 0.0, 100.0)[0]
+        else:
+            own = dominance.zero_rule(np.array([lo]), np.array([hi]))[0]
+        wider = column.get("judged_wider") or {"rows": []}
+        # row 0 is listed exactly when flagged though its own interval is not; the
+        # large group (row 1) never, the empty one (row 2) is flagged by what it shows
+        assert (0 in wider["rows"]) == (column["noise_dominates"][0] and not own), n
+        assert 1 not in wider["rows"] and 2 not in wider["rows"]
+        if 0 not in wider["rows"]:
+            continue
+        seen += 1
+        (a, b), least = wider["intervals"][0], wider["least_rows"][0]
+        assert a <= lo and hi <= b and least == pytest.approx(n - half)
+        # the interval sent is one the rule flags: the flag agrees with it
+        if column["rule"] == "range":
+            assert b - a >= 50
+        else:
+            assert dominance.zero_rule(np.array([a]), np.array([b]))[0]
+        reply = {"columns": released.columns, "rows": released.rows}
+        text = repr(DPResult({**reply, "accuracy": released.accuracy}))
+        assert "(noise dominates, judged on [" in text.splitlines()[1]
+    assert seen, "no group size where the cell is flagged on a wider interval"

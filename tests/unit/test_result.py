@@ -359,6 +359,39 @@ def test_the_client_shows_the_gates_verdicts_and_never_judges_by_itself():
     assert DPResult(r).noise_dominates("avg_cost") == [True, False, False]
 
 
+def test_a_flag_judged_on_a_wider_interval_shows_that_interval():
+    """The issue's ``33.06 [19.77, 43.49] noise dominates``: the gate judged the cell on a
+    wider interval (the one shown widened to the fewest rows its count allows) and says
+    so in ``judged_wider``; every view shows it with the flag, the tooltip says why, and
+    a cell whose interval alone flags it reads as before. A client that ignores the
+    field shows the bare flag beside a narrow interval, which this test catches."""
+    r = reply(
+        columns=["party", "avg_income"],
+        rows=[[3, 33.06], [7, 100.0], [1, 41.6]],
+        accuracy={"alpha": 0.05, "columns": [None, {
+            "intervals": [[19.77, 43.49], [0.0, 100.0], [39.4, 43.8]], "rule": "range",
+            "range": [0.0, 100.0], "noise_dominates": [True, True, False],
+            "judged_wider": {"rows": [0], "intervals": [[3.2, 63.4]], "least_rows": [9.4]},
+        }]},
+    )  # fmt: skip
+    result = DPResult(r)
+    text = repr(result)
+    assert "33.06 [19.77, 43.49] (noise dominates, judged on [3.20, 63.40])" in text
+    assert "100 [0, 100] (noise dominates)" in text
+    html = result._repr_html_()
+    assert '<span class="dpm-flag">noise dominates, judged on [3.20, 63.40]</span>' in html
+    assert "in a group of 9 rows, the fewest its noisy count" in html
+    assert "judged on \\[3.20, 63.40\\]" in result._repr_markdown_()
+    # hover: the interval is behind the toggle, the flag and what it was judged on not
+    hover = DPResult(r, intervals="hover")._repr_html_()
+    assert "noise dominates, judged on [3.20, 63.40]</span>" in hover
+    # a group that may be empty: no interval to show, and it says so
+    r["accuracy"]["columns"][1]["judged_wider"] = {
+        "rows": [0], "intervals": [None], "least_rows": [None]
+    }  # fmt: skip
+    assert "(noise dominates, its group may be empty)" in repr(DPResult(r))
+
+
 def test_a_reply_from_an_older_gate_is_not_taken_for_facts():
     """No verdicts in the reply (a gate from before them): every noisy cell may be noise."""
     r = reply()
