@@ -285,9 +285,9 @@ class SharedRelease:
 
 @dataclass
 class _Served:
-    """One release of a replay key, and whom it counts for so far: the groups and the
-    users it was charged to, when released or when served to one who had not learned
-    it (``Ledger.serve_shared``)."""
+    """One release of a replay key, and what of one asker's it counts against so far
+    (``Ledger._releases_of``): which of their groups, and which users of the two that
+    matter (its own, and the asker if they were charged for it)."""
 
     id: int
     time: str
@@ -539,7 +539,7 @@ class Ledger:
         now = self._clock()
         mine = frozenset(groups)
         with self._lock, self._transaction(durable=self._flusher is None):
-            releases = self._releases_of(dataset, replay_key)
+            releases = self._releases_of(dataset, replay_key, user, mine)
             chosen: tuple[int, _Served, frozenset[str]] | None = None
             for release in releases:
                 knows = user in release.users
@@ -591,28 +591,59 @@ class Ledger:
             release.id, release.time, release.cost, Reply.stored(stored), charged, charged_to
         )
 
-    def _releases_of(self, dataset: str, replay_key: str) -> list[_Served]:
-        """Every release of ``replay_key`` on ``dataset``, first first, with the groups
-        and users each counts against: its own charge's, and those of the replay rows
-        that served it with a charge (a zero-cost replay row, a user's own replay or
-        one served free by an older gate, counts it nowhere)."""
-        releases: dict[int, _Served] = {}
+    def _releases_of(
+        self, dataset: str, replay_key: str, user: str, mine: frozenset[str]
+    ) -> list[_Served]:
+        """Every release of ``replay_key`` on ``dataset``, first first, with what of the
+        asker's it counts against: which of their groups ``mine`` (charged when it was
+        released, or when served to a member who had not learned it), and whether
+        ``user`` (its own user, or one charged when served it: a zero-cost replay row,
+        a user's own replay or one served free by an older gate, counts nowhere).
+
+        Read by three indexed lookups, never the stored replies: the key's releases
+        (a few), the user's own rows of the key, and the asker's groups' charges among
+        the key's rows; none reads a group's or the dataset's whole history, and
+        nothing is decided per row in Python."""
         rows = self._db.execute(
-            "SELECT e.id, e.time, e.user, e.status, e.source, e.epsilon, e.delta, e.rho,"
-            " (SELECT group_concat(g.grp, char(31)) FROM charged_groups AS g"
-            " WHERE g.entry_id = e.id) AS groups FROM entries AS e"
-            " WHERE e.dataset = ? AND e.replay_key = ? AND e.status IN (?, ?) ORDER BY e.id",
-            (dataset, replay_key, RELEASED, REPLAYED),
+            "SELECT id, time, user, epsilon, delta, rho FROM entries"
+            " WHERE dataset = ? AND replay_key = ? AND status = ? ORDER BY id",
+            (dataset, replay_key, RELEASED),
         ).fetchall()
-        for row in rows:
-            groups = set(row["groups"].split(GROUP_SEPARATOR)) if row["groups"] else set()
-            cost = Cost(row["epsilon"], row["delta"], row["rho"])
-            if row["status"] == RELEASED:
-                releases[row["id"]] = _Served(row["id"], row["time"], cost, groups, {row["user"]})
-            elif (served := releases.get(row["source"])) is not None and _carries(cost):
-                served.groups |= groups
-                served.users.add(row["user"])
-        return list(releases.values())
+        if not rows:
+            return []
+        paid = {
+            source
+            for (source,) in self._db.execute(
+                "SELECT DISTINCT source FROM entries INDEXED BY entries_replay WHERE user = ?"
+                " AND dataset = ? AND replay_key = ? AND status = ? AND source IS NOT NULL"
+                " AND (epsilon > 0 OR delta > 0 OR rho > 0)",
+                (user, dataset, replay_key, REPLAYED),
+            )
+        }
+        counted: dict[int, set[str]] = {}
+        if mine:
+            marks = ", ".join("?" * len(mine))
+            for release, group in self._db.execute(
+                # The key's rows first (CROSS JOIN keeps that order), each looked up in
+                # charged_groups by its id: the other way round would read every
+                # charge of the asker's groups, a history that only grows.
+                "SELECT DISTINCT COALESCE(e.source, e.id), g.grp FROM entries AS e"
+                " CROSS JOIN charged_groups AS g ON g.entry_id = e.id WHERE g.dataset = ?"
+                f" AND g.grp IN ({marks}) AND e.dataset = ? AND e.replay_key = ?"
+                " AND e.status IN (?, ?)",
+                (dataset, *sorted(mine), dataset, replay_key, RELEASED, REPLAYED),
+            ):
+                counted.setdefault(release, set()).add(group)
+        return [
+            _Served(
+                row["id"],
+                row["time"],
+                Cost(row["epsilon"], row["delta"], row["rho"]),
+                counted.get(row["id"], set()),
+                {row["user"]} | ({user} if row["id"] in paid else set()),
+            )
+            for row in rows
+        ]
 
     def fresh_because(self, user: str, dataset: str, replay_key: str) -> str | None:
         """Why a query with no release under ``replay_key`` is answered afresh, when
@@ -983,12 +1014,6 @@ def _left(accountant: Accountant, spent: Cost, limit: Budget, show_delta: bool) 
     if show_delta:
         text += f", δ={left['delta']:.3g}"
     return f"ρ={left['rho']:.6g} ({text})" if "rho" in left else text
-
-
-def _carries(cost: Cost) -> bool:
-    """Whether a replay row carried a charge (a shared release's, to a user who had not
-    learned it); an own replay's, or a free one an older gate wrote, did not."""
-    return cost.epsilon > 0 or cost.delta > 0 or cost.rho > 0
 
 
 def _text(when: datetime) -> str:
