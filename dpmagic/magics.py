@@ -3,20 +3,25 @@
 Everything here runs in the untrusted kernel and only talks to the gate
 through :class:`dpmagic.client.Gate`. Options come from the magic line or
 from ``%config DpSql.*``; every failure becomes a ``UsageError`` so the cell
-fails with one line that says why, never a traceback.
+fails with one line that says why, never a traceback: this module's
+``UsageError``, which IPython shows as its message alone (IPython prints its own
+as ``UsageError: message``, which reads as a crash of the magic rather than the
+gate's answer), and which still fails the cell, so that nbclient, "Run All" and a
+grader stop at it as before.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from IPython.core.error import UsageError
+from IPython.core.error import UsageError as IPythonUsageError
 from IPython.core.magic import (
     Magics,
     line_cell_magic,
@@ -40,6 +45,41 @@ from dpmagic.settings import load_project_settings
 from dpmagic.snippets import Snippets
 from dpmagic.templates import bind_templates
 from dpmagic.transcript import TranscriptGate
+
+
+class UsageError(IPythonUsageError):
+    """A refusal or a misuse, shown as its one line (``query refused: …``).
+
+    IPython prints the ``UsageError`` it defines as ``UsageError: message`` on
+    stderr, and prints any other exception as a traceback unless it renders its own
+    (``_render_traceback_``, which IPython asks of every exception but its own
+    ``UsageError``): so this subclass renders its message alone, as the notebook's
+    error output (its traceback is that one line). It keeps IPython's class name, so a
+    kernel's reply still names it ``UsageError`` (nbclient's ``CellExecutionError``
+    and graders read that), and is still one: ``except UsageError`` catches it."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [" ".join(str(self).split())]
+
+
+Magic = TypeVar("Magic", bound=Callable[..., Any])
+
+
+def one_line(method: Magic) -> Magic:
+    """``method`` with IPython's own ``UsageError`` (raised by the snippets and
+    templates it calls) raised as this module's, so that it shows as one line too."""
+
+    @functools.wraps(method)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except UsageError:
+            raise
+        except IPythonUsageError as exc:
+            raise UsageError(str(exc)) from None
+
+    return wrapped  # type: ignore[return-value]
+
 
 ERROR_PREFIX = {
     "mock": "mock run failed ",
@@ -333,6 +373,7 @@ class DpSql(Magics):
 
     @no_var_expand
     @line_cell_magic
+    @one_line
     def dpsql(self, line: str, cell: str | None = None) -> DPResult:
         """Run differentially private SQL through the gate and show the noisy answer.
 
@@ -491,6 +532,7 @@ class DpSql(Magics):
         return values
 
     @line_magic
+    @one_line
     def dpbudget(self, line: str) -> BudgetView:
         """Show the privacy budget and this notebook's queries, per dataset.
 
@@ -524,6 +566,7 @@ class DpSql(Magics):
         return BudgetView(views, self.notebook, preview=opts.previewed)
 
     @line_magic
+    @one_line
     def dpplot(self, line: str) -> None:
         """Plot a result with its 95% intervals as error bars (needs matplotlib).
 
@@ -559,6 +602,7 @@ class DpSql(Magics):
             raise UsageError(str(exc).strip("'\"")) from None
 
     @line_magic
+    @one_line
     def dpschema(self, line: str) -> SchemaView:
         """Show the tables that may be queried, their columns, bounds and the policy.
 
@@ -572,6 +616,7 @@ class DpSql(Magics):
         return SchemaView(reply)
 
     @line_magic
+    @one_line
     def dpconnect(self, line: str) -> None:
         """Point this notebook at a gate and check that it answers.
 

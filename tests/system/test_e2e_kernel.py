@@ -43,13 +43,15 @@ def test_notebook_life_across_kernel_and_gate_restarts(gate):
         )
         assert "ε 4.5 left for the user" in first.text[0].splitlines()[-1]
 
-        # A refused cell fails with one line, and no traceback from the gate.
+        # A refused cell fails with one line, the gate's reason alone: no traceback, no
+        # "UsageError:" before it (its error output's traceback is that line).
         refused = execute(kc, "%%dpsql -e 0.5\nSELECT pid FROM t\n")
         assert refused.status == "error"
         assert refused.reply["ename"] == "UsageError"
         assert refused.reply["evalue"].startswith("query refused: ")
-        (line,) = refused.streams.splitlines()
-        assert line.startswith("UsageError: query refused: ")
+        (line,) = refused.reply["traceback"]
+        assert line == refused.reply["evalue"] and "\n" not in line
+        assert refused.streams == ""
 
         # Restart Kernel, run again: the same numbers, at no cost.
         manager.restart_kernel(now=True)

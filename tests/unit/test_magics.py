@@ -70,3 +70,25 @@ def test_split_assignment_and_parameters():
     assert split_assignment("SELECT 1 << 2") == (None, "SELECT 1 << 2")
     sql = "SELECT COUNT(*) FROM t WHERE a > $lo AND b = '$not' AND a < $hi AND c = $lo"
     assert parameter_names(sql) == ["lo", "hi"]
+
+
+@pytest.mark.parametrize(
+    "cell, line",
+    [
+        ("%dpsql --nope SELECT 1", "unknown option --nope; see %dpsql?"),
+        ("%%dpsql --with nope\nSELECT 1", "no snippet nope; saved: none yet"),  # snippets.py's
+        ("%dpplot", "no %%dpsql answer yet; store one with -o VAR"),
+    ],
+)
+def test_a_refused_cell_fails_with_its_message_alone(shell, capsys, cell, line):
+    """IPython prints its own UsageError as ``UsageError: message``, which reads as the
+    magic crashing; the magics' refusals show as their one line, and the cell still
+    fails (``error_in_exec``), so Run All, nbclient and graders stop there. With
+    IPython's class (the broken version) the first check fails."""
+    outcome = shell.run_cell(cell)
+    shown = capsys.readouterr()
+    first = next(s for s in (shown.out + shown.err).splitlines() if s.strip())
+    assert first.startswith(line)
+    assert "UsageError" not in shown.out + shown.err and "Traceback" not in shown.out + shown.err
+    assert not outcome.success and isinstance(outcome.error_in_exec, UsageError)
+    assert type(outcome.error_in_exec).__name__ == "UsageError"  # a kernel's ename
