@@ -22,7 +22,14 @@ from dpmagic.gate.failures import InvalidBody, Refused
 from dpmagic.gate.sql import plan as plans
 from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
-from dpmagic.gate.sql.clip import Clipped, bounds_checked, clip_bounded
+from dpmagic.gate.sql.clip import (
+    USEFUL_RANKS,
+    ClipMoved,
+    Clipped,
+    bounds_checked,
+    clip_bounded,
+    clipped,
+)
 from dpmagic.gate.sql.kinds import Summand
 from dpmagic.gate.sql.parse import parse
 from dpmagic.gate.sql.plan import plan
@@ -190,3 +197,71 @@ def test_the_footer_says_the_clip_and_the_schema_what_bounds_cost(engine) -> Non
     schema = SchemaView(engine.schema("d")).summary()
     error = engine.schema("d")["count_error"]
     assert f"±{error['ungrouped']}, ±{error['grouped']} grouped" in schema
+
+
+def _first_plan(sql: str, epsilon: float):
+    """The bounds' release of ``sql`` as the engine plans it (``pipeline.analyse``)."""
+    ds = dataset(COLUMNS)
+    checked = check(resolve(parse(sql), ds))
+    first = plan(bound(bounds_checked(checked)), epsilon, 0.0, PureAccountant(),
+                 quantile_intervals=False)  # fmt: skip
+    return checked, first
+
+
+def test_the_rule_uses_the_bounds_only_within_a_tenth_of_the_values() -> None:
+    """At the threshold, from the plan's own rank radius: a count whose 95% interval
+    reaches down to ten radii uses the bounds from the data; one value fewer keeps
+    the declared ones, and says which and why."""
+    checked, first = _first_plan("SELECT g, AVG(y) FROM t GROUP BY g", 0.5)
+    radius = max(s.noise.rank_radius(0.05) for s in first.selections)
+    # two bounds and a count share the ε; a unit moves ``distance`` values
+    distance = first.selections[0].noise.distance
+    expected = 2 * 0.98 * distance / (0.5 / 3) * math.log(1001 / 0.05)
+    assert radius == pytest.approx(expected, rel=1e-3)
+    need = radius / USEFUL_RANKS * (1 + 1e-12)  # at the threshold, past rounding
+    used = clipped(checked, [5.0, 900.0, need + 50], first, [(need, need + 100)])
+    (fact,) = used.facts
+    assert fact.source == "data" and used.clips == (("__s0.y", 5.0, 900.0),)
+    assert fact.rank_error == radius and fact.values_low == need and used.moves
+    kept = clipped(checked, [5.0, 900.0, need + 50], first, [(need - 1, need + 99)])
+    (fact,) = kept.facts
+    assert fact.source == "declared" and kept.clips == (("__s0.y", 0.0, 1000.0),)
+    assert fact.selected == (5.0, 900.0) and not kept.moves
+    assert "declared bounds were kept" in fact.reason
+    # a count whose interval reaches below zero: nothing to judge the bounds by
+    (fact,) = clipped(checked, [5.0, 900.0, 3.0], first, [(-40.0, 46.0)]).facts
+    assert fact.source == "declared"
+    # an integer argument's bounds used as the query applies them, in whole numbers
+    checked, first = _first_plan("SELECT SUM(x) FROM t", 1e6)
+    (fact,) = clipped(checked, [2.5, 70.2, 1e6], first, [(1e6, 1e6)]).facts
+    assert fact.source == "data" and fact.bounds == (2.0, 71.0)
+
+
+def _moved_plan(sql: str, clips: dict[str, tuple[float, float]]):
+    ds = dataset(COLUMNS, max_partitions=2, max_rows=2)
+    checked = check(resolve(parse(sql), ds))
+    stage = Clipped(tuple((f"__s0.{c}", lo, hi) for c, (lo, hi) in clips.items()))
+    return plan(clip_bounded(bound(checked), ClipMoved(stage)), 1.0, 0.0, PureAccountant())
+
+
+def test_the_values_moved_are_counted_per_group_outside_the_clip() -> None:
+    """The third release's exact counts, before noise: per group, the rows whose value
+    lies outside the clip (an integer argument's clip in whole numbers)."""
+    p = _moved_plan("SELECT g, SUM(x), AVG(y) FROM t GROUP BY g", {"x": (10.4, 50), "y": (1, 9)})
+    assert [m.noise.sensitivity for m in p.measurements] == [4, 4]
+    rows = [(1, 0, 5, 0.5), (1, 0, 10, 10.0), (2, 1, 60, 5.0), (2, 2, 11, 9.5), (3, 2, 50, 1.0)]
+    con = duckdb.connect()
+    load_table(con, "t", ORDER, rows)
+    exact = exact_vectors(p, con, seed=1)
+    x, y = (exact[m.name] for m in p.measurements)
+    assert list(x) == [1, 1, 0] and list(y) == [2, 0, 1]  # x: 5 below 10, 60 above 50
+
+
+@pytest.mark.search
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(per_unit=units, query=st.sampled_from(QUERIES), x=st.integers(1, 60),
+       y=st.floats(1, 500), seed=st.integers(0, 2**62))  # fmt: skip
+def test_the_count_of_values_moved_keeps_its_sensitivity(per_unit, query, x, y, seed) -> None:
+    p = _moved_plan(query, {"x": (x / 2, x), "y": (y / 2, y)})
+    for moved, sensitivity in _worst(p, per_unit, seed):
+        assert moved <= sensitivity

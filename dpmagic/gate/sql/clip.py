@@ -237,6 +237,8 @@ def clipped(
             low = min(count, required(counted[i], "a count's interval")[0])
         useful = low > 0 and radius <= USEFUL_RANKS * low
         declared = (float(lower.grid.lo), float(lower.grid.hi))
+        if lower.grid.integral:  # as ``clip_bounds`` applies it: whole numbers
+            selected = (float(math.floor(selected[0])), float(math.ceil(selected[1])))
         used = selected if useful else declared
         clips.append((key, *used))
         facts.append(
