@@ -26,6 +26,7 @@ from urllib.parse import urlencode, urlsplit
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
+from dpmagic.gate.console.hosts import Hosts
 from dpmagic.gate.console.server import COOKIE, Console, application
 from dpmagic.gate.dp.accounting import Cost, PureAccountant
 from dpmagic.gate.owner import LEDGER_FILE
@@ -90,8 +91,8 @@ def seed(policy: Policy) -> None:
 
 @contextlib.contextmanager
 def served(console: Console) -> Iterator[str]:
-    """``console`` served on a free loopback port by a thread's event loop; yields its
-    base URL."""
+    """``console`` served on a free loopback port by a thread's event loop, answering
+    the hosts ``serve.py`` gives such a bind; yields its base URL."""
     ready = threading.Event()
     loop = asyncio.new_event_loop()
     where: list[str] = []
@@ -100,8 +101,10 @@ def served(console: Console) -> Iterator[str]:
         asyncio.set_event_loop(loop)
         server = HTTPServer(application(console))
         sockets = bind_sockets(0, "127.0.0.1")
+        port = sockets[0].getsockname()[1]
+        console.hosts = Hosts.served("127.0.0.1", ["127.0.0.1"], port, console.public)
         server.add_sockets(sockets)
-        where.append(f"http://127.0.0.1:{sockets[0].getsockname()[1]}{console.base}")
+        where.append(f"http://127.0.0.1:{port}{console.base}")
         ready.set()
         loop.run_forever()
         server.stop()

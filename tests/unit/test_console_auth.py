@@ -7,16 +7,19 @@ ledger, and a refused change must write nothing to it.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 import pytest
 
 from dpmagic.gate import owner
+from dpmagic.gate.console import server as console_server
 from dpmagic.gate.console.guards import csrf_ok, same_origin
+from dpmagic.gate.console.hosts import Hosts
 from dpmagic.gate.console.owners import AdminTokens, Owner, Way
-from dpmagic.gate.console.server import Console
+from dpmagic.gate.console.server import COOKIE, Console
 from dpmagic.gate.console.sessions import LIFETIME_S, Sessions
 from dpmagic.gate.policy import Policy
 from dpmagic.gate.service.auth import TokenFileError
@@ -252,3 +255,96 @@ def test_csrf_tokens_compare_whole() -> None:
     assert not csrf_ok(session, session.csrf[:-1])
     assert not csrf_ok(session, "")
     assert not csrf_ok(None, session.csrf)
+
+
+def _served_to(client: Client, host: str | None) -> tuple[int, str]:
+    """A signed-in browser's GET of the budgets page naming ``host`` (None: no Host
+    header at all), over a raw socket so the header is exactly that."""
+    parts = urlsplit(client.base)
+    lines = [f"GET {parts.path}budgets HTTP/1.1", f"Cookie: {COOKIE}={client.cookie}"]
+    if host is not None:
+        lines.append(f"Host: {host}")
+    with socket.create_connection((parts.hostname, parts.port), timeout=10) as conn:
+        conn.sendall(("\r\n".join([*lines, "Connection: close", "", ""])).encode())
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    head, _, body = answer.decode().partition("\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+def test_the_console_answers_only_the_hosts_it_serves(
+    console: Console, base: str, policy: Policy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A name pointed at the console's address (DNS rebinding) gets a bare 400, even
+    from a signed-in browser, its page's Origin agreeing with the Host it names; the
+    console's own names for a loopback bind are served. Without the check (the broken
+    version) the foreign name is served the page."""
+    client = signed_in(console, base)
+    port = urlsplit(base).port
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}", f"LOCALHOST:{port}"):
+        assert _served_to(client, host)[0] == 200, host
+    wrong = [f"evil.example:{port}", "evil.example", f"127.0.0.1:{port + 1}", "127.0.0.1",
+             f"10.0.0.1:{port}", f"localhost.evil.example:{port}", ""]  # fmt: skip
+    for host in wrong:
+        status, body = _served_to(client, host)
+        assert (status, body) == (400, "400 Bad Request\n"), host
+    # Not a host at all, or none: tornado itself answers 400 before the console.
+    assert _served_to(client, f"a@127.0.0.1:{port}")[0] == 400
+    assert _served_to(client, None)[0] == 400
+    # A change sent to a rebound name, with its page's own origin: nothing written.
+    before = log_size(policy)
+    evil = {"Host": f"evil.example:{port}", "Origin": f"http://evil.example:{port}"}
+    reply = client.post("grant", {**GRANT, "_csrf": client.csrf()}, evil)
+    assert reply.status == 400 and "alice" not in reply.body
+    assert Client(base).post("login", {"token": ADMIN_TOKEN}, evil).status == 400
+    assert log_size(policy) == before
+
+    monkeypatch.setattr(console_server, "check_host", lambda handler, hosts: None)
+    assert _served_to(client, f"evil.example:{port}")[0] == 200  # what the check stops
+
+
+@pytest.mark.parametrize(
+    ("given", "bound", "public", "hub", "allowed", "refused"),
+    [
+        pytest.param("127.0.0.1", ["127.0.0.1"], [], False,
+                     ["127.0.0.1:8766", "localhost:8766", "[::1]:8766"],
+                     ["127.0.0.1:80", "127.0.0.1", "10.1.2.3:8766", "example.org:8766"],
+                     id="loopback"),
+        pytest.param("10.1.2.3", ["10.1.2.3"], [], False,
+                     ["10.1.2.3:8766", f"{socket.gethostname()}:8766"],
+                     ["10.1.2.4:8766", "10.1.2.3:8767", "example.org:8766"],
+                     id="one address"),
+        pytest.param("0.0.0.0", ["0.0.0.0"], [], False,
+                     ["10.1.2.3:8766", "[2001:db8::1]:8766", f"{socket.getfqdn()}:8766"],
+                     ["10.1.2.3:8767", "10.1.2.3", "example.org:8766"],
+                     id="every interface"),
+        pytest.param("127.0.0.1", ["127.0.0.1"], ["https://console.example.edu"], False,
+                     ["console.example.edu", "console.example.edu:443", "127.0.0.1:8766"],
+                     ["console.example.edu:8766", "console.example.edu:80", "example.edu"],
+                     id="a public url"),
+        pytest.param("127.0.0.1", ["127.0.0.1"], ["https://hub.example.edu:8443/"], True,
+                     ["hub.example.edu:8443", "127.0.0.1:8766"],
+                     ["hub.example.edu", "127.0.0.1:8000", "10.1.2.3:8000", "evil.example:8443"],
+                     id="a hub with its public url"),
+        pytest.param("127.0.0.1", ["127.0.0.1"], [], True,
+                     ["127.0.0.1:8000", "localhost:8000", "10.1.2.3:8000", "127.0.0.1:8766"],
+                     ["hub.example.edu", "hub.example.edu:8000", "evil.example:8766"],
+                     id="a hub that names no public url"),
+    ],
+)  # fmt: skip
+def test_the_hosts_of_each_way_of_serving(
+    given: str,
+    bound: list[str],
+    public: list[str],
+    hub: bool,
+    allowed: list[str],
+    refused: list[str],
+) -> None:
+    hosts = Hosts.served(given, bound, 8766, public, behind_hub=hub)
+    assert [h for h in allowed if not hosts.allows(h)] == []
+    assert [h for h in refused if hosts.allows(h)] == []
+
+
+def test_a_console_nobody_told_its_address_answers_nobody() -> None:
+    assert not Hosts().allows("127.0.0.1:8766") and not Hosts().allows("localhost")

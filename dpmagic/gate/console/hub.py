@@ -32,7 +32,14 @@ from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler, HubOAuth
 from tornado.web import Application
 
 from dpmagic.gate.console.owners import AdminTokens, Owner, Way
-from dpmagic.gate.console.server import COOKIE, Console, ConsoleHandler, Refused, application
+from dpmagic.gate.console.server import (
+    COOKIE,
+    Console,
+    ConsoleHandler,
+    Refused,
+    application,
+    check_host,
+)
 from dpmagic.gate.console.sessions import Session
 from dpmagic.gate.failures import OwnerError
 from dpmagic.gate.policy import Policy
@@ -81,6 +88,25 @@ class HubConsoleHandler(HubOAuthenticated, ConsoleHandler):
         super().not_signed_in()
 
 
+class HubCallbackHandler(HubOAuthCallbackHandler):
+    """The Hub's OAuth callback, which sets the Hub's cookie: at the console's own
+    addresses only, as every page (``hosts.py``)."""
+
+    def initialize(self, console: Console) -> None:
+        self.console = console
+
+    def prepare(self) -> None:
+        check_host(self, self.console.hosts)
+        super().prepare()
+
+
+def hub_public_urls() -> tuple[str, ...]:
+    """The public URLs the Hub gives its services (``c.JupyterHub.public_url``, or the
+    service's own ``host``): the browser's ``Host`` behind the Hub's proxy."""
+    names = ("JUPYTERHUB_PUBLIC_URL", "JUPYTERHUB_PUBLIC_HUB_URL", "JUPYTERHUB_HOST")
+    return tuple(dict.fromkeys(v for n in names if (v := os.environ.get(n, "").strip())))
+
+
 def hub_console(
     policy: Policy, admins: AdminTokens | None
 ) -> tuple[Console, Application, str, int]:
@@ -96,7 +122,7 @@ def hub_console(
     where = urlsplit(service_url)
     base = prefix if prefix.endswith("/") else prefix + "/"
     HubOAuth.instance(cache_max_age=CACHE_S)  # the one every handler and the callback use
-    console = Console(policy, base, admins, unix=None)
-    callback = (base + "oauth_callback", HubOAuthCallbackHandler)
+    console = Console(policy, base, admins, unix=None, public=hub_public_urls())
+    callback = (base + "oauth_callback", HubCallbackHandler, {"console": console})
     app = application(console, HubConsoleHandler, [callback])
     return console, app, where.hostname or "127.0.0.1", where.port or 80

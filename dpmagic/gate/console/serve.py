@@ -10,6 +10,7 @@ import ipaddress
 import logging
 import signal
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from tornado.httpserver import HTTPServer
@@ -17,6 +18,7 @@ from tornado.netutil import bind_sockets
 from tornado.web import Application
 
 from dpmagic.gate import owner
+from dpmagic.gate.console.hosts import Hosts
 from dpmagic.gate.console.owners import AdminTokens, Owner, Way
 from dpmagic.gate.console.server import Console, application
 from dpmagic.gate.policy import Policy
@@ -28,8 +30,11 @@ def run(
     port: int,
     admin_tokens: Path | None,
     jupyterhub: bool,
+    public: Sequence[str] = (),
 ) -> int:
-    """Serve the console until SIGTERM or SIGINT, then exit 0."""
+    """Serve the console until SIGTERM or SIGINT, then exit 0. ``public``: URLs it is
+    reached at besides its own address (behind a TLS proxy that keeps the browser's
+    ``Host``), the only other names it answers (``hosts.py``)."""
     admins = AdminTokens.from_file(admin_tokens) if admin_tokens is not None else None
     ledger = policy.gate.state_dir / owner.LEDGER_FILE  # another user's: refused
     owner.check_owner(ledger if ledger.exists() else policy.gate.state_dir)
@@ -39,16 +44,20 @@ def run(
 
         console, app, host, port = hub_console(policy, admins)
     else:
-        console = Console(policy, "/", admins, Owner(owner.operator(), Way.UNIX))
+        console = Console(
+            policy, "/", admins, Owner(owner.operator(), Way.UNIX), public=tuple(public)
+        )
         app = application(console)
     return asyncio.run(_serve(console, app, host, port, jupyterhub))
 
 
 async def _serve(console: Console, app: Application, host: str, port: int, hub: bool) -> int:
     sockets = bind_sockets(port, host)
+    bound = sockets[0].getsockname()[1]
+    addresses = [s.getsockname()[0] for s in sockets]
+    console.hosts = Hosts.served(host, addresses, bound, console.public, behind_hub=hub)
     server = HTTPServer(app, xheaders=hub)  # behind the Hub's proxy: its forwarded scheme
     server.add_sockets(sockets)
-    bound = sockets[0].getsockname()[1]
     where = f"http://{host if ':' not in host else f'[{host}]'}:{bound}{console.base}"
     if console.unix is not None:
         token = console.sessions.login_token()

@@ -8,6 +8,8 @@ page of the console: the Hub's mixin then applies to all of them at once.
 
 Every request is checked here before a page is drawn:
 
+- its ``Host`` must name an address the console serves (``hosts.py``), or it is
+  answered a bare 400 before anything else is read;
 - who: a session cookie (from the one-time login URL printed to the gate's Unix
   user, or an admin token typed into the sign-in form), an admin token as
   ``Authorization: Bearer``, or on a Hub its OAuth cookie (``hub.py``). Anyone else is
@@ -40,6 +42,7 @@ from dpmagic.gate import owner
 from dpmagic.gate.console.budgets import budgets_page
 from dpmagic.gate.console.changes import ChangeForm, change_page
 from dpmagic.gate.console.guards import CSRF_FIELD, csrf_ok, same_origin
+from dpmagic.gate.console.hosts import Hosts
 from dpmagic.gate.console.layout import Frame, bare, esc, url
 from dpmagic.gate.console.overview import overview_page
 from dpmagic.gate.console.owners import AdminTokens, Owner, bearer
@@ -65,6 +68,23 @@ class Refused(HTTPError):
     def __init__(self, why: str) -> None:
         super().__init__(403, why)
         self.why = why
+
+
+class WrongHost(HTTPError):
+    """A request naming a host the console does not serve: a bare 400, no details."""
+
+    def __init__(self) -> None:
+        super().__init__(400)
+
+
+def check_host(handler: RequestHandler, hosts: Hosts) -> None:
+    """Refuse a request whose ``Host`` header is not one of ``hosts`` (``hosts.py``).
+    The header as sent, not tornado's ``request.host``, which stands in 127.0.0.1 for
+    a request that names none."""
+    host = handler.request.headers.get("Host")
+    if not hosts.allows(host):
+        log.warning("refused a request naming host %.80r: not an address this console serves", host)
+        raise WrongHost()
 
 
 class Ledgers:
@@ -99,6 +119,10 @@ class Console:
     base: str  # the URL path the console is served under, ending in "/"
     admins: AdminTokens | None
     unix: Owner | None  # the owner a login URL signs in (None on a Hub)
+    # Public URLs it is reached at besides its own address (on a Hub, the Hub's).
+    public: tuple[str, ...] = ()
+    # The Hosts it answers: set once it is bound (``serve.py``); until then, none.
+    hosts: Hosts = field(default_factory=Hosts)
     sessions: Sessions = field(default_factory=Sessions)
     read_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     ledgers: Ledgers = field(init=False)
@@ -134,6 +158,7 @@ class ConsoleHandler(RequestHandler):
 
     async def prepare(self) -> None:
         self.who, self.session = None, None
+        check_host(self, self.console.hosts)
         token = bearer(self.request.headers.get("Authorization"))
         if token is not None and self.console.admins is not None:
             self.who = self.console.admins.owner(token)
@@ -378,6 +403,10 @@ class ConsoleHandler(RequestHandler):
         """A refusal or an error as a page: its reason where it is one a user may read
         (a refusal's, an owner's mistake), else the status alone, never a traceback."""
         exc = kwargs.get("exc_info", (None, None, None))[1]
+        if isinstance(exc, WrongHost):
+            self.set_header("Content-Type", "text/plain; charset=utf-8")
+            self.finish("400 Bad Request\n")
+            return
         if isinstance(exc, Refused):
             self.finish(
                 self._sign_in_page(exc.why)
