@@ -392,6 +392,10 @@ def plan(
     (``answers``), then the data's declared schema, then the owner at ``prompter``
     (None: nobody to ask; ``answers.yes``: take each default without asking)."""
     answers = answers or Answers()
+    ask = None if answers.yes else prompter
+    if privacy_unit is None and not answers.row_level and ask is not None:
+        privacy_unit = _ask_privacy_unit(data, ask)
+        answers.row_level = privacy_unit is None
     result = Plan(data, privacy_unit, answers.row_level)
     _check_flags(data, answers, privacy_unit)
     if privacy_unit is None:
@@ -404,11 +408,39 @@ def plan(
             )
         result.choices = {t: Choice(unit=None) for t in data.tables}
         return result
-    ask = None if answers.yes else prompter
     _settle_units(result, answers, ask)
-    for name, choice in result.choices.items():
-        _settle_rows(result, name, choice, answers, ask)
     return result
+
+
+def _ask_privacy_unit(data: Data, ask: Prompter) -> str | None:
+    """The privacy unit's column name, asked (None: each row is a person). Offered: the
+    column the declared foreign keys reference in a table that references none (the
+    root of the keys, where a person is listed), else the one name every table has."""
+    roots = {
+        fk.target_columns[0]
+        for t in data.tables.values()
+        for fk in t.foreign_keys
+        if len(fk.target_columns) == 1
+        and fk.target in data.tables
+        and not data.tables[fk.target].foreign_keys
+    }
+    shared = set.intersection(*({c.lower() for c, _ in t.columns} for t in data.tables.values()))
+    default = next(iter(roots)) if len(roots) == 1 else None
+    if not roots and len(shared) == 1:
+        default = next(iter(shared))
+    ask.say("Which column names a person (the privacy unit, whose contribution is bounded)?")
+    for t in data.tables.values():
+        ask.say(f"  {t.name}: {t.names()}")
+    ask.say("  Answer a column name, or rows if each row is a person (no unit).")
+    everyone = {c.lower() for t in data.tables.values() for c, _ in t.columns}
+    while True:
+        shown = f"[{default}] " if default else ""
+        answer = _read(ask, f"privacy unit? {shown}", "the privacy unit").strip() or default
+        if answer and answer.lower() == "rows":
+            return None
+        if answer and answer.lower() in everyone:
+            return answer
+        ask.say(f"  {answer or 'an answer'!r}: name one of the columns above, or rows")
 
 
 def _check_flags(data: Data, answers: Answers, privacy_unit: str | None) -> None:
@@ -442,13 +474,14 @@ def _check_flags(data: Data, answers: Answers, privacy_unit: str | None) -> None
 
 
 def _settle_units(result: Plan, answers: Answers, ask: Prompter | None) -> None:
-    """Each table's unit column, in rounds: a table whose foreign keys reach tables not
-    yet settled waits for them, so the keys it is offered are those that can be links."""
+    """Each table's unit column and rows per unit, in rounds: a table whose foreign keys
+    reach tables not yet settled waits for them, so the keys it is offered are those
+    that can be links."""
     data, unit = result.data, result.privacy_unit
     assert unit is not None
     waiting = [t for t in data.tables if t not in answers.skip]
     for t in answers.skip:
-        result.skipped[t] = "left out (--skip)"
+        result.skipped[t] = "--skip"
     while waiting:
         ready = [
             t
@@ -458,6 +491,8 @@ def _settle_units(result: Plan, answers: Answers, ask: Prompter | None) -> None:
         for name in ready:
             waiting.remove(name)
             _settle_unit(result, data.tables[name], answers, ask)
+            if name in result.choices:  # then its rows, while the owner has it in mind
+                _settle_rows(result, name, result.choices[name], answers, ask)
 
 
 def _settle_unit(result: Plan, table: Table, answers: Answers, ask: Prompter | None) -> None:
@@ -470,7 +505,7 @@ def _settle_unit(result: Plan, table: Table, answers: Answers, ask: Prompter | N
         why = _link_problem(result, target)
         if why:
             raise InitError(f"--link {name}.{column}={target}: {why}")
-        result.choices[name] = Choice(table.column(column), target, "--link")
+        result.choices[name] = Choice(table.column(column), target, "from --link")
         return
     if name in answers.units:
         result.choices[name] = Choice(table.column(answers.units[name]))
@@ -496,25 +531,55 @@ def _settle_unit(result: Plan, table: Table, answers: Answers, ask: Prompter | N
             fk.columns[0], f"{fk.target}.{fk.target_columns[0]}", f"declared foreign key {fk}"
         )
         return
-    lines = _unit_question(result, table, by_name, usable, unusable)
     if ask is None:
-        raise InitError(
-            f"{table.origin}: "
-            + (lines[0] if by_name else f"has no privacy unit column {unit!r} (it has "
-               f"{table.names()})")
-            + f"; say which column holds the person: --unit {name}.COLUMN, or "
-            f"--link {name}.COLUMN=TABLE.COLUMN, or leave it out with --skip {name}"
-        )  # fmt: skip
+        raise InitError(_unit_error(result, table, by_name, usable, unusable))
+    lines = _unit_question(result, table, by_name, usable, unusable)
     for line in lines:
         ask.say(line)
     while True:
         answer = _read(ask, f"{name}: which column holds the person? " + (
             f"[{default}] " if default else ""), name)  # fmt: skip
         answer = answer.strip() or (default or "")
-        problem = _take_unit_answer(result, table, answer)
+        problem = (
+            _take_unit_answer(result, table, answer)
+            if answer
+            else "an answer is needed: COLUMN, COLUMN=TABLE.COLUMN or skip"
+        )
         if problem is None:
             return
         ask.say(f"  {problem}")
+
+
+def _unit_error(
+    result: Plan,
+    table: Table,
+    by_name: str | None,
+    usable: list[ForeignKey],
+    unusable: list[tuple[ForeignKey, str]],
+) -> str:
+    """Why a table's unit column is not settled without a question, and the flags
+    that settle it, on one line."""
+    name, unit = table.name, result.privacy_unit
+    links = [f"--link {fk.table}.{fk.columns[0]}={fk.target}.{fk.target_columns[0]}"
+             for fk in usable]  # fmt: skip
+    if by_name:
+        found = (
+            f"{table.origin}: has a column {by_name!r}, the privacy unit's name, and declares "
+            f"{'foreign keys' if len(usable) > 1 else 'a foreign key'} to a person's table "
+            f"({', '.join(str(fk) for fk in usable)}): say which holds the person: "
+            f"--unit {name}.{by_name} or {' or '.join(links)}"
+        )
+    else:
+        found = f"{table.origin}: has no privacy unit column {unit!r} (it has {table.names()})" + (
+            f" and several foreign keys to a person's table: say which: {' or '.join(links)}"
+            if links
+            else f"; say which column holds the person: --unit {name}.COLUMN, or "
+            f"--link {name}.COLUMN=TABLE.COLUMN"
+        )
+    if unusable:
+        found += "; " + "; ".join(f"its foreign key {fk} cannot be a link: {why}"
+                                  for fk, why in unusable)  # fmt: skip
+    return f"{found}; or leave it out with --skip {name}"
 
 
 def _keys(result: Plan, table: Table) -> tuple[list[ForeignKey], list[tuple[ForeignKey, str]]]:
@@ -547,7 +612,7 @@ def _link_problem(result: Plan, target: str) -> str | None:
         return f"{other}'s own unit column is not settled yet (keys between them go in a circle)"
     if choice.unit is None or choice.unit.lower() != column.lower():
         return (
-            f"{target} is not a person's column: {other}'s unit column is {choice.unit}, and "
+            f"{target} is not a person's column: the unit column of {other} is {choice.unit}, and "
             f"a link names a table's unit column (a key that reaches the person through "
             f"{other} is a chain of links, which the policy cannot say yet)"
         )
@@ -584,7 +649,7 @@ def _unit_question(
 def _take_unit_answer(result: Plan, table: Table, answer: str) -> str | None:
     """Record an answer to the unit question; a problem with it is returned to say."""
     if answer.lower() == "skip":
-        result.skipped[table.name] = "left out at init's question"
+        result.skipped[table.name] = "the owner's answer at init's question"
         return None
     source, _, target = answer.partition("=")
     column = table.column(source.strip())
@@ -777,7 +842,7 @@ def skeleton(result: Plan, dataset: str, out: Path) -> str:
         '# share_releases = "everyone"',
     ]
     for table, why in result.skipped.items():
-        lines += ["", f"# Table {table} is not in this policy ({why}): no query can read it."]
+        lines += ["", f"# Table {table} is left out ({why}): no query can read it."]
     for table in kept:
         choice = result.choices[table.name]
         lines += _table_lines(result, dataset, table, choice)
@@ -887,7 +952,7 @@ def report(result: Plan) -> list[str]:
         )
         lines.append(f"  {name}: the person is {choice.unit}{link}; {bound}")
     for name, why in result.skipped.items():
-        lines.append(f"  {name}: {why}")
+        lines.append(f"  {name}: left out ({why})")
     undecided = result.undecided()
     if undecided:
         lines.append(
