@@ -1,25 +1,52 @@
-"""Resources after the debit: ``admission.Admission`` (one running query per user and
-dataset; a failure under load retried alone), the random per-run time limit
-(``interface.drawn_timeout``), and ``max_resource_failures`` through the engine."""
+"""Resources after the debit: ``admission.Admission`` (one run per user and dataset;
+time counted on the run's share of the engine, ``engines/sharing.py``; memory under
+load retried once, holding no one), the random per-run time limit
+(``interface.drawn_timeout``), and ``max_resource_failures`` through the engine.
+
+The old rule (a run that ran out while another overlapped it was run again with
+the dataset to itself) is kept below as ``ExclusiveRetry``, the broken version the
+stall test must catch."""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from typing import TypeVar
 
 import pytest
 from scipy import stats
 
 from dpmagic.gate import engine as engines
 from dpmagic.gate.admission import Admission
+from dpmagic.gate.engines import sharing
+from dpmagic.gate.engines.deadline import within_limit
 from dpmagic.gate.engines.interface import TIMEOUT_JITTER, OutOfResources, drawn_timeout
+from dpmagic.gate.engines.sharing import Sharing
 from dpmagic.gate.failures import Refused
 from dpmagic.gate.service.budget_scopes import Scope
 from tests.gate_helpers import running_engine
 
+T = TypeVar("T")
+
 
 class Heavy(Exception):
     """Stands for running out of time or memory."""
+
+    memory = False
+
+
+class OutOfMemory(Heavy):
+    memory = True
+
+
+class Nobody:
+    """An engine that cannot be interrupted (a vector that takes seconds)."""
+
+    def interrupt(self) -> None:
+        pass
 
 
 def _in_thread(fn) -> tuple[threading.Thread, list]:
@@ -36,70 +63,221 @@ def _in_thread(fn) -> tuple[threading.Thread, list]:
     return t, out
 
 
-def test_a_failure_under_another_users_load_is_retried_alone_and_answered() -> None:
+@dataclass
+class ExclusiveRetry:
+    """The rule this replaced (the broken version): a run that ran out while another
+    overlapped it is run again with the dataset to itself, every new run held."""
+
+    _changed: threading.Condition = field(default_factory=threading.Condition)
+    _running: list[list[bool]] = field(default_factory=list)
+    _users: set[str] = field(default_factory=set)
+    _alone: bool = False
+    _waiting_alone: int = 0
+
+    def run(self, user: str, query: Callable[[], T], resources: type[Exception]) -> T:
+        with self._shared(user) as overlapped:
+            try:
+                return query()
+            except resources:
+                if not overlapped[0]:
+                    raise
+        with self._changed:
+            self._waiting_alone += 1
+            self._changed.wait_for(lambda: not self._running and not self._alone)
+            self._waiting_alone -= 1
+            self._alone = True
+        try:
+            return query()
+        finally:
+            with self._changed:
+                self._alone = False
+                self._changed.notify_all()
+
+    @contextmanager
+    def _shared(self, user: str) -> Iterator[list[bool]]:
+        run = [False]
+        with self._changed:
+            self._changed.wait_for(
+                lambda: user not in self._users and not self._alone and not self._waiting_alone
+            )
+            self._users.add(user)
+            for other in self._running:
+                other[0] = True
+            run[0] = bool(self._running)
+            self._running.append(run)
+        try:
+            yield run
+        finally:
+            with self._changed:
+                self._running.remove(run)
+                self._users.discard(user)
+                self._changed.notify_all()
+
+
+SLOW_S = 0.6  # a slow run's time to its deadline, in these tests
+
+
+def _cheap_waits(admission: Admission | ExclusiveRetry) -> list[float]:
+    """While user a's slow runs run out of time one after another (each after
+    ``SLOW_S``, beside b's), how long each of b's cheap runs waited to start."""
+    stop = threading.Event()
+
+    def slow() -> None:
+        time.sleep(SLOW_S)  # its time, then its deadline
+        raise Heavy
+
+    def heavy() -> None:
+        while not stop.is_set():
+            with suppress(Heavy):
+                admission.run("a", slow, Heavy)
+
+    t, _ = _in_thread(heavy)
+    time.sleep(0.05)
+    waits = []
+    try:
+        end = time.monotonic() + 3 * SLOW_S
+        while time.monotonic() < end:
+            asked = time.monotonic()
+            started = admission.run("b", time.monotonic, Heavy)
+            waits.append(started - asked)
+            time.sleep(0.005)
+    finally:
+        stop.set()
+        t.join(10)
+    return waits
+
+
+def test_no_user_waits_for_another_users_runs_that_run_out() -> None:
+    """The issue's stall: with the old rule each of a's time-outs beside b's queries was
+    run again alone, b held meanwhile (its longest wait about ``SLOW_S``); now b never
+    waits for a."""
+    waits = _cheap_waits(Admission())
+    assert len(waits) > 50 and max(waits) < 0.05, max(waits)
+    broken = _cheap_waits(ExclusiveRetry())
+    assert max(broken) > SLOW_S / 2, max(broken)
+
+
+def test_a_time_failure_is_reported_at_once_never_retried() -> None:
     admission = Admission()
     started, release = threading.Event(), threading.Event()
+    t, _ = _in_thread(lambda: admission.run("a", lambda: (started.set(), release.wait(5)), Heavy))
+    started.wait(5)
+    calls = []
 
-    def heavy() -> str:
-        started.set()
-        release.wait(5)
-        return "heavy done"
+    def runs_out() -> None:
+        calls.append(admission.running)
+        raise Heavy  # out of time, while a's run was beside it
 
+    with pytest.raises(Heavy):
+        admission.run("b", runs_out, Heavy)
+    release.set()
+    t.join(5)
+    assert calls == [2]
+
+
+def test_a_run_gets_its_limit_on_its_share_of_the_engine() -> None:
+    """A run that needs 0.3 s of an engine it has to itself, beside another user's run
+    that takes as much of the engine for as long: it gets half the engine, so it takes
+    0.6 s of the wall clock, past its 0.45 s limit on the wall clock (the broken
+    version, ``Solo``) but within it on its share."""
+
+    def answered(share_out: bool) -> object:
+        sharing_ = Sharing()
+        mine, theirs = sharing_.join(), sharing_.join()  # two runs in the engine
+
+        def needs() -> str:
+            time.sleep(0.6)  # 0.3 s of engine at half of it
+            return "answered"
+
+        token = sharing.counted_on(mine if share_out else sharing.Solo())
+        with token:
+            try:
+                return within_limit(needs, 0.45, Nobody(), lambda e: False)
+            except OutOfResources as exc:
+                return exc
+            finally:
+                sharing_.leave(theirs)
+
+    assert answered(share_out=True) == "answered"
+    assert isinstance(answered(share_out=False), OutOfResources)
+
+
+def test_the_engine_clock_runs_at_one_over_the_runs_sharing_it() -> None:
+    engine = Sharing()
+    a = engine.join()
+    time.sleep(0.2)
+    b = engine.join()
+    time.sleep(0.2)
+    engine.leave(a)
+    time.sleep(0.1)
+    assert a.used() == pytest.approx(0.2 + 0.1, abs=0.03)  # its clock stopped as it left
+    assert b.used() == pytest.approx(0.1 + 0.1, abs=0.03)
+    # where b's 0.5 s of engine time will be reached, alone: 0.3 s from now
+    assert b.at(0.5) - time.monotonic() == pytest.approx(0.3, abs=0.03)
+
+
+def test_a_run_past_its_deadline_keeps_its_users_place_not_anothers() -> None:
+    """A run abandoned at its deadline (its engine ignores the interrupt for 1 s): its
+    reply's error comes at the deadline, its user's next run waits until the work
+    stopped, another user's does not."""
+    admission = Admission()
+    stuck = threading.Event()
+
+    def slow_engine() -> None:
+        stuck.wait(1.0)
+
+    start = time.monotonic()
+    with pytest.raises(OutOfResources):
+        admission.run("a", lambda: within_limit(slow_engine, 0.1, Nobody(), bool), OutOfResources)
+    assert time.monotonic() - start < 0.3  # at the deadline, not when the engine stopped
+    assert admission.running == 1  # its work still takes the engine
+    b_started = time.monotonic()
+    admission.run("b", lambda: None, OutOfResources)
+    assert time.monotonic() - b_started < 0.05
+    admission.run("a", lambda: None, OutOfResources)
+    assert time.monotonic() - start >= 1.0  # a's next waited for its own stopped work
+    assert admission.running == 0
+
+
+def test_memory_under_load_is_retried_once_after_the_runs_beside_it_holding_no_one() -> None:
+    admission = Admission()
+    started, release = threading.Event(), threading.Event()
+    t, out = _in_thread(
+        lambda: admission.run("a", lambda: (started.set(), release.wait(5))[1], Heavy)
+    )
+    started.wait(5)
     calls = []
 
     def victim() -> str:
         calls.append(admission.running)
         if len(calls) == 1:
-            raise Heavy  # ran out while the heavy query ran beside it
+            raise OutOfMemory  # ran out of memory beside a's run
         return "answered"
 
-    t, out = _in_thread(lambda: admission.run("a", heavy, Heavy))
-    started.wait(5)
     v, got = _in_thread(lambda: admission.run("b", victim, Heavy))
     time.sleep(0.1)
+    assert calls == [2] and not got  # b's retry waits for a's run to leave ...
+    c_started = time.monotonic()
+    assert admission.run("c", lambda: "c", Heavy) == "c"  # ... holding no one
+    assert time.monotonic() - c_started < 0.05
     release.set()
     t.join(5)
     v.join(5)
-    assert out == ["heavy done"] and got == ["answered"]
-    # first beside the heavy query; the retry with no shared run at all (it holds the
-    # dataset alone, and the heavy query had ended)
-    assert calls == [2, 0]
+    assert out == [True] and got == ["answered"]
+    assert calls == [2, 1]  # the retry ran once a had left
 
 
-def test_a_failure_alone_is_reported() -> None:
+def test_a_memory_failure_alone_is_reported() -> None:
     admission = Admission()
     calls = []
 
     def fails() -> None:
         calls.append(1)
-        raise Heavy
+        raise OutOfMemory
 
-    with pytest.raises(Heavy):
+    with pytest.raises(OutOfMemory):
         admission.run("a", fails, Heavy)
     assert calls == [1]  # not retried: nothing else ran
-
-
-def test_without_the_retry_another_users_load_fails_the_query(monkeypatch) -> None:
-    """The broken version: a failure reported whatever overlapped it."""
-
-    def no_retry(self, user, query, resources):
-        with self._shared(user):
-            return query()
-
-    monkeypatch.setattr(Admission, "run", no_retry)
-    admission = Admission()
-    started, release = threading.Event(), threading.Event()
-    t, _ = _in_thread(lambda: admission.run("a", lambda: (started.set(), release.wait(5)), Heavy))
-    started.wait(5)
-
-    def victim() -> None:
-        raise Heavy
-
-    v, got = _in_thread(lambda: admission.run("b", victim, Heavy))
-    v.join(5)
-    release.set()
-    t.join(5)
-    assert isinstance(got[0], Heavy)
 
 
 def test_a_user_runs_one_query_at_a_time_on_a_dataset() -> None:

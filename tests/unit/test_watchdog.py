@@ -1,4 +1,4 @@
-"""The gate's one timeout thread (``engines/duckdb/watchdog.py``): a query past its deadline is
+"""The gate's one timeout thread (``engines/watchdog.py``): a query past its deadline is
 interrupted, again and again until it is let go (an interrupt that lands before
 DuckDB starts is lost); a query let go is never interrupted after; one that ends in
 time never at all; each query keeps its own deadline."""
@@ -11,7 +11,7 @@ import time
 import duckdb
 import pytest
 
-from dpmagic.gate.engines.duckdb.watchdog import RETRY_S, Watchdog
+from dpmagic.gate.engines.watchdog import RETRY_S, Watchdog
 
 
 class Target:

@@ -55,14 +55,16 @@ class OutOfResources(Failed):
     """A run stopped for want of time or memory, told alike for either (which one ran
     out, and when, could follow the data), and not before ``release_at`` (the
     monotonic time of the run's deadline): an out-of-memory error that came early
-    leaves when a time-out would have."""
+    leaves when a time-out would have. ``memory`` says which, to the gate only
+    (``admission.py`` retries a memory failure under load; the reply is the same)."""
 
-    def __init__(self, release_at: float) -> None:
+    def __init__(self, release_at: float, memory: bool = False) -> None:
         super().__init__(
             "the query ran out of the gate's time or memory and was stopped; it stays "
             "charged. Ask it over fewer rows, joins or groups"
         )
         self.release_at = release_at
+        self.memory = memory
 
 
 @dataclass(frozen=True)

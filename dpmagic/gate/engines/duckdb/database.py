@@ -3,8 +3,9 @@
 The database is opened once per dataset, read-only, with external access,
 extension loading and configuration changes switched off; each query gets a
 fresh connection (cursor) of its own, so no temporary object or setting
-survives it, and the gate's one timeout thread (``watchdog``) interrupts it at the
-policy's timeout.
+survives it; the store waits for its work until the run's deadline and no longer,
+and the gate's one timeout thread interrupts DuckDB from then until the work ends
+(``engines/deadline.py``).
 
 The database is the dataset's prepared copy (``prepared``): the declared
 tables in a DuckDB file in the gate's state directory, readable by the gate's
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
-import time
+import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import replace
@@ -37,15 +38,14 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
+from dpmagic.gate.engines.deadline import within_limit
 from dpmagic.gate.engines.dialect import DUCKDB
 from dpmagic.gate.engines.duckdb.prepared import prepared_file
-from dpmagic.gate.engines.duckdb.watchdog import Watchdog
 from dpmagic.gate.engines.interface import (
     KEY_TYPES,
     VETTED_CACHE_SIZE,
     Batches,
     ExactResult,
-    OutOfResources,
     drawn_timeout,
     within_max_rows,
 )
@@ -56,8 +56,6 @@ from dpmagic.gate.sql.keys import MAX_PARTITIONS
 from dpmagic.gate.sql.ranks import RANK, SQL_TYPES, bounded_by_units, load_cap, rank_end
 
 log = logging.getLogger("dpmagic.gate")
-
-TIMEOUTS = Watchdog()  # every store's queries, one thread
 
 
 class UnsafeSQL(Refused):
@@ -125,6 +123,8 @@ STATISTICS_OPTIMIZERS = (
 # lists a row count per room).
 MAX_PREFIX_ROOMS = 4096
 PLAIN_CATALOG = "prepared"  # the name the database attaches the prepared file under
+# How long closing waits for runs past their deadline to stop.
+CLOSE_WAIT_S = 30.0
 # Rows fetched at a time when each batch is reduced as it arrives.
 BATCH_ROWS = 65_536
 # DuckDB warns that a cursor's result is copied once more on its way to Arrow; a
@@ -151,6 +151,9 @@ class Database:
         self.versions = versions(dataset)
         self.timeout_s = gate.query_timeout_s
         self.tables = frozenset(name.lower() for name in dataset.tables)
+        # Runs whose connection is open, their work stopped or not (``close`` waits).
+        self._working = threading.Condition()
+        self._runs = 0
         # The guard's verdict, and the parameters a text names, are functions of the SQL
         # text and ``tables`` alone.
         self._vetted: dict[str, tuple[str, ...]] = {}
@@ -243,28 +246,35 @@ class Database:
         con = db.cursor()
         if catalog is not None:  # each cursor starts in the in-memory catalog
             con.execute(f"USE {catalog}")
-        timeout = drawn_timeout(self.timeout_s)
-        deadline = time.monotonic() + timeout
-        try:
-            with TIMEOUTS.watching(con, timeout):
-                names = self._guard(con, sql)
-                cursor = con.execute(sql, self._parameters(names))
-                if batches is not None:
-                    reader = cursor.to_arrow_reader(BATCH_ROWS)
-                    kept = [batches(batch) for batch in reader]
-                    table = pa.Table.from_batches(kept, schema=reader.schema)
-                    return ExactResult(rows=[], table=table)
-                if keep is None:
-                    rows = cursor.fetchall()
-                else:
-                    rows = []
-                    while batch := cursor.fetchmany(BATCH_ROWS):
-                        rows.extend(keep(batch))
-        except (duckdb.InterruptException, duckdb.OutOfMemoryException):
-            raise OutOfResources(deadline) from None
-        finally:
+
+        def work() -> ExactResult:
+            names = self._guard(con, sql)
+            cursor = con.execute(sql, self._parameters(names))
+            if batches is not None:
+                reader = cursor.to_arrow_reader(BATCH_ROWS)
+                kept = [batches(batch) for batch in reader]
+                table = pa.Table.from_batches(kept, schema=reader.schema)
+                return ExactResult(rows=[], table=table)
+            if keep is None:
+                return ExactResult(rows=cursor.fetchall())
+            rows: list[tuple] = []
+            while batch := cursor.fetchmany(BATCH_ROWS):
+                rows.extend(keep(batch))
+            return ExactResult(rows=rows, thresholded=True)
+
+        def closed() -> None:
             con.close()
-        return ExactResult(rows=rows, thresholded=keep is not None)
+            with self._working:
+                self._runs -= 1
+                self._working.notify_all()
+
+        # Waited for until the run's deadline only (``deadline.within_limit``): DuckDB
+        # looks for an interrupt between vectors, and how long one vector takes follows
+        # its rows; the reply does not wait for it. The connection is closed once its
+        # work has truly ended.
+        with self._working:
+            self._runs += 1
+        return within_limit(work, drawn_timeout(self.timeout_s), con, _ran_out, close=closed)
 
     def public_facts(self, dataset: Dataset) -> Dataset:
         """``dataset`` with facts read from each public table itself, whose contents are
@@ -328,6 +338,10 @@ class Database:
         return tuple(v for (v,) in rows)
 
     def close(self) -> None:
+        """Close the database once the runs abandoned at their deadline have stopped
+        (they are being interrupted), or after ``CLOSE_WAIT_S``."""
+        with self._working:
+            self._working.wait_for(lambda: self._runs == 0, CLOSE_WAIT_S)
         self._db.close()
         self._empty.close()
 
@@ -440,6 +454,12 @@ def _without_statistics(path: Path, gate: GateConfig) -> duckdb.DuckDBPyConnecti
     db.execute("SET enable_external_access = false")
     db.execute("SET lock_configuration = true")
     return db
+
+
+def _ran_out(error: BaseException) -> bool:
+    """Whether DuckDB stopped a run for want of memory (or was interrupted: only ever
+    after the run's deadline, when its reply has already left)."""
+    return isinstance(error, (duckdb.OutOfMemoryException, duckdb.InterruptException))
 
 
 def _literal(text: str) -> str:
