@@ -475,24 +475,45 @@ def _check_flags(data: Data, answers: Answers, privacy_unit: str | None) -> None
 
 def _settle_units(result: Plan, answers: Answers, ask: Prompter | None) -> None:
     """Each table's unit column and rows per unit, in rounds: a table whose foreign keys
-    reach tables not yet settled waits for them, so the keys it is offered are those
-    that can be links."""
+    (or ``--link``) reach tables not yet settled waits for them, so the keys it is
+    offered are those that can be links; in each round the tables holding a column
+    named for the unit go first, as the tables others link to."""
     data, unit = result.data, result.privacy_unit
     assert unit is not None
     waiting = [t for t in data.tables if t not in answers.skip]
     for t in answers.skip:
         result.skipped[t] = "--skip"
+    for t, (_, target) in answers.links.items():
+        if t not in answers.skip:
+            _adopt(result, target)
+
+    def targets(t: str) -> set[str]:
+        flagged = answers.links[t][1].split(".")[0] if t in answers.links else t
+        return {fk.target for fk in data.tables[t].foreign_keys} | {flagged}
+
     while waiting:
-        ready = [
-            t
-            for t in waiting
-            if all(fk.target not in waiting or fk.target == t for fk in data.tables[t].foreign_keys)
-        ] or waiting[:1]  # a cycle of keys: settle the first, its links wait no more
+        ready = [t for t in waiting if not (targets(t) - {t}) & set(waiting)] or waiting[:1]
+        # (a cycle of keys: the first settles, its links wait no more)
+        ready.sort(key=lambda t: data.tables[t].column(unit) is None)
         for name in ready:
             waiting.remove(name)
-            _settle_unit(result, data.tables[name], answers, ask)
+            if name not in result.choices:  # a link to it may have settled it already
+                _settle_unit(result, data.tables[name], answers, ask)
             if name in result.choices:  # then its rows, while the owner has it in mind
                 _settle_rows(result, name, result.choices[name], answers, ask)
+
+
+def _adopt(result: Plan, target: str) -> None:
+    """A link the owner states to a table not settled yet (no name or key decided it)
+    settles that table: the column linked to is where its person is."""
+    other, _, column = target.partition(".")
+    table = result.data.tables.get(other)
+    if table is None or other in result.choices or other in result.skipped:
+        return
+    held = table.column(column)
+    named = table.column(result.privacy_unit or "")
+    if held is not None and named in (None, held):
+        result.choices[other] = Choice(held)
 
 
 def _settle_unit(result: Plan, table: Table, answers: Answers, ask: Prompter | None) -> None:
@@ -502,6 +523,7 @@ def _settle_unit(result: Plan, table: Table, answers: Answers, ask: Prompter | N
     name = table.name
     if name in answers.links:
         column, target = answers.links[name]
+        _adopt(result, target)
         why = _link_problem(result, target)
         if why:
             raise InitError(f"--link {name}.{column}={target}: {why}")
@@ -664,6 +686,7 @@ def _take_unit_answer(result: Plan, table: Table, answer: str) -> str | None:
     target = target.strip().lower()
     if target.count(".") != 1:
         return f"{target!r} must be TABLE.COLUMN"
+    _adopt(result, target)
     why = _link_problem(result, target)
     if why:
         return why

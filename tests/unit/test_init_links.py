@@ -333,16 +333,27 @@ def test_csv_files_a_unique_unit_and_a_link_by_answer(tmp_path: Path) -> None:
     assert abs(n - 240) <= 60
 
 
-def test_a_unit_column_of_another_name_by_answer(tmp_path: Path) -> None:
+def test_a_link_to_a_table_asked_later_settles_it(tmp_path: Path) -> None:
+    """Neither CSV has a column named for the unit; ``visits`` comes first and links to
+    ``people.id``, which makes ``id`` people's unit column: asked or by flags."""
     (tmp_path / "people.csv").write_text("id,age\n1,30\n2,40\n")
-    (tmp_path / "visits.csv").write_text("person_id,cost\n1,5\n1,6\n2,7\n")
-    owner = Script("id", "1", "", "2")
+    (tmp_path / "visits.csv").write_text("pid,cost\n1,5\n1,6\n2,7\n")
+    files = [tmp_path / "visits.csv", tmp_path / "people.csv"]
+    owner = Script("pid=people.id", "", "")
     out = tmp_path / "policy.toml"
-    write_skeleton([tmp_path / "people.csv", tmp_path / "visits.csv"], "person_id", out,
-                   prompter=owner)  # fmt: skip
+    write_skeleton(files, "person_id", out, prompter=owner)
+    assert [q.split(":")[0] for q in owner.questions] == ["visits", "visits", "people"]
+    assert "visits: most rows one person may have here? [2] " in owner.questions
     tables = load_policy(out).dataset(None).tables
-    assert tables["people"].unit == "id" and tables["visits"].unit == "person_id"
+    assert tables["people"].unit == "id" and tables["visits"].links == {"pid": "people.id"}
     assert (tables["people"].max_rows, tables["visits"].max_rows) == (1, 2)
+    flags = parse_answers(links=["visits.pid=people.id"], rows=["people=1", "visits=2"])
+    write_skeleton(files, "person_id", out, answers=flags, force=True)
+    assert load_policy(out).dataset(None).tables == tables
+    # A unit column of another name, said alone: the table's own column.
+    write_skeleton(files, "person_id", out, answers=parse_answers(units=["people.id"],
+                   links=["visits.pid=people.id"]), force=True)  # fmt: skip
+    assert load_policy(out).dataset(None).tables["people"].unit == "id"
 
 
 def test_nice_ceiling_rounds_up_to_a_coarse_step() -> None:
