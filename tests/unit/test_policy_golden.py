@@ -23,7 +23,7 @@ import duckdb
 
 from dpmagic.demo import example_file
 from dpmagic.gate.policy import Policy, parse_policy
-from dpmagic.init_policy import skeleton
+from dpmagic.init_policy import Answers, plan, read_data, skeleton
 
 FIXTURES = Path(__file__).parent / "fixtures" / "policy_golden"
 GOLDEN_POLICIES = Path(__file__).parents[1] / "golden" / "policies"
@@ -89,7 +89,9 @@ def policies(folder: Path) -> Iterator[tuple[str, Policy]]:
     _data(folder)
     for name, files, unit, row_level in SKELETONS:
         out = folder / "policy.toml"
-        texts[name] = skeleton([folder / f for f in files], unit, "data", out, row_level)
+        data = read_data([folder / f for f in files])
+        settled = plan(data, unit, Answers(yes=True, row_level=row_level))
+        texts[name] = skeleton(settled, "data", out)
     for name, text in texts.items():
         yield name, parse_policy(tomllib.loads(text), WHERE)
 

@@ -172,6 +172,7 @@ def _dataset(name: str, shape: DatasetShape, base: Path, gate: GateConfig) -> Da
         max_row_work=_row_work(shape, gate, where),
         max_text_length=_text_cap(shape, tables, where),
         max_resource_failures=shape.max_resource_failures,
+        load_rows=unit_rows,
     )
 
 

@@ -245,6 +245,11 @@ class Dataset:
     # The longest text a row expression may make (``sql/work.py``).
     max_text_length: int = DEFAULT_MAX_TEXT_LENGTH
     max_resource_failures: int = DEFAULT_MAX_RESOURCE_FAILURES
+    # The policy's ``max_partitions × max_rows_per_partition``: the most rows of one unit
+    # a query reads before its filters (``ranks.load_cap``), kept when a request
+    # tightens its bounds, so that a tighter bound chooses among the rows the query
+    # keeps rather than reading fewer of them. 0: the product of the two above.
+    load_rows: int = 0
     # Budgets shared by many users: every user's spending on the dataset, and each
     # named group's members' (``Policy.groups``); None where the owner set none.
     dataset_budget: Budget | None = None

@@ -12,8 +12,11 @@ Here the sort happens once, when the gate loads a dataset:
    order is total. Rows whose unit is NULL (or not of its declared type)
    belong to no one we can bound and are dropped.
 2. **Per query** (``room_reads``), only rows with rank ``<= rows_per_unit``
-   are read, *before* the user's ``WHERE``: a plain filter on an integer
-   column, which DuckDB evaluates during the scan. A query bounded otherwise
+   are read: a plain filter on an integer column, which DuckDB evaluates
+   during the scan. That is before the user's ``WHERE``, so a query whose
+   filters may drop some of a unit's rows (``drops_rows``) and whose ``K``
+   would leave out any row it reads is bounded by the window instead, after
+   its filters, among the rows that pass. A query bounded otherwise
    (after its joins, by the window) still reads at most ``load_cap`` joined
    rows (``max_partitions × max_rows_per_partition``) of a unit, through the
    same rooms as below (``join_cap``), which bounds the work one unit can
@@ -86,7 +89,7 @@ from dpmagic.gate.dp.contribution import Contribution
 from dpmagic.gate.policy import AccountantKind, Column, Dataset, Table
 from dpmagic.gate.sql.kinds import MeasureKind
 from dpmagic.gate.sql.resolve import Resolved
-from dpmagic.gate.sql.trees import quoted
+from dpmagic.gate.sql.trees import conjuncts, quoted
 from dpmagic.gate.sql.value_range import ValueRange
 
 RANK = "__dpmagic_rank"
@@ -103,8 +106,9 @@ SQL_TYPES = {
 
 
 def load_cap(dataset: Dataset) -> int:
-    """The most rows of one unit any query's scan reads (its first ``load_cap`` ranks)."""
-    return dataset.max_partitions * dataset.max_rows_per_partition
+    """The most rows of one unit any query's scan reads (its first ``load_cap`` ranks):
+    the policy's bound, whatever tighter bounds a request chose (``Dataset.load_rows``)."""
+    return dataset.load_rows or dataset.max_partitions * dataset.max_rows_per_partition
 
 
 def rows_per_unit(dataset: Dataset, grouped: bool, partitions: int) -> int:
@@ -185,6 +189,11 @@ def bounding(
         return window
     k = rows_per_unit(dataset, grouped, partitions)
     k = k if tables is None else min(k, tables)
+    if k < joined and drops_rows(resolved):
+        # The ranks keep a unit's first K rows before the query's filters, which may
+        # then drop them while rows that pass stay unread: bound after, among the rows
+        # the query keeps (the window), whenever K leaves any of the read rows out.
+        return window
     if (
         len(resolved.scans) > 1
         and dataset.accountant != AccountantKind.PURE
@@ -195,6 +204,27 @@ def bounding(
         # such a join keeps the window rather than get noisier than it was.
         return window
     return Ranked(k)
+
+
+def drops_rows(resolved: Resolved) -> bool:
+    """Whether the query's row filters may drop some of a unit's rows and keep others:
+    a ``WHERE`` term or a join condition other than the equality of two scans' units
+    (which keeps all of a unit's rows or none), a semi-join."""
+    where = resolved.tree.args.get("where")
+    terms = conjuncts(where.this) if where is not None else []
+    terms += [t for s in resolved.scans if s.on is not None for t in conjuncts(s.on)]
+    return bool(resolved.semijoins) or not all(_joins_units(t, resolved) for t in terms)
+
+
+def _joins_units(term: exp.Expression, resolved: Resolved) -> bool:
+    """``a.unit = b.unit`` for two scans of private tables."""
+    if not isinstance(term, exp.EQ):
+        return False
+    for side in (term.this, term.expression):
+        scan = resolved.scan(side.table) if isinstance(side, exp.Column) else None
+        if scan is None or scan.table.unit is None or side.name != scan.table.unit:
+            return False
+    return True
 
 
 def table_cap(resolved: Resolved) -> int | None:
