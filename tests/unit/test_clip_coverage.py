@@ -256,3 +256,40 @@ def test_the_engine_without_the_rule_says_nothing_of_it(travel, monkeypatch) -> 
 
 
 ENGINE_OWN = Engine._clipped
+
+
+PRIVATE_KEYS = """
+[gate]
+state_dir = "state"
+response_quantum_ms = 0
+
+[datasets.d]
+sources = { t = "t.csv" }
+privacy_unit = "pid"
+accountant = "approx"
+user_budget = { epsilon = 1e9, delta = 1e-3 }
+notebook_budget = { epsilon = 1e9, delta = 1e-3 }
+
+[datasets.d.tables.t]
+max_rows_per_unit = 1
+
+[datasets.d.tables.t.columns]
+pid = { type = "int" }
+g = { type = "str" }
+x = { type = "float", lower = 0, upper = 200000 }
+"""
+
+
+def test_groups_with_private_keys_get_one_count_of_values_moved(tmp_path) -> None:
+    """Keys released by partition selection: the count of values moved is of all the
+    query's rows, so that it selects no groups of its own; the bounds and the count
+    spend no δ, so the releases together cost the (ε, δ) asked for."""
+    rows = income_rows(4000)
+    with running_engine(tmp_path, PRIVATE_KEYS, {"t": ("pid,g,x", rows)}) as engine:
+        reply = engine.query("eve", {**_ask(20.0), "delta": 1e-6})
+    (fact,) = reply["clip"]["chosen"]
+    assert fact["source"] == "data" and len(reply["rows"]) == 4
+    ((moved),) = fact["moved"]
+    assert moved["group"] == [] and moved["count"] > 0
+    assert reply["cost"] == {"epsilon": pytest.approx(20.0), "delta": pytest.approx(1e-6)}
+    assert reply["cost"]["epsilon"] == pytest.approx(20.0)

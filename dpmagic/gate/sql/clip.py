@@ -264,10 +264,13 @@ def moved_checked(bounded: Bounded, stage: ClipMoved) -> Checked:
     """The third release's query: the query's rows and groups, and per argument clipped
     at bounds from the data, the count of its values outside the clip as the second
     release applies it (``clip_bounds``: whole numbers for an integer argument, within
-    the declared range), one column per argument after the group keys."""
+    the declared range), one column per argument after the group keys. Groups whose
+    keys are private (released by partition selection) are not listed: the count is
+    then of all the query's rows, so that it selects no groups of its own."""
     checked = bounded.checked
+    grouped = not any(d.private for d in bounded.domains)
     keys = [Output(name=f"{PREFIX}k{i}", expr=exp.column(k.name))
-            for i, k in enumerate(checked.keys)]  # fmt: skip
+            for i, k in enumerate(checked.keys if grouped else ())]  # fmt: skip
     aggregates, outputs = [], []
     facts = {f.aggregate: f for f in stage.clipped.facts}
     for agg in targets(checked):
@@ -286,6 +289,7 @@ def moved_checked(bounded: Bounded, stage: ClipMoved) -> Checked:
         outputs.append(Output(name=name, expr=exp.column(name)))
     return replace(
         checked,
+        keys=checked.keys if grouped else (),
         outputs=(*keys, *outputs),
         aggregates=tuple(aggregates),
         having=None,

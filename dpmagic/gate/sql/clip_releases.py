@@ -24,6 +24,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from dpmagic.gate.failures import Failed, required
+from dpmagic.gate.policy import AccountantKind
 from dpmagic.gate.sql.clip import (
     DATA,
     LEVELS,
@@ -60,7 +61,7 @@ def answer(engine: Engine, user: str, request: QueryRequest, reads: PrivateRead)
 
     share = required(request.clip, "the clip's share")
     dataset = tightened(engine._dataset(request.dataset), request)
-    eps, _ = _asked(dataset, request)
+    eps, delta = _asked(dataset, request)
     rest = replace(request, epsilon=eps * (1 - share), whole_epsilon=eps)
     main = engine.analysis(user, dataset, rest).plan
     if request.dry_run:
@@ -68,7 +69,12 @@ def answer(engine: Engine, user: str, request: QueryRequest, reads: PrivateRead)
         reply.envelope["clip"] = {"share": share, "epsilon": eps * share, "rule": RULE,
                                   "chosen": []}  # fmt: skip
         return reply
-    asked = replace(rest, epsilon=eps * share, stage=ClipBounds())
+    # The bounds and the values moved are pure ε-DP (a quantile selection, counts
+    # without partition selection): under the approx accountant they spend no δ, so
+    # the releases together cost the (ε, δ) asked for. Under zCDP every query needs
+    # its δ to state a cost, and each states its own.
+    side = delta if dataset.accountant == AccountantKind.ZCDP else 0.0
+    asked = replace(rest, epsilon=eps * share, delta=side, stage=ClipBounds())
     first = engine._query(user, asked, reads)
     first_plan = engine.analysis(user, dataset, asked).plan
     released = first.json()
@@ -80,7 +86,7 @@ def answer(engine: Engine, user: str, request: QueryRequest, reads: PrivateRead)
     releases = [first]
     left = eps * (1 - share)
     if stage.moves:
-        counting = replace(rest, epsilon=left * MOVED_SHARE, stage=ClipMoved(stage))
+        counting = replace(rest, epsilon=left * MOVED_SHARE, delta=side, stage=ClipMoved(stage))
         moved = engine._query(user, counting, reads)
         releases.append(moved)
         labels = [f.aggregate for f in stage.facts if f.source == DATA]
