@@ -5,8 +5,9 @@ names, over the Parquet the preparation wrote (``prepare``); the guard
 (``guard``) passes only SQL that reads those views. Before the debit each query
 is run on empty views of the same schema in a session of its own (``vet``), so
 that a failure that depends on no data is a free refusal, as on DuckDB. After
-the debit it runs under a job tag that a timer interrupts at the policy's
-timeout; its rows are collected into the gate's process, batch by batch where
+the debit it runs under a job tag, waited for until the run's deadline and no
+longer, its jobs cancelled from then until its work ends (``engines/deadline.py``);
+its rows are collected into the gate's process, batch by batch where
 ``keep`` (the private keys' noisy threshold) reduces them. Executors compute
 exact aggregates only: noise, the ledger and the release never leave the gate.
 """
@@ -14,6 +15,7 @@ exact aggregates only: noise, the ledger and the release never leave the gate.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 import uuid
@@ -22,6 +24,7 @@ from dataclasses import replace
 from decimal import Decimal
 from typing import TYPE_CHECKING
 
+from dpmagic.gate.engines.deadline import within_limit
 from dpmagic.gate.engines.interface import (
     KEY_TYPES,
     VETTED_CACHE_SIZE,
@@ -50,6 +53,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("dpmagic.gate")
 
 BATCH_ROWS = 65_536
+# A run's jobs past its deadline are cancelled again at most this often.
+CANCEL_EVERY_S = 0.05
 
 
 class CannotRunOnSpark(Refused):
@@ -131,64 +136,58 @@ class SparkDatabase:
     def run(
         self, sql: str, keep: Callable[[list[tuple]], list[tuple]] | None = None
     ) -> ExactResult:
-        """The exact rows, interrupted at the timeout. Spark's errors are not quoted:
-        after the debit, a message could carry a value."""
+        """The exact rows, waited for until the run's deadline and no longer
+        (``deadline.within_limit``): Spark stops a task where it looks for an interrupt
+        (between records; inside a regular expression, not at all), and the reply does
+        not wait for it; its job group is cancelled from the deadline until its work
+        ends. Spark's errors are not quoted: after the debit, a message could carry a
+        value."""
         if sql not in self._vetted:
             guard(sql, self.tables)
         tag = f"dpmagic-{uuid.uuid4().hex}"
-        done = threading.Event()
-        timed_out = threading.Event()
-        timeout = drawn_timeout(self.timeout_s)
-        deadline = time.monotonic() + timeout
-        timer = threading.Thread(target=self._interrupt, args=(tag, done, timed_out, timeout))
-        if self._classic:
-            # The query's jobs in a group of their own (per thread), whose cancelling
-            # also interrupts its tasks' threads.
-            self.spark.sparkContext.setJobGroup(tag, "dpmagic query", interruptOnCancel=True)
-        else:
-            self.spark.addTag(tag)  # Spark Connect's way to name what to interrupt
-        timer.start()
-        try:
-            frame = self.spark.sql(sql)
-            if keep is None:
-                rows = [_exact(r) for r in frame.collect()]
+
+        def work() -> ExactResult:
+            # The job group (or Connect's tag) is the thread's: set in the thread that
+            # runs the query, whose jobs its cancelling interrupts, task threads too.
+            if self._classic:
+                self.spark.sparkContext.setJobGroup(tag, "dpmagic query", interruptOnCancel=True)
             else:
-                rows, batch = [], []
+                self.spark.addTag(tag)
+            try:
+                frame = self.spark.sql(sql)
+                if keep is None:
+                    return ExactResult(rows=[_exact(r) for r in frame.collect()])
+                rows: list[tuple] = []
+                batch: list[tuple] = []
                 for r in frame.toLocalIterator():
                     batch.append(_exact(r))
                     if len(batch) >= BATCH_ROWS:
                         rows.extend(keep(batch))
                         batch = []
                 rows.extend(keep(batch))
+                return ExactResult(rows=rows, thresholded=True)
+            finally:
+                if self._classic:
+                    self.spark.sparkContext.setJobGroup("", "")
+                else:
+                    self.spark.removeTag(tag)
+
+        try:
+            return within_limit(
+                work, drawn_timeout(self.timeout_s), _Cancel(self, tag), _out_of_memory
+            )
+        except (OutOfResources, Failed):
+            raise
         except Exception as exc:
-            if timed_out.is_set() or "OutOfMemory" in type(exc).__name__ + str(exc)[:2000]:
-                # Which resource ran out, and when, is not told (``OutOfResources``).
-                raise OutOfResources(deadline) from None
             log.error("Spark query failed after the debit: %s", type(exc).__name__)
             raise Failed() from None
-        finally:
-            done.set()
-            timer.join()
-            if self._classic:
-                self.spark.sparkContext.setJobGroup("", "")
-            else:
-                self.spark.removeTag(tag)
-        if timed_out.is_set():
-            raise OutOfResources(deadline)
-        return ExactResult(rows=rows, thresholded=keep is not None)
 
-    def _interrupt(
-        self, tag: str, done: threading.Event, timed_out: threading.Event, timeout: float
-    ) -> None:
-        if done.wait(timeout):
-            return
-        timed_out.set()
-        while not done.is_set():
-            if self._classic:
-                self.spark.sparkContext.cancelJobGroup(tag)
-            else:
-                self.spark.interruptTag(tag)
-            done.wait(0.05)
+    def cancel(self, tag: str) -> None:
+        """Cancel the jobs of one run (``run``'s tag)."""
+        if self._classic:
+            self.spark.sparkContext.cancelJobGroup(tag)
+        else:
+            self.spark.interruptTag(tag)
 
     def public_facts(self, dataset: Dataset) -> Dataset:
         """As ``duckdb.database.Database.public_facts``: a public table's distinct values of each
@@ -224,6 +223,27 @@ class SparkDatabase:
     def close(self) -> None:
         """The session stays: it is the process's, shared by its Spark datasets."""
         self._vetted.clear()
+
+
+class _Cancel:
+    """A run's jobs as the watchdog interrupts them: cancelled at most every
+    ``CANCEL_EVERY_S`` (each a call into the JVM), until the run's work ends."""
+
+    def __init__(self, store: SparkDatabase, tag: str) -> None:
+        self._store, self._tag = store, tag
+        self._last = -math.inf
+
+    def interrupt(self) -> None:
+        now = time.monotonic()
+        if now - self._last >= CANCEL_EVERY_S:
+            self._last = now
+            self._store.cancel(self._tag)
+
+
+def _out_of_memory(error: BaseException) -> bool:
+    """Whether Spark failed a run for want of memory (told as running out of time,
+    ``OutOfResources``)."""
+    return "OutOfMemory" in type(error).__name__ + str(error)[:2000]
 
 
 def _exact(row: object) -> tuple:

@@ -1,0 +1,136 @@
+"""A run past its deadline replies at its deadline, whatever DuckDB does
+(``engines/deadline.py``), on a real DuckDB store.
+
+The slow query's rows each take milliseconds (a ``LIKE`` that retries at every
+position of a long text), so one vector of 2,048 of them takes seconds, and DuckDB,
+which looks for an interrupt between vectors, stops seconds after the deadline.
+The store must raise ``OutOfResources`` at the deadline all the same, keep the run's
+place until DuckDB has stopped, and close the connection only then. The broken
+version (the caller waits for the engine, as before: the reply left when the
+interrupt landed) is caught."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import wait
+
+import pytest
+
+from dpmagic.gate.engines import deadline, sharing
+from dpmagic.gate.engines.duckdb.database import Database
+from dpmagic.gate.engines.interface import OutOfResources
+from dpmagic.gate.engines.sharing import Sharing
+from tests.gate_helpers import running_engine
+
+TIMEOUT_S = 0.4
+POLICY = f"""
+[gate]
+state_dir = "state"
+query_timeout_s = {TIMEOUT_S}
+threads = 1
+
+[datasets.c]
+sources = {{ t = "t.csv" }}
+privacy_unit = "pid"
+max_partitions = 1
+max_rows_per_partition = 1
+user_budget = {{ epsilon = 1e6 }}
+
+[datasets.c.tables.t.columns]
+pid = {{ type = "int" }}
+s = {{ type = "str" }}
+"""
+# About 3 ms a row here (a 4,000-character text, a 200-character pattern that matches
+# up to its last character at every position): a vector of 2,048 rows takes seconds.
+SLOW_ROWS = (
+    "SELECT COUNT(*) FROM t WHERE replace(repeat(s, 1000), 'x', '') "
+    "LIKE '%' || repeat('a_', 100) || 'b%'"
+)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Iterator[Database]:
+    rows = [(i, f"a{i % 10}x") for i in range(4096)]
+    folder = tmp_path_factory.mktemp("deadline")
+    with running_engine(folder, POLICY, {"t": ("pid,s", rows)}) as engine:
+        yield engine.databases["c"]
+
+
+def _run_past_deadline(store: Database) -> tuple[float, float, float]:
+    """(when ``OutOfResources`` was raised, when DuckDB's work stopped, the deadline),
+    monotonic seconds, for one run of the slow query in an admission's share."""
+    engine = Sharing()
+    share = engine.join()
+    with sharing.counted_on(share), pytest.raises(OutOfResources) as caught:
+        store.run(SLOW_ROWS)
+    raised = time.monotonic()
+    wait(share.lingering, timeout=120)
+    stopped = time.monotonic()
+    engine.leave(share)
+    return raised, stopped, caught.value.release_at
+
+
+def test_a_run_whose_vectors_take_seconds_fails_at_its_deadline(store: Database) -> None:
+    raised, stopped, at = _run_past_deadline(store)
+    print(f"\nraised {raised - at:+.3f} s after the deadline, DuckDB stopped {stopped - at:+.3f} s")
+    assert raised - at < 0.05
+    assert stopped - at > 0.2  # the engine really did go on past it
+    assert store._runs == 0  # and its connection was closed once it stopped
+    assert store.run("SELECT COUNT(*) FROM t").rows == [(4096,)]  # the store answers after
+
+
+def test_the_broken_version_waits_for_the_engine(store: Database, monkeypatch) -> None:
+    """As before: the caller runs the work itself, interrupted at the deadline, and
+    answers when DuckDB stops."""
+
+    def waits_for_engine(work, limit, target, ran_out, close=None):
+        key = deadline.TIMEOUTS.watch(target, limit)
+        start = time.monotonic()
+        try:
+            return work()
+        except Exception as exc:
+            if ran_out(exc):
+                raise OutOfResources(start + limit) from None
+            raise
+        finally:
+            deadline.TIMEOUTS.release(key)
+            if close is not None:
+                close()
+
+    monkeypatch.setattr("dpmagic.gate.engines.duckdb.database.within_limit", waits_for_engine)
+    start = time.monotonic()
+    with pytest.raises(OutOfResources) as caught:
+        store.run(SLOW_ROWS)
+    assert time.monotonic() - caught.value.release_at > 0.2
+    assert time.monotonic() - start > TIMEOUT_S + 0.2
+
+
+def test_a_run_done_in_time_is_answered_and_never_interrupted(store: Database) -> None:
+    calls = []
+
+    class Counting:
+        def interrupt(self) -> None:
+            calls.append(1)
+
+    assert deadline.within_limit(lambda: 42, 1.0, Counting(), bool) == 42
+    time.sleep(0.05)
+    assert calls == []
+
+
+def test_close_waits_for_the_runs_past_their_deadline(tmp_path) -> None:
+    rows = [(i, f"a{i % 10}x") for i in range(4096)]
+    with running_engine(tmp_path, POLICY, {"t": ("pid,s", rows)}) as engine:
+        store = engine.databases["c"]
+        done = threading.Event()
+
+        def run() -> None:
+            with pytest.raises(OutOfResources):
+                store.run(SLOW_ROWS)
+            done.set()
+
+        threading.Thread(target=run).start()
+        assert done.wait(5)
+        assert store._runs == 1  # its reply is out, its work is not
+    assert store._runs == 0  # closing waited for it (closing under it raised, before)
