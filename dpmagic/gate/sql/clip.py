@@ -5,7 +5,8 @@ A declared range must hold every value the domain allows: incomes in
 ``[0, 200000]``. Most values lie far inside it, but a sum's noise is calibrated to
 the whole range, so an average over a skewed column is much noisier than it
 needs to be. ``%%dpsql --clip SHARE`` (request field ``clip``) answers in two
-releases, as Google's differential privacy library's ``ApproxBounds`` does:
+releases, as Google's differential privacy library's ``ApproxBounds`` does, and a
+third where values are moved (below; ``sql/clip_releases.py`` runs them):
 
 1. **Bounds** (``ClipBounds``): with ``SHARE`` of the query's ε, a DP quantile
    (the exponential mechanism of ``dp/quantile_selection.py``, OpenDP's scores) of each
@@ -27,8 +28,9 @@ quantile asked for. The bounds of an argument are used when both its bounds'
 ``r`` are at most ``USEFUL_RANKS`` (a tenth) of the lower end of its count's 95%
 interval: then each bound moves, with 95% confidence, at most the 2% asked for
 plus a tenth of the values. Otherwise the bounds are noise more than data (at
-ε 0.3 over 840 rows, ``r`` is about 3,100 ranks: any candidate may come out) and
-the **declared bounds are kept** for that argument, which the reply says
+ε 0.3 with ``--clip 0.25``, ``r`` is about 780 ranks whatever the data: over the
+210 travellers of issue 39 any candidate may come out) and the **declared bounds
+are kept** for that argument, which the reply says
 (``ClipFact.source`` is ``"declared"``, with the figures the rule read). Bounds
 per group are not chosen: the clamp is one expression for all groups.
 
@@ -42,8 +44,9 @@ moved (``ClipMoved``: a noisy ``COUNT`` of the rows outside the clip, with
 ``MOVED_SHARE`` of the ε left after the bounds, taken from the query's part, so
 the three releases together cost the ε asked for).
 
-Privacy. The first release is ``SHARE·ε``-DP. For every fixed clip the second is
-``(1 − SHARE)·ε``-DP: its SQL clamps every value into the clip, so the
+Privacy. The first release is ``SHARE·ε``-DP. For every fixed clip the query's is
+DP at the ε it is given (``(1 − SHARE)·ε``, less ``MOVED_SHARE`` of that where
+values are counted): its SQL clamps every value into the clip, so the
 sensitivity holds whatever the data. The clip is a function of the first release
 alone (post-processing: the rule reads the first release and the plan), so by
 adaptive composition the releases are ε-DP together, each charged as a query of

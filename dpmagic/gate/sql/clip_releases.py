@@ -14,8 +14,13 @@ same). The reply's ``clip`` is built here (``facts``) from the stage and the
 releases, as typed data: which bounds were used and why, the figures the rule read,
 what the cells' intervals hold, and the values moved. The client renders it.
 
-``answer`` is the engine's ``Engine._clipped``: it reads the engine's analysis and
-its one-query path (``Engine.analysis``, ``Engine._query``), and nothing else of it.
+``answer`` is meant as the engine's ``Engine._clipped`` (a one-line delegate there,
+and ``Engine._envelope`` building the query release's ``clip`` with ``facts``, so
+that the ledger and transcripts keep it): it reads the engine's analysis, its
+one-query path (``Engine.analysis``, ``Engine._query``, ``Engine._dataset``) and its
+``tightened`` and ``_asked``, and nothing else of it. Until the engine delegates,
+the engine's own two releases run (``clipped`` given the row alone: the bounds as
+released, no rule), and tests and the benchmark install ``answer`` themselves.
 """
 
 from __future__ import annotations
