@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import pty
+import re
+import select
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -71,6 +75,100 @@ def test_serve_refuses_a_skeleton_until_the_owner_fills_it(
             "SELECT diagnosis, AVG(cost) AS c FROM visits GROUP BY diagnosis", epsilon=1.0
         )
     assert sorted(answer.df["diagnosis"]) == ["asthma", "checkup"]
+
+
+def _init_at_a_terminal(
+    args: list[str], answers: list[str], cwd: Path, timeout: float = 60
+) -> tuple[int, str]:
+    """``dpmagic init ARGS`` on a pseudo-terminal, as an owner runs it: each answer is
+    typed once its question shows (readline drops what is typed ahead of a prompt).
+    The exit status and everything the terminal showed."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dpmagic", "init", *args],
+        stdin=slave, stdout=slave, stderr=slave, cwd=cwd, close_fds=True,
+    )  # fmt: skip
+    os.close(slave)
+    shown, pending, deadline = b"", list(answers), time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if select.select([master], [], [], 0.2)[0]:
+                try:
+                    chunk = os.read(master, 4096)
+                except OSError:  # the child closed the terminal: it has ended
+                    break
+                if not chunk:
+                    break
+                shown += chunk
+            # A question ends in "? " or "? [default] ", with the answer typed after it.
+            asked = len(re.findall(rb"\? (?:\[[^\]\n]*\] )?(?=$|[^\r\n])", shown))
+            while asked > len(answers) - len(pending) and pending:
+                os.write(master, (pending.pop(0) + "\n").encode())
+        return proc.wait(timeout=timeout), shown.decode().replace("\r\n", "\n")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
+
+
+def test_init_at_a_terminal_asks_per_table_and_the_gate_serves_its_answers(
+    tmp_path: Path,
+) -> None:
+    """A DuckDB file declaring visits.patient → people.person_id and a key from rx to a
+    visit: at a terminal ``init`` asks, per table, which column holds the person
+    (offering the declared key) and its rows per person (offering 1 where the data has
+    one), and a real gate serves the answers: the join through the link is answered."""
+    import duckdb
+
+    shop = tmp_path / "shop.duckdb"
+    con = duckdb.connect(str(shop))
+    con.execute("CREATE TABLE people (person_id INTEGER PRIMARY KEY, sex VARCHAR)")
+    con.execute(
+        "CREATE TABLE visits (visit_id INTEGER PRIMARY KEY, "
+        "patient INTEGER REFERENCES people (person_id), cost DOUBLE)"
+    )
+    con.execute("CREATE TABLE rx (visit_id INTEGER REFERENCES visits (visit_id), drug VARCHAR)")
+    con.execute("INSERT INTO people SELECT range, ['F', 'M'][range % 2 + 1] FROM range(400)")
+    con.execute("INSERT INTO visits SELECT range, range % 400, range % 70 FROM range(1000)")
+    con.execute("INSERT INTO rx SELECT range, 'a' FROM range(10)")
+    con.close()
+    status, shown = _init_at_a_terminal(
+        ["--from", "shop.duckdb", "--privacy-unit", "person_id", "-o", "policy.toml"],
+        ["", "", "", "skip"],
+        tmp_path,
+    )
+    assert status == 0, shown
+    assert "people: each person_id has one row in the data (400 of them): one row per" in shown
+    assert "visits: which column holds the person? [patient=people.person_id]" in shown
+    assert (
+        "visits: rows per patient in the data (400 of them): median 2, 99% have at most 3" in shown
+    )
+    assert "declared foreign key rx.visit_id → visits.visit_id: cannot be a link yet" in shown
+    policy = tmp_path / "policy.toml"
+    text = policy.read_text()
+    assert 'links = { patient = "people.person_id" }' in text
+    assert "max_rows_per_unit = 1 " in text and "max_rows_per_unit = 3 " in text
+    # The owner declares what they know of the domain, and serves it.
+    text = text.replace(
+        'sex = { type = "str" }', 'sex = { type = "str", public_values = ["F", "M"] }'
+    )
+    text = text.replace("response_quantum_ms = 250", "response_quantum_ms = 0")
+    policy.write_text("\n".join(line.split("  # TODO(dpmagic init)")[0]
+                                for line in text.splitlines()) + "\n")  # fmt: skip
+    assert unfilled(policy.read_text()) == []
+    with GateProcess(policy, tmp_path / "gate.sock", tmp_path / "gate.log") as gate:
+        client = Gate(gate.address)
+        answer = client.query(
+            "SELECT p.sex, COUNT(*) AS n FROM visits AS v JOIN people AS p "
+            "ON v.patient = p.person_id GROUP BY p.sex",
+            epsilon=1.0,
+        )
+        schema = client.schema()
+    assert sorted(answer.df["sex"]) == ["F", "M"]
+    for n in answer.df["n"]:  # 500 visits each; ±9 is a 95% error at 3 rows a person
+        assert abs(n - 500) <= 60
+    assert schema["count_error"]["tables"]["people"] == {"ungrouped": 3, "grouped": 3}
 
 
 def test_serve_the_bundled_example_says_how_to_get_its_data(tmp_path: Path) -> None:
