@@ -348,3 +348,27 @@ def test_the_hosts_of_each_way_of_serving(
 
 def test_a_console_nobody_told_its_address_answers_nobody() -> None:
     assert not Hosts().allows("127.0.0.1:8766") and not Hosts().allows("localhost")
+
+
+def test_a_script_confirms_a_reset_and_a_new_user_by_naming_them(base: str, policy: Policy) -> None:
+    """A bearer token's reset, or grant to a user the gate does not know, is told in
+    one line what confirms it (409, nothing written); sent again with it, it is made."""
+    script = Client(base, extra={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    before = log_size(policy)
+    reset = {**GRANT, "epsilon": ""}
+    reply = script.post("reset", reset, {"Origin": ""})
+    assert (reply.status, reply.body) == (409, (
+        "not reset: send it again with confirm=reset to confirm "
+        "(reset the budget of user alice on dataset 'd')\n"
+    ))  # fmt: skip
+    reply = script.post("grant", {**GRANT, "holder": "mallory"}, {"Origin": ""})
+    assert reply.status == 409 and reply.body.startswith(
+        "not granted (no user 'mallory' is known to this gate): send it again with create=mallory"
+    )
+    assert log_size(policy) == before
+    assert script.post("reset", {**reset, "confirm": "reset"}, {"Origin": ""}).status == 200
+    reply = script.post(
+        "grant", {**GRANT, "holder": "mallory", "create": "mallory"}, {"Origin": ""}
+    )
+    assert reply.status == 200
+    assert log_size(policy) == before + 2

@@ -5,13 +5,17 @@ whole sign-in through a real Hub is tests/system/test_hub_console.py."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
 import pytest
 
 pytest.importorskip("jupyterhub", reason="the hub extra: pip install 'dpmagic[hub]'")
 
 from jupyterhub.services.auth import HubOAuth
 
-from dpmagic.gate.console.hub import hub_admin
+from dpmagic.gate.console.hub import hub_admin, hub_knows, hub_public_urls
 from dpmagic.gate.console.owners import Owner, Way
 from dpmagic.gate.console.server import Refused
 
@@ -57,3 +61,53 @@ def test_anyone_else_is_refused(hub_auth: HubOAuth, who: dict[str, object], why:
     with pytest.raises(Refused, match=why) as refused:
         hub_admin(who, hub_auth)
     assert refused.value.status_code == 403
+
+
+@pytest.fixture
+def hub_api() -> Iterator[str]:
+    """A stand-in for the Hub's REST API: user ``ada`` exists, asked with the service's
+    token; anything else is 404, as the Hub answers for a user it has not."""
+
+    class Api(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            ok = self.path == "/hub/api/users/ada" and (
+                self.headers.get("Authorization") == "token service-token-0123456789"
+            )
+            self.send_response(200 if ok else 404)
+            self.end_headers()
+            self.wfile.write(b'{"name": "ada"}' if ok else b"{}")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Api)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/hub/api"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_hub_says_which_users_it_has(hub_api: str) -> None:
+    auth = HubOAuth(api_url=hub_api, api_token="service-token-0123456789")
+    assert hub_knows(auth, "ada")
+    assert not hub_knows(auth, "dna")
+    assert not hub_knows(auth, "ada/../ada")  # a name is one path segment
+    wrong = HubOAuth(api_url=hub_api, api_token="another-token-0123456789")
+    assert not hub_knows(wrong, "ada")
+    gone = HubOAuth(api_url="http://127.0.0.1:9/hub/api", api_token="service-token-0123456789")
+    assert not hub_knows(gone, "ada")  # no Hub: unknown, and the owner is asked
+
+
+def test_the_hubs_public_url_is_a_host_the_console_answers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("JUPYTERHUB_PUBLIC_URL", "https://hub.example.edu/services/c/")
+    monkeypatch.setenv("JUPYTERHUB_PUBLIC_HUB_URL", "https://hub.example.edu/hub/")
+    monkeypatch.delenv("JUPYTERHUB_HOST", raising=False)
+    assert hub_public_urls() == (
+        "https://hub.example.edu/services/c/",
+        "https://hub.example.edu/hub/",
+    )

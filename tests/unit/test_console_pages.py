@@ -18,6 +18,7 @@ from tornado.platform.asyncio import BaseAsyncIOLoop
 
 from dpmagic.gate import owner
 from dpmagic.gate.console import server as console_server
+from dpmagic.gate.console.changes import ChangeForm
 from dpmagic.gate.console.owners import Owner, Way
 from dpmagic.gate.console.server import Console
 from dpmagic.gate.policy import Budget, Policy
@@ -221,6 +222,8 @@ def test_a_console_change_is_the_clis_own_row_in_the_log(
     where = ["--policy", str(policy.path), "--dataset", "d", *options]
     for action, amount in (("grant", {"epsilon": "0.5", "delta": ""}), ("reset", {})):
         form = {"dataset": "d", **fields, **amount, "reason": f"{action}: lab 3  retake"}
+        if action == "reset":
+            form["confirm"] = "reset"  # the confirmation step's
         reply = client.post(action, {**form, "_csrf": client.csrf()})
         assert reply.status == 303, reply.body
         flags = ["--epsilon", "0.5"] if amount else []
@@ -244,6 +247,11 @@ def test_a_console_change_is_the_clis_own_row_in_the_log(
         ({"epsilon": "0"}, "a grant needs an ε or a δ above 0"),
         ({"budget": "notebook"}, "name the notebook whose budget changes"),
         ({"dataset": "nope"}, "unknown dataset"),
+        ({"budget": ""}, "choose which budget"),
+        ({"budget": "users"}, "no such budget"),
+        ({"notebook": "hw1.ipynb"}, "a user&#x27;s budget has no notebook, and &#x27;hw1.ipynb"),
+        ({"budget": "group", "holder": "ta", "notebook": "hw1.ipynb"}, "has no notebook"),
+        ({"budget": "dataset", "holder": "alice"}, "names nobody, and &#x27;alice&#x27; was given"),
     ],
 )
 def test_a_bad_change_is_explained_and_writes_nothing(
@@ -302,3 +310,153 @@ def test_the_budgets_page_previews_what_the_dataset_budget_left_allows(
     count = next(k for k in expected["kinds"] if k["kind"] == "count")["at_default"]
     assert count["fits"] == 181
     assert client.get("budgets?dataset=d&accuracy=-1").status == 400
+
+
+def form_fields(page: str) -> dict[str, str]:
+    """The fields the change form sends: each control's name and its tag."""
+    start = page.index('<form class="change"')
+    form = page[start : page.index("</form>", start)]
+    return dict(
+        (name, tag)
+        for tag, name in re.findall(r'<(input|select|textarea)[^>]*name="([^"]+)"', form)
+    )
+
+
+@pytest.mark.parametrize(
+    ("kind", "naming"),
+    [
+        ("user", {"holder": "input"}),
+        ("notebook", {"holder": "input", "notebook": "input"}),
+        ("group", {"holder": "select"}),
+        ("dataset", {}),
+    ],
+)
+def test_the_change_form_has_only_its_kinds_fields(
+    client: Client, kind: str, naming: dict[str, str]
+) -> None:
+    """Each kind of budget gets a form of the fields it uses, so nothing typed for
+    another kind is sent with it (a notebook with a user's grant)."""
+    page = client.get(f"change?budget={kind}&holder=alice&notebook=hw1.ipynb").body
+    common = {"_csrf": "input", "budget": "input", "dataset": "select", "epsilon": "input",
+              "delta": "input", "reason": "textarea"}  # fmt: skip
+    assert form_fields(page) == {**common, **naming}
+    assert f'<input type="hidden" name="budget" value="{kind}">' in page
+    assert re.findall(r'<a href="[^"]*" class="on" aria-current="page">', page) != []
+    if kind == "group":
+        assert '<option value="ta">ta</option>' in page  # the policy's groups, no typing
+
+
+def test_the_change_page_asks_which_budget_first(client: Client) -> None:
+    page = client.get("change").body
+    assert '<form class="change"' not in page
+    assert "Choose which budget" in page
+    kinds = re.findall(r'<nav class="kinds".*?</nav>', page)[0]
+    assert re.findall(r"budget=(\w+)", kinds) == ["user", "notebook", "group", "dataset"]
+    # A user's name goes along to their notebook's budget, not to a group's.
+    page = client.get("change?budget=user&holder=alice").body
+    assert "budget=notebook&amp;holder=alice" in page
+    assert "budget=group&amp;holder" not in page
+
+
+def test_a_notebook_typed_for_a_users_budget_is_refused_not_dropped(
+    client: Client, policy: Policy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trap: a notebook named with the kind left at "a user's" granted to the
+    user's whole budget. Refused, nothing written; without the check (the broken
+    version) the whole budget gets it."""
+    form = {"dataset": "d", "budget": "user", "holder": "alice", "notebook": "hw1.ipynb",
+            "epsilon": "1", "reason": "hw1 retake"}  # fmt: skip
+    before = history(policy)
+    reply = client.post("grant", {**form, "_csrf": client.csrf()})
+    assert reply.status == 400 and "choose “a user&#x27;s notebook&#x27;s”" in reply.body
+    assert history(policy) == before
+
+    monkeypatch.setattr(ChangeForm, "check_fields", lambda self: None)
+    assert client.post("grant", {**form, "_csrf": client.csrf()}).status == 303
+    assert history(policy)[0]["sql"].endswith("hw1 retake")
+    assert "granted ε=1 to the budget of user alice on dataset" in client.get("log").body
+
+
+def history(policy: Policy) -> list[dict[str, Any]]:
+    with owner.open_ledger(policy) as ledger:
+        assert ledger is not None
+        return ledger.history()
+
+
+GRANT = {"dataset": "d", "budget": "user", "epsilon": "0.5", "reason": "lab 3"}
+
+
+@pytest.mark.parametrize("user", ["alice", "carol", "dave"])
+def test_a_grant_to_a_user_the_gate_knows_is_made_at_once(
+    client: Client, policy: Policy, user: str
+) -> None:
+    """alice is in group ta, carol in the ledger; dave is in the gate's tokens file."""
+    tokens = policy.path.parent / "tokens.toml"
+    tokens.write_text('[users]\ndave = "dave-token-0123456789abcdef"\n')
+    tokens.chmod(0o600)
+    # As if the policy named it in [gate] (the console reads the same Policy object).
+    object.__setattr__(policy.gate, "tokens_file", tokens)
+    reply = client.post("grant", {**GRANT, "holder": user, "_csrf": client.csrf()})
+    assert reply.status == 303, reply.body
+
+
+def test_a_grant_to_a_user_nobody_knows_waits_for_a_confirmation_naming_them(
+    client: Client, policy: Policy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ "dna" for "ana": asked about, with the close known names, nothing written;
+    made once confirmed by a request naming the user it creates (and only that user).
+    Without the step (the broken version) the misspelt user is granted at once."""
+    before = history(policy)
+    form = {**GRANT, "holder": "alcie", "_csrf": client.csrf()}
+    reply = client.post("grant", form)
+    assert reply.status == 409
+    assert "No user <b>alcie</b> is known to this gate" in reply.body
+    assert "Did you mean <b>alice</b>?" in reply.body
+    assert '<input type="hidden" name="create" value="alcie">' in reply.body
+    assert "Create user alcie and grant ε=0.5" in reply.body
+    assert client.post("grant", {**form, "create": "alice"}).status == 409
+    assert client.post("grant", {**form, "budget": "notebook", "notebook": "n.ipynb"}).status == 409
+    assert history(policy) == before
+
+    assert client.post("grant", {**form, "create": "alcie"}).status == 303
+    assert history(policy)[0]["user"] == "alcie" and len(history(policy)) == len(before) + 1
+    # Known now (the ledger has them): the next grant is made at once.
+    assert client.post("grant", form).status == 303
+
+    monkeypatch.setattr(console_server, "needs", lambda *args: None)
+    assert client.post("grant", {**form, "holder": "dna"}).status == 303
+    assert history(policy)[0]["user"] == "dna"
+
+
+def test_a_reset_waits_for_its_confirmation(
+    client: Client, policy: Policy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reset is made only by a second request that confirms it, from a page that
+    names the budget and what it spent. Without the step (the broken version), the
+    button beside Grant resets at once."""
+    form = {"dataset": "d", "budget": "user", "holder": "alice", "reason": "new term",
+            "_csrf": client.csrf()}  # fmt: skip
+    before = history(policy)
+    reply = client.post("reset", form)
+    assert reply.status == 409
+    assert "Reset the budget of user alice on dataset &#x27;d&#x27;" in reply.body
+    assert "spent ε=0.75 of its limit ε=5" in reply.body
+    assert '<input type="hidden" name="confirm" value="reset">' in reply.body
+    assert client.post("reset", {**form, "confirm": "yes"}).status == 409
+    assert history(policy) == before
+    assert client.post("reset", {**form, "confirm": "reset"}).status == 303
+    assert history(policy)[0]["status"] == "reset"
+
+    # An unknown user's reset: one step confirms both.
+    reply = client.post("reset", {**form, "holder": "zoe"})
+    assert reply.status == 409 and "Create user zoe and reset their budget" in reply.body
+    assert client.post("reset", {**form, "holder": "zoe", "confirm": "reset"}).status == 409
+    assert (
+        client.post("reset", {**form, "holder": "zoe", "confirm": "reset", "create": "zoe"}).status
+        == 303
+    )
+
+    monkeypatch.setattr(console_server, "needs", lambda *args: None)
+    count = len(history(policy))
+    assert client.post("reset", form).status == 303
+    assert len(history(policy)) == count + 1

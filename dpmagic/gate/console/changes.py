@@ -5,32 +5,80 @@ The form's fields become the change through ``gate/owner.py`` exactly as the CLI
 options do (``scope_named`` → ``scope_of``, ``amount``, ``grant``/``reset``), and
 ``owner.apply`` writes it; so a change made here is the same row in the log as the
 same change made with ``dpmagic budget``, but for its author's name.
+
+It is made hard to slip (a TA at the end of a lab, in a hurry), on the server first,
+so that it holds for a script and a page without JavaScript alike (the pages carry
+none, and the Content-Security-Policy forbids any):
+
+- the budget's kind is chosen first, and the form then has only the fields that kind
+  uses (a user's: the user; a notebook's: the user and the notebook; a group's: the
+  group, from the policy's; the dataset's: none). A field the kind does not use is
+  refused, never dropped: a notebook typed for a user's budget would otherwise grant
+  to the user's whole budget;
+- a grant (or reset) naming a user the gate does not know (``known.py``) is not made
+  until it is confirmed, by a second request that names the user it creates
+  (``create=NAME``); the page says so and which known names are close;
+- a reset is not made until it is confirmed (``confirm=reset``), on a page that says
+  what it starts from zero; its button sits apart from Grant, and asks first.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
 
 from dpmagic.gate import owner
-from dpmagic.gate.console.layout import Frame, esc, page
+from dpmagic.gate.console.layout import Frame, esc, number, page, url
+from dpmagic.gate.failures import OwnerError
 from dpmagic.gate.policy import Budget, Policy
 from dpmagic.gate.service.budget_scopes import ScopeKind
 
-FIELDS = ("dataset", "budget", "holder", "notebook", "epsilon", "delta", "reason")
+FIELDS = (
+    "dataset", "budget", "holder", "notebook", "epsilon", "delta", "reason", "create",
+    "confirm",
+)  # fmt: skip
+# The value of ``confirm`` that confirms a reset.
+CONFIRM_RESET = "reset"
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A kind of budget as the form offers it: its label, what it is, and which of the
+    naming fields (``holder``, ``notebook``) it uses."""
+
+    kind: ScopeKind
+    label: str
+    what: str
+    uses: tuple[str, ...]
+
+
+KINDS = (
+    Kind(ScopeKind.USER, "a user's", "everything one user asks, in every notebook",
+         ("holder",)),
+    Kind(ScopeKind.NOTEBOOK, "a user's notebook's", "what one user asks in one notebook",
+         ("holder", "notebook")),
+    Kind(ScopeKind.GROUP, "a group's", "everything a group's members ask together",
+         ("holder",)),
+    Kind(ScopeKind.DATASET, "the dataset's", "everything all users ask together", ()),
+)  # fmt: skip
+BY_KIND = {k.kind.value: k for k in KINDS}
+CHOOSE = "choose which budget: a user's, a user's notebook's, a group's or the dataset's"
 
 
 @dataclass(frozen=True)
 class ChangeForm:
-    """The change form's fields as typed (all text: ``change`` checks them)."""
+    """The change form's fields as typed (all text: ``change`` checks them). ``create``
+    and ``confirm`` are the confirmation step's (``Confirm``)."""
 
     dataset: str = ""
-    budget: str = ScopeKind.USER.value
+    budget: str = ""
     holder: str = ""
     notebook: str = ""
     epsilon: str = ""
     delta: str = ""
     reason: str = ""
+    create: str = ""
+    confirm: str = ""
 
     @classmethod
     def read(cls, field: Callable[[str], str | None]) -> ChangeForm:
@@ -38,8 +86,38 @@ class ChangeForm:
         given = {name: value for name in FIELDS if (value := field(name)) is not None}
         return cls(**given)
 
+    def kind(self) -> Kind | None:
+        return BY_KIND.get(self.budget)
+
+    def check_fields(self) -> Kind:
+        """The kind chosen, or ``OwnerError`` if none is, or if a naming field it does
+        not use was given: refused, so that nothing typed is silently dropped."""
+        kind = self.kind()
+        if kind is None:
+            raise OwnerError(
+                CHOOSE if not self.budget.strip() else f"no such budget: {self.budget!r}"
+            )
+        holder, notebook = self.holder.strip(), self.notebook.strip()
+        if notebook and "notebook" not in kind.uses:
+            if kind.kind == ScopeKind.USER:
+                raise OwnerError(
+                    f"a user's budget has no notebook, and {notebook!r} was given: to change "
+                    f"that notebook's budget, choose \u201ca user's notebook's\u201d; to change "
+                    f"{holder or 'the user'}'s whole budget, leave the notebook empty"
+                )
+            raise OwnerError(
+                f"{kind.label} budget has no notebook, and {notebook!r} was given: leave it empty"
+            )
+        if holder and "holder" not in kind.uses:
+            raise OwnerError(
+                f"the dataset's budget is all users' together and names nobody, and "
+                f"{holder!r} was given: leave it empty, or choose a user's or a group's budget"
+            )
+        return kind
+
     def change(self, policy: Policy, action: str, by: str) -> owner.Change:
         """The grant or reset these fields ask for, checked as the CLI checks its own."""
+        self.check_fields()
         scope = owner.scope_named(
             policy, self.dataset or None, self.budget, self.holder, self.notebook
         )
@@ -48,49 +126,214 @@ class ChangeForm:
             return owner.grant(scope, amount, by, self.reason)
         return owner.reset(scope, by, self.reason)
 
+    def fields(self) -> dict[str, str]:
+        """The fields as sent, without the confirmation step's."""
+        return {k: v for k, v in asdict(self).items() if k not in ("create", "confirm")}
 
-def change_page(frame: Frame, policy: Policy, form: ChangeForm, error: str | None = None) -> str:
-    datasets = "".join(
-        f'<option value="{esc(n)}"{" selected" if n == form.dataset else ""}>{esc(n)}</option>'
-        for n in sorted(policy.datasets)
-    )
-    kinds = "".join(
-        f'<option value="{k.value}"{" selected" if k.value == form.budget else ""}>'
-        f"{esc(label)}</option>"
-        for k, label in (
-            (ScopeKind.USER, "a user's"),
-            (ScopeKind.NOTEBOOK, "a user's notebook's"),
-            (ScopeKind.GROUP, "a group's"),
-            (ScopeKind.DATASET, "the dataset's (all users together)"),
-        )
-    )
-    groups = "".join(
-        f'<option value="{esc(g)}">'
-        for g in sorted({g for ds in policy.datasets.values() for g in ds.group_budgets})
-    )
+
+@dataclass(frozen=True)
+class Confirm:
+    """What a change waits for before it is made: a new user named (``new_user``, with
+    the known names close to it), a reset confirmed, or both; ``standing`` says what a
+    reset starts from zero."""
+
+    change: owner.Change
+    new_user: str | None = None
+    near: tuple[str, ...] = ()
+    standing: str | None = None
+
+    def fields(self) -> dict[str, str]:
+        """What the confirming request adds to the form's fields."""
+        extra = {"create": self.new_user} if self.new_user else {}
+        if self.change.action == "reset":
+            extra["confirm"] = CONFIRM_RESET
+        return extra
+
+    def line(self) -> str:
+        """What a script is told (a bearer token's request, which has no page)."""
+        asks = " and ".join(f"{k}={v}" for k, v in self.fields().items())
+        what = "not granted" if self.change.action == "grant" else "not reset"
+        why = f" (no user {self.new_user!r} is known to this gate)" if self.new_user else ""
+        return f"{what}{why}: send it again with {asks} to confirm ({self.change.describe()})"
+
+
+def needs(
+    form: ChangeForm,
+    change: owner.Change,
+    where: str | None,
+    near: Sequence[str],
+    standing: str | None,
+) -> Confirm | None:
+    """The confirmation ``change`` still needs, or None. ``where``: where the gate knows
+    the change's user from (None: it does not; a group's or the dataset's budget names
+    no user)."""
+    user = change.scope.holder if change.scope.kind in (ScopeKind.USER, ScopeKind.NOTEBOOK) else ""
+    new_user = user if user and where is None and form.create.strip() != user else None
+    reset = change.action == "reset" and form.confirm != CONFIRM_RESET
+    if new_user is None and not reset:
+        return None
+    return Confirm(change, new_user, tuple(near) if new_user else (), standing)
+
+
+def change_page(
+    frame: Frame,
+    policy: Policy,
+    form: ChangeForm,
+    users: Sequence[str] = (),
+    error: str | None = None,
+    confirm: Confirm | None = None,
+) -> str:
+    """The page: the choice of kind, then that kind's form (``users``: the known users,
+    offered as the user field's completions); above it an ``error``, or the
+    ``confirm`` step a change waits for."""
+    kind = form.kind()
     problem = f'<p class="error">{esc(error)}</p>' if error else ""
     body = (
         '<p class="note">A grant raises a budget\'s limit by (ε, δ); a reset starts its '
         "spending (and its grants) from zero; answers already released stay replayable "
         "at no cost. Both are written to the audit log with your name and your reason, "
         "as <code>dpmagic budget grant|reset</code> writes them.</p>"
-        f"{problem}"
+        f"{problem}{_confirming(frame, form, confirm) if confirm else ''}"
+        f"{_kinds(frame, form)}"
+        + (
+            _form(frame, policy, form, kind, users)
+            if kind
+            else f'<p class="note">{esc(CHOOSE.capitalize())}.</p>'
+        )
+    )
+    return page(frame, "change", "Change a budget", body)
+
+
+def _kinds(frame: Frame, form: ChangeForm) -> str:
+    """The kinds as links, the chosen one marked: choosing one is a page of its own,
+    so the form has that kind's fields only. What was typed goes along where the new
+    kind uses it (a user's name to their notebook's budget and back)."""
+    links = []
+    for k in KINDS:
+        keep = {"holder": form.holder} if k.uses and _same_holder(form.kind(), k) else {}
+        if "notebook" in k.uses:
+            keep["notebook"] = form.notebook
+        href = url(frame.base, "change", dataset=form.dataset, budget=k.kind.value, **keep)
+        on = ' class="on" aria-current="page"' if k.kind.value == form.budget else ""
+        links.append(
+            f'<a href="{esc(href)}"{on}><b>{esc(k.label)}</b><small>{esc(k.what)}</small></a>'
+        )
+    choices = "".join(links)
+    return f'<nav class="kinds" aria-label="which budget"><span>Which budget?</span>{choices}</nav>'
+
+
+def _same_holder(was: Kind | None, then: Kind) -> bool:
+    """Whether a holder typed for ``was`` names the same sort of holder in ``then``."""
+    users = (ScopeKind.USER, ScopeKind.NOTEBOOK)
+    return was is not None and (was.kind in users) == (then.kind in users)
+
+
+def _form(frame: Frame, policy: Policy, form: ChangeForm, kind: Kind, users: Sequence[str]) -> str:
+    datasets = "".join(
+        f'<option value="{esc(n)}"{" selected" if n == form.dataset else ""}>{esc(n)}</option>'
+        for n in sorted(policy.datasets)
+    )
+    names = f'<label>dataset<select name="dataset">{datasets}</select></label>'
+    if kind.kind in (ScopeKind.USER, ScopeKind.NOTEBOOK):
+        completions = "".join(f'<option value="{esc(u)}">' for u in users)
+        names += (
+            f'<label>user<input name="holder" list="users" required autocomplete="off" '
+            f'value="{esc(form.holder)}"></label><datalist id="users">{completions}</datalist>'
+        )
+    if kind.kind == ScopeKind.NOTEBOOK:
+        names += (
+            '<label>notebook<input name="notebook" required autocomplete="off" '
+            f'value="{esc(form.notebook)}"></label>'
+        )
+    if kind.kind == ScopeKind.GROUP:
+        groups = sorted({g for ds in policy.datasets.values() for g in ds.group_budgets})
+        options = "".join(
+            f'<option value="{esc(g)}"{" selected" if g == form.holder else ""}>{esc(g)}</option>'
+            for g in groups
+        )
+        names += (
+            f'<label>group<select name="holder" required>{options}</select></label>'
+            if groups
+            else '<p class="note">No group has a budget in the policy.</p>'
+        )
+    return (
         f'<form class="change" method="post" action="{esc(frame.base)}grant">'
         f"{frame.csrf_field()}"
-        f'<label>dataset<select name="dataset">{datasets}</select></label>'
-        f'<label>budget<select name="budget">{kinds}</select></label>'
-        f'<label>user or group<input name="holder" list="groups" value="{esc(form.holder)}">'
-        f'</label><datalist id="groups">{groups}</datalist>'
-        f'<label>notebook (a notebook\'s budget)<input name="notebook" '
-        f'value="{esc(form.notebook)}"></label>'
+        f'<input type="hidden" name="budget" value="{esc(kind.kind.value)}">'
+        f'<fieldset class="wide names"><legend>{esc(kind.label)} budget: '
+        f"{esc(kind.what)}</legend>{names}</fieldset>"
         f'<label>ε to grant<input name="epsilon" inputmode="decimal" '
         f'value="{esc(form.epsilon)}"></label>'
         f'<label>δ to grant<input name="delta" inputmode="decimal" value="{esc(form.delta)}">'
         "</label>"
         f'<label class="wide">reason (for the audit log)<textarea name="reason" rows="2" '
         f"required>{esc(form.reason)}</textarea></label>"
-        f'<div class="wide"><button formaction="{esc(frame.base)}grant">Grant</button> '
-        f'<button formaction="{esc(frame.base)}reset">Reset</button></div>'
+        f'<div class="wide"><button class="primary" formaction="{esc(frame.base)}grant">'
+        "Grant</button></div>"
+        '<div class="wide danger-zone"><span>Or start this budget afresh: its spending and its '
+        "grants back to zero. You will be asked to confirm.</span> "
+        f'<button class="danger" formaction="{esc(frame.base)}reset">Reset…</button></div>'
         "</form>"
     )
-    return page(frame, "change", "Change a budget", body)
+
+
+def _confirming(frame: Frame, form: ChangeForm, confirm: Confirm) -> str:
+    """The confirmation step: what the change would do and create, the form's fields
+    as they were sent (hidden) with what confirms them, and a way back."""
+    change = confirm.change
+    parts = []
+    if confirm.new_user:
+        close = (
+            " Did you mean " + " or ".join(f"<b>{esc(n)}</b>" for n in confirm.near) + "?"
+            if confirm.near
+            else ""
+        )
+        parts.append(
+            f"<p>No user <b>{esc(confirm.new_user)}</b> is known to this gate: not in its "
+            "tokens file, not in any group, not in the ledger (nor at the Hub, where it "
+            f"serves one).{close} Going on creates a budget for a new user "
+            f"<b>{esc(confirm.new_user)}</b>.</p>"
+        )
+    if change.action == "reset":
+        parts.append(
+            f"<p>A reset starts the spending of {esc(change.scope.describe())}, and its "
+            f"grants, from zero{': ' + esc(confirm.standing) if confirm.standing else ''}. "
+            "Answers already released stay replayable at no cost.</p>"
+        )
+        if form.epsilon.strip() or form.delta.strip():
+            parts.append("<p>The ε and δ typed are not used by a reset.</p>")
+        label = f"Reset {change.scope.describe()}"
+        title = "Confirm the reset"
+    else:
+        assert change.amount is not None
+        label = f"Create user {confirm.new_user} and grant ε={change.amount.epsilon:g}"
+        if change.amount.delta:
+            label += f", δ={change.amount.delta:g}"
+        title = "Confirm a new user"
+    if confirm.new_user and change.action == "reset":
+        label = f"Create user {confirm.new_user} and reset their budget"
+    if confirm.new_user and change.scope.kind == ScopeKind.NOTEBOOK:
+        label += f" (notebook {change.scope.notebook})"
+    hidden = "".join(
+        f'<input type="hidden" name="{esc(k)}" value="{esc(v)}">'
+        for k, v in {**form.fields(), **confirm.fields()}.items()
+    )
+    back = url(frame.base, "change", **form.fields())
+    return (
+        f'<section class="confirm" aria-label="{esc(title)}"><h2>{esc(title)}</h2>{"".join(parts)}'
+        f'<form method="post" action="{esc(frame.base)}{change.action}">{frame.csrf_field()}'
+        f'{hidden}<button class="{"danger" if change.action == "reset" else "primary"}">'
+        f"{esc(label)}</button> "
+        f'<a class="cancel" href="{esc(back)}">Cancel</a></form>'
+        '<p class="note">Nothing has been changed yet. To change what you typed instead, '
+        "use the form below.</p></section>"
+    )
+
+
+def standing_text(standing: owner.Standing | None) -> str | None:
+    """What a budget has spent of its limit, for a reset's confirmation."""
+    if standing is None:
+        return None
+    return (
+        f"spent ε={number(standing.spent.epsilon)} of its limit ε={number(standing.limit.epsilon)}"
+    )

@@ -25,8 +25,11 @@ users lets them reach the console's URL, never past this check.
 from __future__ import annotations
 
 import os
+import urllib.error
+import urllib.request
+from functools import partial
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler, HubOAuthenticated
 from tornado.web import Application
@@ -46,6 +49,8 @@ from dpmagic.gate.policy import Policy
 
 # How long the Hub's word on a token is kept: a demoted admin is refused within it.
 CACHE_S = 60
+# How long the console waits for the Hub's word on whether it has a user.
+HUB_ASK_S = 5
 
 
 def hub_admin(model: dict[str, Any], hub_auth: HubOAuth) -> Owner:
@@ -100,6 +105,22 @@ class HubCallbackHandler(HubOAuthCallbackHandler):
         super().prepare()
 
 
+def hub_knows(hub_auth: HubOAuth, name: str) -> bool:
+    """Whether the Hub has a user ``name`` (``known.py``: a grant to a user nobody knows
+    is asked about first). Asked of the Hub's API with the console's own service token,
+    which needs the ``read:users:name`` scope (docs/console.md); without it, or when
+    the Hub does not answer, the user counts as unknown and the owner is asked."""
+    request = urllib.request.Request(
+        f"{hub_auth.api_url.rstrip('/')}/users/{quote(name, safe='')}",
+        headers={"Authorization": f"token {hub_auth.api_token}"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=HUB_ASK_S) as reply:
+            return reply.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
 def hub_public_urls() -> tuple[str, ...]:
     """The public URLs the Hub gives its services (``c.JupyterHub.public_url``, or the
     service's own ``host``): the browser's ``Host`` behind the Hub's proxy."""
@@ -121,8 +142,9 @@ def hub_console(
         )
     where = urlsplit(service_url)
     base = prefix if prefix.endswith("/") else prefix + "/"
-    HubOAuth.instance(cache_max_age=CACHE_S)  # the one every handler and the callback use
+    hub_auth = HubOAuth.instance(cache_max_age=CACHE_S)  # every handler's and the callback's
     console = Console(policy, base, admins, unix=None, public=hub_public_urls())
+    console.hub_users = partial(hub_knows, hub_auth)
     callback = (base + "oauth_callback", HubCallbackHandler, {"console": console})
     app = application(console, HubConsoleHandler, [callback])
     return console, app, where.hostname or "127.0.0.1", where.port or 80

@@ -60,6 +60,25 @@ form.change { display: inline-grid; grid-template-columns: repeat(3, minmax(180p
   gap: 10px;
   background: #fff; padding: 12px; border: 1px solid #d8dde3; }
 form.change .wide { grid-column: 1 / -1; }
+form.change fieldset { border: 1px solid #d8dde3; display: flex; gap: 10px; flex-wrap: wrap;
+  margin: 0; padding: 6px 10px 10px; }
+form.change fieldset label { min-width: 180px; }
+form.change legend { font-weight: 600; padding: 0 4px; }
+nav.kinds { display: flex; gap: 8px; flex-wrap: wrap; align-items: stretch; margin: 10px 0; }
+nav.kinds > span { align-self: center; font-weight: 600; margin-right: 4px; }
+nav.kinds a { display: flex; flex-direction: column; padding: 6px 12px; border: 1px solid #c4ccd4;
+  border-radius: 4px; background: #fff; color: #1d232a; text-decoration: none; max-width: 210px; }
+nav.kinds a small { color: #4b5560; }
+nav.kinds a.on { border: 2px solid #2d6fb7; background: #e6f0fb; }
+button.primary { background: #2d6fb7; color: #fff; border: 1px solid #245c99; border-radius: 3px; }
+button.danger { background: #fff; color: #a1261b; border: 1px solid #a1261b; border-radius: 3px; }
+section.confirm button.danger { background: #a1261b; color: #fff; }
+.danger-zone { border-top: 1px dashed #d8b4b0; padding-top: 10px; margin-top: 6px; display: flex;
+  gap: 12px; align-items: center; justify-content: space-between; color: #4b5560; }
+section.confirm { background: #fff8e6; border: 1px solid #e0c36d; padding: 4px 14px 10px;
+  margin: 10px 0; max-width: 900px; }
+section.confirm h2 { margin-top: 8px; }
+section.confirm a.cancel { margin-left: 12px; }
 input, select, textarea, button { font: inherit; padding: 3px 6px; }
 button { cursor: pointer; }
 svg text { font: 11px system-ui, sans-serif; fill: #4b5560; }

@@ -40,9 +40,10 @@ from tornado.web import Application, HTTPError, RequestHandler
 
 from dpmagic.gate import owner
 from dpmagic.gate.console.budgets import budgets_page
-from dpmagic.gate.console.changes import ChangeForm, change_page
+from dpmagic.gate.console.changes import ChangeForm, change_page, needs, standing_text
 from dpmagic.gate.console.guards import CSRF_FIELD, csrf_ok, same_origin
 from dpmagic.gate.console.hosts import Hosts
+from dpmagic.gate.console.known import known_where, listed_users, near
 from dpmagic.gate.console.layout import Frame, bare, esc, url
 from dpmagic.gate.console.overview import overview_page
 from dpmagic.gate.console.owners import AdminTokens, Owner, bearer
@@ -123,6 +124,8 @@ class Console:
     public: tuple[str, ...] = ()
     # The Hosts it answers: set once it is bound (``serve.py``); until then, none.
     hosts: Hosts = field(default_factory=Hosts)
+    # On a Hub: whether the Hub has a user of that name (``hub.hub_knows``).
+    hub_users: Callable[[str], bool] | None = None
     sessions: Sessions = field(default_factory=Sessions)
     read_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     ledgers: Ledgers = field(init=False)
@@ -227,7 +230,7 @@ class ConsoleHandler(RequestHandler):
                 bare("Not understood", f"<main><h1>Not understood</h1><p>{esc(exc)}</p></main>")
             )
 
-    def post(self, path: str) -> None:
+    async def post(self, path: str) -> None:
         if path == "login":
             self._login_by_form()
             return
@@ -239,7 +242,7 @@ class ConsoleHandler(RequestHandler):
             self.clear_cookie(COOKIE, path=self.console.base)
             self.redirect(self.console.base + "login", status=303)
         elif path in ("grant", "reset"):
-            self._apply(path)
+            await self._apply(path)
         else:
             raise HTTPError(404)
 
@@ -309,23 +312,31 @@ class ConsoleHandler(RequestHandler):
         found = owner.renewals(self.console.policy, self.console.ledgers.get())
         return renewals_page(frame, found)
 
+    def _users(self) -> list[str]:
+        """The users the gate can list, offered as the change form's completions."""
+        return sorted(listed_users(self.console.policy, self.console.ledgers.get()))
+
     def _show_change(self, frame: Frame) -> str:
         form = ChangeForm.read(lambda name: self.get_query_argument(name, None))
-        return change_page(frame, self.console.policy, form)
+        return change_page(frame, self.console.policy, form, self._users())
 
-    def _apply(self, action: str) -> None:
-        """A grant or reset from the change form, through ``owner`` as the CLI's."""
+    async def _apply(self, action: str) -> None:
+        """A grant or reset from the change form, through ``owner`` as the CLI's: made
+        at once only if it names no user the gate does not know and is not a reset;
+        else once a second request confirms it (``changes.py``). Decided and written on
+        the pages' thread, after any page being built."""
         assert self.who is not None
         form = ChangeForm.read(lambda name: self.get_body_argument(name, None))
-        try:
-            change = form.change(self.console.policy, action, self.who.by)
-        except (OwnerError, PolicyError) as exc:
-            self.set_status(400)
-            self.finish(change_page(self._frame(), self.console.policy, form, str(exc)))
+        frame = self._frame()
+        status, body, change = await IOLoop.current().run_in_executor(
+            self.console.pages, self._decide, frame, form, action
+        )
+        if change is None:
+            self.set_status(status)
+            if frame.csrf is None:  # a script with a bearer token: one line
+                self.set_header("Content-Type", "text/plain; charset=utf-8")
+            self.finish(body)
             return
-        ledger = self.console.ledgers.get(create=True)
-        assert ledger is not None
-        owner.apply(ledger, change)
         log.info("%s by %s", change.describe(), self.who.by)
         cookie = self.get_cookie(COOKIE)
         if self.session is None or cookie is None:  # a script with a bearer token
@@ -333,6 +344,37 @@ class ConsoleHandler(RequestHandler):
             return
         self.console.sessions.note(cookie, change.describe())
         self.redirect(url(self.console.base, "log", dataset=change.scope.dataset), status=303)
+
+    def _decide(
+        self, frame: Frame, form: ChangeForm, action: str
+    ) -> tuple[int, str, owner.Change | None]:
+        """The change made (200, with it), refused (400) or waiting for its
+        confirmation (409), with the page or line that says so."""
+        assert self.who is not None
+        policy = self.console.policy
+        try:
+            change = form.change(policy, action, self.who.by)
+        except (OwnerError, PolicyError) as exc:
+            if frame.csrf is None:
+                return 400, f"not changed: {exc}\n", None
+            return 400, change_page(frame, policy, form, self._users(), str(exc)), None
+        ledger = self.console.ledgers.get()
+        holder = change.scope.holder
+        where = known_where(policy, ledger, holder, self.console.hub_users) if holder else None
+        standing = None
+        if action == "reset" and ledger is not None:
+            dataset = change.scope.dataset
+            found = owner.standings(policy, ledger, [dataset], None)
+            standing = next((s for s in found if s.scope == change.scope), None)
+        ask = needs(form, change, where, near(policy, ledger, holder), standing_text(standing))
+        if ask is not None:
+            if frame.csrf is None:
+                return 409, ask.line() + "\n", None
+            return 409, change_page(frame, policy, form, self._users(), confirm=ask), None
+        written = self.console.ledgers.get(create=True)
+        assert written is not None
+        owner.apply(written, change)
+        return 200, "", change
 
     # Signing in.
 
