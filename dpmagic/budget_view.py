@@ -19,6 +19,7 @@ from dpmagic.render import (
     STYLE,
     amount,
     budget_bar,
+    budget_number,
     epsilon_of,
     format_exact,
     markdown_escape,
@@ -94,9 +95,9 @@ class BudgetView:
             renew = view.get("renew")
             if renew:
                 label += f" (renews each {renew['period']}; next {_time(renew['next'])})"
-            row = [label] + [format_exact((view.get(k) or {}).get("epsilon")) for k in BUDGET_KEYS]
+            row = [label] + [_amount(view, k, "epsilon") for k in BUDGET_KEYS]
             if with_delta:
-                row += [format_exact((view.get(k) or {}).get("delta")) for k in BUDGET_KEYS]
+                row += [_amount(view, k, "delta") for k in BUDGET_KEYS]
             rows.append((view, row))
         return headers, rows
 
@@ -170,11 +171,11 @@ class BudgetView:
             total, steps = 0.0, []
             for item in entry.history:
                 total += float((item.get("cost") or {}).get("epsilon") or 0)
-                steps.append(f"{total:g}")
+                steps.append(budget_number(total, up=True))
             limit = epsilon_of(entry.budget, "notebook", "limit") or 0.0
             parts.append(
                 f"\n_ε spent by notebook {markdown_escape(self.notebook)}, query by query: "
-                f"{' → '.join(steps)} (limit {limit:g})_\n"
+                f"{' → '.join(steps)} (limit {budget_number(limit)})_\n"
             )
         return "\n".join(parts)
 
@@ -228,6 +229,15 @@ SQL_SHOWN_CHARS = 80
 
 
 BUDGET_KEYS = ("spent", "limit", "remaining")
+
+
+def _amount(view: dict[str, Any], key: str, part: str) -> str:
+    """A budget table's cell: ``render.budget_number``'s rule, spent rounded up, the limit
+    and what is left down; blank where the gate sent none."""
+    value = (view.get(key) or {}).get(part)
+    if not isinstance(value, int | float):
+        return format_exact(value)
+    return budget_number(float(value), up=key == "spent")
 
 
 def _time(stamp: Any) -> str:

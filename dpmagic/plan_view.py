@@ -18,6 +18,7 @@ from fractions import Fraction
 from typing import Any
 
 from dpmagic.cells import ALPHA, MAY_DOMINATE
+from dpmagic.render import budget_number
 
 HEADERS = (
     ("aggregate", "what the gate measures with noise (an AVG is a SUM over a COUNT)"),
@@ -126,10 +127,15 @@ def _step_row(step: dict[str, Any], zcdp: bool, fmt: Any) -> list[str]:
 
 
 def _step_cost(cost: dict[str, Any], zcdp: bool, fmt: Any) -> str:
+    """A step's cost as every amount is shown (``render.budget_number``, rounded up)."""
     if zcdp and "rho" in cost:
-        return f"ρ={fmt(cost['rho'])}"
-    text = f"ε={fmt(cost.get('epsilon'))}"
-    return text + (f", δ={fmt(cost['delta'])}" if cost.get("delta") else "")
+        return f"ρ={_spent(cost['rho'], fmt)}"
+    text = f"ε={_spent(cost.get('epsilon'), fmt)}"
+    return text + (f", δ={_spent(cost['delta'], fmt)}" if cost.get("delta") else "")
+
+
+def _spent(value: Any, fmt: Any) -> str:
+    return budget_number(float(value), up=True) if isinstance(value, int | float) else fmt(value)
 
 
 def _error(step: dict[str, Any], fmt: Any) -> str:

@@ -84,10 +84,10 @@ def budget_bar(spent: float, limit: float, this_query: float = 0.0, label: str =
         return ""
     before = _fraction(spent - this_query, limit)
     now = _fraction(spent, limit) - before
-    tip = f"{label}: ε {budget_number(spent, up=True)} of {limit:g} spent".strip(": ")
+    tip = f"{label}: ε {budget_number(spent, up=True)} of {budget_number(limit)} spent".strip(": ")
     return (
         f'<span class="dpm-bar" role="meter" aria-valuemin="0" aria-valuemax="{limit:g}" '
-        f'aria-valuenow="{spent:g}" title="{escape(tip)}" '
+        f'aria-valuenow="{spent:g}" aria-valuetext="{escape(tip)}" title="{escape(tip)}" '
         f'style="width: {BAR_WIDTH_PX}px; background: {TRACK}">'
         f'<span style="width: {before:.1%}; background: {SPENT}"></span>'
         f'<span style="width: {now:.1%}; background: {THIS_QUERY}"></span>'
@@ -119,7 +119,7 @@ def spend_chart(costs: Sequence[float], limit: float, title: str) -> str:
         f'stroke="{THIS_QUERY}" stroke-dasharray="4 3"/>'
         # Spaces around each label: where a viewer drops the SVG, its text stays readable.
         f'<text x="{width - pad}" y="{limit_y - 3:.1f}" text-anchor="end">'
-        f" limit ε {limit:g} </text>"
+        f" limit ε {budget_number(limit)} </text>"
         f'<polyline fill="none" stroke="{SPENT}" stroke-width="2" points="{" ".join(points)}"/>'
         f'<text x="{pad}" y="{height - 2}"> query 1 </text>'
         f'<text x="{width - pad}" y="{height - 2}" text-anchor="end"> … {len(costs)} </text>'
@@ -130,7 +130,13 @@ def spend_chart(costs: Sequence[float], limit: float, title: str) -> str:
 def budget_number(value: float, *, up: bool = False, digits: int = 3) -> str:
     """A budget amount to ``digits`` significant digits, rounded down (what is left is
     never overstated) or ``up`` (what is spent never understated): 2.64069 left reads
-    ``2.64``, 0.5 stays ``0.5``, a float sum's 0.30000000000000004 reads ``0.3``."""
+    ``2.64``, 0.5 stays ``0.5``, a float sum's 0.30000000000000004 reads ``0.3``.
+
+    The one rule for every ε (and δ, ρ) the notebook shows as an amount: a cost, a
+    spend, a limit, what is left, in footers, budget tables, bars, charts and plans
+    (a plan's step at 0.0583333 and a footer's 0.06 read differently before). Spent
+    and costs round up; limits and what is left round down. Not a value to type
+    back (``-e 0.0434``, the gate's ask), which is shown as it came."""
     if not math.isfinite(value) or value == 0:
         return f"{value:g}"
     # Twelve digits first: a float sum's last-bit error (0.1 + 0.2) is not a spend.

@@ -30,6 +30,7 @@ from dpmagic.render import (
     amount,
     budget_bar,
     budget_left,
+    budget_number,
     epsilon_of,
     format_exact,
     format_value,
@@ -290,7 +291,8 @@ class DPResult:
                 f"{format_value(c['bounds'][1])}]"
                 for c in clip.get("chosen", [])
             )
-            parts.append(f"values clipped: {chosen} (chosen with ε {clip['epsilon']:.3g})")
+            spent = budget_number(float(clip["epsilon"]), up=True)
+            parts.append(f"values clipped: {chosen} (chosen with ε {spent})")
         left = budget_left(self.budget)
         if left:
             parts.append(left)

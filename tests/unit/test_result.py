@@ -67,7 +67,7 @@ def test_footer_bars_show_earlier_spending_and_this_query():
     html = DPResult(reply())._repr_html_()
     bars = re.findall(
         r'role="meter" aria-valuemin="0" aria-valuemax="([\d.]+)" aria-valuenow="([\d.]+)" '
-        r'title="(\w+): [^"]*".*?width: ([\d.]+)%.*?width: ([\d.]+)%',
+        r'aria-valuetext="[^"]*" title="(\w+): [^"]*".*?width: ([\d.]+)%.*?width: ([\d.]+)%',
         html,
     )
     # notebook: 0.5 of 2 spent, all of it by this query; user: 0.5 of 5.
@@ -460,7 +460,42 @@ def test_dry_run_costs_in_epsilon_ranks_for_quantiles_and_each_columns_error():
     zcdp = DPResult(
         reply(rows=[], dry_run=True, plan=plan, cost={"epsilon": 0.6, "delta": 0.0, "rho": 0.07})
     )
-    assert "ρ=0.03125" in repr(zcdp)
+    assert "ρ=0.0313" in repr(zcdp)  # 0.03125 as every amount: 3 digits, rounded up
+
+
+def test_every_epsilon_the_notebook_shows_follows_one_rule():
+    """Three significant digits everywhere an amount of ε is shown (the footer, a
+    plan's steps, the values clipped, %dpbudget's table, bars and chart): spent and
+    costs rounded up, limits and what is left down. Before, the footer said 0.36 and
+    the plan 0.359312, the budget table 1.64069 and its bar's tooltip 1.641."""
+    costs = {"epsilon": 0.359312, "delta": 0.0}
+    plan = [
+        {"aggregate": "COUNT(*)", "kind": "count", "sensitivity": 1, "norm": "L1",
+         "mechanism": "discrete_laplace", "scale": 2.78, "cost": costs, "accuracy": 8.3},
+    ]  # fmt: skip
+    left = budget(2.0 - 0.359312, 4.640688)
+    answer = DPResult(reply(cost=costs, budget=left))
+    answer._envelope["clip"] = {"epsilon": 0.0359312, "chosen": []}
+    dry = DPResult(reply(rows=[], dry_run=True, plan=plan, cost=costs, budget=left))
+    entry = DatasetBudget(
+        budget={"dataset": "d", **left},
+        history=[{"time": "2026-01-01T10:00:00", "sql": "SELECT 1", "cost": costs,
+                  "status": "released"}],
+    )  # fmt: skip
+    view = BudgetView([entry], "nb.ipynb")
+    shown = " ".join(
+        [answer.footer(), answer._repr_html_(), repr(dry), dry._repr_html_(), repr(view),
+         view._repr_html_(), view._repr_markdown_()]
+    )  # fmt: skip
+    # a meter's machine-readable value stays exact; what it reads out (aria-valuetext)
+    # and shows (its title) follow the rule
+    shown = re.sub(r'aria-value(?:now|min|max)="[^"]*"', "", shown)
+    for number in re.findall(r"(?:ε|ρ|δ)\s?=?\s?(\d[\d.e+-]*)", shown):
+        digits = number.replace(".", "").lstrip("0")
+        assert len(digits) <= 3, number
+    for text in ("ε 0.36 spent", "ε=0.36", "ε 0.036", "ε 0.36 of 2 spent", "1.64", "4.64"):
+        assert text in shown, text
+    assert "0.359312" not in shown and "1.64069" not in shown and "4.64069" not in shown
 
 
 def test_the_footer_rounds_budget_numbers():
