@@ -415,3 +415,38 @@ def test_row_level_still_means_one_row_per_table_without_asking(shop: Path, tmp_
 
 def test_answers_default_to_nothing() -> None:
     assert Answers() == parse_answers()
+
+
+def test_a_composite_key_and_a_key_to_itself_are_shown_not_written(tmp_path: Path) -> None:
+    """``links`` names one column; a table's key to itself is no way to a person;
+    an empty table offers no bound (nothing to count)."""
+    path = tmp_path / "family.data"  # a DuckDB file whatever its name
+    con = duckdb.connect(str(path))
+    con.execute(
+        "CREATE TABLE people (person_id INTEGER PRIMARY KEY, mother INTEGER "
+        "REFERENCES people (person_id), home INTEGER, UNIQUE (person_id, home))"
+    )
+    con.execute(
+        "CREATE TABLE moves (pid INTEGER, home INTEGER, "
+        "FOREIGN KEY (pid, home) REFERENCES people (person_id, home))"
+    )
+    con.execute("CREATE TABLE notes (person_id INTEGER, note VARCHAR)")
+    con.execute("INSERT INTO people SELECT range, NULL, range % 5 FROM range(50)")
+    con.execute("INSERT INTO moves SELECT range % 50, range % 5 FROM range(120)")
+    con.close()
+    owner = Script("", "", "pid", "")  # notes, people (named for the unit), then moves
+    out = tmp_path / "policy.toml"
+    write_skeleton([path], "person_id", out, prompter=owner)
+    assert [q.split(":")[0] for q in owner.questions] == ["notes", "people", "moves", "moves"]
+    assert (
+        "  declared foreign key moves.pid, home → people.person_id, home: cannot be a link "
+        "yet: a link is one column; this key has several"
+    ) in owner.said
+    assert "notes has no rows with a person_id: nothing to suggest from." in owner.said
+    assert "notes: most rows one person may have here? [none] " in owner.questions
+    raw = tomllib.loads(out.read_text())["datasets"]["family"]
+    assert raw["database"] == "family.data"
+    assert "links" not in raw["tables"]["people"] and "links" not in raw["tables"]["moves"]
+    tables = load_policy(out).dataset(None).tables
+    assert tables["moves"].unit == "pid" and tables["notes"].max_rows is None
+    assert (tables["people"].max_rows, tables["moves"].max_rows) == (1, 3)
