@@ -24,11 +24,24 @@ def preview_note(preview: dict[str, Any] | None) -> str:
         return "no preview: these answers come from a transcript, and only a gate can plan one"
     if not preview.get("kinds"):
         return "nothing to preview: no private table to count, no bounded column to average"
-    rows = preview.get("rows")
-    over = f"; a mean's ± is over a group of {rows:,} rows" if isinstance(rows, int) else ""
+    over = _rows_note(preview.get("rows"), preview.get("rows_basis"))
     return (
         "what the budget left allows (the least left in any budget this notebook draws on), "
         f"planned by the gate without charging anything{over}"
+    )
+
+
+def _rows_note(rows: Any, basis: Any) -> str:
+    """What a mean's ± is over: the rows asked for (``--rows``), or the gate's default,
+    said to be an assumption (the data's size is private, and the gate does not use
+    it); an older gate that does not say which reads as the assumption it was."""
+    if not isinstance(rows, int):
+        return ""
+    if basis == "asked":
+        return f"; a mean's ± is over a group of {rows:,} rows, as asked"
+    return (
+        f"; a mean's ± assumes a group of {rows:,} rows (the data's size is private: "
+        "give yours with --rows N)"
     )
 
 

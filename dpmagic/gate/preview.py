@@ -13,6 +13,11 @@ accuracy (its interval depends on its noisy count: ``plan._accuracy_applies``), 
 its ε is found by searching the plans for the least ε, to three significant digits,
 whose stated half-width at ``rows`` rows is within the accuracy; it is the ε to ask
 with. Nothing here reads data: a preview costs nothing and reveals only policy facts.
+
+So the rows a mean is over cannot be the data's: a table's size is private (a
+210-row dataset's preview said "over 1,000 rows" as if it knew). It is the caller's
+``rows``, or ``DEFAULT_ROWS``, and the reply says which (``rows_basis``): the
+notebook states the default as an assumption, not a fact about the data.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from dpmagic.gate.sql.plan_types import Avg, Measured, Plan
 
 DEFAULT_ROWS = 1000
 """The rows a mean is over when the caller names none (one of the dry run's
-``summary.GROUP_SIZES``)."""
+``summary.GROUP_SIZES``): an assumption, never the data's size, which is private."""
 EPSILON_DIGITS = 3
 """A mean's ε is rounded up to this many significant digits: one a user can type."""
 # Geometric bisection steps from a bracket of a factor 2: ends within 2^(2^-12) ≈
@@ -172,7 +177,22 @@ def utility_preview(
                 "at_default": option(lambda k=kind: at_default(k, analyse, rows)),
             }
         )
-    return {"accuracy": accuracy, "alpha": REPORT_ALPHA, "rows": rows, "kinds": entries}
+    return {
+        "accuracy": accuracy,
+        "alpha": REPORT_ALPHA,
+        "rows": rows,
+        "rows_basis": rows_basis(rows),
+        "kinds": entries,
+    }
+
+
+def rows_basis(rows: int) -> str:
+    """Where the rows a mean's half-width is over came from: ``"default"``, the preview's
+    assumption (``DEFAULT_ROWS``: the gate cannot know the data's size without spending
+    budget), or ``"asked"``, the caller's ``rows``. The HTTP route fills in the default
+    for a request without ``rows``, so asking for exactly ``DEFAULT_ROWS`` reads as the
+    default: the same number, and the same assumption."""
+    return "default" if rows == DEFAULT_ROWS else "asked"
 
 
 def _unit_table(private: list[Table]) -> list[Table]:

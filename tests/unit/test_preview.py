@@ -80,6 +80,7 @@ def test_the_preview_prices_a_count_and_each_bounded_mean(engine):
     assert set(reply) == {"dataset", "user", "notebook", "preview"}
     preview = reply["preview"]
     assert (preview["accuracy"], preview["alpha"], preview["rows"]) == (ACCURACY, 0.05, ROWS)
+    assert preview["rows_basis"] == "asked"
     count, mean, share = preview["kinds"]  # sex is bounded by its public values, 0 and 1
     assert [count[k] for k in ("kind", "table", "column", "rows")] == ["count", "t", None, None]
     assert (mean["kind"], mean["column"], mean["rows"], mean["sql"]) == ("mean", "age", ROWS, MEAN)
@@ -89,6 +90,8 @@ def test_the_preview_prices_a_count_and_each_bounded_mean(engine):
     # Without an accuracy: only the default ε; without preview=true, no preview at all.
     plain = engine.budget("ann", None, "nb", PreviewRequest())["preview"]
     assert plain["accuracy"] is None and plain["rows"] == 1000
+    # 1,000 rows is the gate's assumption, not the data's size (300 rows here): it says so
+    assert plain["rows_basis"] == "default"
     assert all(k["at_accuracy"] is None and k["at_default"]["fits"] > 0 for k in plain["kinds"])
     assert "preview" not in engine.budget("ann", None, "nb")
 

@@ -64,7 +64,18 @@ def test_the_html_shows_each_way_to_ask_with_its_numbers():
     assert shown == ROWS
     assert "<b>" not in html and "p&lt;1&gt;" in html  # every string came over the wire
     assert 'title="SELECT COUNT(*) FROM &quot;p&lt;1&gt;&quot;"' in html
-    assert "a mean&#x27;s ± is over a group of 1,000 rows" in html
+    assert "a mean&#x27;s ± assumes a group of 1,000 rows (the data&#x27;s size is private" in html
+
+
+def test_the_rows_a_mean_is_over_are_an_assumption_unless_asked_for():
+    """The issue's 210-row dataset read "a mean's ± is over a group of 1,000 rows": the
+    gate's default, which it cannot check against the data's size (private). It now
+    reads as the assumption it is, and as asked for where the user gave ``--rows``."""
+    assumed = repr(view())
+    assert "assumes a group of 1,000 rows (the data's size is private: give yours with" in assumed
+    assert "is over a group of 1,000 rows" not in assumed
+    asked = view({**PREVIEW, "rows": 210, "rows_basis": "asked"})
+    assert "a mean's ± is over a group of 210 rows, as asked" in repr(asked)
 
 
 def test_markdown_and_text_show_the_same_numbers():
