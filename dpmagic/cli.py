@@ -429,6 +429,9 @@ def _init(args: argparse.Namespace) -> int:
         out = write_plan(settled, args.output, dataset=args.dataset, force=args.force)
     except InitError as exc:
         raise CommandError(str(exc)) from None
+    except KeyboardInterrupt:  # Ctrl-C at a question: the owner's stop, not a fault
+        print(f"\ndpmagic: init stopped: {args.output} not written", file=sys.stderr)
+        return 130
     policy = load_policy(out)
     text = out.read_text()
     left = len(unfilled(text))

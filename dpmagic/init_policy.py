@@ -276,24 +276,27 @@ def parse_answers(
         out.links[table.lower()] = (column, target.strip().lower())
     for text in rows:
         table, _, value = text.partition("=")
-        bound = _bound(value)
-        if not table or bound is False:
+        try:
+            if not table:
+                raise ValueError(text)
+            out.rows[table.lower()] = _bound(value)
+        except ValueError:
             raise InitError(
                 f"--rows-per-unit {text}: must be TABLE=N (a whole number ≥ 1) or "
                 "TABLE=none, e.g. --rows-per-unit patients=1"
-            )
-        out.rows[table.lower()] = bound  # type: ignore[assignment]
+            ) from None
     return out
 
 
-def _bound(text: str) -> int | bool | None:
-    """A rows-per-unit answer: a whole number ≥ 1, None for ``none``, False if neither."""
+def _bound(text: str) -> int | None:
+    """A rows-per-unit answer: a whole number ≥ 1, or None for ``none`` (ValueError if
+    neither)."""
     text = text.strip().lower()
     if text in ("none", "no", "n"):
         return None
     if text.isdigit() and int(text) >= 1:
         return int(text)
-    return False
+    raise ValueError(text)
 
 
 class Prompter(Protocol):
@@ -711,7 +714,11 @@ def _settle_rows(
     """A table's ``max_rows_per_unit``: a flag's, ``--row-level``'s 1, else offered
     from the data's rows per unit (asked, or taken under --yes), else left out."""
     if name in answers.rows:
-        choice.max_rows, choice.asked_rows, choice.rows_note = answers.rows[name], True, "flag"
+        choice.max_rows, choice.asked_rows, choice.rows_note = (
+            answers.rows[name],
+            True,
+            "--rows-per-unit",
+        )
         return
     if answers.row_level:
         choice.max_rows, choice.asked_rows, choice.rows_note = 1, True, "--row-level"
@@ -733,10 +740,11 @@ def _settle_rows(
         if answer.strip().lower() in ("", "y", "yes"):
             choice.max_rows, choice.rows_note = default, "answered"
             return
-        bound = _bound(answer)
-        if bound is not False:
-            choice.max_rows, choice.rows_note = bound, "answered"  # type: ignore[assignment]
+        try:
+            choice.max_rows, choice.rows_note = _bound(answer), "answered"
             return
+        except ValueError:
+            pass
         ask.say(f"  {answer.strip()!r}: answer a whole number ≥ 1, or none (or Enter: {shown})")
 
 

@@ -450,3 +450,20 @@ def test_a_composite_key_and_a_key_to_itself_are_shown_not_written(tmp_path: Pat
     tables = load_policy(out).dataset(None).tables
     assert tables["moves"].unit == "pid" and tables["notes"].max_rows is None
     assert (tables["people"].max_rows, tables["moves"].max_rows) == (1, 3)
+
+
+class _Interrupted(_TTY):
+    """A terminal where the owner presses Ctrl-C at the first question."""
+
+    def readline(self, size: int | None = -1) -> str:
+        raise KeyboardInterrupt
+
+
+def test_ctrl_c_at_a_question_stops_and_writes_nothing(
+    shop: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("sys.stdin", _Interrupted())
+    out = tmp_path / "policy.toml"
+    assert main(["init", str(shop), "--privacy-unit", "person_id", "-o", str(out)]) == 130
+    assert f"dpmagic: init stopped: {out} not written" in capsys.readouterr().err
+    assert not out.exists()
