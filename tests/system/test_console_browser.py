@@ -2,7 +2,9 @@
 Playwright, as an owner uses it.
 
 Signed in by the printed login URL: the overview, the budgets with their charts, the
-query log filtered, a grant made with a reason and seen in the log. A second browser
+query log filtered, a grant made with a reason and seen in the log. The change form,
+with scripts off: each kind of budget's fields and only those sent, a misspelt user
+asked about before it is created, a reset asked about before it is made. A second browser
 profile that never signed in is refused, and so is the printed URL a second time; a
 page of another site whose form posts a grant to the console gets a 403 and writes
 nothing. Screenshots are kept in ``test-artifacts/console-*.png``.
@@ -115,7 +117,7 @@ def test_an_owner_signs_in_reads_budgets_filters_the_log_and_grants(
 
     before = len(_history(policy))
     page.get_by_role("link", name="Change a budget").click()
-    page.select_option("select[name=budget]", "user")
+    page.locator("nav.kinds a[href*='budget=user']").click()
     page.fill("input[name=holder]", "bob")
     page.fill("input[name=epsilon]", "0.75")
     page.fill("textarea[name=reason]", "exam week: one more analysis")
@@ -192,3 +194,77 @@ def test_another_sites_form_cannot_change_a_budget(
     assert _history(policy) == before
     page.goto(console.base + "log")  # still signed in, and nothing was granted
     assert "mallory" not in page.content()
+
+
+KINDS = [
+    ("user", ["holder"]),
+    ("notebook", ["holder", "notebook"]),
+    ("group", ["holder"]),
+    ("dataset", []),
+]
+
+
+def test_the_change_form_follows_the_kind_and_asks_before_a_slip(
+    console: ConsoleProcess, browser, policy: Policy
+) -> None:
+    """As a TA uses it, in a browser with JavaScript off (the pages carry none)."""
+    context = browser.new_context(
+        viewport={"width": 1100, "height": 760}, java_script_enabled=False
+    )
+    page = context.new_page()
+    page.set_default_timeout(STEP_MS)
+    page.goto(console.login)
+    page.get_by_role("link", name="Change a budget").click()
+    assert page.locator("form.change").count() == 0  # the kind first
+    _shoot(page, "console-change-choose.png")
+
+    for kind, naming in KINDS:
+        page.locator(f"nav.kinds a[href*='budget={kind}']").click()
+        assert page.locator("nav.kinds a.on").get_attribute("href").endswith(f"budget={kind}")
+        names = [n.get_attribute("name") for n in page.locator("form.change [name]").all()]
+        assert names == ["_csrf", "budget", "dataset", *naming, "epsilon", "delta", "reason"]
+        _shoot(page, f"console-change-{kind}.png")
+
+    # A notebook's grant sends its notebook; a user's, which has no such field, none.
+    page.locator("nav.kinds a[href*='budget=user']").click()
+    page.fill("input[name=holder]", "alcie")  # alice, misspelt
+    page.fill("input[name=epsilon]", "0.5")
+    page.fill("textarea[name=reason]", "lab 3 retake")
+    before = _history(policy)
+    with page.expect_request("**/grant") as sent:
+        page.get_by_role("button", name="Grant").click()
+    assert "notebook=" not in (sent.value.post_data or "")
+    confirm = page.locator("section.confirm")
+    assert "No user alcie is known to this gate (it looked in the policy's groups, the ledger)" in (
+        confirm.inner_text()
+    )
+    assert "Did you mean alice?" in confirm.inner_text()
+    _shoot(page, "console-change-unknown-user.png")
+    assert _history(policy) == before
+    # The name is fixed in the form below, and granted at once: alice is known.
+    page.fill("form.change input[name=holder]", "alice")
+    page.locator("form.change").get_by_role("button", name="Grant").click()
+    assert page.locator(".flash").inner_text() == (
+        "granted ε=0.5 to the budget of user alice on dataset 'd'"
+    )
+    assert len(_history(policy)) == len(before) + 1
+
+    # A reset: its button apart, and a confirmation naming the budget first.
+    page.get_by_role("link", name="Change a budget").click()
+    page.locator("nav.kinds a[href*='budget=user']").click()
+    page.fill("input[name=holder]", "bob")
+    page.fill("textarea[name=reason]", "new term")
+    page.get_by_role("button", name="Reset…").click()
+    confirm = page.locator("section.confirm")
+    assert "Confirm the reset" in confirm.inner_text()
+    assert "the budget of user bob on dataset 'd'" in confirm.inner_text()
+    _shoot(page, "console-change-reset-confirm.png")
+    assert len(_history(policy)) == len(before) + 1
+    confirm.get_by_role("link", name="Cancel").click()
+    assert page.locator("section.confirm").count() == 0
+    assert page.locator("input[name=holder]").input_value() == "bob"
+    assert len(_history(policy)) == len(before) + 1
+    page.get_by_role("button", name="Reset…").click()
+    page.get_by_role("button", name="Reset the budget of user bob on dataset 'd'").click()
+    assert page.locator(".flash").inner_text() == "reset the budget of user bob on dataset 'd'"
+    assert _history(policy)[0]["status"] == "reset"

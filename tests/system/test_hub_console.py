@@ -116,6 +116,7 @@ def test_the_hubs_admin_opens_the_console_from_the_hub_and_grants(
     _shoot(page, "console-hub-admin.png")
 
     page.get_by_role("link", name="Change a budget").click()
+    page.locator("nav.kinds a[href*='budget=user']").click()
     page.fill("input[name=holder]", "alice")
     page.fill("input[name=epsilon]", "0.5")
     page.fill("textarea[name=reason]", "resubmission allowed")

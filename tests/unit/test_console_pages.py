@@ -411,7 +411,10 @@ def test_a_grant_to_a_user_nobody_knows_waits_for_a_confirmation_naming_them(
     reply = client.post("grant", form)
     assert reply.status == 409
     assert "No user <b>alcie</b> is known to this gate" in reply.body
-    assert "Did you mean <b>alice</b>?" in reply.body
+    suggestion = re.search(r'Did you mean <a href="([^"]+)"><b>alice</b></a>\?', reply.body)
+    assert suggestion is not None  # a link to the same form for alice
+    assert "holder=alice" in suggestion.group(1) and "epsilon=0.5" in suggestion.group(1)
+    assert "it looked in the policy&#x27;s groups, the ledger)" in reply.body
     assert '<input type="hidden" name="create" value="alcie">' in reply.body
     assert "Create user alcie and grant ε=0.5" in reply.body
     assert client.post("grant", {**form, "create": "alice"}).status == 409

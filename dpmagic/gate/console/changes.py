@@ -141,6 +141,7 @@ class Confirm:
     new_user: str | None = None
     near: tuple[str, ...] = ()
     standing: str | None = None
+    asked: tuple[str, ...] = ()  # where the gate looked for the user (``known.sources``)
 
     def fields(self) -> dict[str, str]:
         """What the confirming request adds to the form's fields."""
@@ -163,6 +164,7 @@ def needs(
     where: str | None,
     near: Sequence[str],
     standing: str | None,
+    asked: Sequence[str] = (),
 ) -> Confirm | None:
     """The confirmation ``change`` still needs, or None. ``where``: where the gate knows
     the change's user from (None: it does not; a group's or the dataset's budget names
@@ -172,7 +174,7 @@ def needs(
     reset = change.action == "reset" and form.confirm != CONFIRM_RESET
     if new_user is None and not reset:
         return None
-    return Confirm(change, new_user, tuple(near) if new_user else (), standing)
+    return Confirm(change, new_user, tuple(near) if new_user else (), standing, tuple(asked))
 
 
 def change_page(
@@ -283,15 +285,16 @@ def _confirming(frame: Frame, form: ChangeForm, confirm: Confirm) -> str:
     change = confirm.change
     parts = []
     if confirm.new_user:
-        close = (
-            " Did you mean " + " or ".join(f"<b>{esc(n)}</b>" for n in confirm.near) + "?"
-            if confirm.near
-            else ""
-        )
+        links = [
+            f'<a href="{esc(url(frame.base, "change", **{**form.fields(), "holder": n}))}">'
+            f"<b>{esc(n)}</b></a>"
+            for n in confirm.near
+        ]
+        close = f" Did you mean {' or '.join(links)}?" if links else ""
+        looked = ", ".join(confirm.asked) or "anywhere"
         parts.append(
-            f"<p>No user <b>{esc(confirm.new_user)}</b> is known to this gate: not in its "
-            "tokens file, not in any group, not in the ledger (nor at the Hub, where it "
-            f"serves one).{close} Going on creates a budget for a new user "
+            f"<p>No user <b>{esc(confirm.new_user)}</b> is known to this gate (it looked in "
+            f"{esc(looked)}).{close} Going on creates a budget for a new user "
             f"<b>{esc(confirm.new_user)}</b>.</p>"
         )
     if change.action == "reset":
@@ -322,7 +325,7 @@ def _confirming(frame: Frame, form: ChangeForm, confirm: Confirm) -> str:
     return (
         f'<section class="confirm" aria-label="{esc(title)}"><h2>{esc(title)}</h2>{"".join(parts)}'
         f'<form method="post" action="{esc(frame.base)}{change.action}">{frame.csrf_field()}'
-        f'{hidden}<button class="{"danger" if change.action == "reset" else "primary"}">'
+        f'{hidden}<button class="{"danger" if change.action == "reset" else "warn"}">'
         f"{esc(label)}</button> "
         f'<a class="cancel" href="{esc(back)}">Cancel</a></form>'
         '<p class="note">Nothing has been changed yet. To change what you typed instead, '

@@ -61,6 +61,13 @@ def known_where(
     return where
 
 
+def sources(policy: Policy, hub: Callable[[str], bool] | None = None) -> list[str]:
+    """Where the gate looks for a user, as a confirmation names them."""
+    found = ["its tokens file"] if policy.gate.tokens_file is not None else []
+    found += ["the policy's groups"] if policy.groups else []
+    return [*found, "the ledger", *(["the Hub"] if hub is not None else [])]
+
+
 def near(policy: Policy, ledger: Ledger | None, user: str) -> list[str]:
     """The known users whose names are closest to ``user`` (a slip's likely target)."""
     names = list(listed_users(policy, ledger))

@@ -64,15 +64,17 @@ form.change fieldset { border: 1px solid #d8dde3; display: flex; gap: 10px; flex
   margin: 0; padding: 6px 10px 10px; }
 form.change fieldset label { min-width: 180px; }
 form.change legend { font-weight: 600; padding: 0 4px; }
-nav.kinds { display: flex; gap: 8px; flex-wrap: wrap; align-items: stretch; margin: 10px 0; }
-nav.kinds > span { align-self: center; font-weight: 600; margin-right: 4px; }
+nav.kinds { display: grid; grid-template-columns: repeat(4, minmax(0, 1fr)); gap: 8px;
+  max-width: 900px; margin: 10px 0; }
+nav.kinds > span { grid-column: 1 / -1; font-weight: 600; }
 nav.kinds a { display: flex; flex-direction: column; padding: 6px 12px; border: 1px solid #c4ccd4;
-  border-radius: 4px; background: #fff; color: #1d232a; text-decoration: none; max-width: 210px; }
+  border-radius: 4px; background: #fff; color: #1d232a; text-decoration: none; }
 nav.kinds a small { color: #4b5560; }
 nav.kinds a.on { border: 2px solid #2d6fb7; background: #e6f0fb; }
 button.primary { background: #2d6fb7; color: #fff; border: 1px solid #245c99; border-radius: 3px; }
 button.danger { background: #fff; color: #a1261b; border: 1px solid #a1261b; border-radius: 3px; }
 section.confirm button.danger { background: #a1261b; color: #fff; }
+button.warn { background: #fff; color: #6b4a00; border: 1px solid #b8860b; border-radius: 3px; }
 .danger-zone { border-top: 1px dashed #d8b4b0; padding-top: 10px; margin-top: 6px; display: flex;
   gap: 12px; align-items: center; justify-content: space-between; color: #4b5560; }
 section.confirm { background: #fff8e6; border: 1px solid #e0c36d; padding: 4px 14px 10px;

@@ -43,7 +43,7 @@ from dpmagic.gate.console.budgets import budgets_page
 from dpmagic.gate.console.changes import ChangeForm, change_page, needs, standing_text
 from dpmagic.gate.console.guards import CSRF_FIELD, csrf_ok, same_origin
 from dpmagic.gate.console.hosts import Hosts
-from dpmagic.gate.console.known import known_where, listed_users, near
+from dpmagic.gate.console.known import known_where, listed_users, near, sources
 from dpmagic.gate.console.layout import Frame, bare, esc, url
 from dpmagic.gate.console.overview import overview_page
 from dpmagic.gate.console.owners import AdminTokens, Owner, bearer
@@ -366,7 +366,8 @@ class ConsoleHandler(RequestHandler):
             dataset = change.scope.dataset
             found = owner.standings(policy, ledger, [dataset], None)
             standing = next((s for s in found if s.scope == change.scope), None)
-        ask = needs(form, change, where, near(policy, ledger, holder), standing_text(standing))
+        close, asked = near(policy, ledger, holder), sources(policy, self.console.hub_users)
+        ask = needs(form, change, where, close, standing_text(standing), asked)
         if ask is not None:
             if frame.csrf is None:
                 return 409, ask.line() + "\n", None
