@@ -32,7 +32,9 @@ class CellAccuracy:
     interval for: shown beside the value."""
     tip: str
     half_width: float | None
-    """For ``value ± half-width``; None for a quantile or an unknown interval."""
+    """For ``value ± half-width``; None for a quantile, an unknown interval, or a value
+    at an end of its interval (a count released as 0 from a negative noisy value:
+    ``0 [0, 22]``, which ``0 ± 22`` would misstate as reaching below 0)."""
     verdict: bool | None
     """The gate's: True (noise dominates), False, None (it may: the gate cannot tell)."""
     judged: str | None = None
@@ -75,7 +77,8 @@ def cell_accuracy(
         tip = f"{percent} interval {short}"
         if info.get("interval") == "normal approximation":  # randomized response, debiased
             tip += ", a normal approximation"
-        half: float | None = max(hi - float(value), float(value) - lo, 0.0)
+        at_end = hi > lo and float(value) in (lo, hi)
+        half: float | None = None if at_end else max(hi - float(value), float(value) - lo, 0.0)
     else:
         short, tip, half = "[?]", f"no {percent} interval is known for this cell", None
     if "noise_dominates" not in info:

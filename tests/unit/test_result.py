@@ -351,6 +351,10 @@ def test_the_client_shows_the_gates_verdicts_and_never_judges_by_itself():
     # inline intervals: value ± half-width in every noisy cell, no toggle
     inline = DPResult(r, intervals="inline")._repr_html_()
     assert "424 ± 288" in inline and "<details" not in inline
+    # a count released as 0 (its noisy value was below 0) is shown as the rule says,
+    # in every view: 0 and its interval from 0, never "0 ± 315", which reaches below 0
+    assert "0 ([0, 136])" in inline and "0 ± 136" not in inline
+    assert "0 [0, 136] (noise dominates)" in repr(result)
     # the plain text and Markdown views say it too
     assert "0 [0, 50000] (noise dominates)" in repr(result)
     assert "0 \\[0, 50000\\] (noise dominates)" in result._repr_markdown_()
