@@ -52,7 +52,7 @@ from dpmagic.gate.console.renewals import renewals_page
 from dpmagic.gate.console.sessions import Session, Sessions
 from dpmagic.gate.failures import OwnerError
 from dpmagic.gate.policy import Policy, PolicyError
-from dpmagic.gate.service.budget_scopes import Scope
+from dpmagic.gate.service.budget_scopes import Scope, ScopeKind
 from dpmagic.gate.service.ledger import Ledger
 
 COOKIE = "dpmagic-console"
@@ -359,14 +359,16 @@ class ConsoleHandler(RequestHandler):
                 return 400, f"not changed: {exc}\n", None
             return 400, change_page(frame, policy, form, self._users(), str(exc)), None
         ledger = self.console.ledgers.get()
-        holder = change.scope.holder
+        users = (ScopeKind.USER, ScopeKind.NOTEBOOK)  # a group's holder is the policy's
+        holder = change.scope.holder if change.scope.kind in users else ""
         where = known_where(policy, ledger, holder, self.console.hub_users) if holder else None
         standing = None
         if action == "reset" and ledger is not None:
             dataset = change.scope.dataset
             found = owner.standings(policy, ledger, [dataset], None)
             standing = next((s for s in found if s.scope == change.scope), None)
-        close, asked = near(policy, ledger, holder), sources(policy, self.console.hub_users)
+        close = near(policy, ledger, holder) if holder else []
+        asked = sources(policy, self.console.hub_users)
         ask = needs(form, change, where, close, standing_text(standing), asked)
         if ask is not None:
             if frame.csrf is None:
