@@ -63,6 +63,7 @@ from dpmagic.gate.sql.kinds import MeasureKind, Summand
 from dpmagic.gate.sql.limits import check_deadline
 from dpmagic.gate.sql.plan_types import Measurement, Plan, Selection
 from dpmagic.gate.sql.ranks import (
+    ROWS,
     RoomRead,
     Window,
     bounded_by_units,
@@ -190,14 +191,50 @@ def _bounded(
     if not row_cols:
         row_cols = [exp.alias_(exp.Literal.number(1), "__one")]
     cap = join_cap(plan.bounding)
-    source, filters = _from(plan, row, _scan_reads(resolved, resolved.scans, cap, row.dialect))
+    reads = _scan_reads(resolved, resolved.scans, cap, row.dialect)
+    windowed = resolved.unit is not None and isinstance(plan.bounding, Window)
+    light = _light(plan, reads) if windowed else None
+    source, filters = _from(plan, row, reads, counted=light is not None)
     units, keyed = _row_filters(plan, row, plan.reads_unit)
+    names = [c.alias_or_name for c in row_cols]
+    if light is not None:
+        row_cols = [*row_cols, _as(light, LIGHT)]
     kept = _select(row_cols, source, units + filters + keyed)
     ctes: list[tuple[str, exp.Select]] = [("kept_rows", kept)]
-    if resolved.unit is not None and isinstance(plan.bounding, Window):
-        more, final = bound_contributions(plan.contribution, keys, values, seed, row.dialect)
+    if windowed:
+        more, final = bound_contributions(
+            plan.contribution, keys, values, seed, row.dialect, names if light else None
+        )
         return ctes + more, final
     return ctes, ("kept_rows", None)
+
+
+# A row of a unit the window cannot touch (``_light``).
+LIGHT = "__light"
+
+
+def _light(plan: Plan, reads: dict[str, RoomRead]) -> exp.Expression | None:
+    """Whether a joined row's unit has so few rows that the window keeps them all: the
+    product over the join's private scans of its unit's rows in each (stored with
+    every row at load, ``ranks.ROWS``) is at most the rows the window keeps per unit
+    and partition, and at most its groups (a unit has no more keys than rows). Such a
+    unit's rows need no sort; only the others' go through the window
+    (``bound_contributions``), which keeps exactly the same rows, so the answer is the
+    window's whatever the split. ``None`` where a scan is public (its fan-out is not
+    stored) or unranked."""
+    scans = plan.checked.resolved.scans
+    if not all(s.name in reads for s in scans):
+        return None
+    c = plan.contribution
+    most = min(c.rows, c.groups) if plan.keys else c.rows
+    product: exp.Expression = exp.Literal.number(1)
+    for s in scans:
+        rows: exp.Expression = _col_of(s.name, ROWS + s.table.name)
+        if s.kind == "left":  # no match: the left row once, its columns NULL
+            rows = exp.Coalesce(this=rows, expressions=[exp.Literal.number(1)])
+        product = exp.Mul(this=product, expression=rows)
+    light = exp.LTE(this=product, expression=exp.Literal.number(most))
+    return exp.Coalesce(this=light, expressions=[exp.false()])  # unknown: the window
 
 
 def _row_filters(
@@ -284,22 +321,31 @@ def _per_unit(table: str, value: exp.Expression, condition: exp.Expression | Non
 
 
 def bound_contributions(
-    c: Contribution, keys: list[str], values: list[str], seed: int, dialect: Dialect = DUCKDB
-) -> tuple[list[tuple[str, exp.Select]], tuple[str, exp.Expression]]:
+    c: Contribution,
+    keys: list[str],
+    values: list[str],
+    seed: int,
+    dialect: Dialect = DUCKDB,
+    light: list[str] | None = None,
+) -> tuple[list[tuple[str, exp.Select]], tuple[str, exp.Expression | None]]:
     """CTEs over ``kept_rows`` that keep at most ``c.rows`` rows per unit and
     partition, in at most ``c.groups`` partitions per unit; and the table and the
     condition the final aggregation reads. Runs after every join, so however a join
-    multiplies a unit's rows, what it contributes stays within the bounds."""
+    multiplies a unit's rows, what it contributes stays within the bounds. With
+    ``light`` (the row's columns), rows marked ``LIGHT`` (``_light``: their unit's
+    rows are all kept) skip the sort, and the others' bounded rows join them."""
     by_row = [_col(UNIT), *(_col(k) for k in keys)]
     content = [_col(UNIT), *(_col(k) for k in keys), *(_col(v) for v in values),
                exp.Literal.number(seed)]  # fmt: skip
     order = exp.Order(expressions=[exp.Ordered(this=dialect.hash(*content))])
     numbered = exp.Window(this=exp.RowNumber(), partition_by=by_row, order=order)
     ranked = exp.select(exp.Star(), _as(numbered, "__row", quoted=False)).from_("kept_rows")
+    if light is not None:
+        ranked = ranked.where(exp.Not(this=_col(LIGHT)))
     within = exp.LTE(this=exp.column("__row"), expression=exp.Literal.number(c.rows))
     ctes = [("ranked", ranked)]
     if not keys:
-        return ctes, ("ranked", within)
+        return _joined_light(ctes, ("ranked", within), light)
     key_list = [_col(k) for k in keys]
     group_order = exp.Order(
         expressions=[
@@ -311,17 +357,36 @@ def bound_contributions(
                        order=group_order)  # fmt: skip
     grouped = exp.select(exp.Star(), _as(group, "__group", quoted=False)).from_("ranked")
     ctes.append(("grouped", grouped.where(within)))
-    return ctes, (
+    final = (
         "grouped",
         exp.LTE(this=exp.column("__group"), expression=exp.Literal.number(c.groups)),
+    )
+    return _joined_light(ctes, final, light)
+
+
+def _joined_light(
+    ctes: list[tuple[str, exp.Select]],
+    final: tuple[str, exp.Expression],
+    light: list[str] | None,
+) -> tuple[list[tuple[str, exp.Select]], tuple[str, exp.Expression | None]]:
+    """The window's bounded rows, and with ``light`` the light units' rows beside them."""
+    if light is None:
+        return ctes, final
+    columns = [_col(n) for n in light]
+    kept = exp.select(*columns).from_("kept_rows").where(_col(LIGHT))
+    bounded = exp.select(*(c.copy() for c in columns)).from_(final[0]).where(final[1])
+    return [*ctes, ("bounded_rows", exp.union(kept, bounded, distinct=False))], (
+        "bounded_rows",
+        None,
     )
 
 
 def _from(
-    plan: Plan, row: _Rows, bounds: dict[str, exp.Expression]
+    plan: Plan, row: _Rows, bounds: dict[str, exp.Expression], counted: bool = False
 ) -> tuple[list[exp.Expression], list[exp.Expression]]:
     """The FROM clause (the first scan, then its joins, each scan filtered by its
-    entry in ``bounds``) and the filters left for WHERE."""
+    entry in ``bounds``, and with ``counted`` reading its unit's rows in its table)
+    and the filters left for WHERE."""
     resolved = plan.checked.resolved
     trees = [k.expr for k in plan.keys]
     trees += [m.arg for m in plan.measurements if m.arg is not None]
@@ -330,7 +395,7 @@ def _from(
     if plan.reads_unit:
         trees.append(resolved.unit)
     used = _used(resolved, trees + terms)
-    return _reads(resolved.scans, terms, used, row, bounds)
+    return _reads(resolved.scans, terms, used, row, bounds, counted)
 
 
 def _scan_reads(
@@ -366,10 +431,12 @@ def _reads(
     used: dict[str, dict[str, Column]],
     row: _Rows,
     bounds: dict[str, RoomRead],
+    counted: bool = False,
 ) -> tuple[list[exp.Expression], list[exp.Expression]]:
-    """Each scan reads its used columns, typed and clamped, and the rows its entry in
-    ``bounds`` keeps; each of the query's filters goes to the inner join that
-    completes it, else to WHERE."""
+    """Each scan reads its used columns, typed and clamped (with ``counted``, its unit's
+    rows in its table too: ``_light``), and the rows its entry in ``bounds`` keeps;
+    each of the query's filters goes to the inner join that completes it, else to
+    WHERE."""
     order = {s.name: i for i, s in enumerate(scans)}
     placed: dict[str, list[exp.Expression]] = {s.name: [] for s in scans}
     where: list[exp.Expression] = []
@@ -382,6 +449,8 @@ def _reads(
     parts: list[exp.Expression] = []
     for scan in scans:
         cols: list[exp.Expression] = [_as(_col(c.name), c.name) for c in used[scan.name].values()]
+        if counted:
+            cols.append(_as(_col(ROWS + scan.table.name), ROWS + scan.table.name))
         if scan.kind == "left":
             cols.append(_as(exp.true(), PRESENT))
         if not cols:
