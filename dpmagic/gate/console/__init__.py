@@ -11,7 +11,8 @@ cost, never what a user was released.
 The parts: ``server.py`` serves the pages (tornado) and checks every request;
 ``owners.py`` says who may (the gate's Unix user by a one-time login URL, an admin
 token, a JupyterHub admin: ``hub.py``); ``sessions.py`` keeps the signed-in browsers;
-``guards.py`` refuses forged changes; ``layout.py`` and ``charts.py`` draw; one module
-per page (``overview.py``, ``budgets.py``, ``query_log.py``, ``renewals.py``,
-``changes.py``).
+``guards.py`` refuses forged changes; ``hosts.py`` the hosts it answers; ``known.py``
+says which users the gate knows, so that a grant to another is asked about first;
+``layout.py`` and ``charts.py`` draw; one module per page (``overview.py``,
+``budgets.py``, ``query_log.py``, ``renewals.py``, ``changes.py``).
 """
