@@ -5,19 +5,27 @@ whole sign-in through a real Hub is tests/system/test_hub_console.py."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("jupyterhub", reason="the hub extra: pip install 'dpmagic[hub]'")
 
-from jupyterhub.services.auth import HubOAuth
+from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler
+from tornado.httpserver import HTTPServer
+from tornado.netutil import bind_sockets
+from tornado.web import Application
 
-from dpmagic.gate.console.hub import hub_admin, hub_knows, hub_public_urls
+from dpmagic.gate.console.hosts import Hosts
+from dpmagic.gate.console.hub import hub_admin, hub_console, hub_knows, hub_public_urls
 from dpmagic.gate.console.owners import Owner, Way
 from dpmagic.gate.console.server import Refused
+from tests.consoles import Client, console_policy
 
 # Run where the hub extra is installed (.ci/run's Hub stage), not skipped in the unit run.
 pytestmark = pytest.mark.hub
@@ -111,3 +119,64 @@ def test_the_hubs_public_url_is_a_host_the_console_answers(
         "https://hub.example.edu/services/c/",
         "https://hub.example.edu/hub/",
     )
+
+
+def test_the_hub_consoles_pages_and_oauth_callback_answer_only_its_hosts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a Hub that names its public URL: a page or the OAuth callback (which sets the
+    Hub's cookie) asked under another host is a bare 400, and the callback's own code
+    never runs; under the public URL's host a page goes on to the Hub's sign-in."""
+    monkeypatch.setenv("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:8766")
+    monkeypatch.setenv("JUPYTERHUB_SERVICE_PREFIX", "/services/dpmagic-console/")
+    monkeypatch.setenv("JUPYTERHUB_PUBLIC_URL", "https://hub.example.edu/services/dpmagic-console/")
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "service-token-0123456789")
+    monkeypatch.setenv("JUPYTERHUB_CLIENT_ID", "service-dpmagic-console")
+    called: list[str] = []
+
+    async def callback(self: object) -> None:
+        called.append("callback")
+
+    monkeypatch.setattr(HubOAuthCallbackHandler, "get", callback)
+    policy = console_policy(tmp_path)
+    console, app, host, port = hub_console(policy, None)
+    assert (host, port) == ("127.0.0.1", 8766)
+    with serving(app) as bound:
+        console.hosts = Hosts.served(host, [host], bound, console.public, behind_hub=True)
+        base = f"http://127.0.0.1:{bound}/services/dpmagic-console/"
+
+        def status(path: str, host: str) -> int:
+            return Client(base).get(path, {"Host": host}).status
+
+        assert status("budgets", "evil.example") == 400
+        assert status("oauth_callback", "evil.example") == 400
+        assert called == []
+        assert status("budgets", "hub.example.edu") == 302  # to the Hub's login
+        assert status("oauth_callback", "hub.example.edu") == 200
+        assert called == ["callback"]
+    console.close()
+
+
+@contextlib.contextmanager
+def serving(app: Application) -> Iterator[int]:
+    """``app`` on a free loopback port in a thread's event loop; yields the port."""
+    ready, loop, where = threading.Event(), asyncio.new_event_loop(), []
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        server = HTTPServer(app)
+        sockets = bind_sockets(0, "127.0.0.1")
+        server.add_sockets(sockets)
+        where.append(sockets[0].getsockname()[1])
+        ready.set()
+        loop.run_forever()
+        server.stop()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    try:
+        yield where[0]
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
