@@ -655,11 +655,13 @@ def _unit_question(
     unit = result.privacy_unit
     if by_name:
         lines = [
+            "",
             f"{table.name} has a column {by_name!r}, the privacy unit's name, and declares "
-            f"a foreign key from another column to a person: which one holds the person?"
+            f"a foreign key from another column to a person: which one holds the person?",
+            f"  {by_name}: named for the unit (answer {by_name})",
         ]
     else:
-        lines = [f"{table.name} has no column {unit!r} (it has {table.names()})."]
+        lines = ["", f"{table.name} has no column {unit!r} (it has {table.names()})."]
     for fk in usable:
         lines.append(f"  declared foreign key {fk}: a link the policy can say")
     for fk, why in unusable:
@@ -789,6 +791,7 @@ def _rows_question(result: Plan, name: str, column: str, stats: UnitCounts) -> l
             f"{stats.most}."
         )
     return [
+        "",
         counts,
         f"  max_rows_per_unit bounds each person's rows here; rows beyond it are left out. "
         f"A grouped count's 95% error at ε = 1 is ±{count_error_of(1)} at 1, "
