@@ -31,8 +31,9 @@ class PrivateRead:
     One per request: the server makes it, the engine calls ``begin`` in an engine
     thread, and the server reads ``began`` on its event loop after that thread's
     work is done (the executor's future orders the two). It only ever goes from
-    False to True, so a query run twice (``admission``: retried alone) or in two
-    releases (``Engine._clipped``) stays marked from the first read on."""
+    False to True, so a query run twice (``admission``: retried after running out of
+    memory under load) or in two releases (``Engine._clipped``) stays marked from
+    the first read on."""
 
     began: bool = False
 
