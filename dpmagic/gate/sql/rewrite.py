@@ -119,8 +119,10 @@ def rewrite(plan: Plan, seed: int | None = None, dialect: Dialect = DUCKDB) -> R
     if apart:
         tree, more = _histograms_apart(tree, plan, final)
         ctes = ctes + more
+    split = dialect.inline_kept_rows and any(name == "bounded_rows" for name, _ in ctes)
     for name, cte in ctes:
-        tree = tree.with_(name, as_=cte)
+        inline = split and name == "kept_rows"  # read twice there: ``_joined_light``
+        tree = tree.with_(name, as_=cte, materialized=False if inline else None)
     tree = _semijoins(tree, resolved, row)
     check_deadline()  # before the rendering, whose time grows with the tree
     names = tuple(m.name for m in plan.measurements)
