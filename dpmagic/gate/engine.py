@@ -46,9 +46,8 @@ from dpmagic.gate.service.ledger import Charge, Ledger, ReplayKey
 from dpmagic.gate.service.padding import PrivateRead
 from dpmagic.gate.service.reply import Reply
 from dpmagic.gate.service.views import budget_views, history_entries
-from dpmagic.gate.sql import bounding_report
-from dpmagic.gate.sql.clip import ClipBounds, Clipped, clipped
-from dpmagic.gate.sql.clip import targets as clip_targets
+from dpmagic.gate.sql import bounding_report, clip_releases
+from dpmagic.gate.sql.clip import ClipBounds, ClipMoved, Clipped
 from dpmagic.gate.sql.limits import deadline
 from dpmagic.gate.sql.pipeline import Analysed, Answer, Asked, analyse, execute, generate
 from dpmagic.gate.sql.plan_types import Plan
@@ -273,32 +272,10 @@ class Engine:
         )  # fmt: skip
 
     def _clipped(self, user: str, request: QueryRequest, reads: PrivateRead) -> Reply:
-        """A query whose sums are clipped at value bounds it chooses privately, in two
-        releases (``sql/clip.py``): the bounds with ``clip`` of the ε, the query with the
-        rest, each a query of its own in the ledger (each replayed alike, so a re-run
-        replays both). A dry run shows the second's plan before any bound is chosen."""
-        share = required(request.clip, "the clip's share")
-        dataset = tightened(self._dataset(request.dataset), request)
-        eps, _ = _asked(dataset, request)
-        rest = replace(request, epsilon=eps * (1 - share), whole_epsilon=eps)
-        main = self.analysis(user, dataset, rest).plan
-        if request.dry_run:
-            reply = self._query(user, rest, reads)
-        else:
-            bounds = replace(rest, epsilon=eps * share, stage=ClipBounds())
-            first = self._query(user, bounds, reads)
-            rows = first.json()["rows"]  # one row: the bounds
-            if not rows or any(v is None for v in rows[0]):
-                raise Failed("the clip's bounds could not be chosen; nothing more was charged")
-            stage = clipped(main.checked, [float(v) for v in rows[0]])
-            reply = self._query(user, replace(rest, stage=stage), reads)
-            envelope = reply.envelope
-            envelope["clip"] = {**envelope["clip"], "replayed": first["replayed"]}
-            envelope["cost"] = {
-                k: envelope["cost"].get(k, 0.0) + first["cost"].get(k, 0.0)
-                for k in {*envelope["cost"], *first["cost"]}
-            }
-        return reply
+        """A query whose sums are clipped at value bounds it chooses privately: its
+        releases (the bounds, the rule, the values moved, the query), each a query of
+        its own in the ledger, and its reply are ``sql/clip_releases.answer``'s."""
+        return clip_releases.answer(self, user, request, reads)
 
     def _query(self, user: str, request: QueryRequest, reads: PrivateRead) -> Reply:
         """A query's reply: a dry run's plan, a replay from the ledger, or, after the
@@ -646,17 +623,13 @@ def _envelope(dataset: Dataset, analysis: Analysis, request: QueryRequest) -> di
         reply["request"]["epsilon"] = request.whole_epsilon  # type: ignore[index]
         if isinstance(request.stage, ClipBounds):
             reply["request"]["clip_bounds"] = True  # type: ignore[index]
+        if isinstance(request.stage, ClipMoved):
+            reply["request"]["clip_moved"] = True  # type: ignore[index]
     if isinstance(request.stage, Clipped):
+        # Which bounds were used and why, what the cells hold, the values moved.
         share = required(request.clip, "the clip's share")
-        chosen = [
-            {"aggregate": agg.label, "bounds": [lo, hi]}
-            for agg, (_, lo, hi) in zip(
-                clip_targets(the_plan.checked), request.stage.clips, strict=True
-            )
-        ]
         whole = required(request.whole_epsilon, "a clipped query's ε")
-        reply["clip"] = {"share": share, "epsilon": whole * share,
-                         "chosen": chosen}  # fmt: skip
+        reply["clip"] = clip_releases.facts(request.stage, share, whole)
     return reply
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from dpmagic.gate.dp.levels import REPORT_ALPHA
 from dpmagic.gate.failures import BadRequest, InvalidBody
-from dpmagic.gate.sql.clip import ClipBounds, ClipStage
+from dpmagic.gate.sql.clip import ClipBounds, ClipMoved, ClipStage
 
 MAX_NOTEBOOK_CHARS = 512
 MIN_EPSILON = 1e-12
@@ -46,6 +46,8 @@ class QueryRequest:
         says what it is."""
         if isinstance(self.stage, ClipBounds):
             return f"-- --clip: the value bounds of this query's sums\n{self.sql}"
+        if isinstance(self.stage, ClipMoved):
+            return f"-- --clip: how many values the clip moved\n{self.sql}"
         return self.sql
 
     @classmethod
