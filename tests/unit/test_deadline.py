@@ -134,3 +134,40 @@ def test_close_waits_for_the_runs_past_their_deadline(tmp_path) -> None:
         assert done.wait(5)
         assert store._runs == 1  # its reply is out, its work is not
     assert store._runs == 0  # closing waited for it (closing under it raised, before)
+
+
+def _quick_runs(n: int) -> float:
+    """Seconds for ``n`` runs that each end after 1 ms, under a limit of 1 s."""
+    engine = Sharing()
+    share = engine.join()
+    start = time.monotonic()
+    with sharing.counted_on(share):
+        for i in range(n):
+            assert (
+                deadline.within_limit(lambda i=i: time.sleep(0.001) or i, 1.0, Nobody(), bool) == i
+            )
+    engine.leave(share)
+    return time.monotonic() - start
+
+
+class Nobody:
+    def interrupt(self) -> None:
+        pass
+
+
+def test_a_run_that_ends_soon_is_answered_at_once(monkeypatch) -> None:
+    """The caller sleeps towards the deadline unless the work is done, read under the
+    lock the work's end wakes it by, so an end between the look and the sleep is not
+    missed. The broken version looks without the lock (a thread switch between the
+    look and the sleep, forced here by a 2 ms pause): each run is answered at its
+    deadline."""
+    assert _quick_runs(3) < 0.5
+
+    def unlocked(self, until, done) -> None:
+        if not done():
+            time.sleep(0.002)  # the work ends meanwhile, its wake-up lost
+            with self._sharing.changed:
+                self._sharing.changed.wait(max(0.0, until - time.monotonic()))
+
+    monkeypatch.setattr(sharing.Shared, "wait", unlocked)
+    assert _quick_runs(3) > 2.5

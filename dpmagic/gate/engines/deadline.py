@@ -102,7 +102,7 @@ def within_limit(
             stop.start()
             share.linger(future)  # type: ignore[arg-type]
             raise OutOfResources(deadline)
-        share.wait(deadline)
+        share.wait(deadline, future.done)
     try:
         return future.result()
     except BaseException as exc:

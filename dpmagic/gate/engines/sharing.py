@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextvars
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import Protocol
@@ -45,8 +45,10 @@ class Share(Protocol):
         shared as it is now (a later change wakes ``wait``)."""
         ...
 
-    def wait(self, until: float) -> None:
-        """Sleep until monotonic ``until``, or until the sharing changes or ``poke``."""
+    def wait(self, until: float, done: Callable[[], bool]) -> None:
+        """Unless ``done()``, sleep until monotonic ``until``, or until the sharing
+        changes or ``poke``. ``done`` is read under the lock ``poke`` takes, so a poke
+        right after it is never missed."""
         ...
 
     def poke(self) -> None:
@@ -72,9 +74,10 @@ class Solo:
     def at(self, used: float) -> float:
         return self._start + used
 
-    def wait(self, until: float) -> None:
+    def wait(self, until: float, done: Callable[[], bool]) -> None:
         with self._changed:
-            self._changed.wait(max(0.0, until - time.monotonic()))
+            if not done():
+                self._changed.wait(max(0.0, until - time.monotonic()))
 
     def poke(self) -> None:
         with self._changed:
@@ -156,9 +159,10 @@ class Shared:
             sharers = max(1, len(self._sharing._runs))
             return time.monotonic() + max(0.0, used - self._used) * sharers
 
-    def wait(self, until: float) -> None:
+    def wait(self, until: float, done: Callable[[], bool]) -> None:
         with self._sharing.changed:
-            self._sharing.changed.wait(max(0.0, until - time.monotonic()))
+            if not done():
+                self._sharing.changed.wait(max(0.0, until - time.monotonic()))
 
     def poke(self) -> None:
         with self._sharing.changed:
