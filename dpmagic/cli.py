@@ -251,6 +251,14 @@ def _parser() -> argparse.ArgumentParser:
         help="run as a JupyterHub service: the Hub's admins sign in through the Hub "
         "(the address is the service's url)",
     )
+    p.add_argument(
+        "--public-url",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a URL the console is reached at besides its own address (behind a TLS "
+        "proxy that keeps the browser's Host); repeat for several. Other hosts get a 400",
+    )
     p.set_defaults(run=_console)
 
     p = sub.add_parser("audit", help="the query log", description=_audit.__doc__)
@@ -605,7 +613,14 @@ def _console(args: argparse.Namespace) -> int:
     from dpmagic.gate.service.auth import TokenFileError
 
     try:
-        return run(policy, args.host, args.port, args.admin_token_file, args.jupyterhub)
+        return run(
+            policy,
+            args.host,
+            args.port,
+            args.admin_token_file,
+            args.jupyterhub,
+            public=args.public_url,
+        )
     except TokenFileError as exc:
         raise CommandError(str(exc)) from None
     except OSError as exc:

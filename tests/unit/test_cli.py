@@ -253,3 +253,18 @@ def test_kernel_install_into_a_prefix(tmp_path: Path, capsys: pytest.CaptureFixt
     assert where.is_relative_to(tmp_path)
     spec = json.loads((where / "kernel.json").read_text())
     assert spec["env"]["DPMAGIC_GATE"] == "unix:/nowhere/gate.sock"
+
+
+def test_console_public_urls_reach_the_host_check(tmp_path: Path, monkeypatch) -> None:
+    """``--public-url`` (repeatable) is what the console answers besides its own address:
+    the command passes every one to ``serve.run``'s ``public``, and none without it."""
+    from dpmagic.gate.console import serve
+
+    policy = prepare_example(tmp_path, patients=20)
+    seen: list[list[str]] = []
+    monkeypatch.setattr(serve, "run", lambda *a, public=(), **k: seen.append(list(public)) or 0)
+    urls = ["https://console.example.org", "https://owner.example.org:8443"]
+    args = ["console", "--policy", str(policy)]
+    assert main([*args, "--public-url", urls[0], "--public-url", urls[1]]) == 0
+    assert main(args) == 0
+    assert seen == [urls, []]
