@@ -75,9 +75,13 @@ def report(plan: Plan, exact: tuple[object, ...], alpha: float) -> dict[str, obj
 
 
 def _noisy(exact: int, noise: Noise, alpha: float) -> dict[str, object]:
+    """A noisy count with its interval, neither below 0: a count of rows or units left
+    out is never negative, so raising the noisy value and the interval's ends to 0 is
+    post-processing that only moves them towards the truth (an interval that held it
+    still does)."""
     value = exact + noise.sample(1)[0]
     half = noise.half_width(alpha)
-    return {"value": value, "interval": [value - half, value + half]}
+    return {"value": max(value, 0), "interval": [max(value - half, 0), max(value + half, 0)]}
 
 
 def _clamps(plan: Plan) -> list[tuple[str, tuple[float, float]]]:
