@@ -39,7 +39,8 @@ TIMEOUT_JITTER = 0.25
 
 def drawn_timeout(limit: float) -> float:
     """A run's time limit, uniform in ``[(1 − TIMEOUT_JITTER) × limit, limit]`` from the
-    operating system's secure generator.
+    operating system's secure generator, counted on the run's share of the engine
+    (``sharing.py``) and waited for no longer (``deadline.py``).
 
     Why. One unit moves a query's running time by at most its bounded work
     (``sql/work.py``), milliseconds; a query tuned to end within that of a fixed
