@@ -360,6 +360,11 @@ def _randomized_tables(tables: dict[str, Table], where: str) -> None:
 
 def _column(name: str, raw: object, where: str) -> Column:
     shape = decode(raw, ColumnShape, where, example='{ type = "int" }')
+    column = _typed_column(name, shape, where)
+    return replace(column, not_null=True) if shape.not_null else column
+
+
+def _typed_column(name: str, shape: ColumnShape, where: str) -> Column:
     values = _public_values(shape, where)
     response = _randomized_response(shape, where) if shape.randomized_response else None
     if shape.type == "str":

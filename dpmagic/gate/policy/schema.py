@@ -72,6 +72,7 @@ class ColumnShape(_Shape):
     public_values: Annotated[list[Any], msgspec.Meta(min_length=1)] | None = None
     randomized_response: ResponseShape | None = None
     max_length: Annotated[int, msgspec.Meta(ge=1, le=MAX_MAX_LENGTH)] | None = None
+    not_null: bool = False
 
 
 class TableShape(_Shape):

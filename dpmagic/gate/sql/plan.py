@@ -387,6 +387,8 @@ def _parts(
     clamp = required(clamp, "a sum's bounds")
     total: Wanted = (MeasureKind.SUM, arg, clamp, f"SUM({arg_sql})", None)
     count: Wanted = (MeasureKind.COUNT, arg, None, f"COUNT({arg_sql})", None)
+    if _never_null(arg, resolved):  # the same count as the query's COUNT(*): measured once
+        count = (MeasureKind.COUNT, None, None, "COUNT(*)", None)
     if agg.func == "sum":
         return [total, count] if debiased else [total]
     if agg.func == "avg":
@@ -404,6 +406,16 @@ def _parts(
         (MeasureKind.SUM, square, ValueRange(0, reach * reach, clamp.integral),
          f"SUM(({arg_sql} - {centre})^2)", 0),
     ]  # fmt: skip
+
+
+def _never_null(arg: exp.Expression, resolved: Resolved) -> bool:
+    """Whether ``arg`` is NULL on no row: a column the owner declared ``not_null`` (checked
+    at load), read from a scan no LEFT JOIN may leave empty."""
+    while isinstance(arg, exp.Paren):
+        arg = arg.this
+    col = resolved.column(arg)
+    scan = resolved.scan(arg.table) if isinstance(arg, exp.Column) else None
+    return col is not None and col.not_null and scan is not None and scan.kind != "left"
 
 
 def _typed_parts(agg: AggregateCall, names: tuple[str, ...], bounded: Bounded) -> Parts:

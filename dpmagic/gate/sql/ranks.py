@@ -86,7 +86,7 @@ import duckdb
 from sqlglot import exp
 
 from dpmagic.gate.dp.contribution import Contribution
-from dpmagic.gate.policy import AccountantKind, Column, Dataset, Table
+from dpmagic.gate.policy import AccountantKind, Column, Dataset, PolicyError, Table
 from dpmagic.gate.sql.kinds import MeasureKind
 from dpmagic.gate.sql.resolve import Resolved
 from dpmagic.gate.sql.trees import conjuncts, quoted
@@ -323,6 +323,15 @@ def _room(cap: int, product: exp.Expression | None) -> exp.Expression:
     return k if product is None else exp.Paren(this=exp.IntDiv(this=k, expression=product.copy()))
 
 
+def not_null_broken(table: str, column: str) -> str:
+    """The refusal to start over data that breaks a ``not_null`` declaration: it names the
+    table and the column, never a row or a value."""
+    return (
+        f"{table}.{column} is declared not_null, but some of its rows hold NULL (or a "
+        "value that is not of its type): fix the data, or drop not_null"
+    )
+
+
 def bounded_by_units(dataset: Dataset, table: Table) -> bool:
     """Whether ``table`` is ranked and counted per unit at load."""
     return not table.public and dataset.privacy_unit is not None and table.unit in table.columns
@@ -355,6 +364,14 @@ def prepare_tables(
         target = STAGE + name if name in counted else name
         select = prepare_sql(dataset, dataset.tables[name], relation, seed)
         con.execute(f"CREATE OR REPLACE TABLE {schema}.{quoted(target)} AS {select}")
+        for col in dataset.tables[name].columns.values():
+            if col.not_null:
+                found = con.execute(
+                    f"SELECT EXISTS (SELECT 1 FROM {schema}.{quoted(target)} "
+                    f"WHERE {quoted(col.name)} IS NULL)"
+                ).fetchone()
+                if found is not None and found[0]:
+                    raise PolicyError(not_null_broken(name, col.name))
     for name in counted:
         table = dataset.tables[name]
         columns, joins = ["__t.*"], []

@@ -42,7 +42,7 @@ from urllib.parse import urlparse
 
 from dpmagic.gate.engines.versions import fingerprint
 from dpmagic.gate.policy import Column, Dataset, PolicyError, Table
-from dpmagic.gate.sql.ranks import RANK, ROWS, bounded_by_units, load_cap
+from dpmagic.gate.sql.ranks import RANK, ROWS, bounded_by_units, load_cap, not_null_broken
 
 if TYPE_CHECKING:
     from pyspark.sql import Column as SparkColumn
@@ -152,6 +152,12 @@ def prepare(
         name: prepared_frame(_source(spark, dataset, name), dataset, dataset.tables[name], seed)
         for name in locations
     }
+    from pyspark.sql import functions as F
+
+    for name, frame in frames.items():
+        for col in dataset.tables[name].columns.values():
+            if col.not_null and frame.filter(F.col(col.name).isNull()).limit(1).count():
+                raise PolicyError(not_null_broken(name, col.name))
     counted = [n for n in frames if bounded_by_units(dataset, dataset.tables[n])]
     counts = {n: _unit_counts(frames[n], dataset, dataset.tables[n]) for n in counted}
     for name, prepared in frames.items():
