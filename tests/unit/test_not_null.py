@@ -61,9 +61,11 @@ x = { type = "int", lower = 0, upper = 100, not_null = true }
 
 def test_data_that_breaks_the_declaration_stops_the_gate_without_a_value(tmp_path) -> None:
     rows = [(1, 41), (2, None), (3, 7)]
-    with pytest.raises(PolicyError) as refused:
-        with running_engine(tmp_path, POLICY, {"t": ("pid,x", rows)}):
-            pass
+    with (
+        pytest.raises(PolicyError) as refused,
+        running_engine(tmp_path, POLICY, {"t": ("pid,x", rows)}),
+    ):
+        pass
     message = str(refused.value)
     assert "t.x is declared not_null" in message
     assert "41" not in message and "7" not in message
