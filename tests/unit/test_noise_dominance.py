@@ -389,11 +389,22 @@ def test_a_cell_flagged_on_a_wider_interval_than_shown_says_which(sql):
         (a, b), least = wider["intervals"][0], wider["least_rows"][0]
         assert a <= lo and hi <= b and least == pytest.approx(n - half)
         # the interval sent is one the rule flags: the flag agrees with it
-        if column["rule"] == "range":
-            assert b - a >= 50
+        if column["rule"] == "range":  # as wide as judged, within the values it can take
+            assert b - a >= 50 and a >= 0 and b <= 100
         else:
             assert dominance.zero_rule(np.array([a]), np.array([b]))[0]
         reply = {"columns": released.columns, "rows": released.rows}
         text = repr(DPResult({**reply, "accuracy": released.accuracy}))
         assert "(noise dominates, judged on [" in text.splitlines()[1]
     assert seen, "no group size where the cell is flagged on a wider interval"
+
+
+def test_a_judged_interval_is_as_wide_as_judged_and_within_the_range():
+    """Moved, never narrowed: an average of 90 [85, 95] judged 52 wide in [0, 100] reads
+    [48, 100] (centred it would reach 116, a value it cannot take; cut at 100 it would
+    be 36 wide, narrower than the half of the range that flagged it); 100 wide or more,
+    or unbounded, the whole range; in the middle, centred."""
+    lo, hi = np.array([85.0, 85.0, 85.0, 40.0]), np.array([95.0, 95.0, 95.0, 60.0])
+    width = np.array([52.0, 100.0, np.inf, 60.0])
+    a, b = dominance.within_range(lo, hi, width, 0.0, 100.0)
+    assert a.tolist() == [48.0, 0.0, 0.0, 20.0] and b.tolist() == [100.0, 100.0, 100.0, 80.0]

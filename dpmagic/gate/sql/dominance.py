@@ -336,9 +336,8 @@ def judged(
         out = {"rule": "range", "range": [low, high], "noise_dominates": verdicts(flags, unknown)}
         wider = flags & ~range_rule(lo, hi, low, high) & ~unknown
         if least is not None and wider.any():
-            width = judged_width(lo, hi, stretch, widths)
-            middle = (lo + hi) / 2
-            out["judged_wider"] = judged_wider(wider, middle - width / 2, middle + width / 2, least)
+            ends = within_range(lo, hi, judged_width(lo, hi, stretch, widths), low, high)
+            out["judged_wider"] = judged_wider(wider, *ends, least)
         return out
     if isinstance(what, Floor):
         shown = zero_rule(lo, hi)
@@ -367,12 +366,28 @@ def judged_width(
     return width
 
 
+def within_range(
+    lo: np.ndarray, hi: np.ndarray, width: np.ndarray, low: float, high: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """An interval ``width`` wide holding ``[lo, hi]`` (itself within ``[low, high]``) as
+    the range rule sees it: about ``[lo, hi]``'s middle, moved (never narrowed) to lie
+    within the range, or the whole range where ``width`` is not less (or infinite).
+    The rule judges a width, not a place; shown as an interval the user reads it as
+    one a value could lie in, so it stays within the values the cell can take, and
+    covers as much of the range as the width the verdict was judged by."""
+    with np.errstate(invalid="ignore"):
+        start = np.clip((lo + hi) / 2 - width / 2, low, np.maximum(high - width, low))
+        whole = ~(width < high - low)
+        return np.where(whole, low, start), np.where(whole, high, start + width)
+
+
 def judged_wider(
     cells: np.ndarray, lo: np.ndarray, hi: np.ndarray, least: np.ndarray
 ) -> dict[str, list]:
     """The cells (row positions) flagged on a wider interval than the one shown, which
     alone would not have flagged them: for each, that interval (``None`` where it is
-    unbounded: the group may be empty) and the least group size it was judged at
+    unbounded: the group may be empty; a range rule's is within its range,
+    ``within_range``) and the least group size it was judged at
     (the count's interval's lower end; ``None`` below one row). Sent so that the
     notebook can show the interval a flag was judged on, which the user would
     otherwise never see beside a narrower one (``33.06 [19.77, 43.49] noise
