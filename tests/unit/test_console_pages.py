@@ -119,7 +119,8 @@ def test_the_log_filters_by_user_notebook_status_text_dataset_and_count(client: 
     assert {r[2] for r in logged(client, "user=alice")} == {"alice"}
     assert {r[4] for r in logged(client, "notebook=hw1.ipynb")} == {"hw1.ipynb"}
     assert len(logged(client, "notebook=hw1.ipynb")) == 2
-    assert {r[5] for r in logged(client, "status=renews")} == {"renews"}
+    # The first charge under a renewing budget opens its first period: said so.
+    assert {r[5] for r in logged(client, "status=renews")} == {"period begins"}
     [bob] = logged(client, "q=group+by")  # whatever the case
     assert bob[2] == "bob" and bob[8] == QUERIES[2][3]
     assert len(logged(client, "dataset=d&limit=2")) == 2
@@ -275,7 +276,7 @@ def test_the_renewals_page_shows_each_renewing_budget_and_its_rows(client: Clien
     assert summary[5].startswith("week ") and summary[7] == "3"
     rows = cells(page, "id")
     assert {r[3] for r in rows} == {"alice", "bob", "carol"}
-    assert {r[2] for r in rows} == {"renews"}
+    assert {r[2] for r in rows} == {"period begins"}
 
 
 def test_the_overview_shows_the_policy_in_force(client: Client) -> None:

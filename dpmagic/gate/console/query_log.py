@@ -60,7 +60,8 @@ def log_page(
 
 def _filters(frame: Frame, policy: Policy, dataset: str, which: owner.LogFilter) -> str:
     datasets = _options([("", "all"), *((n, n) for n in sorted(policy.datasets))], dataset)
-    statuses = _options([("", "any"), *((s, s) for s in owner.STATUSES)], which.status or "")
+    shown = ((s, SHOWN.get(s, s)) for s in owner.STATUSES)
+    statuses = _options([("", "any"), *shown], which.status or "")
     return (
         f'<form class="filters" method="get" action="{esc(frame.base)}log">'
         f'<label>dataset<select name="dataset">{datasets}</select></label>'
@@ -82,8 +83,13 @@ def _options(choices: list[tuple[str, str]], chosen: str) -> str:
     )
 
 
+# How the renewal rows read: the first charge under a renewing budget opens its first
+# period ("renews" in the ledger), a later period's first charge renews it.
+SHOWN = {owner.RENEWS: "period begins", owner.RENEWED: "renewed"}
+
+
 def _row(frame: Frame, e: owner.LogEntry) -> list[str]:
-    status = e.status
+    status = SHOWN.get(e.status, e.status)
     if e.replayed and e.source is not None:
         status = f"replayed (shared: #{e.source})"
     what = f'<span class="status {esc(e.status)}">{esc(status)}</span>'

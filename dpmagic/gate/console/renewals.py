@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dpmagic.gate import owner
 from dpmagic.gate.console.layout import Frame, esc, number, page, table, when
+from dpmagic.gate.console.query_log import SHOWN
 from dpmagic.gate.service.budget_scopes import ScopeKind
 
 HEADS = ("dataset", "budget", "ε", "δ", "every", "period now", "next begins (UTC)", "rows")
@@ -52,7 +53,13 @@ def renewals_page(frame: Frame, found: list[owner.Renewal]) -> str:
         if not r.history:
             continue
         rows = [
-            [str(e.id), esc(when(e.time)), esc(e.status), esc(_holder(e)), esc(e.sql)]
+            [
+                str(e.id),
+                esc(when(e.time)),
+                esc(SHOWN.get(e.status, e.status)),
+                esc(_holder(e)),
+                esc(e.sql),
+            ]
             for e in r.history
         ]
         parts.append(
