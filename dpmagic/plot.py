@@ -16,6 +16,7 @@ matplotlib comes from the ``plot`` extra (``pip install 'dpmagic[plot]'``).
 from __future__ import annotations
 
 import math
+import textwrap
 from typing import Any, Protocol
 
 import pandas as pd
@@ -46,6 +47,8 @@ KINDS = ("bar", "hist", "line")
 INSTALL_HINT = "plots need matplotlib: pip install 'dpmagic[plot]'"
 NOISE_COLOUR = "grey"
 """The colour of a noise-dominated cell's interval: not the data's."""
+TITLE_CHARS_PER_INCH = 13
+"""About this many characters of the 9-point title fit an inch of the figure."""
 SHOWN_NAMES = 4
 """At most this many noise-dominated groups are named in the title; more are counted."""
 
@@ -103,7 +106,9 @@ def plot(result: Plotted, kind: str = "bar", x: str | None = None, y: str | None
         notes.append(f"left out, noise may dominate and no interval is known: "
                      f"{where}{_names(labels, left_out)}")  # fmt: skip
     if notes:
-        title += "\n" + "\n".join(notes)
+        # Wrapped to the figure's width: a long list of groups ran off the figure.
+        chars = max(40, int(axes.figure.get_figwidth() * TITLE_CHARS_PER_INCH))
+        title += "\n" + "\n".join(textwrap.fill(note, chars) for note in notes)
     if result.mock:
         title = f"{MOCK_LABEL}\n{title}"
     axes.set_title(title, fontsize=9)
