@@ -221,7 +221,7 @@ class BudgetView:
 HISTORY_HEADERS = ("time (UTC)", "query", "cost", "")
 STATUS_TEXT = {
     "released": "answered",
-    "replayed": "replayed (no cost)",
+    "replayed": "replayed",
     "failed": "failed (charged)",
     "charged": "running (charged)",
 }

@@ -40,12 +40,52 @@ from dpmagic.render import (
 )
 
 
-def shared_note(shared: dict[str, Any]) -> str:
+def shared_note(shared: dict[str, Any], cost: dict[str, Any]) -> str:
     """A shared answer's footer: when and at what cost another user's release of the
-    same question was made; it costs this user nothing."""
+    same question was made, and what serving it charged this user (nothing where the
+    release already counted against every budget they are under)."""
     when = str(shared.get("released_at", ""))[:16].replace("T", " ")
-    cost = amount(shared["cost"])
-    return f"shared answer, released to another user {when} UTC at {cost} (no cost to you)"
+    released = amount(shared["cost"])
+    charged = shared.get("charged_to") or []
+    if not charged or not any(float(cost.get(k) or 0) for k in ("epsilon", "delta")):
+        mine = "no cost to you: its release already counted against your budgets"
+    else:
+        names = ", ".join(_scope_name(s) for s in charged)
+        mine = f"{amount(cost)} charged to {names}, which it had not counted against"
+    return f"shared answer, released to another user {when} UTC at {released} ({mine})"
+
+
+def _scope_name(scope: dict[str, Any]) -> str:
+    """A budget as the footer names it, from the gate's typed scope."""
+    kind = scope.get("budget")
+    if kind == "group":
+        return f"group {scope.get('holder')}'s budget"
+    if kind == "notebook":
+        return f"notebook {scope.get('notebook')}'s budget"
+    if kind == "user":
+        return "your budget"
+    return f"the {kind} budget"
+
+
+def clip_notes(clip: dict[str, Any]) -> list[str]:
+    """What ``--clip`` did, per summed aggregate, as the gate's typed facts say: the
+    bounds chosen from the data (the cells are of the values moved into them, with
+    the noisy count of values moved), or the declared bounds kept, and why."""
+    spent = budget_number(float(clip["epsilon"]), up=True)
+    notes = []
+    for c in clip.get("chosen", []):
+        lo, hi = (format_value(b) for b in c["bounds"])
+        if c.get("source") == "declared":
+            notes.append(f"--clip kept {c['aggregate']}'s declared bounds [{lo}, {hi}]: "
+                         f"{c.get('reason', '')}")  # fmt: skip
+            continue
+        note = f"values clipped: {c['aggregate']} within [{lo}, {hi}] (chosen with ε {spent})"
+        if c.get("source") == "data":
+            moved = sum(max(int(m.get("count") or 0), 0) for m in c.get("moved", []))
+            note += (f"; cells and intervals are of the values moved into these bounds; "
+                     f"about {moved:,} values moved")  # fmt: skip
+        notes.append(note)
+    return notes
 
 
 MOCK_MEANING = (
@@ -81,7 +121,8 @@ class DPResult:
         self.cost: dict[str, float] = reply.get("cost", {"epsilon": 0.0, "delta": 0.0})
         self.budget: dict[str, Any] = reply.get("budget", {})
         self.replayed: bool = bool(reply.get("replayed", False))
-        # Another user's release of the same question, served free (``share_releases``).
+        # Another user's release of the same question (``share_releases``), served with
+        # what it charged this user's budgets it had not counted against.
         self.shared: dict[str, Any] | None = reply.get("shared")
         self.dry_run: bool = bool(reply.get("dry_run", False))
         self.mock: bool = bool(reply.get("mock"))
@@ -276,7 +317,7 @@ class DPResult:
             if self._envelope.get("engine") == "spark":
                 parts.append("answered by Spark")
         elif self.shared:
-            parts.append(shared_note(self.shared))
+            parts.append(shared_note(self.shared, self.cost))
         elif self.replayed:
             parts.append("replayed (no cost)")
         else:
@@ -286,13 +327,7 @@ class DPResult:
                 parts.append(f"answered afresh: {fresh}")
         clip = self._envelope.get("clip")
         if clip and not self.dry_run:
-            chosen = "; ".join(
-                f"{c['aggregate']} within [{format_value(c['bounds'][0])}, "
-                f"{format_value(c['bounds'][1])}]"
-                for c in clip.get("chosen", [])
-            )
-            spent = budget_number(float(clip["epsilon"]), up=True)
-            parts.append(f"values clipped: {chosen} (chosen with ε {spent})")
+            parts.extend(clip_notes(clip))
         left = budget_left(self.budget)
         if left:
             parts.append(left)

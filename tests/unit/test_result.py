@@ -206,12 +206,12 @@ def test_budget_view():
         "2026-03-01 09:17:00",
     ]
     assert rows[0][1:] == ("SELECT COUNT(*) AS n FROM t", "ε 0.5", "answered")
-    assert rows[1][2:] == ("ε 0", "replayed (no cost)")
+    assert rows[1][2:] == ("ε 0", "replayed")  # its cost beside it: a shared one may charge
     assert rows[2][3] == "failed (charged)"
     assert rows[2][1].endswith("…") and len(rows[2][1]) < 100 and "&lt;a&gt;" in rows[2][1]
     assert 'title="SELECT AVG(age) AS &lt;a&gt; FROM t WHERE' in html
     text = repr(view)
-    assert "dataset d" in text and "left ε" in text and "replayed (no cost)" in text
+    assert "dataset d" in text and "left ε" in text and "replayed" in text
     assert "renamed or moved, a notebook starts a new notebook budget" in text
     assert view["d"].history == HISTORY
     with pytest.raises(KeyError):
@@ -479,7 +479,8 @@ def test_every_epsilon_the_notebook_shows_follows_one_rule():
     ]  # fmt: skip
     left = budget(2.0 - 0.359312, 4.640688)
     answer = DPResult(reply(cost=costs, budget=left))
-    answer._envelope["clip"] = {"epsilon": 0.0359312, "chosen": []}
+    clipped = {"aggregate": "AVG(x)", "bounds": [0, 10], "source": "data", "moved": []}
+    answer._envelope["clip"] = {"epsilon": 0.0359312, "chosen": [clipped]}
     dry = DPResult(reply(rows=[], dry_run=True, plan=plan, cost=costs, budget=left))
     entry = DatasetBudget(
         budget={"dataset": "d", **left},
@@ -624,3 +625,40 @@ def test_budget_view_shows_the_shared_budgets_widest_first():
     footer = budget_left(reply)
     assert "ε 18 left for the dataset (all users)" in footer
     assert "ε 18 left for group sec<a>" in footer
+
+
+def test_a_clip_footer_says_which_bounds_and_what_the_cells_hold():
+    """The gate's typed clip facts, rendered: bounds chosen from the data (the cells are
+    of the values moved into them, about how many moved), or the declared ones kept."""
+    answer = DPResult(reply())
+    answer._envelope["clip"] = {
+        "epsilon": 0.25,
+        "chosen": [
+            {"aggregate": "AVG(invt)", "bounds": [0, 944], "source": "data",
+             "moved": [{"group": [1], "count": 7}, {"group": [2], "count": -2}]},
+            {"aggregate": "SUM(gc)", "bounds": [0, 500], "source": "declared",
+             "reason": "too little ε to choose bounds for 210 rows"},
+        ],
+    }  # fmt: skip
+    footer = answer.footer()
+    assert "values clipped: AVG(invt) within [0, 944]" in footer
+    assert "cells and intervals are of the values moved into these bounds" in footer
+    assert "about 7 values moved" in footer  # a noisy count below 0 adds nothing
+    assert "--clip kept SUM(gc)'s declared bounds [0, 500]: too little ε" in footer
+
+
+def test_a_shared_answer_says_what_it_charged():
+    """Served from another user's release: free where it already counted against the
+    asker's budgets, else charged to the ones it had not (the gate's ``charged_to``)."""
+    shared = {"released_at": "2026-11-28T10:00:00", "cost": {"epsilon": 0.5}, "scope": "group"}
+    nothing = {**shared, "charged_to": []}
+    free = DPResult(reply(cost={"epsilon": 0.0}, replayed=True, shared=nothing))
+    assert "no cost to you" in free.footer()
+    charged_to = [{"budget": "group", "dataset": "d", "holder": "g2"},
+                  {"budget": "user", "dataset": "d", "holder": "bob"}]  # fmt: skip
+    charged = DPResult(
+        reply(cost={"epsilon": 0.5}, replayed=True, shared={**shared, "charged_to": charged_to})
+    )
+    footer = charged.footer()
+    assert "ε 0.5 charged to group g2's budget, your budget" in footer
+    assert "no cost to you" not in footer
