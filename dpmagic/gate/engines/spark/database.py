@@ -55,6 +55,8 @@ log = logging.getLogger("dpmagic.gate")
 BATCH_ROWS = 65_536
 # A run's jobs past its deadline are cancelled again at most this often.
 CANCEL_EVERY_S = 0.05
+# How often a cancelled run looks whether its tasks have ended.
+TASKS_POLL_S = 0.05
 
 
 class CannotRunOnSpark(Refused):
@@ -166,6 +168,9 @@ class SparkDatabase:
                         batch = []
                 rows.extend(keep(batch))
                 return ExactResult(rows=rows, thresholded=True)
+            except BaseException:
+                self._until_tasks_end(tag)
+                raise
             finally:
                 if self._classic:
                     self.spark.sparkContext.setJobGroup("", "")
@@ -181,6 +186,22 @@ class SparkDatabase:
         except Exception as exc:
             log.error("Spark query failed after the debit: %s", type(exc).__name__)
             raise Failed() from None
+
+    def _until_tasks_end(self, tag: str) -> None:
+        """Return once no task of the run's jobs is running. A cancelled job fails at
+        once on the driver, but its tasks go on until they next look for an interrupt,
+        which a regular expression never does (a ``LIKE`` with five ``%`` kept a core
+        busy 41 s after its job had failed): the run's place is kept until then
+        (``deadline.py``). Over Spark Connect the client cannot see the tasks."""
+        if not self._classic:
+            return
+        tracker = self.spark.sparkContext.statusTracker()
+        while True:
+            jobs = [tracker.getJobInfo(job) for job in tracker.getJobIdsForGroup(tag)]
+            stages = [tracker.getStageInfo(s) for j in jobs if j is not None for s in j.stageIds]
+            if not any(stage is not None and stage.numActiveTasks > 0 for stage in stages):
+                return
+            time.sleep(TASKS_POLL_S)
 
     def cancel(self, tag: str) -> None:
         """Cancel the jobs of one run (``run``'s tag)."""
