@@ -171,3 +171,22 @@ def test_a_run_that_ends_soon_is_answered_at_once(monkeypatch) -> None:
 
     monkeypatch.setattr(sharing.Shared, "wait", unlocked)
     assert _quick_runs(3) > 2.5
+
+
+def test_a_run_that_never_started_by_its_deadline_is_closed_not_run(monkeypatch) -> None:
+    """Every run thread taken (here the one there is): the run waits, fails at its
+    deadline, never starts, and its connection is closed all the same."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    busy = threading.Event()
+    pool = ThreadPoolExecutor(1)
+    pool.submit(busy.wait, 5)
+    monkeypatch.setattr(deadline, "RUNS", pool)
+    ran, closed = [], []
+    with pytest.raises(OutOfResources):
+        deadline.within_limit(
+            lambda: ran.append(1), 0.1, Nobody(), bool, close=lambda: closed.append(1)
+        )
+    busy.set()
+    pool.shutdown(wait=True)
+    assert ran == [] and closed == [1]

@@ -97,7 +97,10 @@ def within_limit(
     while not future.done():
         deadline = share.at(ends)
         if time.monotonic() >= deadline:
-            if future.cancel():  # it never started: nothing to stop
+            if future.cancel():  # it never started: nothing to stop but its connection
+                stop.end()
+                if close is not None:
+                    close()
                 raise OutOfResources(deadline)
             stop.start()
             share.linger(future)  # type: ignore[arg-type]
