@@ -305,7 +305,10 @@ def _texts(outputs: list) -> Iterator[str]:
             if text:
                 yield text
         elif kind == "error":
-            yield f"{output.get('ename')}: {output.get('evalue')}"
+            # A magic's refusal or misuse (a UsageError) is its one line, as the notebook
+            # shows it; any other error keeps its class's name.
+            name, value = output.get("ename"), output.get("evalue")
+            yield str(value) if name == "UsageError" else f"{name}: {value}"
 
 
 def _indent(text: str, prefix: str) -> str:

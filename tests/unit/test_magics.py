@@ -92,3 +92,13 @@ def test_a_refused_cell_fails_with_its_message_alone(shell, capsys, cell, line):
     assert "UsageError" not in shown.out + shown.err and "Traceback" not in shown.out + shown.err
     assert not outcome.success and isinstance(outcome.error_in_exec, UsageError)
     assert type(outcome.error_in_exec).__name__ == "UsageError"  # a kernel's ename
+
+
+def test_the_demo_prints_a_refusal_as_the_notebook_shows_it() -> None:
+    """A magic's refusal is a UsageError whose message is the whole line; the demo's
+    transcript prints that line alone, any other error with its class's name."""
+    from dpmagic.demo import _texts
+
+    refused = {"output_type": "error", "ename": "UsageError", "evalue": "query refused: x"}
+    other = {"output_type": "error", "ename": "ValueError", "evalue": "bad"}
+    assert list(_texts([refused, other])) == ["query refused: x", "ValueError: bad"]
