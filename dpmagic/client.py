@@ -25,8 +25,9 @@ from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 from dpmagic import wire
+from dpmagic.asking import Asking
 from dpmagic.errors import ERROR_KINDS, BudgetExhausted, DPError, GateUnavailable
-from dpmagic.mock import mock_query
+from dpmagic.protocol import Ask
 from dpmagic.result import DPResult
 from dpmagic.transcript import SCHEME, TranscriptGate
 
@@ -78,7 +79,7 @@ class _UnixConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
-class Gate:
+class Gate(Asking):
     """A client for one gate address.
 
     ``address`` defaults to ``$DPMAGIC_GATE`` and ``token`` to
@@ -122,59 +123,8 @@ class Gate:
     def __repr__(self) -> str:
         return f"Gate({self.address!r})"
 
-    def query(
-        self,
-        sql: str,
-        *,
-        epsilon: float | None = None,
-        delta: float | None = None,
-        dataset: str | None = None,
-        notebook: str | None = None,
-        dry_run: bool = False,
-        fresh: bool = False,
-        params: dict[str, Any] | None = None,
-        accuracy: float | None = None,
-        alpha: float | None = None,
-        mock: bool = False,
-        mock_rows: int | None = None,
-        bounding_report: float | None = None,
-        max_partitions: int | None = None,
-        max_rows_per_partition: int | None = None,
-        clip: float | None = None,
-    ) -> DPResult:
-        """Run ``sql`` through the gate; the reply's cost is already charged.
-
-        ``accuracy=A`` (with ``alpha``, default 0.05) asks instead of an ε for the
-        least cost at which every noisy cell's (1 - alpha) interval is ±A.
-        ``bounding_report=S`` spends the share ``S`` of the query's ε on a noisy
-        count of the rows the contribution bounds left out (``DPResult.bounding``).
-        ``max_partitions`` and ``max_rows_per_partition`` tighten the policy's
-        contribution bounds for this query (never loosen them): less noise at the same ε,
-        more of each unit's rows left out. ``clip=S`` spends the share ``S`` of the ε
-        choosing the bounds of the summed values privately, the rest answering within
-        them (``DPResult.reply["clip"]`` says which).
-        ``mock=True`` instead answers on fake tables drawn from the public schema,
-        in this process (``mock_rows`` privacy units, default 1000): only the
-        schema is fetched, the query never reaches the gate, nothing is charged.
-        """
-        if mock:
-            return mock_query(sql, self.schema(dataset), params, mock_rows)
-        body: dict[str, Any] = {"sql": sql, "dry_run": dry_run, "fresh": fresh}
-        optional = {
-            "epsilon": epsilon,
-            "delta": delta,
-            "accuracy": accuracy,
-            "alpha": alpha,
-            "bounding_report": bounding_report,
-            "max_partitions": max_partitions,
-            "max_rows_per_partition": max_rows_per_partition,
-            "clip": clip,
-            "dataset": dataset,
-            "notebook": notebook,
-            "params": params,
-        }
-        body.update({k: v for k, v in optional.items() if v is not None})
-        reply = self._request("POST", "/v1/query", body, accept=ANSWER_ACCEPT)
+    def _answer(self, ask: Ask) -> DPResult:
+        reply = self._request("POST", "/v1/query", ask.body(), accept=ANSWER_ACCEPT)
         with collector_paused():
             if isinstance(reply, tuple):
                 envelope, cells = reply

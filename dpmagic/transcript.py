@@ -17,16 +17,17 @@ import json
 from pathlib import Path
 from typing import Any
 
+from dpmagic.asking import Asking
 from dpmagic.cells import ALPHA
 from dpmagic.errors import DPError, QueryRefused
-from dpmagic.mock import mock_query
+from dpmagic.protocol import Ask
 from dpmagic.result import DPResult
 
 FORMAT = "dpmagic-transcript/1"
 SCHEME = "transcript:"
 
 
-class TranscriptGate:
+class TranscriptGate(Asking):
     """A stand-in for :class:`dpmagic.client.Gate` that only replays a transcript."""
 
     def __init__(self, path: str | Path) -> None:
@@ -49,53 +50,33 @@ class TranscriptGate:
     def __repr__(self) -> str:
         return f"TranscriptGate({str(self.path)!r})"
 
-    def query(
-        self,
-        sql: str,
-        *,
-        epsilon: float | None = None,
-        delta: float | None = None,
-        dataset: str | None = None,
-        notebook: str | None = None,
-        dry_run: bool = False,
-        fresh: bool = False,
-        params: dict[str, Any] | None = None,
-        accuracy: float | None = None,
-        alpha: float | None = None,
-        mock: bool = False,
-        mock_rows: int | None = None,
-        bounding_report: float | None = None,
-        max_partitions: int | None = None,
-        max_rows_per_partition: int | None = None,
-        clip: float | None = None,
-    ) -> DPResult:
+    def _answer(self, ask: Ask) -> DPResult:
         """The stored answer to this exact request, marked replayed; ``fresh``
-        cannot spend anything here, so it replays too. A mock run uses the
-        transcript's schema; a dry run of a query the transcript does not hold
-        says that its plan is not available offline instead of failing."""
-        name = self._dataset(dataset)
+        cannot spend anything here, so it replays too. A dry run of a query the
+        transcript does not hold says that its plan is not available offline
+        instead of failing."""
+        name = self._dataset(ask.dataset)
         facts = self.datasets[name]
-        if mock:
-            return mock_query(sql, self.schema(name), params, mock_rows)
+        epsilon, delta, accuracy, alpha = ask.epsilon, ask.delta, ask.accuracy, ask.alpha
         request: dict[str, Any] = {
             "dataset": name,
-            "sql": sql,
+            "sql": ask.sql,
             "epsilon": float(epsilon if epsilon is not None else facts["query_default"]["epsilon"]),
             "delta": float(delta if delta is not None else _default_delta(facts)),
-            "params": params or {},
+            "params": ask.params or {},
         }
         if accuracy is not None:
             request.update(accuracy=float(accuracy), alpha=float(alpha or ALPHA))
-        if bounding_report is not None:
-            request.update(bounding_report=float(bounding_report))
+        if ask.bounding_report is not None:
+            request.update(bounding_report=float(ask.bounding_report))
         chosen = {
-            "max_partitions": max_partitions,
-            "max_rows_per_partition": max_rows_per_partition,
-            "clip": None if clip is None else float(clip),
+            "max_partitions": ask.max_partitions,
+            "max_rows_per_partition": ask.max_rows_per_partition,
+            "clip": None if ask.clip is None else float(ask.clip),
         }
         request.update({k: v for k, v in chosen.items() if v is not None})
         stored = self._answers.get(_key(request))
-        if stored is None and dry_run:
+        if stored is None and ask.dry_run:
             return DPResult(
                 {
                     "dataset": name,
@@ -113,7 +94,7 @@ class TranscriptGate:
                 "only answers released to the notebook's author can be replayed"
             )
         reply = dict(stored, budget=self.datasets[name]["budget"])
-        if dry_run:
+        if ask.dry_run:
             reply.update(rows=[], accuracy={"alpha": ALPHA, "columns": []}, dry_run=True)
         else:
             reply.update(replayed=True, cost={"epsilon": 0.0, "delta": 0.0})

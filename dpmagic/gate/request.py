@@ -6,11 +6,15 @@ refused (``InvalidBody``, nothing charged) before anything is analysed; the engi
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
+import msgspec
+
 from dpmagic.gate.dp.levels import REPORT_ALPHA
-from dpmagic.gate.failures import BadRequest, InvalidBody
+from dpmagic.gate.failures import InvalidBody
 from dpmagic.gate.sql.clip import ClipBounds, ClipMoved, ClipStage
+from dpmagic.protocol import FIELDS, WIRE_VERSION, Ask
 
 MAX_NOTEBOOK_CHARS = 512
 MIN_EPSILON = 1e-12
@@ -54,48 +58,67 @@ class QueryRequest:
     def from_body(cls, body: object) -> QueryRequest:
         """The request a parsed body asks for; `InvalidBody` (nothing charged) if the
         body's shape is wrong. Only the body's form is judged here, never its SQL."""
-        if not isinstance(body, dict):
-            raise InvalidBody("the request body must be a JSON object")
-        unknown = set(body) - FIELDS
-        if unknown:
-            # Cut short: the name is the client's own text, echoed back.
-            raise InvalidBody(f"unknown field {sorted(unknown)[0][:MAX_NOTEBOOK_CHARS]!r}")
-        sql = body.get("sql")
-        if not isinstance(sql, str):
-            raise InvalidBody("`sql` must be a string")
-        _unicode(sql, "the query text")
-        notebook = _short(body.get("notebook") or "unnamed", "notebook")
-        dataset = None if body.get("dataset") is None else _short(body["dataset"], "dataset")
-        params = _params(body)
-        accuracy, alpha, report, clip = _shares(body)
-        for flag in ("dry_run", "fresh"):
-            if not isinstance(body.get(flag, False), bool):
-                raise InvalidBody(f"`{flag}` must be true or false")
+        ask = _ask(body)
+        _unicode(ask.sql, "the query text")
+        notebook = _short(ask.notebook or "unnamed", "notebook")
+        dataset = None if ask.dataset is None else _short(ask.dataset, "dataset")
+        params = _params(ask.params or {})
+        accuracy, alpha, report, clip = _shares(ask)
         return cls(
-            sql=sql,
+            sql=ask.sql,
             dataset=dataset,
-            epsilon=_number(body, "epsilon"),
-            delta=_number(body, "delta"),
+            epsilon=_number(ask.epsilon, "epsilon"),
+            delta=_number(ask.delta, "delta"),
             notebook=notebook,
-            dry_run=_flag(body, "dry_run"),
-            fresh=_flag(body, "fresh"),
+            dry_run=ask.dry_run,
+            fresh=ask.fresh,
             params=params,
             accuracy=accuracy,
             alpha=REPORT_ALPHA if alpha is None else alpha,
             bounding_report=report,
-            max_partitions=_whole(body, "max_partitions"),
-            max_rows_per_partition=_whole(body, "max_rows_per_partition"),
+            max_partitions=_whole(ask.max_partitions, "max_partitions"),
+            max_rows_per_partition=_whole(ask.max_rows_per_partition, "max_rows_per_partition"),
             clip=clip,
         )
 
 
-FIELDS = frozenset(
-    {
-        "sql", "dataset", "epsilon", "delta", "notebook", "dry_run", "fresh", "params",
-        "accuracy", "alpha", "bounding_report", "max_partitions", "max_rows_per_partition",
-        "clip",
-    }
-)  # fmt: skip
+# What each field must be, in the request's words, when its type is wrong.
+_MUST = {
+    "sql": "a string",
+    "dataset": "a short string",
+    "notebook": "a short string",
+    "params": "an object",
+    "dry_run": "true or false",
+    "fresh": "true or false",
+    "max_partitions": "a whole number ≥ 1",
+    "max_rows_per_partition": "a whole number ≥ 1",
+    "version": "a whole number ≥ 1",
+} | {
+    k: "a finite number"
+    for k in ("epsilon", "delta", "accuracy", "alpha", "bounding_report", "clip")
+}
+
+
+def _ask(body: object) -> Ask:
+    """The body as the wire's `Ask`; a wrong shape named by its field."""
+    if not isinstance(body, dict):
+        raise InvalidBody("the request body must be a JSON object")
+    unknown = set(body) - FIELDS
+    if unknown:
+        # Cut short: the name is the client's own text, echoed back.
+        raise InvalidBody(f"unknown field {sorted(unknown)[0][:MAX_NOTEBOOK_CHARS]!r}")
+    try:
+        ask = msgspec.convert(body, Ask)
+    except msgspec.ValidationError as exc:
+        field = re.search(r"at `\$\.(\w+)", str(exc)) or re.search(r"field `(\w+)`", str(exc))
+        name = field[1] if field else "sql"
+        raise InvalidBody(f"`{name}` must be {_MUST.get(name, 'well formed')}") from None
+    if ask.version > WIRE_VERSION:
+        raise InvalidBody(
+            f"this gate reads query requests up to version {WIRE_VERSION}, not "
+            f"{ask.version}: use a dpmagic client as old as the gate, or update the gate"
+        )
+    return ask
 
 
 def _unicode(text: object, what: str) -> None:
@@ -120,12 +143,9 @@ def _short(value: object, key: str) -> str:
     return value
 
 
-def _params(body: dict) -> dict[str, object]:
+def _params(params: dict[str, object]) -> dict[str, object]:
     """The parameters' object, every text in it (names and values, nested lists and
     objects too, which the analysis refuses later) valid Unicode."""
-    params = body.get("params") or {}
-    if not isinstance(params, dict):
-        raise InvalidBody("`params` must be an object")
     for name, value in params.items():
         _unicode(name, "a parameter's name")
         values = [value]
@@ -140,23 +160,23 @@ def _params(body: dict) -> dict[str, object]:
     return params
 
 
-def _shares(body: dict) -> tuple[float | None, float | None, float | None, float | None]:
+def _shares(ask: Ask) -> tuple[float | None, float | None, float | None, float | None]:
     """``accuracy``, ``alpha``, ``bounding_report`` and ``clip``, each in its range and
     only with the fields it goes with."""
-    accuracy = _number(body, "accuracy")
+    accuracy = _number(ask.accuracy, "accuracy")
     if accuracy == 0:
         raise InvalidBody("`accuracy` must be positive")
-    alpha = _number(body, "alpha")
+    alpha = _number(ask.alpha, "alpha")
     if alpha is not None and not 0 < alpha < 1:
         raise InvalidBody("`alpha` must be between 0 and 1")
     if alpha is not None and accuracy is None:
         raise InvalidBody("`alpha` goes with `accuracy`")
-    if accuracy is not None and body.get("epsilon") is not None:
+    if accuracy is not None and ask.epsilon is not None:
         raise InvalidBody("ask with `epsilon` or with `accuracy`, not both")
-    report = _number(body, "bounding_report")
+    report = _number(ask.bounding_report, "bounding_report")
     if report is not None and not 0 < report < 1:
         raise InvalidBody("`bounding_report` is a share of the budget, between 0 and 1")
-    clip = _number(body, "clip")
+    clip = _number(ask.clip, "clip")
     if clip is not None and not 0 < clip < 1:
         raise InvalidBody("`clip` is a share of the query's ε, between 0 and 1")
     if clip is not None and (accuracy is not None or report is not None):
@@ -164,16 +184,9 @@ def _shares(body: dict) -> tuple[float | None, float | None, float | None, float
     return accuracy, alpha, report, clip
 
 
-def _number(body: dict, key: str) -> float | None:
-    value = body.get(key)
-    if value is None:
+def _number(number: float | None, key: str) -> float | None:
+    if number is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidBody(f"`{key}` must be a finite number")
-    try:
-        number = float(value)  # a big int overflows here, not later in the engine
-    except OverflowError:
-        raise InvalidBody(f"`{key}` must be a finite number") from None
     if not math.isfinite(number):
         raise InvalidBody(f"`{key}` must be a finite number")
     if number < 0 or (key == "epsilon" and number == 0):
@@ -184,17 +197,7 @@ def _number(body: dict, key: str) -> float | None:
     return number
 
 
-def _whole(body: dict, key: str) -> int | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+def _whole(value: int | None, key: str) -> int | None:
+    if value is not None and value < 1:
         raise InvalidBody(f"`{key}` must be a whole number ≥ 1")
-    return value
-
-
-def _flag(body: dict, key: str) -> bool:
-    value = body.get(key, False)
-    if not isinstance(value, bool):
-        raise BadRequest(f"`{key}` must be true or false")
     return value
