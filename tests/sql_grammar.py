@@ -104,7 +104,23 @@ number_literals = st.one_of(
 text_literals = st.one_of(
     st.sampled_from(EXTREME_TEXTS), st.text(max_size=8).filter(lambda s: "\x00" not in s)
 ).map(exp.Literal.string)
-date_literals = st.sampled_from(EXTREME_DATES).map(date_literal)
+INTERVAL_UNITS = ["YEAR", "QUARTER", "MONTH", "WEEK", "DAY", "DAYS", "HOUR"]
+
+
+def moved(base: exp.Expression, unit: str, count: int, add: bool) -> exp.Expression:
+    """``base ± INTERVAL 'count' unit``, as analysts write date windows (the gate's
+    ``normalize/intervals.py`` folds it; out of the calendar, it stays for the checks)."""
+    interval = exp.Interval(this=exp.Literal.string(str(count)), unit=exp.var(unit))
+    return (exp.Add if add else exp.Sub)(this=base, expression=interval)
+
+
+plain_dates = st.sampled_from(EXTREME_DATES).map(date_literal)
+date_literals = st.one_of(
+    plain_dates,
+    st.builds(
+        moved, plain_dates, st.sampled_from(INTERVAL_UNITS), st.integers(-400, 400), st.booleans()
+    ),
+)
 
 
 # -- the schema a grammar writes for ----------------------------------------------------
@@ -176,6 +192,22 @@ def _binary(node: type[exp.Expression], operands: tuple[str, ...], result: str) 
 
 
 COMPARED = (NUM, TEXT, DATE)
+
+
+def _or(g: Grammar, family: str, depth: int) -> Strategy | None:
+    """``a OR b``, and as often ``(c AND a) OR (c AND b)``: a condition repeated in
+    every branch, which the gate factors out (``normalize/or_factoring.py``)."""
+    plain = _binary(exp.Or, (BOOL,), BOOL)(g, family, depth)
+    if plain is None:
+        return None
+    parts = st.tuples(*(g.expr(BOOL, depth - 1) for _ in range(3)))
+    shared = parts.map(
+        lambda abc: exp.Or(
+            this=exp.paren(exp.And(this=abc[2], expression=abc[0])),
+            expression=exp.paren(exp.And(this=abc[2].copy(), expression=abc[1])),
+        )
+    )
+    return st.one_of(plain, shared)
 
 
 def _not(g: Grammar, family: str, depth: int) -> Strategy | None:
@@ -390,7 +422,7 @@ BUILDERS: dict[type[exp.Expression], Builder] = {
     **{op: _binary(op, (NUM,), NUM) for op in ARITH},
     **{op: _binary(op, COMPARED, BOOL) for op in check.COMPARISONS
        if op not in (exp.In, exp.Between)},
-    exp.And: _binary(exp.And, (BOOL,), BOOL), exp.Or: _binary(exp.Or, (BOOL,), BOOL),
+    exp.And: _binary(exp.And, (BOOL,), BOOL), exp.Or: _or,
     exp.Not: _not, exp.Is: _is, exp.In: _in, exp.Between: _between,
     exp.Case: _case, exp.If: _if,
     exp.Coalesce: _variadic(exp.Coalesce, FAMILIES),

@@ -54,3 +54,11 @@ SELECT p.sex, COUNT(*) AS n FROM patients p JOIN visits v ON v.patient_id = p.pa
 SELECT region, COUNT(*) AS n, AVG(income) AS mean_income FROM answers GROUP BY region
 -- row_level_quantile: rows 1.0
 SELECT MEDIAN(age) AS med FROM answers
+-- date_interval_window: clinic 1.0
+SELECT COUNT(*) AS n, SUM(cost) AS c FROM visits WHERE seen >= DATE '2020-01-31' + INTERVAL '1' MONTH AND seen < DATE '2021-01-01' - INTERVAL '68 days'
+-- extract_year_key: clinic 1.0
+SELECT EXTRACT(YEAR FROM seen) AS y, COUNT(*) AS n FROM visits WHERE seen < DATE '2020-01-01' + INTERVAL 2 YEAR GROUP BY EXTRACT(YEAR FROM seen)
+-- column_list_after_alias: clinic 1.0
+SELECT SUM(c) AS total FROM (SELECT department, cost FROM visits) AS v (d, c) WHERE d = 'oncology'
+-- or_factored: clinic 1.0
+SELECT COUNT(*) AS n FROM visits WHERE (department = 'oncology' AND stay_days > 3) OR (department = 'oncology' AND cost > 500)

@@ -1,9 +1,12 @@
-"""Pass 1: text to one SELECT tree.
+"""Pass 1: text to one SELECT tree, in the grammar the later passes read.
 
 Only a single ``SELECT`` is accepted; every other statement (``ATTACH``,
 ``COPY``, ``SET``, ``PRAGMA``, ``SUMMARIZE``, ...) and every second statement
 is refused here, before any name is looked at. Parameters (``$name``) are
-bound as typed literal nodes in the tree, never spliced into text.
+bound as typed literal nodes in the tree, never spliced into text. Then the
+rules of ``sql/normalize/`` rewrite what analysts write (a date ± an interval,
+column names after an alias, a condition repeated in each branch of an ``OR``)
+into forms the later passes already read.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 
 from dpmagic.gate.failures import Refused
+from dpmagic.gate.sql.normalize import normalize
 
 DIALECT = "duckdb"
 MAX_SQL_CHARS = 20_000
@@ -67,6 +71,7 @@ def parse(sql: str, params: dict[str, Param] | None = None) -> Parsed:
     tree = _bind(tree, params or {})
     for node in tree.walk():  # comments are the user's text: none is carried on
         node.comments = None
+    tree = normalize(tree)
     return Parsed(tree=tree, canonical=tree.sql(dialect=DIALECT, normalize=True))
 
 

@@ -1,0 +1,39 @@
+-- Each case: the query, then what the rule makes of it; cases apart by a blank line.
+-- TPC-H query 1's window.
+SELECT COUNT(*) FROM t WHERE d <= DATE '1998-12-01' - INTERVAL '68 days'
+SELECT COUNT(*) FROM t WHERE d <= CAST('1998-09-24' AS DATE)
+
+-- TPC-H query 6's: a year, unit after the number.
+SELECT COUNT(*) FROM t WHERE d >= DATE '1994-01-01' AND d < DATE '1994-01-01' + INTERVAL '1' YEAR
+SELECT COUNT(*) FROM t WHERE d >= CAST('1994-01-01' AS DATE) AND d < CAST('1995-01-01' AS DATE)
+
+-- TPC-H query 4's: months.
+SELECT COUNT(*) FROM t WHERE d < DATE '1993-07-01' + INTERVAL '3' MONTH
+SELECT COUNT(*) FROM t WHERE d < CAST('1993-10-01' AS DATE)
+
+-- A month from the 31st clamps to the month's last day, as DuckDB does.
+SELECT COUNT(*) FROM t WHERE d < DATE '2020-01-31' + INTERVAL 1 MONTH
+SELECT COUNT(*) FROM t WHERE d < CAST('2020-02-29' AS DATE)
+
+-- Innermost first: two intervals in a row.
+SELECT COUNT(*) FROM t WHERE d < DATE '1994-01-01' + INTERVAL 1 YEAR - INTERVAL 1 DAY
+SELECT COUNT(*) FROM t WHERE d < CAST('1994-12-31' AS DATE)
+
+-- An interval first.
+SELECT COUNT(*) FROM t WHERE d < INTERVAL 2 WEEK + DATE '2000-02-20'
+SELECT COUNT(*) FROM t WHERE d < CAST('2000-03-05' AS DATE)
+
+-- Hours make a timestamp.
+SELECT COUNT(*) FROM t WHERE ts < DATE '1995-09-01' + INTERVAL 2 HOUR
+SELECT COUNT(*) FROM t WHERE ts < CAST('1995-09-01 02:00:00' AS TIMESTAMP)
+
+SELECT COUNT(*) FROM t WHERE ts < TIMESTAMP '1995-09-01 23:30:00' + INTERVAL '45' MINUTE
+SELECT COUNT(*) FROM t WHERE ts < CAST('1995-09-02 00:15:00' AS TIMESTAMP)
+
+-- Inside EXTRACT, and a quarter.
+SELECT EXTRACT(YEAR FROM DATE '1996-12-01' + INTERVAL '1' QUARTER) AS y FROM t
+SELECT EXTRACT(YEAR FROM CAST('1997-03-01' AS DATE)) AS y FROM t
+
+-- A column plus an interval is not a constant: left for the checks.
+SELECT COUNT(*) FROM t WHERE d + INTERVAL 1 DAY < DATE '2000-01-01'
+SELECT COUNT(*) FROM t WHERE d + INTERVAL '1' DAY < CAST('2000-01-01' AS DATE)
