@@ -26,6 +26,7 @@ from dpmagic.gate.dp.mechanisms import (
 )
 from dpmagic.gate.dp.sums import sum_l2_sensitivity, sum_sensitivity
 from dpmagic.gate.failures import required
+from dpmagic.gate.policy import Neighbouring
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ def noise_for(
     lower: int,
     upper: int,
     contribution: Contribution,
-    neighbouring: str,
+    neighbouring: Neighbouring,
     target: Target,
     granularity: float = 1.0,
 ) -> Noise:
@@ -86,7 +87,9 @@ def noise_for(
     return _calibrated(l1, l2, target, granularity)
 
 
-def count_noise_for(contribution: Contribution, neighbouring: str, target: Target) -> Noise:
+def count_noise_for(
+    contribution: Contribution, neighbouring: Neighbouring, target: Target
+) -> Noise:
     """Noise for per-partition counts and distinct counts, at the sensitivities of
     ``dp.counts``."""
     l1 = count_sensitivity(contribution, neighbouring)

@@ -32,6 +32,7 @@ from dpmagic.gate.dp.accounting import Accountant, Cost
 from dpmagic.gate.dp.calibration import Target, count_noise_for, noise_for
 from dpmagic.gate.dp.contribution import Contribution
 from dpmagic.gate.dp.mechanisms import Noise
+from dpmagic.gate.policy import Neighbouring
 
 MAX_REPORT_SHARE = 0.9
 """The largest share of a query's budget the bounding report may take."""
@@ -62,7 +63,9 @@ def report_cost(accountant: Accountant, asked: Cost, total_weight: float, weight
     return accountant.share(asked, total_weight / weight)
 
 
-def left_out(report: float, cap: int, neighbouring: str, half: Target, whole: Cost) -> LeftOut:
+def left_out(
+    report: float, cap: int, neighbouring: Neighbouring, half: Target, whole: Cost
+) -> LeftOut:
     """The report's two noises, each calibrated to ``half`` of its share: a sum of one
     value in ``[0, cap]`` and a count of one row, of one unit in one partition."""
     one = Contribution.bounded(1, 1, 1)

@@ -63,9 +63,9 @@ class Grid:
 
 def grid(lo: float, hi: float, integral: bool) -> Grid:
     if integral:
-        lo, hi = math.floor(lo), math.ceil(hi)
-        step = max(1, math.ceil((hi - lo) / (GRID_POINTS - 1)))
-        return Grid(lo, hi, step, -(-(hi - lo) // step) + 1, True)
+        low, high = math.floor(lo), math.ceil(hi)
+        whole = max(1, math.ceil((high - low) / (GRID_POINTS - 1)))
+        return Grid(low, high, whole, -(-(high - low) // whole) + 1, True)
     step = (hi - lo) / (GRID_POINTS - 1)
     if not (step > 0 and math.isfinite(step)):
         # One point, or bounds so far out that doubles cannot tell their steps apart.

@@ -38,6 +38,7 @@ from collections.abc import Iterable, Sequence
 from dpmagic.gate.dp.accounting import Accountant, Cost
 from dpmagic.gate.dp.contribution import Contribution
 from dpmagic.gate.dp.sums import sum_l2_squared, sum_sensitivity
+from dpmagic.gate.policy import Neighbouring
 
 EDGE_WEIGHT = 0.5
 """Each end of a quantile's interval in units (``edges``) takes half the share its
@@ -50,7 +51,9 @@ QUANTILE_COUNT_WEIGHT = 0.25
 none, beside its quantile's 1: the verdict and the edges need only its lower end."""
 
 
-def unit_sensitivities(c: Contribution, neighbouring: str, gaussian: bool) -> tuple[float, float]:
+def unit_sensitivities(
+    c: Contribution, neighbouring: Neighbouring, gaussian: bool
+) -> tuple[float, float]:
     """The sensitivities of a sum of values in ``[−1, 1]`` and of a count, in the norm
     the noise is calibrated to: every centred sum's is this times its range's half-width."""
     if gaussian:
@@ -72,7 +75,7 @@ def split(coefficients: tuple[float, ...], gaussian: bool) -> tuple[float, ...]:
     return tuple(len(powered) * p / total for p in powered)
 
 
-def avg_weights(c: Contribution, neighbouring: str, gaussian: bool) -> tuple[float, float]:
+def avg_weights(c: Contribution, neighbouring: Neighbouring, gaussian: bool) -> tuple[float, float]:
     """The weights of an AVG's centred sum and count.
 
     With ``m`` the true mean's distance from the centre, the noisy average
@@ -90,7 +93,7 @@ def avg_weights(c: Contribution, neighbouring: str, gaussian: bool) -> tuple[flo
 
 
 def variance_weights(
-    c: Contribution, neighbouring: str, gaussian: bool
+    c: Contribution, neighbouring: Neighbouring, gaussian: bool
 ) -> tuple[float, float, float]:
     """The weights of a variance's count, centred sum and centred sum of squares.
 
@@ -110,7 +113,12 @@ def variance_weights(
 
 
 def part_weights(
-    func: str, parts: int, centred: bool, c: Contribution, neighbouring: str, gaussian: bool
+    func: str,
+    parts: int,
+    centred: bool,
+    c: Contribution,
+    neighbouring: Neighbouring,
+    gaussian: bool,
 ) -> tuple[float, ...]:
     """The weights an aggregate of ``parts`` measurements gives them: 1 each, but for an
     AVG's or a variance's with centred sums (``func`` ``avg``, or a variance's),

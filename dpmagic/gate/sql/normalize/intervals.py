@@ -42,6 +42,7 @@ MAX_COUNT = 100_000
 def fold_intervals(tree: exp.Select) -> exp.Select:
     """Every ``literal ± INTERVAL`` in ``tree``, innermost first, as one literal."""
     for node in list(tree.find_all(exp.Add, exp.Sub))[::-1]:  # children before parents
+        assert isinstance(node, exp.Add | exp.Sub)
         folded = _folded(node)
         if folded is not None:
             node.replace(folded)
@@ -79,14 +80,13 @@ def _interval(node: exp.Expression) -> relativedelta | None:
         count, _, unit = text.partition(" ")
         text, unit = count, unit.strip().lower().removesuffix("s")
     try:
-        count = int(text)
+        moves = int(text)
     except ValueError:
         return None
-    if unit not in UNITS or abs(count) > MAX_COUNT:
+    if unit not in UNITS or abs(moves) > MAX_COUNT:
         return None
-    return UNITS[unit] * count
+    return UNITS[unit] * moves
 
 
 def _has_time(moved: relativedelta) -> bool:
     return bool(moved.hours or moved.minutes or moved.seconds or moved.microseconds)
-

@@ -31,7 +31,7 @@ def factor_or(tree: exp.Select) -> exp.Select:
     return tree
 
 
-def _factored(node: exp.Or) -> exp.Expression | None:
+def _factored(node: exp.Or) -> exp.Expr | None:
     branches = [list(_conjuncts(b)) for b in _branches(node)]
     common = [c for c in branches[0] if all(c in b for b in branches[1:])]
     if not common:
@@ -40,18 +40,18 @@ def _factored(node: exp.Or) -> exp.Expression | None:
     parts = [c.copy() for c in common]
     if all(rests):  # else absorption: a branch was the common part alone
         parts.append(exp.paren(exp.or_(*(exp.and_(*(c.copy() for c in r)) for r in rests))))
-    factored = exp.and_(*parts)
+    factored: exp.Expr = exp.and_(*parts)
     return exp.paren(factored) if isinstance(node.parent, exp.Binary) else factored
 
 
-def _branches(node: exp.Expression) -> list[exp.Expression]:
+def _branches(node: exp.Expr) -> list[exp.Expr]:
     inner = node.unnest()
     if isinstance(inner, exp.Or):
         return _branches(inner.this) + _branches(inner.expression)
     return [inner]
 
 
-def _conjuncts(node: exp.Expression) -> list[exp.Expression]:
+def _conjuncts(node: exp.Expr) -> list[exp.Expr]:
     inner = node.unnest()
     if isinstance(inner, exp.And):
         return _conjuncts(inner.this) + _conjuncts(inner.expression)
