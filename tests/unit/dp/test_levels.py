@@ -126,6 +126,7 @@ SPLITS: dict[str, tuple[Callable[[float], float], list[Part]]] = {
 }
 
 
+@pytest.mark.search
 @pytest.mark.parametrize("alpha", [REPORT_ALPHA, 0.2])
 @pytest.mark.parametrize("kind", list(SPLITS))
 def test_the_parts_of_each_split_hold_together(kind, alpha):
