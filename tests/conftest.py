@@ -48,17 +48,30 @@ MAX_SOCKET_PATH = 100
 # Markers of system suites with a line of their own in .ci/run; every other test under
 # tests/system/ is marked ``system``. The default run (``pytest -q``) leaves them all out.
 OWN_SUITES = ("browser", "hub", "audit", "signals", "flood", "fuzz", "spark")
+# Every marker that gives a test a CI run of its own (``.ci/run``'s ``-m`` lines, the
+# default run's ``addopts`` exclusions); tests/unit/test_ci_runs.py holds the three equal.
+CI_SUITES = ("system", "search", *OWN_SUITES)
 SYSTEM_TESTS = Path(__file__).resolve().parent / "system"
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark the tests under tests/system/ before ``-m`` selects (see ``OWN_SUITES``)."""
+    """Mark the tests under tests/system/ before ``-m`` selects (see ``OWN_SUITES``),
+    then refuse a test with two suite markers: CI would run it twice, and moving a
+    test out of one run must leave it in exactly one other. This runs before ``-m``
+    deselects, so the default run checks every test collected."""
     for item in items:
         if SYSTEM_TESTS in item.path.parents and not any(
             item.get_closest_marker(m) for m in OWN_SUITES
         ):
             item.add_marker(pytest.mark.system)
+    twice = [
+        f"{item.nodeid} ({', '.join(suites)})"
+        for item in items
+        if len(suites := [m for m in CI_SUITES if item.get_closest_marker(m)]) > 1
+    ]
+    if twice:
+        raise pytest.UsageError("tests in more than one CI run: " + "; ".join(twice))
 
 
 TOKENS = {"alice": "alice-token-0123456789", "bob": "bob-token-0123456789ab"}

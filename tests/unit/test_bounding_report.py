@@ -70,6 +70,7 @@ SINGLE = [
 ]
 
 
+@pytest.mark.search
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     per_unit=units,

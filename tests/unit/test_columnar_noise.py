@@ -68,6 +68,7 @@ def _listed(values: dict) -> dict:
     return {k: v.tolist() if isinstance(v, np.ndarray) else list(v) for k, v in values.items()}
 
 
+@pytest.mark.search
 @settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )

@@ -37,6 +37,7 @@ def _nearest(rows: list[float], scale_exp: int) -> int:
     return sum(round(v * 2.0**scale_exp) for v in rows)  # Python's round: half to even
 
 
+@pytest.mark.search
 @settings(max_examples=150, deadline=None)
 @given(st.one_of(values, halves), st.integers(-4, 8), st.booleans())
 def test_the_cast_rounds_each_value_to_the_nearest(rows, scale_exp, wide):

@@ -55,6 +55,7 @@ def _vectors(p, rw, con) -> dict[str, list]:
     return {**units, **histograms}
 
 
+@pytest.mark.search
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=rows, sql=st.sampled_from(SUMS), max_rows=st.integers(1, 3), seed=st.integers(0, 99))
 def test_64_bit_sums_equal_128_bit_sums(data, sql, max_rows, seed):

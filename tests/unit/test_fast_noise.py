@@ -48,6 +48,7 @@ def _draws(t: int, s: int, total: int, size: int) -> np.ndarray:
 SIZES = [60_000, 50, FAST_NOISE_CELLS]
 
 
+@pytest.mark.search
 @pytest.mark.parametrize("size", SIZES, ids=["long", "short", "shortest"])
 @pytest.mark.parametrize("scale", SCALES)
 def test_fast_sampler_draws_opendps_distribution(scale, size):

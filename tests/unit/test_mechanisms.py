@@ -98,6 +98,7 @@ def test_granular_noise_equals_opendps_float_laplace():
     assert discrete_laplace_fits(ours, scale / 2.0**k)
 
 
+@pytest.mark.search
 @pytest.mark.parametrize("scale", [1.0001e4, 3.3e4, 1e5, 4.7e5, 1e6, 2e6])
 def test_a_wide_gaussian_interval_is_never_narrower_than_opendps(scale):
     """Beyond ``GAUSSIAN_EXACT_SCALE`` the interval is the continuous quantile plus two

@@ -220,6 +220,7 @@ def test_an_average_whose_interval_came_out_narrow_is_judged_by_its_noise(monkey
     assert not any(judged(n)[0] for n in caught)
 
 
+@pytest.mark.search
 @pytest.mark.parametrize("expression", ["AVG(x) - 40", "2 * (40 - AVG(x))", "VAR_POP(x) - 100"])
 def test_an_average_minus_a_constant_is_judged_by_its_noise_not_one_narrow_draw(
     monkeypatch, expression

@@ -130,6 +130,7 @@ def _rows_per_partition(engine, sql: str) -> tuple[int, int]:
     return max((r[-1] for r in rows), default=0), per_unit * table_rows
 
 
+@pytest.mark.search
 @settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )

@@ -295,6 +295,7 @@ SEMANTIC_QUERIES = [
 ]
 
 
+@pytest.mark.search
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     rows=st.lists(

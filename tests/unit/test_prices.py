@@ -133,6 +133,7 @@ def _longest(con: duckdb.DuckDBPyConnection, text: str) -> int:
     return found or 0
 
 
+@pytest.mark.search
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow,
           HealthCheck.function_scoped_fixture])  # fmt: skip
 @given(text=_texts(3))

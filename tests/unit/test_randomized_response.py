@@ -344,6 +344,7 @@ def _release(p: Plan, con: duckdb.DuckDBPyConnection, seed: int) -> release.Rele
     return release.release(noise(p, rewritten, exact))
 
 
+@pytest.mark.search
 def test_debiased_intervals_cover_the_truth_at_their_level() -> None:
     for name, (covered, half, error) in _covered().items():
         assert covered >= MIN_COVERED, (name, covered)

@@ -49,6 +49,7 @@ def _read(store: database.Database, bound: exp.Expression) -> list[tuple]:
     return sorted(store.run(sql).rows)
 
 
+@pytest.mark.search
 @settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )

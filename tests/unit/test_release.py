@@ -118,6 +118,7 @@ def _average_tree(sql: str) -> exp.Expression:
     return PostExpr(plan, plan.checked).tree(out.expr)
 
 
+@pytest.mark.search
 @settings(max_examples=200, deadline=None)
 @given(
     sql=st.sampled_from(
@@ -162,6 +163,7 @@ _CELL = st.one_of(
 )
 
 
+@pytest.mark.search
 @settings(max_examples=300, deadline=None)
 @given(
     column=st.one_of(

@@ -130,6 +130,7 @@ def _violation(noise: QuantileNoise, a: dict, b: dict, epsilon: float, n: int) -
     return False
 
 
+@pytest.mark.search
 def test_empirical_privacy_passes_the_mechanism_and_catches_a_mis_scaled_one():
     # Neighbouring data (one value 0 added) over three candidates.
     a, b = {0: 3, 2: 2}, {0: 4, 2: 2}

@@ -371,6 +371,7 @@ _ASKS = st.lists(
 )
 
 
+@pytest.mark.search
 @settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )

@@ -171,6 +171,7 @@ def _added(engines, sql: str) -> tuple[list[int], list[int]] | None:
     return added, [j.rows for j in the_plan.work.joins]
 
 
+@pytest.mark.search
 @settings(
     max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )

@@ -126,6 +126,7 @@ SPLITS: dict[str, tuple[Callable[[float], float], list[Part]]] = {
 }
 
 
+@pytest.mark.search
 @pytest.mark.parametrize("alpha", [REPORT_ALPHA, 0.2])
 @pytest.mark.parametrize("kind", list(SPLITS))
 def test_the_parts_of_each_split_hold_together(kind, alpha):
@@ -133,11 +134,13 @@ def test_the_parts_of_each_split_hold_together(kind, alpha):
     misses(parts, level(alpha), alpha)
 
 
+@pytest.mark.search
 def test_a_quantiles_interval_ends_and_count_hold_together():
     """The three events ``sql/edges`` rests on, each at ``EDGE_PART_ALPHA``."""
     misses([noise_part(COUNT), rank_part, rank_part], EDGE_PART_ALPHA, EDGES_ALPHA)
 
 
+@pytest.mark.search
 @pytest.mark.parametrize(
     ("parts", "broken"),
     [
