@@ -218,10 +218,9 @@ def _group_keys(resolved: Resolved, tree: exp.Select) -> tuple[GroupKey, ...]:
         if resolved.is_unit(unparen(expr)):
             raise Refused(
                 f"grouping by the privacy unit {label!r} would release each unit's values: "
-                "a list or a top-k of individuals is never released, each of its rows being "
-                "one person's. Ask instead for a statistic over them (an AVG, a quantile or a "
-                "histogram of a value), or for a top-k of public keys (GROUP BY a column with "
-                "public values, ORDER BY the aggregate, LIMIT k)"
+                "a list or top-k of individuals is never released. Ask for a statistic over "
+                "them (AVG, a quantile) or a top-k of public keys (GROUP BY a public column, "
+                "ORDER BY the aggregate, LIMIT k)"
             )
         if any(k.expr.sql(dialect=DIALECT) == expr.sql(dialect=DIALECT) for k in keys):
             continue
