@@ -65,6 +65,25 @@ def test_parse_applies_every_rule() -> None:
     )
 
 
+def test_the_longest_or_chain_a_query_can_hold_is_factored_without_recursion() -> None:
+    """A 20,000-character query chains about 2,000 ORs: walked iteratively (a
+    recursive walk raised RecursionError here)."""
+    chain = " OR ".join(["(a = 1 AND x = 2)"] * 900)
+    assert parse(f"SELECT COUNT(*) FROM t WHERE {chain}").canonical == (
+        "SELECT COUNT(*) FROM t WHERE a = 1 AND x = 2"
+    )
+    assert parse("SELECT COUNT(*) FROM t WHERE " + " OR ".join(["x = 1"] * 2190)).canonical == (
+        "SELECT COUNT(*) FROM t WHERE x = 1"
+    )
+
+
+def test_only_sql_digits_count_an_interval() -> None:
+    tree = fold_intervals(
+        sqlglot.parse_one("SELECT 1 FROM t WHERE d < DATE '2000-01-01' + INTERVAL '1_0' DAY")
+    )
+    assert tree.find(exp.Interval) is not None
+
+
 def test_more_names_than_columns_is_refused() -> None:
     with pytest.raises(Refused, match="x names 2 columns but its SELECT has 1"):
         parse("SELECT COUNT(*) FROM (SELECT a FROM t) AS x (p, q)")

@@ -17,6 +17,7 @@ unit this rule does not know) is left as written, for the checks to refuse.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 
 from dateutil.relativedelta import relativedelta
@@ -79,10 +80,9 @@ def _interval(node: exp.Expression) -> relativedelta | None:
     if not unit:  # INTERVAL '68 days': the unit inside the text
         count, _, unit = text.partition(" ")
         text, unit = count, unit.strip().lower().removesuffix("s")
-    try:
-        moves = int(text)
-    except ValueError:
+    if not re.fullmatch(r"[+-]?[0-9]{1,6}", text):  # SQL's digits; not Python's 1_000
         return None
+    moves = int(text)
     if unit not in UNITS or abs(moves) > MAX_COUNT:
         return None
     return UNITS[unit] * moves

@@ -45,14 +45,21 @@ def _factored(node: exp.Or) -> exp.Expr | None:
 
 
 def _branches(node: exp.Expr) -> list[exp.Expr]:
-    inner = node.unnest()
-    if isinstance(inner, exp.Or):
-        return _branches(inner.this) + _branches(inner.expression)
-    return [inner]
+    return _chain(node, exp.Or)
 
 
 def _conjuncts(node: exp.Expr) -> list[exp.Expr]:
-    inner = node.unnest()
-    if isinstance(inner, exp.And):
-        return _conjuncts(inner.this) + _conjuncts(inner.expression)
-    return [inner]
+    return _chain(node, exp.And)
+
+
+def _chain(node: exp.Expr, kind: type[exp.Connector]) -> list[exp.Expr]:
+    """The operands of a chain of ``kind`` (``a OR b OR c``, parenthesised or not), left
+    to right; iterative, since a 20,000-character query can chain thousands."""
+    out, stack = [], [node]
+    while stack:
+        inner = stack.pop().unnest()
+        if isinstance(inner, kind):
+            stack += [inner.expression, inner.this]
+        else:
+            out.append(inner)
+    return out
