@@ -199,7 +199,7 @@ def _unit_table(private: list[Table]) -> list[Table]:
     """The table the privacy unit is declared in (its unit column no link to another
     table), else the first private table (rows are the units); none in a dataset
     without private tables."""
-    roots = [t for t in private if t.unit is not None and t.unit not in t.links]
+    roots = [t for t in private if t.unit is not None and t.via is None and t.unit not in t.links]
     return (roots or private)[:1]
 
 

@@ -272,7 +272,9 @@ def test_links_name_each_table_unit_column():
         (
             {
                 "a": {"unit": "x", "columns": {"x": {"type": "int"}, "y": {"type": "int"}}},
-                "b": {"links": {"y": "a.y"}, "columns": {"y": {"type": "int"}}},
+                # b's own unit column (the privacy unit's name) links to a's key, not
+                # to a's unit: the person would be read two ways
+                "b": {"links": {"patient_id": "a.y"}, "columns": {"patient_id": {"type": "int"}}},
             },
             "must be the privacy unit column",
         ),

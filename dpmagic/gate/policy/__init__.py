@@ -17,6 +17,7 @@ from dpmagic.gate.policy.values import (
     DEFAULT_MAX_RESOURCE_FAILURES,
     DEFAULT_MAX_UNIT_WORK,
     DEFAULT_QUANTUM_MS,
+    DERIVED_UNIT,
     ENGINES,
     MAX_MAX_LENGTH,
     MAX_UNIT_ROWS,
@@ -34,6 +35,7 @@ from dpmagic.gate.policy.values import (
     RandomizedResponse,
     SparkConfig,
     Table,
+    Via,
 )
 
 __all__ = [
@@ -44,6 +46,7 @@ __all__ = [
     "DEFAULT_MAX_RESOURCE_FAILURES",
     "DEFAULT_MAX_UNIT_WORK",
     "DEFAULT_QUANTUM_MS",
+    "DERIVED_UNIT",
     "ENGINES",
     "MAX_MAX_LENGTH",
     "MAX_UNIT_ROWS",
@@ -61,6 +64,7 @@ __all__ = [
     "RandomizedResponse",
     "SparkConfig",
     "Table",
+    "Via",
     "load_policy",
     "parse_policy",
 ]

@@ -29,6 +29,7 @@ from dpmagic.gate.policy.values import (
     CATALOG_PREFIX,
     DEFAULT_MAX_LENGTH,
     DEFAULT_MAX_TEXT_LENGTH,
+    DERIVED_UNIT,
     MAX_UNIT_ROWS,
     VECTOR_ROWS,
     AccountantKind,
@@ -42,6 +43,7 @@ from dpmagic.gate.policy.values import (
     RandomizedResponse,
     SparkConfig,
     Table,
+    Via,
     row_work_limit,
 )
 
@@ -309,31 +311,62 @@ def _units(tables: dict[str, Table], unit: str | None, where: str) -> dict[str, 
             continue
         if t.unit is None and unit in t.columns:
             out[t.name] = replace(t, unit=unit)
-    # A link may point at a table whose own unit comes from a link: settle in rounds.
+    for t in out.values():
+        if len(t.links) > 1:
+            raise PolicyError(
+                f"{where}.tables.{t.name}.links: link one column, the one that leads to "
+                "the person (other keys join as they are)"
+            )
+        for column, target in t.links.items():
+            tname, tcol = target.split(".")
+            other = out.get(tname)
+            if other is None or other.public or tcol not in other.columns:
+                raise PolicyError(
+                    f"{where}.tables.{t.name}.links.{column}: {target!r} is not a column "
+                    "of a declared private table"
+                )
+    # A link names another table's unit column (the linking column is then this
+    # table's unit) or a key of a table that has a unit (each row's unit is then
+    # read along the key when the gate prepares the data: ``Via``). A chain of links
+    # (lineitem → orders → customer) settles in rounds, one table further each round.
     for _ in range(len(out)):
         for t in list(out.values()):
-            for column, target in t.links.items():
-                tname, tcol = target.split(".")
-                other = out.get(tname)
-                if other is None or other.public or tcol not in other.columns:
-                    raise PolicyError(
-                        f"{where}.tables.{t.name}.links.{column}: {target!r} is not a column "
-                        "of a declared private table"
-                    )
-                if other.unit == tcol and t.unit is None:
-                    out[t.name] = t = replace(t, unit=column)
+            if t.unit is not None or not t.links:
+                continue
+            ((column, target),) = t.links.items()
+            tname, tcol = target.split(".")
+            other = out[tname]
+            found = other.unit_column
+            if found is None:
+                continue  # not settled yet
+            if other.via is None and other.unit == tcol:
+                out[t.name] = replace(t, unit=column)
+                continue
+            if t.columns[column].type != other.columns[tcol].type:
+                raise PolicyError(
+                    f"{where}.tables.{t.name}.links.{column}: {t.columns[column].type} "
+                    f"cannot name a {other.columns[tcol].type} key ({target})"
+                )
+            via = Via(column=column, table=tname, key=tcol, unit_type=found.type)
+            out[t.name] = replace(t, unit=DERIVED_UNIT, via=via)
     for t in out.values():
         for column, target in t.links.items():
             tname, tcol = target.split(".")
-            if out[tname].unit != tcol:
-                raise PolicyError(
-                    f"{where}.tables.{t.name}.links.{column}: {target!r} must be the privacy "
-                    f"unit column of {tname!r}"
-                )
-            if t.unit != column:
+            if t.via is None and t.unit is not None and t.unit != column:
                 raise PolicyError(
                     f"{where}.tables.{t.name}: its unit is {t.unit!r}, yet it links "
-                    f"{column!r} to the unit of {tname!r}"
+                    f"{column!r} to {target!r}: a table reaches its person one way"
+                )
+            if t.via is None and t.unit == column and out[tname].unit != tcol:
+                raise PolicyError(
+                    f"{where}.tables.{t.name}.links.{column}: {target!r} must be the privacy "
+                    f"unit column of {tname!r}, as {column!r} is this table's"
+                )
+            if t.unit is None:
+                raise PolicyError(
+                    f"{where}.tables.{t.name}.links.{column}: {target!r} never reaches the "
+                    f"privacy unit: {tname!r} must hold it or link to a table that does "
+                    "(links must not go round in a circle)"
                 )
     for t in out.values():
         if not t.public and unit is not None and t.unit is None:

@@ -209,11 +209,32 @@ class Column:
         return out
 
 
+# The column the gate adds, when it prepares the data, to a table that reaches its
+# privacy unit through a key (``Table.via``): each row's unit, read along the link.
+# Not declared, so no query can name it; only the gate's own SQL reads it.
+DERIVED_UNIT = "__dpmagic_unit"
+
+
+@dataclass(frozen=True)
+class Via:
+    """How a table reaches its unit through another table's unique key: its column
+    ``column`` names a row of ``table`` by that table's column ``key``, whose unit
+    (of type ``unit_type``) is the row's (``lineitem.l_orderkey → orders.o_orderkey``,
+    and orders' unit is ``o_custkey``)."""
+
+    column: str
+    table: str
+    key: str
+    unit_type: ColumnType
+
+
 @dataclass(frozen=True)
 class Table:
     """A declared table. ``unit`` names the column holding the privacy unit
-    (``None`` for public tables and row-level datasets); ``links`` maps a
-    column to the ``table.column`` it references, as the owner declared."""
+    (``None`` for public tables and row-level datasets): a declared column, or
+    ``DERIVED_UNIT`` where the table reaches its unit through a key (``via``);
+    ``links`` maps a column to the ``table.column`` it references, as the owner
+    declared."""
 
     name: str
     public: bool
@@ -223,6 +244,16 @@ class Table:
     rows: int | None = None  # a public table's rows, read at start (its contents are public)
     # A private table's most rows per unit, as the owner declares (1: a row per person).
     max_rows: int | None = None
+    via: Via | None = None
+
+    @property
+    def unit_column(self) -> Column | None:
+        """The column that holds each row's unit: declared, or the one the gate adds."""
+        if self.unit is None:
+            return None
+        if self.via is not None:
+            return Column(name=DERIVED_UNIT, type=self.via.unit_type, not_null=True)
+        return self.columns.get(self.unit)
 
 
 @dataclass(frozen=True)
@@ -294,7 +325,8 @@ class Dataset:
                 t.name: {
                     "public": t.public,
                     "columns": {c.name: c.as_dict() for c in t.columns.values()},
-                    **({"unit": t.unit} if t.unit else {}),
+                    # A unit read along a key is the gate's own column: its links say it.
+                    **({"unit": t.unit} if t.unit and t.via is None else {}),
                     **({"links": dict(t.links)} if t.links else {}),
                     **({"max_rows_per_unit": t.max_rows} if t.max_rows else {}),
                 }

@@ -79,14 +79,22 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import duckdb
 from sqlglot import exp
 
 from dpmagic.gate.dp.contribution import Contribution
-from dpmagic.gate.policy import AccountantKind, Column, Dataset, PolicyError, Table
+from dpmagic.gate.failures import required
+from dpmagic.gate.policy import (
+    DERIVED_UNIT,
+    AccountantKind,
+    Column,
+    Dataset,
+    PolicyError,
+    Table,
+)
 from dpmagic.gate.sql.kinds import MeasureKind
 from dpmagic.gate.sql.resolve import Resolved
 from dpmagic.gate.sql.trees import conjuncts, quoted
@@ -334,7 +342,7 @@ def not_null_broken(table: str, column: str) -> str:
 
 def bounded_by_units(dataset: Dataset, table: Table) -> bool:
     """Whether ``table`` is ranked and counted per unit at load."""
-    return not table.public and dataset.privacy_unit is not None and table.unit in table.columns
+    return not table.public and dataset.privacy_unit is not None and table.unit_column is not None
 
 
 def prepare_tables(
@@ -360,7 +368,11 @@ def prepare_tables(
     moves the filter's work by at most a row group per rank within the room
     (docs/security.md, "Per-unit work")."""
     counted = [n for n in relations if bounded_by_units(dataset, dataset.tables[n])]
-    for name, relation in relations.items():
+    for name in linked_first(dataset, relations):
+        relation = relations[name]
+        via = dataset.tables[name].via
+        if via is not None:
+            relation = _along_link(con, dataset, name, relation, schema)
         target = STAGE + name if name in counted else name
         select = prepare_sql(dataset, dataset.tables[name], relation, seed)
         con.execute(f"CREATE OR REPLACE TABLE {schema}.{quoted(target)} AS {select}")
@@ -396,12 +408,56 @@ def prepare_tables(
         con.execute(f"DROP TABLE {schema}.{quoted(STAGE + name)}")
 
 
+def linked_first(dataset: Dataset, names: Iterable[str]) -> list[str]:
+    """``names`` in an order that prepares a table after the one it reaches its unit
+    through (``Table.via``), whose prepared key and unit its own units are read from."""
+    todo, out = list(names), []
+    while todo:
+        ready = [
+            n for n in todo
+            if (via := dataset.tables[n].via) is None or via.table in out or via.table not in todo
+        ]  # fmt: skip
+        out += ready
+        todo = [n for n in todo if n not in ready]
+    return out
+
+
+def _along_link(
+    con: duckdb.DuckDBPyConnection, dataset: Dataset, name: str, relation: str, schema: str
+) -> str:
+    """``relation`` with each row's unit read along its table's link (``Table.via``):
+    the unit of the row of the linked table whose key the row names, NULL (so the row
+    is dropped, as any row without a unit) where none does. The key must be unique in
+    the prepared linked table, else a row could name two units: the start is refused,
+    naming the table and the column and no value."""
+    table = dataset.tables[name]
+    via = required(table.via, "the link a derived unit is read along")
+    linked = dataset.tables[via.table]
+    stage = f"{schema}.{quoted(STAGE + via.table)}"
+    if not con.execute(f"SELECT 1 FROM duckdb_tables() WHERE table_name = '{STAGE}{via.table}'"
+                       ).fetchone():  # fmt: skip
+        raise PolicyError(f"{name}.{via.column} links to {via.table!r}, which is not in the data")
+    key = quoted(via.key)
+    repeats = con.execute(f"SELECT count({key}) <> count(DISTINCT {key}) FROM {stage}").fetchone()
+    if repeats is not None and repeats[0]:
+        raise PolicyError(
+            f"{name}.{via.column} links to {via.table}.{via.key}, but that column is not a "
+            "key: some of its values name several rows (fix the data, or link another column)"
+        )
+    own = stored(table.columns[via.column], f"__src.{quoted(via.column)}")
+    return (
+        f"(SELECT __src.*, __k.__u AS {quoted(DERIVED_UNIT)} FROM {relation} AS __src "
+        f"LEFT JOIN (SELECT {key} AS __key, {_unit(linked)} AS __u FROM {stage}) AS __k "
+        f"ON {own} = __k.__key)"
+    )
+
+
 def _unit(table: Table) -> str:
-    return quoted(table.columns[table.unit].name)  # type: ignore[index]
+    return quoted(required(table.unit, "a private table's unit"))
 
 
 def _unit_type(table: Table) -> str:
-    return table.columns[table.unit].type  # type: ignore[index]
+    return required(table.unit_column, "a private table's unit").type
 
 
 def prepare_sql(dataset: Dataset, table: Table, source: str, seed: int | None = None) -> str:
@@ -416,13 +472,16 @@ def prepare_sql(dataset: Dataset, table: Table, source: str, seed: int | None = 
     if not bounded_by_units(dataset, table):
         return f"SELECT {_stored_columns(table, '__src')} FROM {source} AS __src"
     seed = secrets.randbits(62) if seed is None else seed
-    unit = table.columns[table.unit]
+    unit = required(table.unit_column, "a private table's unit")
     key = f'TRY_CAST(__row."{unit.name}" AS {SQL_TYPES[unit.type]})'
+    columns = _stored_columns(table, "__row")
+    if table.via is not None:  # read along the link (``_along_link``), already typed
+        columns += f", {key} AS {quoted(DERIVED_UNIT)}"
     # __copy numbers identical rows, so that copies are ranked apart like any other rows.
     return (
         "WITH __rows AS (SELECT __src AS __row, row_number() OVER (PARTITION BY __src) AS __copy "
         f"FROM {source} AS __src) "
-        f"SELECT {_stored_columns(table, '__row')}, row_number() OVER (PARTITION BY {key} "
+        f"SELECT {columns}, row_number() OVER (PARTITION BY {key} "
         f'ORDER BY hash(__row, __copy, {seed}), __row, __copy) AS "{RANK}" '
         f"FROM __rows WHERE {key} IS NOT NULL"
     )

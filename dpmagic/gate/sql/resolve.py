@@ -96,6 +96,8 @@ class Resolved:
         if node.name == PRESENT or node.table == SEMI:
             return _BOOL
         scan = self.scan(node.table)
+        if scan is not None and node.name == scan.table.unit:
+            return scan.table.unit_column
         return None if scan is None else scan.table.columns.get(node.name)
 
     def scan(self, name: str) -> Scan | None:
@@ -134,6 +136,7 @@ def resolve(parsed: Parsed, dataset: Dataset) -> Resolved:
     where = tree.args.get("where")
     if where is not None:
         filters.append(flat.substitute(where.this, env, frozenset(), "WHERE"))
+    along_links(flat.scans, filters)
     if filters:
         out.set("where", exp.Where(this=exp.and_(*filters, copy=False)))
     for key, place in (("group", "GROUP BY"), ("having", "HAVING"), ("order", "ORDER BY")):
@@ -391,9 +394,11 @@ class _Flattener:
     ) -> exp.Expression:
         private = [s for s in sub.scans if not s.table.public]
         if private:
+            along_links(sub.scans, filters)
             _unit(tuple(sub.scans), filters, self.dataset)
             inner, outer = _unit_of(value, tuple(sub.scans)), _unit_of(lhs, tuple(self.scans))
-            if inner is None or outer is None:
+            linked = link_pair(value, tuple(sub.scans), lhs, tuple(self.scans)) is not None
+            if (inner is None or outer is None) and not linked:
                 raise Refused(
                     "IN (SELECT …) or EXISTS over a private table must match privacy units "
                     "(t.pid IN (SELECT pid FROM …)): otherwise a unit's rows would depend "
@@ -619,10 +624,86 @@ def _unit(scans: tuple[Scan, ...], filters: list, dataset: Dataset) -> exp.Colum
         if find(s.name) != find(root.name):
             raise Refused(
                 f"joining {root.table.name!r} and {s.table.name!r} must match their privacy "
-                f"units ({root.table.name}.{root.table.unit} = {s.table.name}.{s.table.unit}): "
-                "otherwise a joined row would mix two units' data"
+                f"units ({_person_join(root.table, s.table)}): otherwise a joined row would "
+                "mix two units' data"
             )
     return exp.column(required(root.table.unit, "a private table's unit"), table=root.name)
+
+
+def _person_join(a: Table, b: Table) -> str:
+    """How ``a`` and ``b`` join on one person, in the columns a user can write."""
+    for x, y in ((a, b), (b, a)):
+        if x.via is not None and x.via.table == y.name:
+            return f"{x.name}.{x.via.column} = {y.name}.{x.via.key}"
+    if a.via is None and b.via is None:
+        return f"{a.name}.{a.unit} = {b.name}.{b.unit}"
+    return "along the links the policy declares, or on the privacy unit"
+
+
+def along_links(scans: list[Scan], filters: list[exp.Expression]) -> None:
+    """For each join along a declared link (``lineitem.l_orderkey = orders.o_orderkey``,
+    or two rows naming the same key of a linked table), add the equality of the two
+    rows' units, to ``filters`` or to the left join's condition it is in.
+
+    Why added rather than trusted: the join is then a join on the unit, which is what
+    the bounding and the refusal of mixed joins read (``_unit``), whatever the key
+    holds. Each row's unit was read along this very key when the data was prepared,
+    so on data that keeps the policy's links the equality drops nothing; on data
+    that breaks them it can drop rows, and never pair two persons' rows."""
+    found = tuple(scans)
+    for conj in [c for f in filters for c in conjuncts(f)]:
+        equal = _units_equal(conj, found)
+        if equal is not None:
+            filters.append(equal)
+    for i, scan in enumerate(scans):
+        if scan.kind == "left" and scan.on is not None:
+            extra = [e for c in conjuncts(scan.on) if (e := _units_equal(c, found)) is not None]
+            if extra:
+                scans[i] = Scan(scan.name, scan.table, scan.kind, _and([scan.on, *extra]))
+
+
+def _units_equal(conj: exp.Expression, scans: tuple[Scan, ...]) -> exp.Expression | None:
+    if not isinstance(conj, exp.EQ):
+        return None
+    pair = link_pair(conj.this, scans, conj.expression, scans)
+    if pair is None:
+        return None
+    a, b = pair
+    return exp.EQ(
+        this=exp.column(required(a.table.unit, "a linked table's unit"), table=a.name),
+        expression=exp.column(required(b.table.unit, "a linked table's unit"), table=b.name),
+    )
+
+
+def link_pair(
+    a: exp.Expression, a_scans: tuple[Scan, ...], b: exp.Expression, b_scans: tuple[Scan, ...]
+) -> tuple[Scan, Scan] | None:
+    """The scans of ``a`` and ``b`` when ``a = b`` follows a declared key link: one
+    side is the column a table reaches its unit through (``Table.via``) and the other
+    the key it names, or both sides name the same key of the same linked table. Then
+    the two rows belong to one unit: the unit of the one row the key names."""
+    ra, rb = _private_read(a, a_scans), _private_read(b, b_scans)
+    if ra is None or rb is None:
+        return None
+    (sa, an), (sb, bn) = ra, rb
+    for x, xc, y, yc in ((sa, an, sb, bn), (sb, bn, sa, an)):
+        via = x.table.via
+        if via is not None and (via.column, via.table, via.key) == (xc, y.table.name, yc):
+            return sa, sb
+    va, vb = sa.table.via, sb.table.via
+    if va is not None and vb is not None and (va.column, vb.column) == (an, bn):
+        return (sa, sb) if (va.table, va.key) == (vb.table, vb.key) else None
+    return None
+
+
+def _private_read(node: exp.Expression, scans: tuple[Scan, ...]) -> tuple[Scan, str] | None:
+    """The private scan and the column ``node`` reads, if it is a bare column."""
+    while isinstance(node, exp.Paren):
+        node = node.this
+    if not isinstance(node, exp.Column):
+        return None
+    scan = next((s for s in scans if s.name == node.table), None)
+    return None if scan is None or scan.table.public else (scan, node.name)
 
 
 def _unit_of(node: exp.Expression, scans: tuple[Scan, ...]) -> str | None:

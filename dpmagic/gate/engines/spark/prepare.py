@@ -41,8 +41,16 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 from dpmagic.gate.engines.versions import fingerprint
-from dpmagic.gate.policy import Column, Dataset, PolicyError, Table
-from dpmagic.gate.sql.ranks import RANK, ROWS, bounded_by_units, load_cap, not_null_broken
+from dpmagic.gate.failures import required
+from dpmagic.gate.policy import DERIVED_UNIT, Column, Dataset, PolicyError, Table
+from dpmagic.gate.sql.ranks import (
+    RANK,
+    ROWS,
+    bounded_by_units,
+    linked_first,
+    load_cap,
+    not_null_broken,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import Column as SparkColumn
@@ -147,12 +155,15 @@ def prepare(
     spark: SparkSession, dataset: Dataset, locations: dict[str, str], seed: int | None = None
 ) -> None:
     """Write every table of ``locations`` as prepared (see the module's docstring)."""
-    seed = secrets.randbits(62) if seed is None else seed
-    frames = {
-        name: prepared_frame(_source(spark, dataset, name), dataset, dataset.tables[name], seed)
-        for name in locations
-    }
     from pyspark.sql import functions as F
+
+    seed = secrets.randbits(62) if seed is None else seed
+    frames: dict[str, DataFrame] = {}
+    for name in linked_first(dataset, locations):
+        source = _source(spark, dataset, name)
+        if dataset.tables[name].via is not None:
+            source = _along_link(source, dataset, name, frames)
+        frames[name] = prepared_frame(source, dataset, dataset.tables[name], seed)
 
     for name, frame in frames.items():
         for col in dataset.tables[name].columns.values():
@@ -164,6 +175,32 @@ def prepare(
         if name in counted:
             prepared = _with_counts(prepared, dataset.tables[name], counts)
         prepared.write.mode("overwrite").parquet(locations[name])
+
+
+def _along_link(
+    source: DataFrame, dataset: Dataset, name: str, frames: dict[str, DataFrame]
+) -> DataFrame:
+    """``source`` with each row's unit read along its table's link (``Table.via``), as
+    DuckDB's preparation reads it (``ranks._along_link``): the unit of the prepared
+    linked row whose key the row names, NULL where none does; a key that is not
+    unique refuses the start, naming the table and the column and no value."""
+    from pyspark.sql import functions as F
+
+    table = dataset.tables[name]
+    via = required(table.via, "the link a derived unit is read along")
+    if via.table not in frames:
+        raise PolicyError(f"{name}.{via.column} links to {via.table!r}, which is not in the data")
+    linked = frames[via.table]
+    unit = required(dataset.tables[via.table].unit, "a linked table's unit")
+    keyed = linked.where(F.col(via.key).isNotNull())
+    if keyed.groupBy(via.key).count().where(F.col("count") > 1).limit(1).count():
+        raise PolicyError(
+            f"{name}.{via.column} links to {via.table}.{via.key}, but that column is not a "
+            "key: some of its values name several rows (fix the data, or link another column)"
+        )
+    own = stored_column(_raw(source, via.column), table.columns[via.column], source)
+    keys = keyed.select(F.col(via.key).alias("__key"), F.col(unit).alias(DERIVED_UNIT))
+    return source.join(keys, own == keys["__key"], "left").drop("__key")
 
 
 def _source(spark: SparkSession, dataset: Dataset, name: str) -> DataFrame:
@@ -212,8 +249,10 @@ def prepared_frame(source: DataFrame, dataset: Dataset, table: Table, seed: int)
     stored = [stored_column(raw[c.name], c, source).alias(c.name) for c in table.columns.values()]
     if not bounded_by_units(dataset, table):
         return source.select(*stored)
-    unit = table.columns[table.unit]  # type: ignore[index]
-    key = typed(raw[unit.name], unit, source)  # as DuckDB's: cast, not clamped
+    unit = required(table.unit_column, "a private table's unit")
+    key = typed(_raw(source, unit.name), unit, source)  # as DuckDB's: cast, not clamped
+    if table.via is not None:  # read along the link (``_along_link``), already typed
+        stored.append(key.alias(DERIVED_UNIT))
     content = [source[c] for c in source.columns]  # the whole source row, as DuckDB's
     copies = Window.partitionBy(*content).orderBy(*content)
     numbered = source.where(key.isNotNull()).withColumn(COPY, F.row_number().over(copies))
@@ -276,7 +315,7 @@ def _unit_counts(prepared: DataFrame, dataset: Dataset, table: Table) -> DataFra
     for this; the total order makes it the same ranking.)"""
     from pyspark.sql import functions as F
 
-    unit = table.columns[table.unit].name  # type: ignore[index]
+    unit = required(table.unit, "a private table's unit")
     return prepared.groupBy(prepared[unit].cast("string").alias("__u")).agg(
         F.least(F.max(RANK), F.lit(load_cap(dataset))).alias("__n")
     )
@@ -288,7 +327,7 @@ def _with_counts(prepared: DataFrame, table: Table, counts: dict[str, DataFrame]
     DuckDB's preparation does."""
     from pyspark.sql import functions as F
 
-    unit = table.columns[table.unit].name  # type: ignore[index]
+    unit = required(table.unit, "a private table's unit")
     out = prepared
     for i, (other, frame) in enumerate(counts.items()):
         alias = f"__c{i}"
