@@ -78,7 +78,9 @@ def build(database: Path, customers: int = 60, seed: int = 7, *, keys: bool = Tr
     rng = random.Random(seed)
     pk = " PRIMARY KEY" if keys else ""
     con = duckdb.connect(str(database))
-    con.execute(f"CREATE TABLE customer (c_custkey BIGINT{pk}, c_segment VARCHAR, c_acctbal DOUBLE)")
+    con.execute(
+        f"CREATE TABLE customer (c_custkey BIGINT{pk}, c_segment VARCHAR, c_acctbal DOUBLE)"
+    )
     con.execute(f"CREATE TABLE part (p_partkey BIGINT{pk}, p_brand VARCHAR)")
     ref = " REFERENCES customer (c_custkey)" if keys else ""
     con.execute(
