@@ -66,6 +66,20 @@ amount = {{ type = "int", lower = 0, upper = 10000 }}
 kind = {{ type = "str", public_values = ["x", "y"] }}
 paid = {{ type = "date", lower = 2020-01-01, upper = 2020-12-31 }}
 
+[datasets.d.tables.o]
+links = {{ pid = "t.pid" }}
+[datasets.d.tables.o.columns]
+oid = {{ type = "int" }}
+pid = {{ type = "int" }}
+total = {{ type = "float", lower = 0.0, upper = 500.0 }}
+
+[datasets.d.tables.l]
+links = {{ oid = "o.oid" }}
+[datasets.d.tables.l.columns]
+oid = {{ type = "int" }}
+qty = {{ type = "int", lower = 1, upper = 50 }}
+tag = {{ type = "str", public_values = ["p", "q"] }}
+
 [datasets.d.tables.r]
 public = true
 [datasets.d.tables.r.columns]
@@ -84,6 +98,10 @@ TARGET_T = [
     (TARGET, 0, 0, 1, -1000.0, -1e308, LONG_NOTE, None, D(2000, 1, 1), D(1, 1, 1), None),
 ]
 TARGET_V = [(TARGET, 10000, "y", D(2020, 12, 31)), (TARGET, 0, None, D(2020, 1, 1))]
+# The target's orders (keys past a double's exact integers, as its id) and their lines,
+# which reach the target only through the orders' keys (``l.oid → o.oid → t.pid``).
+TARGET_O = [(TARGET, TARGET, 500.0), (TARGET + 2, TARGET, None)]
+TARGET_L = [(TARGET, 50, "q"), (TARGET, 1, None), (TARGET + 2, 50, "p")]
 PEOPLE = 24
 
 
@@ -111,15 +129,32 @@ def _others() -> tuple[list[tuple], list[tuple]]:
     return t, v
 
 
+def _orders() -> tuple[list[tuple], list[tuple]]:
+    """Everyone's orders but the target's (none to two a person) and one to three lines
+    an order; one line names an order nobody has, and belongs to no one."""
+    o, line = [], [(999_999, 7, "p")]
+    for pid in range(1, PEOPLE + 1):
+        for k in range(pid % 3):
+            oid = 10 * pid + k
+            o.append((oid, pid, None if oid % 11 == 0 else float(oid % 400)))
+            line += [(oid, 1 + (oid + j) % 50, ("p", "q", None)[j]) for j in range(1 + oid % 3)]
+    return o, line
+
+
 def write_database(folder: Path, name: str, with_target: bool) -> Path:
     t, v = _others()
+    o, line = _orders()
     if with_target:
-        t, v = t + TARGET_T, v + TARGET_V
+        t, v, o, line = t + TARGET_T, v + TARGET_V, o + TARGET_O, line + TARGET_L
     con = duckdb.connect(str(folder / f"{name}.duckdb"))
     con.execute(f"CREATE TABLE t ({T_TYPES})")
     con.executemany(f"INSERT INTO t ({T_COLUMNS}) VALUES ({', '.join('?' * 11)})", t)
     con.execute("CREATE TABLE v (pid BIGINT, amount BIGINT, kind VARCHAR, paid DATE)")
     con.executemany("INSERT INTO v VALUES (?, ?, ?, ?)", v)
+    con.execute("CREATE TABLE o (oid BIGINT, pid BIGINT, total DOUBLE)")
+    con.executemany("INSERT INTO o VALUES (?, ?, ?)", o)
+    con.execute("CREATE TABLE l (oid BIGINT, qty BIGINT, tag VARCHAR)")
+    con.executemany("INSERT INTO l VALUES (?, ?, ?)", line)
     con.execute(
         "CREATE TABLE r AS SELECT * FROM (VALUES ('a', 10), ('b', 20), ('c', 30)) x(city, pop)"
     )
@@ -150,6 +185,14 @@ T_TARGETS = (
     "t.born = CAST('0001-01-01' AS DATE)",
 )
 V_TARGETS = (f"v.pid = {TARGET}", "v.amount = 10000 AND v.kind = 'y'")
+# Lines joined to their orders: the columns of both, the target's rows found by either.
+LO_FAMILIES = {
+    "number": ("l.oid", "l.qty", "o.oid", "o.pid", "o.total"),
+    "text": ("l.tag",),
+    "date": (),
+    "bool": (),
+}
+LO_TARGETS = (f"o.pid = {TARGET}", f"l.oid = {TARGET + 2}", "l.qty = 50 AND o.total = 500.0")
 
 
 def _merge(*families: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
@@ -165,9 +208,14 @@ SCHEMAS = {
         T_TARGETS,
     ),
 }
+LINKED = "l JOIN o ON l.oid = o.oid"
+SCHEMAS[LINKED] = Schema(LO_FAMILIES, LO_TARGETS)
+SCHEMAS["t JOIN o ON o.pid = t.pid JOIN l ON o.oid = l.oid"] = Schema(
+    _merge(T_FAMILIES, LO_FAMILIES), (*T_TARGETS, *LO_TARGETS)
+)
 ROW_QUERIES = swarm(SCHEMAS)
 RELEASE_QUERIES = swarm(
-    {f: SCHEMAS[f] for f in ("t", "t JOIN v ON v.pid = t.pid")}, placement="released"
+    {f: SCHEMAS[f] for f in ("t", "t JOIN v ON v.pid = t.pid", LINKED)}, placement="released"
 )
 
 
@@ -274,11 +322,16 @@ def _before_the_noise(o: Outcome) -> Outcome:
     return Outcome("charged", 0, "", (), o.charged)
 
 
-def compare(pair: Pair, sql: str, release_level: bool = False) -> None:
+def ask_both(pair: Pair, sql: str) -> tuple[Outcome, Outcome]:
+    """``sql``'s outcomes on D and D', each asked once in a notebook of its own."""
     if sql not in pair.seen:
         notebook = f"nb{len(pair.seen)}"
         pair.seen[sql] = (_ask(pair.with_target, sql, notebook), _ask(pair.without, sql, notebook))
-    a, b = pair.seen[sql]
+    return pair.seen[sql]
+
+
+def compare(pair: Pair, sql: str, release_level: bool = False) -> None:
+    a, b = ask_both(pair, sql)
     event(f"outcome: {a.kind}")
     if release_level:
         # Post-processing of noisy values may succeed on one and fail on the other;

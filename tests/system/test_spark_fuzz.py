@@ -45,7 +45,7 @@ def _spark_policy(folder: Path, name: str, with_target: bool) -> Path:
     write_database(folder, name, with_target)
     con = duckdb.connect(str(folder / f"{name}.duckdb"), read_only=True)
     sources = []
-    for table in ("t", "v", "r"):
+    for table in ("t", "v", "o", "l", "r"):
         path = folder / f"{name}-{table}.parquet"
         con.execute(f"COPY {table} TO '{path}' (FORMAT parquet)")
         sources.append(f'{table} = "{path.name}"')

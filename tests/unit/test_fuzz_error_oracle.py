@@ -35,9 +35,11 @@ from hypothesis import given, settings
 
 from tests.error_oracle import (  # noqa: F401
     DEFAULT,
+    LINKED,
     RELEASE_QUERIES,
     ROW_QUERIES,
     Pair,
+    ask_both,
     compare,
     folder,
     pair,
@@ -55,3 +57,18 @@ def test_row_expressions_never_hinge_on_one_unit(pair: Pair, sql: str) -> None:
 @given(sql=RELEASE_QUERIES)
 def test_release_expressions_differ_by_noise_only(pair: Pair, sql: str) -> None:
     compare(pair, sql, release_level=True)
+
+
+def test_the_tables_linked_by_keys_are_answered_on_both_gates(pair: Pair) -> None:
+    """The search's chain of links (``l.oid → o.oid → t.pid``) reaches the engine: a
+    join along it, the chain to the unit's own table and a semi-join over the lines of
+    an order are answered on D and D' alike, so the search over them searches answers,
+    not refusals."""
+    for sql in (
+        f"SELECT l.tag, COUNT(*), SUM(l.qty) FROM {LINKED} GROUP BY l.tag",
+        "SELECT COUNT(*) FROM t JOIN o ON o.pid = t.pid JOIN l ON o.oid = l.oid",
+        "SELECT COUNT(*) FROM o WHERE EXISTS (SELECT 1 FROM l WHERE l.oid = o.oid AND l.qty > 9)",
+    ):
+        with_target, without = ask_both(pair, sql)
+        assert with_target.kind == without.kind == "ok", (sql, with_target, without)
+        assert with_target.charged == without.charged
