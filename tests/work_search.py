@@ -30,12 +30,18 @@ response_quantum_ms = 0
 
 [datasets.c]
 max_text_length = 65536
-sources = { patients = "patients.csv", visits = "visits.csv", codes = "codes.csv" }
 privacy_unit = "pid"
 max_partitions = 2
 max_rows_per_partition = 2
 user_budget = { epsilon = 1e9, delta = 0.5 }
 notebook_budget = { epsilon = 1e9, delta = 0.5 }
+
+[datasets.c.sources]
+patients = "patients.csv"
+visits = "visits.csv"
+codes = "codes.csv"
+orders = "orders.csv"
+lines = "lines.csv"
 
 [datasets.c.tables.patients.columns]
 pid = { type = "int" }
@@ -49,6 +55,19 @@ diag = { type = "str", public_values = ["a", "b", "c", "d"] }
 day = { type = "int", lower = 0, upper = 60 }
 note = { type = "str", max_length = 64 }
 memo = { type = "str", max_length = 1024 }
+
+[datasets.c.tables.orders]
+links = { pid = "patients.pid" }
+[datasets.c.tables.orders.columns]
+oid = { type = "int" }
+pid = { type = "int" }
+
+[datasets.c.tables.lines]
+links = { oid = "orders.oid" }
+[datasets.c.tables.lines.columns]
+oid = { type = "int" }
+diag = { type = "str", public_values = ["a", "b", "c", "d"] }
+day = { type = "int", lower = 0, upper = 60 }
 
 [datasets.c.tables.codes]
 public = true
@@ -65,10 +84,20 @@ def tables(with_target: bool) -> dict:
         for p in people
         for j in range(VISITS if p == TARGET else 1 + p % 3)
     ]
+    # Orders, and their lines, which reach the person only through the orders' keys:
+    # the target has ten orders of four lines (ten times the load cap again).
+    orders = [(100 * p + k, p) for p in people for k in range(10 if p == TARGET else 1 + p % 2)]
+    lines = [
+        (oid, "abcd"[(oid + j) % 4], (oid + j) % 61)
+        for oid, p in orders
+        for j in range(4 if p == TARGET else 1 + oid % 2)
+    ]
     return {
         "patients": ("pid,age", patients),
         "visits": ("pid,diag,day,note,memo", visits),
         "codes": ("code", [(c,) for c in range(0, 61, 2)]),
+        "orders": ("oid,pid", orders),
+        "lines": ("oid,diag,day", lines),
     }
 
 
@@ -113,8 +142,48 @@ def operating(draw) -> str:
 
 
 @st.composite
+def along_keys(draw) -> str:
+    """A join along the chain of keys (``lines → orders → patients``) that could multiply
+    one unit's rows: lines joined to their order's other lines and to the order, again
+    and again, with the semi-joins that read the chain."""
+    scans = draw(st.integers(1, 10))
+    joins = []
+    for i in range(1, scans):
+        table = draw(st.sampled_from(["lines", "lines", "orders"]))
+        side = draw(st.sampled_from(["", "LEFT "]))
+        joins.append(f"{side}JOIN {table} AS a{i} ON a{i}.oid = a0.oid")
+    public = draw(st.sampled_from(["", "JOIN codes AS r ON r.code = a0.day",
+                                   "JOIN codes AS r ON r.code < a0.day"]))  # fmt: skip
+    if public:
+        joins.append(public)
+    where = draw(
+        st.sampled_from(
+            [
+                "",
+                "a0.diag = 'b'",
+                f"EXISTS (SELECT 1 FROM orders AS x WHERE x.oid = a0.oid AND x.pid = {TARGET})",
+                "a0.oid IN (SELECT x.oid FROM lines AS x JOIN lines AS y ON y.oid = x.oid "
+                "JOIN orders AS z ON z.oid = x.oid)",
+            ]
+        )
+    )
+    aggregate = draw(st.sampled_from(["COUNT(*)", "MEDIAN(a0.day)", "SUM(a0.day)"]))
+    key = draw(st.sampled_from(["", "a0.diag"]))
+    select = f"{key}, {aggregate}" if key else aggregate
+    sql = f"SELECT {select} FROM lines AS a0 {' '.join(joins)}"
+    if where:
+        sql += f" WHERE {where}"
+    if key:
+        sql += f" GROUP BY {key}"
+    return sql
+
+
+@st.composite
 def multiplying(draw) -> str:
-    """A query the grammar accepts whose rows could multiply one unit's."""
+    """A query the grammar accepts whose rows could multiply one unit's: joins on the
+    unit, or along the chain of keys (``along_keys``)."""
+    if draw(st.integers(0, 3)) == 0:
+        return draw(along_keys())
     scans = draw(st.integers(1, 12))
     form = draw(st.sampled_from(["on", "using", "cte"]))
     tables = ["visits"] + [draw(st.sampled_from(["visits", "visits", "patients"]))

@@ -36,7 +36,7 @@ def _spark_engine(folder: Path, with_target: bool) -> Engine:
     policy = search.POLICY.replace("query_timeout_s = 4", "query_timeout_s = 60")
     write_gate(folder, policy, search.tables(with_target))
     con = duckdb.connect()
-    for table in ("patients", "visits", "codes"):
+    for table in ("patients", "visits", "codes", "orders", "lines"):
         source, target = folder / f"{table}.csv", folder / f"{table}.parquet"
         with source.open() as f:
             header = next(csv.reader(f))
@@ -47,11 +47,9 @@ def _spark_engine(folder: Path, with_target: bool) -> Engine:
         )
     con.close()
     text = (folder / "policy.toml").read_text()
-    text = text.replace(
-        'sources = { patients = "patients.csv", visits = "visits.csv", codes = "codes.csv" }',
-        'engine = "spark"\nspark = { master = "local[2]" }\n'
-        'sources = { patients = "patients.parquet", visits = "visits.parquet", '
-        'codes = "codes.parquet" }',
+    text = text.replace('.csv"', '.parquet"').replace(
+        "max_text_length = 65536",
+        'max_text_length = 65536\nengine = "spark"\nspark = { master = "local[2]" }',
     )
     (folder / "policy.toml").write_text(text)
     return Engine(load_policy(folder / "policy.toml"))
