@@ -17,7 +17,9 @@ by mistake.
 Two facts per table decide most of a query's noise, and ``init`` asks for them
 (:func:`plan`): which column holds the person (the privacy unit's column, or a
 ``links`` entry to another table's, offered from the foreign keys a DuckDB
-database declares: schema, not data), and how many rows one person may have
+database declares: schema, not data; a key may name a row of a table that itself
+reaches the person, ``lineitem → orders → customer``, and the gate reads each row's
+person along it), and how many rows one person may have
 there (``max_rows_per_unit``: 1 makes a grouped count's error at ε = 1 ±3
 instead of the ±48 of the dataset's 4 × 4 bounds). For the second, ``init``
 counts the rows per unit in the data and shows the owner the distribution at
@@ -338,6 +340,10 @@ class Choice:
     unit: str | None
     link: str | None = None
     link_note: str = ""
+    # The link names a key of a table that reaches the person (not its person column):
+    # ``unit`` is then the column that names the key, and the gate reads the person
+    # along it.
+    key: bool = False
     max_rows: int | None = None
     rows_note: str = ""
     asked_rows: bool = False  # the owner decided the bound (a flag, a prompt, --yes)
@@ -513,6 +519,8 @@ def _adopt(result: Plan, target: str) -> None:
     table = result.data.tables.get(other)
     if table is None or other in result.choices or other in result.skipped:
         return
+    if table.foreign_keys:  # it reaches the person through its keys: settled by them
+        return
     held = table.column(column)
     named = table.column(result.privacy_unit or "")
     if held is not None and named in (None, held):
@@ -530,7 +538,9 @@ def _settle_unit(result: Plan, table: Table, answers: Answers, ask: Prompter | N
         why = _link_problem(result, target)
         if why:
             raise InitError(f"--link {name}.{column}={target}: {why}")
-        result.choices[name] = Choice(table.column(column), target, "from --link")
+        result.choices[name] = Choice(
+            table.column(column), target, "from --link", key=_names_a_key(result, target)
+        )
         return
     if name in answers.units:
         result.choices[name] = Choice(table.column(answers.units[name]))
@@ -552,8 +562,9 @@ def _settle_unit(result: Plan, table: Table, answers: Answers, ask: Prompter | N
         default = f"{usable[0].columns[0]}={usable[0].target}.{usable[0].target_columns[0]}"
     if ask is None and default is not None:  # the database declares it: schema, not data
         fk = usable[0]
+        target = f"{fk.target}.{fk.target_columns[0]}"
         result.choices[name] = Choice(
-            fk.columns[0], f"{fk.target}.{fk.target_columns[0]}", f"declared foreign key {fk}"
+            fk.columns[0], target, f"declared foreign key {fk}", key=_names_a_key(result, target)
         )
         return
     if ask is None:
@@ -625,23 +636,75 @@ def _keys(result: Plan, table: Table) -> tuple[list[ForeignKey], list[tuple[Fore
 
 
 def _link_problem(result: Plan, target: str) -> str | None:
-    """Why a link to ``target`` ("table.column") cannot be written today, or None: the
-    gate's policy links a column to another table's unit column, not to any key."""
+    """Why a link to ``target`` ("table.column") cannot be written, or None: it names
+    another table's person column, or a key (unique in the data) of a table settled
+    already, through which the gate reads each row's person."""
     other, _, column = target.partition(".")
     if other in result.skipped:
         return f"{other} is left out of the policy"
     choice = result.choices.get(other)
-    if other not in result.data.tables:
+    table = result.data.tables.get(other)
+    if table is None:
         return f"no table {other!r}"
     if choice is None:
         return f"{other}'s own unit column is not settled yet (keys between them go in a circle)"
-    if choice.unit is None or choice.unit.lower() != column.lower():
+    if table.column(column) is None:
+        return f"{other} has no column {column!r}"
+    if _names_a_key(result, target) and not _unique(result.data, table, column):
         return (
-            f"{target} is not a person's column: the unit column of {other} is {choice.unit}, and "
-            f"a link names a table's unit column (a key that reaches the person through "
-            f"{other} is a chain of links, which the policy cannot say yet)"
+            f"{target} is neither the person's column of {other} ({choice.unit}) nor a key: "
+            "some of its values name several rows"
         )
     return None
+
+
+def _names_a_key(result: Plan, target: str) -> bool:
+    """Whether a link to ``target`` names a key of a settled table rather than its
+    person's column (a chain: the gate reads the person along the key)."""
+    other, _, column = target.partition(".")
+    choice = result.choices.get(other)
+    return choice is not None and (
+        choice.key or choice.unit is None or choice.unit.lower() != column.lower()
+    )
+
+
+def _unique(data: Data, table: Table, column: str) -> bool:
+    """Whether no value of ``column`` repeats in the data (the owner's own, read to
+    check a link; no value goes anywhere)."""
+    con = duckdb.connect()
+    try:
+        if data.database is not None:
+            con.execute(f"ATTACH {_sql_string(str(data.database))} AS {_DB} (READ_ONLY)")
+        row = con.execute(
+            f"SELECT count({_ident(column)}) = count(DISTINCT {_ident(column)}) "
+            f"FROM {table.relation}"
+        ).fetchone()
+    except duckdb.Error as exc:
+        raise InitError(
+            f"{table.origin}: cannot read its column {column}: {str(exc).splitlines()[0]}"
+        ) from None
+    finally:
+        con.close()
+    return bool(row and row[0])
+
+
+def person_of(result: Plan, name: str) -> tuple[str, str]:
+    """SQL that reads table ``name`` with a column naming each row's person, and that
+    column: the table and its unit column, or along its chain of key links the rows
+    whose key names a row of the linked table, with that row's person (as the gate
+    prepares them)."""
+    table, choice = result.data.tables[name], result.choices[name]
+    assert choice.unit is not None
+    if not choice.key or choice.link is None:
+        return table.relation, choice.unit
+    other, _, key = choice.link.partition(".")
+    relation, person = person_of(result, other)
+    return (
+        f"(SELECT __t.*, __k.__person FROM {table.relation} AS __t JOIN (SELECT "
+        f"{_ident(key)} AS __key, {_ident(person)} AS __person FROM {relation}) AS __k "
+        f"ON __t.{_ident(choice.unit)} = __k.__key)",
+        "__person",
+    )
 
 
 def _unit_question(
@@ -706,7 +769,7 @@ def _take_unit_answer(result: Plan, table: Table, answer: str) -> str | None:
         None,
     )
     note = f"declared foreign key {declared}" if declared else "the owner's answer"
-    result.choices[table.name] = Choice(column, target, note)
+    result.choices[table.name] = Choice(column, target, note, key=_names_a_key(result, target))
     return None
 
 
@@ -728,7 +791,10 @@ def _settle_rows(
     if ask is None and not answers.yes:
         return  # nobody to ask: no number from the data goes in unasked
     assert choice.unit is not None
-    stats = result.stats[name] = unit_counts(result.data, result.data.tables[name], choice.unit)
+    relation, person = person_of(result, name)
+    stats = result.stats[name] = unit_counts(
+        result.data, result.data.tables[name], person, relation
+    )
     default = None if stats.units == 0 else stats.suggestion()
     choice.asked_rows = True
     if ask is None:  # --yes: the default, which the owner accepted in advance
@@ -750,16 +816,18 @@ def _settle_rows(
         ask.say(f"  {answer.strip()!r}: answer a whole number ≥ 1, or none (or Enter: {shown})")
 
 
-def unit_counts(data: Data, table: Table, column: str) -> UnitCounts:
-    """How many rows each unit has in ``table`` (units named in ``column``; rows with
-    none count for nobody): counted by DuckDB over the data, for the owner's eyes."""
+def unit_counts(data: Data, table: Table, column: str, relation: str | None = None) -> UnitCounts:
+    """How many rows each unit has in ``table`` (units named in ``column`` of
+    ``relation``, the table itself unless its person is read along a chain:
+    ``person_of``; rows with none count for nobody): counted by DuckDB over the data,
+    for the owner's eyes."""
     con = duckdb.connect()
     try:
         if data.database is not None:  # read-only: init changes nothing in it
             con.execute(f"ATTACH {_sql_string(str(data.database))} AS {_DB} (READ_ONLY)")
         row = con.execute(
             f"SELECT count(*), max(n), quantile_disc(n, 0.5), quantile_disc(n, "
-            f"{SUGGEST_QUANTILE}) FROM (SELECT count(*) AS n FROM {table.relation} "
+            f"{SUGGEST_QUANTILE}) FROM (SELECT count(*) AS n FROM {relation or table.relation} "
             f"WHERE {_ident(column)} IS NOT NULL GROUP BY {_ident(column)})"
         ).fetchone()
     except duckdb.Error as exc:
@@ -897,8 +965,10 @@ def _table_lines(result: Plan, dataset: str, table: Table, choice: Choice) -> li
         return []
     keys = []
     named = table.column(result.privacy_unit)
-    if choice.unit.lower() != result.privacy_unit.lower() and (
-        choice.link is None or named is not None
+    if (
+        not choice.key
+        and choice.unit.lower() != result.privacy_unit.lower()
+        and (choice.link is None or named is not None)
     ):
         keys.append(f"unit = {_string(choice.unit)}   # this table's column naming the person")
     if choice.link is not None:
@@ -979,12 +1049,15 @@ def report(result: Plan) -> list[str]:
         if choice.unit is None:
             continue
         link = f", linked to {choice.link} ({choice.link_note})" if choice.link else ""
+        person = choice.unit
+        if choice.key:
+            person, link = f"read along {choice.unit} → {choice.link} ({choice.link_note})", ""
         bound = (
             f"max_rows_per_unit = {choice.max_rows} ({choice.rows_note})"
             if choice.max_rows is not None
             else "no max_rows_per_unit" + (f" ({choice.rows_note})" if choice.rows_note else "")
         )
-        lines.append(f"  {name}: the person is {choice.unit}{link}; {bound}")
+        lines.append(f"  {name}: the person is {person}{link}; {bound}")
     for name, why in result.skipped.items():
         lines.append(f"  {name}: left out ({why})")
     undecided = result.undecided()

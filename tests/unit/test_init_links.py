@@ -69,8 +69,8 @@ def _visits(person: int) -> int:
 
 @pytest.fixture
 def shop(tmp_path: Path) -> Path:
-    """A DuckDB file declaring visits.patient → people.person_id (a link the policy can
-    say) and rx.visit_id → visits.visit_id (a visit, not a person: a chain)."""
+    """A DuckDB file declaring visits.patient → people.person_id (a person's column) and
+    rx.visit_id → visits.visit_id (a visit's key: a chain, rx → visits → people)."""
     path = tmp_path / "data" / "shop.duckdb"
     path.parent.mkdir()
     con = duckdb.connect(str(path))
@@ -115,11 +115,12 @@ def test_the_owner_answers_per_table_and_a_gate_answers_with_the_policy(
     shop: Path, tmp_path: Path
 ) -> None:
     before = _digest(shop)
-    owner = Script("", "", "", "skip")  # people: 1; visits: its key, the suggestion; rx out
+    owner = Script("", "", "", "", "")  # each default: people 1; visits and rx their keys
     out = tmp_path / "policy.toml"
     write_skeleton([shop], "person_id", out, prompter=owner)
-    # Asked per table, in order: each of people's and visits' questions, then rx's.
-    assert [q.split(":")[0] for q in owner.questions] == ["people", "visits", "visits", "rx"]
+    # Asked per table, in order: each of people's, visits' and rx's questions.
+    asked = ["people", "visits", "visits", "rx", "rx"]
+    assert [q.split(":")[0] for q in owner.questions] == asked
     # people: unique in the data, so one row per person is offered first.
     assert "people: each person_id has one row in the data (300 of them)" in owner.text
     assert "people: most rows one person may have here? [1] " in owner.questions
@@ -129,22 +130,26 @@ def test_the_owner_answers_per_table_and_a_gate_answers_with_the_policy(
     # The owner sees the data's own counts (theirs), and the suggestion they lead to.
     assert f"median 2, 99% have at most 4, the most {HEAVY_VISITS}." in owner.text
     assert "visits: most rows one person may have here? [4] " in owner.questions
-    # rx: its key names a visit, not a person; offered with why it cannot be a link.
-    assert (
-        "declared foreign key rx.visit_id → visits.visit_id: cannot be a link yet: "
-        "visits.visit_id is not a person's column: the unit column of visits is patient"
-    ) in owner.text
-    assert "chain of links" in owner.text
+    # rx: its key names a visit, whose person the gate reads along it (a chain); its
+    # rows are counted per person along the same chain (rx row r names visit r % 100).
+    assert "rx: which column holds the person? [visit_id=visits.visit_id] " in owner.text
+    rx_rows = [sum(1 for r in range(250) if r % 100 == v) for v in range(100)]
+    visit_person = [p for p in range(PEOPLE) for _ in range(_visits(p))]
+    per_person: dict[int, int] = {}
+    for v, n in enumerate(rx_rows):
+        per_person[visit_person[v]] = per_person.get(visit_person[v], 0) + n
+    assert f"the most {max(per_person.values())}." in owner.text
 
     raw = tomllib.loads(out.read_text())["datasets"]["shop"]
     assert raw["database"] == "data/shop.duckdb" and "sources" not in raw
-    assert set(raw["tables"]) == {"people", "visits"}
+    assert set(raw["tables"]) == {"people", "visits", "rx"}
     assert raw["tables"]["visits"]["links"] == {"patient": "people.person_id"}
+    assert raw["tables"]["rx"]["links"] == {"visit_id": "visits.visit_id"}
+    assert "unit" not in raw["tables"]["rx"]
     assert raw["tables"]["people"]["max_rows_per_unit"] == 1
     assert raw["tables"]["visits"]["max_rows_per_unit"] == 4
     # The counts went to the owner only: the policy, public, holds the bound alone.
     assert str(HEAVY_VISITS) not in re.findall(r"\d+", out.read_text())
-    assert "# Table rx is left out (the owner's answer at init's question)" in out.read_text()
 
     ds = load_policy(out).dataset("shop")
     assert ds.tables["visits"].unit == "patient" and ds.tables["people"].unit == "person_id"
@@ -158,6 +163,13 @@ def test_the_owner_answers_per_table_and_a_gate_answers_with_the_policy(
     )
     kept = sum(min(_visits(p), 4) for p in range(PEOPLE))  # rows past the bound left out
     assert abs(joined - kept) <= 60  # ±12 is the 95% error at 4
+    # And along the chain: prescriptions joined to their visit, answered as one person's.
+    ((prescribed,),) = _answer(
+        out, "SELECT COUNT(*) AS n FROM rx JOIN visits ON rx.visit_id = visits.visit_id"
+    )
+    rx = ds.tables["rx"].max_rows or ds.max_rows_per_partition
+    kept = sum(min(n, rx, ds.max_rows_per_partition) for n in per_person.values())
+    assert abs(prescribed - kept) <= 60  # ±12 is the 95% error at 4
     assert _digest(shop) == before  # read-only: init changed nothing in the owner's file
 
 
@@ -178,16 +190,31 @@ def test_without_a_terminal_declared_keys_are_written_and_no_count(
     assert "--rows-per-unit TABLE=N" in said and "people, visits" in said
 
 
-def test_a_key_to_a_visit_is_refused_with_the_flags_that_settle_it(
+def test_a_declared_key_to_a_visit_is_written_as_a_chain_without_asking(
     shop: Path, tmp_path: Path
 ) -> None:
+    """Schema, not data: the one declared key of rx names a visit; the policy links it,
+    and the gate reads each prescription's person along it."""
+    out = tmp_path / "policy.toml"
+    settled = plan(read_data([shop]), "person_id", parse_answers())
+    write_plan(settled, out)
+    ds = load_policy(out).dataset("shop")
+    assert ds.tables["rx"].links == {"visit_id": "visits.visit_id"}
+    assert ds.tables["rx"].via is not None and ds.tables["rx"].via.table == "visits"
+    said = "\n".join(report(settled))
+    assert "rx: the person is read along visit_id → visits.visit_id (declared foreign key" in said
+
+
+def test_a_link_to_a_column_that_is_no_key_is_refused(shop: Path, tmp_path: Path) -> None:
+    con = duckdb.connect(str(shop))
+    con.execute("CREATE TABLE notes (visit_cost DOUBLE)")
+    con.close()
     out = tmp_path / "policy.toml"
     with pytest.raises(InitError) as info:
-        write_skeleton([shop], "person_id", out)
+        write_skeleton([shop], "person_id", out, answers=parse_answers(
+            links=["notes.visit_cost=visits.cost"]))  # fmt: skip
     message = str(info.value)
-    assert message.startswith("rx: has no privacy unit column 'person_id' (it has visit_id, drug)")
-    assert "its foreign key rx.visit_id → visits.visit_id cannot be a link" in message
-    assert "--skip rx" in message and "--link rx.COLUMN=TABLE.COLUMN" in message
+    assert "visits.cost is neither the person's column of visits (patient) nor a key" in message
     assert "\n" not in message and not out.exists()
 
 
@@ -212,7 +239,7 @@ def test_wrong_answers_are_asked_again_and_say_why(shop: Path, tmp_path: Path) -
         "patient=people.person_id",
         "many",  # visits' bound: not a number
         "6",
-        "visit_id=visits.visit_id",  # rx: a visit, not a person
+        "visit_id=visits.nope",  # rx: no such column
         "skip",
     )
     out = tmp_path / "policy.toml"
@@ -220,8 +247,8 @@ def test_wrong_answers_are_asked_again_and_say_why(shop: Path, tmp_path: Path) -
     assert owner.answers == []
     assert "  '0': answer a whole number ≥ 1, or none (or Enter: 1)" in owner.said
     assert any(s.startswith("  'nope' is not a column of visits") for s in owner.said)
-    assert any("people.age is not a person's column" in s for s in owner.said)
-    assert any("visits.visit_id is not a person's column" in s for s in owner.said)
+    assert any("people.age is neither the person's column of people" in s for s in owner.said)
+    assert any("visits has no column 'nope'" in s for s in owner.said)
     tables = load_policy(out).dataset(None).tables
     assert (tables["people"].max_rows, tables["visits"].max_rows) == (None, 6)
     assert tables["visits"].links == {"patient": "people.person_id"}
@@ -262,7 +289,7 @@ def test_flags_settle_every_question(shop: Path, tmp_path: Path) -> None:
         ({"links": ["visits.patient=people.nope"]}, "=people.nope: no such table and column"),
         (
             {"links": ["visits.patient=people.age"], "skip": ["rx"]},
-            "people.age is not a person's column: the unit column of people is person_id",
+            "people.age is neither the person's column of people (person_id) nor a key",
         ),
     ],
 )
@@ -391,10 +418,9 @@ def test_the_command_without_a_terminal_asks_nothing(
 ) -> None:
     out = tmp_path / "policy.toml"
     args = ["init", str(shop), "--privacy-unit", "person_id", "-o", str(out)]
-    assert main(args) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("dpmagic: error: rx: has no privacy unit column") and "--skip rx" in err
-    assert main([*args, "--skip", "rx", "--rows-per-unit", "people=1"]) == 0
+    assert main(args) == 0  # every table's person is found by name or declared key
+    capsys.readouterr()
+    assert main([*args, "--skip", "rx", "--rows-per-unit", "people=1", "--force"]) == 0
     said = capsys.readouterr().out
     assert "asked nothing (stdin is not a terminal)" in said and "data for visits:" in said
     assert main([*args, "--skip", "rx", "--yes", "--force"]) == 0
