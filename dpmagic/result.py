@@ -88,6 +88,31 @@ def clip_notes(clip: dict[str, Any]) -> list[str]:
     return notes
 
 
+def stage_notes(stages: list[dict[str, Any]], dry_run: bool) -> list[str]:
+    """What a query's subqueries released before it, as the gate's typed facts say:
+    each subquery, the value that went into the query, its 95% interval and its ε (a
+    dry run: what each will cost)."""
+    notes = []
+    for stage in stages:
+        spent = budget_number(float(stage["epsilon"]), up=True)
+        if dry_run or "value" not in stage:
+            notes.append(f"released first, with ε {spent}: {stage['sql']}")
+            continue
+        value = "NULL" if stage["value"] is None else format_value(stage["value"])
+        interval = stage.get("interval")
+        within = (
+            f" (95% interval {format_value(interval[0])} to {format_value(interval[1])})"
+            if interval
+            else ""
+        )
+        again = ", replayed" if stage.get("replayed") else ""
+        notes.append(
+            f"released first, with ε {spent}{again}: {stage['sql']} = {value}{within}; "
+            "the query compared with this noisy value"
+        )
+    return notes
+
+
 MOCK_MEANING = (
     "answered on fake rows drawn from the public schema (declared bounds and values) in "
     "this kernel; the query never reached the gate and nothing was charged"
@@ -328,6 +353,9 @@ class DPResult:
         clip = self._envelope.get("clip")
         if clip and not self.dry_run:
             parts.extend(clip_notes(clip))
+        stages = self._envelope.get("stages")
+        if stages:
+            parts.extend(stage_notes(stages, self.dry_run))
         left = budget_left(self.budget)
         if left:
             parts.append(left)

@@ -46,7 +46,7 @@ from dpmagic.gate.service.ledger import Charge, Ledger, ReplayKey
 from dpmagic.gate.service.padding import PrivateRead
 from dpmagic.gate.service.reply import Reply
 from dpmagic.gate.service.views import budget_views, history_entries
-from dpmagic.gate.sql import bounding_report, clip_releases
+from dpmagic.gate.sql import bounding_report, clip_releases, staged_releases
 from dpmagic.gate.sql.clip import ClipBounds, ClipMoved, Clipped
 from dpmagic.gate.sql.limits import deadline
 from dpmagic.gate.sql.pipeline import Analysed, Answer, Asked, analyse, execute, generate
@@ -248,6 +248,9 @@ class Engine:
         reads = PrivateRead() if reads is None else reads
         request = QueryRequest.from_body(body)
         try:
+            stages = staged_releases.staged(request)
+            if stages is not None:
+                return staged_releases.answer(self, user, request, stages, reads)
             if request.clip is not None:
                 return self._clipped(user, request, reads)
             return self._query(user, request, reads)

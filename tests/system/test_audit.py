@@ -277,3 +277,52 @@ def test_replies_through_the_socket_match_the_in_process_path(
     in_process = sample(engines["correct"], "d", sql, SOCKET_SAMPLES)
     test = ks_2samp([r[0][0] for r in over_socket["d"]], [r[0][0] for r in in_process])
     assert test.pvalue > ALPHA, test
+
+
+# A release inside a query: the count of rows above a count released first. Both values
+# are released (the stage's in the reply's ``stages``), so the event reads both: the
+# stage's count at D's or above, and the query's count of the worst unit's rows
+# (only they lie above 62) at theirs or above.
+STAGED = "SELECT COUNT(*) FROM t WHERE x > (SELECT COUNT(*) FROM t)"
+STAGED_BROKEN_SAMPLES = 800  # each sample two releases; twice the claim shows by far
+
+
+def _staged_sample(engine: Engine, dataset: str, n: int) -> list[tuple[float, int]]:
+    out = []
+    for i in range(n):
+        reply = engine.query(
+            f"auditor-staged-{dataset}-{i}",
+            {"sql": STAGED, "dataset": dataset, "epsilon": EPSILON, "fresh": True},
+        )
+        ((stage,),) = [reply["stages"]]
+        out.append((stage["value"], reply["rows"][0][0]))
+    return out
+
+
+def _staged_event(out: object) -> bool:
+    value, count = out  # type: ignore[misc]
+    return value >= COUNT_D and count >= ROWS
+
+
+def _staged_audit(engine: Engine, n: int) -> AuditResult:
+    return epsilon_lower_bound(
+        _staged_sample(engine, "d", n), _staged_sample(engine, "dp", n), _staged_event
+    )
+
+
+def test_a_staged_release_spends_no_more_than_it_claims(engines, record_property):
+    """Its two releases take half the ε each; together they stay within the claim."""
+    result = _staged_audit(engines["correct"], SAMPLES)
+    _report(record_property, "staged", result)
+    assert result.epsilon_lower_bound < EPSILON, str(result)
+
+
+def test_the_audit_flags_a_staged_release_charged_as_one(engines, monkeypatch, record_property):
+    """Broken on purpose: each stage spends the whole ε asked, as if the query were one
+    release; the audit sees about twice the claim."""
+    from dpmagic.gate.sql import staged_releases
+
+    monkeypatch.setattr(staged_releases, "shares", lambda stages: 1.0)
+    result = _staged_audit(engines["correct"], STAGED_BROKEN_SAMPLES)
+    _report(record_property, "staged (charged as one)", result)
+    assert result.epsilon_lower_bound > EPSILON, str(result)

@@ -16,6 +16,7 @@ from IPython.core.error import UsageError
 
 from dpmagic import identity
 from dpmagic.budget_view import BudgetView
+from dpmagic.render import format_value
 from dpmagic.result import DPResult
 from dpmagic.schema_view import SchemaView
 from tests.conftest import TOKENS
@@ -31,6 +32,22 @@ def test_cell_magic_returns_a_result_with_its_footer(connected):
         " · over bounded data: ≤ 1 row per pid"
     )
     assert "<table>" in result._repr_html_()
+
+
+def test_a_value_released_first_is_shown_with_its_interval(connected):
+    """The gate's typed ``stages`` facts as the user reads them: the subquery released
+    first, the value the query compared with, its interval and its ε."""
+    sql = "SELECT COUNT(*) AS n FROM t WHERE age > (SELECT AVG(age) FROM t)"
+    result = connected.run_cell_magic("dpsql", "-e 0.5", sql)
+    ((stage,),) = [result._envelope["stages"]]
+    lo, hi = (format_value(v) for v in stage["interval"])
+    assert result.footer().startswith(
+        "ε 0.5 spent · released first, with ε 0.25: SELECT AVG(age) FROM t = "
+        f"{format_value(stage['value'])} (95% interval {lo} to {hi}); the query compared "
+        "with this noisy value · ε 1.5 left for the notebook"
+    )
+    dry = connected.run_cell_magic("dpsql", "-e 0.5 --dry-run", sql)
+    assert "released first, with ε 0.25: SELECT AVG(age) FROM t ·" in dry.footer()
 
 
 def test_running_the_same_cell_again_is_replayed(connected):

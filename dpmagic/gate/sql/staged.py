@@ -1,0 +1,147 @@
+"""Releases inside a query: the tree rules (``staged_releases.py`` runs them).
+
+A scalar subquery over private rows (``c_acctbal > (SELECT AVG(c_acctbal) FROM
+customer)``) would enter the query as an exact value computed over everyone's rows.
+Here it is released first, as a query of its own with its share of the query's ε;
+the query around it then reads the released value as a literal. Why that is private:
+
+- each stage is a differentially private release of its own (the gate's one-query
+  path, its own bounds and noise), so by sequential composition the stages together
+  cost the sum of their costs, which is what the query is charged;
+- the last stage's SQL depends on the data only through the released values, which
+  are public once released: whatever it then does with them (compare rows with it,
+  put it in a ``CASE``) is post-processing, and costs nothing more.
+
+What a stage may be: a subquery used as a value (not in ``FROM``, ``IN (…)`` or
+``EXISTS``) that stands alone: every table it names is its own or a CTE of the
+query (a *correlated* subquery, one value per outer row, would need a release per
+key: refused, saying so), and no subquery used as a value inside it. A stage must
+release one value (one column, no ``GROUP BY``): checked from its plan, before any
+stage is charged.
+
+The value enters the last stage as a number literal of one shape whatever its
+value (``float`` written with a point or an exponent, so the checks read a double),
+so the last stage's analysis with a stand-in value (``STAND_IN``), done before any
+stage runs, decides its refusals and its cost as the real one will; a stage that
+released NULL enters as ``NULL``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlglot import exp
+
+from dpmagic.gate.failures import Refused
+from dpmagic.gate.sql.parse import DIALECT
+
+WITH = "with_" if "with_" in exp.Select.arg_types else "with"
+# The value the last stage is analysed with before the stages run.
+STAND_IN = 0.5
+# The most subqueries one query may release before its own release.
+MAX_STAGES = 8
+
+
+@dataclass(frozen=True)
+class Staged:
+    """A query split into its stages: ``stages``, the SQL of each subquery released
+    first (with the query's CTEs it reads), in order; and ``tree``, the query with
+    each of them marked, to be filled with their values (``filled``)."""
+
+    tree: exp.Select
+    stages: tuple[str, ...]
+
+    def filled(self, values: list[float | None]) -> str:
+        """The last stage's SQL: the query with each subquery's released value."""
+        if len(values) != len(self.stages):
+            raise ValueError("one value per stage")
+        tree = self.tree.copy()
+        marks = sorted(tree.find_all(exp.Placeholder), key=lambda m: int(m.name[len(MARK) :]))
+        for mark, value in zip(marks, values, strict=True):
+            mark.replace(_literal(value))
+        return tree.sql(dialect=DIALECT)
+
+
+MARK = "__dpmagic_stage_"
+
+
+def split(tree: exp.Select) -> Staged | None:
+    """``tree``'s stages, or None when it uses no subquery as a value."""
+    found = [s for s in tree.find_all(exp.Subquery) if _is_value(s)]
+    if not found:
+        return None
+    if len(found) > MAX_STAGES:
+        raise Refused(
+            f"the query uses {len(found)} subqueries as values; at most {MAX_STAGES} are "
+            "released before it"
+        )
+    ctes = _ctes(tree)
+    out = tree.copy()
+    copies = [s for s in out.find_all(exp.Subquery) if _is_value(s)]
+    stages = []
+    for i, sub in enumerate(copies):
+        select = sub.this
+        if not isinstance(select, exp.Select):
+            raise Refused("a subquery used as a value must be one SELECT")
+        if any(_is_value(s) for s in select.find_all(exp.Subquery)):
+            raise Refused(
+                "a subquery used as a value holds another one: release the inner value "
+                "in a query of its own, then write it as a number"
+            )
+        stages.append(_stage_sql(select, ctes))
+        sub.replace(exp.Placeholder(this=f"{MARK}{i}"))
+    return Staged(out, tuple(stages))
+
+
+def _is_value(node: exp.Subquery) -> bool:
+    """A subquery read as a value: not a table of ``FROM``/``JOIN``, not the set of an
+    ``IN`` or the rows of an ``EXISTS``, ``ANY`` or ``ALL``."""
+    parent = node.parent
+    if isinstance(parent, exp.From | exp.Join | exp.Exists | exp.Any | exp.All | exp.Lateral):
+        return False
+    if isinstance(parent, exp.In) and parent.args.get("query") is node:
+        return False
+    return not isinstance(parent, exp.Union)
+
+
+def _ctes(tree: exp.Select) -> dict[str, exp.CTE]:
+    with_ = tree.args.get(WITH)
+    if with_ is None:
+        return {}
+    return {cte.alias_or_name.lower(): cte for cte in with_.expressions}
+
+
+def _stage_sql(select: exp.Select, ctes: dict[str, exp.CTE]) -> str:
+    """The subquery as a query of its own, with the query's CTEs it reads (and those
+    they read). A column qualified by a table the subquery does not name is the
+    query around it: a correlated subquery, refused."""
+    stage = select.copy()
+    visible = {
+        t.alias_or_name.lower() for t in stage.find_all(exp.Table)
+    } | {  # and the aliases of its own subqueries in FROM
+        s.alias_or_name.lower() for s in stage.find_all(exp.Subquery) if s.alias_or_name
+    }
+    for column in stage.find_all(exp.Column):
+        if column.table and column.table.lower() not in visible:
+            raise Refused(
+                f"the subquery used as a value reads {column.table}.{column.name} of the "
+                "query around it: one value per row of the query (a correlated subquery) "
+                "is not released yet; release a value that stands alone"
+            )
+    needed: list[str] = []
+    todo = [t.name.lower() for t in stage.find_all(exp.Table)]
+    while todo:
+        name = todo.pop()
+        if name in ctes and name not in needed:
+            needed.append(name)
+            todo += [t.name.lower() for t in ctes[name].this.find_all(exp.Table)]
+    if needed:
+        order = [n for n in ctes if n in needed]  # as the query defines them
+        stage.set(WITH, exp.With(expressions=[ctes[n].copy() for n in order]))
+    return stage.sql(dialect=DIALECT)
+
+
+def _literal(value: float | None) -> exp.Expression:
+    if value is None:
+        return exp.Null()
+    return exp.Literal.number(repr(float(value)))

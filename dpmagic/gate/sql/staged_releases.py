@@ -1,0 +1,134 @@
+"""A query with subqueries used as values: its releases, in order, and what its reply
+says about them (``sql/staged.py`` has the rule and the privacy argument).
+
+1. every stage and the last query are analysed before anything runs (the last with
+   a stand-in value where each released one will go): a refusal of any of them, and
+   each one's cost, are decided from the text and the policy alone, before a debit;
+2. each subquery is released, a query of its own in the ledger with its share of the
+   query's (ε, δ), replayed alike on a re-run;
+3. the query is released with the same share, each subquery replaced by its value.
+
+The shares are equal: ``1 / (stages + 1)`` of the ε and the δ asked, each release
+charged its own, the reply's ``cost`` their sum (sequential composition). The reply's
+``stages`` says, as typed data, what each stage released: its SQL, its (ε, δ), its
+value and that value's interval, and whether it was replayed. The client renders it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from dpmagic.gate.failures import Refused
+from dpmagic.gate.sql.parse import parse
+from dpmagic.gate.sql.staged import STAND_IN, Staged, split
+
+if TYPE_CHECKING:
+    from dpmagic.gate.engine import Engine
+    from dpmagic.gate.request import QueryRequest
+    from dpmagic.gate.service.padding import PrivateRead
+    from dpmagic.gate.service.reply import Reply
+
+
+def staged(request: QueryRequest) -> Staged | None:
+    """The request's stages, or None where it uses no subquery as a value. Parsed only
+    when the text holds a second ``SELECT``: every other query is left to its one
+    analysis, unparsed here."""
+    if request.sql.lower().count("select") < 2:
+        return None
+    return split(parse(request.sql, request.params).tree)
+
+
+def answer(
+    engine: Engine, user: str, request: QueryRequest, stages: Staged, reads: PrivateRead
+) -> Reply:
+    """The reply of a query with stages (``Engine.respond``): the last release's, with
+    ``stages`` and ``cost`` the sum of all. A dry run shows the last stage's plan over
+    the stand-in values and the cost of all."""
+    from dpmagic.gate.engine import _asked, tightened  # the engine imports this module
+
+    if request.accuracy is not None:
+        raise Refused(
+            "a query with subqueries used as values is asked with an ε, not an accuracy: "
+            "each subquery is released first with its share"
+        )
+    if request.clip is not None or request.bounding_report is not None:
+        raise Refused(
+            "--clip and the bounding report are not offered with subqueries used as values"
+        )
+    dataset = tightened(engine._dataset(request.dataset), request)
+    eps, delta = _asked(dataset, request)
+    share = shares(len(stages.stages))
+    part = replace(request, params={}, epsilon=eps * share, delta=delta * share)
+    asks = [replace(part, sql=sql) for sql in stages.stages]
+    last = replace(part, sql=stages.filled([STAND_IN] * len(asks)))
+    for ask in asks:
+        plan = engine.analysis(user, dataset, ask).plan
+        if plan.keys or len(plan.checked.outputs) != 1:
+            raise Refused(
+                "a subquery used as a value must release one value: one aggregate, without GROUP BY"
+            )
+    engine.analysis(user, dataset, last)  # refuses, free, what the last would refuse
+    if request.dry_run:
+        reply = engine._query(user, last, reads)
+        return _told(reply, request, [None] * len(asks), asks, eps, delta)
+    releases = [engine._query(user, ask, reads) for ask in asks]
+    values = [_value(r) for r in releases]
+    reply = engine._query(user, replace(last, sql=stages.filled(values)), reads)
+    return _told(reply, request, releases, asks, eps, delta)
+
+
+def shares(stages: int) -> float:
+    """Each release's share of the query's (ε, δ): equal, so that together they spend
+    what was asked (sequential composition)."""
+    return 1 / (stages + 1)
+
+
+def _value(release: Reply) -> float | None:
+    """The one value a stage released (its one cell), as a number or NULL."""
+    rows = release.json()["rows"]
+    cell = rows[0][0] if rows and rows[0] else None
+    return None if cell is None else float(cell)
+
+
+def _interval(release: dict[str, Any]) -> list[float] | None:
+    columns = (release.get("accuracy") or {}).get("columns") or []
+    column = (columns[0] if columns else None) or {}
+    (pair,) = column.get("intervals") or [None]
+    return None if pair is None else [float(pair[0]), float(pair[1])]
+
+
+def _told(
+    reply: Reply,
+    request: QueryRequest,
+    releases: list[Reply] | list[None],
+    asks: list[QueryRequest],
+    eps: float,
+    delta: float,
+) -> Reply:
+    """``reply`` saying what its stages released, what was asked (the user's text and
+    whole budget), and what all its releases cost together."""
+    envelope = reply.envelope
+    stages: list[dict[str, Any]] = []
+    costs = [envelope["cost"]]
+    for ask, release in zip(asks, releases, strict=True):
+        entry: dict[str, Any] = {"sql": ask.sql, "epsilon": ask.epsilon, "delta": ask.delta}
+        if release is not None:
+            shown = release.json()
+            entry.update(
+                value=_value(release), interval=_interval(shown), replayed=shown["replayed"]
+            )
+            costs.append(shown["cost"])
+        else:  # a dry run: what each stage would cost
+            costs.append(envelope["cost"])
+        stages.append(entry)
+    envelope["stages"] = stages
+    envelope["cost"] = {k: sum(c.get(k, 0.0) for c in costs) for k in costs[0]}
+    envelope["request"] = {
+        **envelope["request"],
+        "sql": request.sql,
+        "params": request.params,
+        "epsilon": eps,
+        "delta": delta,
+    }
+    return reply
