@@ -217,6 +217,8 @@ ROW_QUERIES = swarm(SCHEMAS)
 RELEASE_QUERIES = swarm(
     {f: SCHEMAS[f] for f in ("t", "t JOIN v ON v.pid = t.pid", LINKED)}, placement="released"
 )
+# Row expressions compared with a value released first (``sql/staged.py``).
+STAGED_QUERIES = swarm({f: SCHEMAS[f] for f in ("t", LINKED)}, placement="staged")
 
 
 # -- the gates -----------------------------------------------------------------------

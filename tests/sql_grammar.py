@@ -610,6 +610,18 @@ class Grammar:
             self.grouped(table),
         )  # fmt: skip
 
+    def staged(self, table: str) -> st.SearchStrategy[str]:
+        """A row expression compared with a subquery used as a value: an aggregate over
+        the same FROM (with its own FILTER or WHERE), released first (``sql/staged.py``)."""
+
+        def render(t: tuple) -> str:
+            left, op, stage = t
+            return f"SELECT COUNT(*) FROM {table} WHERE {_sql(left)} {op} ({stage})"
+
+        return st.tuples(
+            self.expr(NUM), st.sampled_from(["<", ">", "<=", ">="]), self.aggregated(table)
+        ).map(render)
+
     def released(self, table: str) -> st.SearchStrategy[str]:
         """Release-level expressions over aggregates: arithmetic in the SELECT list,
         ``HAVING`` and ``ORDER BY`` on noisy values, with public group keys."""

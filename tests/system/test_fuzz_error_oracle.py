@@ -26,6 +26,7 @@ from tests.error_oracle import (  # noqa: F401
     FUZZ,
     RELEASE_QUERIES,
     ROW_QUERIES,
+    STAGED_QUERIES,
     Pair,
     compare,
     folder,
@@ -47,6 +48,13 @@ def test_fuzz_row_expressions_never_hinge_on_one_unit(pair: Pair, sql: str) -> N
 @settings(FUZZ, max_examples=500)
 @given(sql=RELEASE_QUERIES)
 def test_fuzz_release_expressions_differ_by_noise_only(pair: Pair, sql: str) -> None:
+    compare(pair, sql, release_level=True)
+
+
+@pytest.mark.fuzz
+@settings(FUZZ, max_examples=300)
+@given(sql=STAGED_QUERIES)
+def test_fuzz_releases_inside_a_query_differ_by_noise_only(pair: Pair, sql: str) -> None:
     compare(pair, sql, release_level=True)
 
 

@@ -38,6 +38,7 @@ from tests.error_oracle import (  # noqa: F401
     LINKED,
     RELEASE_QUERIES,
     ROW_QUERIES,
+    STAGED_QUERIES,
     Pair,
     ask_both,
     compare,
@@ -56,6 +57,14 @@ def test_row_expressions_never_hinge_on_one_unit(pair: Pair, sql: str) -> None:
 @settings(DEFAULT, max_examples=40)
 @given(sql=RELEASE_QUERIES)
 def test_release_expressions_differ_by_noise_only(pair: Pair, sql: str) -> None:
+    compare(pair, sql, release_level=True)
+
+
+@settings(DEFAULT, max_examples=40)
+@given(sql=STAGED_QUERIES)
+def test_releases_inside_a_query_differ_by_noise_only(pair: Pair, sql: str) -> None:
+    """A subquery released first, then compared with rows: what the gate decides before
+    the noise (a refusal and its text, the charge) is the same on D and D'."""
     compare(pair, sql, release_level=True)
 
 

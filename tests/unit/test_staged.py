@@ -89,6 +89,11 @@ def test_a_stage_takes_the_ctes_it_reads_and_only_those():
             "customer WHERE c_acctbal > (SELECT AVG(c_acctbal) FROM customer))",
             "holds another one",
         ),
+        (
+            "SELECT COUNT(*) FROM customer WHERE c_acctbal = ((SELECT MAX(c_acctbal) "
+            "FROM customer))",
+            "compare with <",
+        ),
     ],
 )
 def test_what_cannot_be_a_stage_is_refused_with_why(sql, says):

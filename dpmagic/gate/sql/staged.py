@@ -13,7 +13,9 @@ the query around it then reads the released value as a literal. Why that is priv
   put it in a ``CASE``) is post-processing, and costs nothing more.
 
 What a stage may be: a subquery used as a value (not in ``FROM``, ``IN (…)`` or
-``EXISTS``) that stands alone: every table it names is its own or a CTE of the
+``EXISTS``), not compared by ``=`` or ``<>`` (a noisy value would pick rows by its
+noise: ``age = (SELECT MAX(age) …)`` is refused, saying to compare by order), that
+stands alone: every table it names is its own or a CTE of the
 query (a *correlated* subquery, one value per outer row, would need a release per
 key: refused, saying so), and no subquery used as a value inside it. A stage must
 release one value (one column, no ``GROUP BY``): checked from its plan, before any
@@ -81,8 +83,15 @@ def split(tree: exp.Select) -> Staged | None:
     stages = []
     for i, sub in enumerate(copies):
         select = sub.this
+        while isinstance(select, exp.Subquery):
+            select = select.this
         if not isinstance(select, exp.Select):
             raise Refused("a subquery used as a value must be one SELECT")
+        if isinstance(_context(sub), exp.EQ | exp.NEQ | exp.NullSafeEQ | exp.NullSafeNEQ):
+            raise Refused(
+                "a subquery's value is released with noise, so = or <> with it would pick "
+                "rows by the noise: compare with <, <=, >, >= or BETWEEN"
+            )
         if any(_is_value(s) for s in select.find_all(exp.Subquery)):
             raise Refused(
                 "a subquery used as a value holds another one: release the inner value "
@@ -97,11 +106,21 @@ def _is_value(node: exp.Subquery) -> bool:
     """A subquery read as a value: not a table of ``FROM``/``JOIN``, not the set of an
     ``IN`` or the rows of an ``EXISTS``, ``ANY`` or ``ALL``."""
     parent = node.parent
+    if isinstance(parent, exp.Subquery):  # ((SELECT …)): the outer one is the value
+        return False
     if isinstance(parent, exp.From | exp.Join | exp.Exists | exp.Any | exp.All | exp.Lateral):
         return False
     if isinstance(parent, exp.In) and parent.args.get("query") is node:
         return False
     return not isinstance(parent, exp.Union)
+
+
+def _context(node: exp.Expression) -> exp.Expression | None:
+    """What reads ``node``, parentheses aside."""
+    parent = node.parent
+    while isinstance(parent, exp.Paren):
+        parent = parent.parent
+    return parent
 
 
 def _ctes(tree: exp.Select) -> dict[str, exp.CTE]:
