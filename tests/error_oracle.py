@@ -217,6 +217,12 @@ ROW_QUERIES = swarm(SCHEMAS)
 RELEASE_QUERIES = swarm(
     {f: SCHEMAS[f] for f in ("t", "t JOIN v ON v.pid = t.pid", LINKED)}, placement="released"
 )
+# Row conditions in the other places rows are filtered: a semi-join's subquery (over
+# t: its own ``t``), and a LEFT JOIN's condition beside the unit equality.
+SEMI_QUERIES = swarm({"t": SCHEMAS["t"]}, placement="semi_joined")
+LEFT_QUERIES = swarm(
+    {f: SCHEMAS[f] for f in ("t JOIN v ON v.pid = t.pid", LINKED)}, placement="left_joined"
+)
 # Row expressions compared with a value released first (``sql/staged.py``).
 STAGED_QUERIES = swarm({f: SCHEMAS[f] for f in ("t", LINKED)}, placement="staged")
 

@@ -622,6 +622,26 @@ class Grammar:
             self.expr(NUM), st.sampled_from(["<", ">", "<=", ">="]), self.aggregated(table)
         ).map(render)
 
+    def semi_joined(self, table: str) -> st.SearchStrategy[str]:
+        """A row condition inside a semi-join's subquery over the same table (its
+        ``t.…`` names the subquery's own ``t``), ``IN`` or ``EXISTS``."""
+
+        def render(t: tuple) -> str:
+            cond, exists = t
+            if exists:
+                inner = f"SELECT 1 FROM {table} WHERE t.pid = o.pid AND {_sql(cond)}"
+                return f"SELECT COUNT(*) FROM {table} AS o WHERE EXISTS ({inner})"
+            inner = f"SELECT t.pid FROM {table} WHERE {_sql(cond)}"
+            return f"SELECT COUNT(*) FROM {table} AS o WHERE o.pid IN ({inner})"
+
+        return st.tuples(self.expr(BOOL), st.booleans()).map(render)
+
+    def left_joined(self, table: str) -> st.SearchStrategy[str]:
+        """A row condition in a LEFT JOIN's ``ON``, beside the join on the unit
+        (``table`` is ``a JOIN b ON <units>``, made a LEFT JOIN here)."""
+        left = table.replace(" JOIN ", " LEFT JOIN ", 1)
+        return self.expr(BOOL).map(lambda c: f"SELECT COUNT(*) FROM {left} AND {_sql(c)}")
+
     def released(self, table: str) -> st.SearchStrategy[str]:
         """Release-level expressions over aggregates: arithmetic in the SELECT list,
         ``HAVING`` and ``ORDER BY`` on noisy values, with public group keys."""

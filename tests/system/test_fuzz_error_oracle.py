@@ -18,14 +18,17 @@ from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.conftest import GateProcess
 from tests.error_oracle import (  # noqa: F401
     DEFAULT,
     EPSILON,
     FUZZ,
+    LEFT_QUERIES,
     RELEASE_QUERIES,
     ROW_QUERIES,
+    SEMI_QUERIES,
     STAGED_QUERIES,
     Pair,
     compare,
@@ -49,6 +52,13 @@ def test_fuzz_row_expressions_never_hinge_on_one_unit(pair: Pair, sql: str) -> N
 @given(sql=RELEASE_QUERIES)
 def test_fuzz_release_expressions_differ_by_noise_only(pair: Pair, sql: str) -> None:
     compare(pair, sql, release_level=True)
+
+
+@pytest.mark.fuzz
+@settings(FUZZ, max_examples=500)
+@given(sql=st.one_of(SEMI_QUERIES, LEFT_QUERIES))
+def test_fuzz_conditions_in_semi_joins_and_join_conditions(pair: Pair, sql: str) -> None:
+    compare(pair, sql)
 
 
 @pytest.mark.fuzz

@@ -32,12 +32,15 @@ from __future__ import annotations
 
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.error_oracle import (  # noqa: F401
     DEFAULT,
+    LEFT_QUERIES,
     LINKED,
     RELEASE_QUERIES,
     ROW_QUERIES,
+    SEMI_QUERIES,
     STAGED_QUERIES,
     Pair,
     ask_both,
@@ -58,6 +61,15 @@ def test_row_expressions_never_hinge_on_one_unit(pair: Pair, sql: str) -> None:
 @given(sql=RELEASE_QUERIES)
 def test_release_expressions_differ_by_noise_only(pair: Pair, sql: str) -> None:
     compare(pair, sql, release_level=True)
+
+
+@pytest.mark.search
+@settings(DEFAULT, max_examples=150)
+@given(sql=st.one_of(SEMI_QUERIES, LEFT_QUERIES))
+def test_conditions_in_semi_joins_and_join_conditions_never_hinge_on_one_unit(
+    pair: Pair, sql: str
+) -> None:
+    compare(pair, sql)
 
 
 @settings(DEFAULT, max_examples=40)

@@ -137,6 +137,18 @@ def check(resolved: Resolved) -> Checked:
     where = tree.args.get("where")
     if where is not None:
         _row_expr(where.this, resolved, "WHERE")
+    # Every other place a row expression is evaluated on private rows: a LEFT JOIN's
+    # condition, and a semi-join's subquery (its WHERE, its value, what it is matched
+    # with) take the same rules as WHERE, not only the work bound's prices.
+    for scan in resolved.scans:
+        if scan.on is not None:
+            _row_expr(scan.on, resolved, "ON")
+    for j in resolved.semijoins:
+        for part in (j.lhs, j.value, *((j.where,) if j.where is not None else ())):
+            _row_expr(part, resolved, "IN (SELECT …)" if not j.exists else "EXISTS (…)")
+        for scan in j.scans:
+            if scan.on is not None:
+                _row_expr(scan.on, resolved, "ON")
     keys = _group_keys(resolved, tree)
     release = _Release(resolved, keys)
 
