@@ -259,6 +259,12 @@ SHOP_QUERIES = [
     "WHERE l_orderkey = o_orderkey AND l_flag = 'R')",
     "SELECT o_priority, COUNT(*) FROM orders LEFT JOIN lineitem ON l_orderkey = o_orderkey "
     "AND l_flag = 'A' GROUP BY o_priority",
+    # Per person: a histogram of orders per customer, and TPC-H query 13's shape.
+    "SELECT n, COUNT(*) FROM (SELECT o_custkey, COUNT(*) AS n FROM orders GROUP BY o_custkey) "
+    "AS per GROUP BY n",
+    "SELECT c_count, COUNT(*) FROM (SELECT c_custkey, COUNT(o_orderkey) AS c_count, "
+    "SUM(o_total) AS spent FROM customer LEFT JOIN orders ON c_custkey = o_custkey "
+    "GROUP BY c_custkey) AS c WHERE spent > 100 GROUP BY c_count",
 ]
 
 

@@ -143,6 +143,18 @@ def check(resolved: Resolved) -> Checked:
     for scan in resolved.scans:
         if scan.on is not None:
             _row_expr(scan.on, resolved, "ON")
+    for per in (s.per_unit for s in resolved.scans if s.per_unit is not None):
+        if per.where is not None:
+            _row_expr(per.where, resolved, "a per-person subquery's WHERE")
+        for scan in per.scans:
+            if scan.on is not None:
+                _row_expr(scan.on, resolved, "ON")
+        for _, value in per.values:  # the aggregates' arguments are row expressions
+            for agg in value.find_all(exp.AggFunc):
+                args = agg.this.expressions if isinstance(agg.this, exp.Distinct) else [agg.this]
+                for a in args:
+                    if not isinstance(a, exp.Star):
+                        _row_expr(a, resolved, f"{_name(agg)}(…) per person")
     for j in resolved.semijoins:
         for part in (j.lhs, j.value, *((j.where,) if j.where is not None else ())):
             _row_expr(part, resolved, "IN (SELECT …)" if not j.exists else "EXISTS (…)")

@@ -28,12 +28,15 @@ from dpmagic.gate.failures import Refused, required
 from dpmagic.gate.policy import Column, Dataset, Table
 from dpmagic.gate.sql.limits import AnalysisLimit, Expansion, nodes
 from dpmagic.gate.sql.parse import DIALECT, Parsed
+from dpmagic.gate.sql.per_unit import derived_table, per_unit_values
 from dpmagic.gate.sql.trees import conjuncts
+from dpmagic.gate.sql.value_range import ValueRange
 
 # sqlglot 30 names these arguments with a trailing underscore.
 FROM = "from_" if "from_" in exp.Select.arg_types else "from"
 WITH = "with_" if "with_" in exp.Select.arg_types else "with"
 PRESENT = "__present"  # a left-joined scan's marker column: TRUE where a row matched
+UNIT_OUTPUT = "__unit"  # a per-person subquery's unit, where it does not select it
 SEMI = "__semi"  # the table qualifier of a semi-join's stand-in column
 
 _BOOL = Column(name=PRESENT, type="bool", lower=0, upper=1)
@@ -53,6 +56,28 @@ class Scan:
     table: Table
     kind: str
     on: exp.Expression | None = None
+    # A subquery grouped by the unit, read as a table of one row per unit.
+    per_unit: PerUnit | None = None
+
+
+@dataclass(frozen=True)
+class PerUnit:
+    """A subquery in ``FROM`` grouped by the privacy unit (``sql/per_unit.py`` has the
+    bounds): computed exactly, per unit, in SQL of its own over ``scans`` (a join on
+    the unit in which each unit keeps at most ``rows`` rows, ``ranks.room_reads``)
+    filtered by ``where``, one row per unit holding ``unit`` and each of ``values``
+    (its name and its aggregate over ``scans``). The query around it reads it as the
+    table its scan names: one row per unit (``max_rows = 1``), each value a column
+    declared by its bound, so what one unit adds to the query around it is one row
+    within those bounds, whatever its rows inside."""
+
+    scans: tuple[Scan, ...]
+    where: exp.Expression | None
+    unit: exp.Column
+    values: tuple[tuple[str, exp.Expression], ...]
+    rows: int
+    bounds: tuple[ValueRange, ...]  # each value's, which the SQL clamps it into
+    bases: tuple[str, ...]  # why each value lies within its bound, for the dry run
 
 
 @dataclass(frozen=True)
@@ -101,7 +126,8 @@ class Resolved:
         return None if scan is None else scan.table.columns.get(node.name)
 
     def scan(self, name: str) -> Scan | None:
-        every = itertools.chain(self.scans, *(j.scans for j in self.semijoins))
+        inner = (s.per_unit.scans for s in self.scans if s.per_unit is not None)
+        every = itertools.chain(self.scans, *(j.scans for j in self.semijoins), *inner)
         return next((s for s in every if s.name == name), None)
 
     def is_unit(self, node: exp.Expression) -> bool:
@@ -144,6 +170,11 @@ def resolve(parsed: Parsed, dataset: Dataset) -> Resolved:
         if node is not None:
             out.set(key, flat.substitute(node, env, frozenset(aliases), place))
     scans = tuple(flat.scans)
+    if any(s.per_unit for s in scans) and sum(not s.table.public for s in scans) > 1:
+        raise Refused(
+            "a per-person subquery is read on its own (or joined with public tables): "
+            "join the tables inside it, on the person"
+        )
     return Resolved(
         tree=out,
         canonical=parsed.canonical,
@@ -260,7 +291,10 @@ class _Flattener:
         raise Refused(f"FROM must name a declared table, not {_describe(node)}")
 
     def derived(self, select: exp.Select, ctes: dict, alias: str, kind: str) -> tuple[Env, list]:
-        """A subquery or CTE read in FROM: merged when it is a row transformation."""
+        """A subquery or CTE read in FROM: merged when it is a row transformation, read
+        as a table of one row per unit when it groups by the unit (``per_unit``)."""
+        if select.args.get("group") is not None:
+            return self.per_unit(select, ctes, alias, kind)
         _row_transformation(select)
         ctes = self.ctes(select, ctes)
         env, filters = self.from_clause(select, ctes, kind)
@@ -285,6 +319,79 @@ class _Flattener:
             expr = item.this if isinstance(item, exp.Alias) else item
             cols[name] = self.substitute(expr, env, frozenset(), "a subquery's SELECT list")
         return {alias or f"__derived{len(self.scans)}": cols}, filters
+
+    def per_unit(self, select: exp.Select, ctes: dict, alias: str, kind: str) -> tuple[Env, list]:
+        """A subquery grouped by the privacy unit: its rows resolved on their own (a join
+        on the unit, as any query's), its values bounded per unit (``sql/per_unit.py``),
+        and one scan standing for it, of a table of one row per unit."""
+        for key, what in (
+            ("having", "HAVING"), ("order", "ORDER BY"), ("limit", "LIMIT"),
+            ("offset", "OFFSET"), ("distinct", "DISTINCT"), ("qualify", "QUALIFY"),
+            ("windows", "WINDOW"), ("laterals", "LATERAL"), ("pivots", "PIVOT"),
+        ):  # fmt: skip
+            if select.args.get(key):
+                raise Refused(
+                    f"{what} inside a per-person subquery is not supported: filter the "
+                    "persons in the query around it (WHERE n > 3)"
+                )
+        sub = _Flattener(self.dataset, self.names, self.expansion)
+        sub.top_ctes = self.top_ctes
+        ctes = sub.ctes(select, ctes)
+        env, filters = sub.from_clause(select, ctes, "from")
+        where = select.args.get("where")
+        if where is not None:
+            filters.append(sub.substitute(where.this, env, frozenset(), "WHERE"))
+        if sub.semijoins:
+            raise Refused("IN (SELECT …) and EXISTS inside a per-person subquery are not supported")
+        along_links(sub.scans, filters)
+        scans = tuple(sub.scans)
+        unit = _unit(scans, filters, self.dataset)
+        group = select.args["group"].expressions
+        keys = [sub.substitute(k, env, frozenset(), "GROUP BY") for k in group]
+        if unit is None or len(keys) != 1 or _unit_of(keys[0], scans) is None:
+            raise Refused(
+                "GROUP BY inside a subquery in FROM must group by the privacy unit alone: "
+                "each row is then one person's, computed from their rows (visits per "
+                "patient); other groups would mix several persons' rows"
+            )
+        rows = _unit_rows(scans, self.dataset)
+
+        def row_range(node: exp.Expression) -> ValueRange | None:
+            read = _private_read(node, scans)
+            col = None if read is None else read[0].table.columns.get(read[1])
+            if col is None or col.type not in ("int", "float") or not col.bounded:
+                return None
+            return ValueRange(float(col.lower), float(col.upper), col.type == "int")  # type: ignore[arg-type]
+
+        unit_name, items, trees = UNIT_OUTPUT, [], []
+        for item in select.expressions:
+            name = item.alias_or_name.lower()
+            expr = item.this if isinstance(item, exp.Alias) else item
+            tree = sub.substitute(expr, env, frozenset(), "a per-person subquery's SELECT")
+            if _unit_of(tree, scans) is not None:
+                unit_name = name
+                continue
+            items.append(exp.alias_(tree, name))
+            trees.append((name, tree))
+        shaped = exp.Select(expressions=items, group=exp.Group(expressions=keys))
+        values = per_unit_values(shaped, rows, lambda k: _unit_of(k, scans) is not None, row_range)
+        root = required(_private_read(unit, scans), "the per-person subquery's unit")[0]
+        unit_type = required(root.table.unit_column, "a private table's unit").type
+        name = f"__s{next(self.names)}"
+        table = derived_table(f"__per_unit{name}", Column(unit_name, unit_type), values)
+        per = PerUnit(
+            scans,
+            _and(filters) if filters else None,
+            unit,
+            tuple(trees),
+            rows,
+            tuple(v.range for v in values),
+            tuple(v.basis for v in values),
+        )
+        self.expansion.add(3 * len(table.columns))
+        self.scans.append(Scan(name, table, kind, per_unit=per))
+        cols: dict[str, exp.Expression] = {c: exp.column(c, table=name) for c in table.columns}
+        return {alias or table.name: cols}, []
 
     def substitute(
         self,
@@ -628,6 +735,21 @@ def _unit(scans: tuple[Scan, ...], filters: list, dataset: Dataset) -> exp.Colum
                 "mix two units' data"
             )
     return exp.column(required(root.table.unit, "a private table's unit"), table=root.name)
+
+
+def _unit_rows(scans: tuple[Scan, ...], dataset: Dataset) -> int:
+    """The most rows one unit keeps in a per-person subquery's join: the load cap, or
+    less by the tables' own ``max_rows_per_unit`` (their product), as ``ranks.join_cap``
+    decides for a query of its own; ``room_reads`` holds the join to it."""
+    cap = dataset.load_rows or dataset.max_partitions * dataset.max_rows_per_partition
+    product = 1
+    for scan in scans:
+        if scan.table.public:
+            continue
+        if scan.table.max_rows is None:
+            return cap
+        product *= scan.table.max_rows
+    return min(cap, product)
 
 
 def _person_join(a: Table, b: Table) -> str:

@@ -73,7 +73,7 @@ from dpmagic.gate.sql.ranks import (
     load_cap,
     room_reads,
 )
-from dpmagic.gate.sql.resolve import PRESENT, SEMI, Resolved, Scan
+from dpmagic.gate.sql.resolve import PRESENT, SEMI, PerUnit, Resolved, Scan
 from dpmagic.gate.sql.totality import comparable
 from dpmagic.gate.sql.trees import conjuncts
 from dpmagic.gate.sql.value_range import ValueRange
@@ -407,7 +407,9 @@ def _scan_reads(
     at most ``cap`` joined rows (``ranks.room_reads``): the plan's ``K`` when the
     ranks bound the query, else the load cap, which bounds the work one unit causes
     however many times the join reads its tables."""
-    private = [s for s in scans if bounded_by_units(resolved.dataset, s.table)]
+    private = [
+        s for s in scans if bounded_by_units(resolved.dataset, s.table) and s.per_unit is None
+    ]  # a per-person subquery holds one row per unit by construction
     reads = room_reads([s.table.name for s in private], cap, dialect.first_ranks)
     return {s.name: r for s, r in zip(private, reads, strict=True)}
 
@@ -415,6 +417,10 @@ def _scan_reads(
 def _used(resolved: Resolved, trees: list[exp.Expression]) -> dict[str, dict[str, Column]]:
     """The declared columns each scan must read, semi-joins' scans included."""
     scans = list(resolved.scans) + [s for j in resolved.semijoins for s in j.scans]
+    for per in (s.per_unit for s in resolved.scans if s.per_unit is not None):
+        scans += per.scans
+        trees = [*trees, per.unit, *(t for _, t in per.values)]
+        trees += [per.where] if per.where is not None else []
     trees = trees + [s.on for s in scans if s.on is not None]
     for j in resolved.semijoins:
         trees += [j.lhs, j.value] + ([j.where] if j.where is not None else [])
@@ -458,7 +464,10 @@ def _reads(
         if not cols:
             cols = [exp.alias_(exp.Literal.number(1), "__one")]
         bound = bounds.get(scan.name)
-        if bound is None:
+        if scan.per_unit is not None:
+            source = _per_person(scan.per_unit, used, row, scan.table.unit)
+            read = exp.select(*cols).from_(source)
+        elif bound is None:
             read = exp.select(*cols).from_(exp.table_(scan.table.name, quoted=True))
         else:
             read = exp.select(*cols).from_(bound.source.copy()).where(bound.bound.copy())
@@ -472,6 +481,45 @@ def _reads(
             on = exp.and_(*placed[scan.name]) if placed[scan.name] else exp.true()
             parts.append(exp.Join(this=aliased, on=on))
     return parts, where
+
+
+def _per_person(
+    per: PerUnit, used: dict[str, dict[str, Column]], row: _Rows, unit: str | None
+) -> exp.Expression:
+    """A per-person subquery's rows (``resolve.PerUnit``): its join read as any query's,
+    each unit keeping at most ``per.rows`` joined rows (``room_reads``), its filters,
+    then one row per unit with its values, as a subquery the scan reads."""
+    caps = _scan_reads(row.resolved, per.scans, per.rows, row.dialect)
+    terms = conjuncts(per.where) if per.where is not None else []
+    source, where = _reads(per.scans, terms, used, row, caps)
+    key = row.total(per.unit)
+    columns = [_as(key, required(unit, "a per-person table's unit"))]
+    # Each value clamped into its bound: the bounds hold by construction, whatever a
+    # float sum's rounding, and the query around reads them as declared columns.
+    columns += [
+        _as(clamped(_per_unit_value(tree, row), bound), name)
+        for (name, tree), bound in zip(per.values, per.bounds, strict=True)
+    ]
+    inner = _select(columns, source, [*where, _not_null(key.copy())])
+    return exp.Subquery(this=inner.group_by(key.copy()), alias=_ident("__per_unit"))
+
+
+def _per_unit_value(tree: exp.Expression, row: _Rows) -> exp.Expression:
+    """A per-person value: its aggregates over each row's total argument (a value that
+    cannot raise), the clamps around them as written."""
+
+    def arg(node: exp.Expression) -> exp.Expression:
+        if isinstance(node, exp.AggFunc) and not isinstance(node.this, exp.Star | exp.Distinct):
+            out = node.copy()
+            out.set("this", row.total(node.this))
+            return out
+        if isinstance(node, exp.Count) and isinstance(node.this, exp.Distinct):
+            out = node.copy()
+            out.set("this", exp.Distinct(expressions=[row.total(e) for e in node.this.expressions]))
+            return out
+        return node
+
+    return tree.transform(arg, copy=True)
 
 
 def _select(

@@ -157,6 +157,17 @@ def unit_work(
     fixed += JOIN_STEPS * len(resolved.scans)
     rows = cap * _fan_out(resolved.scans, terms, resolved)
     joins = [_join(rows, found, fixed)]
+    for per in (s.per_unit for s in resolved.scans if s.per_unit is not None):
+        # A per-person subquery's own join: each unit keeps at most ``per.rows`` rows,
+        # times its public fan-outs, each worked on by its filters and its aggregates'
+        # arguments, and grouped (a hash and a place, as the window's).
+        inner = conjuncts(per.where) if per.where is not None else []
+        inner_on = [s.on for s in per.scans if s.on is not None]
+        own = [evaluated(per.unit, resolved)]
+        own += [evaluated(a, resolved) for _, v in per.values for a in _arguments(v)]
+        own += [evaluated(t, resolved, condition=True) for t in [*inner, *inner_on]]
+        rows = per.rows * _fan_out(per.scans, inner, resolved)
+        joins.append(_join(rows, own, JOIN_STEPS * len(per.scans) + WINDOW_STEPS))
     for j in resolved.semijoins:
         if all(s.table.public for s in j.scans):
             continue  # the subquery reads no unit's rows: the same on every dataset
@@ -167,6 +178,15 @@ def unit_work(
         rows = load_cap * _fan_out(j.scans, inner, resolved)
         joins.append(_join(rows, semi, JOIN_STEPS * len(j.scans)))
     return Work(tuple(joins))
+
+
+def _arguments(value: exp.Expression) -> list[exp.Expression]:
+    """The row expressions a per-person value's aggregates read."""
+    out: list[exp.Expression] = []
+    for agg in value.find_all(exp.AggFunc):
+        args = agg.this.expressions if isinstance(agg.this, exp.Distinct) else [agg.this]
+        out += [a for a in args if not isinstance(a, exp.Star)]
+    return out
 
 
 def _join(rows: int, found: list[Evaluation], fixed: int) -> Join:
