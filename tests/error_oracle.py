@@ -22,6 +22,7 @@ from pathlib import Path
 import duckdb
 import pytest
 from hypothesis import HealthCheck, Phase, event, note, settings
+from hypothesis import strategies as st
 
 from dpmagic.gate.engine import Engine
 from dpmagic.gate.failures import Failed, GateError
@@ -222,6 +223,12 @@ RELEASE_QUERIES = swarm(
 SEMI_QUERIES = swarm({"t": SCHEMAS["t"]}, placement="semi_joined")
 LEFT_QUERIES = swarm(
     {f: SCHEMAS[f] for f in ("t JOIN v ON v.pid = t.pid", LINKED)}, placement="left_joined"
+)
+# Per-person subqueries (``resolve.PerUnit``): over t, and over lines joined to their
+# orders, grouped by the orders' person.
+PER_PERSON_QUERIES = st.one_of(
+    swarm({"t": SCHEMAS["t"]}, placement="per_person"),
+    swarm({LINKED: SCHEMAS[LINKED]}, placement="per_person_linked"),
 )
 # Row expressions compared with a value released first (``sql/staged.py``).
 STAGED_QUERIES = swarm({f: SCHEMAS[f] for f in ("t", LINKED)}, placement="staged")

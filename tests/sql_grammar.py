@@ -622,6 +622,37 @@ class Grammar:
             self.expr(NUM), st.sampled_from(["<", ">", "<=", ">="]), self.aggregated(table)
         ).map(render)
 
+    def per_person(self, table: str, unit: str = "t.pid") -> st.SearchStrategy[str]:
+        """A subquery grouped by the unit (``unit``, a column of ``table``), its value an
+        aggregate of the grammar's row expressions (bounded or not), its rows filtered,
+        read by a query around it that filters or groups by the value."""
+
+        def render(t: tuple) -> str:
+            kind, arg, cond, around, lit = t
+            column = _sql(arg)
+            value = {
+                "count": "COUNT(*)", "count_of": f"COUNT({column})", "sum": f"SUM({column})",
+                "avg": f"AVG({column})", "max": f"MAX({column})",
+                "clamped": f"LEAST(GREATEST(SUM({column}), 0), 10)",
+            }[kind]  # fmt: skip
+            where = f" WHERE {_sql(cond)}" if cond is not None else ""
+            inner = f"SELECT {unit}, {value} AS v FROM {table}{where} GROUP BY {unit}"
+            if around:
+                return f"SELECT p.v, COUNT(*) AS n FROM ({inner}) AS p GROUP BY p.v"
+            return f"SELECT COUNT(*) AS n, SUM(p.v) AS s FROM ({inner}) AS p WHERE p.v > {lit}"
+
+        return st.tuples(
+            st.sampled_from(["count", "count_of", "sum", "avg", "max", "clamped"]),
+            st.one_of(self.expr(NUM, 0), self.expr(NUM, 1)),
+            st.none() | self.expr(BOOL, 1),
+            st.booleans(),
+            st.integers(-2, 12),
+        ).map(render)
+
+    def per_person_linked(self, table: str) -> st.SearchStrategy[str]:
+        """``per_person`` over lines joined to their orders, by the orders' person."""
+        return self.per_person(table, unit="o.pid")
+
     def semi_joined(self, table: str) -> st.SearchStrategy[str]:
         """A row condition inside a semi-join's subquery over the same table (its
         ``t.…`` names the subquery's own ``t``), ``IN`` or ``EXISTS``."""

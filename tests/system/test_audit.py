@@ -206,6 +206,13 @@ CASES: dict[str, tuple[str, Callable[[object], bool]]] = {
         "SELECT g, COUNT(*) AS n FROM t GROUP BY g",
         lambda rows: all(_cells(rows)[g] >= CELL_D[g] for g in range(GROUPS)),
     ),
+    # A histogram of per-person values: persons by their rows. The worst unit is the one
+    # person with GROUPS × ROWS rows (the load cap), in the last key on D, absent on D'.
+    "per_person": (
+        "SELECT n, COUNT(*) AS persons FROM (SELECT pid, COUNT(*) AS n FROM t GROUP BY pid) "
+        "AS p GROUP BY n",
+        lambda rows: _cells(rows)[GROUPS * ROWS] >= 1,
+    ),
 }
 
 
@@ -240,6 +247,7 @@ def test_quantile_empirical_epsilon_stays_below_the_claim(engines, record_proper
         ("count", "halved"),
         ("sum", "halved"),
         ("histogram", "halved"),
+        ("per_person", "halved"),
         ("avg", "avg_once"),
         # AVG's centred sum (and count) noised for half their sensitivity.
         ("avg", "halved"),

@@ -26,6 +26,7 @@ from tests.error_oracle import (  # noqa: F401
     EPSILON,
     FUZZ,
     LEFT_QUERIES,
+    PER_PERSON_QUERIES,
     RELEASE_QUERIES,
     ROW_QUERIES,
     SEMI_QUERIES,
@@ -58,6 +59,13 @@ def test_fuzz_release_expressions_differ_by_noise_only(pair: Pair, sql: str) -> 
 @settings(FUZZ, max_examples=500)
 @given(sql=st.one_of(SEMI_QUERIES, LEFT_QUERIES))
 def test_fuzz_conditions_in_semi_joins_and_join_conditions(pair: Pair, sql: str) -> None:
+    compare(pair, sql)
+
+
+@pytest.mark.fuzz
+@settings(FUZZ, max_examples=500)
+@given(sql=PER_PERSON_QUERIES)
+def test_fuzz_per_person_subqueries_never_hinge_on_one_unit(pair: Pair, sql: str) -> None:
     compare(pair, sql)
 
 

@@ -38,6 +38,7 @@ from tests.error_oracle import (  # noqa: F401
     DEFAULT,
     LEFT_QUERIES,
     LINKED,
+    PER_PERSON_QUERIES,
     RELEASE_QUERIES,
     ROW_QUERIES,
     SEMI_QUERIES,
@@ -69,6 +70,13 @@ def test_release_expressions_differ_by_noise_only(pair: Pair, sql: str) -> None:
 def test_conditions_in_semi_joins_and_join_conditions_never_hinge_on_one_unit(
     pair: Pair, sql: str
 ) -> None:
+    compare(pair, sql)
+
+
+@pytest.mark.search
+@settings(DEFAULT, max_examples=150)
+@given(sql=PER_PERSON_QUERIES)
+def test_per_person_subqueries_never_hinge_on_one_unit(pair: Pair, sql: str) -> None:
     compare(pair, sql)
 
 
