@@ -636,7 +636,8 @@ class Grammar:
                 "clamped": f"LEAST(GREATEST(SUM({column}), 0), 10)",
             }[kind]  # fmt: skip
             where = f" WHERE {_sql(cond)}" if cond is not None else ""
-            inner = f"SELECT {unit}, {value} AS v FROM {table}{where} GROUP BY {unit}"
+            having = f" HAVING COUNT(*) > {lit % 3}" if lit % 2 else ""
+            inner = f"SELECT {unit}, {value} AS v FROM {table}{where} GROUP BY {unit}{having}"
             if around:
                 return f"SELECT p.v, COUNT(*) AS n FROM ({inner}) AS p GROUP BY p.v"
             return f"SELECT COUNT(*) AS n, SUM(p.v) AS s FROM ({inner}) AS p WHERE p.v > {lit}"

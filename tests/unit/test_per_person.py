@@ -42,6 +42,9 @@ QUERIES = [
     "(SELECT pid, COUNT(*) AS n, MAX(x) AS g FROM t GROUP BY pid) AS p GROUP BY g",
     "SELECT SUM(c) AS s FROM (SELECT pid, LEAST(GREATEST(SUM(x), 0), 4) AS c FROM t "
     "GROUP BY pid) AS p",
+    # HAVING filters persons: by a value selected, and by one it alone reads.
+    "SELECT COUNT(*) AS c, SUM(n) AS s FROM (SELECT pid, COUNT(*) AS n FROM t GROUP BY pid "
+    "HAVING n > 1 AND SUM(x) > 2) AS p",
 ]
 row = st.tuples(st.sampled_from([-3, 0, 2, 5, None]), st.sampled_from([0.0, 1.25, 2.5, None]))
 person = st.lists(row, min_size=1, max_size=6)  # past the load cap of 2 × 2 rows
@@ -118,8 +121,8 @@ def test_each_value_is_clamped_into_its_bound_in_the_sql() -> None:
          "must group by the privacy unit alone"),
         ("SELECT COUNT(*) FROM (SELECT pid, SUM(x * pid) AS n FROM t GROUP BY pid) AS p",
          "no bound per person"),
-        ("SELECT COUNT(*) FROM (SELECT pid, COUNT(*) AS n FROM t GROUP BY pid HAVING n > 1) AS p",
-         "filter the persons in the query around it"),
+        ("SELECT COUNT(*) FROM (SELECT pid, COUNT(*) AS n FROM t GROUP BY pid ORDER BY n "
+         "LIMIT 3) AS p", "filter the persons in the query around it"),
         ("SELECT n FROM (SELECT pid, COUNT(*) AS n FROM t GROUP BY pid) AS p GROUP BY pid",
          "privacy unit"),
     ],

@@ -325,14 +325,14 @@ class _Flattener:
         on the unit, as any query's), its values bounded per unit (``sql/per_unit.py``),
         and one scan standing for it, of a table of one row per unit."""
         for key, what in (
-            ("having", "HAVING"), ("order", "ORDER BY"), ("limit", "LIMIT"),
-            ("offset", "OFFSET"), ("distinct", "DISTINCT"), ("qualify", "QUALIFY"),
-            ("windows", "WINDOW"), ("laterals", "LATERAL"), ("pivots", "PIVOT"),
+            ("order", "ORDER BY"), ("limit", "LIMIT"), ("offset", "OFFSET"),
+            ("distinct", "DISTINCT"), ("qualify", "QUALIFY"), ("windows", "WINDOW"),
+            ("laterals", "LATERAL"), ("pivots", "PIVOT"),
         ):  # fmt: skip
             if select.args.get(key):
                 raise Refused(
                     f"{what} inside a per-person subquery is not supported: filter the "
-                    "persons in the query around it (WHERE n > 3)"
+                    "persons in the query around it (WHERE n > 3) or in its HAVING"
                 )
         sub = _Flattener(self.dataset, self.names, self.expansion)
         sub.top_ctes = self.top_ctes
@@ -373,11 +373,31 @@ class _Flattener:
                 continue
             items.append(exp.alias_(tree, name))
             trees.append((name, tree))
+        name = f"__s{next(self.names)}"
+        having = select.args.get("having")
+        persons = None  # HAVING: a filter on the per-person values, in the query around it
+        if having is not None:
+            outputs = frozenset(n for n, _ in trees)
+            cond = sub.substitute(having.this, env, outputs, "HAVING")
+            found = {t.sql(dialect=DIALECT): n for n, t in trees}
+
+            def value(node: exp.Expression) -> exp.Expression:
+                if isinstance(node, exp.AggFunc):
+                    key = node.sql(dialect=DIALECT)
+                    if key not in found:  # an aggregate HAVING alone reads: a hidden value
+                        found[key] = f"__having{len(found)}"
+                        items.append(exp.alias_(node.copy(), found[key]))
+                        trees.append((found[key], node.copy()))
+                    return exp.column(found[key], table=name)
+                if isinstance(node, exp.Column) and not node.table and node.name in outputs:
+                    return exp.column(node.name, table=name)
+                return node
+
+            persons = cond.transform(value)
         shaped = exp.Select(expressions=items, group=exp.Group(expressions=keys))
         values = per_unit_values(shaped, rows, lambda k: _unit_of(k, scans) is not None, row_range)
         root = required(_private_read(unit, scans), "the per-person subquery's unit")[0]
         unit_type = required(root.table.unit_column, "a private table's unit").type
-        name = f"__s{next(self.names)}"
         table = derived_table(f"__per_unit{name}", Column(unit_name, unit_type), values)
         per = PerUnit(
             scans,
@@ -390,8 +410,10 @@ class _Flattener:
         )
         self.expansion.add(3 * len(table.columns))
         self.scans.append(Scan(name, table, kind, per_unit=per))
-        cols: dict[str, exp.Expression] = {c: exp.column(c, table=name) for c in table.columns}
-        return {alias or table.name: cols}, []
+        cols: dict[str, exp.Expression] = {
+            c: exp.column(c, table=name) for c in table.columns if not c.startswith("__having")
+        }
+        return {alias or table.name: cols}, [persons] if persons is not None else []
 
     def substitute(
         self,
