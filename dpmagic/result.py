@@ -356,6 +356,9 @@ class DPResult:
         stages = self._envelope.get("stages")
         if stages:
             parts.extend(stage_notes(stages, self.dry_run))
+        people = self._envelope.get("per_person")
+        if people:
+            parts.append("per person: " + "; ".join(p["basis"] for p in people))
         left = budget_left(self.budget)
         if left:
             parts.append(left)

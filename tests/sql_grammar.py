@@ -656,17 +656,24 @@ class Grammar:
 
     def semi_joined(self, table: str) -> st.SearchStrategy[str]:
         """A row condition inside a semi-join's subquery over the same table (its
-        ``t.…`` names the subquery's own ``t``), ``IN`` or ``EXISTS``."""
+        ``t.…`` names the subquery's own ``t``): ``IN``, ``EXISTS``, or ``IN`` the
+        persons with more than one row meeting it (``GROUP BY t.pid HAVING``)."""
 
         def render(t: tuple) -> str:
             cond, exists = t
+            if exists is None:  # the persons whose rows meet it, more than once
+                inner = (
+                    f"SELECT t.pid FROM {table} WHERE {_sql(cond)} GROUP BY t.pid "
+                    "HAVING COUNT(*) > 1"
+                )
+                return f"SELECT COUNT(*) FROM {table} AS o WHERE o.pid IN ({inner})"
             if exists:
                 inner = f"SELECT 1 FROM {table} WHERE t.pid = o.pid AND {_sql(cond)}"
                 return f"SELECT COUNT(*) FROM {table} AS o WHERE EXISTS ({inner})"
             inner = f"SELECT t.pid FROM {table} WHERE {_sql(cond)}"
             return f"SELECT COUNT(*) FROM {table} AS o WHERE o.pid IN ({inner})"
 
-        return st.tuples(self.expr(BOOL), st.booleans()).map(render)
+        return st.tuples(self.expr(BOOL), st.sampled_from([True, False, None])).map(render)
 
     def left_joined(self, table: str) -> st.SearchStrategy[str]:
         """A row condition in a LEFT JOIN's ``ON``, beside the join on the unit

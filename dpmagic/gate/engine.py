@@ -628,6 +628,15 @@ def _envelope(dataset: Dataset, analysis: Analysis, request: QueryRequest) -> di
             reply["request"]["clip_bounds"] = True  # type: ignore[index]
         if isinstance(request.stage, ClipMoved):
             reply["request"]["clip_moved"] = True  # type: ignore[index]
+    people = [s.per_unit for s in the_plan.checked.resolved.scans if s.per_unit is not None]
+    if people:
+        # Where each per-person value lies, and why: decided from the text and the policy.
+        reply["per_person"] = [
+            {"value": name, "bounds": [b.lo, b.hi], "basis": basis}
+            for per in people
+            for (name, _), b, basis in zip(per.values, per.bounds, per.bases, strict=True)
+            if not name.startswith("__")
+        ]
     if isinstance(request.stage, Clipped):
         # Which bounds were used and why, what the cells hold, the values moved.
         share = required(request.clip, "the clip's share")

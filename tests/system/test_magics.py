@@ -50,6 +50,23 @@ def test_a_value_released_first_is_shown_with_its_interval(connected):
     assert "released first, with ε 0.25: SELECT AVG(age) FROM t ·" in dry.footer()
 
 
+def test_per_person_values_are_shown_with_their_bounds(connected):
+    """The gate's typed ``per_person`` facts as the user reads them: each value's bound
+    and why, decided from the text and the policy (one row per person here)."""
+    sql = (
+        "SELECT n, COUNT(*) AS persons FROM (SELECT pid, COUNT(*) AS n, AVG(age) AS a "
+        "FROM t GROUP BY pid) AS p GROUP BY n"
+    )
+    result = connected.run_cell_magic("dpsql", "-e 0.5", sql)
+    assert [row[0] for row in result.rows] == [0, 1]  # the keys 0..rows, all released
+    assert (
+        " · per person: COUNT(*) in [0, 1]: 1 row per unit; AVG(age) in [0, 100]: the "
+        "argument's range"
+    ) in result.footer()
+    dry = connected.run_cell_magic("dpsql", "-e 0.5 --dry-run", sql)
+    assert "per person: COUNT(*) in [0, 1]" in dry.footer()
+
+
 def test_running_the_same_cell_again_is_replayed(connected):
     first = connected.run_cell_magic("dpsql", "-e 0.5", COUNT_BY_SEX)
     again = connected.run_cell_magic("dpsql", "-e 0.5", COUNT_BY_SEX)

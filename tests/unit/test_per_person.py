@@ -42,6 +42,9 @@ QUERIES = [
     "(SELECT pid, COUNT(*) AS n, MAX(x) AS g FROM t GROUP BY pid) AS p GROUP BY g",
     "SELECT SUM(c) AS s FROM (SELECT pid, LEAST(GREATEST(SUM(x), 0), 4) AS c FROM t "
     "GROUP BY pid) AS p",
+    # The persons (or keys within one person) whose rows meet a condition, in a semi-join.
+    "SELECT COUNT(*) AS c, SUM(x) AS s FROM t WHERE pid IN (SELECT pid FROM t GROUP BY pid "
+    "HAVING COUNT(*) > 2 AND SUM(x) > 0)",
     # HAVING filters persons: by a value selected, and by one it alone reads.
     "SELECT COUNT(*) AS c, SUM(n) AS s FROM (SELECT pid, COUNT(*) AS n FROM t GROUP BY pid "
     "HAVING n > 1 AND SUM(x) > 2) AS p",
@@ -212,3 +215,32 @@ def test_a_per_person_subquery_is_read_alone(engine) -> None:
                 "epsilon": 1.0,
             },
         )
+
+
+def test_orders_whose_lines_meet_a_condition_tpch_q18(engine, folder) -> None:
+    """TPC-H query 18's shape: orders whose lines (all one customer's, reached along the
+    order's key) sum past a quantity, as a semi-join grouped by the order."""
+    sql = (
+        "SELECT o_priority, COUNT(*) AS n FROM orders WHERE o_orderkey IN (SELECT l_orderkey "
+        "FROM lineitem GROUP BY l_orderkey HAVING SUM(l_quantity) > 60) GROUP BY o_priority"
+    )
+    reply, truth = _both(engine, folder, sql)
+    got = dict(reply["rows"])
+    for priority, n in truth:
+        assert abs(got[priority] - n) <= 3
+
+
+@pytest.mark.parametrize(
+    ("sql", "says"),
+    [
+        ("SELECT COUNT(*) FROM orders WHERE o_orderkey IN (SELECT l_partkey FROM lineitem "
+         "GROUP BY l_partkey HAVING COUNT(*) > 1)", "must group by the value it selects"),
+        ("SELECT COUNT(*) FROM orders WHERE o_orderkey IN (SELECT l_orderkey FROM lineitem "
+         "GROUP BY l_orderkey HAVING SUM(l_quantity) * 2 > 60)", "MUL is not allowed in HAVING"),
+        ("SELECT COUNT(*) FROM orders WHERE o_orderkey IN (SELECT l_orderkey FROM lineitem "
+         "GROUP BY l_orderkey HAVING MEDIAN(l_quantity) > 6)", "is not allowed in HAVING"),
+    ],
+)  # fmt: skip
+def test_a_grouped_semi_join_is_refused_where_a_group_could_mix_persons(engine, sql, says):
+    with pytest.raises(GateError, match=says):
+        engine.query("ann", {"sql": sql, "epsilon": 1.0})

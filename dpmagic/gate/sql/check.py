@@ -158,6 +158,9 @@ def check(resolved: Resolved) -> Checked:
     for j in resolved.semijoins:
         for part in (j.lhs, j.value, *((j.where,) if j.where is not None else ())):
             _row_expr(part, resolved, "IN (SELECT …)" if not j.exists else "EXISTS (…)")
+        for agg in j.having.find_all(exp.AggFunc) if j.having is not None else ():
+            if not isinstance(agg.this, exp.Star):
+                _row_expr(agg.this, resolved, f"{_name(agg)}(…) in HAVING")
         for scan in j.scans:
             if scan.on is not None:
                 _row_expr(scan.on, resolved, "ON")

@@ -134,14 +134,14 @@ def value_bound(
     while isinstance(node, exp.Paren):
         node = node.this
     if isinstance(node, exp.Count):
-        return ValueRange(0, rows, True), f"{_text(node)} in [0, {rows}]: {rows} rows per unit"
+        return ValueRange(0, rows, True), f"{_text(node)} in [0, {rows}]: {_rows(rows)} per unit"
     if isinstance(node, exp.Sum | exp.Avg | exp.Min | exp.Max):
         arg = row_range(node.this)
         if arg is None or not arg.finite:
             return None
         if isinstance(node, exp.Sum):
             lo, hi = rows * min(arg.lo, 0), rows * max(arg.hi, 0)
-            why = f"{rows} rows per unit × [{_num(arg.lo)}, {_num(arg.hi)}]"
+            why = f"{_rows(rows)} per unit × [{_num(arg.lo)}, {_num(arg.hi)}]"
             return ValueRange(
                 lo, hi, arg.integral
             ), f"{_text(node)} in [{_num(lo)}, {_num(hi)}]: {why}"
@@ -187,6 +187,10 @@ def _constant(node: exp.Expression) -> ValueRange | None:
         return None
     v = sign * float(node.this)
     return ValueRange(v, v, node.is_int)
+
+
+def _rows(rows: int) -> str:
+    return f"{rows} row" if rows == 1 else f"{rows} rows"
 
 
 def _text(node: exp.Expression) -> str:

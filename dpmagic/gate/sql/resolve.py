@@ -96,6 +96,10 @@ class SemiJoin:
     value: exp.Expression
     where: exp.Expression | None
     exists: bool = False  # EXISTS: never NULL, and NULLs on either side never match
+    # ``GROUP BY value HAVING …``: the values whose rows (all one unit's: ``value`` is the
+    # unit or a key within one unit) meet a condition on their aggregates.
+    grouped: bool = False
+    having: exp.Expression | None = None
 
 
 @dataclass(frozen=True)
@@ -364,6 +368,7 @@ class _Flattener:
             return ValueRange(float(col.lower), float(col.upper), col.type == "int")  # type: ignore[arg-type]
 
         unit_name, items, trees = UNIT_OUTPUT, [], []
+        written: dict[str, str] = {}  # a value's resolved text -> the user's, for its basis
         for item in select.expressions:
             name = item.alias_or_name.lower()
             expr = item.this if isinstance(item, exp.Alias) else item
@@ -373,6 +378,7 @@ class _Flattener:
                 continue
             items.append(exp.alias_(tree, name))
             trees.append((name, tree))
+            written[tree.sql(dialect=DIALECT)[:60]] = expr.sql(dialect=DIALECT)[:60]
         name = f"__s{next(self.names)}"
         having = select.args.get("having")
         persons = None  # HAVING: a filter on the per-person values, in the query around it
@@ -406,7 +412,7 @@ class _Flattener:
             tuple(trees),
             rows,
             tuple(v.range for v in values),
-            tuple(v.basis for v in values),
+            tuple(_in_words(v.basis, written) for v in values),
         )
         self.expansion.add(3 * len(table.columns))
         self.scans.append(Scan(name, table, kind, per_unit=per))
@@ -466,7 +472,8 @@ class _Flattener:
             raise Refused("IN (…) takes one SELECT")
         if select.args.get(FROM) is None:
             return _constant_in(node, select)
-        _row_transformation(select)
+        grouped = select.args.get("group") is not None
+        _row_transformation(select, grouped=grouped)
         if len(select.expressions) != 1 or isinstance(select.expressions[0], exp.Star):
             raise Refused("IN (SELECT …) must select exactly one column")
         sub = _Flattener(self.dataset, self.names, self.expansion)
@@ -480,7 +487,40 @@ class _Flattener:
             item.this if isinstance(item, exp.Alias) else item, sub_env, frozenset(), "IN (…)"
         )
         lhs = self.substitute(node.this, env, frozenset(), "IN (…)")
-        return self._semi(sub, filters, lhs, value, exists=False)
+        having = self._having(select, sub, sub_env, value) if grouped else None
+        return self._semi(sub, filters, lhs, value, exists=False, grouped=grouped, having=having)
+
+    def _having(
+        self, select: exp.Select, sub: _Flattener, env: Env, value: exp.Expression
+    ) -> exp.Expression | None:
+        """``IN (SELECT k … GROUP BY k HAVING …)``: grouped by the value it selects, which
+        must be the unit or a key within one unit (an order), so that each group is one
+        unit's rows; its condition compares aggregates of them with numbers."""
+        group = select.args["group"].expressions
+        keys = [sub.substitute(k, env, frozenset(), "GROUP BY") for k in group]
+        scans = tuple(sub.scans)
+        if len(keys) != 1 or keys[0] != value or not _within_one_unit(value, scans):
+            raise Refused(
+                "IN (SELECT k … GROUP BY k HAVING …) must group by the value it selects, the "
+                "privacy unit or a key that names one person's row (an order): each group "
+                "is then one person's rows"
+            )
+        having = select.args.get("having")
+        if having is None:
+            return None
+        cond = sub.substitute(having.this, env, frozenset(), "HAVING")
+        for node in cond.walk():
+            if isinstance(node, exp.AggFunc) and not isinstance(node, GROUP_AGGREGATES):
+                raise Refused(f"{_name(node)} is not allowed in HAVING here: COUNT, SUM, AVG, "
+                              "MIN or MAX of the rows, compared with numbers")  # fmt: skip
+            if isinstance(node, exp.AggFunc) or _under_aggregate(node):
+                continue
+            if not isinstance(node, HAVING_NODES):
+                raise Refused(
+                    f"{_name(node)} is not allowed in HAVING here: compare COUNT, SUM, AVG, "
+                    "MIN or MAX of the rows with numbers"
+                )
+        return cond
 
     def exists(self, node: exp.Exists, env: Env) -> exp.Expression:
         """``EXISTS (SELECT … WHERE inner = outer AND …)``: the one equality with the
@@ -520,6 +560,8 @@ class _Flattener:
         lhs: exp.Expression,
         value: exp.Expression,
         exists: bool,
+        grouped: bool = False,
+        having: exp.Expression | None = None,
     ) -> exp.Expression:
         private = [s for s in sub.scans if not s.table.public]
         if private:
@@ -536,7 +578,9 @@ class _Flattener:
         self.semijoins.extend(sub.semijoins)
         name = f"__j{len(self.semijoins)}"
         where = _and(filters) if filters else None
-        self.semijoins.append(SemiJoin(name, lhs, tuple(sub.scans), value, where, exists))
+        self.semijoins.append(
+            SemiJoin(name, lhs, tuple(sub.scans), value, where, exists, grouped, having)
+        )
         return exp.column(name, table=SEMI)
 
 
@@ -643,13 +687,43 @@ def _constant_in(node: exp.In, select: exp.Select) -> exp.In:
     return exp.In(this=node.this, expressions=[value.copy()])
 
 
-def _row_transformation(select: exp.Select) -> None:
-    """Refuse a subquery in FROM that is more than filters and derived columns."""
+# What a grouped semi-join's HAVING may hold beside its aggregates: comparisons of them
+# with numbers, joined by AND, OR and NOT.
+GROUP_AGGREGATES = (exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max)
+HAVING_NODES = (
+    exp.GT, exp.GTE, exp.LT, exp.LTE, exp.EQ, exp.NEQ, exp.And, exp.Or, exp.Not, exp.Paren,
+    exp.Literal, exp.Neg,
+)  # fmt: skip
+
+
+def _under_aggregate(node: exp.Expression) -> bool:
+    """Whether ``node`` is inside an aggregate's argument (a row expression: checked
+    with the row rules, ``check``)."""
+    return node.find_ancestor(exp.AggFunc) is not None
+
+
+def _within_one_unit(node: exp.Expression, scans: tuple[Scan, ...]) -> bool:
+    """Whether every row holding one value of ``node`` is one unit's: the unit column,
+    or the column a table reaches its unit through (rows naming one key name one
+    linked row, whose unit each of them holds: ``Table.via``)."""
+    if _unit_of(node, scans) is not None:
+        return True
+    read = _private_read(node, scans)
+    return (
+        read is not None and read[0].table.via is not None and read[0].table.via.column == read[1]
+    )
+
+
+def _row_transformation(select: exp.Select, grouped: bool = False) -> None:
+    """Refuse a subquery in FROM that is more than filters and derived columns (with
+    ``grouped``, a semi-join's ``GROUP BY`` and ``HAVING``, judged by ``_having``)."""
     for key, what in (
         ("group", "GROUP BY"), ("having", "HAVING"), ("order", "ORDER BY"), ("limit", "LIMIT"),
         ("offset", "OFFSET"), ("distinct", "DISTINCT"), ("qualify", "QUALIFY"),
         ("windows", "WINDOW"), ("laterals", "LATERAL"), ("pivots", "PIVOT"),
     ):  # fmt: skip
+        if grouped and key in ("group", "having"):
+            continue
         if select.args.get(key):
             raise Refused(
                 f"{what} inside a subquery in FROM depends on exact values of private rows: "
@@ -757,6 +831,14 @@ def _unit(scans: tuple[Scan, ...], filters: list, dataset: Dataset) -> exp.Colum
                 "mix two units' data"
             )
     return exp.column(required(root.table.unit, "a private table's unit"), table=root.name)
+
+
+def _in_words(basis: str, written: dict[str, str]) -> str:
+    """A per-person value's basis, its aggregate named as the user wrote it."""
+    for resolved_text, text in written.items():
+        if basis.startswith(resolved_text):
+            return text + basis[len(resolved_text) :]
+    return basis
 
 
 def _unit_rows(scans: tuple[Scan, ...], dataset: Dataset) -> int:

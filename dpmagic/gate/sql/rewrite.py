@@ -423,7 +423,7 @@ def _used(resolved: Resolved, trees: list[exp.Expression]) -> dict[str, dict[str
         trees += [per.where] if per.where is not None else []
     trees = trees + [s.on for s in scans if s.on is not None]
     for j in resolved.semijoins:
-        trees += [j.lhs, j.value] + ([j.where] if j.where is not None else [])
+        trees += [j.lhs, j.value] + [t for t in (j.where, j.having) if t is not None]
     used: dict[str, dict[str, Column]] = {s.name: {} for s in scans}
     for tree in trees:
         for node in tree.find_all(exp.Column):
@@ -547,6 +547,10 @@ def _semijoins(tree: exp.Select, resolved: Resolved, row: _Rows) -> exp.Select:
             # row, letting one unit's NULL decide other units' rows: NULLs are left out.
             where.append(_not_null(exp.Paren(this=row.total(j.value))))
         inner = _select([row.total(j.value)], source, where)
+        if j.grouped:  # each group one unit's rows (``resolve._having``)
+            inner = inner.group_by(row.total(j.value))
+            if j.having is not None:
+                inner = inner.having(_per_unit_value(j.having, row))
         test = exp.In(this=exp.Paren(this=row.total(j.lhs)), query=exp.Subquery(this=inner))
         stand_in = (
             exp.Coalesce(this=test, expressions=[exp.false()]) if j.exists else exp.Paren(this=test)

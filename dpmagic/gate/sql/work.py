@@ -175,8 +175,11 @@ def unit_work(
         inner_on = [s.on for s in j.scans if s.on is not None]
         semi = [evaluated(j.value, resolved)]
         semi += [evaluated(t, resolved, condition=True) for t in [*inner, *inner_on]]
+        if j.having is not None:
+            semi += [evaluated(a, resolved) for a in _arguments(j.having)]
         rows = load_cap * _fan_out(j.scans, inner, resolved)
-        joins.append(_join(rows, semi, JOIN_STEPS * len(j.scans)))
+        grouping = WINDOW_STEPS if j.grouped else 0
+        joins.append(_join(rows, semi, JOIN_STEPS * len(j.scans) + grouping))
     return Work(tuple(joins))
 
 
