@@ -341,6 +341,11 @@ class DPResult:
             parts.append(f"dry run: nothing charged; it would spend {amount(self.cost)}")
             if self._envelope.get("engine") == "spark":
                 parts.append("answered by Spark")
+        elif self._envelope.get("exact"):
+            exact = self._envelope["exact"]
+            parts.append("exact: it reads only public tables, so nothing was charged")
+            if exact.get("truncated"):
+                parts.append(f"the first {exact['row_limit']:,} rows (the dataset's limit)")
         elif self.shared:
             parts.append(shared_note(self.shared, self.cost))
         elif self.replayed:

@@ -35,11 +35,20 @@ from dpmagic.gate.dp.levels import REPORT_ALPHA
 from dpmagic.gate.dp.mechanisms import calibrate
 from dpmagic.gate.engines.interface import OutOfResources
 from dpmagic.gate.engines.registry import open_store
-from dpmagic.gate.failures import BadRequest, Failed, GateError, OverBudget, Refused, required
+from dpmagic.gate.failures import (
+    BadRequest,
+    Failed,
+    GateError,
+    OverBudget,
+    PublicOnly,
+    Refused,
+    required,
+)
 from dpmagic.gate.membership import Membership
 from dpmagic.gate.policy import AccountantKind, Dataset, Policy, PolicyError
 from dpmagic.gate.policy.values import Sharing
 from dpmagic.gate.preview import PreviewRequest, utility_preview
+from dpmagic.gate.public_reads import public_read
 from dpmagic.gate.request import QueryRequest
 from dpmagic.gate.service.budget_scopes import applicable
 from dpmagic.gate.service.ledger import Charge, Ledger, ReplayKey
@@ -254,9 +263,48 @@ class Engine:
             if request.clip is not None:
                 return self._clipped(user, request, reads)
             return self._query(user, request, reads)
+        except PublicOnly as exc:
+            try:
+                return self._read_public(user, request, exc)
+            except Refused as refused:
+                self._record_refusal(user, request, refused)
+                raise
         except (Refused, OverBudget) as exc:
             self._record_refusal(user, request, exc)
             raise
+
+    def _read_public(self, user: str, request: QueryRequest, refusal: PublicOnly) -> Reply:
+        """A query over public tables only, read plainly where the owner allows it
+        (``public_reads.py``): exact, free, unpadded, kept in no ledger; else refused."""
+        dataset = self._dataset(request.dataset)
+        read = public_read(request.sql, request.params, dataset)
+        if read is None:
+            raise Refused(
+                "the query reads only public tables, but uses what a plain read does not "
+                "allow (a window, a table function, …): select, filter, join, group, order"
+                if dataset.public_tables_readable
+                else refusal.message
+            )
+        columns, rows = [], []
+        truncated = False
+        if not request.dry_run:
+            store = self.databases[dataset.name]
+            columns, rows, truncated = store.read_public(read.sql, read.limit)  # type: ignore[attr-defined]
+        reply: dict[str, object] = {
+            "dataset": dataset.name,
+            "engine": dataset.engine,
+            "columns": columns,
+            "rows": [list(r) for r in rows],
+            "cost": {"epsilon": 0.0, "delta": 0.0},
+            "plan": [],
+            "dry_run": request.dry_run,
+            "replayed": False,
+            "accuracy": {"alpha": REPORT_ALPHA, "columns": [None] * len(columns)},
+            # What the user reads: exact, because only public tables were read.
+            "exact": {"public_tables": True, "row_limit": read.limit, "truncated": truncated},
+            "request": {"sql": request.sql, "params": request.params},
+        }
+        return Reply.of(self._with_budget(reply, user, dataset, request.notebook))
 
     def _record_refusal(self, user: str, request: QueryRequest, exc: GateError) -> None:
         """Keep a query refused before its debit in the ledger, with the reason its user

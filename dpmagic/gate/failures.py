@@ -31,6 +31,11 @@ class Refused(GateError):
     status = 400
 
 
+class PublicOnly(Refused):
+    """The query reads only public tables: the engine may read them plainly where the
+    owner allows it (``public_reads.py``), else this refusal stands."""
+
+
 class BadRequest(GateError):
     kind = "bad_request"
     status = 400

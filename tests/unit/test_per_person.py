@@ -224,7 +224,8 @@ def test_orders_whose_lines_meet_a_condition_tpch_q18(engine, folder) -> None:
         "SELECT o_priority, COUNT(*) AS n FROM orders WHERE o_orderkey IN (SELECT l_orderkey "
         "FROM lineitem GROUP BY l_orderkey HAVING SUM(l_quantity) > 60) GROUP BY o_priority"
     )
-    reply, truth = _both(engine, folder, sql)
+    # A customer may have 30 rows in a priority here: noise of scale 90/ε per count.
+    reply, truth = _both(engine, folder, sql, epsilon=2000.0)
     got = dict(reply["rows"])
     for priority, n in truth:
         assert abs(got[priority] - n) <= 3

@@ -160,6 +160,8 @@ def _dataset(name: str, shape: DatasetShape, base: Path, gate: GateConfig) -> Da
         dataset_budget=dataset_budget,
         group_budgets=group_budgets,
         share_releases=shape.share_releases,
+        public_tables_readable=shape.public_tables_readable,
+        public_row_limit=shape.public_row_limit,
         tables=tables,
         accountant=accountant,
         group_size=shape.group_size,

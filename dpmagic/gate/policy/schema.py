@@ -24,6 +24,7 @@ from dpmagic.gate.policy.values import (
     COLUMN_TYPES,
     DEFAULT_MAX_RESOURCE_FAILURES,
     DEFAULT_MAX_UNIT_WORK,
+    DEFAULT_PUBLIC_ROW_LIMIT,
     ENGINES,
     MAX_MAX_LENGTH,
     NEIGHBOURING,
@@ -112,6 +113,8 @@ class DatasetShape(_Shape):
     dataset_budget: BudgetShape | None = None
     group_budgets: dict[str, Any] = {}
     share_releases: Sharing = Sharing.NONE
+    public_tables_readable: bool = False
+    public_row_limit: Whole = DEFAULT_PUBLIC_ROW_LIMIT
 
 
 class GateShape(_Shape):

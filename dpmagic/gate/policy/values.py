@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Literal
 
 ColumnType = Literal["int", "float", "str", "bool", "date"]
+# The most rows a plain read of public tables returns unless the policy says otherwise.
+DEFAULT_PUBLIC_ROW_LIMIT = 10_000
 COLUMN_TYPES: tuple[str, ...] = ("int", "float", "str", "bool", "date")
 # Characters of a text value kept at load unless a column declares ``max_length``: the
 # work any expression does on one row is then bounded, so one unit's rows cannot
@@ -291,6 +293,10 @@ class Dataset:
     dataset_budget: Budget | None = None
     group_budgets: dict[str, Budget] = field(default_factory=dict)
     share_releases: Sharing = Sharing.NONE
+    # Queries over public tables only answered exactly and free (``public_reads.py``),
+    # at most this many rows each.
+    public_tables_readable: bool = False
+    public_row_limit: int = DEFAULT_PUBLIC_ROW_LIMIT
 
     def table(self, name: str) -> Table | None:
         return self.tables.get(name.lower())
@@ -317,6 +323,7 @@ class Dataset:
                 else {}
             ),
             "share_releases": self.share_releases.value,
+            "public_tables_readable": self.public_tables_readable,
             "accountant": self.accountant,
             "group_size": self.group_size,
             "engine": self.engine,

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
-from dpmagic.gate.failures import Refused, required
+from dpmagic.gate.failures import PublicOnly, Refused, required
 from dpmagic.gate.policy import Column, Dataset, Table
 from dpmagic.gate.sql.limits import AnalysisLimit, Expansion, nodes
 from dpmagic.gate.sql.parse import DIALECT, Parsed
@@ -785,10 +785,9 @@ def _unit(scans: tuple[Scan, ...], filters: list, dataset: Dataset) -> exp.Colum
     """The column that names each row's unit; refuses joins that would mix units."""
     private = [s for s in scans if not s.table.public]
     if not private:
-        raise Refused(
-            f"table {scans[0].table.name!r} is public: query it without the gate"
-            if len(scans) == 1
-            else "the query reads only public tables: query them without the gate"
+        raise PublicOnly(
+            "the query reads only public tables, which this dataset does not serve "
+            "plainly: the owner can allow it with public_tables_readable = true"
         )
     if dataset.privacy_unit is None:
         if len(scans) > 1:
