@@ -82,7 +82,10 @@ def _data(folder: Path) -> None:
 
 def policies(folder: Path) -> Iterator[tuple[str, Policy]]:
     """(fixture name, parsed policy) for each policy the golden test covers."""
-    texts = {"examples_clinic": example_file("clinic.toml").read_text()}
+    texts = {
+        "examples_clinic": example_file("clinic.toml").read_text(),
+        "examples_tpch": example_file("tpch.toml").read_text(),
+    }
     for path in sorted(GOLDEN_POLICIES.glob("*.toml")):
         texts[f"golden_{path.stem}"] = path.read_text()
     texts["every_key"] = (FIXTURES / "every_key.toml").read_text()
@@ -106,7 +109,7 @@ def test_every_shipped_and_written_policy_parses_to_its_recorded_values(tmp_path
 
 def test_the_fixtures_cover_every_example_policy() -> None:
     shipped = {p.name for p in example_file("clinic.toml").parent.glob("*.toml")}
-    assert shipped == {"clinic.toml"}, "add the new example policy to policies()"
+    assert shipped == {"clinic.toml", "tpch.toml"}, "add the new example policy to policies()"
 
 
 if __name__ == "__main__":
