@@ -56,21 +56,21 @@ def test_fuzz_release_expressions_differ_by_noise_only(pair: Pair, sql: str) -> 
 
 
 @pytest.mark.fuzz
-@settings(FUZZ, max_examples=500)
+@settings(FUZZ, max_examples=300)
 @given(sql=st.one_of(SEMI_QUERIES, LEFT_QUERIES))
 def test_fuzz_conditions_in_semi_joins_and_join_conditions(pair: Pair, sql: str) -> None:
     compare(pair, sql)
 
 
 @pytest.mark.fuzz
-@settings(FUZZ, max_examples=500)
+@settings(FUZZ, max_examples=300)
 @given(sql=PER_PERSON_QUERIES)
 def test_fuzz_per_person_subqueries_never_hinge_on_one_unit(pair: Pair, sql: str) -> None:
     compare(pair, sql)
 
 
 @pytest.mark.fuzz
-@settings(FUZZ, max_examples=300)
+@settings(FUZZ, max_examples=150)
 @given(sql=STAGED_QUERIES)
 def test_fuzz_releases_inside_a_query_differ_by_noise_only(pair: Pair, sql: str) -> None:
     compare(pair, sql, release_level=True)
