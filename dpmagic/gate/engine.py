@@ -259,7 +259,7 @@ class Engine:
         try:
             if self._public_first(request):  # before stages: its subqueries are public too
                 return self._read_public(user, request, PublicOnly("public tables only"))
-            stages = staged_releases.staged(request)
+            stages = staged_releases.staged(request, self._dataset(request.dataset))
             if stages is not None:
                 return staged_releases.answer(self, user, request, stages, reads)
             if request.clip is not None:

@@ -213,3 +213,15 @@ def test_each_release_takes_its_share_and_a_broken_share_is_caught(engine, monke
     assert _charged_as_told(engine, "eve", two, 1.5)
     monkeypatch.setattr(staged_releases, "shares", lambda stages: 1.0)
     assert not _charged_as_told(engine, "fay", two, 1.5)
+
+
+def test_an_unqualified_column_of_the_query_around_is_a_correlated_subquery(engine):
+    """TPC-H query 17's shape: ``l_orderkey = o_orderkey`` names the query around it's
+    column without a table; refused as correlated, nothing charged."""
+    sql = (
+        "SELECT COUNT(*) FROM orders WHERE o_total > "
+        "(SELECT AVG(l_price) FROM lineitem WHERE l_orderkey = o_orderkey)"
+    )
+    with pytest.raises(GateError, match="correlated subquery"):
+        engine.query("gus", {"sql": sql, "epsilon": 1.0, "notebook": "nb"})
+    assert _spent(engine, "gus") == 0.0

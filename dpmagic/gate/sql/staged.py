@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from dpmagic.gate.failures import Refused
+from dpmagic.gate.policy import Dataset
 from dpmagic.gate.sql.parse import DIALECT
 
 WITH = "with_" if "with_" in exp.Select.arg_types else "with"
@@ -67,8 +68,10 @@ class Staged:
 MARK = "__dpmagic_stage_"
 
 
-def split(tree: exp.Select) -> Staged | None:
-    """``tree``'s stages, or None when it uses no subquery as a value."""
+def split(tree: exp.Select, dataset: Dataset | None = None) -> Staged | None:
+    """``tree``'s stages, or None when it uses no subquery as a value. With ``dataset``,
+    an unqualified column that none of a subquery's own tables declares is taken for
+    the query around it (a correlated subquery), and refused as one."""
     found = [s for s in tree.find_all(exp.Subquery) if _is_value(s)]
     if not found:
         return None
@@ -97,6 +100,8 @@ def split(tree: exp.Select) -> Staged | None:
                 "a subquery used as a value holds another one: release the inner value "
                 "in a query of its own, then write it as a number"
             )
+        if dataset is not None:
+            _own_columns(select, dataset)
         stages.append(_stage_sql(select, ctes))
         sub.replace(exp.Placeholder(this=f"{MARK}{i}"))
     return Staged(out, tuple(stages))
@@ -158,6 +163,24 @@ def _stage_sql(select: exp.Select, ctes: dict[str, exp.CTE]) -> str:
         order = [n for n in ctes if n in needed]  # as the query defines them
         stage.set(WITH, exp.With(expressions=[ctes[n].copy() for n in order]))
     return stage.sql(dialect=DIALECT)
+
+
+def _own_columns(select: exp.Select, dataset: Dataset) -> None:
+    """Refuse a subquery whose unqualified column none of its own declared tables has
+    (``l_partkey = p_partkey``, ``p_partkey`` the query around it's): correlated."""
+    tables = [dataset.table(t.name) for t in select.find_all(exp.Table)]
+    if not tables or any(t is None for t in tables):
+        return  # a CTE or an unknown table: the stage's own analysis says
+    names = {c for t in tables if t is not None for c in t.columns}
+    aliases = {e.alias.lower() for e in select.expressions if e.alias}
+    for column in select.find_all(exp.Column):
+        name = column.name.lower()
+        if not column.table and name not in names and name not in aliases:
+            raise Refused(
+                f"the subquery used as a value reads {column.name}, a column of the query "
+                "around it: one value per row of the query (a correlated subquery) is not "
+                "released yet; release a value that stands alone"
+            )
 
 
 def _literal(value: float | None) -> exp.Expression:

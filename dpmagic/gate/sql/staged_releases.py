@@ -20,6 +20,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from dpmagic.gate.failures import Refused
+from dpmagic.gate.policy import Dataset
 from dpmagic.gate.sql.parse import parse
 from dpmagic.gate.sql.staged import STAND_IN, Staged, split
 
@@ -30,13 +31,13 @@ if TYPE_CHECKING:
     from dpmagic.gate.service.reply import Reply
 
 
-def staged(request: QueryRequest) -> Staged | None:
+def staged(request: QueryRequest, dataset: Dataset) -> Staged | None:
     """The request's stages, or None where it uses no subquery as a value. Parsed only
     when the text holds a second ``SELECT``: every other query is left to its one
     analysis, unparsed here."""
     if request.sql.lower().count("select") < 2:
         return None
-    return split(parse(request.sql, request.params).tree)
+    return split(parse(request.sql, request.params).tree, dataset)
 
 
 def answer(
