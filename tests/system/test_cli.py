@@ -117,8 +117,9 @@ def test_init_at_a_terminal_asks_per_table_and_the_gate_serves_its_answers(
 ) -> None:
     """A DuckDB file declaring visits.patient → people.person_id and a key from rx to a
     visit: at a terminal ``init`` asks, per table, which column holds the person
-    (offering the declared key) and its rows per person (offering 1 where the data has
-    one), and a real gate serves the answers: the join through the link is answered."""
+    (offering the declared key, rx's a chain through visits) and its rows per person
+    (offering 1 where the data has one), and a real gate serves the answers: the joins
+    through the links are answered."""
     import duckdb
 
     shop = tmp_path / "shop.duckdb"
@@ -135,7 +136,7 @@ def test_init_at_a_terminal_asks_per_table_and_the_gate_serves_its_answers(
     con.close()
     status, shown = _init_at_a_terminal(
         ["--from", "shop.duckdb", "--privacy-unit", "person_id", "-o", "policy.toml"],
-        ["", "", "", "skip"],
+        ["", "", "", "", ""],
         tmp_path,
     )
     assert status == 0, shown
@@ -144,10 +145,12 @@ def test_init_at_a_terminal_asks_per_table_and_the_gate_serves_its_answers(
     assert (
         "visits: rows per patient in the data (400 of them): median 2, 99% have at most 3" in shown
     )
-    assert "declared foreign key rx.visit_id → visits.visit_id: cannot be a link yet" in shown
+    # rx's key names a visit, whose person the gate reads along it: a chain, offered.
+    assert "rx: which column holds the person? [visit_id=visits.visit_id]" in shown
     policy = tmp_path / "policy.toml"
     text = policy.read_text()
     assert 'links = { patient = "people.person_id" }' in text
+    assert 'links = { visit_id = "visits.visit_id" }' in text
     assert "max_rows_per_unit = 1 " in text and "max_rows_per_unit = 3 " in text
     # The owner declares what they know of the domain, and serves it.
     text = text.replace(
@@ -164,7 +167,13 @@ def test_init_at_a_terminal_asks_per_table_and_the_gate_serves_its_answers(
             "ON v.patient = p.person_id GROUP BY p.sex",
             epsilon=1.0,
         )
+        chained = client.query(
+            "SELECT COUNT(*) AS n FROM rx JOIN visits ON rx.visit_id = visits.visit_id",
+            epsilon=5.0,
+        )
         schema = client.schema()
+    # 10 prescriptions, one a person: noise of scale at most 3 / 5 (fails ~1e-8).
+    assert abs(chained.rows[0][0] - 10) <= 12
     assert sorted(answer.df["sex"]) == ["F", "M"]
     for n in answer.df["n"]:  # 500 visits each; ±9 is a 95% error at 3 rows a person
         assert abs(n - 500) <= 60
