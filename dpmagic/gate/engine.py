@@ -294,8 +294,9 @@ class Engine:
         read = public_read(request.sql, request.params, dataset)
         if read is None:
             raise Refused(
-                "the query reads only public tables, but uses what a plain read does not "
-                "allow (a window, a table function, …): select, filter, join, group, order"
+                "the query reads only public tables, but names a private table where it is "
+                "not read (an unused CTE) or uses what a plain read does not allow (a "
+                "window, a table function): select, filter, join, group, order"
                 if dataset.public_tables_readable
                 else refusal.message
             )

@@ -130,3 +130,26 @@ def test_a_broken_vet_is_caught_by_the_guard_in_duckdb(readable, monkeypatch):
     request = QueryRequest.from_body({"sql": "SELECT l_price FROM lineitem"})
     with pytest.raises(GateError, match="will not run"):
         readable._read_public("mallory", request, PublicOnly("public only"))
+
+
+def test_what_duckdb_cannot_run_over_public_tables_is_a_refusal(readable):
+    """Over public tables only, DuckDB's own error is a refusal quoting the query, not
+    a crash; an unused CTE over a private table is named for what it is."""
+    with pytest.raises(GateError, match="DuckDB cannot run this query"):
+        readable.query("ann", {"sql": "WITH x AS (SELECT * FROM x) SELECT * FROM part, x"})
+    with pytest.raises(GateError, match="names a private table where it is not read"):
+        readable.query(
+            "ann",
+            {"sql": "WITH c AS (SELECT * FROM customer) SELECT COUNT(*) FROM part"},
+        )
+
+
+def test_duckdb_never_reads_a_python_variable_for_an_unknown_table(readable):
+    """DuckDB's Python client would read an unknown table's name from the calling
+    frame's variables; the gate's connection has that off."""
+    import pandas as pd
+
+    secret = pd.DataFrame({"v": [1]})  # noqa: F841 - the name DuckDB would find
+    store = readable.databases["shop"]
+    with pytest.raises(duckdb.CatalogException):
+        store._db.cursor().execute("SELECT * FROM secret").fetchall()

@@ -110,6 +110,10 @@ LOCKED: dict[str, object] = {
     "autoinstall_known_extensions": False,
     "autoload_known_extensions": False,
     "allow_community_extensions": False,
+    # A name DuckDB's Python client does not find as a table would otherwise be read
+    # from the calling Python frame's variables (a DataFrame of the gate's own); the
+    # guard refuses undeclared names first, and this makes DuckDB refuse them too.
+    "python_enable_replacements": False,
     "lock_configuration": True,
     "disabled_optimizers": f"{TRY_BREAKING_OPTIMIZERS},{DATA_DEPENDENT_OPTIMIZERS}",
 }
@@ -247,9 +251,16 @@ class Database:
         def work() -> tuple[list[str], list[tuple], bool]:
             if self._walk(con, sql, self.public):
                 raise UnsafeSQL()  # a parameter: none is a public read's
-            cursor = con.execute(sql)
-            columns = [d[0] for d in cursor.description or []]
-            rows = cursor.fetchmany(limit + 1)
+            try:
+                cursor = con.execute(sql)
+                columns = [d[0] for d in cursor.description or []]
+                rows = cursor.fetchmany(limit + 1)
+            except duckdb.Error as exc:
+                if _ran_out(exc):
+                    raise
+                # Over public tables only: DuckDB's words quote the query and public
+                # values at most, and nothing was charged.
+                raise CannotRun(exc) from None
             return columns, rows[:limit], len(rows) > limit
 
         def closed() -> None:
