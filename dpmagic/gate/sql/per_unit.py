@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from dpmagic.gate.failures import Refused
-from dpmagic.gate.policy import Column, Table
+from dpmagic.gate.policy import Column, ColumnType, Table
 from dpmagic.gate.sql.parse import DIALECT
 from dpmagic.gate.sql.value_range import ValueRange
 
@@ -68,7 +68,7 @@ def grouped_by_unit(select: exp.Select, within: WithinUnit) -> bool:
     """A subquery is per-person when one of its grouping keys lies within one unit:
     every group then holds rows of one person only."""
     group = select.args.get("group")
-    return bool(group) and any(within(k) for k in group.expressions)
+    return group is not None and any(within(k) for k in group.expressions)
 
 
 def per_unit_values(
@@ -122,7 +122,7 @@ def derived_table(name: str, unit: Column, values: list[PerUnitValue]) -> Table:
             public = tuple(keys(v))
         except Refused:
             public = None
-        kind = "int" if v.range.integral else "float"
+        kind: ColumnType = "int" if v.range.integral else "float"
         columns[v.name] = Column(v.name, kind, v.range.lo, v.range.hi, public_values=public)
     return Table(name, public=False, columns=columns, unit=unit.name, max_rows=1)
 

@@ -120,7 +120,7 @@ def _is_value(node: exp.Subquery) -> bool:
     return not isinstance(parent, exp.Union)
 
 
-def _context(node: exp.Expression) -> exp.Expression | None:
+def _context(node: exp.Expression) -> exp.Expr | None:
     """What reads ``node``, parentheses aside."""
     parent = node.parent
     while isinstance(parent, exp.Paren):
