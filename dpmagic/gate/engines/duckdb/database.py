@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
+import tempfile
 import threading
 import warnings
 from collections.abc import Callable
@@ -165,7 +167,12 @@ class Database:
         # One DuckDB instance holds the file, so that the policy's ``memory_limit`` (one
         # buffer pool per instance) bounds all of it: a second, which planned from the
         # statistics and answered the start's own reads, held 25 MB more at rest.
-        self._db = _without_statistics(path, gate)
+        # Where DuckDB spills a query's sorts and joins past the memory limit: a folder
+        # of the gate's own in its state directory (0700), removed at close. DuckDB's
+        # default is ``.tmp`` in the working directory, where a copy of private rows
+        # could be read by others and outlive a killed gate.
+        self._spill = Path(tempfile.mkdtemp(prefix=f"{dataset.name}.queries.", dir=path.parent))
+        self._db = _without_statistics(path, gate, self._spill)
         self._empty = _empty_copy(self._db)
         # Read-only, so checked once: the plan's proofs that sums cannot overflow rely on it.
         for name in sorted(self.tables):
@@ -382,6 +389,7 @@ class Database:
             self._working.wait_for(lambda: self._runs == 0, CLOSE_WAIT_S)
         self._db.close()
         self._empty.close()
+        shutil.rmtree(self._spill, ignore_errors=True)
 
     def _guard(self, con: duckdb.DuckDBPyConnection, sql: str) -> tuple[str, ...]:
         """Raise ``UnsafeSQL`` unless ``sql`` passes (see the module's docstring); the
@@ -476,10 +484,10 @@ class Database:
         return ends
 
 
-def _without_statistics(path: Path, gate: GateConfig) -> duckdb.DuckDBPyConnection:
+def _without_statistics(path: Path, gate: GateConfig, spill: Path) -> duckdb.DuckDBPyConnection:
     """The prepared file, read-only, attached to an in-memory database whose optimiser
-    does not use the data's statistics, its catalog the default; then locked (no file,
-    extension or setting reachable; ``LOCKED``)."""
+    does not use the data's statistics, its catalog the default, spilling into
+    ``spill``; then locked (no file, extension or setting reachable; ``LOCKED``)."""
     db = duckdb.connect(
         ":memory:",
         config={
@@ -489,6 +497,7 @@ def _without_statistics(path: Path, gate: GateConfig) -> duckdb.DuckDBPyConnecti
             "disabled_optimizers": STATISTICS_OPTIMIZERS,
             "memory_limit": gate.memory_limit,
             "threads": gate.threads,
+            "temp_directory": str(spill),
         },
     )
     db.execute(f"ATTACH {_literal(str(path))} AS {PLAIN_CATALOG} (READ_ONLY)")
