@@ -240,7 +240,7 @@ def change_page(
         error=error,
         confirm=_confirming(frame, form, confirm) if confirm else None,
         kinds=_kinds(frame, form),
-        fields=_fields(policy, form, kind, users) if kind else None,
+        fields=_fields(policy, kind, users) if kind else None,
         choose=CHOOSE.capitalize(),
     )
 
@@ -265,7 +265,7 @@ def _same_holder(was: Kind | None, then: Kind) -> bool:
     return was is not None and (was.kind in users) == (then.kind in users)
 
 
-def _fields(policy: Policy, form: ChangeForm, kind: Kind, users: Sequence[str]) -> Fields:
+def _fields(policy: Policy, kind: Kind, users: Sequence[str]) -> Fields:
     groups = None
     if kind.kind == ScopeKind.GROUP:
         found = sorted({g for ds in policy.datasets.values() for g in ds.group_budgets})
