@@ -13,6 +13,8 @@ The parts: ``server.py`` serves the pages (tornado) and checks every request;
 token, a JupyterHub admin: ``hub.py``); ``sessions.py`` keeps the signed-in browsers;
 ``guards.py`` refuses forged changes; ``hosts.py`` the hosts it answers; ``known.py``
 says which users the gate knows, so that a grant to another is asked about first;
-``layout.py`` and ``charts.py`` draw; one module per page (``overview.py``,
-``budgets.py``, ``query_log.py``, ``renewals.py``, ``changes.py``).
+one module per page (``overview.py``, ``budgets.py``, ``query_log.py``,
+``renewals.py``, ``changes.py``) gathers its text, and its template in
+``templates/`` draws it, loaded by ``layout.py`` with escaping on (``charts.py``
+computes the charts' geometry).
 """

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 from dpmagic.gate import owner
-from dpmagic.gate.console.layout import Frame, esc, number, page, url
+from dpmagic.gate.console.layout import Frame, number, page, url
 from dpmagic.gate.failures import OwnerError
 from dpmagic.gate.policy import Budget, Policy
 from dpmagic.gate.service.budget_scopes import ScopeKind
@@ -177,6 +177,49 @@ def needs(
     return Confirm(change, new_user, tuple(near) if new_user else (), standing, tuple(asked))
 
 
+@dataclass(frozen=True)
+class KindLink:
+    """A kind of budget as a link to its form; ``on`` for the one chosen."""
+
+    href: str
+    on: bool
+    label: str
+    what: str
+
+
+@dataclass(frozen=True)
+class Fields:
+    """The chosen kind's form: which naming fields it has (a user's, a notebook's, a
+    group from ``groups``, the policy's), and the choices they offer."""
+
+    kind: Kind
+    datasets: list[tuple[str, str]]
+    user: bool
+    notebook: bool
+    groups: list[tuple[str, str]] | None  # None: not a group's budget
+    users: Sequence[str]
+
+
+@dataclass(frozen=True)
+class Confirming:
+    """The confirmation step as the page shows it: the user it would create (with the
+    known names close to it, as links to the same form for them, and where the gate
+    looked), what a reset starts from zero, and the button that confirms."""
+
+    title: str
+    new_user: str | None
+    near: list[tuple[str, str]]
+    looked: str
+    reset: str | None  # the budget a reset starts from zero
+    standing: str | None
+    typed: bool  # an ε or a δ was typed for a reset, which uses neither
+    action: str
+    hidden: list[tuple[str, str]]
+    button: str
+    label: str
+    back: str
+
+
 def change_page(
     frame: Frame,
     policy: Policy,
@@ -189,24 +232,20 @@ def change_page(
     offered as the user field's completions); above it an ``error``, or the
     ``confirm`` step a change waits for."""
     kind = form.kind()
-    problem = f'<p class="error">{esc(error)}</p>' if error else ""
-    body = (
-        '<p class="note">A grant raises a budget\'s limit by (ε, δ); a reset starts its '
-        "spending (and its grants) from zero; answers already released stay replayable "
-        "at no cost. Both are written to the audit log with your name and your reason, "
-        "as <code>dpmagic budget grant|reset</code> writes them.</p>"
-        f"{problem}{_confirming(frame, form, confirm) if confirm else ''}"
-        f"{_kinds(frame, form)}"
-        + (
-            _form(frame, policy, form, kind, users)
-            if kind
-            else f'<p class="note">{esc(CHOOSE.capitalize())}.</p>'
-        )
+    return page(
+        frame,
+        "change",
+        "change.html",
+        form=form,
+        error=error,
+        confirm=_confirming(frame, form, confirm) if confirm else None,
+        kinds=_kinds(frame, form),
+        fields=_fields(policy, kind, users) if kind else None,
+        choose=CHOOSE.capitalize(),
     )
-    return page(frame, "change", "Change a budget", body)
 
 
-def _kinds(frame: Frame, form: ChangeForm) -> str:
+def _kinds(frame: Frame, form: ChangeForm) -> list[KindLink]:
     """The kinds as links, the chosen one marked: choosing one is a page of its own,
     so the form has that kind's fields only. What was typed goes along where the new
     kind uses it (a user's name to their notebook's budget and back)."""
@@ -216,12 +255,8 @@ def _kinds(frame: Frame, form: ChangeForm) -> str:
         if "notebook" in k.uses:
             keep["notebook"] = form.notebook
         href = url(frame.base, "change", dataset=form.dataset, budget=k.kind.value, **keep)
-        on = ' class="on" aria-current="page"' if k.kind.value == form.budget else ""
-        links.append(
-            f'<a href="{esc(href)}"{on}><b>{esc(k.label)}</b><small>{esc(k.what)}</small></a>'
-        )
-    choices = "".join(links)
-    return f'<nav class="kinds" aria-label="which budget"><span>Which budget?</span>{choices}</nav>'
+        links.append(KindLink(href, k.kind.value == form.budget, k.label, k.what))
+    return links
 
 
 def _same_holder(was: Kind | None, then: Kind) -> bool:
@@ -230,81 +265,27 @@ def _same_holder(was: Kind | None, then: Kind) -> bool:
     return was is not None and (was.kind in users) == (then.kind in users)
 
 
-def _form(frame: Frame, policy: Policy, form: ChangeForm, kind: Kind, users: Sequence[str]) -> str:
-    datasets = "".join(
-        f'<option value="{esc(n)}"{" selected" if n == form.dataset else ""}>{esc(n)}</option>'
-        for n in sorted(policy.datasets)
-    )
-    names = f'<label>dataset<select name="dataset">{datasets}</select></label>'
-    if kind.kind in (ScopeKind.USER, ScopeKind.NOTEBOOK):
-        completions = "".join(f'<option value="{esc(u)}">' for u in users)
-        names += (
-            f'<label>user<input name="holder" list="users" required autocomplete="off" '
-            f'value="{esc(form.holder)}"></label><datalist id="users">{completions}</datalist>'
-        )
-    if kind.kind == ScopeKind.NOTEBOOK:
-        names += (
-            '<label>notebook<input name="notebook" required autocomplete="off" '
-            f'value="{esc(form.notebook)}"></label>'
-        )
+def _fields(policy: Policy, kind: Kind, users: Sequence[str]) -> Fields:
+    groups = None
     if kind.kind == ScopeKind.GROUP:
-        groups = sorted({g for ds in policy.datasets.values() for g in ds.group_budgets})
-        options = "".join(
-            f'<option value="{esc(g)}"{" selected" if g == form.holder else ""}>{esc(g)}</option>'
-            for g in groups
-        )
-        names += (
-            f'<label>group<select name="holder" required>{options}</select></label>'
-            if groups
-            else '<p class="note">No group has a budget in the policy.</p>'
-        )
-    return (
-        f'<form class="change" method="post" action="{esc(frame.base)}grant">'
-        f"{frame.csrf_field()}"
-        f'<input type="hidden" name="budget" value="{esc(kind.kind.value)}">'
-        f'<fieldset class="wide names"><legend>{esc(kind.label)} budget: '
-        f"{esc(kind.what)}</legend>{names}</fieldset>"
-        f'<label>ε to grant<input name="epsilon" inputmode="decimal" '
-        f'value="{esc(form.epsilon)}"></label>'
-        f'<label>δ to grant<input name="delta" inputmode="decimal" value="{esc(form.delta)}">'
-        "</label>"
-        f'<label class="wide">reason (for the audit log)<textarea name="reason" rows="2" '
-        f"required>{esc(form.reason)}</textarea></label>"
-        f'<div class="wide"><button class="primary" formaction="{esc(frame.base)}grant">'
-        "Grant</button></div>"
-        '<div class="wide danger-zone"><span>Or start this budget afresh: its spending and its '
-        "grants back to zero. You will be asked to confirm.</span> "
-        f'<button class="danger" formaction="{esc(frame.base)}reset">Reset…</button></div>'
-        "</form>"
+        found = sorted({g for ds in policy.datasets.values() for g in ds.group_budgets})
+        groups = [(g, g) for g in found]
+    return Fields(
+        kind=kind,
+        datasets=[(n, n) for n in sorted(policy.datasets)],
+        user=kind.kind in (ScopeKind.USER, ScopeKind.NOTEBOOK),
+        notebook=kind.kind == ScopeKind.NOTEBOOK,
+        groups=groups,
+        users=users,
     )
 
 
-def _confirming(frame: Frame, form: ChangeForm, confirm: Confirm) -> str:
+def _confirming(frame: Frame, form: ChangeForm, confirm: Confirm) -> Confirming:
     """The confirmation step: what the change would do and create, the form's fields
     as they were sent (hidden) with what confirms them, and a way back."""
     change = confirm.change
-    parts = []
-    if confirm.new_user:
-        links = [
-            f'<a href="{esc(url(frame.base, "change", **{**form.fields(), "holder": n}))}">'
-            f"<b>{esc(n)}</b></a>"
-            for n in confirm.near
-        ]
-        close = f" Did you mean {' or '.join(links)}?" if links else ""
-        looked = ", ".join(confirm.asked) or "anywhere"
-        parts.append(
-            f"<p>No user <b>{esc(confirm.new_user)}</b> is known to this gate (it looked in "
-            f"{esc(looked)}).{close} Going on creates a budget for a new user "
-            f"<b>{esc(confirm.new_user)}</b>.</p>"
-        )
+    near = [(url(frame.base, "change", **{**form.fields(), "holder": n}), n) for n in confirm.near]
     if change.action == "reset":
-        parts.append(
-            f"<p>A reset starts the spending of {esc(change.scope.describe())}, and its "
-            f"grants, from zero{': ' + esc(confirm.standing) if confirm.standing else ''}. "
-            "Answers already released stay replayable at no cost.</p>"
-        )
-        if form.epsilon.strip() or form.delta.strip():
-            parts.append("<p>The ε and δ typed are not used by a reset.</p>")
         label = f"Reset {change.scope.describe()}"
         title = "Confirm the reset"
     else:
@@ -317,19 +298,20 @@ def _confirming(frame: Frame, form: ChangeForm, confirm: Confirm) -> str:
         label = f"Create user {confirm.new_user} and reset their budget"
     if confirm.new_user and change.scope.kind == ScopeKind.NOTEBOOK:
         label += f" (notebook {change.scope.notebook})"
-    hidden = "".join(
-        f'<input type="hidden" name="{esc(k)}" value="{esc(v)}">'
-        for k, v in {**form.fields(), **confirm.fields()}.items()
-    )
-    back = url(frame.base, "change", **form.fields())
-    return (
-        f'<section class="confirm" aria-label="{esc(title)}"><h2>{esc(title)}</h2>{"".join(parts)}'
-        f'<form method="post" action="{esc(frame.base)}{change.action}">{frame.csrf_field()}'
-        f'{hidden}<button class="{"danger" if change.action == "reset" else "warn"}">'
-        f"{esc(label)}</button> "
-        f'<a class="cancel" href="{esc(back)}">Cancel</a></form>'
-        '<p class="note">Nothing has been changed yet. To change what you typed instead, '
-        "use the form below.</p></section>"
+    reset = change.action == "reset"
+    return Confirming(
+        title=title,
+        new_user=confirm.new_user,
+        near=near,
+        looked=", ".join(confirm.asked) or "anywhere",
+        reset=change.scope.describe() if reset else None,
+        standing=confirm.standing,
+        typed=reset and bool(form.epsilon.strip() or form.delta.strip()),
+        action=change.action,
+        hidden=list({**form.fields(), **confirm.fields()}.items()),
+        button="danger" if reset else "warn",
+        label=label,
+        back=url(frame.base, "change", **form.fields()),
     )
 
 

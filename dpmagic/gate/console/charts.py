@@ -4,81 +4,131 @@ A budget's bar shows what it spent of its limit; its chart shows spending over t
 as steps (spending changes only at a charge, a reset or a renewal) under the limit's
 own steps (a grant raises it, a reset brings it back to the policy's). Each point
 keeps its exact numbers in a ``<title>``, which a browser shows on hover.
+
+Here the geometry is computed; ``templates/_bar.html`` and ``_chart.html`` draw it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from dpmagic.gate.console.layout import esc, number, when
+from dpmagic.gate.console.layout import number, when
 from dpmagic.gate.owner import Point
 
-WIDTH, HEIGHT = 640, 200
-LEFT, RIGHT, TOP, BOTTOM = 56, 16, 26, 30
-SPENT, LIMIT, TRACK = "#2f7ed8", "#c0392b", "#e3e7eb"
-BAR_W, BAR_H = 160, 12
+
+@dataclass(frozen=True)
+class Geometry:
+    """The sizes and colours the charts are computed and drawn with."""
+
+    width: int = 640
+    height: int = 200
+    left: int = 56
+    right: int = 16
+    top: int = 26
+    bottom: int = 30
+    spent: str = "#2f7ed8"
+    limit: str = "#c0392b"
+    track: str = "#e3e7eb"
+    bar_width: int = 160
+    bar_height: int = 12
+
+    @property
+    def axis_y(self) -> int:
+        return self.height - self.bottom
+
+    @property
+    def right_x(self) -> int:
+        return self.width - self.right
 
 
-def bar(spent: float, limit: float) -> str:
+SVG = Geometry()
+
+
+@dataclass(frozen=True)
+class Bar:
+    """``spent`` of ``limit`` as a filled bar: its label, its fill's width and colour."""
+
+    label: str
+    width: str
+    fill: str
+    svg: Geometry = SVG
+
+
+@dataclass(frozen=True)
+class Dot:
+    """A point of a chart, with its exact numbers as its title."""
+
+    x: str
+    y: str
+    title: str
+
+
+@dataclass(frozen=True)
+class Chart:
+    """A chart's lines (as SVG points), its points and its labels."""
+
+    summary: str
+    spent: str
+    limits: str  # empty when no point has a limit
+    dots: tuple[Dot, ...]
+    top: str  # the height of the top value's label
+    top_value: str
+    start: str
+    end: str
+    svg: Geometry = SVG
+
+
+def bar(spent: float, limit: float) -> Bar:
     """``spent`` of ``limit`` as a filled bar (full, and red, once all is spent)."""
     share = 1.0 if limit <= 0 else max(0.0, min(1.0, spent / limit))
-    fill = LIMIT if share >= 1.0 else SPENT
-    label = f"spent ε={number(spent)} of {number(limit)}"
-    return (
-        f'<svg width="{BAR_W}" height="{BAR_H}" role="img" aria-label="{esc(label)}">'
-        f"<title>{esc(label)}</title>"
-        f'<rect width="{BAR_W}" height="{BAR_H}" fill="{TRACK}"/>'
-        f'<rect width="{share * BAR_W:.1f}" height="{BAR_H}" fill="{fill}"/></svg>'
+    return Bar(
+        label=f"spent ε={number(spent)} of {number(limit)}",
+        width=f"{share * SVG.bar_width:.1f}",
+        fill=SVG.limit if share >= 1.0 else SVG.spent,
     )
 
 
-def spending_chart(points: Sequence[Point], title: str) -> str:
-    """Spending (ε) over time as steps, with the limit's steps dashed above it."""
+def spending_chart(points: Sequence[Point], title: str) -> Chart | None:
+    """Spending (ε) over time as steps, with the limit's steps dashed above it (None
+    when there is no point to draw)."""
     if not points:
-        return ""
+        return None
     start, end = points[0].time, points[-1].time
     span = max((end - start).total_seconds(), 1.0)
     top = max(max(p.spent for p in points), max(p.limit or 0.0 for p in points), 1e-9)
 
     def x(i: int) -> float:
-        return LEFT + (points[i].time - start).total_seconds() / span * (WIDTH - LEFT - RIGHT)
+        return SVG.left + (points[i].time - start).total_seconds() / span * (
+            SVG.width - SVG.left - SVG.right
+        )
 
     def y(value: float) -> float:
-        return TOP + (1 - value / (top * 1.05)) * (HEIGHT - TOP - BOTTOM)
+        return SVG.top + (1 - value / (top * 1.05)) * (SVG.height - SVG.top - SVG.bottom)
 
-    spent = _steps([(x(i), y(p.spent)) for i, p in enumerate(points)])
     limits = [(x(i), y(p.limit)) for i, p in enumerate(points) if p.limit is not None]
-    limit_line = (
-        f'<polyline points="{_steps(limits)}" fill="none" stroke="{LIMIT}" stroke-dasharray="5 3"/>'
-        if limits
-        else ""
-    )
-    dots = "".join(
-        f'<circle cx="{x(i):.1f}" cy="{y(p.spent):.1f}" r="3" fill="{SPENT}">'
-        f"<title>{esc(when(p.time))} UTC: spent ε={number(p.spent)}"
-        f"{'' if p.limit is None else f' of {number(p.limit)}'}</title></circle>"
+    dots = tuple(
+        Dot(
+            f"{x(i):.1f}",
+            f"{y(p.spent):.1f}",
+            f"{when(p.time)} UTC: spent ε={number(p.spent)}"
+            + ("" if p.limit is None else f" of {number(p.limit)}"),
+        )
         for i, p in enumerate(points)
     )
     last = points[-1]
     summary = f"{title}: spent ε={number(last.spent)}" + (
         "" if last.limit is None else f" of {number(last.limit)}"
     )
-    axis_y = HEIGHT - BOTTOM
-    return (
-        f'<svg class="chart" width="{WIDTH}" height="{HEIGHT}" role="img" '
-        f'aria-label="{esc(summary)}"><title>{esc(summary)}</title>'
-        f'<line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{axis_y}" stroke="#9aa4ae"/>'
-        f'<line x1="{LEFT}" y1="{axis_y}" x2="{WIDTH - RIGHT}" y2="{axis_y}" stroke="#9aa4ae"/>'
-        f'<text x="{LEFT - 6}" y="{axis_y}" text-anchor="end">0</text>'
-        f'<text x="{LEFT - 6}" y="{y(top) + 4:.1f}" text-anchor="end">{esc(number(top))}</text>'
-        f'<text x="{LEFT}" y="{HEIGHT - 10}">{esc(when(start))}</text>'
-        f'<text x="{WIDTH - RIGHT}" y="{HEIGHT - 10}" text-anchor="end">'
-        f"{esc(when(end))} UTC</text>"
-        f'<text x="{WIDTH - RIGHT}" y="14" text-anchor="end">ε spent (solid), limit (dashed)'
-        "</text>"
-        f"{limit_line}"
-        f'<polyline points="{spent}" fill="none" stroke="{SPENT}" stroke-width="2"/>'
-        f"{dots}</svg>"
+    return Chart(
+        summary=summary,
+        spent=_steps([(x(i), y(p.spent)) for i, p in enumerate(points)]),
+        limits=_steps(limits),
+        dots=dots,
+        top=f"{y(top) + 4:.1f}",
+        top_value=number(top),
+        start=when(start),
+        end=when(end),
     )
 
 

@@ -7,12 +7,14 @@ resets it ("Change a budget"): a reset is logged with who did it and why, and
 forgets the budget's grants as well as its spending. A manual "renewal" row would be
 one the log could not tell from the gate's own (its period is what the gate writes),
 so the log would no longer explain every budget by itself.
+
+Here the page's text is gathered; ``templates/renewals.html`` draws it.
 """
 
 from __future__ import annotations
 
 from dpmagic.gate import owner
-from dpmagic.gate.console.layout import Frame, esc, number, page, table, when
+from dpmagic.gate.console.layout import Frame, Table, number, page, when
 from dpmagic.gate.console.query_log import SHOWN
 from dpmagic.gate.service.budget_scopes import ScopeKind
 
@@ -27,46 +29,42 @@ NOTE = (
 
 
 def renewals_page(frame: Frame, found: list[owner.Renewal]) -> str:
-    if not found:
-        return page(
-            frame,
-            "renewals",
-            "Renewals",
-            f'<p class="note">{esc(NOTE)}</p><p>No budget of the policy renews.</p>',
-        )
-    parts = [f'<p class="note">{esc(NOTE)}</p>']
     summary = [
         [
-            esc(r.dataset),
-            esc(_budget(r)),
+            r.dataset,
+            _budget(r),
             number(r.limit.epsilon),
             number(r.limit.delta),
-            esc(r.period.value),
-            esc(r.current),
-            esc(when(r.next_begins)),
+            r.period.value,
+            r.current,
+            when(r.next_begins),
             str(len(r.history)),
         ]
         for r in found
     ]
-    parts.append(table(HEADS, summary, numeric={2, 3, 7}))
-    for r in found:
-        if not r.history:
-            continue
-        rows = [
-            [
-                str(e.id),
-                esc(when(e.time)),
-                esc(SHOWN.get(e.status, e.status)),
-                esc(_holder(e)),
-                esc(e.sql),
-            ]
-            for e in r.history
-        ]
-        parts.append(
-            f"<h2>{esc(r.dataset)}: {esc(_budget(r))}</h2>"
-            + table(["id", "time (UTC)", "row", "whose", "period"], rows, numeric={0})
+    histories = [
+        (
+            f"{r.dataset}: {_budget(r)}",
+            Table(
+                ["id", "time (UTC)", "row", "whose", "period"],
+                [
+                    [str(e.id), when(e.time), SHOWN.get(e.status, e.status), _holder(e), e.sql]
+                    for e in r.history
+                ],
+                frozenset({0}),
+            ),
         )
-    return page(frame, "renewals", "Renewals", "".join(parts))
+        for r in found
+        if r.history
+    ]
+    return page(
+        frame,
+        "renewals",
+        "renewals.html",
+        note=NOTE,
+        summary=Table(HEADS, summary, frozenset({2, 3, 7})) if found else None,
+        histories=histories,
+    )
 
 
 def _budget(r: owner.Renewal) -> str:

@@ -44,7 +44,7 @@ from dpmagic.gate.console.changes import ChangeForm, change_page, needs, standin
 from dpmagic.gate.console.guards import CSRF_FIELD, csrf_ok, same_origin
 from dpmagic.gate.console.hosts import Hosts
 from dpmagic.gate.console.known import known_where, listed_users, near, sources
-from dpmagic.gate.console.layout import Frame, bare, esc, url
+from dpmagic.gate.console.layout import Frame, message, render, url
 from dpmagic.gate.console.overview import overview_page
 from dpmagic.gate.console.owners import AdminTokens, Owner, bearer
 from dpmagic.gate.console.query_log import DEFAULT_ROWS, MAX_ROWS, log_page
@@ -226,9 +226,7 @@ class ConsoleHandler(RequestHandler):
             self.finish(body)
         except (OwnerError, PolicyError) as exc:  # a filter or a link the owner mistyped
             self.set_status(400)
-            self.finish(
-                bare("Not understood", f"<main><h1>Not understood</h1><p>{esc(exc)}</p></main>")
-            )
+            self.finish(message("Not understood", str(exc)))
 
     async def post(self, path: str) -> None:
         if path == "login":
@@ -427,22 +425,14 @@ class ConsoleHandler(RequestHandler):
     def _sign_in_page(self, problem: str | None = None) -> str:
         """The sign-in form, where a token can sign anyone in (not on a Hub without
         admin tokens: there the Hub signs its admins in)."""
-        error = f'<p class="error">{esc(problem)}</p>' if problem else ""
-        ways = []
-        if self.console.unix is not None:
-            ways.append("open the login link <code>dpmagic console</code> printed (it works once)")
-        if self.console.admins is not None:
-            ways.append("give an admin token")
-        form = (
-            f"<p>To sign in, {' or '.join(ways)}.</p>"
-            f'<form method="post" action="{esc(self.console.base)}login">'
-            '<label>token <input name="token" type="password" autocomplete="off"></label> '
-            "<button>Sign in</button></form>"
-            if ways
-            else f'<p><a href="{esc(self.console.base)}">Sign in at the Hub</a>, as one of '
-            "its admins.</p>"
+        return render(
+            "sign_in.html",
+            title="Sign in",
+            base=self.console.base,
+            problem=problem,
+            unix=self.console.unix is not None,
+            admins=self.console.admins is not None,
         )
-        return bare("Sign in", f"<main><h1>dpmagic console</h1>{error}{form}</main>")
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         """A refusal or an error as a page: its reason where it is one a user may read
@@ -454,15 +444,11 @@ class ConsoleHandler(RequestHandler):
             return
         if isinstance(exc, Refused):
             self.finish(
-                self._sign_in_page(exc.why)
-                if self.who is None
-                else bare("Refused", f"<main><h1>Refused</h1><p>{esc(exc.why)}</p></main>")
+                self._sign_in_page(exc.why) if self.who is None else message("Refused", exc.why)
             )
             return
         reason = "no such page" if status_code == 404 else ""
-        self.finish(
-            bare(str(status_code), f"<main><h1>{status_code}</h1><p>{esc(reason)}</p></main>")
-        )
+        self.finish(message(str(status_code), reason))
 
     def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
         if isinstance(value, HTTPError):
