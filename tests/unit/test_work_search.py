@@ -70,7 +70,7 @@ def test_no_reply_hinges_on_one_units_work(gates, sql: str) -> None:
 
 
 @pytest.mark.fuzz
-@settings(SEARCH, derandomize=False, max_examples=1500)
+@settings(SEARCH, derandomize=False, max_examples=1200)  # sized for CI's time
 @given(sql=multiplying())
 def test_fuzz_no_reply_hinges_on_one_units_work(gates, sql: str) -> None:
     compare(gates, sql)
