@@ -22,6 +22,7 @@ from sqlglot import exp
 from dpmagic.gate.failures import Refused
 from dpmagic.gate.sql.normalize import column_lists, intervals, or_factoring
 from dpmagic.gate.sql.normalize.column_lists import inline_column_lists
+from dpmagic.gate.sql.normalize.decimals import fold_decimals
 from dpmagic.gate.sql.normalize.intervals import fold_intervals
 from dpmagic.gate.sql.normalize.or_factoring import factor_or
 from dpmagic.gate.sql.parse import parse
@@ -31,6 +32,7 @@ RULES: dict[str, Callable[[exp.Select], exp.Select]] = {
     "intervals": fold_intervals,
     "column_lists": inline_column_lists,
     "or_factoring": factor_or,
+    "decimals": fold_decimals,
 }
 
 
@@ -274,3 +276,34 @@ def test_the_duckdb_check_catches_names_moved_to_the_wrong_columns(
         return column_lists.inline_column_lists(tree)
 
     assert listed_mismatches(reversed_names) != []
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.decimals(min_value=-1000, max_value=1000, places=3, allow_nan=False),
+        min_size=2,
+        max_size=4,
+    ),
+    st.lists(st.sampled_from(["+", "-", "*"]), min_size=3, max_size=3),
+)
+def test_decimals_fold_as_duckdb_computes(numbers: list, ops: list) -> None:
+    """The folded literal equals DuckDB's exact DECIMAL arithmetic on the same text."""
+    text = f"{numbers[0]:f}"
+    for op, n in zip(ops, numbers[1:], strict=False):
+        text = f"({text}) {op} ({n:f})"
+    tree = fold_decimals(sqlglot.parse_one(f"SELECT {text} AS v", dialect="duckdb"))
+    folded = tree.expressions[0].this
+    con = duckdb.connect()
+    (want,) = con.execute(f"SELECT CAST({text} AS DECIMAL(38, 9))").fetchone()
+    if isinstance(folded, exp.Literal | exp.Paren):
+        (got,) = con.execute(f"SELECT CAST({folded.sql()} AS DECIMAL(38, 9))").fetchone()
+        assert got == want, (text, folded.sql())
+
+
+def test_the_duckdb_check_catches_a_fold_in_doubles() -> None:
+    """The broken version: folding in binary floats, as the gate's doubles would."""
+    (exact,) = duckdb.connect().execute("SELECT 0.06 + 0.01 = 0.07").fetchone()
+    assert exact and (0.06 + 0.01) != 0.07
+    folded = fold_decimals(sqlglot.parse_one("SELECT 0.06 + 0.01 AS v", dialect="duckdb"))
+    assert folded.expressions[0].this.sql() == "0.07"

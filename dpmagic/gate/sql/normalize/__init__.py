@@ -12,6 +12,7 @@ checks, the bounds and the work bound all see the normalised query:
     intervals       ``DATE '…' ± INTERVAL '…' unit`` folded to one literal
     column_lists    ``AS t (a, b)`` after a subquery or CTE name, moved inside
     or_factoring    a conjunct repeated in every branch of an ``OR``, factored out
+    decimals        ``0.06 + 0.01``: decimal literals' arithmetic folded exactly
     ==============  ===========================================================
 
 A rule never widens what the gate accepts by itself: its output is checked by the
@@ -27,12 +28,13 @@ from collections.abc import Callable
 from sqlglot import exp
 
 from dpmagic.gate.sql.normalize.column_lists import inline_column_lists
+from dpmagic.gate.sql.normalize.decimals import fold_decimals
 from dpmagic.gate.sql.normalize.intervals import fold_intervals
 from dpmagic.gate.sql.normalize.or_factoring import factor_or
 
 Rule = Callable[[exp.Select], exp.Select]
 
-RULES: tuple[Rule, ...] = (fold_intervals, inline_column_lists, factor_or)
+RULES: tuple[Rule, ...] = (fold_intervals, inline_column_lists, factor_or, fold_decimals)
 
 
 def normalize(tree: exp.Select) -> exp.Select:
