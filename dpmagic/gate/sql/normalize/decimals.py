@@ -13,6 +13,7 @@ results past 18 significant digits (DuckDB's DECIMAL would round them).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 
 from sqlglot import exp
@@ -20,14 +21,18 @@ from sqlglot import exp
 # Digits a folded result may have: DuckDB's widest exact DECIMAL literal is 38, but a
 # DOUBLE keeps about 17; beyond, the fold would claim more than the gate computes.
 MAX_DIGITS = 18
-OPERATIONS = {exp.Add: Decimal.__add__, exp.Sub: Decimal.__sub__, exp.Mul: Decimal.__mul__}
+OPERATIONS: dict[type, Callable[[Decimal, Decimal], Decimal]] = {
+    exp.Add: Decimal.__add__,
+    exp.Sub: Decimal.__sub__,
+    exp.Mul: Decimal.__mul__,
+}
 
 
 def fold_decimals(tree: exp.Select) -> exp.Select:
     """``tree`` with every ``+``, ``-`` or ``*`` of two number literals, one of them
     decimal, folded to one exact literal (post-order, so chains fold whole)."""
 
-    def fold(node: exp.Expression) -> exp.Expression:
+    def fold(node: exp.Expr) -> exp.Expr:
         operation = OPERATIONS.get(type(node))
         if operation is None:
             return node
