@@ -295,7 +295,10 @@ def test_decimals_fold_as_duckdb_computes(numbers: list, ops: list) -> None:
     tree = fold_decimals(sqlglot.parse_one(f"SELECT {text} AS v", dialect="duckdb"))
     folded = tree.expressions[0].this
     con = duckdb.connect()
-    (want,) = con.execute(f"SELECT CAST({text} AS DECIMAL(38, 9))").fetchone()
+    try:
+        (want,) = con.execute(f"SELECT CAST({text} AS DECIMAL(38, 9))").fetchone()
+    except duckdb.OutOfRangeException:
+        return  # past DuckDB's DECIMAL(18) itself: no exact answer to compare with
     if isinstance(folded, exp.Literal | exp.Paren):
         (got,) = con.execute(f"SELECT CAST({folded.sql()} AS DECIMAL(38, 9))").fetchone()
         assert got == want, (text, folded.sql())
