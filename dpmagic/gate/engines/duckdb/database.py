@@ -36,6 +36,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import TypeVar
 
 import duckdb
 import pyarrow as pa
@@ -58,6 +59,7 @@ from dpmagic.gate.sql.keys import MAX_PARTITIONS
 from dpmagic.gate.sql.ranks import RANK, SQL_TYPES, bounded_by_units, load_cap, rank_end
 
 log = logging.getLogger("dpmagic.gate")
+T = TypeVar("T")
 
 
 class UnsafeSQL(Refused):
@@ -270,15 +272,7 @@ class Database:
                 raise CannotRun(exc) from None
             return columns, rows[:limit], len(rows) > limit
 
-        def closed() -> None:
-            con.close()
-            with self._working:
-                self._runs -= 1
-                self._working.notify_all()
-
-        with self._working:
-            self._runs += 1
-        return within_limit(work, drawn_timeout(self.timeout_s), con, _ran_out, close=closed)
+        return self._within_limit(con, work)
 
     def _execute(
         self,
@@ -307,16 +301,20 @@ class Database:
                 rows.extend(keep(batch))
             return ExactResult(rows=rows, thresholded=True)
 
+        return self._within_limit(con, work)
+
+    def _within_limit(self, con: duckdb.DuckDBPyConnection, work: Callable[[], T]) -> T:
+        """``work`` on ``con``, waited for until the run's deadline only
+        (``deadline.within_limit``): DuckDB looks for an interrupt between vectors, and
+        how long one vector takes follows its rows; the reply does not wait for it. The
+        connection is closed once its work has truly ended, and ``close`` waits for it."""
+
         def closed() -> None:
             con.close()
             with self._working:
                 self._runs -= 1
                 self._working.notify_all()
 
-        # Waited for until the run's deadline only (``deadline.within_limit``): DuckDB
-        # looks for an interrupt between vectors, and how long one vector takes follows
-        # its rows; the reply does not wait for it. The connection is closed once its
-        # work has truly ended.
         with self._working:
             self._runs += 1
         return within_limit(work, drawn_timeout(self.timeout_s), con, _ran_out, close=closed)
