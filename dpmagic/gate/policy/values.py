@@ -298,6 +298,12 @@ class Dataset:
     public_tables_readable: bool = False
     public_row_limit: int = DEFAULT_PUBLIC_ROW_LIMIT
 
+    @property
+    def load_cap(self) -> int:
+        """The most rows of one unit any query's scan reads (its first ``load_cap``
+        ranks): the policy's bound, whatever tighter bounds a request chose."""
+        return self.load_rows or self.max_partitions * self.max_rows_per_partition
+
     def table(self, name: str) -> Table | None:
         return self.tables.get(name.lower())
 

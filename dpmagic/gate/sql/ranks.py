@@ -114,9 +114,8 @@ SQL_TYPES = {
 
 
 def load_cap(dataset: Dataset) -> int:
-    """The most rows of one unit any query's scan reads (its first ``load_cap`` ranks):
-    the policy's bound, whatever tighter bounds a request chose (``Dataset.load_rows``)."""
-    return dataset.load_rows or dataset.max_partitions * dataset.max_rows_per_partition
+    """The most rows of one unit any query's scan reads (``Dataset.load_cap``)."""
+    return dataset.load_cap
 
 
 def rows_per_unit(dataset: Dataset, grouped: bool, partitions: int) -> int:

@@ -844,7 +844,7 @@ def _unit_rows(scans: tuple[Scan, ...], dataset: Dataset) -> int:
     """The most rows one unit keeps in a per-person subquery's join: the load cap, or
     less by the tables' own ``max_rows_per_unit`` (their product), as ``ranks.join_cap``
     decides for a query of its own; ``room_reads`` holds the join to it."""
-    cap = dataset.load_rows or dataset.max_partitions * dataset.max_rows_per_partition
+    cap = dataset.load_cap
     product = 1
     for scan in scans:
         if scan.table.public:
