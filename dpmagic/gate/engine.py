@@ -48,7 +48,7 @@ from dpmagic.gate.membership import Membership
 from dpmagic.gate.policy import AccountantKind, Dataset, Policy, PolicyError
 from dpmagic.gate.policy.values import Sharing
 from dpmagic.gate.preview import PreviewRequest, utility_preview
-from dpmagic.gate.public_reads import public_read
+from dpmagic.gate.public_reads import PublicRead, public_read
 from dpmagic.gate.request import QueryRequest
 from dpmagic.gate.service.budget_scopes import applicable
 from dpmagic.gate.service.ledger import Charge, Ledger, ReplayKey
@@ -259,6 +259,9 @@ class Engine:
         try:
             if self._public_first(request):  # before stages: its subqueries are public too
                 return self._read_public(user, request, PublicOnly("public tables only"))
+            tables = staged_releases.tabled(self, user, request)
+            if tables is not None:
+                return staged_releases.answer_tabled(self, user, request, tables, reads)
             stages = staged_releases.staged(request, self._dataset(request.dataset))
             if stages is not None:
                 return staged_releases.answer(self, user, request, stages, reads)
@@ -300,6 +303,10 @@ class Engine:
                 if dataset.public_tables_readable
                 else refusal.message
             )
+        return self._plain(user, dataset, request, read)
+
+    def _plain(self, user: str, dataset: Dataset, request: QueryRequest, read: PublicRead) -> Reply:
+        """The reply of a vetted plain read (nothing run on a dry run): exact, free."""
         columns, rows = [], []
         truncated = False
         if not request.dry_run:

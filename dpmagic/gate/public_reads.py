@@ -43,6 +43,7 @@ CLAUSES: tuple[type[exp.Expression], ...] = (
     exp.Ordered, exp.Limit, exp.Offset, exp.Subquery, exp.With, exp.CTE, exp.Alias,
     exp.TableAlias, exp.Table, exp.Column, exp.Identifier, exp.Star, exp.Distinct,
     exp.Like, exp.ILike, exp.Extract, exp.Var, exp.Exists, exp.Tuple, exp.Count,
+    exp.Values,
 )  # fmt: skip
 ALLOWED = (*CLAUSES, *SCALAR_NODES, *DATE_PARTS, *TEXT_FUNCTIONS, *CONCATENATION, *AGGREGATES)
 
@@ -69,6 +70,31 @@ def public_read(sql: str, params: dict, dataset: Dataset) -> PublicRead | None:
         )
     if dataset.engine != "duckdb":
         raise Refused("public tables are read plainly on DuckDB datasets only, for now")
+    return PublicRead(tree.sql(dialect="duckdb"), dataset.public_row_limit)
+
+
+def released_read(tree: exp.Select, dataset: Dataset, public: tuple[str, ...]) -> PublicRead:
+    """The rest of a query whose private reads were all released first
+    (``sql/released_tables.py``), as a plain read over the released rows and the
+    public tables ``public``: vetted as any public read is, and refused where it
+    names a public table the owner has not made readable, or uses what a plain read
+    does not allow."""
+    if public and not dataset.public_tables_readable:
+        raise Refused(
+            f"after its releases the query reads the public table {public[0]}, which this "
+            "dataset does not serve plainly: the owner can allow it with "
+            "public_tables_readable = true"
+        )
+    if dataset.engine != "duckdb":
+        raise Refused(
+            "a query that works on what it released first is answered on DuckDB datasets "
+            "only, for now"
+        )
+    if not _public_only(tree, dataset):
+        raise Refused(
+            "after its releases the query uses what a plain read does not allow (a "
+            "window, a table function): select, filter, join, group, order"
+        )
     return PublicRead(tree.sql(dialect="duckdb"), dataset.public_row_limit)
 
 

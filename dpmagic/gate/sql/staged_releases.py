@@ -21,7 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 from dpmagic.gate.failures import Refused
 from dpmagic.gate.policy import Dataset
+from dpmagic.gate.public_reads import released_read
 from dpmagic.gate.sql.parse import parse
+from dpmagic.gate.sql.released_tables import Tabled
+from dpmagic.gate.sql.released_tables import tabled as split_tabled
 from dpmagic.gate.sql.staged import STAND_IN, Staged, split
 
 if TYPE_CHECKING:
@@ -48,15 +51,7 @@ def answer(
     the stand-in values and the cost of all."""
     from dpmagic.gate.engine import _asked, tightened  # the engine imports this module
 
-    if request.accuracy is not None:
-        raise Refused(
-            "a query with subqueries used as values is asked with an ε, not an accuracy: "
-            "each subquery is released first with its share"
-        )
-    if request.clip is not None or request.bounding_report is not None:
-        raise Refused(
-            "--clip and the bounding report are not offered with subqueries used as values"
-        )
+    _asked_by_epsilon(request)
     dataset = tightened(engine._dataset(request.dataset), request)
     eps, delta = _asked(dataset, request)
     share = shares(len(stages.stages))
@@ -77,6 +72,96 @@ def answer(
     values = [_value(r) for r in releases]
     reply = engine._query(user, replace(last, sql=stages.filled(values)), reads)
     return _told(reply, request, releases, asks, eps, delta)
+
+
+def _asked_by_epsilon(request: QueryRequest) -> None:
+    """Refuse what a query with releases inside it is not asked with."""
+    if request.accuracy is not None:
+        raise Refused(
+            "a query with subqueries used as values is asked with an ε, not an accuracy: "
+            "each subquery is released first with its share"
+        )
+    if request.clip is not None or request.bounding_report is not None:
+        raise Refused(
+            "--clip and the bounding report are not offered with subqueries used as values"
+        )
+
+
+def tabled(engine: Engine, user: str, request: QueryRequest) -> Tabled | None:
+    """The request split into releases the rest only post-processes
+    (``sql/released_tables.py``), or None: where it has no second ``SELECT``, where
+    the rest reads private rows, and where the query is answered as it stands (a
+    per-person CTE read by an aggregate is one query, not a release of persons)."""
+    if request.sql.lower().count("select") < 2:
+        return None
+    dataset = engine._dataset(request.dataset)
+    found = split_tabled(parse(request.sql, request.params).tree, dataset)  # type: ignore[arg-type]
+    if found is None:
+        return None
+    try:
+        engine.analysis(user, dataset, request)
+    except Refused:
+        return found
+    return None
+
+
+def answer_tabled(
+    engine: Engine, user: str, request: QueryRequest, tables: Tabled, reads: PrivateRead
+) -> Reply:
+    """The reply of a query whose private reads are all released first: each release
+    with its share of the query's (ε, δ), then the rest read plainly over the released
+    rows and the public tables. Every release's analysis and the rest's vetting come
+    before the first debit; a dry run runs none of them."""
+    from dpmagic.gate.engine import _asked, tightened  # the engine imports this module
+
+    _asked_by_epsilon(request)
+    dataset = tightened(engine._dataset(request.dataset), request)
+    eps, delta = _asked(dataset, request)
+    share = 1 / len(tables.releases)
+    part = replace(request, params={}, epsilon=eps * share, delta=delta * share)
+    asks = [replace(part, sql=r.sql) for r in tables.releases]
+    for ask, release in zip(asks, tables.releases, strict=True):
+        plan = engine.analysis(user, dataset, ask).plan
+        if release.name is None and (plan.keys or len(plan.checked.outputs) != 1):
+            raise Refused(
+                "a subquery used as a value must release one value: one aggregate, without GROUP BY"
+            )
+    released_read(tables.filled([None] * len(asks)), dataset, tables.public)
+    outcomes = [engine._query(user, ask, reads) for ask in asks]
+    rows = [None if request.dry_run else o.json()["rows"] for o in outcomes]
+    read = released_read(tables.filled(rows), dataset, tables.public)
+    reply = engine._plain(user, dataset, request, read)
+    envelope = reply.envelope
+    exact = envelope.pop("exact")
+    envelope["post_processed"] = {
+        "public_tables": list(tables.public),
+        "row_limit": exact["row_limit"],
+        "truncated": exact["truncated"],
+    }
+    envelope["stages"] = [
+        _stage_fact(ask, release, outcome, request.dry_run)
+        for ask, release, outcome in zip(asks, tables.releases, outcomes, strict=True)
+    ]
+    costs = [o.json()["cost"] if not request.dry_run else o.envelope["cost"] for o in outcomes]
+    envelope["cost"] = {k: sum(c.get(k, 0.0) for c in costs) for k in costs[0]}
+    envelope["request"] = {**envelope["request"], "epsilon": eps, "delta": delta}
+    return reply
+
+
+def _stage_fact(ask: QueryRequest, release: Any, outcome: Reply, dry_run: bool) -> dict[str, Any]:
+    """What one release of a query said, as typed data: its SQL and (ε, δ); after the
+    run, its one value and interval, or how many rows it released; and whether it was
+    a replay."""
+    entry: dict[str, Any] = {"sql": ask.sql, "epsilon": ask.epsilon, "delta": ask.delta}
+    if dry_run:
+        return entry
+    shown = outcome.json()
+    entry["replayed"] = shown["replayed"]
+    if release.name is None:
+        entry.update(value=_value(outcome), interval=_interval(shown))
+    else:
+        entry.update(rows=len(shown["rows"]), table=release.name)
+    return entry
 
 
 def shares(stages: int) -> float:
