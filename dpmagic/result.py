@@ -95,8 +95,15 @@ def stage_notes(stages: list[dict[str, Any]], dry_run: bool) -> list[str]:
     notes = []
     for stage in stages:
         spent = budget_number(float(stage["epsilon"]), up=True)
-        if dry_run or "value" not in stage:
+        if dry_run or ("value" not in stage and "rows" not in stage):
             notes.append(f"released first, with ε {spent}: {stage['sql']}")
+            continue
+        if "rows" in stage:
+            again = ", replayed" if stage.get("replayed") else ""
+            notes.append(
+                f"released first, with ε {spent}{again}: {stage['sql']} ({stage['rows']:,} rows "
+                "with noise); the query worked on these rows"
+            )
             continue
         value = "NULL" if stage["value"] is None else format_value(stage["value"])
         interval = stage.get("interval")
@@ -341,6 +348,14 @@ class DPResult:
             parts.append(f"dry run: nothing charged; it would spend {amount(self.cost)}")
             if self._envelope.get("engine") == "spark":
                 parts.append("answered by Spark")
+        elif self._envelope.get("post_processed"):
+            done = self._envelope["post_processed"]
+            parts.append(
+                f"{amount(self.cost)} spent on the releases below; the rest of the query "
+                "worked on them (and public tables) at no further cost"
+            )
+            if done.get("truncated"):
+                parts.append(f"the first {done['row_limit']:,} rows (the dataset's limit)")
         elif self._envelope.get("exact"):
             exact = self._envelope["exact"]
             parts.append("exact: it reads only public tables, so nothing was charged")

@@ -25,6 +25,7 @@ import logging
 import secrets
 import threading
 from dataclasses import dataclass, field, replace
+from decimal import Decimal
 from functools import partial
 
 from dpmagic.gate.admission import Admission
@@ -316,7 +317,8 @@ class Engine:
             "dataset": dataset.name,
             "engine": dataset.engine,
             "columns": columns,
-            "rows": [list(r) for r in rows],
+            # DuckDB's DECIMAL (a literal like 1.5) as the double JSON carries.
+            "rows": [[float(v) if isinstance(v, Decimal) else v for v in r] for r in rows],
             "cost": {"epsilon": 0.0, "delta": 0.0},
             "plan": [],
             "dry_run": request.dry_run,

@@ -106,8 +106,8 @@ def tabled(tree: exp.Select, dataset: Dataset) -> Tabled | None:
     ]
     if not table_releases and not values:
         return None
-    if any(n not in ctes and _private_table(n, dataset) for n in named):
-        return None  # the rest reads private rows itself
+    if _rest_reads_private(named, ctes, dataset):
+        return None
     if len(table_releases) + len(values) > MAX_STAGES:
         raise Refused(
             f"the query releases {len(table_releases) + len(values)} parts before it reads "
@@ -318,8 +318,8 @@ def _cell(value: object) -> exp.Expression:
         return exp.Boolean(this=value)
     if isinstance(value, int):
         return exp.Literal.number(value)
-    if isinstance(value, float):
-        return _literal(value)
+    if isinstance(value, float):  # an exponent makes it a DOUBLE, not a DECIMAL
+        return exp.Literal.number(f"{value:.17e}")
     return exp.Literal.string(str(value))
 
 
@@ -343,6 +343,12 @@ def _with_needed(select: exp.Select, ctes: dict[str, exp.CTE]) -> str:
         order = [n for n in ctes if n in needed]
         stage.set(WITH, exp.With(expressions=[ctes[n].copy() for n in order]))
     return stage.sql(dialect=DIALECT)
+
+
+def _rest_reads_private(named: set[str], ctes: dict[str, exp.CTE], dataset: Dataset) -> bool:
+    """Whether the rest of the query names a private table itself (outside the CTEs
+    and values released): it is then no post-processing, and goes another way."""
+    return any(n not in ctes and _private_table(n, dataset) for n in named)
 
 
 def _private_table(name: str, dataset: Dataset) -> bool:
