@@ -1,4 +1,4 @@
-"""The query request, one typed struct shared by the notebook's client and the gate.
+"""The query wire, typed structs shared by the notebook's client and the gate.
 
 ``POST /v1/query`` carries an `Ask` as JSON. The client builds one from its keyword
 arguments (``client.Gate.query``, the offline ``transcript.TranscriptGate`` alike)
@@ -6,6 +6,13 @@ and the gate decodes the body into the same struct (``gate/request.py``), so eac
 field is spelled once, here, with its type. The gate still judges each value's
 range and which fields go together, with messages in the request's own words; this
 module only says what the fields are.
+
+The reply is a `QueryReply`: the gate builds it (``gate/engine.py``,
+``gate/service/reply.py``), the client decodes into it (``client.py``,
+``result.DPResult``), and a mock run and a transcript build theirs with it too, so
+a key the gate sends and the client reads is spelled once, here. Its facts that the
+client only shows as sent (the plan, the bounding statement, ``--clip``'s choices,
+each output column's accuracy, the budget views) stay JSON objects of their own.
 
 msgspec, as for the policy file: its structs decode and check a body in one pass
 without building an intermediate object per field, and forbid unknown fields.
@@ -19,9 +26,12 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import msgspec
+from msgspec.structs import replace
 
-# The request's version: a gate refuses a newer one it cannot read, by name, rather
-# than misreading a field whose meaning changed. A body without one is version 1.
+# The wire's version, of the request and of the reply: a gate refuses a newer request
+# it cannot read, by name, rather than misreading a field whose meaning changed; a
+# client reads a newer reply's fields it knows and leaves the rest. A body without
+# one is version 1.
 WIRE_VERSION = 1
 
 
@@ -55,3 +65,189 @@ class Ask(
 
 
 FIELDS = frozenset(Ask.__struct_fields__)
+
+
+def default_delta(query_delta: float, zcdp: bool, notebook_delta: float) -> float:
+    """A query's δ when it names none: the policy's default, and under zCDP (where δ
+    only states a cost in (ε, δ)) the notebook budget's δ. Here, not in the gate, so
+    that the transcript fills in the reply's ``request`` as the gate does and matches
+    its stored answers without a copy of the rule."""
+    if query_delta or not zcdp:
+        return query_delta
+    return notebook_delta
+
+
+class _Fact(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A typed part of the reply. The gate makes each by its fields, so a key it adds
+    without a field here fails where it is made; read, a part leaves keys it does not
+    know (a newer gate's, an older ledger's) rather than refuse the whole reply."""
+
+
+class Cost(_Fact, frozen=True):
+    """What a query charged (or, on a dry run, would charge); ``rho`` under zCDP."""
+
+    epsilon: float = 0.0
+    delta: float = 0.0
+    rho: float | None = None
+
+    def __add__(self, other: Cost) -> Cost:
+        """The cost of two releases together (sequential composition)."""
+        rho = None
+        if self.rho is not None or other.rho is not None:
+            rho = (self.rho or 0.0) + (other.rho or 0.0)
+        return Cost(epsilon=self.epsilon + other.epsilon, delta=self.delta + other.delta, rho=rho)
+
+
+FREE = Cost()
+
+
+class Asked(_Fact):
+    """The reply's ``request``: what was asked, the policy's defaults filled in. A
+    transcript of released answers is matched on it where no gate can analyse."""
+
+    sql: str = ""
+    params: dict[str, Any] | None = None
+    epsilon: float | None = None
+    delta: float | None = None
+    accuracy: float | None = None
+    alpha: float | None = None
+    bounding_report: float | None = None
+    max_partitions: int | None = None
+    max_rows_per_partition: int | None = None
+    clip: float | None = None
+    # Each release of a clipped query echoes what was asked; these mark the first two.
+    clip_bounds: bool | None = None
+    clip_moved: bool | None = None
+
+
+class Accuracy(_Fact):
+    """``alpha`` and, per output column, how its cells are noised (None for a group
+    key): its mechanism, scale, each cell's interval and verdict (``cells.py``)."""
+
+    alpha: float = 0.05
+    columns: list[dict[str, Any] | None] = []
+    # The bounds every answer is over, in words (the bounding statement's ``text``).
+    bounds: str | None = None
+    # Which keys appear is itself a DP output: how they were chosen.
+    partition_selection: dict[str, Any] | None = None
+
+    def carried(self) -> dict[str, Any]:
+        """As a JSON object with each column's facts as they are: in the gate its
+        per-cell lists may still be numpy arrays, which ``wire.split`` writes as
+        Arrow columns rather than lists."""
+        return {**msgspec.to_builtins(replace(self, columns=[])), "columns": self.columns}
+
+
+class Exact(_Fact):
+    """A plain read of public tables: exact, free; ``truncated`` at ``row_limit`` rows."""
+
+    public_tables: bool = True
+    row_limit: int | None = None
+    truncated: bool = False
+
+
+class PostProcessed(_Fact):
+    """A query whose private reads were released first (``stages``) and whose rest was
+    read plainly over them and ``public_tables``."""
+
+    public_tables: list[str] = []
+    row_limit: int | None = None
+    truncated: bool = False
+
+
+class Stage(_Fact):
+    """One release made before the query: its SQL and (ε, δ); after the run its one
+    value and interval, or the rows it released into ``table``; whether it replayed."""
+
+    sql: str
+    epsilon: float
+    delta: float
+    replayed: bool | None = None
+    value: float | None = None
+    interval: list[float] | None = None
+    rows: int | None = None
+    table: str | None = None
+
+    @property
+    def released(self) -> bool:
+        """Whether it ran (a dry run's stage only says what it will cost). ``value`` is
+        then given even when it is NULL, so the struct keeps no default for it."""
+        return self.replayed is not None
+
+
+class PerPerson(_Fact):
+    """Where a per-person value lies (``bounds``), and why (``basis``)."""
+
+    value: str
+    bounds: list[Any]
+    basis: str
+
+
+class Shared(_Fact):
+    """Another user's release of the same question, served: when and at what cost it
+    was released, under which sharing, and the budgets serving it charged now."""
+
+    released_at: str
+    cost: Cost
+    scope: str
+    charged_to: list[dict[str, Any]] = []
+
+
+class Mock(_Fact):
+    """A mock run: answered in the kernel on ``units`` fake privacy units."""
+
+    units: int
+
+
+class QueryReply(_Fact, forbid_unknown_fields=True, omit_defaults=False):
+    """The reply to ``POST /v1/query`` (docs/http-api.md). ``rows`` and each column's
+    per-cell lists travel as Arrow columns in an Arrow reply (``wire.py``); in a JSON
+    reply, and here once read, they are in place. A key this version does not know is
+    an error (``reply_of`` says when it is left out instead). Sent, a part the reply
+    does not have (None) is left out; the rest, defaults too, are always there."""
+
+    version: int = WIRE_VERSION
+    dataset: str = ""
+    engine: str | None = None
+    columns: list[str] = []
+    rows: Any = []  # lists of values; in the gate, a ``wire.Columns`` before it is sent
+    cost: Cost = FREE
+    plan: list[dict[str, Any]] = []
+    accuracy: Accuracy | None = None
+    # The contribution bounds every answer is over, with the bounding report if bought.
+    bounding: dict[str, Any] | None = None
+    dry_run: bool = False
+    replayed: bool = False
+    request: Asked | None = None
+    budget: dict[str, Any] = {}
+    exact: Exact | None = None
+    post_processed: PostProcessed | None = None
+    stages: list[Stage] | None = None
+    per_person: list[PerPerson] | None = None
+    clip: dict[str, Any] | None = None
+    shared: Shared | None = None
+    # The same query released before over other data or policy facts: why it was
+    # answered afresh.
+    fresh_because: str | None = None
+    mock: Mock | None = None
+    # A transcript's dry run of a query it does not hold: no plan to show offline.
+    offline: bool | None = None
+
+    def json(self) -> dict[str, Any]:
+        """The reply as a JSON object, the parts it does not have left out."""
+        return {k: v for k, v in msgspec.to_builtins(self).items() if v is not None}
+
+
+REPLY_FIELDS = frozenset(QueryReply.__struct_fields__)
+
+
+def reply_of(data: dict[str, Any], *, migrate: bool = False) -> QueryReply:
+    """``data``, a reply's JSON object, as a `QueryReply`; a body that is not one raises
+    ``msgspec.ValidationError``. A reply of a newer version may carry fields this one
+    does not know: they are left out. So are, with ``migrate``, those of a reply kept
+    by an older gate (a ledger's, a transcript's), which is then of this version."""
+    newer = int(data.get("version") or 1) > WIRE_VERSION
+    if newer or migrate:
+        data = {k: v for k, v in data.items() if k in REPLY_FIELDS}
+    reply = msgspec.convert(data, QueryReply)
+    return replace(reply, version=WIRE_VERSION) if migrate else reply

@@ -34,6 +34,7 @@ from dpmagic.gate.policy import Policy, load_policy
 from dpmagic.gate.service.budget_scopes import applicable
 from dpmagic.gate.service.ledger import Ledger
 from dpmagic.gate.service.reply import Reply
+from dpmagic.protocol import QueryReply
 from tests.conftest import write_dataset
 
 START_TIMEOUT_S = 60
@@ -83,7 +84,7 @@ def seed(policy: Policy) -> None:
             )
             planted = PLANTED[i % len(PLANTED)]
             ledger.record_release(
-                charge, Reply.of({"columns": ["n"], "rows": [[float(planted)], [planted]]})
+                charge, Reply.of(QueryReply(columns=["n"], rows=[[float(planted)], [planted]]))
             )
     finally:
         ledger.close()

@@ -27,10 +27,16 @@ import threading
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from functools import partial
+from typing import Any
+
+from msgspec.structs import replace as replace_struct
+
+from dpmagic import protocol
 
 from dpmagic.gate.admission import Admission
 from dpmagic.gate.analysis_cache import BYTES_PER_CHAR, AnalysisCache
 from dpmagic.gate.dp.accounting import Accountant, AccountantError, make_accountant
+from dpmagic.gate.dp.accounting import Cost as DPCost
 from dpmagic.gate.dp.calibration import Accuracy
 from dpmagic.gate.dp.levels import REPORT_ALPHA
 from dpmagic.gate.dp.mechanisms import calibrate
@@ -63,6 +69,7 @@ from dpmagic.gate.sql.pipeline import Analysed, Answer, Asked, analyse, execute,
 from dpmagic.gate.sql.plan_types import Plan
 from dpmagic.gate.sql.rewrite import Rewritten
 from dpmagic.gate.sql.summary import summary
+from dpmagic.protocol import QueryReply
 
 log = logging.getLogger("dpmagic.gate")
 
@@ -313,22 +320,20 @@ class Engine:
         if not request.dry_run:
             store = self.databases[dataset.name]
             columns, rows, truncated = store.read_public(read.sql, read.limit)  # type: ignore[attr-defined]
-        reply: dict[str, object] = {
-            "dataset": dataset.name,
-            "engine": dataset.engine,
-            "columns": columns,
+        reply = QueryReply(
+            dataset=dataset.name,
+            engine=dataset.engine,
+            columns=columns,
             # DuckDB's DECIMAL (a literal like 1.5) as the double JSON carries.
-            "rows": [[float(v) if isinstance(v, Decimal) else v for v in r] for r in rows],
-            "cost": {"epsilon": 0.0, "delta": 0.0},
-            "plan": [],
-            "dry_run": request.dry_run,
-            "replayed": False,
-            "accuracy": {"alpha": REPORT_ALPHA, "columns": [None] * len(columns)},
+            rows=[[float(v) if isinstance(v, Decimal) else v for v in r] for r in rows],
+            dry_run=request.dry_run,
+            accuracy=protocol.Accuracy(alpha=REPORT_ALPHA, columns=[None] * len(columns)),
             # What the user reads: exact, because only public tables were read.
-            "exact": {"public_tables": True, "row_limit": read.limit, "truncated": truncated},
-            "request": {"sql": request.sql, "params": request.params},
-        }
-        return Reply.of(self._with_budget(reply, user, dataset, request.notebook))
+            exact=protocol.Exact(row_limit=read.limit, truncated=truncated),
+            request=protocol.Asked(sql=request.sql, params=request.params),
+            budget=self._budget_views(user, dataset, request.notebook),
+        )
+        return Reply.of(reply)
 
     def _record_refusal(self, user: str, request: QueryRequest, exc: GateError) -> None:
         """Keep a query refused before its debit in the ledger, with the reason its user
@@ -359,12 +364,10 @@ class Engine:
         analysis = self.analysis(user, dataset, request)
         reply = _envelope(dataset, analysis, request)
         if request.dry_run:
-            reply.update(
-                columns=[o.name for o in analysis.plan.checked.outputs],
-                rows=[],
-                accuracy={"alpha": REPORT_ALPHA, "columns": []},
-            )
-            return Reply.of(self._with_budget(reply, user, dataset, request.notebook))
+            reply.columns = [o.name for o in analysis.plan.checked.outputs]
+            reply.accuracy = protocol.Accuracy(alpha=REPORT_ALPHA)
+            reply.budget = self._budget_views(user, dataset, request.notebook)
+            return Reply.of(reply)
         if request.fresh:  # a new release, asked for: no replay, no flight to wait on
             return self._released(user, dataset, request, analysis, reply, reads, None)
         key = analysis.replay_key
@@ -401,23 +404,28 @@ class Engine:
         dataset: Dataset,
         request: QueryRequest,
         analysis: Analysis,
-        reply: dict[str, object],
+        reply: QueryReply,
         reads: PrivateRead,
         fresh_because: str | None,
     ) -> Reply:
         """A fresh release: the debit, the run, the reply stored for later replays."""
         charge, answer = self._charged_run(user, dataset, request, analysis, reads)
         released = answer.released
-        accuracy = {**released.cells_accuracy, "bounds": analysis.bounds["text"]}
-        reply.update(columns=released.columns, rows=released.values, accuracy=accuracy)
+        bounds = str(analysis.bounds["text"])
+        reply = replace_struct(
+            reply,
+            columns=released.columns,
+            rows=released.values,
+            accuracy=replace_struct(released.cells_accuracy, bounds=bounds),
+        )
         if answer.left_out is not None:
-            reply["bounding"] = {**analysis.bounds, "left_out": answer.left_out}
+            reply.bounding = {**analysis.bounds, "left_out": answer.left_out}
         # The cells are written once, for the ledger and for the reply (``Reply``).
         released_reply = Reply.of(reply)
         self.ledger.record_release(charge, released_reply)
         if fresh_because is not None:  # not stored: a replay of this answer is not fresh
-            released_reply.envelope["fresh_because"] = fresh_because
-        self._with_budget(released_reply.envelope, user, dataset, request.notebook)
+            released_reply.envelope.fresh_because = fresh_because
+        released_reply.envelope.budget = self._budget_views(user, dataset, request.notebook)
         return released_reply
 
     def _replayed(
@@ -445,8 +453,8 @@ class Engine:
                 sql=request.label,
                 replay_key=key,
             )
-            stored.envelope.update(replayed=True, cost={"epsilon": 0.0, "delta": 0.0})
-            self._with_budget(stored.envelope, user, dataset, request.notebook)
+            stored.envelope.replayed, stored.envelope.cost = True, protocol.FREE
+            stored.envelope.budget = self._budget_views(user, dataset, request.notebook)
             return stored
         if dataset.share_releases == Sharing.NONE:
             return None
@@ -464,18 +472,20 @@ class Engine:
         if shared is None:
             return None
         stored = shared.reply
-        stored.envelope["shared"] = {
-            "released_at": shared.time,
-            "cost": shared.cost.as_dict(),
-            "scope": dataset.share_releases.value,
+        envelope = stored.envelope
+        envelope.shared = protocol.Shared(
+            released_at=shared.time,
+            cost=wire_cost(shared.cost),
+            scope=dataset.share_releases.value,
             # The budgets serving it charged now (the user's, the groups' it had not
             # counted against), each as the API names a budget; none when it was free.
-            "charged_to": [scope.as_dict() for scope in shared.charged_to],
-        }
+            charged_to=[scope.as_dict() for scope in shared.charged_to],
+        )
         # The asker's own words: another user's text (and its comments) stays theirs.
-        stored.envelope["request"] = {**stored.envelope["request"], "sql": request.sql}
-        stored.envelope.update(replayed=True, cost=shared.charged.as_dict())
-        self._with_budget(stored.envelope, user, dataset, request.notebook)
+        asked = envelope.request or protocol.Asked()
+        envelope.request = replace_struct(asked, sql=request.sql)
+        envelope.replayed, envelope.cost = True, wire_cost(shared.charged)
+        envelope.budget = self._budget_views(user, dataset, request.notebook)
         return stored
 
     def _charged_run(
@@ -546,7 +556,7 @@ class Engine:
         checks (``budget_scopes.applicable``), reading no data."""
         ds = self._dataset(dataset)
         nb = notebook or "unnamed"
-        views = self._with_budget({}, user, ds, nb)["budget"]
+        views = self._budget_views(user, ds, nb)
         reply: dict[str, object] = {"dataset": ds.name, **views}
         if preview is not None:
             limits = applicable(ds, user, nb, self.membership.of(user))
@@ -588,12 +598,11 @@ class Engine:
         except PolicyError as exc:
             raise BadRequest(str(exc)) from None
 
-    def _with_budget(
-        self, reply: dict[str, object], user: str, dataset: Dataset, notebook: str
-    ) -> dict[str, object]:
+    def _budget_views(self, user: str, dataset: Dataset, notebook: str) -> dict[str, Any]:
+        """The user's and the notebook's budget views, as a reply and ``/v1/budget``
+        carry them."""
         groups = self.membership.of(user)
-        reply["budget"] = budget_views(self.ledger, user, dataset, notebook, groups)
-        return reply
+        return budget_views(self.ledger, user, dataset, notebook, groups)
 
     def _replay_key(self, dataset: Dataset, the_plan: Plan, request: QueryRequest) -> ReplayKey:
         """The query's own key (what is asked, how it is answered), joined by the
@@ -652,59 +661,47 @@ def plan_request(dataset: Dataset, accountant: Accountant, request: QueryRequest
         raise BadRequest(str(exc)) from None
 
 
-def _envelope(dataset: Dataset, analysis: Analysis, request: QueryRequest) -> dict[str, object]:
+def _envelope(dataset: Dataset, analysis: Analysis, request: QueryRequest) -> QueryReply:
     """What every reply to ``request`` says before any data is read: the cost, the plan,
     the bounds it is answered under, and what was asked (the policy's defaults filled
     in), with a clipped query's choice of bounds."""
     the_plan = analysis.plan
     eps, delta = _asked(dataset, request)
-    reply: dict[str, object] = {
-        "dataset": dataset.name,
-        "engine": dataset.engine,
-        "cost": the_plan.cost.as_dict(),
-        "plan": summary(the_plan),
+    # What was asked, with the policy's defaults filled in: a transcript of released
+    # answers is matched on it where no gate can analyse. Each release of a clipped
+    # query echoes the whole ε asked, the first two marked so that a transcript tells
+    # the three apart.
+    clipping = request.whole_epsilon is not None
+    asked = protocol.Asked(
+        sql=request.sql,
+        params=request.params,
+        epsilon=request.whole_epsilon if clipping else eps,
+        delta=delta,
+        accuracy=request.accuracy,
+        alpha=None if request.accuracy is None else request.alpha,
+        bounding_report=request.bounding_report,
+        max_partitions=request.max_partitions,
+        max_rows_per_partition=request.max_rows_per_partition,
+        clip=request.clip,
+        clip_bounds=True if clipping and isinstance(request.stage, ClipBounds) else None,
+        clip_moved=True if clipping and isinstance(request.stage, ClipMoved) else None,
+    )
+    reply = QueryReply(
+        dataset=dataset.name,
+        engine=dataset.engine,
+        cost=wire_cost(the_plan.cost),
+        plan=summary(the_plan),
         # The bounds the answer is over, said before any data is read: a dry run
         # names the bounds a query will be answered under.
-        "bounding": analysis.bounds,
-        "dry_run": request.dry_run,
-        "replayed": False,
-        # What was asked, with the policy's defaults filled in: a transcript
-        # of released answers is matched on it where no gate can analyse.
-        "request": {
-            "sql": request.sql,
-            "params": request.params,
-            "epsilon": eps,
-            "delta": delta,
-            **(
-                {"accuracy": request.accuracy, "alpha": request.alpha}
-                if request.accuracy is not None
-                else {}
-            ),
-            **(
-                {"bounding_report": request.bounding_report}
-                if request.bounding_report is not None
-                else {}
-            ),
-            **{
-                k: getattr(request, k)
-                for k in ("max_partitions", "max_rows_per_partition", "clip")
-                if getattr(request, k) is not None
-            },
-        },
-    }
-    if request.whole_epsilon is not None:
-        # Each release of a clipped query echoes what was asked, the first marked so
-        # that a transcript tells the two apart.
-        reply["request"]["epsilon"] = request.whole_epsilon  # type: ignore[index]
-        if isinstance(request.stage, ClipBounds):
-            reply["request"]["clip_bounds"] = True  # type: ignore[index]
-        if isinstance(request.stage, ClipMoved):
-            reply["request"]["clip_moved"] = True  # type: ignore[index]
+        bounding=analysis.bounds,
+        dry_run=request.dry_run,
+        request=asked,
+    )
     people = [s.per_unit for s in the_plan.checked.resolved.scans if s.per_unit is not None]
     if people:
         # Where each per-person value lies, and why: decided from the text and the policy.
-        reply["per_person"] = [
-            {"value": name, "bounds": [b.lo, b.hi], "basis": basis}
+        reply.per_person = [
+            protocol.PerPerson(value=name, bounds=[b.lo, b.hi], basis=basis)
             for per in people
             for (name, _), b, basis in zip(per.values, per.bounds, per.bases, strict=True)
             if not name.startswith("__")
@@ -713,8 +710,13 @@ def _envelope(dataset: Dataset, analysis: Analysis, request: QueryRequest) -> di
         # Which bounds were used and why, what the cells hold, the values moved.
         share = required(request.clip, "the clip's share")
         whole = required(request.whole_epsilon, "a clipped query's ε")
-        reply["clip"] = clip_releases.facts(request.stage, share, whole)
+        reply.clip = clip_releases.facts(request.stage, share, whole)
     return reply
+
+
+def wire_cost(cost: DPCost) -> protocol.Cost:
+    """A cost as the reply carries it (``Cost.as_dict``: ρ only where it states one)."""
+    return protocol.Cost(**cost.as_dict())
 
 
 def _estimated_bytes(analysis: Analysis) -> int:
@@ -765,11 +767,12 @@ def count_error(dataset: Dataset) -> dict[str, object]:
 
 
 def _default_delta(dataset: Dataset) -> float:
-    """A query's δ when it names none: the policy's default, and under zCDP (where δ
-    only states a cost in (ε, δ)) the notebook budget's δ."""
-    if dataset.query_default.delta or dataset.accountant != AccountantKind.ZCDP:
-        return dataset.query_default.delta
-    return dataset.notebook_budget.delta
+    """A query's δ when it names none (``protocol.default_delta``)."""
+    return protocol.default_delta(
+        dataset.query_default.delta,
+        dataset.accountant == AccountantKind.ZCDP,
+        dataset.notebook_budget.delta,
+    )
 
 
 def _asked(dataset: Dataset, request: QueryRequest) -> tuple[float, float]:

@@ -22,6 +22,7 @@ from dpmagic.gate.policy import Budget
 from dpmagic.gate.service.budget_scopes import Scope
 from dpmagic.gate.service.ledger import Charge, Ledger, _Flusher
 from dpmagic.gate.service.reply import Reply
+from dpmagic.protocol import QueryReply
 from tests.budgets import user_limits
 
 USER_CAP = Budget(1.0)
@@ -138,10 +139,11 @@ def test_a_refusal_is_kept_with_its_reason_and_counted_by_no_budget(ledger: Ledg
 
 def test_replay_lookup_and_audit(ledger: Ledger) -> None:
     first = charge(ledger, 0.1, key="k1")
-    ledger.record_release(first, Reply.of({"rows": [[1]], "n": 1}))
+    ledger.record_release(first, Reply.of(QueryReply(rows=[[1]], dataset="first")))
     second = charge(ledger, 0.1, key="k1", notebook="b.ipynb")
-    ledger.record_release(second, Reply.of({"rows": [[2]], "n": 2}))
-    assert ledger.find_release("alice", "d", "k1").json() == {"rows": [[2]], "n": 2}
+    ledger.record_release(second, Reply.of(QueryReply(rows=[[2]], dataset="second")))
+    found = ledger.find_release("alice", "d", "k1").json()
+    assert (found["rows"], found["dataset"]) == ([[2]], "second")
     assert ledger.find_release("alice", "d", "k2") is None
     assert ledger.find_release("bob", "d", "k1") is None
     assert ledger.find_release("alice", "other", "k1") is None
@@ -164,14 +166,14 @@ def test_charges_survive_reopening(tmp_path: Path) -> None:
     path = tmp_path / "ledger.sqlite3"
     first = open_ledger(path)
     released = charge(first, 0.3, key="k")
-    first.record_release(released, Reply.of({"rows": [[7]]}))
+    first.record_release(released, Reply.of(QueryReply(rows=[[7]])))
     charge(first, 0.2, notebook="b.ipynb")
     first.close()
 
     again = open_ledger(path)
     try:
         assert again.spent("alice", "d").epsilon == pytest.approx(0.5)
-        assert again.find_release("alice", "d", "k").json() == {"rows": [[7]]}
+        assert again.find_release("alice", "d", "k").json()["rows"] == [[7]]
         with pytest.raises(OverBudget):
             charge(again, 0.6)
     finally:
@@ -351,7 +353,7 @@ def _waits_for_the_flush(ledger: Ledger, held: _HeldFlushes) -> bool:
     debit = charge(ledger, 0.1, key="k")
     recorded = threading.Event()
     worker = threading.Thread(
-        target=lambda: (ledger.record_release(debit, Reply.of({"rows": []})), recorded.set())
+        target=lambda: (ledger.record_release(debit, Reply.of(QueryReply(rows=[]))), recorded.set())
     )
     worker.start()
     waited = not recorded.wait(0.3)
@@ -452,7 +454,7 @@ def test_without_a_write_ahead_log_a_debit_is_flushed_in_its_commit(
         assert led._db.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
         debit = charge(led, 0.1)
         assert debit.durable.done() and flushes == []  # SQLite flushed in the commit
-        led.record_release(debit, Reply.of({"rows": []}))
+        led.record_release(debit, Reply.of(QueryReply(rows=[])))
         assert led.history()[0]["status"] == "released"
     finally:
         led.close()
@@ -502,7 +504,7 @@ def _a_query(ledger: Ledger, i: int) -> None:
     reply, the replay lookup and the budget view."""
     ledger.recent_failures("alice", "d", 3600)
     debit = charge(ledger, 0.001, user_cap=Budget(1e6), notebook_cap=Budget(1e6), key=f"k{i}")
-    ledger.record_release(debit, Reply.of({"rows": [[i]]}))
+    ledger.record_release(debit, Reply.of(QueryReply(rows=[[i]])))
     ledger.find_release("alice", "d", f"k{i}")
     ledger.standing(user_limits("d", "alice", "a.ipynb", Budget(1e6), Budget(1e6)))
 
@@ -520,7 +522,7 @@ def test_a_querys_ledger_work_does_not_grow_with_the_users_history(tmp_path: Pat
             if i % 5 == 0:
                 led.record_failure(debit)
             else:
-                led.record_release(debit, Reply.of({"rows": [[i]]}))
+                led.record_release(debit, Reply.of(QueryReply(rows=[[i]])))
         led.reset(Scope.user("d", "alice"), "a new term")
         _a_query(led, -1)  # the running tallies are read once, then kept
         work[history] = _steps(led, lambda led=led, i=history: _a_query(led, i))

@@ -26,6 +26,7 @@ from dpmagic.gate.service.budget_scopes import (
 )
 from dpmagic.gate.service.ledger import DATA_CHANGED, Ledger, ReplayKey
 from dpmagic.gate.service.reply import Reply
+from dpmagic.protocol import QueryReply
 
 BIG = Budget(100.0)
 WHOLE = Scope.whole("d")
@@ -240,7 +241,7 @@ def serve(ledger: Ledger, user: str, key: str, *, everyone: bool = False, **kw):
 def release(ledger: Ledger, user: str, epsilon: float, key: str, **kw) -> int:
     """``user`` asks ``key`` afresh: charged to every budget they are under, released."""
     charged = charge(ledger, user, epsilon, MEMBERS[user], key=key, **kw)
-    ledger.record_release(charged, Reply.of({"rows": [[key]]}))
+    ledger.record_release(charged, Reply.of(QueryReply(rows=[[key]])))
     return charged.id
 
 
@@ -262,7 +263,7 @@ def test_each_group_pays_for_what_its_members_learn(ledger: Ledger) -> None:
     for key, first in zip(keys, firsts, strict=True):
         served = serve(ledger, "bob", key, group_caps=BOTH, dataset=Budget(5.0))
         assert served is not None and served.entry_id == first
-        assert served.reply.json() == {"rows": [[key]]}  # ann's numbers
+        assert served.reply.json()["rows"] == [[key]]  # ann's numbers
         assert served.charged == Cost(0.1) and served.cost == Cost(0.1)
         assert set(served.charged_to) == {
             g2,
@@ -355,7 +356,7 @@ def test_an_older_gates_free_serving_charges_nothing_and_is_charged_when_asked_a
     served = serve(ledger, "bob", "k", group_caps=BOTH)
     assert served is not None and served.charged == Cost(0.5)
     [replay, _old] = ledger.history(user="bob", status="replayed")
-    assert ledger.reply(int(replay["id"])) == {"rows": [["k"]]}  # what bob was served
+    assert ledger.reply(int(replay["id"]))["rows"] == [["k"]]  # what bob was served
 
 
 # What a sequence of asks must leave in every budget: each release counted once in
@@ -441,7 +442,7 @@ def test_every_scope_counts_each_release_its_holders_learned_once(
                 user=user, dataset="d", notebook="n", cost=Cost(epsilon), limits=lims,
                 groups=groups, sql=key, replay_key=key,
             )  # fmt: skip
-            led.record_release(debited, Reply.of({"rows": [[debited.id]]}))
+            led.record_release(debited, Reply.of(QueryReply(rows=[[debited.id]])))
             cost[debited.id] = epsilon
             counts[debited.id] = set()
             releases.setdefault(key, []).append(debited.id)
@@ -551,7 +552,7 @@ def test_a_shared_budgets_refusal_says_why_the_users_answer_was_not_replayed(led
     """The reason is the asker's own (their earlier release), whichever budget refused."""
     before = ReplayKey("q", "data v1", "policy v1")
     released = charge(ledger, "ann", 0.5, dataset=Budget(0.75), key=before)
-    ledger.record_release(released, Reply.of({"rows": [[1]]}))
+    ledger.record_release(released, Reply.of(QueryReply(rows=[[1]])))
     after = ReplayKey("q", "data v2", "policy v1")
     with pytest.raises(OverBudget) as refused:
         charge(ledger, "ann", 0.5, dataset=Budget(0.75), key=after)
@@ -589,7 +590,7 @@ def test_processes_serving_one_release_at_once_charge_each_group_once(tmp_path: 
         user="ann", dataset="d", notebook="n", cost=Cost(0.5), limits=limits("ann"),
         groups=("g0",), sql="k", replay_key="k",
     )  # fmt: skip
-    led.record_release(first, Reply.of({"rows": [[1]]}))
+    led.record_release(first, Reply.of(QueryReply(rows=[[1]])))
     led.close()
     context = multiprocessing.get_context("spawn")
     out = context.Queue()

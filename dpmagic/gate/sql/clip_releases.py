@@ -71,8 +71,8 @@ def answer(engine: Engine, user: str, request: QueryRequest, reads: PrivateRead)
     main = engine.analysis(user, dataset, rest).plan
     if request.dry_run:
         reply = engine._query(user, rest, reads)
-        reply.envelope["clip"] = {"share": share, "epsilon": eps * share, "rule": RULE,
-                                  "chosen": []}  # fmt: skip
+        reply.envelope.clip = {"share": share, "epsilon": eps * share, "rule": RULE,
+                               "chosen": []}  # fmt: skip
         return reply
     # The bounds and the values moved are pure ε-DP (a quantile selection, counts
     # without partition selection): under the approx accountant they spend no δ, so
@@ -99,14 +99,11 @@ def answer(engine: Engine, user: str, request: QueryRequest, reads: PrivateRead)
         left *= 1 - MOVED_SHARE
     reply = engine._query(user, replace(rest, epsilon=left, stage=stage), reads)
     envelope = reply.envelope
-    envelope["clip"] = {
+    envelope.clip = {
         **facts(stage, share, eps),
-        "replayed": all(r["replayed"] for r in [*releases, reply]),
+        "replayed": all(r.envelope.replayed for r in [*releases, reply]),
     }
-    envelope["cost"] = {
-        k: sum(r["cost"].get(k, 0.0) for r in [*releases, reply])
-        for k in {*reply["cost"], *first["cost"]}
-    }
+    envelope.cost = sum((r.envelope.cost for r in releases), envelope.cost)
     return reply
 
 

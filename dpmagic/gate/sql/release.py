@@ -58,6 +58,7 @@ from dpmagic.gate.sql.parse import DIALECT
 from dpmagic.gate.sql.plan_types import Avg, DebiasedSum, Measured, Measurement, Plan, Selection
 from dpmagic.gate.sql.post_query import PID, PostExpr, PostQuery, debiased_column, post_query
 from dpmagic.gate.sql.randomized import Debiased, debias
+from dpmagic.protocol import Accuracy
 from dpmagic.gate.sql.release_columns import Columns, direct
 
 ALPHA = REPORT_ALPHA
@@ -75,7 +76,7 @@ class Released:
 
     columns: list[str]
     values: wire.Columns
-    cells_accuracy: dict[str, object]
+    cells_accuracy: Accuracy
 
     @property
     def rows(self) -> list[list[object]]:
@@ -85,7 +86,7 @@ class Released:
     @property
     def accuracy(self) -> dict[str, object]:
         """The accuracy as the JSON reply carries it (arrays as lists)."""
-        reply = {"columns": self.columns, "rows": [], "accuracy": self.cells_accuracy}
+        reply = {"columns": self.columns, "accuracy": self.cells_accuracy.carried()}
         envelope, table = wire.split({**reply, "rows": self.values})
         return wire.merged(envelope, table)["accuracy"]
 
@@ -165,10 +166,10 @@ def release(noisy: Noisy, alpha: float = ALPHA, made: PostQuery | None = None) -
                 ),
             }
         )
-    accuracy: dict[str, object] = {"alpha": alpha, "columns": accuracy_columns}
+    accuracy = Accuracy(alpha=alpha, columns=accuracy_columns)
     if plan.key_selection is not None:
         # Which keys appear is itself a DP output: say how they were chosen.
-        accuracy["partition_selection"] = plan.key_selection.as_dict()
+        accuracy.partition_selection = plan.key_selection.as_dict()
     return Released(
         columns=[o.name for o in checked.outputs],
         values=wire.Columns([_json_column(v) for v in vectors[1:]]),

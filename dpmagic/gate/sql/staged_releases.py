@@ -19,13 +19,16 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from dpmagic.gate.failures import Refused
+from msgspec.structs import replace as replace_struct
+
+from dpmagic.gate.failures import Refused, required
 from dpmagic.gate.policy import Dataset
 from dpmagic.gate.public_reads import released_read
 from dpmagic.gate.sql.parse import parse
 from dpmagic.gate.sql.released_tables import Tabled
 from dpmagic.gate.sql.released_tables import tabled as split_tabled
 from dpmagic.gate.sql.staged import STAND_IN, Staged, split
+from dpmagic.protocol import PostProcessed, Stage
 
 if TYPE_CHECKING:
     from dpmagic.gate.engine import Engine
@@ -132,36 +135,41 @@ def answer_tabled(
     read = released_read(tables.filled(rows), dataset, tables.public)
     reply = engine._plain(user, dataset, request, read)
     envelope = reply.envelope
-    exact = envelope.pop("exact")
-    envelope["post_processed"] = {
-        "public_tables": list(tables.public),
-        "row_limit": exact["row_limit"],
-        "truncated": exact["truncated"],
-    }
-    envelope["stages"] = [
+    exact = required(envelope.exact, "a plain read's facts")
+    envelope.exact = None
+    envelope.post_processed = PostProcessed(
+        public_tables=list(tables.public), row_limit=exact.row_limit, truncated=exact.truncated
+    )
+    envelope.stages = [
         _stage_fact(ask, release, outcome, request.dry_run)
         for ask, release, outcome in zip(asks, tables.releases, outcomes, strict=True)
     ]
-    costs = [o.json()["cost"] if not request.dry_run else o.envelope["cost"] for o in outcomes]
-    envelope["cost"] = {k: sum(c.get(k, 0.0) for c in costs) for k in costs[0]}
-    envelope["request"] = {**envelope["request"], "epsilon": eps, "delta": delta}
+    envelope.cost = sum((o.envelope.cost for o in outcomes[1:]), outcomes[0].envelope.cost)
+    envelope.request = replace_struct(
+        required(envelope.request, "what was asked"), epsilon=eps, delta=delta
+    )
     return reply
 
 
-def _stage_fact(ask: QueryRequest, release: Any, outcome: Reply, dry_run: bool) -> dict[str, Any]:
+def _stage_fact(ask: QueryRequest, release: Any, outcome: Reply, dry_run: bool) -> Stage:
     """What one release of a query said, as typed data: its SQL and (ε, δ); after the
     run, its one value and interval, or how many rows it released; and whether it was
     a replay."""
-    entry: dict[str, Any] = {"sql": ask.sql, "epsilon": ask.epsilon, "delta": ask.delta}
+    entry = _stage(ask)
     if dry_run:
         return entry
-    shown = outcome.json()
-    entry["replayed"] = shown["replayed"]
+    entry.replayed = outcome.envelope.replayed
     if release.name is None:
-        entry.update(value=_value(outcome), interval=_interval(shown))
+        entry.value, entry.interval = _value(outcome), _interval(outcome.json())
     else:
-        entry.update(rows=len(shown["rows"]), table=release.name)
+        entry.rows, entry.table = len(outcome.json()["rows"]), release.name
     return entry
+
+
+def _stage(ask: QueryRequest) -> Stage:
+    """A stage's SQL and its share of the query's (ε, δ)."""
+    epsilon = required(ask.epsilon, "a stage's ε")
+    return Stage(sql=ask.sql, epsilon=epsilon, delta=required(ask.delta, "a stage's δ"))
 
 
 def shares(stages: int) -> float:
@@ -195,26 +203,24 @@ def _told(
     """``reply`` saying what its stages released, what was asked (the user's text and
     whole budget), and what all its releases cost together."""
     envelope = reply.envelope
-    stages: list[dict[str, Any]] = []
-    costs = [envelope["cost"]]
+    stages: list[Stage] = []
+    cost = envelope.cost
     for ask, release in zip(asks, releases, strict=True):
-        entry: dict[str, Any] = {"sql": ask.sql, "epsilon": ask.epsilon, "delta": ask.delta}
+        entry = _stage(ask)
         if release is not None:
-            shown = release.json()
-            entry.update(
-                value=_value(release), interval=_interval(shown), replayed=shown["replayed"]
-            )
-            costs.append(shown["cost"])
+            entry.value, entry.interval = _value(release), _interval(release.json())
+            entry.replayed = release.envelope.replayed
+            cost += release.envelope.cost
         else:  # a dry run: what each stage would cost
-            costs.append(envelope["cost"])
+            cost += envelope.cost
         stages.append(entry)
-    envelope["stages"] = stages
-    envelope["cost"] = {k: sum(c.get(k, 0.0) for c in costs) for k in costs[0]}
-    envelope["request"] = {
-        **envelope["request"],
-        "sql": request.sql,
-        "params": request.params,
-        "epsilon": eps,
-        "delta": delta,
-    }
+    envelope.stages = stages
+    envelope.cost = cost
+    envelope.request = replace_struct(
+        required(envelope.request, "what was asked"),
+        sql=request.sql,
+        params=request.params,
+        epsilon=eps,
+        delta=delta,
+    )
     return reply
