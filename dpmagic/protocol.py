@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import msgspec
+from msgspec import UNSET, UnsetType
 from msgspec.structs import replace
 
 # The wire's version, of the request and of the reply: a gate refuses a newer request
@@ -77,17 +78,20 @@ def default_delta(query_delta: float, zcdp: bool, notebook_delta: float) -> floa
     return notebook_delta
 
 
-class _Fact(msgspec.Struct, kw_only=True, omit_defaults=True):
+class _Fact(msgspec.Struct, kw_only=True):
     """A typed part of the reply. The gate makes each by its fields, so a key it adds
     without a field here fails where it is made; read, a part leaves keys it does not
-    know (a newer gate's, an older ledger's) rather than refuse the whole reply."""
+    know (a newer gate's, an older ledger's) rather than refuse the whole reply. Sent,
+    each field is there, unless its struct leaves out those at their default
+    (``omit_defaults``: where a default says the fact is absent)."""
 
 
-class Cost(_Fact, frozen=True):
-    """What a query charged (or, on a dry run, would charge); ``rho`` under zCDP."""
+class Cost(_Fact, frozen=True, omit_defaults=True):
+    """What a query charged (or, on a dry run, would charge); ``rho`` under zCDP.
+    No defaults for ε and δ: a cost always says both, nothing spent too."""
 
-    epsilon: float = 0.0
-    delta: float = 0.0
+    epsilon: float
+    delta: float
     rho: float | None = None
 
     def __add__(self, other: Cost) -> Cost:
@@ -98,10 +102,10 @@ class Cost(_Fact, frozen=True):
         return Cost(epsilon=self.epsilon + other.epsilon, delta=self.delta + other.delta, rho=rho)
 
 
-FREE = Cost()
+FREE = Cost(epsilon=0.0, delta=0.0)
 
 
-class Asked(_Fact):
+class Asked(_Fact, omit_defaults=True):
     """The reply's ``request``: what was asked, the policy's defaults filled in. A
     transcript of released answers is matched on it where no gate can analyse."""
 
@@ -120,12 +124,12 @@ class Asked(_Fact):
     clip_moved: bool | None = None
 
 
-class Accuracy(_Fact):
+class Accuracy(_Fact, omit_defaults=True):
     """``alpha`` and, per output column, how its cells are noised (None for a group
     key): its mechanism, scale, each cell's interval and verdict (``cells.py``)."""
 
-    alpha: float = 0.05
-    columns: list[dict[str, Any] | None] = []
+    alpha: float
+    columns: list[dict[str, Any] | None]
     # The bounds every answer is over, in words (the bounding statement's ``text``).
     bounds: str | None = None
     # Which keys appear is itself a DP output: how they were chosen.
@@ -155,7 +159,7 @@ class PostProcessed(_Fact):
     truncated: bool = False
 
 
-class Stage(_Fact):
+class Stage(_Fact, omit_defaults=True):
     """One release made before the query: its SQL and (ε, δ); after the run its one
     value and interval, or the rows it released into ``table``; whether it replayed."""
 
@@ -163,15 +167,17 @@ class Stage(_Fact):
     epsilon: float
     delta: float
     replayed: bool | None = None
-    value: float | None = None
-    interval: list[float] | None = None
+    # A subquery used as a value: the value (None: NULL) and its 95% interval (None:
+    # unknown), both sent once released, both left out before (``UNSET``).
+    value: float | None | UnsetType = UNSET
+    interval: list[float] | None | UnsetType = UNSET
+    # A subquery released as a table: its name and how many rows it released.
     rows: int | None = None
     table: str | None = None
 
     @property
     def released(self) -> bool:
-        """Whether it ran (a dry run's stage only says what it will cost). ``value`` is
-        then given even when it is NULL, so the struct keeps no default for it."""
+        """Whether it ran (a dry run's stage only says what it will cost)."""
         return self.replayed is not None
 
 

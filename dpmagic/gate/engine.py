@@ -365,7 +365,7 @@ class Engine:
         reply = _envelope(dataset, analysis, request)
         if request.dry_run:
             reply.columns = [o.name for o in analysis.plan.checked.outputs]
-            reply.accuracy = protocol.Accuracy(alpha=REPORT_ALPHA)
+            reply.accuracy = protocol.Accuracy(alpha=REPORT_ALPHA, columns=[])
             reply.budget = self._budget_views(user, dataset, request.notebook)
             return Reply.of(reply)
         if request.fresh:  # a new release, asked for: no replay, no flight to wait on

@@ -186,7 +186,7 @@ def test_relabelling_every_measurement_changes_no_verdict(sql):
     # the client: a reply whose every label and plan entry says something else
     released = release(noisy)
     reply = {"columns": released.columns, "rows": released.rows, "accuracy": released.accuracy,
-             "cost": {"epsilon": 1.0}, "budget": {}, "plan": []}  # fmt: skip
+             "cost": {"epsilon": 1.0, "delta": 0.0}, "budget": {}, "plan": []}  # fmt: skip
     scrambled = json.loads(json.dumps(reply))
     for info in scrambled["accuracy"]["columns"]:
         if info:

@@ -650,7 +650,7 @@ def test_a_clip_footer_says_which_bounds_and_what_the_cells_hold():
 def test_a_shared_answer_says_what_it_charged():
     """Served from another user's release: free where it already counted against the
     asker's budgets, else charged to the ones it had not (the gate's ``charged_to``)."""
-    shared = {"released_at": "2026-11-28T10:00:00", "cost": {"epsilon": 0.5}, "scope": "group"}
+    shared = {"released_at": "2026-11-28T10:00:00", "cost": {"epsilon": 0.5, "delta": 0.0}, "scope": "group"}
     nothing = {**shared, "charged_to": []}
     free = DPResult(reply(cost={"epsilon": 0.0}, replayed=True, shared=nothing))
     assert "no cost to you" in free.footer()
