@@ -24,10 +24,12 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
+import msgspec
+
 from dpmagic import wire
 from dpmagic.asking import Asking
 from dpmagic.errors import ERROR_KINDS, BudgetExhausted, DPError, GateUnavailable
-from dpmagic.protocol import Ask
+from dpmagic.protocol import Ask, QueryReply, reply_of
 from dpmagic.result import DPResult
 from dpmagic.transcript import SCHEME, TranscriptGate
 
@@ -128,8 +130,8 @@ class Gate(Asking):
         with collector_paused():
             if isinstance(reply, tuple):
                 envelope, cells = reply
-                return DPResult(envelope, cells=cells)
-            return DPResult(reply)
+                return DPResult(_query_reply(envelope), cells=cells)
+            return DPResult(_query_reply(reply))
 
     def budget(
         self,
@@ -313,6 +315,15 @@ def _decode(status: int, raw: bytes) -> dict[str, Any]:
     if not isinstance(reply, dict):
         raise DPError("the gate's reply was not a JSON object")
     return reply
+
+
+def _query_reply(data: dict[str, Any]) -> QueryReply:
+    """A query's reply read into the wire's struct; one that is not (a gate of another
+    make, a proxy's page) is told as such rather than shown half read."""
+    try:
+        return reply_of(data)
+    except msgspec.ValidationError as exc:
+        raise DPError(f"the gate's reply is not a query's reply: {exc}") from None
 
 
 def _reason(exc: BaseException) -> str:

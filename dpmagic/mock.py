@@ -24,6 +24,7 @@ import pandas as pd
 
 from dpmagic.cells import ALPHA
 from dpmagic.errors import DPError
+from dpmagic.protocol import Accuracy, Mock, QueryReply
 from dpmagic.render import MOCK_LABEL
 from dpmagic.result import DPResult
 
@@ -120,15 +121,13 @@ def mock_query(
     finally:
         con.close()
     return DPResult(
-        {
-            "dataset": schema.get("dataset", ""),
-            "columns": columns,
-            "rows": rows,
-            "cost": {"epsilon": 0.0, "delta": 0.0},
-            "accuracy": {"alpha": ALPHA, "columns": []},
-            "budget": {},
-            "mock": {"units": units},
-        }
+        QueryReply(
+            dataset=str(schema.get("dataset", "")),
+            columns=columns,
+            rows=rows,
+            accuracy=Accuracy(alpha=ALPHA, columns=[]),
+            mock=Mock(units=units),
+        )
     )
 
 

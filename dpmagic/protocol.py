@@ -85,6 +85,10 @@ class _Fact(msgspec.Struct, kw_only=True):
     each field is there, unless its struct leaves out those at their default
     (``omit_defaults``: where a default says the fact is absent)."""
 
+    def json(self) -> dict[str, Any]:
+        """The part as a JSON object."""
+        return msgspec.to_builtins(self)
+
 
 class Cost(_Fact, frozen=True, omit_defaults=True):
     """What a query charged (or, on a dry run, would charge); ``rho`` under zCDP.
@@ -169,8 +173,8 @@ class Stage(_Fact, omit_defaults=True):
     replayed: bool | None = None
     # A subquery used as a value: the value (None: NULL) and its 95% interval (None:
     # unknown), both sent once released, both left out before (``UNSET``).
-    value: float | None | UnsetType = UNSET
-    interval: list[float] | None | UnsetType = UNSET
+    value: float | UnsetType | None = UNSET
+    interval: list[float] | UnsetType | None = UNSET
     # A subquery released as a table: its name and how many rows it released.
     rows: int | None = None
     table: str | None = None

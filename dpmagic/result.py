@@ -18,10 +18,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+from msgspec import to_builtins
 
 from dpmagic import wire
-from dpmagic.cells import CellAccuracy, cell_accuracy
+from dpmagic.cells import ALPHA, CellAccuracy, cell_accuracy
 from dpmagic.plan_view import HEADERS, OUTPUT_HEADERS, dominance_warnings, output_rows, plan_rows
+from dpmagic.protocol import Accuracy, Cost, QueryReply, Shared, Stage, reply_of
 from dpmagic.render import (
     BUDGET_METADATA,
     MOCK_LABEL,
@@ -40,18 +42,18 @@ from dpmagic.render import (
 )
 
 
-def shared_note(shared: dict[str, Any], cost: dict[str, Any]) -> str:
+def shared_note(shared: Shared, cost: Cost) -> str:
     """A shared answer's footer: when and at what cost another user's release of the
     same question was made, and what serving it charged this user (nothing where the
     release already counted against every budget they are under)."""
-    when = str(shared.get("released_at", ""))[:16].replace("T", " ")
-    released = amount(shared["cost"])
-    charged = shared.get("charged_to") or []
-    if not charged or not any(float(cost.get(k) or 0) for k in ("epsilon", "delta")):
+    when = shared.released_at[:16].replace("T", " ")
+    released = amount(to_builtins(shared.cost))
+    charged = shared.charged_to
+    if not charged or not (cost.epsilon or cost.delta):
         mine = "no cost to you: its release already counted against your budgets"
     else:
         names = ", ".join(_scope_name(s) for s in charged)
-        mine = f"{amount(cost)} charged to {names}, which it had not counted against"
+        mine = f"{amount(to_builtins(cost))} charged to {names}, which it had not counted against"
     return f"shared answer, released to another user {when} UTC at {released} ({mine})"
 
 
@@ -88,33 +90,32 @@ def clip_notes(clip: dict[str, Any]) -> list[str]:
     return notes
 
 
-def stage_notes(stages: list[dict[str, Any]], dry_run: bool) -> list[str]:
+def stage_notes(stages: list[Stage], dry_run: bool) -> list[str]:
     """What a query's subqueries released before it, as the gate's typed facts say:
     each subquery, the value that went into the query, its 95% interval and its ε (a
     dry run: what each will cost)."""
     notes = []
     for stage in stages:
-        spent = budget_number(float(stage["epsilon"]), up=True)
-        if dry_run or ("value" not in stage and "rows" not in stage):
-            notes.append(f"released first, with ε {spent}: {stage['sql']}")
+        spent = budget_number(stage.epsilon, up=True)
+        if dry_run or not stage.released:
+            notes.append(f"released first, with ε {spent}: {stage.sql}")
             continue
-        if "rows" in stage:
-            again = ", replayed" if stage.get("replayed") else ""
+        again = ", replayed" if stage.replayed else ""
+        if stage.rows is not None:
             notes.append(
-                f"released first, with ε {spent}{again}: {stage['sql']} ({stage['rows']:,} rows "
+                f"released first, with ε {spent}{again}: {stage.sql} ({stage.rows:,} rows "
                 "with noise); the query worked on these rows"
             )
             continue
-        value = "NULL" if stage["value"] is None else format_value(stage["value"])
-        interval = stage.get("interval")
+        value = format_value(stage.value) if isinstance(stage.value, float | int) else "NULL"
+        interval = stage.interval
         within = (
             f" (95% interval {format_value(interval[0])} to {format_value(interval[1])})"
-            if interval
+            if isinstance(interval, list)
             else ""
         )
-        again = ", replayed" if stage.get("replayed") else ""
         notes.append(
-            f"released first, with ε {spent}{again}: {stage['sql']} = {value}{within}; "
+            f"released first, with ε {spent}{again}: {stage.sql} = {value}{within}; "
             "the query compared with this noisy value"
         )
     return notes
@@ -132,34 +133,39 @@ class DPResult:
     JupySQL's result names work too: ``DataFrame()``, ``PolarsDataFrame()``,
     ``csv()``, ``dict()``, ``len()`` and iteration over the rows as tuples.
 
-    ``reply`` is the JSON reply, or with ``cells`` (an Arrow table, ``dpmagic/wire.py``)
-    the reply's envelope: the rows and each cell's interval and verdict are then read
-    from the columns when first asked for, not made as a Python object per cell as
-    the reply arrives (``df`` is made from the columns directly).
+    ``reply`` is the reply (a `protocol.QueryReply`, or its JSON object, read into one),
+    or with ``cells`` (an Arrow table, ``dpmagic/wire.py``) the reply's envelope: the
+    rows and each cell's interval and verdict are then read from the columns when first
+    asked for, not made as a Python object per cell as the reply arrives (``df`` is
+    made from the columns directly).
     """
 
     def __init__(
         self,
-        reply: dict[str, Any],
+        reply: QueryReply | dict[str, Any],
         display_limit: int | None = None,
         intervals: str = "shown",
         cells: pa.Table | None = None,
     ) -> None:
-        self._envelope = reply
+        envelope = reply if isinstance(reply, QueryReply) else reply_of(reply)
+        self.envelope = envelope
+        """The reply as the wire's struct (with ``cells``, without its rows)."""
         self._cells = cells
         self._fields = {} if cells is None else wire.fields(cells)
-        self.dataset: str = reply.get("dataset", "")
-        self.columns: list[str] = list(reply.get("columns", []))
-        self.cost: dict[str, float] = reply.get("cost", {"epsilon": 0.0, "delta": 0.0})
-        self.budget: dict[str, Any] = reply.get("budget", {})
-        self.replayed: bool = bool(reply.get("replayed", False))
+        self.dataset: str = envelope.dataset
+        self.columns: list[str] = list(envelope.columns)
+        self.cost: dict[str, float] = to_builtins(envelope.cost)
+        self.budget: dict[str, Any] = envelope.budget
+        self.replayed: bool = envelope.replayed
         # Another user's release of the same question (``share_releases``), served with
         # what it charged this user's budgets it had not counted against.
-        self.shared: dict[str, Any] | None = reply.get("shared")
-        self.dry_run: bool = bool(reply.get("dry_run", False))
-        self.mock: bool = bool(reply.get("mock"))
+        self.shared: dict[str, Any] | None = (
+            None if envelope.shared is None else to_builtins(envelope.shared)
+        )
+        self.dry_run: bool = envelope.dry_run
+        self.mock: bool = envelope.mock is not None
         """Answered on fake tables made from the public schema (``--mock``), not the data."""
-        self.plan: list[dict[str, Any]] = list(reply.get("plan", []))
+        self.plan: list[dict[str, Any]] = list(envelope.plan)
         self.display_limit = display_limit
         """Rows shown by the HTML and text views; ``None`` or 0 shows all."""
         self.intervals = intervals
@@ -174,14 +180,14 @@ class DPResult:
     def reply(self) -> dict[str, Any]:
         """The reply as JSON carries it (rows and per-cell lists as lists)."""
         if self._cells is None:
-            return self._envelope
-        return wire.merged(self._envelope, self._cells)
+            return self.envelope.json()
+        return wire.merged(self.envelope.json(), self._cells)
 
     @cached_property
     def rows(self) -> list[list[Any]]:
         """The noisy rows, each a list of values in the columns' order."""
         if self._cells is None:
-            return [list(r) for r in self._envelope.get("rows", [])]
+            return [list(r) for r in self.envelope.rows]
         columns = [wire.values(self._cells, self._fields, j) for j in range(len(self.columns))]
         return [list(row) for row in zip(*columns, strict=True)] if columns else []
 
@@ -190,8 +196,14 @@ class DPResult:
         """``alpha`` and, per output column, how its cells are noised, each cell's interval
         and verdict (``None`` for a group key)."""
         if self._cells is None:
-            return self._envelope.get("accuracy", {"alpha": 0.05, "columns": []})
-        return self.reply.get("accuracy", {"alpha": 0.05, "columns": []})
+            return to_builtins(self._accuracy)
+        return self.reply.get("accuracy") or to_builtins(self._accuracy)
+
+    @property
+    def _accuracy(self) -> Accuracy:
+        """The envelope's accuracy (without per-cell lists when the cells are Arrow's);
+        a reply without one (a dry run's transcript stand-in) has no noisy column."""
+        return self.envelope.accuracy or Accuracy(alpha=ALPHA, columns=[])
 
     @cached_property
     def df(self) -> pd.DataFrame:
@@ -242,14 +254,12 @@ class DPResult:
     @property
     def confidence(self) -> float:
         """The coverage of the reported intervals, e.g. 0.95."""
-        accuracy = self._envelope.get("accuracy") or {}
-        return 1.0 - float(accuracy.get("alpha", 0.05))
+        return 1.0 - self._accuracy.alpha
 
     @property
     def keys(self) -> list[str]:
         """The group-key columns: those that carry no noise."""
-        accuracy = self._envelope.get("accuracy") or {}
-        given = accuracy.get("columns") or []
+        given = self._accuracy.columns
         return [c for i, c in enumerate(self.columns) if i >= len(given) or given[i] is None]
 
     def interval(self, column: str) -> pd.DataFrame:
@@ -308,8 +318,7 @@ class DPResult:
     def _noisy_column(self, column: str) -> dict[str, Any]:
         if column not in self.columns:
             raise KeyError(f"no column {column!r}; columns are {self.columns}")
-        accuracy = self._envelope.get("accuracy") or {}
-        given = accuracy.get("columns") or []
+        given = self._accuracy.columns
         index = self.columns.index(column)
         info = given[index] if index < len(given) else None
         if info is None:
@@ -336,56 +345,53 @@ class DPResult:
 
     def footer(self) -> str:
         """One line: what this query cost and what is left."""
+        envelope = self.envelope
         parts = []
         if self.mock:
             parts.append(f"{MOCK_LABEL}: fake rows drawn from the public schema, nothing charged")
-        elif self.dry_run and self._envelope.get("offline"):
+        elif self.dry_run and envelope.offline:
             parts.append(
                 f"dry run: nothing charged; it would spend {amount(self.cost)} "
                 "(its plan is not in the transcript: ask the gate for it)"
             )
         elif self.dry_run:
             parts.append(f"dry run: nothing charged; it would spend {amount(self.cost)}")
-            if self._envelope.get("engine") == "spark":
+            if envelope.engine == "spark":
                 parts.append("answered by Spark")
-        elif self._envelope.get("post_processed"):
-            done = self._envelope["post_processed"]
+        elif envelope.post_processed is not None:
+            done = envelope.post_processed
             parts.append(
                 f"{amount(self.cost)} spent on the releases below; the rest of the query "
                 "worked on them (and public tables) at no further cost"
             )
-            if done.get("truncated"):
-                parts.append(f"the first {done['row_limit']:,} rows (the dataset's limit)")
-        elif self._envelope.get("exact"):
-            exact = self._envelope["exact"]
+            if done.truncated:
+                parts.append(f"the first {done.row_limit or 0:,} rows (the dataset's limit)")
+        elif envelope.exact is not None:
+            exact = envelope.exact
             parts.append("exact: it reads only public tables, so nothing was charged")
-            if exact.get("truncated"):
-                parts.append(f"the first {exact['row_limit']:,} rows (the dataset's limit)")
-        elif self.shared:
-            parts.append(shared_note(self.shared, self.cost))
+            if exact.truncated:
+                parts.append(f"the first {exact.row_limit or 0:,} rows (the dataset's limit)")
+        elif envelope.shared is not None:
+            parts.append(shared_note(envelope.shared, envelope.cost))
         elif self.replayed:
             parts.append("replayed (no cost)")
         else:
             parts.append(f"{amount(self.cost)} spent")
-            fresh = self._envelope.get("fresh_because")
-            if fresh:
-                parts.append(f"answered afresh: {fresh}")
-        clip = self._envelope.get("clip")
-        if clip and not self.dry_run:
-            parts.extend(clip_notes(clip))
-        stages = self._envelope.get("stages")
-        if stages:
-            parts.extend(stage_notes(stages, self.dry_run))
-        people = self._envelope.get("per_person")
-        if people:
-            parts.append("per person: " + "; ".join(p["basis"] for p in people))
+            if envelope.fresh_because:
+                parts.append(f"answered afresh: {envelope.fresh_because}")
+        if envelope.clip and not self.dry_run:
+            parts.extend(clip_notes(envelope.clip))
+        if envelope.stages:
+            parts.extend(stage_notes(envelope.stages, self.dry_run))
+        if envelope.per_person:
+            parts.append("per person: " + "; ".join(p.basis for p in envelope.per_person))
         left = budget_left(self.budget)
         if left:
             parts.append(left)
-        bounded = bounding_note(self._envelope.get("bounding"))
+        bounded = bounding_note(envelope.bounding)
         if bounded:
             parts.append(bounded)
-        chosen = (self._envelope.get("accuracy") or {}).get("partition_selection")
+        chosen = self._accuracy.partition_selection
         if chosen:
             parts.append(
                 f"keys chosen from the data: kept where noisy units ≥ {chosen['threshold']} "

@@ -17,10 +17,21 @@ import json
 from pathlib import Path
 from typing import Any
 
+from msgspec.structs import replace
+
 from dpmagic.asking import Asking
 from dpmagic.cells import ALPHA
 from dpmagic.errors import DPError, QueryRefused
-from dpmagic.protocol import Ask
+from dpmagic.protocol import (
+    FREE,
+    Accuracy,
+    Ask,
+    Asked,
+    Cost,
+    QueryReply,
+    default_delta,
+    reply_of,
+)
 from dpmagic.result import DPResult
 
 FORMAT = "dpmagic-transcript/1"
@@ -57,47 +68,43 @@ class TranscriptGate(Asking):
         instead of failing."""
         name = self._dataset(ask.dataset)
         facts = self.datasets[name]
-        epsilon, delta, accuracy, alpha = ask.epsilon, ask.delta, ask.accuracy, ask.alpha
-        request: dict[str, Any] = {
-            "dataset": name,
-            "sql": ask.sql,
-            "epsilon": float(epsilon if epsilon is not None else facts["query_default"]["epsilon"]),
-            "delta": float(delta if delta is not None else _default_delta(facts)),
-            "params": ask.params or {},
-        }
-        if accuracy is not None:
-            request.update(accuracy=float(accuracy), alpha=float(alpha or ALPHA))
-        if ask.bounding_report is not None:
-            request.update(bounding_report=float(ask.bounding_report))
-        chosen = {
-            "max_partitions": ask.max_partitions,
-            "max_rows_per_partition": ask.max_rows_per_partition,
-            "clip": None if ask.clip is None else float(ask.clip),
-        }
-        request.update({k: v for k, v in chosen.items() if v is not None})
-        stored = self._answers.get(_key(request))
+        default = facts["query_default"]
+        epsilon = ask.epsilon if ask.epsilon is not None else default["epsilon"]
+        if ask.delta is not None:
+            delta = ask.delta
+        else:
+            zcdp = facts.get("accountant") == "zcdp"
+            notebook_delta = facts["notebook_budget"]["delta"]
+            delta = default_delta(default.get("delta", 0.0), zcdp, notebook_delta)
+        asked = Asked(
+            sql=ask.sql,
+            params=ask.params or {},
+            epsilon=float(epsilon),
+            delta=float(delta),
+            accuracy=None if ask.accuracy is None else float(ask.accuracy),
+            alpha=None if ask.accuracy is None else float(ask.alpha or ALPHA),
+            bounding_report=None if ask.bounding_report is None else float(ask.bounding_report),
+            max_partitions=ask.max_partitions,
+            max_rows_per_partition=ask.max_rows_per_partition,
+            clip=None if ask.clip is None else float(ask.clip),
+        )
+        stored = self._answers.get(_key({**asked.json(), "dataset": name}))
+        budget = self.datasets[name]["budget"]
         if stored is None and ask.dry_run:
-            return DPResult(
-                {
-                    "dataset": name,
-                    "columns": [],
-                    "rows": [],
-                    "dry_run": True,
-                    "offline": True,
-                    "cost": {"epsilon": request["epsilon"], "delta": request["delta"]},
-                    "budget": self.datasets[name]["budget"],
-                }
-            )
+            cost = Cost(epsilon=float(epsilon), delta=float(delta))
+            offline = QueryReply(dataset=name, dry_run=True, offline=True, cost=cost, budget=budget)
+            return DPResult(offline)
         if stored is None:
             raise QueryRefused(
                 f"this query is not in the transcript {self.path.name}: "
                 "only answers released to the notebook's author can be replayed"
             )
-        reply = dict(stored, budget=self.datasets[name]["budget"])
+        reply = replace(reply_of(stored, migrate=True), budget=budget)
         if ask.dry_run:
-            reply.update(rows=[], accuracy={"alpha": ALPHA, "columns": []}, dry_run=True)
+            accuracy = Accuracy(alpha=ALPHA, columns=[])
+            reply = replace(reply, rows=[], accuracy=accuracy, dry_run=True)
         else:
-            reply.update(replayed=True, cost={"epsilon": 0.0, "delta": 0.0})
+            reply = replace(reply, replayed=True, cost=FREE)
         return DPResult(reply)
 
     def budget(
@@ -143,14 +150,6 @@ class TranscriptGate(Asking):
         if name not in self.datasets:
             raise QueryRefused(f"the transcript has no answers about dataset {name!r}")
         return name
-
-
-def _default_delta(facts: dict[str, Any]) -> float:
-    """The δ the gate fills in for a query that names none (see the gate's engine)."""
-    delta = facts["query_default"].get("delta", 0.0)
-    if delta or facts.get("accountant") != "zcdp":
-        return delta
-    return facts["notebook_budget"]["delta"]
 
 
 def _key(request: dict[str, Any]) -> str:

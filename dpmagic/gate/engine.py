@@ -32,7 +32,6 @@ from typing import Any
 from msgspec.structs import replace as replace_struct
 
 from dpmagic import protocol
-
 from dpmagic.gate.admission import Admission
 from dpmagic.gate.analysis_cache import BYTES_PER_CHAR, AnalysisCache
 from dpmagic.gate.dp.accounting import Accountant, AccountantError, make_accountant

@@ -39,11 +39,11 @@ def test_a_value_released_first_is_shown_with_its_interval(connected):
     first, the value the query compared with, its interval and its ε."""
     sql = "SELECT COUNT(*) AS n FROM t WHERE age > (SELECT AVG(age) FROM t)"
     result = connected.run_cell_magic("dpsql", "-e 0.5", sql)
-    ((stage,),) = [result._envelope["stages"]]
-    lo, hi = (format_value(v) for v in stage["interval"])
+    ((stage,),) = [result.envelope.stages]
+    lo, hi = (format_value(v) for v in stage.interval)
     assert result.footer().startswith(
         "ε 0.5 spent · released first, with ε 0.25: SELECT AVG(age) FROM t = "
-        f"{format_value(stage['value'])} (95% interval {lo} to {hi}); the query compared "
+        f"{format_value(stage.value)} (95% interval {lo} to {hi}); the query compared "
         "with this noisy value · ε 1.5 left for the notebook"
     )
     dry = connected.run_cell_magic("dpsql", "-e 0.5 --dry-run", sql)

@@ -480,7 +480,7 @@ def test_every_epsilon_the_notebook_shows_follows_one_rule():
     left = budget(2.0 - 0.359312, 4.640688)
     answer = DPResult(reply(cost=costs, budget=left))
     clipped = {"aggregate": "AVG(x)", "bounds": [0, 10], "source": "data", "moved": []}
-    answer._envelope["clip"] = {"epsilon": 0.0359312, "chosen": [clipped]}
+    answer.envelope.clip = {"epsilon": 0.0359312, "chosen": [clipped]}
     dry = DPResult(reply(rows=[], dry_run=True, plan=plan, cost=costs, budget=left))
     entry = DatasetBudget(
         budget={"dataset": "d", **left},
@@ -631,7 +631,7 @@ def test_a_clip_footer_says_which_bounds_and_what_the_cells_hold():
     """The gate's typed clip facts, rendered: bounds chosen from the data (the cells are
     of the values moved into them, about how many moved), or the declared ones kept."""
     answer = DPResult(reply())
-    answer._envelope["clip"] = {
+    answer.envelope.clip = {
         "epsilon": 0.25,
         "chosen": [
             {"aggregate": "AVG(invt)", "bounds": [0, 944], "source": "data",
@@ -650,14 +650,18 @@ def test_a_clip_footer_says_which_bounds_and_what_the_cells_hold():
 def test_a_shared_answer_says_what_it_charged():
     """Served from another user's release: free where it already counted against the
     asker's budgets, else charged to the ones it had not (the gate's ``charged_to``)."""
-    shared = {"released_at": "2026-11-28T10:00:00", "cost": {"epsilon": 0.5, "delta": 0.0}, "scope": "group"}
+    shared = {
+        "released_at": "2026-11-28T10:00:00",
+        "cost": {"epsilon": 0.5, "delta": 0.0},
+        "scope": "group",
+    }
     nothing = {**shared, "charged_to": []}
-    free = DPResult(reply(cost={"epsilon": 0.0}, replayed=True, shared=nothing))
+    free = DPResult(reply(cost={"epsilon": 0.0, "delta": 0.0}, replayed=True, shared=nothing))
     assert "no cost to you" in free.footer()
     charged_to = [{"budget": "group", "dataset": "d", "holder": "g2"},
                   {"budget": "user", "dataset": "d", "holder": "bob"}]  # fmt: skip
     charged = DPResult(
-        reply(cost={"epsilon": 0.5}, replayed=True, shared={**shared, "charged_to": charged_to})
+        reply(cost={"epsilon": 0.5, "delta": 0.0}, replayed=True, shared={**shared, "charged_to": charged_to})
     )
     footer = charged.footer()
     assert "ε 0.5 charged to group g2's budget, your budget" in footer

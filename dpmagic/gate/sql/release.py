@@ -58,8 +58,8 @@ from dpmagic.gate.sql.parse import DIALECT
 from dpmagic.gate.sql.plan_types import Avg, DebiasedSum, Measured, Measurement, Plan, Selection
 from dpmagic.gate.sql.post_query import PID, PostExpr, PostQuery, debiased_column, post_query
 from dpmagic.gate.sql.randomized import Debiased, debias
-from dpmagic.protocol import Accuracy
 from dpmagic.gate.sql.release_columns import Columns, direct
+from dpmagic.protocol import Accuracy
 
 ALPHA = REPORT_ALPHA
 # An empty in-memory database that only ever sees noisy values; each release
