@@ -29,7 +29,7 @@ import msgspec
 from dpmagic import wire
 from dpmagic.asking import Asking
 from dpmagic.errors import ERROR_KINDS, BudgetExhausted, DPError, GateUnavailable
-from dpmagic.protocol import Ask, QueryReply, reply_of
+from dpmagic.protocol import Ask, ErrorReply, QueryReply, reply_of
 from dpmagic.result import DPResult
 from dpmagic.transcript import SCHEME, TranscriptGate
 
@@ -303,15 +303,15 @@ def _decode(status: int, raw: bytes) -> dict[str, Any]:
     except ValueError:
         reply = None
     if status >= 400:
-        error = reply.get("error") if isinstance(reply, dict) else None
-        if isinstance(error, dict) and isinstance(error.get("message"), str):
-            kind = str(error.get("kind") or "failed")
-            message = " ".join(error["message"].split())
-            failure = ERROR_KINDS.get(kind, DPError)(message, kind=kind)
-            if isinstance(failure, BudgetExhausted) and isinstance(error.get("budget"), dict):
-                failure.budget = {str(k): str(v) for k, v in error["budget"].items()}
-            raise failure
-        raise DPError(f"the gate replied with HTTP {status}")
+        try:
+            error = msgspec.convert(reply, ErrorReply).error
+        except msgspec.ValidationError:  # not the gate's (a proxy's page): its status only
+            raise DPError(f"the gate replied with HTTP {status}") from None
+        message = " ".join(error.message.split())
+        failure = ERROR_KINDS.get(error.kind, DPError)(message, kind=error.kind)
+        if isinstance(failure, BudgetExhausted) and error.budget is not None:
+            failure.budget = error.budget
+        raise failure
     if not isinstance(reply, dict):
         raise DPError("the gate's reply was not a JSON object")
     return reply

@@ -248,6 +248,22 @@ class QueryReply(_Fact, forbid_unknown_fields=True, omit_defaults=False):
         return {k: v for k, v in msgspec.to_builtins(self).items() if v is not None}
 
 
+class Failure(_Fact, omit_defaults=True):
+    """Why the gate answered no (a refusal, a bad request, a failure after the debit):
+    its ``kind`` (``errors.ERROR_KINDS``), a message in words, and for an over-budget
+    refusal which budget, typed (its kind, dataset and holder)."""
+
+    kind: str
+    message: str
+    budget: dict[str, str] | None = None
+
+
+class ErrorReply(_Fact):
+    """The body of every 4xx and 5xx the gate sends, of any endpoint."""
+
+    error: Failure
+
+
 REPLY_FIELDS = frozenset(QueryReply.__struct_fields__)
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import TypeVar
 
+from dpmagic.protocol import ErrorReply, Failure
+
 T = TypeVar("T")
 
 
@@ -20,8 +22,12 @@ class GateError(Exception):
         super().__init__(message)
         self.message = message
 
-    def as_reply(self) -> dict[str, dict[str, str]]:
-        return {"error": {"kind": self.kind, "message": self.message}}
+    def as_reply(self) -> dict[str, object]:
+        """The error's body (``protocol.ErrorReply``)."""
+        return ErrorReply(error=self.failure()).json()
+
+    def failure(self) -> Failure:
+        return Failure(kind=self.kind, message=self.message)
 
 
 class Refused(GateError):
@@ -71,11 +77,8 @@ class OverBudget(GateError):
         super().__init__(message)
         self.budget = budget
 
-    def as_reply(self) -> dict[str, dict[str, str]]:
-        reply = super().as_reply()
-        if self.budget is not None:
-            reply["error"]["budget"] = self.budget  # type: ignore[assignment]
-        return reply
+    def failure(self) -> Failure:
+        return Failure(kind=self.kind, message=self.message, budget=self.budget)
 
 
 class Unauthorized(GateError):

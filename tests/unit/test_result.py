@@ -661,7 +661,11 @@ def test_a_shared_answer_says_what_it_charged():
     charged_to = [{"budget": "group", "dataset": "d", "holder": "g2"},
                   {"budget": "user", "dataset": "d", "holder": "bob"}]  # fmt: skip
     charged = DPResult(
-        reply(cost={"epsilon": 0.5, "delta": 0.0}, replayed=True, shared={**shared, "charged_to": charged_to})
+        reply(
+            cost={"epsilon": 0.5, "delta": 0.0},
+            replayed=True,
+            shared={**shared, "charged_to": charged_to},
+        )
     )
     footer = charged.footer()
     assert "ε 0.5 charged to group g2's budget, your budget" in footer

@@ -158,7 +158,8 @@ def test_a_quantile_band_and_a_dry_run_read_from_columns() -> None:
     }  # fmt: skip
     from_json, from_arrow = _both(reply)
     pd.testing.assert_frame_equal(from_arrow.percentiles("q"), from_json.percentiles("q"))
-    dry = {"columns": ["n"], "rows": [], "dry_run": True, "accuracy": {"alpha": 0.05, "columns": []}}
+    accuracy = {"alpha": 0.05, "columns": []}
+    dry = {"columns": ["n"], "rows": [], "dry_run": True, "accuracy": accuracy}
     from_json, from_arrow = _both(dry)
     assert from_arrow.rows == [] and len(from_arrow) == 0
     assert list(from_arrow.df.columns) == ["n"]
