@@ -90,9 +90,10 @@ class _Fact(msgspec.Struct, kw_only=True):
         return msgspec.to_builtins(self)
 
 
-class Cost(_Fact, frozen=True, omit_defaults=True):
+class Cost(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     """What a query charged (or, on a dry run, would charge); ``rho`` under zCDP.
-    No defaults for ε and δ: a cost always says both, nothing spent too."""
+    No defaults for ε and δ: a cost always says both, nothing spent too. Frozen, so
+    that `FREE` can be every free reply's."""
 
     epsilon: float
     delta: float
