@@ -25,7 +25,7 @@ from dpmagic.gate.public_reads import released_read
 from dpmagic.gate.sql.parse import parse
 from dpmagic.gate.sql.released_tables import Tabled
 from dpmagic.gate.sql.released_tables import tabled as split_tabled
-from dpmagic.gate.sql.staged import STAND_IN, Staged, split
+from dpmagic.gate.sql.staged import MAX_KEYS, Released, Staged, split
 
 if TYPE_CHECKING:
     from dpmagic.gate.engine import Engine
@@ -57,10 +57,11 @@ def answer(
     share = shares(len(stages.stages))
     part = replace(request, params={}, epsilon=eps * share, delta=delta * share)
     asks = [replace(part, sql=sql) for sql in stages.stages]
-    last = replace(part, sql=stages.filled([STAND_IN] * len(asks)))
-    for ask in asks:
+    last = replace(part, sql=stages.filled(stages.stand_ins()))
+    keyed = stages.keys or tuple(() for _ in asks)
+    for ask, by in zip(asks, keyed, strict=True):
         plan = engine.analysis(user, dataset, ask).plan
-        if plan.keys or len(plan.checked.outputs) != 1:
+        if not by and (plan.keys or len(plan.checked.outputs) != 1):
             raise Refused(
                 "a subquery used as a value must release one value: one aggregate, without GROUP BY"
             )
@@ -69,7 +70,18 @@ def answer(
         reply = engine._query(user, last, reads)
         return _told(reply, request, [None] * len(asks), asks, eps, delta)
     releases = [engine._query(user, ask, reads) for ask in asks]
-    values = [_value(r) for r in releases]
+    values: list[Released] = []
+    for release, by in zip(releases, keyed, strict=True):
+        if not by:
+            values.append(_value(release))
+            continue
+        rows = release.json()["rows"]
+        if len(rows) > MAX_KEYS:
+            raise Refused(
+                f"the correlated subquery released {len(rows):,} keys; the query reads at "
+                f"most {MAX_KEYS:,}: narrow it with a condition on its keys"
+            )
+        values.append(rows)
     reply = engine._query(user, replace(last, sql=stages.filled(values)), reads)
     return _told(reply, request, releases, asks, eps, delta)
 
@@ -201,9 +213,11 @@ def _told(
         entry: dict[str, Any] = {"sql": ask.sql, "epsilon": ask.epsilon, "delta": ask.delta}
         if release is not None:
             shown = release.json()
-            entry.update(
-                value=_value(release), interval=_interval(shown), replayed=shown["replayed"]
-            )
+            entry["replayed"] = shown["replayed"]
+            if len(shown["columns"]) > 1:  # a correlated subquery's: a value a key
+                entry["rows"] = len(shown["rows"])
+            else:
+                entry.update(value=_value(release), interval=_interval(shown))
             costs.append(shown["cost"])
         else:  # a dry run: what each stage would cost
             costs.append(envelope["cost"])
