@@ -230,15 +230,16 @@ def _by_key(keys: tuple[exp.Column, ...], rows: list[list[object]]) -> exp.Expre
     k = 1 THEN 2.5 … END``, NULL where no key was released."""
     if not rows:
         return exp.Null()
-    case = exp.Case()
+    ifs = []
     for row in rows:
         ties = [
             exp.EQ(this=k.copy(), expression=_key_literal(v))
             for k, v in zip(keys, row, strict=False)
         ]
         value = row[-1]
-        case = case.when(exp.and_(*ties), _literal(None if value is None else float(value)))  # type: ignore[arg-type]
-    return case
+        then = _literal(None if value is None else float(value))  # type: ignore[arg-type]
+        ifs.append(exp.If(this=exp.and_(*ties, copy=False), true=then))
+    return exp.Case(ifs=ifs)  # built at once: ``Case.when`` copies the CASE at each WHEN
 
 
 def _key_literal(value: object) -> exp.Expression:
