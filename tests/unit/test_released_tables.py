@@ -231,6 +231,20 @@ def test_a_correlated_value_in_a_private_query_is_released_per_key(engine):
     assert reply["cost"]["epsilon"] == pytest.approx(1.0)
 
 
+def test_having_against_a_released_total_is_answered_in_stages(engine):
+    """TPC-H query 11's form over private rows: the groups whose total is above a share
+    of the whole, the whole released first."""
+    sql = (
+        "SELECT o_priority, SUM(o_total) AS t FROM orders GROUP BY o_priority "
+        "HAVING SUM(o_total) > (SELECT SUM(o_total) * 0.3 FROM orders)"
+    )
+    reply = _ask(engine, sql)
+    ((stage,),) = [reply["stages"]]
+    assert stage["sql"] == "SELECT SUM(o_total) * 0.3 FROM orders"
+    assert all(row[1] > stage["value"] for row in reply["rows"])
+    assert reply["cost"]["epsilon"] == pytest.approx(1.0)
+
+
 def test_more_keys_than_the_query_reads_are_refused_saying_so(engine, monkeypatch):
     monkeypatch.setattr(staged_releases, "MAX_KEYS", 2)
     with pytest.raises(Refused, match="released 3 keys; the query reads at most 2"):
