@@ -69,9 +69,23 @@ def answer(
     if request.dry_run:
         reply = engine._query(user, last, reads)
         return _told(reply, request, [None] * len(asks), asks, eps, delta)
+    # The whole query's charge is checked before its first debit: the last with the
+    # values its stages released before, where every one of them is replayed.
+    stored = [engine.stored(user, dataset, ask) for ask in asks]
+    known = all(r is not None for r in stored)
+    then = replace(last, sql=stages.filled(_values(stored, keyed))) if known else last
+    engine.fits_all(user, dataset, [*asks, then])
     releases = [engine._query(user, ask, reads) for ask in asks]
+    reply = engine._query(user, replace(last, sql=stages.filled(_values(releases, keyed))), reads)
+    return _told(reply, request, releases, asks, eps, delta)
+
+
+def _values(releases: list[Reply] | list[Reply | None], keyed: tuple) -> list[Released]:
+    """What each stage released, as the last stage reads it: one value, or the rows
+    of a correlated subquery's keys and values (refused past ``MAX_KEYS``)."""
     values: list[Released] = []
     for release, by in zip(releases, keyed, strict=True):
+        assert release is not None
         if not by:
             values.append(_value(release))
             continue
@@ -82,8 +96,7 @@ def answer(
                 f"most {MAX_KEYS:,}: narrow it with a condition on its keys"
             )
         values.append(rows)
-    reply = engine._query(user, replace(last, sql=stages.filled(values)), reads)
-    return _told(reply, request, releases, asks, eps, delta)
+    return values
 
 
 def _asked_by_epsilon(request: QueryRequest) -> None:
@@ -139,6 +152,8 @@ def answer_tabled(
                 "a subquery used as a value must release one value: one aggregate, without GROUP BY"
             )
     released_read(tables.filled([None] * len(asks)), dataset, tables.public)
+    if not request.dry_run:
+        engine.fits_all(user, dataset, asks)
     outcomes = [engine._query(user, ask, reads) for ask in asks]
     rows = [None if request.dry_run else o.json()["rows"] for o in outcomes]
     read = released_read(tables.filled(rows), dataset, tables.public)
