@@ -232,6 +232,7 @@ PER_PERSON_QUERIES = st.one_of(
 )
 # Row expressions compared with a value released first (``sql/staged.py``).
 STAGED_QUERIES = swarm({f: SCHEMAS[f] for f in ("t", LINKED)}, placement="staged")
+KEYED_QUERIES = swarm({"t": SCHEMAS["t"]}, placement="staged_by_key")
 
 
 # -- the gates -----------------------------------------------------------------------

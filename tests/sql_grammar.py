@@ -622,6 +622,40 @@ class Grammar:
             self.expr(NUM), st.sampled_from(["<", ">", "<=", ">="]), self.aggregated(table)
         ).map(render)
 
+    def staged_by_key(self, table: str = "t", key: str = "city") -> st.SearchStrategy[str]:
+        """The query's rows compared with a subquery correlated on a public key
+        (``t.city = o.city``), released per key first (``sql/staged.py``); or an
+        aggregate over ``table`` grouped by the key in a CTE, released first, which the
+        rest of the query only works on (``sql/released_tables.py``)."""
+
+        def render(t: tuple) -> str:
+            left, op, stage, rest, lit = t
+            tie = f"t.{key} = o.{key}"
+            if f"FROM {table} WHERE " in stage:
+                inner = stage.replace(f"FROM {table} WHERE ", f"FROM {table} WHERE {tie} AND (")
+                inner += ")"
+            else:
+                inner = f"{stage} WHERE {tie}"
+            if rest is None:
+                outer = _sql(left).replace(f"{table}.", "o.")
+                return f"SELECT COUNT(*) FROM {table} AS o WHERE {outer} {op} ({inner})"
+            head, tail = stage.split(f" FROM {table}", 1)
+            cte = f"SELECT t.{key} AS k, {head[len('SELECT ') :]} AS v FROM {table}{tail}"
+            body = {
+                "max": "SELECT k, v FROM s WHERE v = (SELECT MAX(v) FROM s)",
+                "above": f"SELECT COUNT(*) AS n FROM s WHERE v {op} {lit}",
+                "order": "SELECT k FROM s ORDER BY v DESC LIMIT 1",
+            }[rest]
+            return f"WITH s AS ({cte} GROUP BY t.{key}) {body}"
+
+        return st.tuples(
+            self.expr(NUM),
+            st.sampled_from(["<", ">", "<=", ">="]),
+            self.aggregated(table),
+            st.sampled_from([None, None, "max", "above", "order"]),
+            st.integers(-5, 50),
+        ).map(render)
+
     def per_person(self, table: str, unit: str = "t.pid") -> st.SearchStrategy[str]:
         """A subquery grouped by the unit (``unit``, a column of ``table``), its value an
         aggregate of the grammar's row expressions (bounded or not), its rows filtered,

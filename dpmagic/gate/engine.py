@@ -34,8 +34,7 @@ from msgspec.structs import replace as replace_struct
 from dpmagic import protocol
 from dpmagic.gate.admission import Admission
 from dpmagic.gate.analysis_cache import BYTES_PER_CHAR, AnalysisCache
-from dpmagic.gate.dp.accounting import Accountant, AccountantError, make_accountant
-from dpmagic.gate.dp.accounting import Cost as DPCost
+from dpmagic.gate.dp.accounting import Accountant, AccountantError, Cost, make_accountant
 from dpmagic.gate.dp.calibration import Accuracy
 from dpmagic.gate.dp.levels import REPORT_ALPHA
 from dpmagic.gate.dp.mechanisms import calibrate
@@ -487,6 +486,30 @@ class Engine:
         envelope.budget = self._budget_views(user, dataset, request.notebook)
         return stored
 
+    def stored(self, user: str, dataset: Dataset, request: QueryRequest) -> Reply | None:
+        """The reply this user was released for ``request`` before, which a new ask
+        replays free; None where there is none."""
+        key = self.analysis(user, dataset, request).replay_key
+        return self.ledger.find_release(user, dataset.name, key)
+
+    def fits_all(self, user: str, dataset: Dataset, requests: list[QueryRequest]) -> None:
+        """Refuse, before any of them is charged, releases whose costs together do not
+        fit the user's budgets now (``requests``: a query's stages and itself); one
+        this user was released before is replayed, free, and counts nothing."""
+        total = [0.0, 0.0, 0.0]
+        for request in requests:
+            if self.stored(user, dataset, request) is not None:
+                continue
+            cost = self.analysis(user, dataset, request).plan.cost
+            total = [total[0] + cost.epsilon, total[1] + cost.delta, total[2] + cost.rho]
+        self.ledger.check(
+            user=user,
+            dataset=dataset.name,
+            cost=Cost(*total),
+            limits=applicable(dataset, user, requests[0].notebook, self.membership.of(user)),
+            accountant=self.accountants[dataset.name],
+        )
+
     def _charged_run(
         self,
         user: str,
@@ -713,7 +736,7 @@ def _envelope(dataset: Dataset, analysis: Analysis, request: QueryRequest) -> Qu
     return reply
 
 
-def wire_cost(cost: DPCost) -> protocol.Cost:
+def wire_cost(cost: Cost) -> protocol.Cost:
     """A cost as the reply carries it (``Cost.as_dict``: ρ only where it states one)."""
     return protocol.Cost(**cost.as_dict())
 

@@ -25,6 +25,7 @@ from tests.error_oracle import (  # noqa: F401
     DEFAULT,
     EPSILON,
     FUZZ,
+    KEYED_QUERIES,
     LEFT_QUERIES,
     PER_PERSON_QUERIES,
     RELEASE_QUERIES,
@@ -70,8 +71,8 @@ def test_fuzz_per_person_subqueries_never_hinge_on_one_unit(pair: Pair, sql: str
 
 
 @pytest.mark.fuzz
-@settings(FUZZ, max_examples=150)
-@given(sql=STAGED_QUERIES)
+@settings(FUZZ, max_examples=200)
+@given(sql=st.one_of(STAGED_QUERIES, KEYED_QUERIES))
 def test_fuzz_releases_inside_a_query_differ_by_noise_only(pair: Pair, sql: str) -> None:
     compare(pair, sql, release_level=True)
 

@@ -50,6 +50,27 @@ def test_a_value_released_first_is_shown_with_its_interval(connected):
     assert "released first, with ε 0.25: SELECT AVG(age) FROM t ·" in dry.footer()
 
 
+def test_a_table_released_first_and_worked_on_is_said(connected):
+    """The gate's typed ``stages`` and ``post_processed`` facts as the user reads them:
+    the CTE released first with its rows, and the rest of the query worked on it free."""
+    sql = (
+        "WITH s AS (SELECT sex, COUNT(*) AS n FROM t GROUP BY sex) "
+        "SELECT sex, n FROM s WHERE n = (SELECT MAX(n) FROM s)"
+    )
+    result = connected.run_cell_magic("dpsql", "-e 0.5", sql)
+    assert result.columns == ["sex", "n"] and len(result.rows) == 1
+    assert result.footer().startswith(
+        "ε 0.5 spent on the releases below; the rest of the query worked on them (and public "
+        "tables) at no further cost · released first, with ε 0.5: SELECT sex, COUNT(*) AS n "
+        "FROM t GROUP BY sex (2 rows with noise); the query worked on these rows · ε 1.5 left"
+    )
+    dry = connected.run_cell_magic("dpsql", "-e 0.5 --dry-run", sql)
+    assert dry.footer().startswith(
+        "dry run: nothing charged; it would spend ε 0.5 · released first, with ε 0.5: "
+        "SELECT sex, COUNT(*) AS n FROM t GROUP BY sex ·"
+    )
+
+
 def test_per_person_values_are_shown_with_their_bounds(connected):
     """The gate's typed ``per_person`` facts as the user reads them: each value's bound
     and why, decided from the text and the policy (one row per person here)."""

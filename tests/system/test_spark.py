@@ -265,6 +265,11 @@ SHOP_QUERIES = [
     "SELECT c_count, COUNT(*) FROM (SELECT c_custkey, COUNT(o_orderkey) AS c_count, "
     "SUM(o_total) AS spent FROM customer LEFT JOIN orders ON c_custkey = o_custkey "
     "GROUP BY c_custkey) AS c WHERE spent > 100 GROUP BY c_count",
+    # A correlated subquery's two stages (sql/staged.py): its release per key, then the
+    # query reading each row's key's released value.
+    "SELECT l2.l_flag, AVG(l2.l_price) AS value FROM lineitem AS l2 GROUP BY l2.l_flag",
+    "SELECT COUNT(*) AS n FROM lineitem AS l1 WHERE l_price > CASE WHEN l1.l_flag = 'A' "
+    "THEN 400.5 WHEN l1.l_flag = 'N' THEN 500.5 END",
 ]
 
 

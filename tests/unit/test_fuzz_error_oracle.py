@@ -36,6 +36,7 @@ from hypothesis import strategies as st
 
 from tests.error_oracle import (  # noqa: F401
     DEFAULT,
+    KEYED_QUERIES,
     LEFT_QUERIES,
     LINKED,
     PER_PERSON_QUERIES,
@@ -81,7 +82,7 @@ def test_per_person_subqueries_never_hinge_on_one_unit(pair: Pair, sql: str) -> 
 
 
 @settings(DEFAULT, max_examples=40)
-@given(sql=STAGED_QUERIES)
+@given(sql=st.one_of(STAGED_QUERIES, KEYED_QUERIES))
 def test_releases_inside_a_query_differ_by_noise_only(pair: Pair, sql: str) -> None:
     """A subquery released first, then compared with rows: what the gate decides before
     the noise (a refusal and its text, the charge) is the same on D and D'."""

@@ -23,9 +23,10 @@ from sqlglot import exp
 from dpmagic.gate.engine import Engine
 from dpmagic.gate.failures import Refused
 from dpmagic.gate.policy import load_policy
-from dpmagic.gate.sql import released_tables
+from dpmagic.gate.sql import released_tables, staged_releases
 from dpmagic.gate.sql.parse import parse
 from dpmagic.gate.sql.released_tables import tabled
+from dpmagic.gate.sql.staged import MAX_KEYS, STAND_IN, split
 from tests import shop
 
 TOP_PRIORITY = (
@@ -105,7 +106,10 @@ def test_a_correlated_value_is_released_per_key_and_looked_up(engine):
 
 
 def test_a_value_standing_alone_is_written_in_as_a_literal(engine):
-    sql = "SELECT p_brand, COUNT(*) FROM part WHERE p_partkey < (SELECT AVG(l_quantity) FROM lineitem) GROUP BY p_brand"
+    sql = (
+        "SELECT p_brand, COUNT(*) FROM part WHERE p_partkey < "
+        "(SELECT AVG(l_quantity) FROM lineitem) GROUP BY p_brand"
+    )
     found = _tabled(engine, sql)
     assert found.filled([[[4.25]]]).sql(dialect="duckdb").count("p_partkey < 4.25") == 1
 
@@ -125,7 +129,10 @@ def test_a_rest_that_reads_private_rows_is_not_post_processing(engine, sql):
 
 
 def test_a_tie_other_than_an_equality_is_refused(engine):
-    sql = "SELECT p_brand FROM part WHERE 3 < (SELECT AVG(l_quantity) FROM lineitem WHERE l_partkey < p_partkey)"
+    sql = (
+        "SELECT p_brand FROM part WHERE 3 < "
+        "(SELECT AVG(l_quantity) FROM lineitem WHERE l_partkey < p_partkey)"
+    )
     with pytest.raises(Refused, match="other than by an equality"):
         _tabled(engine, sql)
 
@@ -199,6 +206,51 @@ def test_a_per_person_cte_read_by_an_aggregate_stays_one_query(engine):
     assert "stages" not in reply and reply.get("per_person")
 
 
+PER_FLAG = (
+    "SELECT COUNT(*) AS n FROM lineitem l1 WHERE l_price > "
+    "(SELECT AVG(l2.l_price) FROM lineitem l2 WHERE l2.l_flag = l1.l_flag)"
+)
+
+
+def test_a_correlated_value_in_a_private_query_is_released_per_key(engine):
+    """``staged.py``'s path with a correlated subquery: released per key first (the three
+    public flags), then the query over private rows reads its row's key's value."""
+    staged = split(parse(PER_FLAG).tree, engine.policy.datasets["shop"])
+    assert staged.stages == (
+        "SELECT l2.l_flag, AVG(l2.l_price) AS value FROM lineitem AS l2 GROUP BY l2.l_flag",
+    )
+    assert staged.filled([[["A", 1.5], ["N", 2.5]]]) == (
+        "SELECT COUNT(*) AS n FROM lineitem AS l1 WHERE l_price > CASE WHEN l1.l_flag = 'A' "
+        "THEN 1.5 WHEN l1.l_flag = 'N' THEN 2.5 END"
+    )
+    (stand_in,) = staged.stand_ins()
+    assert len(stand_in) == MAX_KEYS and stand_in[0] == ["0", STAND_IN]  # a text key's shape
+    reply = _ask(engine, PER_FLAG)
+    ((stage,),) = [reply["stages"]]
+    assert stage["rows"] == 3 and stage["epsilon"] == pytest.approx(0.5)
+    assert reply["cost"]["epsilon"] == pytest.approx(1.0)
+
+
+def test_having_against_a_released_total_is_answered_in_stages(engine):
+    """TPC-H query 11's form over private rows: the groups whose total is above a share
+    of the whole, the whole released first."""
+    sql = (
+        "SELECT o_priority, SUM(o_total) AS t FROM orders GROUP BY o_priority "
+        "HAVING SUM(o_total) > (SELECT SUM(o_total) * 0.3 FROM orders)"
+    )
+    reply = _ask(engine, sql)
+    ((stage,),) = [reply["stages"]]
+    assert stage["sql"] == "SELECT SUM(o_total) * 0.3 FROM orders"
+    assert all(row[1] > stage["value"] for row in reply["rows"])
+    assert reply["cost"]["epsilon"] == pytest.approx(1.0)
+
+
+def test_more_keys_than_the_query_reads_are_refused_saying_so(engine, monkeypatch):
+    monkeypatch.setattr(staged_releases, "MAX_KEYS", 2)
+    with pytest.raises(Refused, match="released 3 keys; the query reads at most 2"):
+        _ask(engine, PER_FLAG.replace("COUNT(*)", "COUNT(l_price)"))
+
+
 # -- the search: the rest reads no private row ------------------------------------
 
 KEYS = st.sampled_from(["o_priority"])
@@ -236,7 +288,8 @@ def neighbours(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     other = duckdb.connect(str(out / "d2.duckdb"))
     other.execute(f"IMPORT DATABASE '{out / 'dump'}'")
     other.execute(
-        "DELETE FROM lineitem WHERE l_orderkey IN (SELECT o_orderkey FROM orders WHERE o_custkey = 1)"
+        "DELETE FROM lineitem WHERE l_orderkey IN "
+        "(SELECT o_orderkey FROM orders WHERE o_custkey = 1)"
     )
     other.execute("DELETE FROM orders WHERE o_custkey = 1")
     other.execute("DELETE FROM customer WHERE c_custkey = 1")

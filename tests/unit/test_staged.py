@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from dpmagic.gate.dp.accounting import make_accountant
 from dpmagic.gate.engine import Engine
-from dpmagic.gate.failures import GateError, Refused
+from dpmagic.gate.failures import GateError, OverBudget, Refused
 from dpmagic.gate.policy import load_policy
 from dpmagic.gate.sql import staged_releases
 from dpmagic.gate.sql.parse import parse
@@ -215,13 +215,54 @@ def test_each_release_takes_its_share_and_a_broken_share_is_caught(engine, monke
     assert not _charged_as_told(engine, "fay", two, 1.5)
 
 
-def test_an_unqualified_column_of_the_query_around_is_a_correlated_subquery(engine):
+def test_an_unqualified_column_of_the_query_around_ties_a_correlated_subquery(engine):
     """TPC-H query 17's shape: ``l_orderkey = o_orderkey`` names the query around it's
-    column without a table; refused as correlated, nothing charged."""
+    column without a table: released per order, whose keys are private, so under the
+    pure accountant it is refused for them, before anything is charged."""
     sql = (
         "SELECT COUNT(*) FROM orders WHERE o_total > "
         "(SELECT AVG(l_price) FROM lineitem WHERE l_orderkey = o_orderkey)"
     )
-    with pytest.raises(GateError, match="correlated subquery"):
+    with pytest.raises(GateError, match="GROUP BY l_orderkey: its values are not public"):
         engine.query("gus", {"sql": sql, "epsilon": 1.0, "notebook": "nb"})
     assert _spent(engine, "gus") == 0.0
+
+
+@pytest.fixture
+def tight(tmp_path: Path, folder: Path) -> Iterator[Engine]:
+    """The shop with a notebook budget of ε 1.6: one staged query of ε 1 fits, two do
+    not."""
+    text = (folder / "shop.toml").read_text()
+    text = text.replace(
+        "notebook_budget = { epsilon = 1e6 }", "notebook_budget = { epsilon = 1.6 }"
+    )
+    text = text.replace(
+        f'state_dir = "{(folder / "state").as_posix()}"', f'state_dir = "{tmp_path.as_posix()}"'
+    )
+    (tmp_path / "tight.toml").write_text(text)
+    e = Engine(load_policy(tmp_path / "tight.toml"))
+    yield e
+    e.close()
+
+
+def test_a_query_whose_stages_do_not_all_fit_is_refused_before_any_charge(tight):
+    """The whole query's charge is checked before its first debit: the second query's
+    first stage (ε 0.5) would fit, the whole (ε 1) does not, and nothing is charged. A
+    re-run of the first is replayed, stages and all, on the budget that is left."""
+    first = tight.query("ann", {"sql": ABOVE, "epsilon": 1.0, "notebook": "nb"})
+    other = ABOVE.replace("AVG(c_acctbal)", "MEDIAN(c_acctbal)")
+    with pytest.raises(OverBudget, match=r"needs ε=1 but only ε=0\.6 is left for notebook"):
+        tight.query("ann", {"sql": other, "epsilon": 1.0, "notebook": "nb"})
+    assert _spent(tight, "ann") == pytest.approx(1.0)
+    again = tight.query("ann", {"sql": ABOVE, "epsilon": 1.0, "notebook": "nb"})
+    assert again["replayed"] and again["rows"] == first["rows"]
+
+
+def test_without_the_check_a_query_is_charged_for_stages_it_cannot_finish(tight, monkeypatch):
+    """The broken version: stages charged one by one until one does not fit."""
+    monkeypatch.setattr(Engine, "fits_all", lambda *a: None)
+    tight.query("ann", {"sql": ABOVE, "epsilon": 1.0, "notebook": "nb"})
+    other = ABOVE.replace("AVG(c_acctbal)", "MEDIAN(c_acctbal)")
+    with pytest.raises(OverBudget):
+        tight.query("ann", {"sql": other, "epsilon": 1.0, "notebook": "nb"})
+    assert _spent(tight, "ann") == pytest.approx(1.5)  # its first stage, for nothing

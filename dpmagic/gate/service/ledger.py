@@ -405,6 +405,27 @@ class Ledger:
                 )
         return Charge(charge_id, self._durable())  # after the commit, which it must follow
 
+    def check(
+        self,
+        *,
+        user: str,
+        dataset: str,
+        cost: Cost,
+        limits: Sequence[tuple[Scope, Budget]],
+        accountant: Accountant | None = None,
+    ) -> None:
+        """Raise the OverBudget ``debit`` would for ``cost`` now, writing nothing: a
+        query of several releases asks it for their sum before its first debit, so
+        that it is not charged for stages it cannot finish."""
+        acc = accountant or self.accountant
+        now = self._clock()
+        with self._lock:
+            self._refresh(dataset)
+            standing = [(scope, *self._standing(scope, base, now)) for scope, base in limits]
+            for scope, spent, limit, _due in standing:
+                if not acc.fits(spent, cost, limit):
+                    self._refuse(acc, cost, scope, standing, user, None)
+
     def _refuse(
         self,
         acc: Accountant,

@@ -170,6 +170,61 @@ def _value_release(
         return Release(_with_needed(select, ctes), None, ()), mark, None
     if select.args.get("group") or select.args.get("having"):
         raise Refused("a correlated subquery used as a value is released without GROUP BY")
+    sql, columns = _keyed_stage(select, pairs, rest, ctes)
+    name = f"{TABLE}{index}"
+    ties = [
+        exp.EQ(this=exp.column(key, table=name), expression=outer.copy())
+        for key, (_, outer) in zip(columns, pairs, strict=False)
+    ]
+    lookup = exp.Subquery(
+        this=exp.select(exp.column(columns[-1], table=name)).from_(name).where(exp.and_(*ties))
+    )
+    cte = exp.CTE(this=mark, alias=exp.TableAlias(this=exp.to_identifier(name)))
+    return Release(sql, name, columns), lookup, cte
+
+
+def per_key(
+    select: exp.Select, ctes: dict[str, exp.CTE], dataset: Dataset
+) -> tuple[str, tuple[exp.Column, ...], tuple[str, ...]] | None:
+    """A correlated subquery used as a value in a query that reads private rows itself
+    (``staged.py``): its release per key (the SQL), the outer columns its keys are
+    matched with, and each key's declared type. None where it stands alone."""
+    if len(select.expressions) != 1:
+        raise Refused("a subquery used as a value must be one SELECT of one value")
+    pairs, rest = _correlation(select, ctes, dataset)
+    if not pairs:
+        return None
+    if select.args.get("group") or select.args.get("having"):
+        raise Refused("a correlated subquery used as a value is released without GROUP BY")
+    sql, _ = _keyed_stage(select, pairs, rest, ctes)
+    kinds = tuple(_kind(inner, select, dataset) for inner, _ in pairs)
+    return sql, tuple(outer for _, outer in pairs), kinds
+
+
+def _kind(inner: exp.Expression, select: exp.Select, dataset: Dataset) -> str:
+    """A key's declared type, from the subquery's own tables (``int`` where unknown:
+    the stand-in's shape; a key of text is matched with text literals)."""
+    if isinstance(inner, exp.Column):
+        for table in select.find_all(exp.Table):
+            declared = dataset.table(table.name.lower())
+            names = (table.alias_or_name.lower(), table.name.lower())
+            if (
+                declared is not None
+                and inner.name.lower() in declared.columns
+                and (not inner.table or inner.table.lower() in names)
+            ):
+                return declared.columns[inner.name.lower()].type
+    return "int"
+
+
+def _keyed_stage(
+    select: exp.Select,
+    pairs: list[tuple[exp.Expression, exp.Column]],
+    rest: list[exp.Expression],
+    ctes: dict[str, exp.CTE],
+) -> tuple[str, tuple[str, ...]]:
+    """A correlated subquery's release: its value grouped by its side of the ties,
+    with the conjuncts left; and the released table's columns."""
     columns = _names(pairs, select.expressions[0])
     stage = select.copy()
     keys = [
@@ -180,16 +235,7 @@ def _value_release(
     stage.set("expressions", [*keys, value])
     stage.set("where", exp.Where(this=exp.and_(*rest)) if rest else None)
     stage.set("group", exp.Group(expressions=[inner.copy() for inner, _ in pairs]))
-    name = f"{TABLE}{index}"
-    ties = [
-        exp.EQ(this=exp.column(key, table=name), expression=outer.copy())
-        for key, (_, outer) in zip(columns, pairs, strict=False)
-    ]
-    lookup = exp.Subquery(
-        this=exp.select(exp.column(columns[-1], table=name)).from_(name).where(exp.and_(*ties))
-    )
-    cte = exp.CTE(this=mark, alias=exp.TableAlias(this=exp.to_identifier(name)))
-    return Release(_with_needed(stage, ctes), name, columns), lookup, cte
+    return _with_needed(stage, ctes), columns
 
 
 def _names(

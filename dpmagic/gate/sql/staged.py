@@ -43,26 +43,53 @@ WITH = "with_" if "with_" in exp.Select.arg_types else "with"
 STAND_IN = 0.5
 # The most subqueries one query may release before its own release.
 MAX_STAGES = 8
+# The most keys a correlated subquery's release may hold for the query to read (its
+# CASE, one WHEN a key, stays within the gate's limit on a query's length).
+MAX_KEYS = 250
+
+
+# What a stage released: one value, or (a correlated subquery) rows of keys and a value.
+Released = float | None | list[list[object]]
 
 
 @dataclass(frozen=True)
 class Staged:
     """A query split into its stages: ``stages``, the SQL of each subquery released
-    first (with the query's CTEs it reads), in order; and ``tree``, the query with
-    each of them marked, to be filled with their values (``filled``)."""
+    first (with the query's CTEs it reads), in order; ``keys``, for each, the columns
+    of the query around it that a correlated one is released by (none for a value
+    standing alone); and ``tree``, the query with each of them marked, to be filled
+    with what they released (``filled``)."""
 
     tree: exp.Select
     stages: tuple[str, ...]
+    keys: tuple[tuple[exp.Column, ...], ...] = ()
+    kinds: tuple[tuple[str, ...], ...] = ()  # each key's declared type
 
-    def filled(self, values: list[float | None]) -> str:
-        """The last stage's SQL: the query with each subquery's released value."""
+    def filled(self, values: list[Released]) -> str:
+        """The last stage's SQL: the query with each subquery's released value, or for
+        a correlated one, the value of its row's key (``CASE``; NULL for a key the
+        release does not hold)."""
         if len(values) != len(self.stages):
             raise ValueError("one value per stage")
+        keys = self.keys or tuple(() for _ in self.stages)
         tree = self.tree.copy()
         marks = sorted(tree.find_all(exp.Placeholder), key=lambda m: int(m.name[len(MARK) :]))
-        for mark, value in zip(marks, values, strict=True):
-            mark.replace(_literal(value))
+        for mark, value, by in zip(marks, values, keys, strict=True):
+            mark.replace(_by_key(by, value) if by else _literal(value))  # type: ignore[arg-type]
         return tree.sql(dialect=DIALECT)
+
+    def stand_ins(self) -> list[Released]:
+        """What the last stage is analysed with before any release: ``STAND_IN`` for a
+        value; for a correlated subquery, ``MAX_KEYS`` rows of keys of its keys' types,
+        the most a release may hold, so the stand-in's work is the most the real
+        one's can be."""
+        kinds = self.kinds or tuple(() for _ in self.stages)
+        return [
+            [[*(_stand_in_key(t, i) for t in types), STAND_IN] for i in range(MAX_KEYS)]
+            if types
+            else STAND_IN
+            for types in kinds
+        ]
 
 
 MARK = "__dpmagic_stage_"
@@ -84,6 +111,8 @@ def split(tree: exp.Select, dataset: Dataset | None = None) -> Staged | None:
     out = tree.copy()
     copies = [s for s in out.find_all(exp.Subquery) if _is_value(s)]
     stages = []
+    keyed: list[tuple[exp.Column, ...]] = []
+    kinds: list[tuple[str, ...]] = []
     for i, sub in enumerate(copies):
         select = sub.this
         while isinstance(select, exp.Subquery):
@@ -100,11 +129,24 @@ def split(tree: exp.Select, dataset: Dataset | None = None) -> Staged | None:
                 "a subquery used as a value holds another one: release the inner value "
                 "in a query of its own, then write it as a number"
             )
+        by: tuple[exp.Column, ...] = ()
         if dataset is not None:
+            from dpmagic.gate.sql.released_tables import per_key  # it builds on this module
+
+            keyed_stage = per_key(select, ctes, dataset)
+            if keyed_stage is not None:
+                stage, by, types = keyed_stage
+                stages.append(stage)
+                keyed.append(by)
+                kinds.append(types)
+                sub.replace(exp.Placeholder(this=f"{MARK}{i}"))
+                continue
             _own_columns(select, dataset)
         stages.append(_stage_sql(select, ctes))
+        keyed.append(by)
+        kinds.append(())
         sub.replace(exp.Placeholder(this=f"{MARK}{i}"))
-    return Staged(out, tuple(stages))
+    return Staged(out, tuple(stages), tuple(keyed), tuple(kinds))
 
 
 def _is_value(node: exp.Subquery) -> bool:
@@ -181,6 +223,38 @@ def _own_columns(select: exp.Select, dataset: Dataset) -> None:
                 "around it: one value per row of the query (a correlated subquery) is not "
                 "released yet; release a value that stands alone"
             )
+
+
+def _by_key(keys: tuple[exp.Column, ...], rows: list[list[object]]) -> exp.Expression:
+    """A correlated subquery's released rows as the value of the row's key: ``CASE WHEN
+    k = 1 THEN 2.5 … END``, NULL where no key was released."""
+    if not rows:
+        return exp.Null()
+    ifs = []
+    for row in rows:
+        ties = [
+            exp.EQ(this=k.copy(), expression=_key_literal(v))
+            for k, v in zip(keys, row, strict=False)
+        ]
+        value = row[-1]
+        then = _literal(None if value is None else float(value))  # type: ignore[arg-type]
+        ifs.append(exp.If(this=exp.and_(*ties, copy=False), true=then))
+    return exp.Case(ifs=ifs)  # built at once: ``Case.when`` copies the CASE at each WHEN
+
+
+def _key_literal(value: object) -> exp.Expression:
+    if value is None:
+        return exp.Null()
+    if isinstance(value, bool):
+        return exp.Boolean(this=value)
+    if isinstance(value, int | float):
+        return exp.Literal.number(value)
+    return exp.Literal.string(str(value))
+
+
+def _stand_in_key(kind: str, i: int) -> object:
+    """A stand-in key of a column's type: the same literal shape a real one will have."""
+    return str(i) if kind == "str" else i
 
 
 def _literal(value: float | None) -> exp.Expression:

@@ -27,7 +27,7 @@ from dpmagic.gate.public_reads import released_read
 from dpmagic.gate.sql.parse import parse
 from dpmagic.gate.sql.released_tables import Tabled
 from dpmagic.gate.sql.released_tables import tabled as split_tabled
-from dpmagic.gate.sql.staged import STAND_IN, Staged, split
+from dpmagic.gate.sql.staged import MAX_KEYS, Released, Staged, split
 from dpmagic.protocol import PostProcessed, Stage
 
 if TYPE_CHECKING:
@@ -60,10 +60,11 @@ def answer(
     share = shares(len(stages.stages))
     part = replace(request, params={}, epsilon=eps * share, delta=delta * share)
     asks = [replace(part, sql=sql) for sql in stages.stages]
-    last = replace(part, sql=stages.filled([STAND_IN] * len(asks)))
-    for ask in asks:
+    last = replace(part, sql=stages.filled(stages.stand_ins()))
+    keyed = stages.keys or tuple(() for _ in asks)
+    for ask, by in zip(asks, keyed, strict=True):
         plan = engine.analysis(user, dataset, ask).plan
-        if plan.keys or len(plan.checked.outputs) != 1:
+        if not by and (plan.keys or len(plan.checked.outputs) != 1):
             raise Refused(
                 "a subquery used as a value must release one value: one aggregate, without GROUP BY"
             )
@@ -71,10 +72,34 @@ def answer(
     if request.dry_run:
         reply = engine._query(user, last, reads)
         return _told(reply, request, [None] * len(asks), asks, eps, delta)
+    # The whole query's charge is checked before its first debit: the last with the
+    # values its stages released before, where every one of them is replayed.
+    stored = [engine.stored(user, dataset, ask) for ask in asks]
+    known = all(r is not None for r in stored)
+    then = replace(last, sql=stages.filled(_values(stored, keyed))) if known else last
+    engine.fits_all(user, dataset, [*asks, then])
     releases = [engine._query(user, ask, reads) for ask in asks]
-    values = [_value(r) for r in releases]
-    reply = engine._query(user, replace(last, sql=stages.filled(values)), reads)
+    reply = engine._query(user, replace(last, sql=stages.filled(_values(releases, keyed))), reads)
     return _told(reply, request, releases, asks, eps, delta)
+
+
+def _values(releases: list[Reply] | list[Reply | None], keyed: tuple) -> list[Released]:
+    """What each stage released, as the last stage reads it: one value, or the rows
+    of a correlated subquery's keys and values (refused past ``MAX_KEYS``)."""
+    values: list[Released] = []
+    for release, by in zip(releases, keyed, strict=True):
+        assert release is not None
+        if not by:
+            values.append(_value(release))
+            continue
+        rows = release.json()["rows"]
+        if len(rows) > MAX_KEYS:
+            raise Refused(
+                f"the correlated subquery released {len(rows):,} keys; the query reads at "
+                f"most {MAX_KEYS:,}: narrow it with a condition on its keys"
+            )
+        values.append(rows)
+    return values
 
 
 def _asked_by_epsilon(request: QueryRequest) -> None:
@@ -130,6 +155,8 @@ def answer_tabled(
                 "a subquery used as a value must release one value: one aggregate, without GROUP BY"
             )
     released_read(tables.filled([None] * len(asks)), dataset, tables.public)
+    if not request.dry_run:
+        engine.fits_all(user, dataset, asks)
     outcomes = [engine._query(user, ask, reads) for ask in asks]
     rows = [None if request.dry_run else o.json()["rows"] for o in outcomes]
     read = released_read(tables.filled(rows), dataset, tables.public)
@@ -208,8 +235,12 @@ def _told(
     for ask, release in zip(asks, releases, strict=True):
         entry = _stage(ask)
         if release is not None:
-            entry.value, entry.interval = _value(release), _interval(release.json())
+            shown = release.json()
             entry.replayed = release.envelope.replayed
+            if len(shown["columns"]) > 1:  # a correlated subquery's: a value a key
+                entry.rows = len(shown["rows"])
+            else:
+                entry.value, entry.interval = _value(release), _interval(shown)
             cost += release.envelope.cost
         else:  # a dry run: what each stage would cost
             cost += envelope.cost
