@@ -273,7 +273,8 @@ def reply_of(data: dict[str, Any], *, migrate: bool = False) -> QueryReply:
     ``msgspec.ValidationError``. A reply of a newer version may carry fields this one
     does not know: they are left out. So are, with ``migrate``, those of a reply kept
     by an older gate (a ledger's, a transcript's), which is then of this version."""
-    newer = int(data.get("version") or 1) > WIRE_VERSION
+    version = data.get("version")
+    newer = isinstance(version, int) and version > WIRE_VERSION
     if newer or migrate:
         data = {k: v for k, v in data.items() if k in REPLY_FIELDS}
     reply = msgspec.convert(data, QueryReply)

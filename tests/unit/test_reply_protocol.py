@@ -13,6 +13,8 @@ import msgspec
 import pytest
 
 from dpmagic import wire
+from dpmagic.client import _decode, _query_reply
+from dpmagic.errors import DPError, QueryRefused
 from dpmagic.gate.engine import Engine
 from dpmagic.gate.failures import OverBudget, Refused
 from dpmagic.gate.policy import load_policy
@@ -166,6 +168,15 @@ def test_every_field_is_filled_in_by_the_gate_and_read_by_the_client() -> None:
             assert re.search(rf"\.{field}\b", _source("result.py")), f"{field}: never read"
 
 
+def test_the_client_says_a_body_is_not_a_reply() -> None:
+    with pytest.raises(DPError, match="not a query's reply"):
+        _query_reply({"dataset": "d", "rows": 3, "cost": "free"})
+    with pytest.raises(DPError, match="HTTP 502"):
+        _decode(502, b"<html>bad gateway</html>")
+    with pytest.raises(QueryRefused, match="no"):
+        _decode(400, json.dumps({"error": {"kind": "refused", "message": "no"}}).encode())
+
+
 def test_a_reply_kept_by_an_older_gate_replays() -> None:
     """An envelope of a key since retired and without a version reads as this version's."""
     old = {"dataset": "d", "columns": ["n"], "rows": [[3]], "retired": {"x": 1},
@@ -182,6 +193,8 @@ def test_a_reply_kept_by_an_older_gate_replays() -> None:
 def test_a_newer_gates_reply_is_read_for_what_this_version_knows() -> None:
     newer = {"version": WIRE_VERSION + 1, "dataset": "d", "later": True}
     assert reply_of(newer).dataset == "d"
+    with pytest.raises(msgspec.ValidationError):  # not a version: not read as one
+        reply_of({"version": "2", "dataset": "d"})
 
 
 @pytest.mark.parametrize(
