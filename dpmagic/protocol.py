@@ -194,6 +194,47 @@ class PerPerson(_Fact):
     basis: str
 
 
+class Moved(_Fact):
+    """Per group, the noisy count of values ``--clip`` moved into the bounds it chose,
+    and that count's 95% interval."""
+
+    group: list[Any]
+    count: float
+    interval: list[float] | None = None
+
+
+class ClipChoice(_Fact, omit_defaults=True):
+    """``--clip``'s bounds for one summed argument: those used (``bounds``), whence
+    (``source``: ``"data"`` or ``"declared"``) and why, what the rule read, what the
+    cells hold and, where the data's were used, the values moved. A stage made without
+    the rule has only ``aggregate`` and ``bounds``: the rest is None, left out."""
+
+    aggregate: str
+    bounds: list[float]
+    source: str | None = None
+    reason: str | None = None
+    selected: list[float] | None = None
+    declared: list[float] | None = None
+    rank_error: float | None = None
+    values: float | None = None
+    values_low: float | None = None
+    holds: str | None = None
+    moved: list[Moved] | None = None
+
+
+class Clip(_Fact, omit_defaults=True):
+    """What ``--clip`` decided: its ``share`` of the query's ε and the bounds' ε, the ε
+    the counts of values moved took (None on a dry run, before anything is decided),
+    the ``rule``, each argument's choice, and whether every release was replayed."""
+
+    share: float
+    epsilon: float
+    rule: str
+    chosen: list[ClipChoice]
+    moved_epsilon: float | None = None
+    replayed: bool | None = None
+
+
 class Shared(_Fact):
     """Another user's release of the same question, served: when and at what cost it
     was released, under which sharing, and the budgets serving it charged now."""
@@ -235,7 +276,7 @@ class QueryReply(_Fact, forbid_unknown_fields=True, omit_defaults=False):
     post_processed: PostProcessed | None = None
     stages: list[Stage] | None = None
     per_person: list[PerPerson] | None = None
-    clip: dict[str, Any] | None = None
+    clip: Clip | None = None
     shared: Shared | None = None
     # The same query released before over other data or policy facts: why it was
     # answered afresh.

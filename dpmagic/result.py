@@ -23,7 +23,7 @@ from msgspec import to_builtins
 from dpmagic import wire
 from dpmagic.cells import ALPHA, CellAccuracy, cell_accuracy
 from dpmagic.plan_view import HEADERS, OUTPUT_HEADERS, dominance_warnings, output_rows, plan_rows
-from dpmagic.protocol import Accuracy, Cost, QueryReply, Shared, Stage, reply_of
+from dpmagic.protocol import Accuracy, Clip, Cost, QueryReply, Shared, Stage, reply_of
 from dpmagic.render import (
     BUDGET_METADATA,
     MOCK_LABEL,
@@ -69,21 +69,21 @@ def _scope_name(scope: dict[str, Any]) -> str:
     return f"the {kind} budget"
 
 
-def clip_notes(clip: dict[str, Any]) -> list[str]:
+def clip_notes(clip: Clip) -> list[str]:
     """What ``--clip`` did, per summed aggregate, as the gate's typed facts say: the
     bounds chosen from the data (the cells are of the values moved into them, with
     the noisy count of values moved), or the declared bounds kept, and why."""
-    spent = budget_number(float(clip["epsilon"]), up=True)
+    spent = budget_number(clip.epsilon, up=True)
     notes = []
-    for c in clip.get("chosen", []):
-        lo, hi = (format_value(b) for b in c["bounds"])
-        if c.get("source") == "declared":
-            notes.append(f"--clip kept {c['aggregate']}'s declared bounds [{lo}, {hi}]: "
-                         f"{c.get('reason', '')}")  # fmt: skip
+    for c in clip.chosen:
+        lo, hi = (format_value(b) for b in c.bounds)
+        if c.source == "declared":
+            notes.append(f"--clip kept {c.aggregate}'s declared bounds [{lo}, {hi}]: "
+                         f"{c.reason or ''}")  # fmt: skip
             continue
-        note = f"values clipped: {c['aggregate']} within [{lo}, {hi}] (chosen with ε {spent})"
-        if c.get("source") == "data":
-            moved = sum(max(int(m.get("count") or 0), 0) for m in c.get("moved", []))
+        note = f"values clipped: {c.aggregate} within [{lo}, {hi}] (chosen with ε {spent})"
+        if c.source == "data":
+            moved = sum(max(int(m.count), 0) for m in c.moved or [])
             note += (f"; cells and intervals are of the values moved into these bounds; "
                      f"about {moved:,} values moved")  # fmt: skip
         notes.append(note)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import re
 from html import escape
 
+import msgspec
 import pytest
 
 from dpmagic.budget_view import BudgetView, DatasetBudget
+from dpmagic.protocol import Clip
 from dpmagic.render import budget_left, format_value
 from dpmagic.result import DPResult
 from dpmagic.schema_view import SchemaView
@@ -480,7 +482,9 @@ def test_every_epsilon_the_notebook_shows_follows_one_rule():
     left = budget(2.0 - 0.359312, 4.640688)
     answer = DPResult(reply(cost=costs, budget=left))
     clipped = {"aggregate": "AVG(x)", "bounds": [0, 10], "source": "data", "moved": []}
-    answer.envelope.clip = {"epsilon": 0.0359312, "chosen": [clipped]}
+    answer.envelope.clip = msgspec.convert(
+        {"share": 0.1, "epsilon": 0.0359312, "rule": "r", "chosen": [clipped]}, Clip
+    )
     dry = DPResult(reply(rows=[], dry_run=True, plan=plan, cost=costs, budget=left))
     entry = DatasetBudget(
         budget={"dataset": "d", **left},
@@ -631,15 +635,17 @@ def test_a_clip_footer_says_which_bounds_and_what_the_cells_hold():
     """The gate's typed clip facts, rendered: bounds chosen from the data (the cells are
     of the values moved into them, about how many moved), or the declared ones kept."""
     answer = DPResult(reply())
-    answer.envelope.clip = {
+    answer.envelope.clip = msgspec.convert({
+        "share": 0.25,
         "epsilon": 0.25,
+        "rule": "r",
         "chosen": [
             {"aggregate": "AVG(invt)", "bounds": [0, 944], "source": "data",
              "moved": [{"group": [1], "count": 7}, {"group": [2], "count": -2}]},
             {"aggregate": "SUM(gc)", "bounds": [0, 500], "source": "declared",
              "reason": "too little ε to choose bounds for 210 rows"},
         ],
-    }  # fmt: skip
+    }, Clip)  # fmt: skip
     footer = answer.footer()
     assert "values clipped: AVG(invt) within [0, 944]" in footer
     assert "cells and intervals are of the values moved into these bounds" in footer

@@ -42,6 +42,7 @@ from dpmagic.gate.sql.clip import (
     MovedCount,
     clipped,
 )
+from dpmagic.protocol import Clip, ClipChoice, Moved
 
 if TYPE_CHECKING:
     from dpmagic.gate.engine import Engine
@@ -71,8 +72,7 @@ def answer(engine: Engine, user: str, request: QueryRequest, reads: PrivateRead)
     main = engine.analysis(user, dataset, rest).plan
     if request.dry_run:
         reply = engine._query(user, rest, reads)
-        reply.envelope.clip = {"share": share, "epsilon": eps * share, "rule": RULE,
-                               "chosen": []}  # fmt: skip
+        reply.envelope.clip = Clip(share=share, epsilon=eps * share, rule=RULE, chosen=[])
         return reply
     # The bounds and the values moved are pure ε-DP (a quantile selection, counts
     # without partition selection): under the approx accountant they spend no δ, so
@@ -99,10 +99,8 @@ def answer(engine: Engine, user: str, request: QueryRequest, reads: PrivateRead)
         left *= 1 - MOVED_SHARE
     reply = engine._query(user, replace(rest, epsilon=left, stage=stage), reads)
     envelope = reply.envelope
-    envelope.clip = {
-        **facts(stage, share, eps),
-        "replayed": all(r.envelope.replayed for r in [*releases, reply]),
-    }
+    envelope.clip = facts(stage, share, eps)
+    envelope.clip.replayed = all(r.envelope.replayed for r in [*releases, reply])
     envelope.cost = sum((r.envelope.cost for r in releases), envelope.cost)
     return reply
 
@@ -119,54 +117,51 @@ def _count_intervals(released: dict[str, Any]) -> list[tuple[float, float] | Non
     return out
 
 
-def facts(stage: Clipped, share: float, epsilon: float) -> dict[str, Any]:
+def facts(stage: Clipped, share: float, epsilon: float) -> Clip:
     """The reply's ``clip`` for the query's release (a function of its stage, the
     share and the whole ε alone, so that ``Engine._envelope`` can build it where it
-    builds the rest): ``share`` and ``epsilon`` (the bounds' ε), ``moved_epsilon``
-    (what the counts of values moved took, 0 when nothing was clipped), ``rule``, and
-    per summed argument in ``chosen``: ``aggregate``, ``bounds`` (those used),
-    ``source`` (``"data"`` or ``"declared"``), ``reason``, ``selected``, ``declared``,
-    ``rank_error``, ``values`` and ``values_low`` (the count the rule read), ``holds``
-    (what the cells' intervals hold) and, where the clip was used, ``moved``: per
-    group ``{"group": [key values], "count": noisy, "interval": [lo, hi]}``."""
-    chosen: list[dict[str, Any]] = []
+    builds the rest): ``protocol.Clip``, the moved counts' ε 0 when nothing was
+    clipped; per summed argument a ``ClipChoice`` saying which bounds and why, and
+    where the clip was used the values moved, per group."""
+    chosen: list[ClipChoice] = []
     for fact in stage.facts:
         used = fact.source == DATA
         lo, hi = fact.bounds
-        entry: dict[str, Any] = {
-            "aggregate": fact.aggregate,
-            "bounds": [lo, hi],
-            "source": fact.source,
-            "reason": fact.reason,
-            "selected": list(fact.selected),
-            "declared": list(fact.declared),
-            "rank_error": fact.rank_error,
-            "values": fact.values,
-            "values_low": fact.values_low,
-            "holds": (
-                f"{fact.aggregate} of the values moved into [{lo:g}, {hi:g}], "
-                "not of the values as stored"
-                if used
-                else f"{fact.aggregate} over the declared bounds (nothing moved)"
-            ),
-        }
-        if used:
-            entry["moved"] = [
-                {"group": list(m.group), "count": m.count,
-                 "interval": None if m.interval is None else list(m.interval)}
-                for m in stage.moved
-                if m.aggregate == fact.aggregate
-            ]  # fmt: skip
-        chosen.append(entry)
+        moved = [
+            Moved(group=list(m.group), count=m.count,
+                  interval=None if m.interval is None else list(m.interval))
+            for m in stage.moved
+            if m.aggregate == fact.aggregate
+        ]  # fmt: skip
+        chosen.append(
+            ClipChoice(
+                aggregate=fact.aggregate,
+                bounds=[lo, hi],
+                source=fact.source,
+                reason=fact.reason,
+                selected=list(fact.selected),
+                declared=list(fact.declared),
+                rank_error=fact.rank_error,
+                values=fact.values,
+                values_low=fact.values_low,
+                holds=(
+                    f"{fact.aggregate} of the values moved into [{lo:g}, {hi:g}], "
+                    "not of the values as stored"
+                    if used
+                    else f"{fact.aggregate} over the declared bounds (nothing moved)"
+                ),
+                moved=moved if used else None,
+            )
+        )
     if not stage.facts:  # a stage made without the rule: the bounds as released
-        chosen = [{"aggregate": key, "bounds": [lo, hi]} for key, lo, hi in stage.clips]
-    return {
-        "share": share,
-        "epsilon": epsilon * share,
-        "moved_epsilon": epsilon * (1 - share) * MOVED_SHARE if stage.moves else 0.0,
-        "rule": RULE,
-        "chosen": chosen,
-    }
+        chosen = [ClipChoice(aggregate=key, bounds=[lo, hi]) for key, lo, hi in stage.clips]
+    return Clip(
+        share=share,
+        epsilon=epsilon * share,
+        moved_epsilon=epsilon * (1 - share) * MOVED_SHARE if stage.moves else 0.0,
+        rule=RULE,
+        chosen=chosen,
+    )
 
 
 def moved_counts(moved: dict[str, Any], labels: list[str]) -> tuple[MovedCount, ...]:
