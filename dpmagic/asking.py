@@ -46,7 +46,7 @@ class Asking(ABC):
         ``accuracy=A`` (with ``alpha``, default 0.05) asks instead of an ε for the
         least cost at which every noisy cell's (1 - alpha) interval is ±A.
         ``bounding_report=S`` spends the share ``S`` of the query's ε on a noisy
-        count of the rows the contribution bounds left out (``DPResult.bounding``).
+        count of the rows the contribution bounds left out (``DPResult.envelope.bounding``).
         ``max_partitions`` and ``max_rows_per_partition`` tighten the policy's
         contribution bounds for this query (never loosen them): less noise at the same ε,
         more of each unit's rows left out. ``clip=S`` spends the share ``S`` of the ε

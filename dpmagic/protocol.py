@@ -147,6 +147,47 @@ class Accuracy(_Fact, omit_defaults=True):
         return {**msgspec.to_builtins(replace(self, columns=[])), "columns": self.columns}
 
 
+class Clamp(_Fact):
+    """An aggregate's values clamped into ``bounds``."""
+
+    aggregate: str
+    bounds: list[float]
+
+
+class NoisyCount(_Fact):
+    """A noisy count and its interval, neither below 0."""
+
+    value: float
+    interval: list[float]
+
+
+class LeftOut(_Fact, omit_defaults=True):
+    """The bounding report: the rows the bounds left out, each unit's counted up to
+    ``cap``, and the units they belong to, noisy; bought with ``share`` of the ε."""
+
+    rows: NoisyCount
+    units: NoisyCount
+    cap: int
+    share: float | None = None
+    cost: Cost | None = None
+    alpha: float | None = None
+    text: str | None = None
+
+
+class Bounding(_Fact):
+    """The contribution bounds every answer is over, said from the plan before any data
+    is read (a dry run too): rows per ``unit`` (or per unit and group, in so many
+    groups), the clamps, a sentence; with the bounding report, ``left_out``."""
+
+    unit: str | None = None
+    rows_per_unit: int | None = None
+    rows_per_group: int | None = None
+    groups_per_unit: int | None = None
+    clamps: list[Clamp] = []
+    text: str = ""
+    left_out: LeftOut | UnsetType = UNSET
+
+
 class Exact(_Fact):
     """A plain read of public tables: exact, free; ``truncated`` at ``row_limit`` rows."""
 
@@ -267,7 +308,7 @@ class QueryReply(_Fact, forbid_unknown_fields=True, omit_defaults=False):
     plan: list[dict[str, Any]] = []
     accuracy: Accuracy | None = None
     # The contribution bounds every answer is over, with the bounding report if bought.
-    bounding: dict[str, Any] | None = None
+    bounding: Bounding | None = None
     dry_run: bool = False
     replayed: bool = False
     request: Asked | None = None

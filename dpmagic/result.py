@@ -23,7 +23,17 @@ from msgspec import to_builtins
 from dpmagic import wire
 from dpmagic.cells import ALPHA, CellAccuracy, cell_accuracy
 from dpmagic.plan_view import HEADERS, OUTPUT_HEADERS, dominance_warnings, output_rows, plan_rows
-from dpmagic.protocol import Accuracy, Clip, Cost, QueryReply, Shared, Stage, reply_of
+from dpmagic.protocol import (
+    Accuracy,
+    Bounding,
+    Clip,
+    Cost,
+    LeftOut,
+    QueryReply,
+    Shared,
+    Stage,
+    reply_of,
+)
 from dpmagic.render import (
     BUDGET_METADATA,
     MOCK_LABEL,
@@ -581,33 +591,33 @@ class DPResult:
 PLAN_HEADERS = HEADERS
 
 
-def bounding_note(bounding: Any) -> str:
+def bounding_note(bounding: Bounding | None) -> str:
     """The footer's words on contribution bounding: the bounds every answer is over
     (the gate's ``bounding`` statement), and the bounding report when one was bought."""
-    if not isinstance(bounding, dict):
+    if bounding is None:
         return ""
-    unit = bounding.get("unit")
+    unit = bounding.unit
     bounds = []
-    if bounding.get("rows_per_unit"):
-        bounds.append(f"≤ {_rows(bounding['rows_per_unit'])} per {unit}")
-    elif bounding.get("rows_per_group"):
-        groups = bounding.get("groups_per_unit")
+    if bounding.rows_per_unit:
+        bounds.append(f"≤ {_rows(bounding.rows_per_unit)} per {unit}")
+    elif bounding.rows_per_group:
+        groups = bounding.groups_per_unit
         bounds.append(
-            f"≤ {_rows(bounding['rows_per_group'])} per {unit} and group"
+            f"≤ {_rows(bounding.rows_per_group)} per {unit} and group"
             + (f", ≤ {groups} groups" if groups and groups > 1 else "")
         )
-    for clamp in bounding.get("clamps") or []:
-        lo, hi = clamp["bounds"]
-        bounds.append(f"{clamp['aggregate']} clamped to [{format_value(lo)}, {format_value(hi)}]")
+    for clamp in bounding.clamps:
+        lo, hi = clamp.bounds
+        bounds.append(f"{clamp.aggregate} clamped to [{format_value(lo)}, {format_value(hi)}]")
     note = "over bounded data: " + "; ".join(bounds) if bounds else ""
-    left = bounding.get("left_out")
-    if isinstance(left, dict):
-        rows, units = left["rows"], left["units"]
+    left = bounding.left_out
+    if isinstance(left, LeftOut):
+        rows, units = left.rows, left.units
         note += (
-            f" · left out by the bounds: {_whole(rows['value'])} rows "
-            f"[{_whole(rows['interval'][0])}, {_whole(rows['interval'][1])}] "
-            f"(≤ {left['cap']} counted per {unit}) of {_whole(units['value'])} {unit}s "
-            f"[{_whole(units['interval'][0])}, {_whole(units['interval'][1])}]"
+            f" · left out by the bounds: {_whole(rows.value)} rows "
+            f"[{_whole(rows.interval[0])}, {_whole(rows.interval[1])}] "
+            f"(≤ {left.cap} counted per {unit}) of {_whole(units.value)} {unit}s "
+            f"[{_whole(units.interval[0])}, {_whole(units.interval[1])}]"
         )
     return note
 

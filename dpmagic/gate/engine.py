@@ -85,7 +85,7 @@ class Analysis:
 
     analysed: Analysed
     replay_key: str
-    bounds: dict[str, object]  # ``bounding_report.statement``: the bounds every answer is over
+    bounds: protocol.Bounding  # ``bounding_report.statement``: the bounds every answer is over
 
     @property
     def plan(self) -> Plan:
@@ -409,15 +409,14 @@ class Engine:
         """A fresh release: the debit, the run, the reply stored for later replays."""
         charge, answer = self._charged_run(user, dataset, request, analysis, reads)
         released = answer.released
-        bounds = str(analysis.bounds["text"])
         reply = replace_struct(
             reply,
             columns=released.columns,
             rows=released.values,
-            accuracy=replace_struct(released.cells_accuracy, bounds=bounds),
+            accuracy=replace_struct(released.cells_accuracy, bounds=analysis.bounds.text),
         )
-        if answer.left_out is not None:
-            reply.bounding = {**analysis.bounds, "left_out": answer.left_out}
+        if answer.left_out is not None:  # a copy: the analysis's statement is kept for others
+            reply.bounding = replace_struct(analysis.bounds, left_out=answer.left_out)
         # The cells are written once, for the ledger and for the reply (``Reply``).
         released_reply = Reply.of(reply)
         self.ledger.record_release(charge, released_reply)

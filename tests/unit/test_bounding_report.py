@@ -263,11 +263,11 @@ def test_the_reports_intervals_cover_at_their_level(broken):
     for _ in range(2000):
         got = noisy_report(drawn if broken else p, (400, 200), 0.05)
         if broken:  # the broken draws, the plan's own half-widths
-            for name, noise in (("rows", p.left_out.rows), ("units", p.left_out.units)):
+            for count, noise in ((got.rows, p.left_out.rows), (got.units, p.left_out.units)):
                 half = noise.half_width(0.05)
-                got[name]["interval"] = [got[name]["value"] - half, got[name]["value"] + half]
+                count.interval = [count.value - half, count.value + half]
         for name, truth in (("rows", 400), ("units", 200)):
-            lo, hi = got[name]["interval"]
+            lo, hi = getattr(got, name).interval
             covered[name] += lo <= truth <= hi
     for name in covered:
         rate = covered[name] / 2000

@@ -24,6 +24,7 @@ from dpmagic.protocol import (
     WIRE_VERSION,
     Cost,
     ErrorReply,
+    LeftOut,
     QueryReply,
     default_delta,
     reply_of,
@@ -113,7 +114,8 @@ def test_the_kinds_say_what_they_are(engine: Engine) -> None:
     [table] = replies["table first"].stages or []
     assert table.table == "rev" and table.rows is not None
     assert replies["table first"].post_processed is not None
-    assert (replies["bounding report"].bounding or {}).get("left_out") is not None
+    bounding = replies["bounding report"].bounding
+    assert bounding is not None and isinstance(bounding.left_out, LeftOut)
     assert replies["accuracy first"].request is not None
     assert replies["accuracy first"].request.accuracy == 50.0
     assert replies["per person"].per_person

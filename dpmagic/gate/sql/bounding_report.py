@@ -19,23 +19,23 @@ from dpmagic.gate.failures import required
 from dpmagic.gate.sql.plan_types import Plan, Variance
 from dpmagic.gate.sql.ranks import Ranked, RowLevel, Window
 from dpmagic.gate.sql.summary import cost_dict
+from dpmagic.protocol import Bounding, Clamp, Cost, LeftOut, NoisyCount
 
 
-def statement(plan: Plan) -> dict[str, object]:
+def statement(plan: Plan) -> Bounding:
     """The bounds this query is answered under, and a sentence that says them."""
     unit = plan.dataset.privacy_unit
     b = plan.bounding
-    out: dict[str, object] = {"unit": unit, "rows_per_unit": None, "rows_per_group": None,
-                              "groups_per_unit": None}  # fmt: skip
+    out = Bounding(unit=unit)
     parts: list[str] = []
     if isinstance(b, Ranked):
-        out["rows_per_unit"] = b.rows
+        out.rows_per_unit = b.rows
         parts.append(
             f"at most {b.rows} row{'s' if b.rows != 1 else ''} of each {unit} "
             "(a random choice fixed at load); its other rows are left out"
         )
     elif isinstance(b, Window):
-        out["rows_per_group"], out["groups_per_unit"] = b.rows, b.groups
+        out.rows_per_group, out.groups_per_unit = b.rows, b.groups
         groups = f" in at most {b.groups} group{'s' if b.groups != 1 else ''}" if plan.keys else ""
         parts.append(
             f"at most {b.rows} row{'s' if b.rows != 1 else ''} of each {unit} per group{groups} "
@@ -44,44 +44,44 @@ def statement(plan: Plan) -> dict[str, object]:
     elif isinstance(b, RowLevel):
         parts.append("each row is its own unit; no row is left out")
     clamps = _clamps(plan)
-    out["clamps"] = [{"aggregate": label, "bounds": [lo, hi]} for label, (lo, hi) in clamps]
+    out.clamps = [Clamp(aggregate=label, bounds=[lo, hi]) for label, (lo, hi) in clamps]
     if clamps:
         parts.append(
             "values clamped: "
             + "; ".join(f"{label} into [{_num(lo)}, {_num(hi)}]" for label, (lo, hi) in clamps)
         )
-    out["text"] = "Over bounded data: " + "; ".join(parts) + "."
+    out.text = "Over bounded data: " + "; ".join(parts) + "."
     return out
 
 
-def report(plan: Plan, exact: tuple[object, ...], alpha: float) -> dict[str, object]:
+def report(plan: Plan, exact: tuple[object, ...], alpha: float) -> LeftOut:
     """The bounding report: the exact left-out rows and units (the first row of
     ``rewrite.left_out``'s SQL) noised once each, with their intervals."""
     left = required(plan.left_out, "the plan's bounding report")
     rows, units = (int(v or 0) for v in exact[:2])
-    return {
-        "rows": _noisy(rows, left.rows, alpha),
-        "units": _noisy(units, left.units, alpha),
-        "cap": left.cap,
-        "share": left.share,
-        "cost": cost_dict(left.cost),
-        "alpha": alpha,
-        "text": (
+    return LeftOut(
+        rows=_noisy(rows, left.rows, alpha),
+        units=_noisy(units, left.units, alpha),
+        cap=left.cap,
+        share=left.share,
+        cost=Cost(**cost_dict(left.cost)),
+        alpha=alpha,
+        text=(
             f"Rows the bounds left out, each {plan.dataset.privacy_unit}'s counted up to "
             f"{left.cap}, and the {plan.dataset.privacy_unit}s they belong to "
             f"(noisy, {1 - alpha:.0%} intervals)."
         ),
-    }
+    )
 
 
-def _noisy(exact: int, noise: Noise, alpha: float) -> dict[str, object]:
+def _noisy(exact: int, noise: Noise, alpha: float) -> NoisyCount:
     """A noisy count with its interval, neither below 0: a count of rows or units left
     out is never negative, so raising the noisy value and the interval's ends to 0 is
     post-processing that only moves them towards the truth (an interval that held it
     still does)."""
     value = exact + noise.sample(1)[0]
     half = noise.half_width(alpha)
-    return {"value": max(value, 0), "interval": [max(value - half, 0), max(value + half, 0)]}
+    return NoisyCount(value=max(value, 0), interval=[max(value - half, 0), max(value + half, 0)])
 
 
 def _clamps(plan: Plan) -> list[tuple[str, tuple[float, float]]]:

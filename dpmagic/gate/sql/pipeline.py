@@ -62,6 +62,7 @@ from dpmagic.gate.sql.post_query import PostQuery, post_query
 from dpmagic.gate.sql.release import Released, release
 from dpmagic.gate.sql.resolve import resolve
 from dpmagic.gate.sql.rewrite import Rewritten, left_out, rewrite
+from dpmagic.protocol import LeftOut
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ class Answer:
     when one was asked for (``bounding_report.report``)."""
 
     released: Released
-    left_out: dict[str, object] | None
+    left_out: LeftOut | None
 
 
 def analyse(asked: Asked, dataset: Dataset, accountant: Accountant) -> Plan:
