@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import re
+import sqlite3
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import msgspec
@@ -191,6 +193,28 @@ def test_a_reply_kept_by_an_older_gate_replays() -> None:
     assert Reply.stored(json.dumps(old)).json()["rows"] == [[3]]  # a JSON ledger's too
     with pytest.raises(msgspec.ValidationError):
         reply_of(old)  # read as a live reply, the retired key is an error
+
+
+def test_a_release_kept_by_an_older_gate_replays_from_the_ledger(engine: Engine) -> None:
+    """A release whose kept envelope has no version and a key since retired (as an older
+    gate wrote it) is replayed by this one, free, and reads as this version's reply."""
+    body = {"sql": "SELECT COUNT(*) AS kept FROM orders", "notebook": "older"}
+    first = _ask(engine, body).json()
+    path = engine.policy.gate.state_dir / "ledger.sqlite3"
+    with closing(sqlite3.connect(path)) as con, con:
+        (entry, stream) = con.execute(
+            "SELECT id, reply FROM entries WHERE sql LIKE '%kept%' AND status = 'released'"
+        ).fetchone()
+        envelope, _ = wire.read(stream)
+        envelope.pop("version")
+        envelope["retired"] = {"said": "once"}
+        older = wire.restamp(stream, envelope)
+        con.execute("UPDATE entries SET reply = ? WHERE id = ?", (older, entry))
+    again = _ask(engine, body)
+    sent = again.json()
+    assert sent["replayed"] and sent["version"] == WIRE_VERSION and "retired" not in sent
+    assert sent["rows"] == first["rows"] and again.envelope.cost == Cost(epsilon=0, delta=0)
+    assert reply_of(sent).json() == sent
 
 
 def test_a_newer_gates_reply_is_read_for_what_this_version_knows() -> None:
