@@ -285,6 +285,7 @@ def room_reads(
     tables: list[str],
     cap: int,
     first: Callable[[str, int], exp.Expression] = first_ranks,
+    keyed: list[int | None] | None = None,
 ) -> list[RoomRead]:
     """What each private scan of a join (over ``tables``, in join order) reads so that a
     unit keeps at most ``cap`` joined rows, whatever the join order the engine picks:
@@ -299,12 +300,23 @@ def room_reads(
     join would be gigabytes of SQL), so each ``p_j`` is a column of its own,
     computed by one subquery over the previous one, and the SQL grows with the square
     of the scans. Every filter reads only the scan's own row (every private row
-    carries its unit's counts in every private table), so it holds before any join."""
+    carries its unit's counts in every private table), so it holds before any join.
+
+    A keyed scan (``keyed[i]`` its room, ``sql/keyed.py``) reads its first ``keyed[i]``
+    ranks (at most ``cap``) and is no factor of the later scans' rooms
+    (``dp.join_bounding``'s keyed rule)."""
+    fixed = keyed or [None] * len(tables)
     reads = []
     for i, table in enumerate(tables):
         source: exp.Expression = exp.table_(table, quoted=True)
         product: exp.Expression | None = None
+        room = fixed[i]
+        if room is not None:
+            reads.append(RoomRead(source, first(table, min(room, cap))))
+            continue
         for j, earlier in enumerate(tables[:i]):
+            if fixed[j] is not None:
+                continue
             room = _room(cap, product)
             count = exp.column(ROWS + earlier, quoted=True)
             least = exp.Least(this=count, expressions=[room], ignore_nulls=True)

@@ -58,6 +58,7 @@ from dpmagic.gate.dp.contribution import Contribution
 from dpmagic.gate.engines.dialect import DUCKDB, Dialect
 from dpmagic.gate.failures import Refused, required
 from dpmagic.gate.policy import Column
+from dpmagic.gate.sql.keyed import keyed_rooms
 from dpmagic.gate.sql.keys import KeyDomain
 from dpmagic.gate.sql.kinds import MeasureKind, Summand
 from dpmagic.gate.sql.limits import check_deadline
@@ -95,7 +96,7 @@ def rewrite(plan: Plan, seed: int | None = None, dialect: Dialect = DUCKDB) -> R
     seed = secrets.randbits(62) if seed is None else seed
     resolved = plan.checked.resolved
     keys = [k.name for k in plan.keys]
-    row = _Rows(resolved, dialect)
+    row = _Rows(resolved, dialect, plan.work.keyed)
     ctes, final = _bounded(plan, row, seed)
 
     apart = bool(plan.selections) and dialect.histograms_apart
@@ -193,7 +194,7 @@ def _bounded(
     if not row_cols:
         row_cols = [exp.alias_(exp.Literal.number(1), "__one")]
     cap = join_cap(plan.bounding)
-    reads = _scan_reads(resolved, resolved.scans, cap, row.dialect)
+    reads = _scan_reads(resolved, resolved.scans, cap, row.dialect, _where(plan), row.keyed)
     windowed = resolved.unit is not None and isinstance(plan.bounding, Window)
     light = _light(plan, reads) if windowed else None
     source, filters = _from(plan, row, reads, counted=light is not None)
@@ -273,9 +274,11 @@ def left_out(plan: Plan, seed: int, dialect: Dialect = DUCKDB) -> Rewritten:
     report = required(plan.left_out, "the plan's bounding report")
     resolved = plan.checked.resolved
     required(resolved.unit, "the privacy unit the report counts by")
-    row = _Rows(resolved, dialect)
+    row = _Rows(resolved, dialect, plan.work.keyed)
     ctes, (table, condition) = _bounded(plan, row, seed)
-    caps = _scan_reads(resolved, resolved.scans, load_cap(resolved.dataset), dialect)
+    caps = _scan_reads(
+        resolved, resolved.scans, load_cap(resolved.dataset), dialect, _where(plan), row.keyed
+    )
     source, filters = _from(plan, row, caps if len(resolved.scans) > 1 else {})
     unit = [_as(row.total(resolved.unit), UNIT)]
     units, keyed = _row_filters(plan, row, True)
@@ -400,17 +403,30 @@ def _from(
     return _reads(resolved.scans, terms, used, row, bounds, counted)
 
 
+def _where(plan: Plan) -> list[exp.Expression]:
+    """The conjuncts of the query's ``WHERE``, as its SQL filters its join."""
+    where = plan.checked.where
+    return conjuncts(where) if where is not None else []
+
+
 def _scan_reads(
-    resolved: Resolved, scans: tuple[Scan, ...], cap: int, dialect: Dialect
+    resolved: Resolved,
+    scans: tuple[Scan, ...],
+    cap: int,
+    dialect: Dialect,
+    terms: list[exp.Expression],
+    keyed: bool,
 ) -> dict[str, RoomRead]:
-    """How each private scan of ``scans`` (one join) reads its table so that a unit keeps
-    at most ``cap`` joined rows (``ranks.room_reads``): the plan's ``K`` when the
-    ranks bound the query, else the load cap, which bounds the work one unit causes
-    however many times the join reads its tables."""
+    """How each private scan of ``scans`` (one join, filtered by ``terms``) reads its
+    table so that a unit keeps at most ``cap`` joined rows (``ranks.room_reads``, a
+    keyed scan at its first ``cap`` ranks: ``sql/keyed.py``): the plan's ``K`` when
+    the ranks bound the query, else the load cap, which bounds the work one unit
+    causes however many times the join reads its tables."""
     private = [
         s for s in scans if bounded_by_units(resolved.dataset, s.table) and s.per_unit is None
     ]  # a per-person subquery holds one row per unit by construction
-    reads = room_reads([s.table.name for s in private], cap, dialect.first_ranks)
+    fixed = keyed_rooms(private, terms, resolved.dataset, cap) if keyed else None
+    reads = room_reads([s.table.name for s in private], cap, dialect.first_ranks, fixed)
     return {s.name: r for s, r in zip(private, reads, strict=True)}
 
 
@@ -489,8 +505,8 @@ def _per_person(
     """A per-person subquery's rows (``resolve.PerUnit``): its join read as any query's,
     each unit keeping at most ``per.rows`` joined rows (``room_reads``), its filters,
     then one row per unit with its values, as a subquery the scan reads."""
-    caps = _scan_reads(row.resolved, per.scans, per.rows, row.dialect)
     terms = conjuncts(per.where) if per.where is not None else []
+    caps = _scan_reads(row.resolved, per.scans, per.rows, row.dialect, terms, row.keyed)
     source, where = _reads(per.scans, terms, used, row, caps)
     key = row.total(per.unit)
     columns = [_as(key, required(unit, "a per-person table's unit"))]
@@ -540,7 +556,9 @@ def _semijoins(tree: exp.Select, resolved: Resolved, row: _Rows) -> exp.Select:
         if not comparable([j.lhs, j.value], resolved):
             raise Refused("IN (SELECT …) compares values of different kinds")
         terms = [j.where] if j.where is not None else []
-        caps = _scan_reads(resolved, j.scans, load_cap(resolved.dataset), row.dialect)
+        caps = _scan_reads(
+            resolved, j.scans, load_cap(resolved.dataset), row.dialect, terms, row.keyed
+        )
         source, where = _reads(j.scans, terms, used, row, caps)
         if j.exists or any(not scan.table.public for scan in j.scans):
             # Over private rows a NULL in the set would turn NOT IN to NULL for every
@@ -643,6 +661,7 @@ class _Rows:
 
     resolved: Resolved
     dialect: Dialect
+    keyed: bool = True  # the plan's choice of the keyed rule (``work.Work.keyed``)
 
     def total(self, tree: exp.Expression) -> exp.Expression:
         return self.dialect.total(tree, self.resolved)

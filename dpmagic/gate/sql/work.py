@@ -62,6 +62,7 @@ from dpmagic.gate.failures import Refused
 from dpmagic.gate.policy.values import VECTOR_ROWS
 from dpmagic.gate.sql.bound import text_length
 from dpmagic.gate.sql.check import CONCATENATION
+from dpmagic.gate.sql.keyed import keyed_rooms
 from dpmagic.gate.sql.prices import price
 from dpmagic.gate.sql.resolve import Resolved, Scan
 from dpmagic.gate.sql.totality import BOOLEAN_LIKE, kind, may_raise
@@ -103,9 +104,12 @@ class Join:
 @dataclass(frozen=True)
 class Work:
     """The work one unit can add to a query (see the module's docstring): the main
-    join's and each private semi-join's."""
+    join's and each private semi-join's. ``keyed``: whether its joins read their keyed
+    scans by the keyed rule (``sql/keyed.py``), priced so; the plan falls back to the
+    product rule where that price is above the policy's and the product's is not."""
 
     joins: tuple[Join, ...]
+    keyed: bool = True
 
     @property
     def rows(self) -> int:
@@ -142,11 +146,14 @@ def unit_work(
     trees: list[exp.Expression],
     quantiles: int,
     windowed: bool,
+    keyed: bool = True,
 ) -> Work:
     """The bound for a query whose private scans keep at most ``cap`` joined rows of a
     unit (``ranks.join_cap``; 1 without a unit, when each row is its own), whose
     row expressions are ``trees`` (keys, aggregate arguments, the unit), with
-    ``quantiles`` grid snaps and, if ``windowed``, the window after its joins."""
+    ``quantiles`` grid snaps and, if ``windowed``, the window after its joins; with
+    ``keyed``, its joins' keyed scans read by the keyed rule."""
+    rooms = _keyed if keyed else _unkeyed
     where = resolved.tree.args.get("where")
     terms = conjuncts(where.this) if where is not None else []
     on = [s.on for s in resolved.scans if s.on is not None]
@@ -155,7 +162,8 @@ def unit_work(
     found += [evaluated(t, resolved, condition=True) for t in [*terms, *on]]
     fixed = quantiles * SNAP_STEPS + (WINDOW_STEPS if windowed else 0)
     fixed += JOIN_STEPS * len(resolved.scans)
-    rows = cap * _fan_out(resolved.scans, terms, resolved)
+    rows = cap * rooms(resolved.scans, terms, resolved, cap)
+    rows *= _fan_out(resolved.scans, terms, resolved)
     joins = [_join(rows, found, fixed)]
     for per in (s.per_unit for s in resolved.scans if s.per_unit is not None):
         # A per-person subquery's own join: each unit keeps at most ``per.rows`` rows,
@@ -166,7 +174,8 @@ def unit_work(
         own = [evaluated(per.unit, resolved)]
         own += [evaluated(a, resolved) for _, v in per.values for a in _arguments(v)]
         own += [evaluated(t, resolved, condition=True) for t in [*inner, *inner_on]]
-        rows = per.rows * _fan_out(per.scans, inner, resolved)
+        rows = per.rows * rooms(per.scans, inner, resolved, per.rows)
+        rows *= _fan_out(per.scans, inner, resolved)
         joins.append(_join(rows, own, JOIN_STEPS * len(per.scans) + WINDOW_STEPS))
     for j in resolved.semijoins:
         if all(s.table.public for s in j.scans):
@@ -177,10 +186,32 @@ def unit_work(
         semi += [evaluated(t, resolved, condition=True) for t in [*inner, *inner_on]]
         if j.having is not None:
             semi += [evaluated(a, resolved) for a in _arguments(j.having)]
-        rows = load_cap * _fan_out(j.scans, inner, resolved)
+        rows = load_cap * rooms(j.scans, inner, resolved, load_cap)
+        rows *= _fan_out(j.scans, inner, resolved)
         grouping = WINDOW_STEPS if j.grouped else 0
         joins.append(_join(rows, semi, JOIN_STEPS * len(j.scans) + grouping))
-    return Work(tuple(joins))
+    return Work(tuple(joins), keyed)
+
+
+def _keyed(
+    scans: tuple[Scan, ...], terms: list[exp.Expression], resolved: Resolved, cap: int
+) -> int:
+    """What a join's keyed scans (``sql/keyed.py``) may multiply a unit's rows by in a
+    join the engine orders otherwise: a keyed scan joined on the unit alone, before
+    its partner, holds its room's rows for each row it meets. The product of their
+    rooms (1 without keyed scans); the joined rows that are aggregated stay within
+    ``cap`` (``dp/join_bounding.py``)."""
+    private = [s for s in scans if not s.table.public and s.per_unit is None]
+    private = [s for s in private if s.table.unit is not None]
+    product = 1
+    for room in keyed_rooms(private, terms, resolved.dataset, cap):
+        product *= room or 1
+    return product
+
+
+def _unkeyed(*_: object) -> int:
+    """The product rule alone: no keyed scan, nothing more than ``cap``."""
+    return 1
 
 
 def _arguments(value: exp.Expression) -> list[exp.Expression]:
