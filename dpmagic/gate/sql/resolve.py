@@ -570,8 +570,8 @@ class _Flattener:
         if not ties:
             raise Refused(
                 "EXISTS (SELECT …) comparing its rows with the query's row must tie them to "
-                "one person: inner.pid = outer.pid, or a key along a declared link "
-                "(l2.l_orderkey = l1.l_orderkey)"
+                "one person by one equality AND the rest: inner.pid = outer.pid, or a key "
+                "along a declared link (l2.l_orderkey = l1.l_orderkey)"
             )
         tie, value, lhs = ties[0]
         extra = [c for c, _ in tied if c is not tie]
