@@ -136,6 +136,14 @@ def test_a_subquery_inside_a_comparison_is_refused(engine):
     with pytest.raises(GateError, match="may not hold a subquery") as info:
         _ask(engine, sql)
     assert "\n" not in info.value.message and len(info.value.message) < 300
+    # A subquery in a condition on the subquery's own rows is refused for its own
+    # reason, not as a comparison with the query's row.
+    own = (
+        "SELECT COUNT(*) FROM orders o WHERE EXISTS (SELECT 1 FROM lineitem l WHERE "
+        "l.l_orderkey = o.o_orderkey AND l.l_flag IN (SELECT x.l_flag FROM lineitem x))"
+    )
+    with pytest.raises(GateError, match="must match privacy units"):
+        _ask(engine, own)
 
 
 def test_a_link_tie_brings_the_units_equality(engine):

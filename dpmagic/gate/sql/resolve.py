@@ -550,9 +550,12 @@ class _Flattener:
                 continue
             except AnalysisLimit:
                 raise
-            except Refused:
-                pass
+            except Refused as exc:
+                refused = exc
             if conj.find(exp.Exists, exp.Subquery, exp.Select):
+                outer = set(env) - set(sub_env)
+                if not any(c.table.lower() in outer for c in conj.find_all(exp.Column)):
+                    raise refused  # its own subquery's refusal, not a correlation's
                 raise Refused("EXISTS (SELECT …): a condition on the query's row may not "
                               "hold a subquery of its own")  # fmt: skip
             pair = _correlation(conj, sub, sub_env, self, env)
