@@ -50,6 +50,7 @@ threshold is applied to.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlglot import exp
@@ -439,7 +440,7 @@ def _used(resolved: Resolved, trees: list[exp.Expression]) -> dict[str, dict[str
         trees += [per.where] if per.where is not None else []
     trees = trees + [s.on for s in scans if s.on is not None]
     for j in resolved.semijoins:
-        trees += [j.lhs, j.value] + [t for t in (j.where, j.having) if t is not None]
+        trees += [j.lhs, j.value] + [t for t in (j.where, j.having, j.correlated) if t]
     used: dict[str, dict[str, Column]] = {s.name: {} for s in scans}
     for tree in trees:
         for node in tree.find_all(exp.Column):
@@ -549,8 +550,9 @@ def _select(
 
 
 def _semijoins(tree: exp.Select, resolved: Resolved, row: _Rows) -> exp.Select:
-    """Each semi-join's stand-in column replaced by its ``IN (SELECT …)``; inner
-    semi-joins come first in the list, so one pass in reverse expands them all."""
+    """Each semi-join's stand-in column replaced by its ``IN (SELECT …)`` (a correlated
+    ``EXISTS`` where it compares its rows with the query's row); inner semi-joins come
+    first in the list, so one pass in reverse expands them all."""
     used = _used(resolved, [])
     for j in reversed(resolved.semijoins):
         if not comparable([j.lhs, j.value], resolved):
@@ -559,6 +561,17 @@ def _semijoins(tree: exp.Select, resolved: Resolved, row: _Rows) -> exp.Select:
         caps = _scan_reads(
             resolved, j.scans, load_cap(resolved.dataset), row.dialect, terms, row.keyed
         )
+        if j.correlated is not None:
+            # The tie and the comparisons with the query's row in the subquery's WHERE
+            # (engines decorrelate a WHERE most readily): its equalities (the tie, the
+            # units) let the engine join on them, so a row is compared with its own
+            # unit's rows only, never with every row.
+            tie = exp.EQ(this=exp.Paren(this=j.value), expression=exp.Paren(this=j.lhs))
+            source, where = _reads(j.scans, terms, used, row, caps)
+            where += [exp.Paren(this=row.condition(c)) for c in (tie, j.correlated)]
+            inner = _select([exp.Literal.number(1)], source, where)
+            tree = tree.transform(_stand_in(j.name, exp.Exists(this=inner)))
+            continue
         source, where = _reads(j.scans, terms, used, row, caps)
         if j.exists or any(not scan.table.public for scan in j.scans):
             # Over private rows a NULL in the set would turn NOT IN to NULL for every
@@ -573,14 +586,19 @@ def _semijoins(tree: exp.Select, resolved: Resolved, row: _Rows) -> exp.Select:
         stand_in = (
             exp.Coalesce(this=test, expressions=[exp.false()]) if j.exists else exp.Paren(this=test)
         )
-
-        def expand(node: exp.Expression, name: str = j.name, by: exp.Expression = stand_in):
-            if isinstance(node, exp.Column) and node.table == SEMI and node.name == name:
-                return by.copy()
-            return node
-
-        tree = tree.transform(expand)
+        tree = tree.transform(_stand_in(j.name, stand_in))
     return tree
+
+
+def _stand_in(name: str, by: exp.Expression) -> Callable[[exp.Expression], exp.Expression]:
+    """A transform putting ``by`` in place of the semi-join ``name``'s stand-in column."""
+
+    def expand(node: exp.Expression) -> exp.Expression:
+        if isinstance(node, exp.Column) and node.table == SEMI and node.name == name:
+            return by.copy()
+        return node
+
+    return expand
 
 
 def _key_filter(key: exp.Expression, domain: KeyDomain) -> exp.Expression:
