@@ -17,7 +17,7 @@ find its last ``n`` with the accountant's own ``fits`` at every step; ``c`` with
 no positive amount would fit without end and is refused.
 
 The ledger adds a charge to a total it keeps exact and rounds once
-(``budget_scopes._Sum``); here ``n`` copies are composed exactly and rounded once, then
+(``accounting.Composition``); here ``n`` copies are composed exactly and rounded once, then
 composed with ``spent``: the two differ by a few units in the last place, far
 inside the accountants' slack (``accounting._SLACK``, 10^-9), so they disagree only
 for a total within a few ulps of that slack's edge.
