@@ -67,6 +67,10 @@ def queries_that_fit(accountant: Accountant, standings: Sequence[Standing], cost
         return 0
     low, high = 1, 2  # fit(low), and high to find
     while fit(high):
+        if repeated(cost, high) == repeated(cost, low):
+            # Composition adds up, so more copies cost more until they overflow and stop
+            # fitting: a total that stops growing is the gate's own bug, not a forever.
+            raise RuntimeError("internal error: composing more queries costs no more")
         low, high = high, 2 * high
     while high - low > 1:  # fit(low) and not fit(high)
         mid = (low + high) // 2
