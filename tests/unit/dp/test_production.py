@@ -7,7 +7,26 @@ The brute-force tests beside this file prove the rules; these tie them to the pl
 in well under a second, so a production path that stops calling a rule (or calls it
 with other bounds) fails here, not only in the slow pipeline searches. A deliberately
 broken production count is caught, and a plan whose parts cost more than its charge
-is refused (the last tests)."""
+is refused.
+
+The inputs production hands the rules are decided in ``dp/`` too, and pinned below
+against derivations of their own, each with a production plan (or the ledger's tally)
+read against the same derivation:
+
+1. the partition count sensitivities assume for keys chosen from the data
+   (``partition_selection.chosen_key_partitions``, called by ``sql/plan.py``): a brute
+   force over one key more than a unit and its replacement can reach;
+2. what a unit brings to ``COUNT(DISTINCT unit)`` (``counts.distinct_units``, called by
+   ``sql/plan.py``): a brute force over units of any rows in the partitions they reach;
+3. what each bounding lets a unit contribute (``enforcement``, called by ``sql/ranks.py``):
+   a brute force over every unit row level, the ranks and the window leave, in L1 and
+   squared L2 under both relations;
+4. how budgets add up across queries (``accounting.Composition``, which the ledger's
+   tallies in ``service/budget_scopes.py`` and ``compose`` both use): exact rational sums.
+
+The last test breaks each in ``dp/`` (one partition fewer, one partition for a distinct
+unit, one row or one group short, the largest charge for the sum) and sees the tests
+above fail."""
 
 from __future__ import annotations
 
