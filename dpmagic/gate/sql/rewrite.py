@@ -77,7 +77,7 @@ from dpmagic.gate.sql.ranks import (
 )
 from dpmagic.gate.sql.resolve import PRESENT, SEMI, PerUnit, Resolved, Scan
 from dpmagic.gate.sql.totality import comparable
-from dpmagic.gate.sql.trees import conjuncts
+from dpmagic.gate.sql.trees import conjuncts, unparen
 from dpmagic.gate.sql.value_range import ValueRange
 
 UNIT = "__unit"
@@ -250,7 +250,7 @@ def _row_filters(
     resolved = plan.checked.resolved
     units = [_not_null(row.total(resolved.unit))] if with_unit and resolved.unit else []
     keys = [
-        _key_filter(row.total(k.expr), d)
+        _key_filter(row.total(k.expr), d, resolved.column(unparen(k.expr)))
         for k, d in zip(plan.keys, plan.domains, strict=True)
         if not (plan.listed_at_fetch and d.span is None and d.private is None)
     ]
@@ -601,11 +601,14 @@ def _stand_in(name: str, by: exp.Expression) -> Callable[[exp.Expression], exp.E
     return expand
 
 
-def _key_filter(key: exp.Expression, domain: KeyDomain) -> exp.Expression:
+def _key_filter(key: exp.Expression, domain: KeyDomain, column: Column | None) -> exp.Expression:
     """Only declared keys; a whole integer range is one ``BETWEEN`` (``IN`` a list of
-    50 values costs DuckDB 0.7 ms more a query)."""
+    50 values costs DuckDB 0.7 ms more a query). A public table's column whose values
+    were read from it at start (``Column.values_read``) holds no other value: NOT NULL
+    is its whole filter, however many (10,000 suppliers' names would be 200,000
+    characters of SQL)."""
     key = exp.Paren(this=key)
-    if domain.private is not None:
+    if domain.private is not None or (column is not None and column.values_read):
         return _not_null(key)
     if domain.span is not None:
         low, high = (exp.Literal.number(v) for v in domain.span)
