@@ -3,6 +3,7 @@
     python benchmarks/tpch.py --sf 0.1
     python benchmarks/tpch.py --sf 0.1 1 --runs 20 --json tpch.json
     python benchmarks/tpch.py --sf 0.1 --queries 1,6,13
+    python benchmarks/tpch.py --sf 0.1 --engine spark   # the spark extra
 
 TPC-H data from ``tpchgen-cli`` (the ``bench`` extra), generated once per scale
 factor under ``benchmarks/.data/`` and loaded into a DuckDB file that declares the
@@ -95,9 +96,15 @@ def database(sf: float) -> Path:
     return target
 
 
-def engine(data: Path, folder: Path) -> Engine:
-    """The example policy over ``data``, with budgets for many runs."""
-    text = POLICY.read_text().replace('database = "tpch.duckdb"', f'database = "{data}"')
+def engine(data: Path, folder: Path, on: str = "duckdb") -> Engine:
+    """The example policy over ``data``, with budgets for many runs; ``on = "spark"``
+    serves the same tables from their Parquet files with Spark (``local[2]``)."""
+    if on == "spark":
+        sources = ", ".join(f'{t} = "{data.parent / (t + ".parquet")}"' for t in ORDER)
+        served = f'engine = "spark"\nspark = {{ master = "local[2]" }}\nsources = {{ {sources} }}'
+    else:
+        served = f'database = "{data}"'
+    text = POLICY.read_text().replace('database = "tpch.duckdb"', served)
     text = text.replace("user_budget = { epsilon = 10.0, delta = 1e-5 }",
                         "user_budget = { epsilon = 1e9, delta = 0.5 }")  # fmt: skip
     text = text.replace("notebook_budget = { epsilon = 5.0, delta = 1e-5 }",
@@ -164,6 +171,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=20, help="fresh runs per query")
     parser.add_argument("--queries", default="", help="e.g. 1,6,13 (default: all 22)")
     parser.add_argument("--json", type=Path, help="write the results here too")
+    parser.add_argument(
+        "--engine", choices=["duckdb", "spark"], default="duckdb", help="the gate's engine"
+    )
     args = parser.parse_args()
     chosen = [int(q) for q in args.queries.split(",") if q] or list(range(1, 23))
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
@@ -171,7 +181,7 @@ def main() -> None:
     for sf in args.sf:
         data = database(sf)
         with tempfile.TemporaryDirectory(prefix="dpm-tpch-") as folder:
-            gate = engine(data, Path(folder))
+            gate = engine(data, Path(folder), args.engine)
             raw = duckdb.connect(str(data), read_only=True)
             rows = [
                 measure(gate, raw, n, (QUERIES / f"q{n:02d}.sql").read_text(), args.runs)
@@ -179,13 +189,13 @@ def main() -> None:
             ]
             gate.close()
         results[f"{sf:g}"] = rows
-        _print(sf, rows)
+        _print(sf, rows, args.engine)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
 
 
-def _print(sf: float, rows: list[dict]) -> None:
-    print(f"\nTPC-H SF {sf:g}, ε = 1 per query")
+def _print(sf: float, rows: list[dict], on: str) -> None:
+    print(f"\nTPC-H SF {sf:g} on {on} (raw: DuckDB), ε = 1 per query")
     print(f"{'q':>3} {'status':9} {'rel. error':>10} {'gate ms':>8} {'raw ms':>7} {'ratio':>6}")
     for r in rows:
         if r["status"] == "refused":

@@ -134,3 +134,31 @@ def joined_neighbours(
         if neighbouring == "substitute":
             others[pid] = replacement
         yield base, load(others)
+
+
+@st.composite
+def compared_exists(draw) -> tuple[str, bool]:
+    """A ``[NOT] EXISTS`` over ``t`` (again, as ``b``) or ``u`` that compares its rows
+    with the query's row beside its tie, and whether the tie keeps both rows one
+    person's (on ``pid``); the others (on ``g`` or ``x``) read other persons' rows."""
+    inner, alias = draw(st.sampled_from([("t AS b", "b"), ("u", "u")]))
+    if alias == "b":
+        key = draw(st.sampled_from(["pid", "pid", "g", "x"]))
+        tie, person = f"b.{key} = t.{key}", key == "pid"
+        compared = ["b.x < t.x", "b.y <> t.y", "b.g = t.g", "b.x + t.x > 2", "b.y >= t.y * 2"]
+    else:
+        tie, person = draw(st.sampled_from([("u.pid = t.pid", True), ("u.z = t.x", False)]))
+        compared = ["u.z > t.x", "u.z <> t.g", "u.z * t.y < 3"]
+    extra = draw(st.lists(st.sampled_from(compared), min_size=1, max_size=2, unique=True))
+    conditions = [tie, *extra]
+    if draw(st.booleans()):
+        conditions.reverse()  # the tie need not come first
+    negated = "NOT " if draw(st.booleans()) else ""
+    where = " AND ".join(conditions)
+    select = draw(st.sampled_from(["g, COUNT(*), SUM(x)", "COUNT(*), SUM(y)"]))
+    group = " GROUP BY g" if select.startswith("g,") else ""
+    return (
+        f"SELECT {select} FROM t WHERE {negated}EXISTS (SELECT 1 FROM {inner} WHERE {where})"
+        + group,
+        person,
+    )

@@ -690,11 +690,14 @@ class Grammar:
 
     def semi_joined(self, table: str) -> st.SearchStrategy[str]:
         """A row condition inside a semi-join's subquery over the same table (its
-        ``t.…`` names the subquery's own ``t``): ``IN``, ``EXISTS``, or ``IN`` the
-        persons with more than one row meeting it (``GROUP BY t.pid HAVING``)."""
+        ``t.…`` names the subquery's own ``t``): ``IN``, ``[NOT] EXISTS``, or ``IN`` the
+        persons with more than one row meeting it (``GROUP BY t.pid HAVING``). An
+        ``EXISTS`` may also compare its rows with the query's row (``o``): a condition
+        whose columns are drawn from either row (``_mixed``), beside the tie on the
+        person."""
 
         def render(t: tuple) -> str:
-            cond, exists = t
+            cond, exists, compared = t
             if exists is None:  # the persons whose rows meet it, more than once
                 inner = (
                     f"SELECT t.pid FROM {table} WHERE {_sql(cond)} GROUP BY t.pid "
@@ -702,12 +705,19 @@ class Grammar:
                 )
                 return f"SELECT COUNT(*) FROM {table} AS o WHERE o.pid IN ({inner})"
             if exists:
-                inner = f"SELECT 1 FROM {table} WHERE t.pid = o.pid AND {_sql(cond)}"
-                return f"SELECT COUNT(*) FROM {table} AS o WHERE EXISTS ({inner})"
+                # In parentheses: an OR at the top would take the tie into it.
+                more = f" AND ({_sql(compared)})" if compared is not None else ""
+                inner = f"SELECT 1 FROM {table} WHERE t.pid = o.pid AND ({_sql(cond)}){more}"
+                negated = "NOT " if exists == "not" else ""
+                return f"SELECT COUNT(*) FROM {table} AS o WHERE {negated}EXISTS ({inner})"
             inner = f"SELECT t.pid FROM {table} WHERE {_sql(cond)}"
             return f"SELECT COUNT(*) FROM {table} AS o WHERE o.pid IN ({inner})"
 
-        return st.tuples(self.expr(BOOL), st.sampled_from([True, False, None])).map(render)
+        picks = st.lists(st.booleans(), max_size=3).map(lambda rest: [True, *rest])
+        compared = st.tuples(self.expr(BOOL), picks).map(lambda t: _mixed(*t)) | st.none()
+        return st.tuples(
+            self.expr(BOOL), st.sampled_from([True, False, None, "not"]), compared
+        ).map(render)
 
     def left_joined(self, table: str) -> st.SearchStrategy[str]:
         """A row condition in a LEFT JOIN's ``ON``, beside the join on the unit
@@ -775,3 +785,15 @@ def _drawn(draw: st.DrawFn, grammar: Grammar, family: str, depth: int) -> exp.Ex
 
 def _sql(node: exp.Expression) -> str:
     return node.sql(dialect=DIALECT)
+
+
+def _mixed(node: exp.Expression, picks: list[bool]) -> exp.Expression:
+    """``node`` with some of its ``t.…`` columns naming the query's row ``o`` instead
+    (the ``i``-th column where ``picks`` holds true, cycling; the first always): a
+    condition between a semi-join's row and the query's."""
+    out = node.copy()
+    columns = [c for c in out.find_all(exp.Column) if c.table == "t"]
+    for i, column in enumerate(columns):
+        if picks[i % len(picks)]:
+            column.set("table", exp.to_identifier("o"))
+    return out

@@ -145,7 +145,8 @@ def operating(draw) -> str:
 def along_keys(draw) -> str:
     """A join along the chain of keys (``lines → orders → patients``) that could multiply
     one unit's rows: lines joined to their order's other lines and to the order, again
-    and again, with the semi-joins that read the chain."""
+    and again, with the semi-joins that read the chain (some comparing their rows with
+    the query's row, a nested loop over one unit's rows)."""
     scans = draw(st.integers(1, 10))
     joins = []
     for i in range(1, scans):
@@ -164,6 +165,11 @@ def along_keys(draw) -> str:
                 f"EXISTS (SELECT 1 FROM orders AS x WHERE x.oid = a0.oid AND x.pid = {TARGET})",
                 "a0.oid IN (SELECT x.oid FROM lines AS x JOIN lines AS y ON y.oid = x.oid "
                 "JOIN orders AS z ON z.oid = x.oid)",
+                # Compared with the query's row: a nested loop over one unit's rows.
+                "EXISTS (SELECT 1 FROM lines AS x WHERE x.oid = a0.oid AND x.day <> a0.day "
+                "AND x.diag >= a0.diag)",
+                "NOT EXISTS (SELECT 1 FROM lines AS x JOIN orders AS z ON z.oid = x.oid "
+                "WHERE x.oid = a0.oid AND x.day + a0.day > 30)",
             ]
         )
     )
@@ -211,6 +217,8 @@ def multiplying(draw) -> str:
                 f"a0.note = 'n{TARGET % 9}' AND a0.day > 3",
                 "a0.pid IN (SELECT x.pid FROM visits AS x JOIN visits AS y ON y.pid = x.pid "
                 "JOIN visits AS z ON z.pid = x.pid)",
+                "NOT EXISTS (SELECT 1 FROM visits AS x WHERE x.pid = a0.pid "
+                "AND x.day < a0.day AND x.diag <> a0.diag)",
             ]
         )
     )

@@ -257,6 +257,12 @@ SHOP_QUERIES = [
     "JOIN customer ON o_custkey = c_custkey GROUP BY c_segment",
     "SELECT COUNT(*) FROM orders WHERE EXISTS (SELECT * FROM lineitem "
     "WHERE l_orderkey = o_orderkey AND l_flag = 'R')",
+    # TPC-H query 21's shape: EXISTS comparing an order's lines with the query's line.
+    "SELECT l1.l_flag, COUNT(*) FROM lineitem l1, orders WHERE o_orderkey = l1.l_orderkey "
+    "AND EXISTS (SELECT * FROM lineitem l2 WHERE l2.l_orderkey = l1.l_orderkey "
+    "AND l2.l_partkey <> l1.l_partkey) AND NOT EXISTS (SELECT * FROM lineitem l3 "
+    "WHERE l3.l_orderkey = l1.l_orderkey AND l3.l_partkey <> l1.l_partkey "
+    "AND l3.l_quantity > 25) GROUP BY l1.l_flag",
     "SELECT o_priority, COUNT(*) FROM orders LEFT JOIN lineitem ON l_orderkey = o_orderkey "
     "AND l_flag = 'A' GROUP BY o_priority",
     # Per person: a histogram of orders per customer, and TPC-H query 13's shape.

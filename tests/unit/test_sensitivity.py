@@ -22,6 +22,8 @@ from dpmagic.gate.dp.contribution import Contribution
 from dpmagic.gate.dp.counts import count_sensitivity
 from dpmagic.gate.dp.quantiles import selection_distance
 from dpmagic.gate.dp.sums import sum_sensitivity
+from dpmagic.gate.failures import Refused
+from dpmagic.gate.sql import resolve as resolve_module
 from dpmagic.gate.sql.ranks import Window
 from dpmagic.gate.sql.rewrite import rewrite
 from tests.gate_helpers import dataset, exact_vectors, load_table, make_plan, neighbours
@@ -32,6 +34,7 @@ from tests.sensitivity_cases import (
     OFFSET,
     ORDER,
     QUERIES,
+    compared_exists,
     joined_neighbours,
     joined_unit,
     rows_of,
@@ -204,6 +207,66 @@ def test_join_sensitivity_bounds_every_neighbour(
     )
     for base, other in pairs:
         _assert_within_sensitivity(p, base, other, query)
+
+
+@pytest.mark.search
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    per_unit=st.lists(joined_unit, min_size=1, max_size=4),
+    replacement=joined_unit,
+    drawn=compared_exists(),
+    neighbouring=st.sampled_from(["add_remove", "substitute"]),
+    max_partitions=st.integers(1, 3),
+    max_rows=st.integers(1, 3),
+    seed=st.integers(0, 2**62),
+)
+def test_an_exists_comparing_one_persons_rows_stays_within_the_bounds(
+    per_unit, replacement, drawn, neighbouring, max_partitions, max_rows, seed
+):
+    """``[NOT] EXISTS`` comparing its rows with the query's row: answered exactly when
+    its tie keeps both rows one person's, and then a row's answer reads only its own
+    person's rows, so the bounds hold on every neighbour."""
+    query, person = drawn
+    ds = dataset(
+        COLUMNS,
+        neighbouring=neighbouring,
+        max_partitions=max_partitions,
+        max_rows=max_rows,
+        more_tables=JOINED,
+    )
+    try:
+        p = make_plan(query, ds)
+    except Refused as exc:
+        assert not person, (query, exc.message)
+        assert "must tie them to one person" in exc.message and len(exc.message) < 300
+        return
+    assert person, query
+    pairs = joined_neighbours(
+        per_unit, replacement, neighbouring, lambda c: exact_vectors(p, c, seed)
+    )
+    for base, other in pairs:
+        _assert_within_sensitivity(p, base, other, query)
+
+
+def test_an_exists_tied_beyond_one_person_would_break_the_bound(monkeypatch):
+    """The broken version: a resolver that took any equality as tying one person
+    (``_one_person`` always true) answers a tie on ``g``, and adding one unit then
+    flips the other units' rows, past the count's sensitivity."""
+    monkeypatch.setattr(resolve_module, "_one_person", lambda *args: True)
+    ds = dataset(COLUMNS, max_partitions=1, max_rows=1, more_tables=JOINED)
+    p = make_plan(
+        "SELECT COUNT(*) FROM t WHERE EXISTS (SELECT 1 FROM t AS b WHERE b.g = t.g AND b.x < t.x)",
+        ds,
+    )
+    (m,) = p.measurements
+    con = duckdb.connect()
+    load_table(con, "u", ["pid", "z"], [])
+    load_table(con, "t", ORDER, [(pid, 0, 3, 1.0) for pid in range(2, 6)])
+    without = exact_vectors(p, con, seed=1)
+    load_table(con, "t", ORDER, [(1, 0, -3, 1.0)] + [(pid, 0, 3, 1.0) for pid in range(2, 6)])
+    with_unit = exact_vectors(p, con, seed=1)
+    assert without[m.name] == [0] and with_unit[m.name] == [4]
+    assert _l1(with_unit[m.name], without[m.name]) > m.noise.sensitivity == 1
 
 
 def test_a_self_join_cannot_inflate_a_count():

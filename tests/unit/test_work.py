@@ -191,7 +191,9 @@ def test_the_bound_is_reached_on_a_self_join(engines) -> None:
     assert added[0] == bounds[0] == 6
 
 
-def _whole_cap(tables: list[str], cap: int, first: object = None) -> list[RoomRead]:
+def _whole_cap(
+    tables: list[str], cap: int, first: object = None, keyed: object = None
+) -> list[RoomRead]:
     """The broken version: every scan keeps its unit's first ``cap`` ranks."""
     rank = exp.LTE(this=exp.column(RANK, quoted=True), expression=exp.Literal.number(cap))
     return [RoomRead(exp.table_(t, quoted=True), rank.copy()) for t in tables]

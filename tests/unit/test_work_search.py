@@ -62,9 +62,20 @@ def gates(tmp_path_factory) -> Iterator[tuple[Engine, Engine]]:
         yield d, d2
 
 
+# A nested loop over one unit's rows (an EXISTS comparing its rows with the query's
+# row): the target's 40 visits, joined to themselves, each against each, whatever the
+# search draws.
+COMPARED = (
+    "SELECT COUNT(*) FROM visits AS a0 JOIN visits AS a1 ON a1.pid = a0.pid "
+    "WHERE NOT EXISTS (SELECT 1 FROM visits AS x WHERE x.pid = a0.pid "
+    "AND x.day < a0.day AND x.diag <> a0.diag)"
+)
+
+
 @pytest.mark.search
 @SEARCH
 @given(sql=multiplying())
+@example(sql=COMPARED)
 def test_no_reply_hinges_on_one_units_work(gates, sql: str) -> None:
     compare(gates, sql)
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from fractions import Fraction
 from functools import lru_cache
 from typing import Protocol
 
@@ -92,13 +93,53 @@ class Accountant(Protocol):
 
 def compose(costs: Iterable[Cost]) -> Cost:
     """Sequential composition: each unit adds up (basic composition for (ε, δ), the
-    zCDP composition theorem for ρ)."""
-    costs = list(costs)
-    return Cost(
-        math.fsum(c.epsilon for c in costs),
-        math.fsum(c.delta for c in costs),
-        math.fsum(c.rho for c in costs),
-    )
+    zCDP composition theorem for ρ); ``Composition`` of ``costs``."""
+    return Composition(costs).total()
+
+
+class Composition:
+    """Sequential composition of a stream of charges, as budgets add them up across
+    queries (the ledger's tallies) and ``compose`` within one: ε, δ and ρ each add up
+    (Dwork and Roth 2014, Theorem 3.16; Bun and Steinke 2016, Lemma 1.7), whatever the
+    order, the same under every accountant; the accountant only decides which of them
+    a limit is checked in (``fits``).
+
+    Each sum is kept exact and rounded once when read, so a total read after ``n``
+    charges is ``math.fsum`` of them (correctly rounded) and never drifts with ``n``: ten
+    charges of 0.1 read as ``math.fsum([0.1] * 10)``, and a budget's standing does not
+    depend on how often it was read. Memory is constant: one rational per unit, plus
+    the non-finite amounts seen (an approximate charge's ρ is ``inf``)."""
+
+    def __init__(self, costs: Iterable[Cost] = ()) -> None:
+        self._amounts = (_ExactSum(), _ExactSum(), _ExactSum())
+        for cost in costs:
+            self.add(cost)
+
+    def add(self, cost: Cost) -> None:
+        for amount, value in zip(self._amounts, (cost.epsilon, cost.delta, cost.rho), strict=True):
+            amount.add(value)
+
+    def total(self) -> Cost:
+        epsilon, delta, rho = (amount.value() for amount in self._amounts)
+        return Cost(epsilon, delta, rho)
+
+
+class _ExactSum:
+    """A running sum of floats, read as ``math.fsum`` of every value added (the exact sum,
+    rounded once), in constant memory: an exact rational, plus the non-finite values."""
+
+    def __init__(self) -> None:
+        self._exact = Fraction(0)
+        self._special: set[float] = set()
+
+    def add(self, value: float) -> None:
+        if math.isfinite(value):
+            self._exact += Fraction(value)
+        else:
+            self._special.add(value)
+
+    def value(self) -> float:
+        return math.fsum(self._special) if self._special else float(self._exact)
 
 
 class PureAccountant:

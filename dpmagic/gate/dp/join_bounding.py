@@ -20,6 +20,23 @@ the data in units, with ``K`` rows per unit, seed by seed, and the sensitivities
 of ``sums`` and ``counts`` hold with ``rows = K``. When a unit's rows multiply to
 at most ``K`` nothing of it is dropped; beyond, the earlier tables keep more rows
 and the later ones fewer.
+
+Keyed scans. A scan is *keyed* when the join holds an equality of its table's unique
+key with a column of another scan that is itself unkeyed or keyed (``sql/keyed.py``
+decides it: a ``WHERE`` conjunct, or a conjunct of the scan's own ``LEFT JOIN``
+condition; the key a declared link names, whose uniqueness the gate checks at start),
+every keyed scan reaching an unkeyed one through such equalities. A keyed scan keeps
+the unit's ranks ``≤ K`` and leaves the product unchanged: ``p_i = p_(i−1)``.
+
+Proof. Follow each keyed scan's equality to its partner, and the partner's, down to
+an unkeyed scan. A joined row's keyed parts are then functions of its unkeyed parts:
+the one row (if any) whose unique key equals its partner's value, or one NULL in a
+``LEFT JOIN``. So the joined rows number at most the rows of the join of the
+unkeyed scans alone, at most the product of their factors, ``≤ K`` as above. A line
+joined to its order and its customer is one row, however many orders the customer
+has, where the product would have counted orders × lines. The work of a join the
+engine orders otherwise (a keyed scan joined on the unit alone, before its partner)
+is bounded by its room, ``K`` rows, in ``sql/work.py``.
 """
 
 from __future__ import annotations
@@ -27,20 +44,28 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-def rooms(k: int, counts: Sequence[int]) -> list[int]:
+def rooms(k: int, counts: Sequence[int], keyed: Sequence[bool] = ()) -> list[int]:
     """The ranks each scan keeps of a unit with ``counts[i]`` rows in the ``i``-th
-    joined table (``sql/ranks.room_reads`` computes the same in SQL)."""
+    joined table, ``keyed[i]`` where the scan is keyed (``sql/ranks.room_reads``
+    computes the same in SQL)."""
+    flags = list(keyed) or [False] * len(counts)
     out, product = [], 1
-    for n in counts:
+    for n, key in zip(counts, flags, strict=True):
+        if key:
+            out.append(k)
+            continue
         room = k // product
         out.append(room)
         product *= max(1, min(n, room))
     return out
 
 
-def joined_rows_bound(k: int, counts: Sequence[int]) -> int:
-    """``p_m``: the most joined rows the unit can keep, at most ``k``."""
+def joined_rows_bound(k: int, counts: Sequence[int], keyed: Sequence[bool] = ()) -> int:
+    """``p_m``: the most joined rows the unit can keep, at most ``k``: the product of
+    the unkeyed scans' factors (a keyed scan completes each row once at most)."""
+    flags = list(keyed) or [False] * len(counts)
     product = 1
-    for n, room in zip(counts, rooms(k, counts), strict=True):
-        product *= max(1, min(n, room))
+    for n, room, key in zip(counts, rooms(k, counts, flags), flags, strict=True):
+        if not key:
+            product *= max(1, min(n, room))
     return product

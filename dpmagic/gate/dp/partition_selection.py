@@ -8,6 +8,18 @@ of distinct units: ``l0 = groups``, ``l∞ = 1``. A replacement removes one unit
 keys and adds another's, possibly all different: ``l0 = 2·groups``. The noisy
 threshold below is calibrated to these.
 
+**Rule: the partition count sensitivities assume** (``chosen_key_partitions``). With keys
+read from the data, the released keys are not known before the query runs: a unit and
+the unit that replaces it may reach keys that no other unit has, so sensitivities must
+count on no overlap between two units' reach. ``dp/sums`` counts on a replacement
+sharing at least ``max(0, 2·groups − partitions)`` of its cells with the unit it
+replaces; at ``partitions = 2·groups`` that is none, and any larger count gives the
+same bounds. So ``2·max_groups`` keys (``max_groups`` the most any bounding lets a unit
+reach, at least the contribution's ``groups``) is the least count that is sound, and a
+smaller one would let a replacement claim a shared key it need not have
+(``tests/unit/dp/test_production.py`` checks the bounds against units over more keys
+than that, by brute force).
+
 **Mechanism.** When a ``GROUP BY`` key's values are not public, the keys themselves come
 from the data, and releasing one that only a single person has would give
 that person away. Each key seen in the bounded rows is therefore released
@@ -132,3 +144,12 @@ def key_reach(c: Contribution, neighbouring: Neighbouring) -> tuple[int, int]:
     """``(l0, l∞)``: keys one neighbour can touch, and how much it moves each count."""
     relation = checked_relation(neighbouring)
     return c.groups * (2 if relation == Neighbouring.SUBSTITUTE else 1), 1
+
+
+def chosen_key_partitions(max_groups: int) -> int:
+    """The partition count a query's sensitivities assume when its keys are chosen from
+    the data (the rule above): ``2·max_groups``, the fewest at which a unit and its
+    replacement, each in at most ``max_groups`` keys, may share none."""
+    if max_groups < 1:
+        raise ValueError("a unit may reach at least one partition")
+    return 2 * max_groups

@@ -17,7 +17,7 @@ find its last ``n`` with the accountant's own ``fits`` at every step; ``c`` with
 no positive amount would fit without end and is refused.
 
 The ledger adds a charge to a total it keeps exact and rounds once
-(``budget_scopes._Sum``); here ``n`` copies are composed exactly and rounded once, then
+(``accounting.Composition``); here ``n`` copies are composed exactly and rounded once, then
 composed with ``spent``: the two differ by a few units in the last place, far
 inside the accountants' slack (``accounting._SLACK``, 10^-9), so they disagree only
 for a total within a few ulps of that slack's edge.
@@ -67,6 +67,10 @@ def queries_that_fit(accountant: Accountant, standings: Sequence[Standing], cost
         return 0
     low, high = 1, 2  # fit(low), and high to find
     while fit(high):
+        if repeated(cost, high) == repeated(cost, low):
+            # Composition adds up, so more copies cost more until they overflow and stop
+            # fitting: a total that stops growing is the gate's own bug, not a forever.
+            raise RuntimeError("internal error: composing more queries costs no more")
         low, high = high, 2 * high
     while high - low > 1:  # fit(low) and not fit(high)
         mid = (low + high) // 2

@@ -184,6 +184,9 @@ class Column:
     max_length: int | None = None  # a text column's characters kept at load
     # A public table's column: the most rows sharing one stored value (read at start).
     repeats: int | None = None
+    # A public table's column whose ``public_values`` are the values the table holds,
+    # read at start: a key of it needs no list in the SQL, only NOT NULL.
+    values_read: bool = False
     # The owner's fact that no row holds NULL here, checked at load: an average of it
     # then shares the query's COUNT(*) rather than spending on its own COUNT(column).
     not_null: bool = False

@@ -17,14 +17,12 @@ budget, renewals included.
 
 from __future__ import annotations
 
-import math
 import sqlite3
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from fractions import Fraction
 
-from dpmagic.gate.dp.accounting import Cost
+from dpmagic.gate.dp.accounting import Composition, Cost
 from dpmagic.gate.policy import Budget, Dataset
 from dpmagic.gate.policy.values import Period
 
@@ -153,70 +151,44 @@ def period_label(period: Period, when: datetime) -> str:
     return f"month {when.year}-{when.month:02d}"
 
 
-class _Sum:
-    """A running sum of floats, read as ``math.fsum`` of every value added (the exact sum,
-    rounded once), in constant memory: an exact rational, plus the non-finite values."""
-
-    def __init__(self) -> None:
-        self._exact = Fraction(0)
-        self._special: set[float] = set()
-
-    def add(self, value: float) -> None:
-        if math.isfinite(value):
-            self._exact += Fraction(value)
-        else:
-            self._special.add(value)
-
-    def value(self) -> float:
-        return math.fsum(self._special) if self._special else float(self._exact)
-
-
 @dataclass
 class Tally:
     """What counts in one scope among the ledger's rows read so far: its spending and
     grants since its last reset or renewal, and its last renewal's period."""
 
-    epsilon: _Sum = field(default_factory=_Sum)
-    delta: _Sum = field(default_factory=_Sum)
-    rho: _Sum = field(default_factory=_Sum)
-    granted_epsilon: _Sum = field(default_factory=_Sum)
-    granted_delta: _Sum = field(default_factory=_Sum)
+    spending: Composition = field(default_factory=Composition)
+    granted: Composition = field(default_factory=Composition)  # (ε, δ) grants, added up
     period: str | None = None  # the label of the last ``renews`` or ``renewed`` row
 
     def spend(self, row: sqlite3.Row) -> None:
-        self.epsilon.add(row["epsilon"])
-        self.delta.add(row["delta"])
-        self.rho.add(row["rho"])
+        """A charge counted here: composed with the spending before it (``dp/accounting``'s
+        ``Composition``: each amount adds up, exactly, rounded once when read)."""
+        self.spending.add(Cost(row["epsilon"], row["delta"], row["rho"]))
 
     def admin(self, row: sqlite3.Row) -> None:
         """A grant, reset or renewal written for this scope."""
         status = row["status"]
         if status == GRANTED:
-            self.granted_epsilon.add(row["epsilon"])
-            self.granted_delta.add(row["delta"])
+            self.granted.add(Cost(row["epsilon"], row["delta"]))
         elif status == RESET:
             self.reset()
         elif status == RENEWED:
             # A renewal forgets the period's spending, never the owner's grants.
-            self.epsilon, self.delta, self.rho = _Sum(), _Sum(), _Sum()
+            self.spending = Composition()
             self.period = row["sql"]
         elif status == RENEWS:
             self.period = row["sql"]
 
     def spent(self) -> Cost:
-        return Cost(self.epsilon.value(), self.delta.value(), self.rho.value())
+        return self.spending.total()
 
     def limit(self, base: Budget) -> Budget:
         """``base`` (the policy's limit) plus what was granted."""
-        return Budget(
-            base.epsilon + self.granted_epsilon.value(),
-            base.delta + self.granted_delta.value(),
-            base.renew,
-        )
+        granted = self.granted.total()
+        return Budget(base.epsilon + granted.epsilon, base.delta + granted.delta, base.renew)
 
     def reset(self) -> None:
-        self.epsilon, self.delta, self.rho = _Sum(), _Sum(), _Sum()
-        self.granted_epsilon, self.granted_delta = _Sum(), _Sum()
+        self.spending, self.granted = Composition(), Composition()
 
 
 def renewal_due(tally: Tally, base: Budget, now: datetime) -> tuple[str, str] | None:

@@ -849,7 +849,7 @@ class Ledger:
         ``failed``) keeps it spending the same. So the totals over the rows up to some
         id never change, and each read adds only the rows after it: one read of the
         dataset's new rows brings every scope of it read before up to date. The sums
-        are exact, rounded once when read: ``accounting.compose``'s ``math.fsum``."""
+        are exact, rounded once when read (``accounting.Composition``: ``math.fsum``'s sum)."""
         cursor = self._cursors.setdefault(scope.dataset, _Cursor())
         tally = cursor.tallies.get(scope)
         if tally is None:  # a scope first read here: its rows up to where the others are

@@ -156,7 +156,7 @@ def check(resolved: Resolved) -> Checked:
                     if not isinstance(a, exp.Star):
                         _row_expr(a, resolved, f"{_name(agg)}(…) per person")
     for j in resolved.semijoins:
-        for part in (j.lhs, j.value, *((j.where,) if j.where is not None else ())):
+        for part in (j.lhs, j.value, *(t for t in (j.where, j.correlated) if t is not None)):
             _row_expr(part, resolved, "IN (SELECT …)" if not j.exists else "EXISTS (…)")
         for agg in j.having.find_all(exp.AggFunc) if j.having is not None else ():
             if not isinstance(agg.this, exp.Star):

@@ -20,7 +20,10 @@ function of the query and the policy, and so is every share.
 
 The values this pass makes are ``plan_types``'. Every privacy number in them is
 decided by a rule of ``dp/`` that this pass calls: sensitivities and noises
-(``sums``, ``counts``, ``calibration``), shares (``shares``), what the parts cost
+(``sums``, ``counts``, ``calibration``), what a count of distinct units counts per unit
+(``counts.distinct_units``), the partition count assumed for keys chosen from the data
+(``partition_selection.chosen_key_partitions``), what each bounding lets a unit
+contribute (``enforcement``, through ``ranks``), shares (``shares``), what the parts cost
 together (``composition``) and the bounding report's noises and share (``left_out``).
 """
 
@@ -37,6 +40,7 @@ from dpmagic.gate.dp.accounting import Accountant, Cost
 from dpmagic.gate.dp.calibration import Accuracy, Target, count_noise_for, noise_for, spent
 from dpmagic.gate.dp.composition import composes, pure_cost
 from dpmagic.gate.dp.contribution import Contribution
+from dpmagic.gate.dp.counts import distinct_units
 from dpmagic.gate.dp.left_out import (
     MAX_REPORT_SHARE,
     LeftOut,
@@ -44,7 +48,12 @@ from dpmagic.gate.dp.left_out import (
     report_cost,
     report_weight,
 )
-from dpmagic.gate.dp.partition_selection import KeySelection, calibrate_selection, key_reach
+from dpmagic.gate.dp.partition_selection import (
+    KeySelection,
+    calibrate_selection,
+    chosen_key_partitions,
+    key_reach,
+)
 from dpmagic.gate.dp.quantile_selection import calibrate_quantile, grid
 from dpmagic.gate.dp.quantiles import selection_distance
 from dpmagic.gate.dp.shares import (
@@ -85,9 +94,6 @@ from dpmagic.gate.sql.work import Work, unit_work, within
 
 MAX_SCORES = 2_000_000  # candidates scored over all partitions of one quantile
 SUM_LIMIT = 2**126
-# The partition count sensitivities assume when the keys are chosen from the data:
-# larger than any two units' reach, so no overlap between them is counted on.
-ANY_PARTITIONS = 2**31
 # Summed floats are rounded to a grid this many binary digits finer than the
 # noise scale, so rounding is negligible beside the noise.
 GRID_BITS_BELOW_SCALE = 24
@@ -127,7 +133,9 @@ def plan(
     if private is not None:
         _private_keys_allowed(private, accountant, delta, accuracy, debiased)
     partitions = () if private else _partitions(checked.keys, bounded.domains)
-    reach = ANY_PARTITIONS if private else len(partitions)
+    # With keys chosen from the data, ``dp/partition_selection`` decides the partition
+    # count the sensitivities assume (one at which no two units' reach overlaps).
+    reach = chosen_key_partitions(dataset.max_partitions) if private else len(partitions)
 
     wanted, counted, quantiles, uses = _wanted(bounded, debiased, quantile_intervals)
     kinds = {kind for kind, *_ in wanted.values()}
@@ -217,10 +225,20 @@ def _work(bounded: Bounded, bounds: Bounding, wanted: dict, quantiles: dict) -> 
     if resolved.unit is not None:
         trees.append(resolved.unit)
     cap = join_cap(bounds)
-    found = unit_work(resolved, cap, load_cap(dataset), trees, len(quantiles),
-                      isinstance(bounds, Window))  # fmt: skip
-    within(found, dataset.max_unit_work, dataset.max_row_work, dataset.privacy_unit)
-    return found
+
+    def priced(keyed: bool) -> Work:
+        found = unit_work(resolved, cap, load_cap(dataset), trees, len(quantiles),
+                          isinstance(bounds, Window), keyed)  # fmt: skip
+        within(found, dataset.max_unit_work, dataset.max_row_work, dataset.privacy_unit)
+        return found
+
+    # Keyed scans keep more of a unit's rows (``sql/keyed.py``), but a join the engine
+    # orders otherwise may hold more of them: where that is above the policy's limit,
+    # the product rule's bound, which keeps fewer, may not be.
+    try:
+        return priced(True)
+    except Refused:
+        return priced(False)
 
 
 def parts_spent(
@@ -535,8 +553,8 @@ def _measurement(
     summand: Summand,
 ) -> Measurement:
     kind, arg, clamp, label, _ = part
-    if kind == MeasureKind.COUNT_UNIT:  # one per unit and partition
-        contribution = Contribution(contribution.groups, 1, contribution.partitions)
+    if kind == MeasureKind.COUNT_UNIT:  # one per unit and partition (``dp/counts``)
+        contribution = distinct_units(contribution)
     if kind != MeasureKind.SUM:
         # A unit's rows bring at most ``rows`` distinct values to a partition.
         noise = count_noise_for(contribution, dataset.neighbouring, target)

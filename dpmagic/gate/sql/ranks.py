@@ -31,15 +31,13 @@ removing or replacing one unit therefore leaves every other unit's ranked
 rows unchanged, and the changed unit keeps at most ``K = rows_per_unit`` rows
 in the query, however the ``WHERE`` and the ``GROUP BY`` then treat them. So
 the table a query sees is a 1-stable transformation of the data (in units),
-for every seed; the seed is drawn independently of the data. One unit with
-at most ``K`` rows, spread over the released partitions in any way, moves
-the vector of per-partition counts by at most ``K`` in L1, and of sums of
-values in ``[lo, hi]`` by at most ``K·max(|lo|, |hi|)`` (removal), or, on
-replacement, ``K·(max(hi, 0) - min(lo, 0))`` with one partition and
-``2K·max(|lo|, |hi|)`` with more (the replaced rows in one partition, the
-new ones in another). That is ``sensitivity.sum_sensitivity`` for a
-contribution of one group of ``K`` rows, which ``contribution`` returns, and
-what ``tests/unit/test_sensitivity.py`` checks by brute force, seed by seed.
+for every seed; the seed is drawn independently of the data. What one unit
+with at most ``K`` rows, spread over the released partitions in any way, may
+then move (that of one group of ``K`` rows), and what the window and row level
+allow, is ``dp/enforcement``'s rule, which each bounding's ``contribution``
+calls: here is only how the SQL enforces the bound
+(``tests/unit/test_sensitivity.py`` checks the SQL by brute force, seed by
+seed; ``tests/unit/dp/test_production.py`` the rule).
 
 Joins of private tables only. A join may multiply a unit's rows (a unit's
 ``a`` rows joined to its ``b`` rows give up to ``a·b``), so each kept row of a
@@ -85,6 +83,7 @@ from dataclasses import dataclass
 import duckdb
 from sqlglot import exp
 
+from dpmagic.gate.dp import enforcement
 from dpmagic.gate.dp.contribution import Contribution
 from dpmagic.gate.failures import required
 from dpmagic.gate.policy import (
@@ -129,7 +128,7 @@ class RowLevel:
     """No privacy unit: each row is its own unit, one row in one partition."""
 
     def contribution(self, partitions: int) -> Contribution:
-        return Contribution.bounded(1, 1, partitions)
+        return enforcement.row_level(partitions)
 
 
 @dataclass(frozen=True)
@@ -141,7 +140,7 @@ class Ranked:
     rows: int
 
     def contribution(self, partitions: int) -> Contribution:
-        return Contribution.bounded(1, self.rows, partitions)
+        return enforcement.ranked(self.rows, partitions)
 
 
 @dataclass(frozen=True)
@@ -155,7 +154,7 @@ class Window:
     joined: int
 
     def contribution(self, partitions: int) -> Contribution:
-        return Contribution.bounded(self.groups, self.rows, partitions)
+        return enforcement.window(self.groups, self.rows, partitions)
 
 
 Bounding = RowLevel | Ranked | Window
@@ -285,6 +284,7 @@ def room_reads(
     tables: list[str],
     cap: int,
     first: Callable[[str, int], exp.Expression] = first_ranks,
+    keyed: list[int | None] | None = None,
 ) -> list[RoomRead]:
     """What each private scan of a join (over ``tables``, in join order) reads so that a
     unit keeps at most ``cap`` joined rows, whatever the join order the engine picks:
@@ -299,12 +299,23 @@ def room_reads(
     join would be gigabytes of SQL), so each ``p_j`` is a column of its own,
     computed by one subquery over the previous one, and the SQL grows with the square
     of the scans. Every filter reads only the scan's own row (every private row
-    carries its unit's counts in every private table), so it holds before any join."""
+    carries its unit's counts in every private table), so it holds before any join.
+
+    A keyed scan (``keyed[i]`` its room, ``sql/keyed.py``) reads its first ``keyed[i]``
+    ranks (at most ``cap``) and is no factor of the later scans' rooms
+    (``dp.join_bounding``'s keyed rule)."""
+    fixed = keyed or [None] * len(tables)
     reads = []
     for i, table in enumerate(tables):
         source: exp.Expression = exp.table_(table, quoted=True)
         product: exp.Expression | None = None
+        room = fixed[i]
+        if room is not None:
+            reads.append(RoomRead(source, first(table, min(room, cap))))
+            continue
         for j, earlier in enumerate(tables[:i]):
+            if fixed[j] is not None:
+                continue
             room = _room(cap, product)
             count = exp.column(ROWS + earlier, quoted=True)
             least = exp.Least(this=count, expressions=[room], ignore_nulls=True)

@@ -98,6 +98,8 @@ def tabled(tree: exp.Select, dataset: Dataset) -> Tabled | None:
     outside = [out, *(ctes[n].this for n in ctes if n not in private)]
     named = {t.name.lower() for part in outside for t in _tables_outside_values(part)}
     table_releases = [n for n in ctes if n in private and n in named]
+    if any(not _aggregates(ctes[n].this) for n in table_releases):
+        return None  # a CTE that filters private rows: the rest reads them through it
     values = [
         s
         for part in outside
@@ -367,6 +369,19 @@ def _cell(value: object) -> exp.Expression:
     if isinstance(value, float):  # an exponent makes it a DOUBLE, not a DECIMAL
         return exp.Literal.number(f"{value:.17e}")
     return exp.Literal.string(str(value))
+
+
+def _aggregates(select: exp.Expression) -> bool:
+    """Whether a CTE's body is an aggregate: grouped, or with an aggregate at its top."""
+    if not isinstance(select, exp.Select):
+        return False
+    if select.args.get("group") is not None:
+        return True
+    return any(
+        isinstance(node, exp.AggFunc) and node.parent_select is select
+        for e in select.expressions
+        for node in e.find_all(exp.AggFunc)
+    )
 
 
 def _with(tree: exp.Select) -> list[exp.CTE]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import difflib
 import itertools
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sqlglot import exp
 
@@ -100,6 +100,11 @@ class SemiJoin:
     # unit or a key within one unit) meet a condition on their aggregates.
     grouped: bool = False
     having: exp.Expression | None = None
+    # EXISTS's further conditions between a subquery row and the query's row (``l2.
+    # l_suppkey <> l1.l_suppkey``), with the two rows' units equal: allowed only when
+    # ``value = lhs`` keeps both rows one unit's (``_one_person``), so a row's answer
+    # reads its own unit's rows alone. The SQL is then a correlated EXISTS.
+    correlated: exp.Expression | None = None
 
 
 @dataclass(frozen=True)
@@ -524,7 +529,11 @@ class _Flattener:
 
     def exists(self, node: exp.Exists, env: Env) -> exp.Expression:
         """``EXISTS (SELECT … WHERE inner = outer AND …)``: the one equality with the
-        outer query makes it ``outer IN (SELECT inner … WHERE …)``."""
+        outer query makes it ``outer IN (SELECT inner … WHERE …)``. Further conditions
+        comparing the subquery's row with the query's (TPC-H q21's ``l2.l_suppkey <>
+        l1.l_suppkey``) are allowed when one of the equalities keeps both rows one
+        person's (``_one_person``): each row's answer then reads its own person's rows
+        alone, as a condition on a join on the unit does."""
         select = node.this
         if not isinstance(select, exp.Select):
             raise Refused("EXISTS (…) takes one SELECT")
@@ -533,25 +542,45 @@ class _Flattener:
         ctes = sub.ctes(select, self.top_ctes)
         sub_env, filters = sub.from_clause(select, ctes, "from")
         where = select.args.get("where")
-        link: tuple[exp.Expression, exp.Expression] | None = None
+        both = {**env, **sub_env}  # the subquery's own names first, as in SQL
+        tied: list[tuple[exp.Expression, tuple[exp.Expression, exp.Expression] | None]] = []
         for conj in conjuncts(where.this) if where is not None else []:
             try:
                 filters.append(sub.substitute(conj, sub_env, frozenset(), "WHERE"))
                 continue
             except AnalysisLimit:
                 raise
-            except Refused:
-                pass
+            except Refused as exc:
+                refused = exc
+            if conj.find(exp.Exists, exp.Subquery, exp.Select):
+                outer = set(env) - set(sub_env)
+                if not any(c.table.lower() in outer for c in conj.find_all(exp.Column)):
+                    raise refused  # its own subquery's refusal, not a correlation's
+                raise Refused("EXISTS (SELECT …): a condition on the query's row may not "
+                              "hold a subquery of its own")  # fmt: skip
             pair = _correlation(conj, sub, sub_env, self, env)
-            if pair is None or link is not None:
-                raise Refused(
-                    "EXISTS (SELECT …) must tie the subquery to the query by one equality "
-                    "(inner.pid = outer.pid), its other conditions on its own tables"
-                )
-            link = pair
-        if link is None:
+            tied.append((sub.substitute(conj, both, frozenset(), "EXISTS"), pair))
+        if not tied:
             raise Refused("EXISTS (SELECT …) must be tied to the query by an equality")
-        return self._semi(sub, filters, link[1], link[0], exists=True)
+        if len(tied) == 1 and tied[0][1] is not None:
+            return self._semi(sub, filters, tied[0][1][1], tied[0][1][0], exists=True)
+        inner_scans, outer_scans = tuple(sub.scans), tuple(self.scans)
+        ties = [
+            (c, p[0], p[1])
+            for c, p in tied
+            if p is not None and _one_person(p[0], inner_scans, p[1], outer_scans)
+        ]
+        if not ties:
+            raise Refused(
+                "EXISTS (SELECT …) comparing its rows with the query's row must tie them to "
+                "one person by one equality AND the rest: inner.pid = outer.pid, or a key "
+                "along a declared link (l2.l_orderkey = l1.l_orderkey)"
+            )
+        tie, value, lhs = ties[0]
+        extra = [c for c, _ in tied if c is not tie]
+        same = _units_equal(exp.EQ(this=value, expression=lhs), inner_scans + outer_scans)
+        extra += [same] if same is not None else []
+        return self._semi(sub, filters, lhs, value, exists=True, correlated=extra)
 
     def _semi(
         self,
@@ -562,14 +591,13 @@ class _Flattener:
         exists: bool,
         grouped: bool = False,
         having: exp.Expression | None = None,
+        correlated: list[exp.Expression] | None = None,
     ) -> exp.Expression:
         private = [s for s in sub.scans if not s.table.public]
         if private:
             along_links(sub.scans, filters)
             _unit(tuple(sub.scans), filters, self.dataset)
-            inner, outer = _unit_of(value, tuple(sub.scans)), _unit_of(lhs, tuple(self.scans))
-            linked = link_pair(value, tuple(sub.scans), lhs, tuple(self.scans)) is not None
-            if (inner is None or outer is None) and not linked:
+            if not _one_person(value, tuple(sub.scans), lhs, tuple(self.scans)):
                 raise Refused(
                     "IN (SELECT …) or EXISTS over a private table must match privacy units "
                     "(t.pid IN (SELECT pid FROM …)): otherwise a unit's rows would depend "
@@ -578,9 +606,8 @@ class _Flattener:
         self.semijoins.extend(sub.semijoins)
         name = f"__j{len(self.semijoins)}"
         where = _and(filters) if filters else None
-        self.semijoins.append(
-            SemiJoin(name, lhs, tuple(sub.scans), value, where, exists, grouped, having)
-        )
+        semi = SemiJoin(name, lhs, tuple(sub.scans), value, where, exists, grouped, having)
+        self.semijoins.append(replace(semi, correlated=_and(correlated)) if correlated else semi)
         return exp.column(name, table=SEMI)
 
 
@@ -700,6 +727,20 @@ def _under_aggregate(node: exp.Expression) -> bool:
     """Whether ``node`` is inside an aggregate's argument (a row expression: checked
     with the row rules, ``check``)."""
     return node.find_ancestor(exp.AggFunc) is not None
+
+
+def _one_person(
+    inner: exp.Expression,
+    inner_scans: tuple[Scan, ...],
+    outer: exp.Expression,
+    outer_scans: tuple[Scan, ...],
+) -> bool:
+    """Whether ``inner = outer`` puts a subquery's row and the query's row in one unit:
+    both read the unit column, or the equality follows a declared key link
+    (``link_pair``). Then a semi-join over private rows reads, for each row, only its
+    own unit's rows, whatever else the subquery compares them on."""
+    units = _unit_of(inner, inner_scans) is not None and _unit_of(outer, outer_scans) is not None
+    return units or link_pair(inner, inner_scans, outer, outer_scans) is not None
 
 
 def _within_one_unit(node: exp.Expression, scans: tuple[Scan, ...]) -> bool:

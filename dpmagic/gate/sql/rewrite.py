@@ -50,6 +50,7 @@ threshold is applied to.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlglot import exp
@@ -58,6 +59,7 @@ from dpmagic.gate.dp.contribution import Contribution
 from dpmagic.gate.engines.dialect import DUCKDB, Dialect
 from dpmagic.gate.failures import Refused, required
 from dpmagic.gate.policy import Column
+from dpmagic.gate.sql.keyed import keyed_rooms
 from dpmagic.gate.sql.keys import KeyDomain
 from dpmagic.gate.sql.kinds import MeasureKind, Summand
 from dpmagic.gate.sql.limits import check_deadline
@@ -75,7 +77,7 @@ from dpmagic.gate.sql.ranks import (
 )
 from dpmagic.gate.sql.resolve import PRESENT, SEMI, PerUnit, Resolved, Scan
 from dpmagic.gate.sql.totality import comparable
-from dpmagic.gate.sql.trees import conjuncts
+from dpmagic.gate.sql.trees import conjuncts, unparen
 from dpmagic.gate.sql.value_range import ValueRange
 
 UNIT = "__unit"
@@ -95,7 +97,7 @@ def rewrite(plan: Plan, seed: int | None = None, dialect: Dialect = DUCKDB) -> R
     seed = secrets.randbits(62) if seed is None else seed
     resolved = plan.checked.resolved
     keys = [k.name for k in plan.keys]
-    row = _Rows(resolved, dialect)
+    row = _Rows(resolved, dialect, plan.work.keyed)
     ctes, final = _bounded(plan, row, seed)
 
     apart = bool(plan.selections) and dialect.histograms_apart
@@ -193,7 +195,7 @@ def _bounded(
     if not row_cols:
         row_cols = [exp.alias_(exp.Literal.number(1), "__one")]
     cap = join_cap(plan.bounding)
-    reads = _scan_reads(resolved, resolved.scans, cap, row.dialect)
+    reads = _scan_reads(resolved, resolved.scans, cap, row.dialect, _where(plan), row.keyed)
     windowed = resolved.unit is not None and isinstance(plan.bounding, Window)
     light = _light(plan, reads) if windowed else None
     source, filters = _from(plan, row, reads, counted=light is not None)
@@ -248,7 +250,7 @@ def _row_filters(
     resolved = plan.checked.resolved
     units = [_not_null(row.total(resolved.unit))] if with_unit and resolved.unit else []
     keys = [
-        _key_filter(row.total(k.expr), d)
+        _key_filter(row.total(k.expr), d, resolved.column(unparen(k.expr)))
         for k, d in zip(plan.keys, plan.domains, strict=True)
         if not (plan.listed_at_fetch and d.span is None and d.private is None)
     ]
@@ -273,9 +275,11 @@ def left_out(plan: Plan, seed: int, dialect: Dialect = DUCKDB) -> Rewritten:
     report = required(plan.left_out, "the plan's bounding report")
     resolved = plan.checked.resolved
     required(resolved.unit, "the privacy unit the report counts by")
-    row = _Rows(resolved, dialect)
+    row = _Rows(resolved, dialect, plan.work.keyed)
     ctes, (table, condition) = _bounded(plan, row, seed)
-    caps = _scan_reads(resolved, resolved.scans, load_cap(resolved.dataset), dialect)
+    caps = _scan_reads(
+        resolved, resolved.scans, load_cap(resolved.dataset), dialect, _where(plan), row.keyed
+    )
     source, filters = _from(plan, row, caps if len(resolved.scans) > 1 else {})
     unit = [_as(row.total(resolved.unit), UNIT)]
     units, keyed = _row_filters(plan, row, True)
@@ -400,17 +404,30 @@ def _from(
     return _reads(resolved.scans, terms, used, row, bounds, counted)
 
 
+def _where(plan: Plan) -> list[exp.Expression]:
+    """The conjuncts of the query's ``WHERE``, as its SQL filters its join."""
+    where = plan.checked.where
+    return conjuncts(where) if where is not None else []
+
+
 def _scan_reads(
-    resolved: Resolved, scans: tuple[Scan, ...], cap: int, dialect: Dialect
+    resolved: Resolved,
+    scans: tuple[Scan, ...],
+    cap: int,
+    dialect: Dialect,
+    terms: list[exp.Expression],
+    keyed: bool,
 ) -> dict[str, RoomRead]:
-    """How each private scan of ``scans`` (one join) reads its table so that a unit keeps
-    at most ``cap`` joined rows (``ranks.room_reads``): the plan's ``K`` when the
-    ranks bound the query, else the load cap, which bounds the work one unit causes
-    however many times the join reads its tables."""
+    """How each private scan of ``scans`` (one join, filtered by ``terms``) reads its
+    table so that a unit keeps at most ``cap`` joined rows (``ranks.room_reads``, a
+    keyed scan at its first ``cap`` ranks: ``sql/keyed.py``): the plan's ``K`` when
+    the ranks bound the query, else the load cap, which bounds the work one unit
+    causes however many times the join reads its tables."""
     private = [
         s for s in scans if bounded_by_units(resolved.dataset, s.table) and s.per_unit is None
     ]  # a per-person subquery holds one row per unit by construction
-    reads = room_reads([s.table.name for s in private], cap, dialect.first_ranks)
+    fixed = keyed_rooms(private, terms, resolved.dataset, cap) if keyed else None
+    reads = room_reads([s.table.name for s in private], cap, dialect.first_ranks, fixed)
     return {s.name: r for s, r in zip(private, reads, strict=True)}
 
 
@@ -423,7 +440,7 @@ def _used(resolved: Resolved, trees: list[exp.Expression]) -> dict[str, dict[str
         trees += [per.where] if per.where is not None else []
     trees = trees + [s.on for s in scans if s.on is not None]
     for j in resolved.semijoins:
-        trees += [j.lhs, j.value] + [t for t in (j.where, j.having) if t is not None]
+        trees += [j.lhs, j.value] + [t for t in (j.where, j.having, j.correlated) if t]
     used: dict[str, dict[str, Column]] = {s.name: {} for s in scans}
     for tree in trees:
         for node in tree.find_all(exp.Column):
@@ -489,8 +506,8 @@ def _per_person(
     """A per-person subquery's rows (``resolve.PerUnit``): its join read as any query's,
     each unit keeping at most ``per.rows`` joined rows (``room_reads``), its filters,
     then one row per unit with its values, as a subquery the scan reads."""
-    caps = _scan_reads(row.resolved, per.scans, per.rows, row.dialect)
     terms = conjuncts(per.where) if per.where is not None else []
+    caps = _scan_reads(row.resolved, per.scans, per.rows, row.dialect, terms, row.keyed)
     source, where = _reads(per.scans, terms, used, row, caps)
     key = row.total(per.unit)
     columns = [_as(key, required(unit, "a per-person table's unit"))]
@@ -533,14 +550,28 @@ def _select(
 
 
 def _semijoins(tree: exp.Select, resolved: Resolved, row: _Rows) -> exp.Select:
-    """Each semi-join's stand-in column replaced by its ``IN (SELECT …)``; inner
-    semi-joins come first in the list, so one pass in reverse expands them all."""
+    """Each semi-join's stand-in column replaced by its ``IN (SELECT …)`` (a correlated
+    ``EXISTS`` where it compares its rows with the query's row); inner semi-joins come
+    first in the list, so one pass in reverse expands them all."""
     used = _used(resolved, [])
     for j in reversed(resolved.semijoins):
         if not comparable([j.lhs, j.value], resolved):
             raise Refused("IN (SELECT …) compares values of different kinds")
         terms = [j.where] if j.where is not None else []
-        caps = _scan_reads(resolved, j.scans, load_cap(resolved.dataset), row.dialect)
+        caps = _scan_reads(
+            resolved, j.scans, load_cap(resolved.dataset), row.dialect, terms, row.keyed
+        )
+        if j.correlated is not None:
+            # The tie and the comparisons with the query's row in the subquery's WHERE
+            # (engines decorrelate a WHERE most readily): its equalities (the tie, the
+            # units) let the engine join on them, so a row is compared with its own
+            # unit's rows only, never with every row.
+            tie = exp.EQ(this=exp.Paren(this=j.value), expression=exp.Paren(this=j.lhs))
+            source, where = _reads(j.scans, terms, used, row, caps)
+            where += [exp.Paren(this=row.condition(c)) for c in (tie, j.correlated)]
+            inner = _select([exp.Literal.number(1)], source, where)
+            tree = tree.transform(_stand_in(j.name, exp.Exists(this=inner)))
+            continue
         source, where = _reads(j.scans, terms, used, row, caps)
         if j.exists or any(not scan.table.public for scan in j.scans):
             # Over private rows a NULL in the set would turn NOT IN to NULL for every
@@ -555,21 +586,29 @@ def _semijoins(tree: exp.Select, resolved: Resolved, row: _Rows) -> exp.Select:
         stand_in = (
             exp.Coalesce(this=test, expressions=[exp.false()]) if j.exists else exp.Paren(this=test)
         )
-
-        def expand(node: exp.Expression, name: str = j.name, by: exp.Expression = stand_in):
-            if isinstance(node, exp.Column) and node.table == SEMI and node.name == name:
-                return by.copy()
-            return node
-
-        tree = tree.transform(expand)
+        tree = tree.transform(_stand_in(j.name, stand_in))
     return tree
 
 
-def _key_filter(key: exp.Expression, domain: KeyDomain) -> exp.Expression:
+def _stand_in(name: str, by: exp.Expression) -> Callable[[exp.Expression], exp.Expression]:
+    """A transform putting ``by`` in place of the semi-join ``name``'s stand-in column."""
+
+    def expand(node: exp.Expression) -> exp.Expression:
+        if isinstance(node, exp.Column) and node.table == SEMI and node.name == name:
+            return by.copy()
+        return node
+
+    return expand
+
+
+def _key_filter(key: exp.Expression, domain: KeyDomain, column: Column | None) -> exp.Expression:
     """Only declared keys; a whole integer range is one ``BETWEEN`` (``IN`` a list of
-    50 values costs DuckDB 0.7 ms more a query)."""
+    50 values costs DuckDB 0.7 ms more a query). A public table's column whose values
+    were read from it at start (``Column.values_read``) holds no other value: NOT NULL
+    is its whole filter, however many (10,000 suppliers' names would be 200,000
+    characters of SQL)."""
     key = exp.Paren(this=key)
-    if domain.private is not None:
+    if domain.private is not None or (column is not None and column.values_read):
         return _not_null(key)
     if domain.span is not None:
         low, high = (exp.Literal.number(v) for v in domain.span)
@@ -643,6 +682,7 @@ class _Rows:
 
     resolved: Resolved
     dialect: Dialect
+    keyed: bool = True  # the plan's choice of the keyed rule (``work.Work.keyed``)
 
     def total(self, tree: exp.Expression) -> exp.Expression:
         return self.dialect.total(tree, self.resolved)

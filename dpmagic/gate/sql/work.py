@@ -24,8 +24,11 @@ which is its row count, or, where the join has a conjunct ``p.c = e`` with
 ``p`` sharing one value of ``c`` (``Column.repeats``, read at start: a public
 table's contents are public). A semi-join's subquery over private tables holds
 at most ``load cap × its public fan-outs`` rows of ``u`` the same way; one over
-public tables only does not depend on ``u`` at all. Aggregation, the window's
-sorts and the final result only consume these rows.
+public tables only does not depend on ``u`` at all. An ``EXISTS`` that compares its
+rows with the query's row (``SemiJoin.correlated``: allowed only when its tie keeps
+both rows ``u``'s) is, at its worst, a nested loop over ``u``'s rows: each of ``u``'s
+rows in the query around it against each of ``u``'s rows in the subquery, a pair
+each. Aggregation, the window's sorts and the final result only consume these rows.
 
 **Steps per row.** Each such row is worked on by the query's row expressions
 (``WHERE`` and ``ON`` conditions, group keys, aggregate arguments, the
@@ -44,12 +47,13 @@ with the slow path's under ``TRY``, must stay within ``max_row_work``, which
 keeps a vector of rows (DuckDB checks for an interrupt only between vectors)
 within the padding quantum.
 
-``work = rows × steps`` summed over the query's joins (the main one and each
-semi-join over private tables). ``benchmarks/per_unit_work.py`` measures what a
-step costs per shape on each engine (about 3 ns on DuckDB); the default
-``max_unit_work``, 2^24, keeps one unit's added time well under the default
-padding quantum (docs/security.md). The rows are a proof; the steps are a cost
-model, calibrated on those measurements and checked against them.
+``work = rows × steps`` summed over the query's joins (the main one, each
+semi-join over private tables, and each correlated one's pairs).
+``benchmarks/per_unit_work.py`` measures what a step costs per shape on each
+engine (about 3 ns on DuckDB); the default ``max_unit_work``, 2^24, keeps one
+unit's added time well under the default padding quantum (docs/security.md).
+The rows are a proof; the steps are a cost model, calibrated on those
+measurements and checked against them.
 """
 
 from __future__ import annotations
@@ -58,12 +62,13 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
-from dpmagic.gate.failures import Refused
+from dpmagic.gate.failures import Refused, required
 from dpmagic.gate.policy.values import VECTOR_ROWS
 from dpmagic.gate.sql.bound import text_length
 from dpmagic.gate.sql.check import CONCATENATION
+from dpmagic.gate.sql.keyed import keyed_rooms
 from dpmagic.gate.sql.prices import price
-from dpmagic.gate.sql.resolve import Resolved, Scan
+from dpmagic.gate.sql.resolve import Resolved, Scan, SemiJoin
 from dpmagic.gate.sql.totality import BOOLEAN_LIKE, kind, may_raise
 from dpmagic.gate.sql.trees import conjuncts, display
 
@@ -103,9 +108,12 @@ class Join:
 @dataclass(frozen=True)
 class Work:
     """The work one unit can add to a query (see the module's docstring): the main
-    join's and each private semi-join's."""
+    join's and each private semi-join's. ``keyed``: whether its joins read their keyed
+    scans by the keyed rule (``sql/keyed.py``), priced so; the plan falls back to the
+    product rule where that price is above the policy's and the product's is not."""
 
     joins: tuple[Join, ...]
+    keyed: bool = True
 
     @property
     def rows(self) -> int:
@@ -142,11 +150,14 @@ def unit_work(
     trees: list[exp.Expression],
     quantiles: int,
     windowed: bool,
+    keyed: bool = True,
 ) -> Work:
     """The bound for a query whose private scans keep at most ``cap`` joined rows of a
     unit (``ranks.join_cap``; 1 without a unit, when each row is its own), whose
     row expressions are ``trees`` (keys, aggregate arguments, the unit), with
-    ``quantiles`` grid snaps and, if ``windowed``, the window after its joins."""
+    ``quantiles`` grid snaps and, if ``windowed``, the window after its joins; with
+    ``keyed``, its joins' keyed scans read by the keyed rule."""
+    rooms = _keyed if keyed else _unkeyed
     where = resolved.tree.args.get("where")
     terms = conjuncts(where.this) if where is not None else []
     on = [s.on for s in resolved.scans if s.on is not None]
@@ -155,8 +166,10 @@ def unit_work(
     found += [evaluated(t, resolved, condition=True) for t in [*terms, *on]]
     fixed = quantiles * SNAP_STEPS + (WINDOW_STEPS if windowed else 0)
     fixed += JOIN_STEPS * len(resolved.scans)
-    rows = cap * _fan_out(resolved.scans, terms, resolved)
+    rows = cap * rooms(resolved.scans, terms, resolved, cap)
+    rows *= _fan_out(resolved.scans, terms, resolved)
     joins = [_join(rows, found, fixed)]
+    rows_of = {s.name: rows for s in resolved.scans}  # a scan -> its join's rows of a unit
     for per in (s.per_unit for s in resolved.scans if s.per_unit is not None):
         # A per-person subquery's own join: each unit keeps at most ``per.rows`` rows,
         # times its public fan-outs, each worked on by its filters and its aggregates'
@@ -166,7 +179,8 @@ def unit_work(
         own = [evaluated(per.unit, resolved)]
         own += [evaluated(a, resolved) for _, v in per.values for a in _arguments(v)]
         own += [evaluated(t, resolved, condition=True) for t in [*inner, *inner_on]]
-        rows = per.rows * _fan_out(per.scans, inner, resolved)
+        rows = per.rows * rooms(per.scans, inner, resolved, per.rows)
+        rows *= _fan_out(per.scans, inner, resolved)
         joins.append(_join(rows, own, JOIN_STEPS * len(per.scans) + WINDOW_STEPS))
     for j in resolved.semijoins:
         if all(s.table.public for s in j.scans):
@@ -177,10 +191,51 @@ def unit_work(
         semi += [evaluated(t, resolved, condition=True) for t in [*inner, *inner_on]]
         if j.having is not None:
             semi += [evaluated(a, resolved) for a in _arguments(j.having)]
-        rows = load_cap * _fan_out(j.scans, inner, resolved)
+        rows = load_cap * rooms(j.scans, inner, resolved, load_cap)
+        rows *= _fan_out(j.scans, inner, resolved)
+        rows_of.update((s.name, rows) for s in j.scans)
         grouping = WINDOW_STEPS if j.grouped else 0
         joins.append(_join(rows, semi, JOIN_STEPS * len(j.scans) + grouping))
-    return Work(tuple(joins))
+    # After every semi-join's own rows: a nested one's outer rows are those of the
+    # semi-join it sits in, which comes later in the list.
+    joins += [_pairs(j, rows_of, resolved) for j in resolved.semijoins if j.correlated]
+    return Work(tuple(joins), keyed)
+
+
+def _keyed(
+    scans: tuple[Scan, ...], terms: list[exp.Expression], resolved: Resolved, cap: int
+) -> int:
+    """What a join's keyed scans (``sql/keyed.py``) may multiply a unit's rows by in a
+    join the engine orders otherwise: a keyed scan joined on the unit alone, before
+    its partner, holds its room's rows for each row it meets. The product of their
+    rooms (1 without keyed scans); the joined rows that are aggregated stay within
+    ``cap`` (``dp/join_bounding.py``)."""
+    private = [s for s in scans if not s.table.public and s.per_unit is None]
+    private = [s for s in private if s.table.unit is not None]
+    product = 1
+    for room in keyed_rooms(private, terms, resolved.dataset, cap):
+        product *= room or 1
+    return product
+
+
+def _unkeyed(*_: object) -> int:
+    """The product rule alone: no keyed scan, nothing more than ``cap``."""
+    return 1
+
+
+def _pairs(j: SemiJoin, rows_of: dict[str, int], resolved: Resolved) -> Join:
+    """The pairs an ``EXISTS`` comparing its rows with the query's row works on: one
+    unit's rows around it (the most of the joins whose scans it compares with) times
+    the unit's rows in it, each pair a probe (``JOIN_STEPS``) worked on by the tie and
+    the comparisons. The engine joins on the tie's equality, so this is its worst."""
+    correlated = required(j.correlated, "a correlated semi-join's conditions")
+    own = {s.name for s in j.scans}
+    read = {c.table for t in (j.lhs, correlated) for c in t.find_all(exp.Column)} - own
+    outer = max((rows_of[n] for n in read if n in rows_of), default=max(rows_of.values()))
+    inner = rows_of[j.scans[0].name]
+    tie = exp.EQ(this=j.value.copy(), expression=j.lhs.copy())
+    found = [evaluated(t, resolved, condition=True) for t in (tie, correlated)]
+    return _join(outer * inner, found, JOIN_STEPS)
 
 
 def _arguments(value: exp.Expression) -> list[exp.Expression]:

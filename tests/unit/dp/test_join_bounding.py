@@ -71,3 +71,46 @@ def test_the_sql_grows_with_the_square_of_the_scans_not_exponentially():
     sizes = [sum(len(r.source.sql()) + len(r.bound.sql()) for r in room_reads(
         [f"t{i}" for i in range(m)], 16)) for m in (8, 16, 32)]  # fmt: skip
     assert sizes[2] < 5 * sizes[1] < 25 * sizes[0]
+
+
+# -- keyed scans: joined by their table's unique key ----------------------------------
+
+
+def _keyed_join(k: int, rows: list[list[int]], keyed: list[bool], unique: bool) -> int:
+    """The rows of a unit's join, each scan after the first joined to the one before by
+    ``key = value`` (scan ``i``'s rows are the values its key takes; a keyed scan's
+    partner is the scan before it), after each scan keeps its room's first rows."""
+    counts = [len(r) for r in rows]
+    room = rooms(k, counts, keyed)
+    kept = [r[:room_i] for r, room_i in zip(rows, room, strict=True)]
+    joined = [(v,) for v in kept[0]]
+    for scan in kept[1:]:
+        joined = [(*row, v) for row in joined for v in scan if v == row[-1]]
+    assert not unique or all(len(set(scan)) == len(scan) for scan in kept[1:])
+    return len(joined)
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 6])
+def test_keyed_scans_keep_at_most_k_joined_rows(k):
+    """Every unit of up to three scans, the later ones keyed to the one before by a key
+    unique in their table (their rows' values distinct): at most ``K`` joined rows,
+    each keyed scan read at its first ``K`` ranks; the bound is attained."""
+    seen = 0
+    for m in (2, 3):
+        for sizes in itertools.product(range(0, 5), repeat=m):
+            first = [v % 3 for v in range(sizes[0])]  # values that repeat, as a line's order
+            later = [list(range(n)) for n in sizes[1:]]  # unique keys
+            rows = [first, *later]
+            got = _keyed_join(k, rows, [False] + [True] * (m - 1), unique=True)
+            assert got <= joined_rows_bound(k, sizes, [False] + [True] * (m - 1)) <= k
+            seen = max(seen, got)
+    assert seen == min(k, 4)
+
+
+def test_a_scan_keyed_on_a_column_that_repeats_is_caught():
+    """The broken version: the keyed rule applied to a join on a value that repeats in
+    the later table (two order rows of one key) gives more than ``K`` joined rows."""
+    k = 4
+    rows = [[0, 0, 0, 0], [0, 0, 0, 0]]
+    assert _keyed_join(k, rows, [False, True], unique=False) > k
+    assert _keyed_join(k, rows, [False, False], unique=False) <= k  # the product rule

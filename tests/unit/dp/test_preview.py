@@ -29,7 +29,7 @@ ACCOUNTANTS = [PureAccountant(), ApproxAccountant(), ZCDPAccountant()]
 def next_fits(accountant: Accountant, standings: list[Standing], cost: Cost, k: int) -> bool:
     """Whether the ledger lets one more query of ``cost`` through after ``k`` of them:
     each scope's spending with ``k`` charges added, kept exact and rounded once as the
-    ledger keeps it (``budget_scopes._Sum``), then ``fits`` for the next (``ledger.debit``).
+    ledger keeps it (``accounting.Composition``), then ``fits`` for the next (``ledger.debit``).
     Once it is false it stays false (spending only grows), so the ledger lets through
     ``n`` queries exactly when this holds after ``n - 1`` and not after ``n``."""
 

@@ -333,7 +333,7 @@ class Database:
                 if col.public_values is None and col.type in KEY_TYPES:
                     values = self._distinct(table.name, col.name, SQL_TYPES[col.type])
                     if values:
-                        columns[col.name] = replace(col, public_values=values)
+                        columns[col.name] = replace(col, public_values=values, values_read=True)
                 columns[col.name] = replace(columns[col.name], repeats=self._repeats(table, col))
             rows = self._one(f'SELECT COUNT(*) FROM "{_ident(table.name)}"')
             tables[table.name] = replace(table, columns=columns, rows=rows)

@@ -237,7 +237,9 @@ class SparkDatabase:
                 )
                 if 0 < len(values) <= MAX_PARTITIONS:
                     found = tuple(v for (v,) in values)
-                    columns[col.name] = replace(columns[col.name], public_values=found)
+                    columns[col.name] = replace(
+                        columns[col.name], public_values=found, values_read=True
+                    )
             tables[table.name] = replace(table, columns=columns, rows=frame.count())
         return replace(dataset, tables=tables)
 
