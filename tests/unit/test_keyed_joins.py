@@ -45,7 +45,7 @@ ALONG = [
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("keyed")
-    shop.build(out / "shop.duckdb", customers=16, seed=3)
+    shop.build(out / "shop.duckdb", customers=10, seed=3)
     (out / "shop.toml").write_text(shop.policy_text(out / "shop.duckdb", out / "state"))
     return out
 
