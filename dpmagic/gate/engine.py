@@ -317,7 +317,7 @@ class Engine:
         truncated = False
         if not request.dry_run:
             store = self.databases[dataset.name]
-            columns, rows, truncated = store.read_public(read.sql, read.limit)  # type: ignore[attr-defined]
+            columns, rows, truncated = store.read_public(read)  # type: ignore[attr-defined]
         reply = QueryReply(
             dataset=dataset.name,
             engine=dataset.engine,

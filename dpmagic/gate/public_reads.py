@@ -12,12 +12,12 @@ decides what runs, twice:
    functions, text functions, the aggregates, the clauses of a ``SELECT``). A private
    table anywhere, a table function or any other node sends the query down the usual
    path, where it is planned with noise or refused.
-2. **In DuckDB** (``Database.read_public``): the same walk of DuckDB's own parse as
-   every generated query's (``_walk``), with the public tables as the only tables, under
-   the gate's time limit, and at most ``public_row_limit`` rows fetched; the reply says
-   when it cut.
-
-Spark datasets refuse it for now, saying so.
+2. **In the engine**, rendered in its dialect from the vetted tree: on DuckDB
+   (``Database.read_public``) the same walk of DuckDB's own parse as every generated
+   query's (``_walk``), with the public tables as the only tables; on Spark
+   (``SparkDatabase.read_public``) its guard, with the public tables as the only
+   tables and the functions this allow-list names. Under the gate's time limit, at
+   most ``public_row_limit`` rows fetched; the reply says when it cut.
 """
 
 from __future__ import annotations
@@ -50,10 +50,14 @@ ALLOWED = (*CLAUSES, *SCALAR_NODES, *DATE_PARTS, *TEXT_FUNCTIONS, *CONCATENATION
 
 @dataclass(frozen=True)
 class PublicRead:
-    """A query over public tables only, as the gate will run it."""
+    """A query over public tables only, as the gate will run it: the vetted tree, never
+    the user's text, which each engine renders in its own dialect (``sql``)."""
 
-    sql: str  # sqlglot's rendering of the vetted tree, never the user's text
+    tree: exp.Select
     limit: int
+
+    def sql(self, dialect: str) -> str:
+        return self.tree.sql(dialect=dialect)
 
 
 def public_read(sql: str, params: dict, dataset: Dataset) -> PublicRead | None:
@@ -68,9 +72,7 @@ def public_read(sql: str, params: dict, dataset: Dataset) -> PublicRead | None:
             "the query reads only public tables, which this dataset does not serve "
             "plainly: the owner can allow it with public_tables_readable = true"
         )
-    if dataset.engine != "duckdb":
-        raise Refused("public tables are read plainly on DuckDB datasets only, for now")
-    return PublicRead(tree.sql(dialect="duckdb"), dataset.public_row_limit)
+    return PublicRead(tree, dataset.public_row_limit)
 
 
 def released_read(tree: exp.Select, dataset: Dataset, public: tuple[str, ...]) -> PublicRead:
@@ -85,17 +87,12 @@ def released_read(tree: exp.Select, dataset: Dataset, public: tuple[str, ...]) -
             "dataset does not serve plainly: the owner can allow it with "
             "public_tables_readable = true"
         )
-    if dataset.engine != "duckdb":
-        raise Refused(
-            "a query that works on what it released first is answered on DuckDB datasets "
-            "only, for now"
-        )
     if not _public_only(tree, dataset):
         raise Refused(
             "after its releases the query uses what a plain read does not allow (a "
             "window, a table function): select, filter, join, group, order"
         )
-    return PublicRead(tree.sql(dialect="duckdb"), dataset.public_row_limit)
+    return PublicRead(tree, dataset.public_row_limit)
 
 
 def _public_only(tree: exp.Select, dataset: Dataset) -> bool:

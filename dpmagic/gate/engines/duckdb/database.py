@@ -36,7 +36,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import duckdb
 import pyarrow as pa
@@ -57,6 +57,9 @@ from dpmagic.gate.failures import Refused, required
 from dpmagic.gate.policy import Column, Dataset, GateConfig, PolicyError, Table
 from dpmagic.gate.sql.keys import MAX_PARTITIONS
 from dpmagic.gate.sql.ranks import RANK, SQL_TYPES, bounded_by_units, load_cap, rank_end
+
+if TYPE_CHECKING:
+    from dpmagic.gate.public_reads import PublicRead
 
 log = logging.getLogger("dpmagic.gate")
 T = TypeVar("T")
@@ -249,11 +252,12 @@ class Database:
         a perfect hash and compress its intermediates."""
         return self._execute(self._db, sql, keep, catalog=PLAIN_CATALOG, batches=batches)
 
-    def read_public(self, sql: str, limit: int) -> tuple[list[str], list[tuple], bool]:
+    def read_public(self, read: PublicRead) -> tuple[list[str], list[tuple], bool]:
         """A query over public tables only, vetted on its tree already
         (``public_reads.py``): walked again as DuckDB parses it with the public tables
-        as the only tables (``_walk``), run under the time limit, at most ``limit`` rows
-        fetched. The columns, the rows, and whether there were more."""
+        as the only tables (``_walk``), run under the time limit, at most its limit of
+        rows fetched. The columns, the rows, and whether there were more."""
+        sql, limit = read.sql("duckdb"), read.limit
         con = self._db.cursor()
         con.execute(f"USE {PLAIN_CATALOG}")
 

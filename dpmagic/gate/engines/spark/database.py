@@ -50,6 +50,8 @@ from dpmagic.gate.sql.keys import MAX_PARTITIONS
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from dpmagic.gate.public_reads import PublicRead
+
 log = logging.getLogger("dpmagic.gate")
 
 BATCH_ROWS = 65_536
@@ -91,6 +93,7 @@ class SparkDatabase:
             raise FileNotFoundError(f"dataset {dataset.name!r}: source {absent[0]} not found")
         self.timeout_s = gate.query_timeout_s
         self.tables = frozenset(dataset.tables)
+        self.public = frozenset(n for n, t in dataset.tables.items() if t.public)
         self._vetted: set[str] = set()
         self._lock = threading.Lock()
         self.spark = sessions.isolated(config)
@@ -186,6 +189,46 @@ class SparkDatabase:
         except Exception as exc:
             log.error("Spark query failed after the debit: %s", type(exc).__name__)
             raise Failed() from None
+
+    def read_public(self, read: PublicRead) -> tuple[list[str], list[tuple], bool]:
+        """A query over public tables only, vetted on its tree already
+        (``public_reads.py``), rendered in Spark's dialect: the guard again, with the
+        public tables as the only tables and the public read's allow-list for its
+        functions, then run under the time limit, at most its limit of rows fetched.
+        Spark's errors are quoted: over public tables, nothing charged, they hold the
+        query and public values at most."""
+        from dpmagic.gate.public_reads import ALLOWED  # the gate's, above this package
+
+        sql = read.sql("spark")
+        guard(sql, self.public, ALLOWED)
+        tag = f"dpmagic-{uuid.uuid4().hex}"
+
+        def work() -> tuple[list[str], list[tuple], bool]:
+            if self._classic:
+                self.spark.sparkContext.setJobGroup(tag, "dpmagic read", interruptOnCancel=True)
+            else:
+                self.spark.addTag(tag)
+            try:
+                frame = self.spark.sql(sql)
+                rows = [_exact(r) for r in frame.limit(read.limit + 1).collect()]
+                return list(frame.columns), rows[: read.limit], len(rows) > read.limit
+            except BaseException:
+                self._until_tasks_end(tag)
+                raise
+            finally:
+                if self._classic:
+                    self.spark.sparkContext.setJobGroup("", "")
+                else:
+                    self.spark.removeTag(tag)
+
+        try:
+            return within_limit(
+                work, drawn_timeout(self.timeout_s), _Cancel(self, tag), _out_of_memory
+            )
+        except (OutOfResources, Failed):
+            raise
+        except Exception as exc:
+            raise CannotRunOnSpark(exc) from None
 
     def _until_tasks_end(self, tag: str) -> None:
         """Return once no task of the run's jobs is running. A cancelled job fails at

@@ -50,8 +50,10 @@ class UnsafeSparkSQL(Refused):
         super().__init__("the gate will not run the SQL it generated for this query")
 
 
-def guard(sql: str, tables: frozenset[str]) -> None:
-    """Raise ``UnsafeSparkSQL`` unless ``sql`` passes (see the module's docstring)."""
+def guard(sql: str, tables: frozenset[str], allowed: tuple[type[exp.Expression], ...] = ()) -> None:
+    """Raise ``UnsafeSparkSQL`` unless ``sql`` passes (see the module's docstring);
+    ``allowed``: more node types a plain read of public tables may hold, whose tree
+    the gate vetted already (``public_reads.py``)."""
     try:
         statements = sqlglot.parse(sql, dialect="spark")
     except sqlglot.errors.ParseError:
@@ -61,7 +63,7 @@ def guard(sql: str, tables: frozenset[str]) -> None:
     tree = statements[0]
     ctes = {cte.alias_or_name.lower() for cte in tree.find_all(exp.CTE)}
     for node in tree.walk():
-        if isinstance(node, FORBIDDEN) or not _allowed(node, tables | ctes):
+        if isinstance(node, FORBIDDEN) or not _allowed(node, tables | ctes, allowed):
             raise UnsafeSparkSQL()
 
 
@@ -100,7 +102,11 @@ def _histogram_part(node: exp.Expression) -> bool:
     )
 
 
-def _allowed(node: exp.Expression, names: frozenset[str] | set[str]) -> bool:
+def _allowed(
+    node: exp.Expression,
+    names: frozenset[str] | set[str],
+    allowed: tuple[type[exp.Expression], ...] = (),
+) -> bool:
     if isinstance(node, exp.Table):
         return (
             isinstance(node.this, exp.Identifier)
@@ -113,5 +119,5 @@ def _allowed(node: exp.Expression, names: frozenset[str] | set[str]) -> bool:
     if isinstance(node, exp.Anonymous):
         return str(node.this).lower() in NAMED_FUNCTIONS
     if isinstance(node, exp.Func):
-        return isinstance(node, FUNCTIONS)
+        return isinstance(node, FUNCTIONS + allowed)
     return True
