@@ -497,8 +497,8 @@ class Engine:
         this user was released before is replayed, free, and counts nothing."""
         total = [0.0, 0.0, 0.0]
         for request in requests:
-            if self.stored(user, dataset, request) is not None:
-                continue
+            if not request.fresh and self.stored(user, dataset, request) is not None:
+                continue  # replayed, free (a fresh ask releases again, and pays)
             cost = self.analysis(user, dataset, request).plan.cost
             total = [total[0] + cost.epsilon, total[1] + cost.delta, total[2] + cost.rho]
         self.ledger.check(

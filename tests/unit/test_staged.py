@@ -266,3 +266,13 @@ def test_without_the_check_a_query_is_charged_for_stages_it_cannot_finish(tight,
     with pytest.raises(OverBudget):
         tight.query("ann", {"sql": other, "epsilon": 1.0, "notebook": "nb"})
     assert _spent(tight, "ann") == pytest.approx(1.5)  # its first stage, for nothing
+
+
+def test_a_fresh_rerun_is_checked_for_all_its_releases(tight):
+    """``fresh`` releases every stage again: none of them counts as a replay in the
+    check before the first debit, so a fresh re-run that does not fit is refused
+    whole (it would otherwise pay its first stage and be refused at its second)."""
+    tight.query("ann", {"sql": ABOVE, "epsilon": 1.0, "notebook": "nb"})
+    with pytest.raises(OverBudget):
+        tight.query("ann", {"sql": ABOVE, "epsilon": 1.0, "notebook": "nb", "fresh": True})
+    assert _spent(tight, "ann") == pytest.approx(1.0)
