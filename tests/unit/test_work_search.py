@@ -98,7 +98,9 @@ FOUND = (
 )
 
 
-def _whole_cap(tables: list[str], cap: int, first: object = None) -> list[RoomRead]:
+def _whole_cap(
+    tables: list[str], cap: int, first: object = None, keyed: object = None
+) -> list[RoomRead]:
     """Main's window path: every scan of a join keeps its unit's first ``cap`` ranks."""
     rank = exp.LTE(this=exp.column(RANK, quoted=True), expression=exp.Literal.number(cap))
     return [RoomRead(exp.table_(t, quoted=True), rank.copy()) for t in tables]
