@@ -95,7 +95,7 @@ answered = Engine._query
 
 def replay_that_reads(self, user, request, reads):
     reply = answered(self, user, request, reads)
-    if reply.get("replayed"):
+    if reply.envelope.replayed:
         dataset = self._dataset(request.dataset)
         analysis = self.analysis(user, dataset, request)
         execute(analysis.analysed, self.databases[dataset.name])
