@@ -232,6 +232,7 @@ def _process_worker(path: str, barrier, results, attempts: int) -> None:
         led.close()
 
 
+@pytest.mark.search  # eight spawned processes; the racing threads above stay in the default run
 def test_racing_processes_never_overspend(tmp_path: Path) -> None:
     path = tmp_path / "ledger.sqlite3"
     open_ledger(path).close()  # create the file and schema once, before the race

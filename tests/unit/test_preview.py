@@ -119,6 +119,13 @@ def test_each_cost_and_half_width_is_what_the_gate_charges_and_states(engine):
     )
 
 
+# Up to 60 queries a way under each accountant: pure in the default run, the others with
+# the searches (``-m search``).
+@pytest.mark.parametrize(
+    "engine",
+    ["pure", *(pytest.param(name, marks=pytest.mark.search) for name in ("approx", "zcdp"))],
+    indirect=True,
+)
 def test_as_many_as_fit_are_answered_and_the_next_is_refused(engine):
     """For each kind and way to ask: ``fits`` queries of it are charged what the preview
     says, one more is refused as over budget, and then the preview says none fit. Every

@@ -579,6 +579,7 @@ def _serve_race(path: str, users: list[str], start: float, out) -> None:
     out.put(served)
 
 
+@pytest.mark.search  # four spawned processes; each group paying once stays in the default run
 def test_processes_serving_one_release_at_once_charge_each_group_once(tmp_path: Path) -> None:
     """Forty users in g1 and g2, in four processes on one ledger file, are served ann's
     release at once, each twice: g1 and g2 are each charged its cost once, whoever was
