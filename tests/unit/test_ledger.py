@@ -280,11 +280,7 @@ def _scope(notebook: str | None) -> Scope:
     )
 
 
-@settings(
-    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
-@given(actions=_ACTIONS)
-def test_running_tallies_agree_with_a_fresh_reading(tmp_path: Path, actions) -> None:
+def _tallies_agree(tmp_path: Path, actions) -> None:
     """Whatever mix of debits, grants, resets and refusals two handles on one ledger
     write, and
     whenever each scope is first read, each handle's incremental standing of the user
@@ -323,6 +319,24 @@ def test_running_tallies_agree_with_a_fresh_reading(tmp_path: Path, actions) -> 
     finally:
         for led in handles:
             led.close()
+
+
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(actions=_ACTIONS)
+def test_running_tallies_agree_with_a_fresh_reading(tmp_path: Path, actions) -> None:
+    """A few examples in the default run; the search below tries 80."""
+    _tallies_agree(tmp_path, actions)
+
+
+@pytest.mark.search
+@settings(
+    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(actions=_ACTIONS)
+def test_running_tallies_agree_with_a_fresh_reading_searched(tmp_path: Path, actions) -> None:
+    _tallies_agree(tmp_path, actions)
 
 
 # -- the debit's flush to the disk, off the query's path ------------------------------
