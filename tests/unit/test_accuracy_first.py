@@ -79,6 +79,10 @@ def test_a_plan_for_accuracy_costs_what_its_noise_costs(engine):
     assert engine.budget("alice", None, "unnamed")["user"]["spent"]["epsilon"] == 0.0
 
 
+# 150 fresh releases: under pure in the default run, under zCDP with the searches.
+@pytest.mark.parametrize(
+    "engine", ["pure", pytest.param("zcdp", marks=pytest.mark.search)], indirect=True
+)
 def test_accuracy_interval_holds_at_its_stated_rate(engine):
     """150 fresh releases of two counts at ±6 with alpha = 0.1: the true counts (150 and
     150) must fall in the interval at least 90% of the time. With a correct mechanism

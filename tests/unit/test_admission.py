@@ -153,6 +153,11 @@ def test_no_user_waits_for_another_users_runs_that_run_out() -> None:
     waits for a."""
     waits = _cheap_waits(Admission())
     assert len(waits) > 50 and max(waits) < 0.05, max(waits)
+
+
+@pytest.mark.search  # seconds of sleeping threads: the broken version runs with the searches
+def test_the_stall_is_caught_under_the_old_rule() -> None:
+    """The same measurement under the old rule (``ExclusiveRetry``) sees b wait for a."""
     broken = _cheap_waits(ExclusiveRetry())
     assert max(broken) > SLOW_S / 2, max(broken)
 

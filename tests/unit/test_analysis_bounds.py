@@ -141,6 +141,7 @@ def test_a_doubling_chain_is_refused_quickly_and_free(engine, shape, levels):
     assert _spent(engine, "mallory", "attack") == 0.0
 
 
+@pytest.mark.search  # a CPU-time bound near its limit under tracemalloc: with the searches
 def test_the_cap_is_checked_while_building(engine):
     """At 30 levels the inlined query would have 2^30 times the first level's nodes:
     refused in milliseconds and a few megabytes, so never built (a check after the
@@ -170,6 +171,7 @@ def test_the_count_stops_at_the_cap(engine, monkeypatch):
     assert limits.MAX_EXPANDED_NODES < expansion.nodes < 2 * limits.MAX_EXPANDED_NODES
 
 
+@pytest.mark.search  # the broken version, building six times the cap: with the searches
 def test_without_the_cap_the_chain_grows_past_it(engine, monkeypatch):
     """The broken version: with the cap lifted, 13 levels build six times the cap
     and take many times as long as the refusal."""

@@ -74,7 +74,8 @@ def _race(path: str, first: int, cap: float, start: float, out: multiprocessing.
 
 # 4.0: the dataset's budget binds first (32 steps against the groups' 12, 16 and 64);
 # 1000: it never binds, and each group's does.
-@pytest.mark.parametrize("dataset_cap", [4.0, 1000.0])
+# The race takes seconds, so the second case runs with the searches (``-m search``).
+@pytest.mark.parametrize("dataset_cap", [4.0, pytest.param(1000.0, marks=pytest.mark.search)])
 def test_racing_users_never_overspend_any_of_the_four_budgets(
     tmp_path: Path, dataset_cap: float
 ) -> None:

@@ -191,8 +191,15 @@ def test_a_page_being_built_does_not_hold_up_the_console(
 ) -> None:
     """Pages are built off the event loop (reading the ledger, planning the preview):
     a sign-in is answered while a slow page is being built; built on the loop (the
-    broken version), it waits for it."""
+    broken version, the search below), it waits for it."""
     assert _sign_in_page_waits(client, monkeypatch) < 0.75
+
+
+@pytest.mark.search  # a page built for 1.5 s on the loop: with the searches
+def test_a_page_built_on_the_loop_is_caught(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The broken version of the test above: a sign-in waits for the page."""
 
     async def on_the_loop(self: object, executor: object, build: Any, *args: object) -> object:
         return build(*args)

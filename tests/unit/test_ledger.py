@@ -232,6 +232,7 @@ def _process_worker(path: str, barrier, results, attempts: int) -> None:
         led.close()
 
 
+@pytest.mark.search  # eight spawned processes; the racing threads above stay in the default run
 def test_racing_processes_never_overspend(tmp_path: Path) -> None:
     path = tmp_path / "ledger.sqlite3"
     open_ledger(path).close()  # create the file and schema once, before the race
@@ -279,11 +280,7 @@ def _scope(notebook: str | None) -> Scope:
     )
 
 
-@settings(
-    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
-@given(actions=_ACTIONS)
-def test_running_tallies_agree_with_a_fresh_reading(tmp_path: Path, actions) -> None:
+def _tallies_agree(tmp_path: Path, actions) -> None:
     """Whatever mix of debits, grants, resets and refusals two handles on one ledger
     write, and
     whenever each scope is first read, each handle's incremental standing of the user
@@ -322,6 +319,24 @@ def test_running_tallies_agree_with_a_fresh_reading(tmp_path: Path, actions) -> 
     finally:
         for led in handles:
             led.close()
+
+
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(actions=_ACTIONS)
+def test_running_tallies_agree_with_a_fresh_reading(tmp_path: Path, actions) -> None:
+    """A few examples in the default run; the search below tries 80."""
+    _tallies_agree(tmp_path, actions)
+
+
+@pytest.mark.search
+@settings(
+    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(actions=_ACTIONS)
+def test_running_tallies_agree_with_a_fresh_reading_searched(tmp_path: Path, actions) -> None:
+    _tallies_agree(tmp_path, actions)
 
 
 # -- the debit's flush to the disk, off the query's path ------------------------------

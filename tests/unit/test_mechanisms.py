@@ -82,6 +82,7 @@ def test_released_noise_through_the_pipeline_has_the_planned_scale(sql, label):
     assert not discrete_laplace_fits(draws, m.noise.scale * 2)
 
 
+@pytest.mark.search  # 20,000 draws through OpenDP, one call each: with the searches
 def test_granular_noise_equals_opendps_float_laplace():
     """OpenDP's float Laplace with granularity 2**k draws integers on the 2**k grid
     from discrete Laplace(scale / 2**k): the distribution our fixed-point sums use."""

@@ -127,25 +127,33 @@ def fold_mismatches(con: duckdb.DuckDBPyConnection, draws: list[tuple]) -> list[
     return wrong
 
 
-@settings(max_examples=150, deadline=None)
-@given(
-    st.lists(
-        st.tuples(
-            st.one_of(
-                days,
-                st.datetimes(min_value=datetime(1000, 1, 1), max_value=datetime(9000, 1, 1)).map(
-                    lambda d: d.replace(microsecond=0)
-                ),
+INTERVAL_DRAWS = st.lists(
+    st.tuples(
+        st.one_of(
+            days,
+            st.datetimes(min_value=datetime(1000, 1, 1), max_value=datetime(9000, 1, 1)).map(
+                lambda d: d.replace(microsecond=0)
             ),
-            moves,
         ),
-        min_size=1,
-        max_size=5,
-    )
+        moves,
+    ),
+    min_size=1,
+    max_size=5,
 )
+
+
+@settings(max_examples=15, deadline=None)
+@given(INTERVAL_DRAWS)
 def test_intervals_fold_as_duckdb_computes(draws: list[tuple]) -> None:
-    con = duckdb.connect()
-    assert fold_mismatches(con, draws) == []
+    """A few draws in the default run; the search below tries 150."""
+    assert fold_mismatches(duckdb.connect(), draws) == []
+
+
+@pytest.mark.search
+@settings(max_examples=150, deadline=None)
+@given(INTERVAL_DRAWS)
+def test_intervals_fold_as_duckdb_computes_searched(draws: list[tuple]) -> None:
+    assert fold_mismatches(duckdb.connect(), draws) == []
 
 
 def test_the_duckdb_check_catches_a_fold_off_by_a_day(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -278,16 +286,15 @@ def test_the_duckdb_check_catches_names_moved_to_the_wrong_columns(
     assert listed_mismatches(reversed_names) != []
 
 
-@settings(max_examples=200, deadline=None)
-@given(
-    st.lists(
-        st.decimals(min_value=-1000, max_value=1000, places=3, allow_nan=False),
-        min_size=2,
-        max_size=4,
-    ),
-    st.lists(st.sampled_from(["+", "-", "*"]), min_size=3, max_size=3),
+DECIMALS = st.lists(
+    st.decimals(min_value=-1000, max_value=1000, places=3, allow_nan=False),
+    min_size=2,
+    max_size=4,
 )
-def test_decimals_fold_as_duckdb_computes(numbers: list, ops: list) -> None:
+DECIMAL_OPS = st.lists(st.sampled_from(["+", "-", "*"]), min_size=3, max_size=3)
+
+
+def check_decimals_fold(numbers: list, ops: list) -> None:
     """The folded literal equals DuckDB's exact DECIMAL arithmetic on the same text."""
     text = f"{numbers[0]:f}"
     for op, n in zip(ops, numbers[1:], strict=False):
@@ -302,6 +309,20 @@ def test_decimals_fold_as_duckdb_computes(numbers: list, ops: list) -> None:
     if isinstance(folded, exp.Literal | exp.Paren):
         (got,) = con.execute(f"SELECT CAST({folded.sql()} AS DECIMAL(38, 9))").fetchone()
         assert got == want, (text, folded.sql())
+
+
+@settings(max_examples=20, deadline=None)
+@given(DECIMALS, DECIMAL_OPS)
+def test_decimals_fold_as_duckdb_computes(numbers: list, ops: list) -> None:
+    """A few draws in the default run; the search below tries 200."""
+    check_decimals_fold(numbers, ops)
+
+
+@pytest.mark.search
+@settings(max_examples=200, deadline=None)
+@given(DECIMALS, DECIMAL_OPS)
+def test_decimals_fold_as_duckdb_computes_searched(numbers: list, ops: list) -> None:
+    check_decimals_fold(numbers, ops)
 
 
 def test_the_duckdb_check_catches_a_fold_in_doubles() -> None:

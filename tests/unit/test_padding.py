@@ -99,9 +99,10 @@ def test_refusals_before_the_run_are_not_marked(engine):
 
 
 def test_a_failure_after_the_run_began_is_marked_and_a_refusal_for_failures_is_not(tmp_path):
-    """Three million rows against a time limit of a millisecond: the run begins and is
-    stopped. The next query is refused before the debit (max_resource_failures = 1)."""
-    with _engine(tmp_path, 3_000_000, timeout=0.001) as engine:
+    """300,000 rows (a run of about 0.4 s) against a time limit of a millisecond: the
+    run begins and is stopped. The next query is refused before the debit
+    (max_resource_failures = 1)."""
+    with _engine(tmp_path, 300_000, timeout=0.001) as engine:
         marked, error = _marked(engine, {"sql": "SELECT sex, SUM(age) FROM t GROUP BY sex"})
         assert isinstance(error, Failed) and "charged" in error.message
         assert marked

@@ -119,6 +119,17 @@ def test_each_cost_and_half_width_is_what_the_gate_charges_and_states(engine):
     )
 
 
+# Under pure in the default run, under the other accountants with the searches
+# (``-m search``): up to 60 queries a way below; the route's checks further on, which
+# do not depend on the accountant, but a preview at a small accuracy is slow under approx.
+ONE_ACCOUNTANT = pytest.mark.parametrize(
+    "engine",
+    ["pure", *(pytest.param(name, marks=pytest.mark.search) for name in ("approx", "zcdp"))],
+    indirect=True,
+)
+
+
+@ONE_ACCOUNTANT
 def test_as_many_as_fit_are_answered_and_the_next_is_refused(engine):
     """For each kind and way to ask: ``fits`` queries of it are charged what the preview
     says, one more is refused as over budget, and then the preview says none fit. Every
@@ -161,6 +172,7 @@ def test_a_preview_reads_no_data_and_charges_nothing(engine, monkeypatch):
     assert engine.budget("ann", None, "nb") == before
 
 
+@ONE_ACCOUNTANT
 def test_the_route_checks_the_preview_parameters(engine):
     def get(query: str) -> dict:
         return ROUTES["/v1/budget"].run(engine, "ann", query, b"", PrivateRead())

@@ -372,6 +372,7 @@ def _not_debiased(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(release, "debias", raw)
 
 
+@pytest.mark.search  # the coverage search's own check, run beside it
 @pytest.mark.parametrize("broken", [_noise_only, _not_debiased])
 def test_the_coverage_test_catches_a_broken_estimator(
     broken, monkeypatch: pytest.MonkeyPatch

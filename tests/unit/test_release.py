@@ -4,6 +4,8 @@ as the post-processing query would, and declines everything else."""
 
 from __future__ import annotations
 
+import functools
+
 import duckdb
 import numpy as np
 import pandas as pd
@@ -204,6 +206,19 @@ _GROUPED = (
 )
 
 
+@functools.cache
+def _grouped_plan():
+    from tests.gate_helpers import dataset, make_plan
+
+    columns = {
+        "pid": {"type": "int"},
+        "g": {"type": "int", "public_values": [0, 1, 2]},
+        "x": {"type": "int", "lower": -3, "upper": 5},
+        "y": {"type": "float", "lower": 0.0, "upper": 2.5},
+    }
+    return make_plan(_GROUPED, dataset(columns, unit=None))
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     counts=st.lists(st.integers(-(2**70), 2**70), min_size=3, max_size=3),
@@ -216,15 +231,8 @@ def test_bare_count_sum_and_average_intervals_are_each_cells_own(counts, sums, f
     are the ones the cell-by-cell evaluation gives (``_eval``), huge values included."""
     from dpmagic.gate.sql.intervals import CellIntervals, json_pair
     from dpmagic.gate.sql.noise import Noisy
-    from tests.gate_helpers import dataset, make_plan
 
-    columns = {
-        "pid": {"type": "int"},
-        "g": {"type": "int", "public_values": [0, 1, 2]},
-        "x": {"type": "int", "lower": -3, "upper": 5},
-        "y": {"type": "float", "lower": 0.0, "upper": 2.5},
-    }
-    plan = make_plan(_GROUPED, dataset(columns, unit=None))
+    plan = _grouped_plan()  # the same plan for every draw: only the noisy values vary
     by_kind = {"count": counts, "sum": sums}
     values = {}
     for m in plan.measurements:

@@ -10,6 +10,8 @@ import statistics
 import time
 from collections.abc import Awaitable, Callable
 
+import pytest
+
 from dpmagic.gate.service.release_clock import ReleaseClock
 
 SAMPLES = 40
@@ -54,6 +56,7 @@ def test_lateness_does_not_follow_the_sub_millisecond_part_of_the_wait():
     assert 0 <= early < 2 and 0 <= late < 2
 
 
+@pytest.mark.search  # the broken version, three measurements of a second each
 def test_asyncio_sleep_fails_the_same_measurement():
     """The broken version: what padding used before, late by the rounding (0.5 ms
     apart on an idle machine; up to three measurements, as a machine busy enough

@@ -48,6 +48,7 @@ def test_a_body_needs_a_modest_content_length(
         conn.close()
 
 
+@pytest.mark.system  # a real gate timed to the tenth of a second: with the system tests
 def test_the_padding_clock_runs_from_the_accept(tmp_path: Path):
     """A client that connects, waits 0.3 s and only then sends its query is answered one
     quantum (1 s) after it connected: how soon the request was read is inside the pad.

@@ -490,11 +490,7 @@ _ACTIONS = st.lists(
 )
 
 
-@settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
-@given(actions=_ACTIONS)
-def test_running_tallies_of_every_scope_agree_with_a_fresh_reading(tmp_path, actions) -> None:
+def _scope_tallies_agree(tmp_path, actions) -> None:
     """Whatever mix of debits (with groups), grants, resets and days passing two handles
     on one ledger write, and whenever each scope is first read, each handle's standing
     of every scope (dataset, groups, users, notebooks; renewing daily) equals the one a
@@ -548,6 +544,26 @@ def test_running_tallies_of_every_scope_agree_with_a_fresh_reading(tmp_path, act
             led.close()
 
 
+@settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(actions=_ACTIONS)
+def test_running_tallies_of_every_scope_agree_with_a_fresh_reading(tmp_path, actions) -> None:
+    """A few examples in the default run; the search below tries 60."""
+    _scope_tallies_agree(tmp_path, actions)
+
+
+@pytest.mark.search
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(actions=_ACTIONS)
+def test_running_tallies_of_every_scope_agree_with_a_fresh_reading_searched(
+    tmp_path, actions
+) -> None:
+    _scope_tallies_agree(tmp_path, actions)
+
+
 def test_a_shared_budgets_refusal_says_why_the_users_answer_was_not_replayed(ledger) -> None:
     """The reason is the asker's own (their earlier release), whichever budget refused."""
     before = ReplayKey("q", "data v1", "policy v1")
@@ -579,6 +595,7 @@ def _serve_race(path: str, users: list[str], start: float, out) -> None:
     out.put(served)
 
 
+@pytest.mark.search  # four spawned processes; each group paying once stays in the default run
 def test_processes_serving_one_release_at_once_charge_each_group_once(tmp_path: Path) -> None:
     """Forty users in g1 and g2, in four processes on one ledger file, are served ann's
     release at once, each twice: g1 and g2 are each charged its cost once, whoever was

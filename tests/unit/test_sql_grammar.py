@@ -63,6 +63,10 @@ def test_every_allowed_node_type_has_a_builder():
     assert set(check.AGGREGATES) <= set(AGGREGATE_SQL)
 
 
+# The searches for each node type, date part and aggregate (about 15 s in all) run with
+# the searches (``-m search``); the builders' existence, the cast targets and the
+# extreme literals stay in the default run.
+@pytest.mark.search
 @pytest.mark.parametrize("node", ROW_NODES + list(LEAVES), ids=lambda n: n.__name__)
 def test_every_allowed_node_type_is_generated(node):
     _finds({node}, lambda n: isinstance(n, node))
@@ -73,6 +77,7 @@ def test_every_cast_target_is_generated(target):
     _finds({exp.TryCast}, lambda n: isinstance(n, exp.TryCast) and n.to.this == target)
 
 
+@pytest.mark.search
 @pytest.mark.parametrize("part", sorted(set(check.EXTRACT_UNITS.values())))
 def test_every_extract_part_is_generated(part):
     # sqlglot writes some units in a canonical spelling (DOW as DAYOFWEEK): what must
@@ -80,6 +85,7 @@ def test_every_extract_part_is_generated(part):
     _finds({exp.Extract}, lambda n: isinstance(n, exp.Extract) and check.date_part(n) == part)
 
 
+@pytest.mark.search
 @pytest.mark.parametrize("node", list(check.AGGREGATES), ids=lambda n: n.__name__)
 def test_every_aggregate_is_generated(node):
     _finds(set(), lambda n: isinstance(n, node), how="aggregated")
