@@ -37,7 +37,7 @@ from sqlglot import exp
 from dpmagic.gate.failures import Refused
 from dpmagic.gate.policy import Dataset
 from dpmagic.gate.sql.parse import DIALECT
-from dpmagic.gate.sql.staged import MAX_STAGES, WITH, _is_value, _literal
+from dpmagic.gate.sql.staged import MAX_STAGES, WITH, _is_value, _literal, cell, with_needed
 
 # The name of a value release's table in the rest of the query, and its columns.
 TABLE = "__dpmagic_release_"
@@ -122,7 +122,7 @@ def tabled(tree: exp.Select, dataset: Dataset) -> Tabled | None:
         columns = tuple(e.alias_or_name for e in select.expressions)
         if any(not c or c == "*" for c in columns):
             raise Refused(f"name each column of {name}, the part of the query released first")
-        releases.append(Release(_with_needed(select, ctes), name, columns))
+        releases.append(Release(with_needed(select, ctes), name, columns))
     lookups = []
     for sub in values:
         release, lookup, cte = _value_release(sub, ctes, dataset, len(releases))
@@ -169,7 +169,7 @@ def _value_release(
     mark = exp.Placeholder(this=f"{MARK}{index}")
     pairs, rest = _correlation(select, ctes, dataset)
     if not pairs:
-        return Release(_with_needed(select, ctes), None, ()), mark, None
+        return Release(with_needed(select, ctes), None, ()), mark, None
     if select.args.get("group") or select.args.get("having"):
         raise Refused("a correlated subquery used as a value is released without GROUP BY")
     sql, columns = _keyed_stage(select, pairs, rest, ctes)
@@ -237,7 +237,7 @@ def _keyed_stage(
     stage.set("expressions", [*keys, value])
     stage.set("where", exp.Where(this=exp.and_(*rest)) if rest else None)
     stage.set("group", exp.Group(expressions=[inner.copy() for inner, _ in pairs]))
-    return _with_needed(stage, ctes), columns
+    return with_needed(stage, ctes), columns
 
 
 def _names(
@@ -349,26 +349,13 @@ def _rows_table(columns: tuple[str, ...], rows: Sequence[Sequence[object]]) -> e
     if not rows:
         return exp.select(*(exp.alias_(exp.Null(), c) for c in columns)).limit(0)
     values = exp.Values(
-        expressions=[exp.Tuple(expressions=[_cell(v) for v in row]) for row in rows],
+        expressions=[exp.Tuple(expressions=[cell(v) for v in row]) for row in rows],
         alias=exp.TableAlias(
             this=exp.to_identifier("released"),
             columns=[exp.to_identifier(c) for c in columns],
         ),
     )
     return exp.select("*").from_(values)
-
-
-def _cell(value: object) -> exp.Expression:
-    """A released cell as a literal: numbers, text, truth values, NULL."""
-    if value is None:
-        return exp.Null()
-    if isinstance(value, bool):
-        return exp.Boolean(this=value)
-    if isinstance(value, int):
-        return exp.Literal.number(value)
-    if isinstance(value, float):  # an exponent makes it a DOUBLE, not a DECIMAL
-        return exp.Literal.number(f"{value:.17e}")
-    return exp.Literal.string(str(value))
 
 
 def _aggregates(select: exp.Expression) -> bool:
@@ -387,23 +374,6 @@ def _aggregates(select: exp.Expression) -> bool:
 def _with(tree: exp.Select) -> list[exp.CTE]:
     with_ = tree.args.get(WITH)
     return list(with_.expressions) if with_ is not None else []
-
-
-def _with_needed(select: exp.Select, ctes: dict[str, exp.CTE]) -> str:
-    """``select`` as a query of its own, with the query's CTEs it reads (and those they
-    read), in the query's order."""
-    stage = select.copy()
-    needed: list[str] = []
-    todo = [t.name.lower() for t in stage.find_all(exp.Table)]
-    while todo:
-        name = todo.pop()
-        if name in ctes and name not in needed:
-            needed.append(name)
-            todo += [t.name.lower() for t in ctes[name].this.find_all(exp.Table)]
-    if needed:
-        order = [n for n in ctes if n in needed]
-        stage.set(WITH, exp.With(expressions=[ctes[n].copy() for n in order]))
-    return stage.sql(dialect=DIALECT)
 
 
 def _rest_reads_private(named: set[str], ctes: dict[str, exp.CTE], dataset: Dataset) -> bool:

@@ -194,6 +194,13 @@ def _stage_sql(select: exp.Select, ctes: dict[str, exp.CTE]) -> str:
                 "query around it: one value per row of the query (a correlated subquery) "
                 "is not released yet; release a value that stands alone"
             )
+    return with_needed(stage, ctes)
+
+
+def with_needed(select: exp.Select, ctes: dict[str, exp.CTE]) -> str:
+    """``select`` as a query of its own, with the query's CTEs it reads (and those they
+    read), in the order the query defines them."""
+    stage = select.copy()
     needed: list[str] = []
     todo = [t.name.lower() for t in stage.find_all(exp.Table)]
     while todo:
@@ -202,7 +209,7 @@ def _stage_sql(select: exp.Select, ctes: dict[str, exp.CTE]) -> str:
             needed.append(name)
             todo += [t.name.lower() for t in ctes[name].this.find_all(exp.Table)]
     if needed:
-        order = [n for n in ctes if n in needed]  # as the query defines them
+        order = [n for n in ctes if n in needed]
         stage.set(WITH, exp.With(expressions=[ctes[n].copy() for n in order]))
     return stage.sql(dialect=DIALECT)
 
@@ -232,23 +239,24 @@ def _by_key(keys: tuple[exp.Column, ...], rows: list[list[object]]) -> exp.Expre
         return exp.Null()
     ifs = []
     for row in rows:
-        ties = [
-            exp.EQ(this=k.copy(), expression=_key_literal(v))
-            for k, v in zip(keys, row, strict=False)
-        ]
+        ties = [exp.EQ(this=k.copy(), expression=cell(v)) for k, v in zip(keys, row, strict=False)]
         value = row[-1]
         then = _literal(None if value is None else float(value))  # type: ignore[arg-type]
         ifs.append(exp.If(this=exp.and_(*ties, copy=False), true=then))
     return exp.Case(ifs=ifs)  # built at once: ``Case.when`` copies the CASE at each WHEN
 
 
-def _key_literal(value: object) -> exp.Expression:
+def cell(value: object) -> exp.Expression:
+    """A released cell as a literal: numbers, text, truth values, NULL; a float with an
+    exponent, so that it is a DOUBLE, not a DECIMAL."""
     if value is None:
         return exp.Null()
     if isinstance(value, bool):
         return exp.Boolean(this=value)
-    if isinstance(value, int | float):
+    if isinstance(value, int):
         return exp.Literal.number(value)
+    if isinstance(value, float):
+        return exp.Literal.number(f"{value:.17e}")
     return exp.Literal.string(str(value))
 
 

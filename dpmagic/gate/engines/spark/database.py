@@ -19,7 +19,8 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from decimal import Decimal
 from typing import TYPE_CHECKING
@@ -152,13 +153,7 @@ class SparkDatabase:
         tag = f"dpmagic-{uuid.uuid4().hex}"
 
         def work() -> ExactResult:
-            # The job group (or Connect's tag) is the thread's: set in the thread that
-            # runs the query, whose jobs its cancelling interrupts, task threads too.
-            if self._classic:
-                self.spark.sparkContext.setJobGroup(tag, "dpmagic query", interruptOnCancel=True)
-            else:
-                self.spark.addTag(tag)
-            try:
+            with self._tagged(tag):
                 frame = self.spark.sql(sql)
                 if keep is None:
                     return ExactResult(rows=[_exact(r) for r in frame.collect()])
@@ -171,14 +166,6 @@ class SparkDatabase:
                         batch = []
                 rows.extend(keep(batch))
                 return ExactResult(rows=rows, thresholded=True)
-            except BaseException:
-                self._until_tasks_end(tag)
-                raise
-            finally:
-                if self._classic:
-                    self.spark.sparkContext.setJobGroup("", "")
-                else:
-                    self.spark.removeTag(tag)
 
         try:
             return within_limit(
@@ -204,22 +191,10 @@ class SparkDatabase:
         tag = f"dpmagic-{uuid.uuid4().hex}"
 
         def work() -> tuple[list[str], list[tuple], bool]:
-            if self._classic:
-                self.spark.sparkContext.setJobGroup(tag, "dpmagic read", interruptOnCancel=True)
-            else:
-                self.spark.addTag(tag)
-            try:
+            with self._tagged(tag):
                 frame = self.spark.sql(sql)
                 rows = [_exact(r) for r in frame.limit(read.limit + 1).collect()]
                 return list(frame.columns), rows[: read.limit], len(rows) > read.limit
-            except BaseException:
-                self._until_tasks_end(tag)
-                raise
-            finally:
-                if self._classic:
-                    self.spark.sparkContext.setJobGroup("", "")
-                else:
-                    self.spark.removeTag(tag)
 
         try:
             return within_limit(
@@ -229,6 +204,26 @@ class SparkDatabase:
             raise
         except Exception as exc:
             raise CannotRunOnSpark(exc) from None
+
+    @contextmanager
+    def _tagged(self, tag: str) -> Iterator[None]:
+        """The job group (or Connect's tag) ``tag`` around the work of the thread that
+        runs a query, whose jobs cancelling it interrupts, task threads too; a failed
+        run waits for its tasks to end before it returns."""
+        if self._classic:
+            self.spark.sparkContext.setJobGroup(tag, "dpmagic query", interruptOnCancel=True)
+        else:
+            self.spark.addTag(tag)
+        try:
+            yield
+        except BaseException:
+            self._until_tasks_end(tag)
+            raise
+        finally:
+            if self._classic:
+                self.spark.sparkContext.setJobGroup("", "")
+            else:
+                self.spark.removeTag(tag)
 
     def _until_tasks_end(self, tag: str) -> None:
         """Return once no task of the run's jobs is running. A cancelled job fails at
