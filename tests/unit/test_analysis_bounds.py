@@ -22,7 +22,7 @@ import pytest
 from dpmagic.gate import analysis_cache
 from dpmagic.gate.analysis_cache import AnalysisCache
 from dpmagic.gate.failures import Refused
-from dpmagic.gate.sql import limits
+from dpmagic.gate.sql import limits, pipeline
 from dpmagic.gate.sql import resolve as resolve_module
 from dpmagic.gate.sql.parse import parse
 from dpmagic.gate.sql.resolve import resolve
@@ -288,6 +288,32 @@ def test_the_deadline_counts_cpu_time_not_waiting(monkeypatch):
             pass
         with pytest.raises(limits.AnalysisLimit):
             limits.check_deadline()
+
+
+def test_the_collectors_full_passes_are_left_off_the_clock(engine, monkeypatch):
+    """A full pass of the garbage collector walks the whole heap, whatever the query;
+    one that lands inside an analysis (forced here, over a heap made large) does not
+    bring its deadline closer. The broken clock, the thread's plain CPU time, refuses
+    the same query: a refusal that would follow from what else the process holds."""
+    heap = [[i] for i in range(1_500_000)]  # a full pass over it takes 0.1 s or more
+    real_check = pipeline.check
+
+    def check_then_collect(*args, **kwargs):
+        gc.collect()
+        return real_check(*args, **kwargs)
+
+    started = time.thread_time()
+    gc.collect()
+    full_pass = time.thread_time() - started
+    monkeypatch.setattr(pipeline, "check", check_then_collect)
+    monkeypatch.setattr(limits, "ANALYSIS_SECONDS", full_pass / 2)
+    sql = "SELECT COUNT(*) AS n FROM visits WHERE stay_days > {}"
+    reply = engine.query("gc", {"sql": sql.format(1), "notebook": "gc", "dry_run": True})
+    assert reply["plan"]
+    monkeypatch.setattr(limits, "analysis_clock", time.thread_time)
+    err, _ = _refused(engine, sql.format(2), notebook="gc-broken")
+    assert err.message.startswith("the analysis of this query took more than")
+    assert len(heap) == 1_500_000  # alive until here
 
 
 def test_a_deadline_belongs_to_its_thread_and_the_outer_block(monkeypatch):

@@ -56,6 +56,19 @@ def test_dry_run_shows_the_plan_and_charges_nothing(engine):
     assert spent(engine) == 0.0
 
 
+def test_noise_dominating_at_every_size_is_reported_not_a_failure(engine):
+    """A sum of values as small as 4.9e-324: its half-width over them overflows to an
+    infinite group size, reported as ``EVERY_SIZE`` (it failed the query, charged)."""
+    from dpmagic.gate.sql.summary import EVERY_SIZE
+
+    for sql in ("SELECT SUM(age * 0 + 4.9e-324) AS s FROM t", "SELECT COUNT(*) AS n FROM t"):
+        reply = engine.query("alice", {"sql": sql, "dry_run": True, "notebook": "nb"})
+        (output,) = [p for p in reply["plan"] if p["kind"] == "output"]
+        assert (output["dominated_below"] == EVERY_SIZE) == ("e-324" in sql)
+    reply = engine.query("alice", {"sql": "SELECT SUM(age * 0 + 4.9e-324) AS s FROM t"})
+    assert len(reply["rows"]) == 1
+
+
 def test_replay_returns_the_same_answer_for_free_even_after_a_restart(tmp_path):
     policy = write_policy(tmp_path)
     body = {"sql": "SELECT sex, AVG(age) FROM t GROUP BY sex", "notebook": "nb"}

@@ -191,12 +191,12 @@ def _expected(
         bands = [[n, [max(0.0, q - span / n), min(1.0, q + span / n)]] for n in GROUP_SIZES]
         # The band covers half the group once radius/n reaches this share.
         reach = 0.25 if min(q, 1 - q) >= 0.25 else DOMINANT_SHARE - min(q, 1 - q)
-        below = math.floor(radius / reach) + 1
+        below = _rows_below(radius / reach)
         if s.edges is not None and 0 < q < 1:
             # Below about r_e/min(q, 1 − q) values an end's level cannot fit between 0
             # and q (or q and 1): it falls back to the grid's end, and an interval
             # from a bound is judged by its range (``dominance``) and flagged.
-            below = max(below, math.floor(edge_radius(s, s.edges) / min(q, 1 - q)) + 1)
+            below = max(below, _rows_below(edge_radius(s, s.edges) / min(q, 1 - q)))
         return {
             "percentiles_at": bands,
             "dominated_below": below,
@@ -237,7 +237,7 @@ def _per_rows(error: float, kind: str, what: object, square_root: bool) -> dict[
         lo, hi, *_ = what  # type: ignore[misc]
         target = DOMINANT_SHARE * (hi - lo) / 2  # the half-width that covers that share
         if target > 0:
-            below = math.floor(error / target**2 if square_root else error / target) + 1
+            below = _rows_below(error / target**2 if square_root else error / target)
     out["dominated_below"] = below
     return out
 
@@ -250,11 +250,22 @@ def _zero_below(m: Measurement, half: float, node: exp.Expression) -> int | None
     if not isinstance(node, exp.Column):
         return None
     if m.clamp is None:
-        return math.floor(half) + 1
+        return _rows_below(half)
     lo, hi = m.bounds.lo, m.bounds.hi
     if lo <= 0 <= hi:
         return None
-    return math.floor(half / min(abs(lo), abs(hi))) + 1
+    return _rows_below(half / min(abs(lo), abs(hi)))
+
+
+EVERY_SIZE = 2**53
+"""The size reported for noise that dominates at every size: a ratio that overflows
+(a sum of values as small as ``4.9e-324``: its half-width over them is infinite),
+and the largest integer a JavaScript client reads exactly."""
+
+
+def _rows_below(rows: float) -> int:
+    """The smallest group size above ``rows``, at most ``EVERY_SIZE``."""
+    return EVERY_SIZE if not rows < EVERY_SIZE else math.floor(rows) + 1
 
 
 def _key_source(domain: KeyDomain) -> str:
