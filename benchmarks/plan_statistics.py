@@ -135,7 +135,7 @@ def attached(path: Path, statistics_on: bool) -> duckdb.DuckDBPyConnection:
 def _add_policy_rows(path: Path, dataset: object) -> None:
     """Three rows in each private table that set every column's statistics from the
     policy (the module's docstring)."""
-    from dpmagic.gate.sql.ranks import RANK, ROWS, load_cap
+    from dpmagic.gate.engines.ranking import RANK, ROWS, load_cap
 
     cap = load_cap(dataset)  # type: ignore[arg-type]
     con = duckdb.connect(str(path))

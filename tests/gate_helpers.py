@@ -15,6 +15,7 @@ import duckdb
 from dpmagic.gate.dp.accounting import PureAccountant
 from dpmagic.gate.engine import Engine
 from dpmagic.gate.engines.interface import ExactResult
+from dpmagic.gate.engines.ranking import prepare_tables
 from dpmagic.gate.policy import Dataset, Policy, load_policy, parse_policy
 from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
@@ -22,7 +23,6 @@ from dpmagic.gate.sql.noise import exact_vectors as noise_exact_vectors
 from dpmagic.gate.sql.parse import parse
 from dpmagic.gate.sql.plan import plan
 from dpmagic.gate.sql.plan_types import Plan
-from dpmagic.gate.sql.ranks import prepare_tables
 from dpmagic.gate.sql.resolve import resolve
 from dpmagic.gate.sql.rewrite import Rewritten, rewrite
 

@@ -32,11 +32,12 @@ from dpmagic.gate.dp.accounting import make_accountant  # noqa: E402
 from dpmagic.gate.engines.duckdb.database import Database  # noqa: E402
 from dpmagic.gate.engines.interface import OutOfResources  # noqa: E402
 from dpmagic.gate.engines.spark.database import SparkDatabase  # noqa: E402
-from dpmagic.gate.engines.spark.dialect import SPARK, NotOnSpark, SparkDialect  # noqa: E402
+from dpmagic.gate.engines.spark.dialect import SPARK, SparkDialect  # noqa: E402
 from dpmagic.gate.engines.spark.guard import UnsafeSparkSQL  # noqa: E402
 from dpmagic.gate.engines.spark.prepare import prepared_frame  # noqa: E402
 from dpmagic.gate.failures import Failed  # noqa: E402
 from dpmagic.gate.policy import Dataset, PolicyError, parse_policy  # noqa: E402
+from dpmagic.gate.sql.engine_rows import NotOnSpark  # noqa: E402
 from dpmagic.gate.sql.pipeline import Asked, analyse, generate  # noqa: E402
 from dpmagic.gate.sql.rewrite import rewrite  # noqa: E402
 from tests import shop  # noqa: E402

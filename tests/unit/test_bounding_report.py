@@ -15,13 +15,13 @@ from hypothesis import strategies as st
 
 from dpmagic.gate.dp.accounting import ApproxAccountant, PureAccountant, ZCDPAccountant
 from dpmagic.gate.dp.calibration import Accuracy
+from dpmagic.gate.engines.ranking import load_cap
 from dpmagic.gate.failures import Refused
 from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
 from dpmagic.gate.sql.parse import parse
 from dpmagic.gate.sql.plan import plan
 from dpmagic.gate.sql.plan_types import Plan
-from dpmagic.gate.sql.ranks import load_cap
 from dpmagic.gate.sql.resolve import resolve
 from dpmagic.gate.sql.rewrite import left_out
 from tests.gate_helpers import dataset, load_table, neighbours, run_exact, running_engine

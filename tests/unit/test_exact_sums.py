@@ -14,12 +14,12 @@ from hypothesis import strategies as st
 from dpmagic.gate.engines import dialect as dialects
 from dpmagic.gate.engines import interface
 from dpmagic.gate.engines.dialect import fits_64_bits
+from dpmagic.gate.engines.interface import MAX_ROWS
 from dpmagic.gate.engines.spark.dialect import SPARK
 from dpmagic.gate.policy import PolicyError
 from dpmagic.gate.request import QueryRequest
 from dpmagic.gate.sql import plan_types
 from dpmagic.gate.sql.noise import exact_vectors
-from dpmagic.gate.sql.plan_types import MAX_ROWS
 from dpmagic.gate.sql.rewrite import rewrite
 from tests.gate_helpers import dataset, load_table, make_plan, run_rewritten, running_engine
 

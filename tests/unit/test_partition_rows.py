@@ -22,11 +22,11 @@ from hypothesis import strategies as st
 from sqlglot import exp
 
 from dpmagic.gate.dp.accounting import PureAccountant
+from dpmagic.gate.engines.interface import MAX_ROWS
 from dpmagic.gate.failures import Refused
 from dpmagic.gate.policy import PolicyError, parse_policy
 from dpmagic.gate.sql import plan_types
 from dpmagic.gate.sql.pipeline import Asked, analyse
-from dpmagic.gate.sql.plan_types import MAX_ROWS
 from dpmagic.gate.sql.rewrite import rewrite
 from tests.gate_helpers import running_engine
 

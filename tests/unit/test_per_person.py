@@ -20,9 +20,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dpmagic.gate.engine import Engine
+from dpmagic.gate.engines import ranking
 from dpmagic.gate.failures import GateError, Refused
 from dpmagic.gate.policy import load_policy
-from dpmagic.gate.sql import per_unit, ranks, rewrite
+from dpmagic.gate.sql import per_unit, rewrite
 from dpmagic.gate.sql.value_range import ValueRange
 from tests import shop
 from tests.gate_helpers import dataset, exact_vectors, load_table, make_plan, neighbours
@@ -112,7 +113,7 @@ def test_each_value_is_clamped_into_its_bound_in_the_sql() -> None:
     sql = rewrite.rewrite(p, seed=1).sql
     # SUM(x) of at most 4 rows in [-3, 5] lies in [-12, 20]: the SQL says so.
     assert "-12" in sql and "20" in sql
-    assert ranks.load_cap(p.dataset) == 4
+    assert ranking.load_cap(p.dataset) == 4
 
 
 @pytest.mark.parametrize(

@@ -137,7 +137,7 @@ def test_the_preparation_holds_to_the_gates_memory_limit_and_cleans_its_spill_fo
 def test_a_private_table_is_stored_in_rank_order(folder):
     """Each unit's rows, ranked at load, are stored rank by rank, so that a query's rank
     bound is decided by the row groups' zone maps rather than row by row (the reason
-    is ``ranks.prepare_tables``'); as the window leaves them, they are stored by unit,
+    is ``ranking.prepare_tables``'); as the window leaves them, they are stored by unit,
     ranks 1, 2, … of each in turn (the broken version, caught)."""
     db = Database(_policy(folder).dataset("d"), _policy(folder).gate)
     try:

@@ -20,6 +20,7 @@ from dpmagic.examples import clinic
 from dpmagic.gate.dp.accounting import ZCDPAccountant
 from dpmagic.gate.engine import Engine
 from dpmagic.gate.engines.interface import ExactResult
+from dpmagic.gate.engines.ranking import prepare_sql
 from dpmagic.gate.failures import Refused
 from dpmagic.gate.policy import PolicyError, load_policy
 from dpmagic.gate.sql import randomized, release
@@ -30,7 +31,6 @@ from dpmagic.gate.sql.parse import parse
 from dpmagic.gate.sql.plan import plan
 from dpmagic.gate.sql.plan_types import Plan
 from dpmagic.gate.sql.randomized import Debias, debias
-from dpmagic.gate.sql.ranks import prepare_sql
 from dpmagic.gate.sql.resolve import resolve
 from dpmagic.gate.sql.rewrite import rewrite
 from dpmagic.result import DPResult

@@ -16,8 +16,8 @@ from sqlglot import exp
 
 from dpmagic.gate.engines.duckdb import database
 from dpmagic.gate.engines.duckdb.prepared import prepared_file
+from dpmagic.gate.engines.ranking import RANK, first_ranks, load_cap
 from dpmagic.gate.failures import Refused
-from dpmagic.gate.sql.ranks import RANK, first_ranks, load_cap
 from tests.gate_helpers import running_engine
 
 POLICY = """
@@ -137,7 +137,7 @@ def test_a_file_not_in_rank_order_keeps_the_rank_filter(tmp_path: Path, monkeypa
 
 def _unchecked_ends(self: database.Database, dataset) -> dict[str, int]:
     """The broken version: the ends counted by rank, the order not checked."""
-    from dpmagic.gate.sql.ranks import rank_end
+    from dpmagic.gate.engines.ranking import rank_end
 
     ends = {}
     for room in range(1, load_cap(dataset) + 1):

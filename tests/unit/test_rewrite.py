@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 from sqlglot import exp
 
-from dpmagic.gate.sql.ranks import RANK, Ranked, Window, load_cap
+from dpmagic.gate.engines.ranking import RANK, load_cap
+from dpmagic.gate.sql.ranks import Ranked, Window
 from dpmagic.gate.sql.resolve import SEMI
 from dpmagic.gate.sql.rewrite import rewrite
 from tests.gate_helpers import dataset, make_plan

@@ -10,9 +10,10 @@ import pytest
 import sqlglot
 
 from dpmagic.gate.dp.accounting import make_accountant
-from dpmagic.gate.engines.spark.dialect import SPARK, NotOnSpark
+from dpmagic.gate.engines.spark.dialect import SPARK
 from dpmagic.gate.engines.spark.guard import UnsafeSparkSQL, guard
 from dpmagic.gate.policy import EngineKind, PolicyError, load_policy, parse_policy
+from dpmagic.gate.sql.engine_rows import NotOnSpark
 from dpmagic.gate.sql.pipeline import Asked, analyse
 from dpmagic.gate.sql.rewrite import rewrite
 from tests.gate_helpers import sized

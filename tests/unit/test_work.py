@@ -22,12 +22,13 @@ from hypothesis import strategies as st
 from sqlglot import exp
 
 from dpmagic.gate.dp.accounting import PureAccountant
+from dpmagic.gate.engines.ranking import RANK
 from dpmagic.gate.failures import Refused
 from dpmagic.gate.sql import rewrite as rewrites
 from dpmagic.gate.sql.pipeline import Asked, analyse
 from dpmagic.gate.sql.plan_types import Plan
 from dpmagic.gate.sql.prices import MATCH_PER_PAIR
-from dpmagic.gate.sql.ranks import RANK, RoomRead
+from dpmagic.gate.sql.ranks import RoomRead
 from dpmagic.gate.sql.rewrite import rewrite
 from dpmagic.gate.sql.work import TRY_ROW_STEPS, VECTOR_ROWS, evaluated, steps_of
 from tests.gate_helpers import running_engine

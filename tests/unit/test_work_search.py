@@ -36,10 +36,11 @@ from hypothesis import Phase, example, given, settings
 from sqlglot import exp
 
 from dpmagic.gate.engine import Engine
+from dpmagic.gate.engines.ranking import RANK
 from dpmagic.gate.sql import plan as plans
 from dpmagic.gate.sql import prices, work
 from dpmagic.gate.sql import rewrite as rewrites
-from dpmagic.gate.sql.ranks import RANK, RoomRead
+from dpmagic.gate.sql.ranks import RoomRead
 from tests.gate_helpers import running_engine
 from tests.work_search import (
     ASKED,

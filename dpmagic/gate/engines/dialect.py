@@ -1,10 +1,12 @@
 """What differs between the engines the gate's SQL runs on: one profile each.
 
 ``rewrite`` builds the query as a sqlglot tree; where an engine's SQL differs (its
-keyed hash, its exact sum, how it counts rows per quantile candidate, how a row
-expression is kept from raising: ``total``), the rewrite asks the profile, and the
-profile renders the finished tree. DuckDB's profile is here; Spark's, which refuses
-what Spark would answer differently, is ``engines/spark/dialect.py``.
+keyed hash, its exact sum, how it counts rows per quantile candidate, how it reads a
+unit's first ranks), the rewrite asks the profile, and the profile renders the
+finished tree. DuckDB's profile is here; Spark's is ``engines/spark/dialect.py``. How
+a row expression is kept from raising, and what Spark refuses, are rules of the SQL
+passes (``sql/engine_rows.py``), chosen by the profile's ``has_try``: the profiles
+import nothing from the passes, which import them.
 """
 
 from __future__ import annotations
@@ -14,9 +16,7 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
-from dpmagic.gate.sql.ranks import first_ranks, rank_end
-from dpmagic.gate.sql.resolve import Resolved
-from dpmagic.gate.sql.totality import total
+from dpmagic.gate.engines.ranking import first_ranks, rank_end
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,10 @@ class Dialect:
     # (``AS NOT MATERIALIZED``): DuckDB would otherwise write ``kept_rows`` out once
     # it is read twice (``rewrite._joined_light``), 2-3x a filtered sum's time.
     inline_kept_rows: bool = False
+    # Whether the engine has ``TRY(…)``, which makes a row expression that raises on a
+    # row NULL there: which rule keeps its row expressions from raising
+    # (``sql/engine_rows.total_on``: DuckDB's proof else TRY, or Spark's proof alone).
+    has_try: bool = True
 
     def first_ranks(self, table: str, room: int) -> exp.Expression:
         """The filter that keeps each unit's first ``room`` ranks of a private table.
@@ -44,7 +48,7 @@ class Dialect:
         ``rank <= room`` beside a query's own filter cost DuckDB 14 ms of a filtered
         100M-row sum's 95 (its scan then evaluates two filters, and builds a selection
         for the second). ``n`` depends on the data, so it is a parameter
-        (``ranks.rank_end``) that the store binds as it runs the SQL. The rows read are
+        (``ranking.rank_end``) that the store binds as it runs the SQL. The rows read are
         the same, so is the work one unit can add (docs/security.md, "Per-unit work")."""
         if not self.rank_prefixes:
             return first_ranks(table, room)
@@ -90,14 +94,6 @@ class Dialect:
         counts = exp.Anonymous(this="histogram", expressions=[value])
         kept = exp.Where(this=exp.Not(this=exp.Is(this=value.copy(), expression=exp.Null())))
         return exp.Filter(this=counts, expression=kept)
-
-    def total(
-        self, tree: exp.Expression, resolved: Resolved, condition: bool = False
-    ) -> exp.Expression:
-        """``tree`` (a row expression over private rows) in a form that cannot raise on
-        any row: DuckDB's is proven total from types and intervals, else under ``TRY``
-        (``totality``); ``condition`` for a WHERE or ON."""
-        return total(tree, resolved, condition)
 
     def render(self, tree: exp.Expression) -> str:
         return tree.sql(dialect=self.sqlglot)

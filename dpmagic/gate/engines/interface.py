@@ -3,7 +3,7 @@
 An engine (DuckDB's in ``engines/duckdb/``, Spark's in ``engines/spark/``) is a
 ``Store`` per dataset, opened by the registry (``engines/registry.py``). It
 prepares the dataset's tables once (each private table ranked and counted per
-unit, ``sql/ranks.py``), vets the SQL the gate generated before the debit (its own
+unit, ``engines/ranking.py``), vets the SQL the gate generated before the debit (its own
 parser's guard), runs it under a drawn time limit (``drawn_timeout``) and answers
 exact aggregates (``ExactResult``) that never leave the gate un-noised; its
 dialect profile (``engines/dialect.py``) says where its SQL differs. What any
@@ -24,7 +24,16 @@ from dpmagic.gate.engines.dialect import Dialect
 from dpmagic.gate.engines.versions import Versions
 from dpmagic.gate.failures import Failed
 from dpmagic.gate.policy import Dataset, PolicyError
-from dpmagic.gate.sql.plan_types import MAX_ROWS
+
+# Every table a gate serves has fewer rows than this (each store refuses a larger one
+# at open: ``within_max_rows``); with it the rewrite's sums are proven not to overflow
+# before the query runs (``plan_types.partition_rows``), in 64 bits where the values
+# are narrow enough (``engines/dialect.fits_64_bits``).
+MAX_ROWS = 2**40
+
+# The most public keys released at once (``sql/keys.py``, ``sql/plan.py``): a store
+# reads a column's declared keys from the data only where there are at most this many.
+MAX_PARTITIONS = 100_000
 
 KEY_TYPES = ("int", "str", "bool")  # public columns whose values can serve as group keys
 
@@ -108,7 +117,7 @@ class Store(Protocol):
 
 
 def within_max_rows(dataset: Dataset, table: str, rows: int) -> None:
-    """Refuse to serve a table of ``plan_types.MAX_ROWS`` rows or more, on which the plan's
+    """Refuse to serve a table of ``MAX_ROWS`` rows or more, on which the plan's
     proofs that sums and counts cannot overflow (``plan_types.partition_rows``) would not
     hold. Checked once, as the gate opens the dataset: no query depends on it."""
     if rows >= MAX_ROWS:

@@ -23,7 +23,7 @@ COLUMN_TYPES: tuple[str, ...] = ("int", "float", "str", "bool", "date")
 DEFAULT_MAX_LENGTH = 1024
 MAX_MAX_LENGTH = 1_000_000
 # ``max_partitions × max_rows_per_partition``, the most rows of one unit a query
-# reads, is at most this: fewer than 2^40 units (``sql.plan_types.MAX_ROWS``) with this many
+# reads, is at most this: fewer than 2^40 units (``engines.interface.MAX_ROWS``) with this many
 # rows each then fit a 64-bit count, and the exact sums' overflow proofs hold.
 MAX_UNIT_ROWS = 2**22
 # The most steps of work one unit may add to a query (``sql/work.py``), unless a dataset
@@ -287,7 +287,7 @@ class Dataset:
     max_text_length: int = DEFAULT_MAX_TEXT_LENGTH
     max_resource_failures: int = DEFAULT_MAX_RESOURCE_FAILURES
     # The policy's ``max_partitions × max_rows_per_partition``: the most rows of one unit
-    # a query reads before its filters (``ranks.load_cap``), kept when a request
+    # a query reads before its filters (``ranking.load_cap``), kept when a request
     # tightens its bounds, so that a tighter bound chooses among the rows the query
     # keeps rather than reading fewer of them. 0: the product of the two above.
     load_rows: int = 0

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from sqlglot import exp
 
+from dpmagic.gate.engines.interface import MAX_PARTITIONS
 from dpmagic.gate.failures import Refused
 from dpmagic.gate.sql.trees import unparen
 from dpmagic.gate.sql.value_range import ValueRange
@@ -29,8 +30,6 @@ from dpmagic.gate.sql.value_range import ValueRange
 if TYPE_CHECKING:
     from dpmagic.gate.sql.check import GroupKey
     from dpmagic.gate.sql.resolve import Resolved
-
-MAX_PARTITIONS = 100_000
 
 
 @dataclass(frozen=True)

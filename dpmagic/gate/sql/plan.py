@@ -64,6 +64,7 @@ from dpmagic.gate.dp.shares import (
     total_weight,
 )
 from dpmagic.gate.dp.sums import sum_sensitivity
+from dpmagic.gate.engines.ranking import load_cap
 from dpmagic.gate.failures import Refused, required
 from dpmagic.gate.policy import AccountantKind, Dataset
 from dpmagic.gate.sql.bound import Bounded
@@ -86,7 +87,7 @@ from dpmagic.gate.sql.plan_types import (
     partition_rows,
 )
 from dpmagic.gate.sql.randomized import Debias, debiasing
-from dpmagic.gate.sql.ranks import Bounding, Window, bounding, join_cap, load_cap
+from dpmagic.gate.sql.ranks import Bounding, Window, bounding, join_cap
 from dpmagic.gate.sql.resolve import Resolved
 from dpmagic.gate.sql.trees import display
 from dpmagic.gate.sql.value_range import ValueRange

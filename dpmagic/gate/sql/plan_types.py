@@ -20,6 +20,7 @@ from dpmagic.gate.dp.left_out import LeftOut
 from dpmagic.gate.dp.mechanisms import Noise
 from dpmagic.gate.dp.partition_selection import KeySelection
 from dpmagic.gate.dp.quantile_selection import Grid, QuantileNoise
+from dpmagic.gate.engines.interface import MAX_ROWS
 from dpmagic.gate.policy import Dataset
 from dpmagic.gate.sql.check import Checked, GroupKey
 from dpmagic.gate.sql.keys import KeyDomain
@@ -29,12 +30,6 @@ from dpmagic.gate.sql.ranks import Bounding, Ranked, Window
 from dpmagic.gate.sql.resolve import Resolved
 from dpmagic.gate.sql.value_range import ValueRange
 from dpmagic.gate.sql.work import Work
-
-# Every table a gate serves has fewer rows than this (DuckDB's ``Database`` and
-# Spark's ``SparkDatabase`` refuse a larger one at open); with it the rewrite's sums
-# are proven not to overflow before the query runs (``partition_rows``), in 64 bits
-# where the values are narrow enough (``engines/dialect.fits_64_bits``).
-MAX_ROWS = 2**40
 
 
 @dataclass(frozen=True)

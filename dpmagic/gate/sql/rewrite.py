@@ -9,7 +9,7 @@ each made total by ``totality.total`` (divisors become ``NULLIF(d, 0)``,
 decimal literals doubles, and whatever is not proven unable to raise is
 evaluated under ``TRY``), and columns read as the gate stored them at load:
 cast to their declared type, clamped into their declared bounds, text cut to
-its ``max_length``, NULL staying NULL (``ranks.stored``).
+its ``max_length``, NULL staying NULL (``ranking.stored``).
 
 Rows come from the join of the query's scans, each scan reading only the
 columns it needs; every filter of the query and of the subqueries merged
@@ -57,24 +57,16 @@ from sqlglot import exp
 
 from dpmagic.gate.dp.contribution import Contribution
 from dpmagic.gate.engines.dialect import DUCKDB, Dialect
+from dpmagic.gate.engines.ranking import ROWS, bounded_by_units, load_cap
 from dpmagic.gate.failures import Refused, required
 from dpmagic.gate.policy import Column
+from dpmagic.gate.sql.engine_rows import total_on
 from dpmagic.gate.sql.keyed import keyed_rooms
 from dpmagic.gate.sql.keys import KeyDomain
 from dpmagic.gate.sql.kinds import MeasureKind, Summand
 from dpmagic.gate.sql.limits import check_deadline
 from dpmagic.gate.sql.plan_types import Measurement, Plan, Selection
-from dpmagic.gate.sql.ranks import (
-    ROWS,
-    RoomRead,
-    Window,
-    bounded_by_units,
-    clamped,
-    join_cap,
-    literal,
-    load_cap,
-    room_reads,
-)
+from dpmagic.gate.sql.ranks import RoomRead, Window, clamped, join_cap, literal, room_reads
 from dpmagic.gate.sql.resolve import PRESENT, SEMI, PerUnit, Resolved, Scan
 from dpmagic.gate.sql.totality import comparable
 from dpmagic.gate.sql.trees import conjuncts, unparen
@@ -220,7 +212,7 @@ LIGHT = "__light"
 def _light(plan: Plan, reads: dict[str, RoomRead]) -> exp.Expression | None:
     """Whether a joined row's unit has so few rows that the window keeps them all: the
     product over the join's private scans of its unit's rows in each (stored with
-    every row at load, ``ranks.ROWS``) is at most the rows the window keeps per unit
+    every row at load, ``ranking.ROWS``) is at most the rows the window keeps per unit
     and partition, and at most its groups (a unit has no more keys than rows). Such a
     unit's rows need no sort; only the others' go through the window
     (``bound_contributions``), which keeps exactly the same rows, so the answer is the
@@ -677,7 +669,7 @@ def _summand(m: Measurement) -> exp.Expression:
 @dataclass(frozen=True)
 class _Rows:
     """The query's row expressions, each made unable to raise by the dialect's rule
-    (DuckDB's: ``totality``): every expression evaluated on private rows goes
+    (``engine_rows.total_on``): every expression evaluated on private rows goes
     through here."""
 
     resolved: Resolved
@@ -685,10 +677,10 @@ class _Rows:
     keyed: bool = True  # the plan's choice of the keyed rule (``work.Work.keyed``)
 
     def total(self, tree: exp.Expression) -> exp.Expression:
-        return self.dialect.total(tree, self.resolved)
+        return total_on(self.dialect, tree, self.resolved)
 
     def condition(self, tree: exp.Expression) -> exp.Expression:
-        return self.dialect.total(tree, self.resolved, condition=True)
+        return total_on(self.dialect, tree, self.resolved, condition=True)
 
 
 def _ident(name: str) -> exp.Identifier:

@@ -22,11 +22,6 @@ def conjuncts(cond: exp.Expression) -> list[exp.Expression]:
     return [cond]
 
 
-def quoted(name: str) -> str:
-    """An identifier as DuckDB reads it whatever it holds."""
-    return '"' + name.replace('"', '""') + '"'
-
-
 def display(expr: exp.Expression) -> str:
     """An expression as the user wrote it: its SQL without the gate's scan qualifiers
     (``__s0.age`` is shown as ``age``), for labels and messages."""

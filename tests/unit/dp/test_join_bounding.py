@@ -11,7 +11,8 @@ import duckdb
 import pytest
 
 from dpmagic.gate.dp.join_bounding import joined_rows_bound, rooms
-from dpmagic.gate.sql.ranks import RANK, ROWS, room_reads
+from dpmagic.gate.engines.ranking import RANK, ROWS
+from dpmagic.gate.sql.ranks import room_reads
 
 
 def _worst_join(k: int, counts: tuple[int, ...], room) -> int:

@@ -10,7 +10,7 @@ and the gate's one timeout thread interrupts DuckDB from then until the work end
 The database is the dataset's prepared copy (``prepared``): the declared
 tables in a DuckDB file in the gate's state directory, readable by the gate's
 user only, each private table ranked and counted per privacy unit
-once (``ranks.prepare_tables``), so that no query has to sort the data
+once (``ranking.prepare_tables``), so that no query has to sort the data
 to bound contributions; made at the first start and reused by later ones.
 
 Before anything runs, DuckDB's own parser (independent of the sqlglot one
@@ -46,17 +46,17 @@ from dpmagic.gate.engines.dialect import DUCKDB
 from dpmagic.gate.engines.duckdb.prepared import prepared_file
 from dpmagic.gate.engines.interface import (
     KEY_TYPES,
+    MAX_PARTITIONS,
     VETTED_CACHE_SIZE,
     Batches,
     ExactResult,
     drawn_timeout,
     within_max_rows,
 )
+from dpmagic.gate.engines.ranking import RANK, SQL_TYPES, bounded_by_units, load_cap, rank_end
 from dpmagic.gate.engines.versions import versions
 from dpmagic.gate.failures import Refused, required
 from dpmagic.gate.policy import Column, Dataset, GateConfig, PolicyError, Table
-from dpmagic.gate.sql.keys import MAX_PARTITIONS
-from dpmagic.gate.sql.ranks import RANK, SQL_TYPES, bounded_by_units, load_cap, rank_end
 
 if TYPE_CHECKING:
     from dpmagic.gate.public_reads import PublicRead
@@ -451,9 +451,9 @@ class Database:
 
     def _rank_ends(self, dataset: Dataset) -> dict[str, int] | None:
         """For each ranked table and each room up to the load cap, how many of its rows
-        have a rank of at most that room (by the name of its parameter, ``ranks.rank_end``);
+        have a rank of at most that room (by the name of its parameter, ``ranking.rank_end``);
         ``None`` unless every ranked table is stored in rank order, so that those rows are
-        the ones before that row id (``ranks.prepare_tables`` stores them so; a file an
+        the ones before that row id (``ranking.prepare_tables`` stores them so; a file an
         earlier gate prepared otherwise keeps the rank filter), or where the load cap is
         too large to list."""
         cap = load_cap(dataset)

@@ -3,7 +3,7 @@
 At load the declared tables are copied into a DuckDB file in the gate's state
 directory, readable by the gate's user only: each column cast to its declared
 type and clamped into its bounds, each private table ranked and counted per
-unit (``ranks.prepare_tables``). Copying 10M rows takes
+unit (``ranking.prepare_tables``). Copying 10M rows takes
 seconds, so the file is kept and reused by later starts as long as nothing it
 was made from has changed: its name carries a fingerprint of the sources
 (path, size, modification time and inode of each file or folder entry) and of
@@ -41,15 +41,15 @@ from pathlib import Path
 
 import duckdb
 
+from dpmagic.gate.engines.ranking import prepare_tables
 from dpmagic.gate.engines.versions import fingerprint
 from dpmagic.gate.policy import Dataset, GateConfig
-from dpmagic.gate.sql.ranks import prepare_tables
 
 log = logging.getLogger("dpmagic.gate")
 
 SUFFIX = ".duckdb"
 # How this engine lays the prepared rows out (1: each private table in rank order,
-# ``ranks.prepare_tables``), in the file's name but not in the data's version: a copy
+# ``ranking.prepare_tables``), in the file's name but not in the data's version: a copy
 # of another layout is prepared anew at the next start, and the answers released
 # over the old one, computed from the same data, are still replayed.
 LAYOUT = "1"

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from dpmagic.gate.engines.deadline import within_limit
 from dpmagic.gate.engines.interface import (
     KEY_TYPES,
+    MAX_PARTITIONS,
     VETTED_CACHE_SIZE,
     ExactResult,
     OutOfResources,
@@ -46,7 +47,6 @@ from dpmagic.gate.engines.spark.prepare import (
 from dpmagic.gate.engines.versions import versions
 from dpmagic.gate.failures import Failed, Refused
 from dpmagic.gate.policy import Dataset, GateConfig
-from dpmagic.gate.sql.keys import MAX_PARTITIONS
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -40,10 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
-from dpmagic.gate.engines.versions import fingerprint
-from dpmagic.gate.failures import required
-from dpmagic.gate.policy import DERIVED_UNIT, Column, Dataset, PolicyError, Table
-from dpmagic.gate.sql.ranks import (
+from dpmagic.gate.engines.ranking import (
     RANK,
     ROWS,
     bounded_by_units,
@@ -51,6 +48,9 @@ from dpmagic.gate.sql.ranks import (
     load_cap,
     not_null_broken,
 )
+from dpmagic.gate.engines.versions import fingerprint
+from dpmagic.gate.failures import required
+from dpmagic.gate.policy import DERIVED_UNIT, Column, Dataset, PolicyError, Table
 
 if TYPE_CHECKING:
     from pyspark.sql import Column as SparkColumn
@@ -181,7 +181,7 @@ def _along_link(
     source: DataFrame, dataset: Dataset, name: str, frames: dict[str, DataFrame]
 ) -> DataFrame:
     """``source`` with each row's unit read along its table's link (``Table.via``), as
-    DuckDB's preparation reads it (``ranks._along_link``): the unit of the prepared
+    DuckDB's preparation reads it (``ranking._along_link``): the unit of the prepared
     linked row whose key the row names, NULL where none does; a key that is not
     unique refuses the start, naming the table and the column and no value."""
     from pyspark.sql import functions as F
@@ -273,7 +273,7 @@ def typed(raw: SparkColumn, col: Column, source: DataFrame) -> SparkColumn:
 
 
 def stored_column(raw: SparkColumn, col: Column, source: DataFrame) -> SparkColumn:
-    """A declared column as the gate stores it (``ranks.stored``, in Spark)."""
+    """A declared column as the gate stores it (``ranking.stored``, in Spark)."""
     from pyspark.sql import functions as F
 
     value = typed(raw, col, source)
