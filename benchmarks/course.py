@@ -114,8 +114,8 @@ def plan(students: int) -> list[tuple[str, str]]:
 def simulate(students: int, sections: int, budget: float, share: str) -> dict[str, object]:
     from dpmagic.gate.engine import Engine
     from dpmagic.gate.failures import OverBudget
+    from dpmagic.gate.ledger.scopes import Scope
     from dpmagic.gate.policy import load_policy
-    from dpmagic.gate.service.budget_scopes import Scope
 
     outcome: Counter[str] = Counter()
     answers: dict[tuple[str, str], list] = {}

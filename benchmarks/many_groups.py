@@ -264,8 +264,8 @@ PASSES = (
     ("run", "dpmagic.gate.engines.duckdb.database", "Database.run"),
     ("noise", "dpmagic.gate.sql.pipeline", "noise"),
     ("release", "dpmagic.gate.sql.pipeline", "release"),
-    ("reply written", "dpmagic.gate.service.reply", "Reply.of"),
-    ("stored reply", "dpmagic.gate.service.ledger", "Ledger.record_release"),
+    ("reply written", "dpmagic.gate.reply", "Reply.of"),
+    ("stored reply", "dpmagic.gate.ledger.store", "Ledger.record_release"),
     ("budget views", "dpmagic.gate.engine", "budget_views"),
 )
 

@@ -165,9 +165,9 @@ def _serve(policy: str, address: str, out: str) -> int:
     """The gate, with a clock on each pass; the clocks are written to ``out`` at exit."""
     from dpmagic.gate.engine import Engine
     from dpmagic.gate.engines.duckdb import database
+    from dpmagic.gate.ledger.store import Ledger
+    from dpmagic.gate.reply import Reply
     from dpmagic.gate.service import exchange, server
-    from dpmagic.gate.service.ledger import Ledger
-    from dpmagic.gate.service.reply import Reply
     from dpmagic.gate.sql import pipeline
 
     clocks: dict[str, list] = {"sql": []}

@@ -22,7 +22,7 @@ from dpmagic.gate.failures import OwnerError
 from dpmagic.gate.policy import Budget, Policy, PolicyError, load_policy
 
 if TYPE_CHECKING:
-    from dpmagic.gate.service.budget_scopes import Scope
+    from dpmagic.gate.ledger.scopes import Scope
 
 USAGE_ERROR = 2
 CONSOLE_PORT = 8766

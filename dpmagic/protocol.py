@@ -8,7 +8,7 @@ range and which fields go together, with messages in the request's own words; th
 module only says what the fields are.
 
 The reply is a `QueryReply`: the gate builds it (``gate/engine.py``,
-``gate/service/reply.py``), the client decodes into it (``client.py``,
+``gate/reply.py``), the client decodes into it (``client.py``,
 ``result.DPResult``), and a mock run and a transcript build theirs with it too, so
 a key the gate sends and the client reads is spelled once, here. Its facts that the
 client only shows as sent (the plan, the bounding statement, ``--clip``'s choices,

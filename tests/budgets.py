@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from dpmagic.gate.ledger.scopes import Scope
 from dpmagic.gate.policy import Budget
-from dpmagic.gate.service.budget_scopes import Scope
 
 
 def user_limits(

@@ -29,11 +29,11 @@ from tornado.netutil import bind_sockets
 from dpmagic.gate.console.hosts import Hosts
 from dpmagic.gate.console.server import COOKIE, Console, application
 from dpmagic.gate.dp.accounting import Cost, PureAccountant
+from dpmagic.gate.ledger.scopes import applicable
+from dpmagic.gate.ledger.store import Ledger
 from dpmagic.gate.owner import LEDGER_FILE
 from dpmagic.gate.policy import Policy, load_policy
-from dpmagic.gate.service.budget_scopes import applicable
-from dpmagic.gate.service.ledger import Ledger
-from dpmagic.gate.service.reply import Reply
+from dpmagic.gate.reply import Reply
 from dpmagic.protocol import QueryReply
 from tests.conftest import write_dataset
 

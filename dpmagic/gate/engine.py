@@ -8,7 +8,7 @@ so neither an error nor a timeout after it can be used to learn something
 for free; such failures are answered with a fixed message. Its flush to the
 disk runs beside the query, and recording the release or the failure waits
 for it, so nothing about the query leaves before the charge would survive a
-power cut (``service/ledger.py``).
+power cut (``ledger/store.py``).
 
 A release is served to another user only where it counts against every budget
 they are under, and what it does not count against yet is charged as it is
@@ -49,17 +49,18 @@ from dpmagic.gate.failures import (
     Refused,
     required,
 )
+from dpmagic.gate.ledger.replays import ReplayKey
+from dpmagic.gate.ledger.scopes import applicable
+from dpmagic.gate.ledger.store import Charge, Ledger
+from dpmagic.gate.ledger.views import budget_views, history_entries
 from dpmagic.gate.membership import Membership
+from dpmagic.gate.padding import PrivateRead
 from dpmagic.gate.policy import AccountantKind, Dataset, Policy, PolicyError
 from dpmagic.gate.policy.values import Sharing
 from dpmagic.gate.preview import PreviewRequest, utility_preview
 from dpmagic.gate.public_reads import PublicRead, public_read
+from dpmagic.gate.reply import Reply
 from dpmagic.gate.request import QueryRequest
-from dpmagic.gate.service.budget_scopes import applicable
-from dpmagic.gate.service.ledger import Charge, Ledger, ReplayKey
-from dpmagic.gate.service.padding import PrivateRead
-from dpmagic.gate.service.reply import Reply
-from dpmagic.gate.service.views import budget_views, history_entries
 from dpmagic.gate.sql import bounding_report, clip_releases, staged_releases
 from dpmagic.gate.sql.clip import ClipBounds, ClipMoved, Clipped
 from dpmagic.gate.sql.limits import deadline
@@ -256,9 +257,9 @@ class Engine:
         return self.respond(user, body, reads).json()
 
     def respond(self, user: str, body: object, reads: PrivateRead | None = None) -> Reply:
-        """Answer a query body: the reply with its cells in columns (``service/reply.py``).
+        """Answer a query body: the reply with its cells in columns (``reply.py``).
         ``reads`` is marked where a run on the private data begins, so the server pads
-        the reply of exactly those requests (``service/padding.py``); a replay, a dry
+        the reply of exactly those requests (``padding.py``); a replay, a dry
         run or a refusal before the run leaves it unmarked."""
         reads = PrivateRead() if reads is None else reads
         request = QueryRequest.from_body(body)
@@ -574,7 +575,7 @@ class Engine:
         """``GET /v1/budget``: the user's and the notebook's views, at the top level, and
         with ``preview`` what more queries of each kind they allow (``gate/preview.py``):
         planned as this engine plans a request, counted against every budget the debit
-        checks (``budget_scopes.applicable``), reading no data."""
+        checks (``scopes.applicable``), reading no data."""
         ds = self._dataset(dataset)
         nb = notebook or "unnamed"
         views = self._budget_views(user, ds, nb)

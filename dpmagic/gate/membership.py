@@ -2,7 +2,7 @@
 by the groups the Hub reports for the user's token.
 
 Groups decide two things: which group budgets a query is charged against
-(``service/budget_scopes.applicable``), and, where the owner shares releases within
+(``ledger/scopes.applicable``), and, where the owner shares releases within
 groups, whose answers a user may be served and which of their groups serving one
 charges (those it did not count against yet: ``Ledger.serve_shared``). A charge
 records the groups of its moment, so a user who later leaves a group leaves their

@@ -25,9 +25,7 @@ from typing import TYPE_CHECKING, cast
 
 from dpmagic.gate.dp.accounting import Cost, make_accountant
 from dpmagic.gate.failures import OwnerError
-from dpmagic.gate.policy import Budget, Dataset, Policy
-from dpmagic.gate.policy.values import AccountantKind, Period
-from dpmagic.gate.service.budget_scopes import (
+from dpmagic.gate.ledger.scopes import (
     ADMIN,
     CHARGED,
     FAILED,
@@ -46,7 +44,9 @@ from dpmagic.gate.service.budget_scopes import (
     next_period,
     period_label,
 )
-from dpmagic.gate.service.ledger import Ledger
+from dpmagic.gate.ledger.store import Ledger
+from dpmagic.gate.policy import Budget, Dataset, Policy
+from dpmagic.gate.policy.values import AccountantKind, Period
 
 if TYPE_CHECKING:
     import sqlite3

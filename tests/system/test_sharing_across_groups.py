@@ -20,8 +20,8 @@ import pytest
 from dpmagic.client import Gate
 from dpmagic.errors import BudgetExhausted
 from dpmagic.gate import owner
+from dpmagic.gate.ledger.scopes import Scope
 from dpmagic.gate.policy import load_policy
-from dpmagic.gate.service.budget_scopes import Scope
 from tests.conftest import GateProcess, free_port
 
 USERS = ("ann", "bob", "cat", "dan")

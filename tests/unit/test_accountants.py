@@ -24,8 +24,8 @@ from dpmagic.gate.dp.accounting import (
 from dpmagic.gate.dp.mechanisms import GaussianNoise, calibrate_gaussian
 from dpmagic.gate.engine import Engine
 from dpmagic.gate.failures import BadRequest, OverBudget
+from dpmagic.gate.ledger.store import Ledger
 from dpmagic.gate.policy import Budget, PolicyError, load_policy, parse_policy
-from dpmagic.gate.service.ledger import Ledger
 from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
 from dpmagic.gate.sql.parse import parse

@@ -12,10 +12,10 @@ import pytest
 from dpmagic.cli import main
 from dpmagic.gate.dp.accounting import Cost, PureAccountant
 from dpmagic.gate.failures import OverBudget
+from dpmagic.gate.ledger.scopes import Scope
+from dpmagic.gate.ledger.store import Ledger
 from dpmagic.gate.policy import Budget
-from dpmagic.gate.service.budget_scopes import Scope
-from dpmagic.gate.service.ledger import Ledger
-from dpmagic.gate.service.reply import Reply
+from dpmagic.gate.reply import Reply
 from dpmagic.protocol import QueryReply
 from tests.admin_cli import cli
 from tests.budgets import user_limits

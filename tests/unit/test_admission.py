@@ -26,7 +26,7 @@ from dpmagic.gate.engines.deadline import within_limit
 from dpmagic.gate.engines.interface import TIMEOUT_JITTER, OutOfResources, drawn_timeout
 from dpmagic.gate.engines.sharing import Sharing
 from dpmagic.gate.failures import Refused
-from dpmagic.gate.service.budget_scopes import Scope
+from dpmagic.gate.ledger.scopes import Scope
 from tests.gate_helpers import running_engine
 
 T = TypeVar("T")

@@ -13,9 +13,9 @@ import pytest
 
 from dpmagic.gate.dp.accounting import Cost, PureAccountant
 from dpmagic.gate.failures import OverBudget
+from dpmagic.gate.ledger.scopes import Scope
+from dpmagic.gate.ledger.store import Ledger
 from dpmagic.gate.policy import Budget
-from dpmagic.gate.service.budget_scopes import Scope
-from dpmagic.gate.service.ledger import Ledger
 
 PROCESSES = 6
 USERS_PER_PROCESS = 10

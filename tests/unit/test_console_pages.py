@@ -21,8 +21,8 @@ from dpmagic.gate.console import server as console_server
 from dpmagic.gate.console.changes import ChangeForm
 from dpmagic.gate.console.owners import Owner, Way
 from dpmagic.gate.console.server import Console
+from dpmagic.gate.ledger.scopes import Scope
 from dpmagic.gate.policy import Budget, Policy
-from dpmagic.gate.service.budget_scopes import Scope
 from tests.admin_cli import cli
 from tests.consoles import PLANTED, QUERIES, Client, console_policy, seed, served
 

@@ -28,9 +28,9 @@ from dpmagic.gate.console import layout
 from dpmagic.gate.console.owners import Owner, Way
 from dpmagic.gate.console.server import Console
 from dpmagic.gate.dp.accounting import Cost, PureAccountant
+from dpmagic.gate.ledger.scopes import Scope, applicable
+from dpmagic.gate.ledger.store import Ledger
 from dpmagic.gate.policy import Budget, Policy, load_policy
-from dpmagic.gate.service.budget_scopes import Scope, applicable
-from dpmagic.gate.service.ledger import Ledger
 from tests.conftest import write_dataset
 from tests.consoles import Answer, Client, served
 

@@ -18,10 +18,11 @@ from hypothesis import strategies as st
 
 from dpmagic.gate.dp.accounting import Cost, PureAccountant
 from dpmagic.gate.failures import OverBudget
+from dpmagic.gate.ledger.flush import Flusher
+from dpmagic.gate.ledger.scopes import Scope
+from dpmagic.gate.ledger.store import Charge, Ledger
 from dpmagic.gate.policy import Budget
-from dpmagic.gate.service.budget_scopes import Scope
-from dpmagic.gate.service.ledger import Charge, Ledger, _Flusher
-from dpmagic.gate.service.reply import Reply
+from dpmagic.gate.reply import Reply
 from dpmagic.protocol import QueryReply
 from tests.budgets import user_limits
 
@@ -488,7 +489,7 @@ def test_a_log_checkpointed_away_is_flushed_in_the_database_file(
     monkeypatch.setattr(os, "fsync", lambda fd: synced.append(os.readlink(f"/proc/self/fd/{fd}")))
     database = tmp_path / "ledger.sqlite3"
     database.write_bytes(b"")
-    flusher = _Flusher(database)
+    flusher = Flusher(database)
     try:
         flusher.committed().result(10)
     finally:

@@ -1,7 +1,7 @@
 """Which requests read the private data, as the engine marks them (``PrivateRead``), on a
 real engine over a real ledger and DuckDB: only a run marks, before it reads, so a
 failure after it began is marked too; a replay, a dry run and every refusal before
-the run are not. The server pads exactly the marked replies (``service/padding.py``;
+the run are not. The server pads exactly the marked replies (``padding.py``;
 the timing itself is measured on real gate processes in tests/system/test_padding.py).
 """
 
@@ -15,7 +15,7 @@ import pytest
 
 from dpmagic.gate.engine import Engine
 from dpmagic.gate.failures import BadRequest, Failed, GateError, OverBudget, Refused
-from dpmagic.gate.service.padding import PrivateRead, release_time
+from dpmagic.gate.padding import PrivateRead, release_time
 from tests.gate_helpers import running_engine
 
 POLICY = """

@@ -12,9 +12,9 @@ import pytest
 
 from dpmagic.gate.engine import Engine
 from dpmagic.gate.failures import OverBudget
+from dpmagic.gate.padding import PrivateRead
 from dpmagic.gate.policy import load_policy
 from dpmagic.gate.preview import PreviewRequest, kinds
-from dpmagic.gate.service.padding import PrivateRead
 from dpmagic.gate.service.routes import ROUTES, HTTPError
 from tests.gate_helpers import dataset, make_plan
 from tests.small_gate import write_policy

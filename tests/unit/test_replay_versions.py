@@ -14,8 +14,8 @@ import pytest
 
 from dpmagic.gate.engine import Engine
 from dpmagic.gate.failures import OverBudget
-from dpmagic.gate.service import ledger
-from dpmagic.gate.service.ledger import ReplayKey
+from dpmagic.gate.ledger import replays, schema
+from dpmagic.gate.ledger.replays import ReplayKey
 from dpmagic.result import DPResult
 from tests.gate_helpers import write_gate
 
@@ -204,9 +204,9 @@ def test_an_older_ledger_opens_and_its_releases_are_answered_afresh_with_a_reaso
             (QUERY["sql"], query_key),
         )
     fresh = _ask(folder)
-    assert fresh["replayed"] is False and fresh["fresh_because"] == ledger.UNVERSIONED
+    assert fresh["replayed"] is False and fresh["fresh_because"] == replays.UNVERSIONED
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == ledger.SCHEMA_VERSION
+        assert db.execute("PRAGMA user_version").fetchone()[0] == schema.SCHEMA_VERSION
     assert _ask(folder)["replayed"] is True
 
 

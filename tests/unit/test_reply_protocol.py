@@ -20,7 +20,7 @@ from dpmagic.errors import DPError, QueryRefused
 from dpmagic.gate.engine import Engine
 from dpmagic.gate.failures import OverBudget, Refused
 from dpmagic.gate.policy import load_policy
-from dpmagic.gate.service.reply import Reply
+from dpmagic.gate.reply import Reply
 from dpmagic.protocol import (
     REPLY_FIELDS,
     WIRE_VERSION,

@@ -15,17 +15,12 @@ from hypothesis import strategies as st
 
 from dpmagic.gate.dp.accounting import Cost, PureAccountant
 from dpmagic.gate.failures import OverBudget
+from dpmagic.gate.ledger.replays import DATA_CHANGED, ReplayKey
+from dpmagic.gate.ledger.scopes import RENEWED, RENEWS, Scope, next_period, period_label
+from dpmagic.gate.ledger.store import Ledger
 from dpmagic.gate.policy import Budget
 from dpmagic.gate.policy.values import Period
-from dpmagic.gate.service.budget_scopes import (
-    RENEWED,
-    RENEWS,
-    Scope,
-    next_period,
-    period_label,
-)
-from dpmagic.gate.service.ledger import DATA_CHANGED, Ledger, ReplayKey
-from dpmagic.gate.service.reply import Reply
+from dpmagic.gate.reply import Reply
 from dpmagic.protocol import QueryReply
 
 BIG = Budget(100.0)

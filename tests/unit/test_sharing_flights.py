@@ -16,7 +16,7 @@ import pytest
 
 from dpmagic.gate.engine import Engine
 from dpmagic.gate.failures import Failed, OverBudget
-from dpmagic.gate.service.padding import PrivateRead
+from dpmagic.gate.padding import PrivateRead
 from tests.gate_helpers import running_engine
 from tests.small_gate import people
 

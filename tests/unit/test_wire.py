@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from dpmagic import wire
-from dpmagic.gate.service.reply import Reply
+from dpmagic.gate.reply import Reply
 from dpmagic.protocol import WIRE_VERSION
 from dpmagic.result import DPResult
 

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from dpmagic.gate import owner
 from dpmagic.gate.console.charts import Bar, Chart, bar, spending_chart
 from dpmagic.gate.console.layout import Frame, Table, number, page, url
+from dpmagic.gate.ledger.scopes import Scope, ScopeKind
+from dpmagic.gate.ledger.store import Ledger
 from dpmagic.gate.policy import Policy
 from dpmagic.gate.policy.values import AccountantKind
-from dpmagic.gate.service.budget_scopes import Scope, ScopeKind
-from dpmagic.gate.service.ledger import Ledger
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,8 @@ from dataclasses import asdict, dataclass
 from dpmagic.gate import owner
 from dpmagic.gate.console.layout import Frame, number, page, url
 from dpmagic.gate.failures import OwnerError
+from dpmagic.gate.ledger.scopes import ScopeKind
 from dpmagic.gate.policy import Budget, Policy
-from dpmagic.gate.service.budget_scopes import ScopeKind
 
 FIELDS = (
     "dataset", "budget", "holder", "notebook", "epsilon", "delta", "reason", "create",

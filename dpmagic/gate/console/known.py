@@ -20,9 +20,9 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable
 
+from dpmagic.gate.ledger.store import Ledger
 from dpmagic.gate.policy import Policy
 from dpmagic.gate.service.auth import TokenFileError, load_tokens
-from dpmagic.gate.service.ledger import Ledger
 
 # How many known names a refusal suggests for a name it does not know.
 SUGGESTIONS = 3

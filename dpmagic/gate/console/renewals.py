@@ -16,7 +16,7 @@ from __future__ import annotations
 from dpmagic.gate import owner
 from dpmagic.gate.console.layout import Frame, Table, number, page, when
 from dpmagic.gate.console.query_log import SHOWN
-from dpmagic.gate.service.budget_scopes import ScopeKind
+from dpmagic.gate.ledger.scopes import ScopeKind
 
 HEADS = ("dataset", "budget", "ε", "δ", "every", "period now", "next begins (UTC)", "rows")
 NOTE = (

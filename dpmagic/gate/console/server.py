@@ -51,9 +51,9 @@ from dpmagic.gate.console.query_log import DEFAULT_ROWS, MAX_ROWS, log_page
 from dpmagic.gate.console.renewals import renewals_page
 from dpmagic.gate.console.sessions import Session, Sessions
 from dpmagic.gate.failures import OwnerError
+from dpmagic.gate.ledger.scopes import Scope, ScopeKind
+from dpmagic.gate.ledger.store import Ledger
 from dpmagic.gate.policy import Policy, PolicyError
-from dpmagic.gate.service.budget_scopes import Scope, ScopeKind
-from dpmagic.gate.service.ledger import Ledger
 
 COOKIE = "dpmagic-console"
 CSP = (

@@ -29,7 +29,7 @@ under-estimating version of the rule caught):
   band, and the default report level.
 
 ``accounting``'s ``Composition`` is how charges add up, within a query and across
-queries in every budget's tally (``service/budget_scopes.py``).
+queries in every budget's tally (``ledger/scopes.py``).
 
 How the generated SQL enforces these (load-time ranks, a join's room, the
 per-query window) is in ``dpmagic/gate/sql/ranks.py``; the contribution each gives,

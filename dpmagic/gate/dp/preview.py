@@ -1,8 +1,8 @@
 """Rule: how many more queries of one cost the budgets that apply still allow.
 
 The ledger debits a query only if it fits every budget that applies to it
-(``service/ledger.debit``): the dataset's, each of the user's groups', the user's
-and the notebook's (``budget_scopes.applicable``), each checked by the dataset's
+(``ledger/store.Ledger.debit``): the dataset's, each of the user's groups', the user's
+and the notebook's (``scopes.applicable``), each checked by the dataset's
 accountant as ``fits(spent, cost, limit)``. After ``n``
 more queries of cost ``c`` a scope has spent ``spent`` composed with ``n`` copies
 of ``c`` (``accounting.compose``: ε and δ add up, and ρ); so the queries that fit

@@ -63,21 +63,26 @@ accountant changes keeps every past charge counted.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from concurrent.futures import Future
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from dpmagic.gate.dp.accounting import Accountant, Cost
 from dpmagic.gate.failures import OverBudget, required
-from dpmagic.gate.policy import Budget
-from dpmagic.gate.service.budget_scopes import (
+from dpmagic.gate.ledger.flush import Flusher
+from dpmagic.gate.ledger.replays import (
+    ReplayKey,
+    Served,
+    SharedRelease,
+    fresh_because,
+    releases_of,
+)
+from dpmagic.gate.ledger.schema import RECENT_FAILURES, Immediate, open_ledger
+from dpmagic.gate.ledger.scopes import (
     ADMIN,
     CHARGED,
     FAILED,
@@ -92,113 +97,12 @@ from dpmagic.gate.service.budget_scopes import (
     Scope,
     ScopeKind,
     Tally,
-    admin_target,
     charged_to,
     renewal_due,
 )
-from dpmagic.gate.service.reply import Reply
-
-# Long enough that a burst of debits from many processes queues rather than
-# fails; each transaction holds the lock for well under a millisecond.
-BUSY_TIMEOUT_S = 30.0
-# 2: the replay_keys table; 3: scopes and charged groups; 4: refusals; 5: a replay row
-# may carry a charge (``serve_shared``), and releases are found by their key alone.
-SCHEMA_VERSION = 5
-
-_ENTRIES = """CREATE TABLE IF NOT EXISTS entries (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    time TEXT NOT NULL,
-    user TEXT NOT NULL,
-    dataset TEXT NOT NULL,
-    notebook TEXT NOT NULL,
-    epsilon REAL NOT NULL,
-    delta REAL NOT NULL,
-    rho REAL NOT NULL,
-    sql TEXT NOT NULL,
-    replay_key TEXT,
-    status TEXT NOT NULL,
-    reply TEXT,
-    scope TEXT NOT NULL DEFAULT '',
-    source INTEGER,
-    reason TEXT
-)"""
-# Columns added since the first release, to a ledger of an earlier one where missing:
-# an admin row's scope (``budget_scopes.Scope.row_columns``; empty: a user's or a
-# notebook's, as every earlier admin row is), the release a shared replay served, and
-# why a refused query was refused.
-_ADDED_COLUMNS = {
-    "scope": "ALTER TABLE entries ADD COLUMN scope TEXT NOT NULL DEFAULT ''",
-    "source": "ALTER TABLE entries ADD COLUMN source INTEGER",
-    "reason": "ALTER TABLE entries ADD COLUMN reason TEXT",
-}
-_SCHEMA = (
-    "CREATE INDEX IF NOT EXISTS entries_scope ON entries (user, dataset, notebook)",
-    "CREATE INDEX IF NOT EXISTS entries_replay ON entries (user, dataset, replay_key)",
-    # Each query reads only the rows appended since its scope was last read (``_tally``).
-    "CREATE INDEX IF NOT EXISTS entries_appended ON entries (user, dataset, id)",
-    # What each replay key is made of (``ReplayKey``), for ``fresh_because``.
-    """CREATE TABLE IF NOT EXISTS replay_keys (
-    replay_key TEXT PRIMARY KEY,
-    query_key TEXT NOT NULL,
-    data TEXT NOT NULL,
-    policy TEXT NOT NULL
-)""",
-    "CREATE INDEX IF NOT EXISTS replay_keys_query ON replay_keys (query_key)",
-    # The groups a charge's user was in when it was charged (``budget_scopes``).
-    """CREATE TABLE IF NOT EXISTS charged_groups (
-    entry_id INTEGER NOT NULL,
-    dataset TEXT NOT NULL,
-    grp TEXT NOT NULL
-)""",
-    "CREATE INDEX IF NOT EXISTS charged_groups_group ON charged_groups (dataset, grp, entry_id)",
-    "CREATE INDEX IF NOT EXISTS charged_groups_entry ON charged_groups (entry_id)",
-    "CREATE INDEX IF NOT EXISTS entries_dataset ON entries (dataset, id)",
-    # A key's releases and the replays that served them, for every user (``serve_shared``).
-    "CREATE INDEX IF NOT EXISTS entries_key ON entries (dataset, replay_key, status)",
-    # ``recent_failures``, asked before every query, reads these two small indexes
-    # instead of every row its user ever wrote on the dataset (0.76 ms after 1,000).
-    f"CREATE INDEX IF NOT EXISTS entries_failed ON entries (user, dataset, time)"
-    f" WHERE status = '{FAILED}'",
-    f"CREATE INDEX IF NOT EXISTS entries_user_resets ON entries (user, dataset, time)"
-    f" WHERE status = '{RESET}' AND scope = ''",
-)
-
-# The statuses are written out, so that SQLite may read the partial indexes above,
-# and the later of the window's start and the last reset bounds one range of the index,
-# so the rows read are the failures counted, never those before a reset.
-_RECENT_FAILURES = (
-    f"SELECT COUNT(*) FROM entries WHERE user = ? AND dataset = ? AND status = '{FAILED}'"
-    " AND time > MAX(?, COALESCE((SELECT MAX(time) FROM entries WHERE user = ?"
-    f" AND dataset = ? AND status = '{RESET}' AND scope = ''), ''))"
-)
-
-# Why a query was answered afresh though the same query was released to the user before.
-DATA_CHANGED = "the dataset changed since your earlier answer"
-POLICY_CHANGED = "the policy changed since your earlier answer"
-BOTH_CHANGED = "the dataset and the policy changed since your earlier answer"
-UNVERSIONED = (
-    "your earlier answer was released by an older gate, which kept no dataset version "
-    "to tell whether the data or the policy changed since"
-)
-
-
-class ReplayKey(str):
-    """A replay key: the text the ledger matches releases on, a hash of its parts.
-
-    ``query``: the query's own key (its canonical SQL, parameters, cost, mechanisms:
-    what the whole replay key was before versions joined it, so the releases of an
-    older ledger are found by it); ``data`` and ``policy``: the versions of the data
-    and of the policy facts it is answered over (``engines/versions.Versions``)."""
-
-    query: str
-    data: str
-    policy: str
-
-    def __new__(cls, query: str, data: str, policy: str) -> ReplayKey:
-        text = json.dumps({"query": query, "data": data, "policy": policy}, sort_keys=True)
-        key = super().__new__(cls, hashlib.sha256(text.encode()).hexdigest())
-        key.query, key.data, key.policy = query, data, policy
-        return key
+from dpmagic.gate.ledger.tallies import Cursor, count
+from dpmagic.gate.policy import Budget
+from dpmagic.gate.reply import Reply
 
 
 @dataclass(frozen=True)
@@ -207,93 +111,6 @@ class Charge:
 
     id: int
     durable: Future[None]
-
-
-class _Flusher:
-    """Flushes the write-ahead log to the disk on a thread of its own, as a FULL commit
-    would have, for commits already written (NORMAL). A flush covers every commit
-    written before it began: a commit's ticket is the count of commits written when it
-    returned, and a flush that starts with ``written >= ticket`` covers it. Requests
-    that queue behind a flush are served by the next one, not one each.
-
-    The log's file may have been replaced since a commit: SQLite copies the log into
-    the database file (a checkpoint, which flushes the database file after the copy
-    under NORMAL and FULL alike) before it starts the log again or, as the last
-    connection closes (another gate process's), deletes it. A commit is then on the
-    disk in the database file, or in the new log; the flush syncs whichever exists,
-    and the folder when a new log file was made, since its name is in the folder."""
-
-    def __init__(self, database: Path) -> None:
-        self._database = database
-        self._wal = database.with_name(database.name + "-wal")
-        self._lock = threading.Lock()
-        self._written = 0  # commits whose write the operating system has
-        self._flushed = 0  # of those, the ones known to be on the disk
-        self._log_file: int | None = None  # the inode of the log last flushed
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="dpmagic-ledger-flush")
-
-    def committed(self) -> Future[None]:
-        """Call after a NORMAL commit returns: its flush, done when it is on the disk."""
-        with self._lock:
-            self._written += 1
-            ticket = self._written
-        return self._thread.submit(self._flush, ticket)
-
-    def _flush(self, ticket: int) -> None:
-        with self._lock:
-            if self._flushed >= ticket:
-                return
-            target = self._written
-        # One thread runs this, so flushes never overlap; the lock guards the counts.
-        try:
-            fd = os.open(self._wal, os.O_RDONLY)
-        except FileNotFoundError:  # checkpointed into the database file and deleted
-            fd = os.open(self._database, os.O_RDONLY)
-        try:
-            os.fdatasync(fd)
-            inode = os.fstat(fd).st_ino
-        finally:
-            os.close(fd)
-        if inode != self._log_file:  # a file made since the last flush: its name too
-            folder = os.open(self._database.parent, os.O_RDONLY)
-            try:
-                os.fsync(folder)
-            finally:
-                os.close(folder)
-            self._log_file = inode
-        with self._lock:
-            self._flushed = max(self._flushed, target)
-
-    def close(self) -> None:
-        self._thread.shutdown(wait=True)
-
-
-@dataclass(frozen=True)
-class SharedRelease:
-    """An answer released to another user, served to the asker (``share_releases``):
-    its ledger row, when and at what cost it was released; and what serving it
-    charged the asker (``charged``, zero when the release already counted against
-    every budget they are under) and where (``charged_to``)."""
-
-    entry_id: int
-    time: str
-    cost: Cost
-    reply: Reply
-    charged: Cost
-    charged_to: tuple[Scope, ...]
-
-
-@dataclass
-class _Served:
-    """One release of a replay key, and what of one asker's it counts against so far
-    (``Ledger._releases_of``): which of their groups, and which users of the two that
-    matter (its own, and the asker if they were charged for it)."""
-
-    id: int
-    time: str
-    cost: Cost
-    groups: set[str]
-    users: set[str]
 
 
 class Ledger:
@@ -312,34 +129,12 @@ class Ledger:
         self.accountant = accountant  # for debits that name none
         # The time rows are stamped with and renewals' periods are read from (UTC).
         self._clock = clock or (lambda: datetime.now(UTC))
-        _private_file(self.path)
         self._lock = threading.Lock()
-        self._cursors: dict[str, _Cursor] = {}
-        self._db = sqlite3.connect(
-            self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
-        )
-        self._db.row_factory = sqlite3.Row
-        self._db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
-        mode = self._db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-        self._db.execute("PRAGMA synchronous = FULL")  # until a commit asks for less
+        self._cursors: dict[str, Cursor] = {}
+        self._db, wal = open_ledger(self.path)
         # Where the file system cannot keep a WAL (SQLite then keeps its own journal),
         # debits commit FULL and are on the disk when they return.
-        self._flusher = _Flusher(self.path) if mode.lower() == "wal" else None
-        with self._transaction():
-            self._db.execute(_ENTRIES)
-            columns = {row["name"] for row in self._db.execute("PRAGMA table_info(entries)")}
-            for name, statement in _ADDED_COLUMNS.items():
-                if name not in columns:
-                    self._db.execute(statement)
-            for statement in _SCHEMA:
-                self._db.execute(statement)
-            self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-        # SQLite gives the -wal and -shm files the database file's mode; this
-        # only tightens them if an older file was created more openly.
-        for suffix in ("-wal", "-shm"):
-            sidecar = self.path.with_name(self.path.name + suffix)
-            if sidecar.exists() and sidecar.stat().st_uid == os.getuid():
-                os.chmod(sidecar, 0o600)
+        self._flusher = Flusher(self.path) if wal else None
 
     def debit(
         self,
@@ -440,7 +235,7 @@ class Ledger:
         show_delta = bool(cost.delta or any(limit.delta for _s, _c, limit, _d in standing))
         need = acc.describe(cost)
         left = {s: _left(acc, spent, limit, show_delta) for s, spent, limit, _d in standing}
-        why = self._fresh_because(user, scope.dataset, replay_key)
+        why = fresh_because(self._db, user, scope.dataset, replay_key)
         # A query that was replayed for free before: why it is charged now.
         because = "" if why is None else f"; not replayed: {why}"
         if scope.kind == ScopeKind.USER:
@@ -466,7 +261,7 @@ class Ledger:
 
     def record_release(self, charge: Charge, reply: Reply) -> None:
         """Keep the released reply, its Arrow stream as written once for the reply
-        (``service/reply.py``), so the same query can be replayed for free; returns
+        (``reply.py``), so the same query can be replayed for free; returns
         once the charge is on the disk, so the reply may leave."""
         charge.durable.result()
         with self._lock, self._transaction(durable=False):
@@ -500,10 +295,10 @@ class Ledger:
         last ``seconds``, and since the owner last reset the user's budget there."""
         since = _text(self._clock() - timedelta(seconds=seconds))
         with self._lock:
-            (count,) = self._db.execute(
-                _RECENT_FAILURES, (user, dataset, since, user, dataset)
+            (failed,) = self._db.execute(
+                RECENT_FAILURES, (user, dataset, since, user, dataset)
             ).fetchone()
-        return int(count)
+        return int(failed)
 
     def find_release(self, user: str, dataset: str, replay_key: str) -> Reply | None:
         """The latest reply released to ``user`` for this replay key, if any (kept as an
@@ -560,8 +355,8 @@ class Ledger:
         now = self._clock()
         mine = frozenset(groups)
         with self._lock, self._transaction(durable=self._flusher is None):
-            releases = self._releases_of(dataset, replay_key, user, mine)
-            chosen: tuple[int, _Served, frozenset[str]] | None = None
+            releases = releases_of(self._db, dataset, replay_key, user, mine)
+            chosen: tuple[int, Served, frozenset[str]] | None = None
             for release in releases:
                 knows = user in release.users
                 if not (knows or everyone or mine & release.groups):
@@ -612,60 +407,6 @@ class Ledger:
             release.id, release.time, release.cost, Reply.stored(stored), charged, charged_to
         )
 
-    def _releases_of(
-        self, dataset: str, replay_key: str, user: str, mine: frozenset[str]
-    ) -> list[_Served]:
-        """Every release of ``replay_key`` on ``dataset``, first first, with what of the
-        asker's it counts against: which of their groups ``mine`` (charged when it was
-        released, or when served to a member who had not learned it), and whether
-        ``user`` (its own user, or one charged when served it: a zero-cost replay row,
-        a user's own replay or one served free by an older gate, counts nowhere).
-
-        Read by three indexed lookups, never the stored replies: the key's releases
-        (a few), the user's own rows of the key, and the asker's groups' charges among
-        the key's rows; none reads a group's or the dataset's whole history, and
-        nothing is decided per row in Python."""
-        rows = self._db.execute(
-            "SELECT id, time, user, epsilon, delta, rho FROM entries"
-            " WHERE dataset = ? AND replay_key = ? AND status = ? ORDER BY id",
-            (dataset, replay_key, RELEASED),
-        ).fetchall()
-        if not rows:
-            return []
-        paid = {
-            source
-            for (source,) in self._db.execute(
-                "SELECT DISTINCT source FROM entries INDEXED BY entries_replay WHERE user = ?"
-                " AND dataset = ? AND replay_key = ? AND status = ? AND source IS NOT NULL"
-                " AND (epsilon > 0 OR delta > 0 OR rho > 0)",
-                (user, dataset, replay_key, REPLAYED),
-            )
-        }
-        counted: dict[int, set[str]] = {}
-        if mine:
-            marks = ", ".join("?" * len(mine))
-            for release, group in self._db.execute(
-                # The key's rows first (CROSS JOIN keeps that order), each looked up in
-                # charged_groups by its id: the other way round would read every
-                # charge of the asker's groups, a history that only grows.
-                "SELECT DISTINCT COALESCE(e.source, e.id), g.grp FROM entries AS e"
-                " CROSS JOIN charged_groups AS g ON g.entry_id = e.id WHERE g.dataset = ?"
-                f" AND g.grp IN ({marks}) AND e.dataset = ? AND e.replay_key = ?"
-                " AND e.status IN (?, ?)",
-                (dataset, *sorted(mine), dataset, replay_key, RELEASED, REPLAYED),
-            ):
-                counted.setdefault(release, set()).add(group)
-        return [
-            _Served(
-                row["id"],
-                row["time"],
-                Cost(row["epsilon"], row["delta"], row["rho"]),
-                counted.get(row["id"], set()),
-                {row["user"]} | ({user} if row["id"] in paid else set()),
-            )
-            for row in rows
-        ]
-
     def fresh_because(self, user: str, dataset: str, replay_key: str) -> str | None:
         """Why a query with no release under ``replay_key`` is answered afresh, when
         the same query was released to ``user`` before under other versions of the
@@ -673,30 +414,7 @@ class Ledger:
         ``UNVERSIONED`` for a release of a ledger from before versions); None if it
         never was."""
         with self._lock:
-            return self._fresh_because(user, dataset, replay_key)
-
-    def _fresh_because(self, user: str, dataset: str, replay_key: str | None) -> str | None:
-        if not isinstance(replay_key, ReplayKey):
-            return None
-        row = self._db.execute(
-            "SELECT k.data, k.policy FROM replay_keys AS k JOIN entries AS e"
-            " ON e.replay_key = k.replay_key WHERE k.query_key = ? AND e.user = ?"
-            " AND e.dataset = ? AND e.status = ? ORDER BY e.id DESC LIMIT 1",
-            (replay_key.query, user, dataset, RELEASED),
-        ).fetchone()
-        if row is None:
-            older = self._db.execute(
-                "SELECT 1 FROM entries WHERE user = ? AND dataset = ? AND replay_key = ?"
-                " AND status = ? LIMIT 1",
-                (user, dataset, replay_key.query, RELEASED),
-            ).fetchone()
-            return None if older is None else UNVERSIONED
-        data, policy = row["data"] != replay_key.data, row["policy"] != replay_key.policy
-        if data and policy:
-            return BOTH_CHANGED
-        if data:
-            return DATA_CHANGED
-        return POLICY_CHANGED if policy else None
+            return fresh_because(self._db, user, dataset, replay_key)
 
     def reply(self, entry_id: int) -> dict | None:
         """The reply a released or replayed entry gave (a replay: the release it served,
@@ -850,12 +568,12 @@ class Ledger:
         id never change, and each read adds only the rows after it: one read of the
         dataset's new rows brings every scope of it read before up to date. The sums
         are exact, rounded once when read (``accounting.Composition``: ``math.fsum``'s sum)."""
-        cursor = self._cursors.setdefault(scope.dataset, _Cursor())
+        cursor = self._cursors.setdefault(scope.dataset, Cursor())
         tally = cursor.tallies.get(scope)
         if tally is None:  # a scope first read here: its rows up to where the others are
             tally = cursor.tallies[scope] = Tally()
             for row in self._scope_rows(scope, cursor.seen):
-                _count(row, scope, tally)
+                count(row, scope, tally)
         if refresh:
             self._refresh(scope.dataset)
         return tally
@@ -864,7 +582,7 @@ class Ledger:
         """Bring every scope of ``dataset`` read before up to date with the rows written
         since, by the scopes each row counts for: one read, however many scopes a
         debit checks (``refresh=False`` for the others)."""
-        cursor = self._cursors.setdefault(dataset, _Cursor())
+        cursor = self._cursors.setdefault(dataset, Cursor())
         for row in self._rows("e.dataset = ? AND e.id > ?", (dataset, cursor.seen)):
             cursor.seen = row["id"]
             if row["status"] in SPENDING:
@@ -873,10 +591,10 @@ class Ledger:
                         each.spend(row)
             elif row["status"] in ADMIN:
                 for target, each in cursor.tallies.items():
-                    _count(row, target, each)
+                    count(row, target, each)
 
     def _scope_rows(self, scope: Scope, upto: int) -> list[sqlite3.Row]:
-        """The rows up to id ``upto`` that may count for ``scope`` (``_count`` decides)."""
+        """The rows up to id ``upto`` that may count for ``scope`` (``tallies.count`` decides)."""
         if scope.kind == ScopeKind.DATASET:
             return self._rows("e.dataset = ? AND e.id <= ?", (scope.dataset, upto))
         if scope.kind == ScopeKind.GROUP:
@@ -940,13 +658,13 @@ class Ledger:
             ),
         )
 
-    def _transaction(self, durable: bool = True) -> _Immediate:
-        return _Immediate(self._db, durable)
+    def _transaction(self, durable: bool = True) -> Immediate:
+        return Immediate(self._db, durable)
 
     def timeline(self, scope: Scope, base: Budget) -> list[tuple[str, Cost, Budget]]:
         """When ``scope``'s spending or limit (``base`` plus grants) changed, and to what,
         oldest first: every row that counts for it, counted as every tally counts
-        (``_count``), read afresh from the log. The owner's console charts it."""
+        (``tallies.count``), read afresh from the log. The owner's console charts it."""
         tally = Tally()
         last = (tally.spent(), tally.limit(base))
         points: list[tuple[str, Cost, Budget]] = []
@@ -959,72 +677,12 @@ class Ledger:
                 ).fetchall()
             )
             for row in self._scope_rows(scope, upto):
-                _count(row, scope, tally)
+                count(row, scope, tally)
                 now = (tally.spent(), tally.limit(base))
                 if now != last:
                     points.append((times[row["id"]], *now))
                     last = now
         return points
-
-
-def _count(row: sqlite3.Row, scope: Scope, tally: Tally) -> None:
-    """Count one row for ``scope``, if it counts there: a charge for each scope it was
-    charged to; an admin row for its own scope, and a user's reset for each of the
-    user's notebooks too (a notebook's own reset never gives back the user's budget)."""
-    if row["status"] in SPENDING:
-        if scope in charged_to(row, scope.dataset):
-            tally.spend(row)
-    elif row["status"] in ADMIN:
-        target = admin_target(row, scope.dataset)
-        cascade = (
-            row["status"] == RESET
-            and target.kind == ScopeKind.USER
-            and scope.kind == ScopeKind.NOTEBOOK
-            and scope.holder == target.holder
-        )
-        if target == scope or cascade:
-            tally.admin(row)
-
-
-@dataclass
-class _Cursor:
-    """The tallies of one dataset's scopes, all brought up to row id ``seen``."""
-
-    seen: int = 0
-    tallies: dict[Scope, Tally] = field(default_factory=dict)
-
-
-class _Immediate:
-    """``BEGIN IMMEDIATE`` … ``COMMIT``, rolled back on any exception; flushed to
-    the disk before it returns unless ``durable`` is false (see the module's
-    docstring for which commits may skip the flush)."""
-
-    def __init__(self, db: sqlite3.Connection, durable: bool) -> None:
-        self._db = db
-        self._durable = durable
-
-    def __enter__(self) -> None:
-        if not self._durable:  # a pragma outside any transaction, under the ledger's lock
-            self._db.execute("PRAGMA synchronous = NORMAL")
-        self._db.execute("BEGIN IMMEDIATE")
-
-    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
-        try:
-            self._db.execute("COMMIT" if kind is None else "ROLLBACK")
-        finally:
-            if not self._durable:
-                self._db.execute("PRAGMA synchronous = FULL")
-
-
-def _private_file(path: Path) -> None:
-    """Create the ledger 0600 in a 0700 folder before SQLite opens it, so no
-    other user can read the audit log (it holds every user's SQL)."""
-    parent = path.parent
-    if not parent.exists():
-        parent.mkdir(mode=0o700, parents=True)
-        os.chmod(parent, 0o700)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    os.close(fd)
 
 
 def _left(accountant: Accountant, spent: Cost, limit: Budget, show_delta: bool) -> str:

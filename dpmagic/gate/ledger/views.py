@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dpmagic.gate.dp.accounting import make_accountant
 from dpmagic.gate.failures import required
+from dpmagic.gate.ledger.scopes import ScopeKind, applicable, next_period
+from dpmagic.gate.ledger.store import Ledger
 from dpmagic.gate.policy import Dataset
-from dpmagic.gate.service.budget_scopes import ScopeKind, applicable, next_period
-from dpmagic.gate.service.ledger import Ledger
 
 
 def budget_views(

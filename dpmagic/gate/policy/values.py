@@ -133,7 +133,7 @@ class RandomizedResponse:
 
 
 class Period(StrEnum):
-    """How often a renewing budget starts afresh (``service/budget_scopes.py``)."""
+    """How often a renewing budget starts afresh (``ledger/scopes.py``)."""
 
     DAY = "day"
     WEEK = "week"

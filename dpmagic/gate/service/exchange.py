@@ -22,10 +22,10 @@ from dpmagic import wire
 from dpmagic.gate.engine import Engine
 from dpmagic.gate.engines.interface import OutOfResources
 from dpmagic.gate.failures import Busy, Failed, GateError, Unauthorized, required
+from dpmagic.gate.padding import PrivateRead, release_time
+from dpmagic.gate.reply import Reply
 from dpmagic.gate.service.auth import Authenticator
-from dpmagic.gate.service.padding import PrivateRead, release_time
 from dpmagic.gate.service.release_clock import ReleaseClock
-from dpmagic.gate.service.reply import Reply
 from dpmagic.gate.service.routes import ROUTES, HTTPError, Route
 
 log = logging.getLogger("dpmagic.gate")

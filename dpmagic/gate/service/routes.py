@@ -12,10 +12,10 @@ from urllib.parse import parse_qs
 from dpmagic.gate.engine import Engine
 from dpmagic.gate.engines.interface import MAX_ROWS
 from dpmagic.gate.failures import BadRequest
+from dpmagic.gate.padding import PrivateRead
 from dpmagic.gate.preview import DEFAULT_ROWS, PreviewRequest
+from dpmagic.gate.reply import Reply
 from dpmagic.gate.service.body import parse_body
-from dpmagic.gate.service.padding import PrivateRead
-from dpmagic.gate.service.reply import Reply
 
 # Entries of /v1/history: the newest ones, by default and at most.
 HISTORY_DEFAULT = 100

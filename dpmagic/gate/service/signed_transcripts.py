@@ -22,10 +22,11 @@ import secrets
 from datetime import UTC, datetime
 from pathlib import Path
 
+from dpmagic.gate.ledger.scopes import RELEASED, REPLAYED
+from dpmagic.gate.ledger.store import Ledger
+from dpmagic.gate.ledger.views import budget_views, history_entries
 from dpmagic.gate.membership import declared_groups
 from dpmagic.gate.policy import Policy
-from dpmagic.gate.service.ledger import RELEASED, REPLAYED, Ledger
-from dpmagic.gate.service.views import budget_views, history_entries
 
 FORMAT = "dpmagic-transcript/1"
 KEY_FILE = "transcript.key"

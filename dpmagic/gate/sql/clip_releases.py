@@ -46,9 +46,9 @@ from dpmagic.protocol import Clip, ClipChoice, Moved
 
 if TYPE_CHECKING:
     from dpmagic.gate.engine import Engine
+    from dpmagic.gate.padding import PrivateRead
+    from dpmagic.gate.reply import Reply
     from dpmagic.gate.request import QueryRequest
-    from dpmagic.gate.service.padding import PrivateRead
-    from dpmagic.gate.service.reply import Reply
 
 
 RULE = (

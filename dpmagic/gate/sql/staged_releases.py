@@ -32,9 +32,9 @@ from dpmagic.protocol import PostProcessed, Stage
 
 if TYPE_CHECKING:
     from dpmagic.gate.engine import Engine
+    from dpmagic.gate.padding import PrivateRead
+    from dpmagic.gate.reply import Reply
     from dpmagic.gate.request import QueryRequest
-    from dpmagic.gate.service.padding import PrivateRead
-    from dpmagic.gate.service.reply import Reply
 
 
 def staged(request: QueryRequest, dataset: Dataset) -> Staged | None:

@@ -22,7 +22,7 @@ read against the same derivation:
    a brute force over every unit row level, the ranks and the window leave, in L1 and
    squared L2 under both relations;
 4. how budgets add up across queries (``accounting.Composition``, which the ledger's
-   tallies in ``service/budget_scopes.py`` and ``compose`` both use): exact rational sums.
+   tallies in ``ledger/scopes.py`` and ``compose`` both use): exact rational sums.
 
 The last test breaks each in ``dp/`` (one partition fewer, one partition for a distinct
 unit, one row or one group short, the largest charge for the sum) and sees the tests
@@ -41,8 +41,8 @@ from dpmagic.gate.dp.contribution import Contribution
 from dpmagic.gate.dp.counts import count_sensitivity
 from dpmagic.gate.dp.quantiles import selection_distance
 from dpmagic.gate.dp.sums import sum_l2_squared, sum_sensitivity
+from dpmagic.gate.ledger.scopes import GRANTED, Tally
 from dpmagic.gate.policy import Budget, Neighbouring
-from dpmagic.gate.service.budget_scopes import GRANTED, Tally
 from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
 from dpmagic.gate.sql.kinds import MeasureKind
@@ -328,7 +328,7 @@ def test_budgets_add_up_every_charge_exactly(n):
 
 
 def test_a_scopes_tally_spends_and_grants_by_that_composition():
-    """The ledger's tally of one scope (``service/budget_scopes.Tally``), fed the rows of
+    """The ledger's tally of one scope (``ledger/scopes.Tally``), fed the rows of
     charges and grants, stands at the exact sums: its spending is the charges composed,
     its limit the policy's plus every grant."""
     tally = Tally()
