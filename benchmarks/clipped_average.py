@@ -39,9 +39,9 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
+from dpmagic.gate import clip_releases
 from dpmagic.gate.engine import Engine
 from dpmagic.gate.policy import load_policy
-from dpmagic.gate.sql import clip_releases
 
 POLICY = """
 [gate]

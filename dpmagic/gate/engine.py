@@ -32,13 +32,14 @@ from typing import Any
 from msgspec.structs import replace as replace_struct
 
 from dpmagic import protocol
+from dpmagic.gate import clip_releases, staged_releases
 from dpmagic.gate.admission import Admission
 from dpmagic.gate.analysis_cache import BYTES_PER_CHAR, AnalysisCache
 from dpmagic.gate.dp.accounting import Accountant, AccountantError, Cost, make_accountant
 from dpmagic.gate.dp.calibration import Accuracy
 from dpmagic.gate.dp.levels import REPORT_ALPHA
 from dpmagic.gate.dp.mechanisms import calibrate
-from dpmagic.gate.engines.interface import OutOfResources
+from dpmagic.gate.engines.interface import OutOfResources, PublicRead
 from dpmagic.gate.engines.registry import open_store
 from dpmagic.gate.failures import (
     BadRequest,
@@ -55,13 +56,13 @@ from dpmagic.gate.ledger.store import Charge, Ledger
 from dpmagic.gate.ledger.views import budget_views, history_entries
 from dpmagic.gate.membership import Membership
 from dpmagic.gate.padding import PrivateRead
-from dpmagic.gate.policy import AccountantKind, Dataset, Policy, PolicyError
+from dpmagic.gate.policy import Dataset, Policy, PolicyError
 from dpmagic.gate.policy.values import Sharing
 from dpmagic.gate.preview import PreviewRequest, utility_preview
-from dpmagic.gate.public_reads import PublicRead, public_read
+from dpmagic.gate.public_reads import public_read
 from dpmagic.gate.reply import Reply
-from dpmagic.gate.request import QueryRequest
-from dpmagic.gate.sql import bounding_report, clip_releases, staged_releases
+from dpmagic.gate.request import QueryRequest, asked_budget, tightened
+from dpmagic.gate.sql import bounding_report
 from dpmagic.gate.sql.clip import ClipBounds, ClipMoved, Clipped
 from dpmagic.gate.sql.limits import deadline
 from dpmagic.gate.sql.pipeline import Analysed, Answer, Asked, analyse, execute, generate
@@ -210,7 +211,7 @@ class Engine:
         for the engine's life, and none of it of the data. Kept per user, so the time
         of a reply never says whether someone else sent the same text. A refusal is
         not remembered (it raises), so it is analysed again each time."""
-        eps, delta = _asked(dataset, request)
+        eps, delta = asked_budget(dataset, request)
         try:
             params = json.dumps(request.params, sort_keys=True)
         except (TypeError, ValueError):  # not from a JSON body: not worth a key
@@ -353,7 +354,7 @@ class Engine:
     def _clipped(self, user: str, request: QueryRequest, reads: PrivateRead) -> Reply:
         """A query whose sums are clipped at value bounds it chooses privately: its
         releases (the bounds, the rule, the values moved, the query), each a query of
-        its own in the ledger, and its reply are ``sql/clip_releases.answer``'s."""
+        its own in the ledger, and its reply are ``clip_releases.answer``'s."""
         return clip_releases.answer(self, user, request, reads)
 
     def _query(self, user: str, request: QueryRequest, reads: PrivateRead) -> Reply:
@@ -664,7 +665,7 @@ def plan_request(dataset: Dataset, accountant: Accountant, request: QueryRequest
     """A request's plan, with the dataset's defaults filled in (``pipeline.analyse``):
     a function of the request, the policy and the accountant alone, which the owner's
     tools (``owner.preview``) call as the engine does."""
-    epsilon, delta = _asked(dataset, request)
+    epsilon, delta = asked_budget(dataset, request)
     accuracy = None
     if request.accuracy is not None:
         accuracy = Accuracy(request.accuracy, request.alpha)
@@ -688,7 +689,7 @@ def _envelope(dataset: Dataset, analysis: Analysis, request: QueryRequest) -> Qu
     the bounds it is answered under, and what was asked (the policy's defaults filled
     in), with a clipped query's choice of bounds."""
     the_plan = analysis.plan
-    eps, delta = _asked(dataset, request)
+    eps, delta = asked_budget(dataset, request)
     # What was asked, with the policy's defaults filled in: a transcript of released
     # answers is matched on it where no gate can analyse. Each release of a clipped
     # query echoes the whole ε asked, the first two marked so that a transcript tells
@@ -786,39 +787,3 @@ def count_error(dataset: Dataset) -> dict[str, object]:
         "grouped": error(grouped),
         "tables": tables,
     }
-
-
-def _default_delta(dataset: Dataset) -> float:
-    """A query's δ when it names none (``protocol.default_delta``)."""
-    return protocol.default_delta(
-        dataset.query_default.delta,
-        dataset.accountant == AccountantKind.ZCDP,
-        dataset.notebook_budget.delta,
-    )
-
-
-def _asked(dataset: Dataset, request: QueryRequest) -> tuple[float, float]:
-    """The (ε, δ) a query is asked at: the request's, else the policy's default."""
-    epsilon = request.epsilon if request.epsilon is not None else dataset.query_default.epsilon
-    return epsilon, request.delta if request.delta is not None else _default_delta(dataset)
-
-
-def tightened(dataset: Dataset, request: QueryRequest) -> Dataset:
-    """``dataset`` with the contribution bounds the request chose, which may only be
-    tighter than the policy's: a unit then brings fewer rows, the noise is smaller at
-    the same ε, and more of the unit's rows are left out. The plan, its cost, the dry
-    run and the replay key all read the tightened dataset, so nothing else needs to
-    know. Above the policy's is refused, free, naming it."""
-    asked = {
-        "max_partitions": request.max_partitions,
-        "max_rows_per_partition": request.max_rows_per_partition,
-    }
-    for key, value in asked.items():
-        limit = getattr(dataset, key)
-        if value is not None and value > limit:
-            raise BadRequest(
-                f"`{key}` may only tighten the policy's bound: at most {limit} here; "
-                "nothing was charged"
-            )
-    chosen = {k: v for k, v in asked.items() if v is not None}
-    return replace(dataset, **chosen) if chosen else dataset

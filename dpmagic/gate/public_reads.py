@@ -22,10 +22,9 @@ decides what runs, twice:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from sqlglot import exp
 
+from dpmagic.gate.engines.interface import PublicRead
 from dpmagic.gate.failures import Refused
 from dpmagic.gate.policy import Dataset
 from dpmagic.gate.sql.check import (
@@ -48,18 +47,6 @@ CLAUSES: tuple[type[exp.Expression], ...] = (
 ALLOWED = (*CLAUSES, *SCALAR_NODES, *DATE_PARTS, *TEXT_FUNCTIONS, *CONCATENATION, *AGGREGATES)
 
 
-@dataclass(frozen=True)
-class PublicRead:
-    """A query over public tables only, as the gate will run it: the vetted tree, never
-    the user's text, which each engine renders in its own dialect (``sql``)."""
-
-    tree: exp.Select
-    limit: int
-
-    def sql(self, dialect: str) -> str:
-        return self.tree.sql(dialect=dialect)
-
-
 def public_read(sql: str, params: dict, dataset: Dataset) -> PublicRead | None:
     """The query as a public read, or None where it reads a private table or anything
     the allow-list does not name (it then goes the usual way). Refused where it reads
@@ -72,7 +59,7 @@ def public_read(sql: str, params: dict, dataset: Dataset) -> PublicRead | None:
             "the query reads only public tables, which this dataset does not serve "
             "plainly: the owner can allow it with public_tables_readable = true"
         )
-    return PublicRead(tree, dataset.public_row_limit)
+    return PublicRead(tree, dataset.public_row_limit, ALLOWED)
 
 
 def released_read(tree: exp.Select, dataset: Dataset, public: tuple[str, ...]) -> PublicRead:
@@ -92,7 +79,7 @@ def released_read(tree: exp.Select, dataset: Dataset, public: tuple[str, ...]) -
             "after its releases the query uses what a plain read does not allow (a "
             "window, a table function): select, filter, join, group, order"
         )
-    return PublicRead(tree, dataset.public_row_limit)
+    return PublicRead(tree, dataset.public_row_limit, ALLOWED)
 
 
 def _public_only(tree: exp.Select, dataset: Dataset) -> bool:

@@ -1,18 +1,23 @@
 """What a query asks, from the request's body: its fields checked for form only (types,
 ranges, the fields that go together), never its SQL, so that a malformed body is
 refused (``InvalidBody``, nothing charged) before anything is analysed; the engine
-(``engine.py``) takes the checked ``QueryRequest`` from here."""
+(``engine.py``) takes the checked ``QueryRequest`` from here. What a request asks of its
+dataset (its ε and δ, ``asked_budget``; its tighter bounds, ``tightened``) is here too,
+read alike by the engine and by the queries of several releases
+(``clip_releases.py``, ``staged_releases.py``)."""
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import msgspec
 
+from dpmagic import protocol
 from dpmagic.gate.dp.levels import REPORT_ALPHA
-from dpmagic.gate.failures import InvalidBody
+from dpmagic.gate.failures import BadRequest, InvalidBody
+from dpmagic.gate.policy import AccountantKind, Dataset
 from dpmagic.gate.sql.clip import ClipBounds, ClipMoved, ClipStage
 from dpmagic.protocol import FIELDS, WIRE_VERSION, Ask
 
@@ -201,3 +206,39 @@ def _whole(value: int | None, key: str) -> int | None:
     if value is not None and value < 1:
         raise InvalidBody(f"`{key}` must be a whole number ≥ 1")
     return value
+
+
+def default_delta(dataset: Dataset) -> float:
+    """A query's δ when it names none (``protocol.default_delta``)."""
+    return protocol.default_delta(
+        dataset.query_default.delta,
+        dataset.accountant == AccountantKind.ZCDP,
+        dataset.notebook_budget.delta,
+    )
+
+
+def asked_budget(dataset: Dataset, request: QueryRequest) -> tuple[float, float]:
+    """The (ε, δ) a query is asked at: the request's, else the policy's default."""
+    epsilon = request.epsilon if request.epsilon is not None else dataset.query_default.epsilon
+    return epsilon, request.delta if request.delta is not None else default_delta(dataset)
+
+
+def tightened(dataset: Dataset, request: QueryRequest) -> Dataset:
+    """``dataset`` with the contribution bounds the request chose, which may only be
+    tighter than the policy's: a unit then brings fewer rows, the noise is smaller at
+    the same ε, and more of the unit's rows are left out. The plan, its cost, the dry
+    run and the replay key all read the tightened dataset, so nothing else needs to
+    know. Above the policy's is refused, free, naming it."""
+    asked = {
+        "max_partitions": request.max_partitions,
+        "max_rows_per_partition": request.max_rows_per_partition,
+    }
+    for key, value in asked.items():
+        limit = getattr(dataset, key)
+        if value is not None and value > limit:
+            raise BadRequest(
+                f"`{key}` may only tighten the policy's bound: at most {limit} here; "
+                "nothing was charged"
+            )
+    chosen = {k: v for k, v in asked.items() if v is not None}
+    return replace(dataset, **chosen) if chosen else dataset

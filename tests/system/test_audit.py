@@ -328,7 +328,7 @@ def test_a_staged_release_spends_no_more_than_it_claims(engines, record_property
 def test_the_audit_flags_a_staged_release_charged_as_one(engines, monkeypatch, record_property):
     """Broken on purpose: each stage spends the whole ε asked, as if the query were one
     release; the audit sees about twice the claim."""
-    from dpmagic.gate.sql import staged_releases
+    from dpmagic.gate import staged_releases
 
     monkeypatch.setattr(staged_releases, "shares", lambda stages: 1.0)
     result = _staged_audit(engines["correct"], STAGED_BROKEN_SAMPLES)

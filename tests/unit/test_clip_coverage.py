@@ -1,5 +1,5 @@
 """``--clip`` says what a clipped cell holds (issue 39, item 3; ``sql/clip.py``'s rule,
-``sql/clip_releases.py``'s releases and reply).
+``clip_releases.py``'s releases and reply).
 
 On two generated data sets like the issue's: travel times by mode, one row per
 traveller and mode, air's times far below the others' (a grouped column whose
@@ -33,8 +33,8 @@ from collections import defaultdict
 
 import pytest
 
+from dpmagic.gate import clip_releases
 from dpmagic.gate.engine import Engine
-from dpmagic.gate.sql import clip_releases
 from dpmagic.gate.sql.clip import clipped
 from tests.gate_helpers import running_engine
 

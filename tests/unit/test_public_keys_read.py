@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from dpmagic.gate.engine import Engine, tightened
+from dpmagic.gate.engine import Engine
 from dpmagic.gate.policy import load_policy
-from dpmagic.gate.request import QueryRequest
+from dpmagic.gate.request import QueryRequest, tightened
 from tests import shop
 
 BY_BRAND = (

@@ -20,10 +20,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlglot import exp
 
+from dpmagic.gate import staged_releases
 from dpmagic.gate.engine import Engine
 from dpmagic.gate.failures import Refused
 from dpmagic.gate.policy import load_policy
-from dpmagic.gate.sql import released_tables, staged_releases
+from dpmagic.gate.sql import released_tables
 from dpmagic.gate.sql.parse import parse
 from dpmagic.gate.sql.released_tables import tabled
 from dpmagic.gate.sql.staged import MAX_KEYS, STAND_IN, split

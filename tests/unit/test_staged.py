@@ -1,4 +1,4 @@
-"""Releases inside a query (``sql/staged.py``, ``sql/staged_releases.py``): a subquery
+"""Releases inside a query (``sql/staged.py``, ``staged_releases.py``): a subquery
 used as a value is released first with its share of ε, and the query compares rows
 with the released value. The tree rules on their own; the whole path on a real
 engine (its ledger, its replays, its dry run); and the property the stand-in rests
@@ -14,11 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dpmagic.gate import staged_releases
 from dpmagic.gate.dp.accounting import make_accountant
 from dpmagic.gate.engine import Engine
 from dpmagic.gate.failures import GateError, OverBudget, Refused
 from dpmagic.gate.policy import load_policy
-from dpmagic.gate.sql import staged_releases
 from dpmagic.gate.sql.parse import parse
 from dpmagic.gate.sql.pipeline import Asked, analyse
 from dpmagic.gate.sql.staged import STAND_IN, split

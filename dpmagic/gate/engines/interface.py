@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import pyarrow as pa
+from sqlglot import exp
 
 from dpmagic.gate.engines.dialect import Dialect
 from dpmagic.gate.engines.versions import Versions
@@ -90,6 +91,22 @@ class ExactResult:
 
 
 Batches = Callable[[pa.RecordBatch], pa.RecordBatch]
+
+
+@dataclass(frozen=True)
+class PublicRead:
+    """A query over public tables only, as the gate will run it (``public_reads.py``):
+    the vetted tree, never the user's text, which each engine renders in its own
+    dialect (``sql``); at most ``limit`` rows fetched; and ``allowed``, the node kinds
+    the gate's vetting let through, which an engine whose own guard parses the
+    rendered text again checks it against (Spark's)."""
+
+    tree: exp.Select
+    limit: int
+    allowed: tuple[type[exp.Expression], ...]
+
+    def sql(self, dialect: str) -> str:
+        return self.tree.sql(dialect=dialect)
 
 
 class Store(Protocol):

@@ -36,7 +36,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 import duckdb
 import pyarrow as pa
@@ -50,6 +50,7 @@ from dpmagic.gate.engines.interface import (
     VETTED_CACHE_SIZE,
     Batches,
     ExactResult,
+    PublicRead,
     drawn_timeout,
     within_max_rows,
 )
@@ -57,9 +58,6 @@ from dpmagic.gate.engines.ranking import RANK, SQL_TYPES, bounded_by_units, load
 from dpmagic.gate.engines.versions import versions
 from dpmagic.gate.failures import Refused, required
 from dpmagic.gate.policy import Column, Dataset, GateConfig, PolicyError, Table
-
-if TYPE_CHECKING:
-    from dpmagic.gate.public_reads import PublicRead
 
 log = logging.getLogger("dpmagic.gate")
 T = TypeVar("T")

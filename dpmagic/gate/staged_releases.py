@@ -24,6 +24,7 @@ from msgspec.structs import replace as replace_struct
 from dpmagic.gate.failures import Refused, required
 from dpmagic.gate.policy import Dataset
 from dpmagic.gate.public_reads import released_read
+from dpmagic.gate.request import asked_budget, tightened
 from dpmagic.gate.sql.parse import parse
 from dpmagic.gate.sql.released_tables import Tabled
 from dpmagic.gate.sql.released_tables import tabled as split_tabled
@@ -52,11 +53,9 @@ def answer(
     """The reply of a query with stages (``Engine.respond``): the last release's, with
     ``stages`` and ``cost`` the sum of all. A dry run shows the last stage's plan over
     the stand-in values and the cost of all."""
-    from dpmagic.gate.engine import _asked, tightened  # the engine imports this module
-
     _asked_by_epsilon(request)
     dataset = tightened(engine._dataset(request.dataset), request)
-    eps, delta = _asked(dataset, request)
+    eps, delta = asked_budget(dataset, request)
     share = shares(len(stages.stages))
     part = replace(request, params={}, epsilon=eps * share, delta=delta * share)
     asks = [replace(part, sql=sql) for sql in stages.stages]
@@ -140,11 +139,9 @@ def answer_tabled(
     with its share of the query's (ε, δ), then the rest read plainly over the released
     rows and the public tables. Every release's analysis and the rest's vetting come
     before the first debit; a dry run runs none of them."""
-    from dpmagic.gate.engine import _asked, tightened  # the engine imports this module
-
     _asked_by_epsilon(request)
     dataset = tightened(engine._dataset(request.dataset), request)
-    eps, delta = _asked(dataset, request)
+    eps, delta = asked_budget(dataset, request)
     share = 1 / len(tables.releases)
     part = replace(request, params={}, epsilon=eps * share, delta=delta * share)
     asks = [replace(part, sql=r.sql) for r in tables.releases]

@@ -17,9 +17,9 @@ what the cells' intervals hold, and the values moved. The client renders it.
 ``answer`` is meant as the engine's ``Engine._clipped`` (a one-line delegate there,
 and ``Engine._envelope`` building the query release's ``clip`` with ``facts``, so
 that the ledger and transcripts keep it): it reads the engine's analysis, its
-one-query path (``Engine.analysis``, ``Engine._query``, ``Engine._dataset``) and its
-``tightened`` and ``_asked``, and nothing else of it. Until the engine delegates,
-the engine's own two releases run (``clipped`` given the row alone: the bounds as
+one-query path (``Engine.analysis``, ``Engine._query``, ``Engine._dataset``), and
+``request.py``'s ``tightened`` and ``asked_budget``. Until the engine delegates, the
+engine's own two releases run (``clipped`` given the row alone: the bounds as
 released, no rule), and tests and the benchmark install ``answer`` themselves.
 """
 
@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from dpmagic.gate.failures import Failed, required
 from dpmagic.gate.policy import AccountantKind
+from dpmagic.gate.request import asked_budget, tightened
 from dpmagic.gate.sql.clip import (
     DATA,
     LEVELS,
@@ -63,11 +64,9 @@ def answer(engine: Engine, user: str, request: QueryRequest, reads: PrivateRead)
     """A clipped query's reply (``Engine._clipped``): its releases in order, the reply
     of the last with ``clip`` saying what the others decided and ``cost`` their sum. A
     dry run shows the query's plan before any bound is chosen."""
-    from dpmagic.gate.engine import _asked, tightened  # the engine imports this module
-
     share = required(request.clip, "the clip's share")
     dataset = tightened(engine._dataset(request.dataset), request)
-    eps, delta = _asked(dataset, request)
+    eps, delta = asked_budget(dataset, request)
     rest = replace(request, epsilon=eps * (1 - share), whole_epsilon=eps)
     main = engine.analysis(user, dataset, rest).plan
     if request.dry_run:
