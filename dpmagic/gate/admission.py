@@ -76,7 +76,8 @@ class Admission:
         with self._changed:
             self._changed.wait_for(lambda: user not in self._users)
             self._users.add(user)
-        share: Shared | None = self.sharing.join()
+        share = self.sharing.join()
+        left = False  # whether ``share`` left already, to be run again
         try:
             with sharing.counted_on(share):
                 return query()
@@ -85,9 +86,9 @@ class Admission:
                 raise
             beside = self.sharing.others(share)
             self._leave(share, None)
-            share = None
+            left = True
         finally:
-            if share is not None:
+            if not left:
                 self._leave(share, user)
         try:
             self.sharing.wait_gone(beside)

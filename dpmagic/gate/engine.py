@@ -27,7 +27,7 @@ import threading
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 from msgspec.structs import replace as replace_struct
 
@@ -65,6 +65,7 @@ from dpmagic.gate.request import QueryRequest, asked_budget, tightened
 from dpmagic.gate.sql import bounding_report
 from dpmagic.gate.sql.clip import ClipBounds, ClipMoved, Clipped
 from dpmagic.gate.sql.limits import deadline
+from dpmagic.gate.sql.parse import Param
 from dpmagic.gate.sql.pipeline import Analysed, Answer, Asked, analyse, execute, generate
 from dpmagic.gate.sql.plan_types import Plan
 from dpmagic.gate.sql.rewrite import Rewritten
@@ -86,7 +87,7 @@ class Analysis:
     the analysis passes' result (``pipeline``) and the replay key."""
 
     analysed: Analysed
-    replay_key: str
+    replay_key: ReplayKey
     bounds: protocol.Bounding  # ``bounding_report.statement``: the bounds every answer is over
 
     @property
@@ -632,7 +633,7 @@ class Engine:
         versions of the data and of the policy facts the plan read (``engines/versions.versions``:
         the dataset's settings and the declarations of the tables it scans), so that a
         changed data file or bound never replays an answer computed before it."""
-        identity = {
+        identity: dict[str, object] = {
             "v": ANSWER_VERSION,
             "dataset": dataset.name,
             "sql": the_plan.checked.resolved.canonical,
@@ -671,7 +672,8 @@ def plan_request(dataset: Dataset, accountant: Accountant, request: QueryRequest
         accuracy = Accuracy(request.accuracy, request.alpha)
     asked = Asked(
         request.sql,
-        request.params,
+        # The body's values as it sent them; the parse refuses any that is not a Param.
+        cast(dict[str, Param], request.params),
         epsilon,
         delta,
         accuracy,

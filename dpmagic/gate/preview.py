@@ -26,6 +26,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal
+from functools import partial
 
 from sqlglot import exp
 
@@ -173,8 +174,8 @@ def utility_preview(
                 "sql": kind.sql,
                 "at_accuracy": None
                 if accuracy is None
-                else option(lambda k=kind: at_accuracy(k, analyse, accuracy, rows)),
-                "at_default": option(lambda k=kind: at_default(k, analyse, rows)),
+                else option(partial(at_accuracy, kind, analyse, accuracy, rows)),
+                "at_default": option(partial(at_default, kind, analyse, rows)),
             }
         )
     return {

@@ -240,5 +240,11 @@ def tightened(dataset: Dataset, request: QueryRequest) -> Dataset:
                 f"`{key}` may only tighten the policy's bound: at most {limit} here; "
                 "nothing was charged"
             )
-    chosen = {k: v for k, v in asked.items() if v is not None}
-    return replace(dataset, **chosen) if chosen else dataset
+    partitions, rows = request.max_partitions, request.max_rows_per_partition
+    if partitions is None and rows is None:
+        return dataset
+    return replace(
+        dataset,
+        max_partitions=dataset.max_partitions if partitions is None else partitions,
+        max_rows_per_partition=dataset.max_rows_per_partition if rows is None else rows,
+    )

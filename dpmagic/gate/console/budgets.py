@@ -7,6 +7,7 @@ Here the page's text is gathered; ``templates/budgets.html`` draws it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, cast
 
 from dpmagic.gate import owner
 from dpmagic.gate.console.charts import Bar, Chart, bar, spending_chart
@@ -141,7 +142,9 @@ def _preview(policy: Policy, ledger: Ledger | None, name: str, accuracy: float |
     against = "the dataset budget left" if found["against"] == "dataset" else "a new user's budgets"
     heads = ["query", "asked with", "cost ε", "± at 95%", "more that fit"]
     rows = []
-    for kind in found["kinds"]:  # type: ignore[union-attr]
+    # The preview's JSON, as ``%dpbudget`` reads it: a list of each kind's dict.
+    kinds = cast(list[dict[str, Any]], found["kinds"])
+    for kind in kinds:
         what = "count" if kind["kind"] == "count" else f"mean of {kind['column']}"
         what += f" ({kind['table']})"
         for key in ("at_accuracy", "at_default"):

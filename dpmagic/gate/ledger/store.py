@@ -368,7 +368,9 @@ class Ledger:
             if chosen is None:
                 return None
             price, release, missing = chosen
-            charged, charged_to, standing = Cost(0.0), (), []
+            charged = Cost(0.0)
+            charged_to: tuple[Scope, ...] = ()
+            standing: list[tuple[Scope, Cost, Budget, tuple[str, str] | None]] = []
             if price:
                 charged = release.cost
                 due = [
@@ -504,7 +506,8 @@ class Ledger:
         notebook's, as before scopes), for a charge the groups it counted for, and for
         a refusal its reason; ``refusals=False`` leaves refusals out (a user's own
         history shows what was charged or replayed)."""
-        where, args = [], []
+        where: list[str] = []
+        args: list[object] = []
         if not refusals:
             where.append("e.status <> ?")
             args.append(REFUSED)

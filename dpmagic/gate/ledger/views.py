@@ -32,11 +32,13 @@ def budget_views(
     group_views: dict[str, dict[str, object]] = {}
     binding = None
     least: dict[str, float] = {}
+    notebook_view: dict[str, object] = {}  # always among ``limits``
     for (scope, base), (spent, limit) in zip(limits, standing, strict=True):
-        view: dict[str, object] = dict(accountant.view(spent, limit))
+        shown = accountant.view(spent, limit)
+        view: dict[str, object] = dict(shown)
         if base.renew is not None:
             view["renew"] = {"period": base.renew.value, "next": next_period(base.renew, now)}
-        remaining = view["remaining"]
+        remaining = shown["remaining"]
         if binding is None or remaining["epsilon"] < least["epsilon"]:
             binding = scope
         least = {k: min(v, least.get(k, v)) for k, v in remaining.items()}
@@ -46,9 +48,10 @@ def budget_views(
             views["dataset_budget"] = view
         else:
             views[scope.kind.value] = view
-    notebook_view = views["notebook"]
-    notebook_view["remaining"] = least  # type: ignore[index]
-    notebook_view["binding"] = required(binding, "a budget").as_dict()  # type: ignore[index]
+            if scope.kind == ScopeKind.NOTEBOOK:
+                notebook_view = view
+    notebook_view["remaining"] = least
+    notebook_view["binding"] = required(binding, "a budget").as_dict()
     if group_views:
         views["groups"] = group_views
     return views

@@ -21,6 +21,7 @@ from dpmagic.gate.policy.schema import (
     DatasetShape,
     GateShape,
     PolicyShape,
+    ResponseShape,
     SparkShape,
     TableShape,
     decode,
@@ -260,7 +261,8 @@ def _conf(spark: SparkShape, where: str) -> tuple[tuple[str, str], ...]:
     """The session's settings as Spark reads them: text, booleans in lower case."""
     pairs = []
     for key, raw in spark.conf.items():
-        value = decode(raw, ConfValue, f"{where}.spark.conf.{key}")
+        # A union is a type to msgspec, not to mypy's ``type[T]``.
+        value: ConfValue = decode(raw, ConfValue, f"{where}.spark.conf.{key}")  # type: ignore[arg-type]
         pairs.append((key, str(value).lower() if isinstance(value, bool) else str(value)))
     return tuple(sorted(pairs))
 
@@ -401,7 +403,11 @@ def _column(name: str, raw: object, where: str) -> Column:
 
 def _typed_column(name: str, shape: ColumnShape, where: str) -> Column:
     values = _public_values(shape, where)
-    response = _randomized_response(shape, where) if shape.randomized_response else None
+    response = (
+        _randomized_response(shape, shape.randomized_response, where)
+        if shape.randomized_response
+        else None
+    )
     if shape.type == "str":
         return replace(_text_column(name, shape, values, where), randomized_response=response)
     if shape.max_length is not None:
@@ -435,9 +441,9 @@ def _numeric_bounds(
         raise PolicyError(f"{where}: lower ({lower}) is above upper ({upper})")
     if lower is not None and shape.type == "bool":
         raise PolicyError(f"{where}: bounds apply to int and float columns only")
-    numbers = values is not None and all(_is_number(v) for v in values)
-    if numbers and lower is None and shape.type != "bool":
-        lower, upper = min(values), max(values)
+    found = [v for v in values or () if isinstance(v, int | float) and _is_number(v)]
+    if values and len(found) == len(values) and lower is None and shape.type != "bool":
+        lower, upper = min(found), max(found)
     if shape.type == "bool" and lower is None:
         return 0, 1
     if shape.type == "int" and lower is not None:
@@ -453,7 +459,9 @@ def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _randomized_response(shape: ColumnShape, where: str) -> RandomizedResponse:
+def _randomized_response(
+    shape: ColumnShape, declared: ResponseShape, where: str
+) -> RandomizedResponse:
     """``randomized_response = { p = … }``: the debiasing divides by ``p`` (in (0, 1],
     ``schema.py``) and spreads the other answers over ``public_values``, so a column
     needs at least two and no bounds of its own."""
@@ -468,7 +476,7 @@ def _randomized_response(shape: ColumnShape, where: str) -> RandomizedResponse:
         raise PolicyError(
             f"{at}: the column's bounds are its public_values; remove lower and upper"
         )
-    return RandomizedResponse(p=float(shape.randomized_response.p))
+    return RandomizedResponse(p=float(declared.p))
 
 
 def _text_column(

@@ -55,17 +55,17 @@ class _Shape(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """A TOML table whose keys are known: any other key is an error."""
 
 
-class BudgetShape(_Shape):
+class BudgetShape(_Shape, frozen=True):
     epsilon: NonNegative
     delta: Below1 = 0.0
     renew: Period | None = None
 
 
-class ResponseShape(_Shape):
+class ResponseShape(_Shape, frozen=True):
     p: Chance
 
 
-class ColumnShape(_Shape):
+class ColumnShape(_Shape, frozen=True):
     type: Literal["int", "float", "str", "bool", "date"]
     # A number or a date, as the column's type says: checked in ``parsing.py``.
     lower: Any = None
@@ -76,7 +76,7 @@ class ColumnShape(_Shape):
     not_null: bool = False
 
 
-class TableShape(_Shape):
+class TableShape(_Shape, frozen=True):
     public: bool = False
     columns: dict[str, Any] = {}
     unit: str | None = None
@@ -84,14 +84,14 @@ class TableShape(_Shape):
     max_rows_per_unit: Whole | None = None
 
 
-class SparkShape(_Shape):
+class SparkShape(_Shape, frozen=True):
     master: Text | None = None
     remote: Text | None = None
     conf: dict[str, Any] = {}
     prepared: Text | None = None
 
 
-class DatasetShape(_Shape):
+class DatasetShape(_Shape, frozen=True):
     user_budget: BudgetShape
     tables: dict[str, Any]
     database: Text | None = None
@@ -117,7 +117,7 @@ class DatasetShape(_Shape):
     public_row_limit: Whole = DEFAULT_PUBLIC_ROW_LIMIT
 
 
-class GateShape(_Shape):
+class GateShape(_Shape, frozen=True):
     """The ``[gate]`` table; its defaults are ``GateConfig``'s, stated once there."""
 
     listen: str | None = None  # a socket next to the policy file, unless set
@@ -130,7 +130,7 @@ class GateShape(_Shape):
     threads: Whole = GateConfig.threads
 
 
-class PolicyShape(_Shape):
+class PolicyShape(_Shape, frozen=True):
     datasets: dict[str, Any]
     gate: GateShape = msgspec.field(default_factory=GateShape)
     groups: dict[str, Any] = {}

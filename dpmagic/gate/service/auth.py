@@ -18,7 +18,7 @@ import stat
 import struct
 import tomllib
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from dpmagic.gate.failures import Unauthorized
 from dpmagic.gate.membership import Membership
@@ -28,7 +28,7 @@ _CREDENTIALS = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
 class Headers(Protocol):
-    def get(self, name: str, default: None = None) -> str | None: ...
+    def get(self, name: str, /) -> str | None: ...
 
 
 class Request(Protocol):
@@ -112,6 +112,16 @@ class TokenAuth:
         return found
 
 
+class HubClient(Protocol):
+    """What the gate asks of jupyterhub's ``HubAuth`` (a test hands in its own)."""
+
+    access_scopes: set[str]
+
+    def user_for_token(self, token: str, *, sync: bool) -> dict[str, Any] | None: ...
+
+    def check_scopes(self, required_scopes: set[str], model: dict[str, Any]) -> set[str]: ...
+
+
 class HubTokenAuth:
     """JupyterHub: the bearer token is a Hub API token, resolved by the Hub.
 
@@ -137,10 +147,12 @@ class HubTokenAuth:
     # working soon.
     CACHE_S = 60
 
-    def __init__(self, hub_auth: object | None = None) -> None:
+    def __init__(self, hub_auth: HubClient | None = None) -> None:
         from jupyterhub.services.auth import HubAuth
 
-        self._hub = hub_auth if hub_auth is not None else HubAuth(cache_max_age=self.CACHE_S)
+        self._hub: HubClient = (
+            hub_auth if hub_auth is not None else HubAuth(cache_max_age=self.CACHE_S)
+        )
         self.scopes: set[str] = set(self._hub.access_scopes)
         if not self.scopes:
             raise HubConfigError(

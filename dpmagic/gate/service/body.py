@@ -17,6 +17,7 @@ of a few fields, with parameters that are scalars or short lists.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 
 from dpmagic.gate.failures import InvalidBody
 
@@ -80,6 +81,7 @@ def _check_depth(value: object) -> None:
     stack: list[tuple[object, int]] = [(value, 0)]
     while stack:
         item, depth = stack.pop()
+        children: Iterable[object]
         if isinstance(item, dict):
             children = item.values()
         elif isinstance(item, list):

@@ -115,7 +115,7 @@ def wants_arrow(accept: str | None) -> bool:
     """Whether an ``Accept`` header prefers Arrow's stream to JSON: Arrow listed with a
     quality above 0 and at least JSON's (a JSON type not listed counts as 0; ``*/*``
     and no header at all mean JSON, which every client reads)."""
-    quality = {}
+    quality: dict[str, float] = {}
     for item in (accept or "").split(","):
         kind, *params = (p.strip() for p in item.split(";"))
         q = 1.0
@@ -162,7 +162,12 @@ def send_and_close(stream: iostream.IOStream, error: GateError) -> None:
     if written.done():  # the usual case: closed at once, not a loop turn later
         stream.close()
     else:
-        written.add_done_callback(lambda done: (done.exception(), stream.close()))
+
+        def close(done: asyncio.Future[None]) -> None:
+            done.exception()  # read, so that a failed write is not logged as unread
+            stream.close()
+
+        written.add_done_callback(close)
 
 
 class Exchange(httputil.HTTPMessageDelegate):

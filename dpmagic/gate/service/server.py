@@ -65,6 +65,7 @@ from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from tornado import httputil, iostream
 from tornado.http1connection import HTTP1ConnectionParameters, HTTP1ServerConnection
@@ -227,10 +228,11 @@ class Server(TCPServer, httputil.HTTPServerConnectionDelegate):
     def start_request(
         self, server_conn: object, request_conn: httputil.HTTPConnection
     ) -> httputil.HTTPMessageDelegate:
-        return Exchange(self, self.open[server_conn], request_conn)  # type: ignore[index]
+        # tornado hands back the connections this server started (``handle_stream``).
+        return Exchange(self, self.open[cast(HTTP1ServerConnection, server_conn)], request_conn)
 
     def on_close(self, server_conn: object) -> None:
-        conn = self.open.pop(server_conn, None)  # type: ignore[arg-type]
+        conn = self.open.pop(cast(HTTP1ServerConnection, server_conn), None)
         if conn is None:
             return
         if conn.user is None:

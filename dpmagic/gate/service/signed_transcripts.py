@@ -21,6 +21,7 @@ import os
 import secrets
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import cast
 
 from dpmagic.gate.ledger.scopes import RELEASED, REPLAYED
 from dpmagic.gate.ledger.store import Ledger
@@ -51,7 +52,7 @@ def export(ledger: Ledger, policy: Policy, user: str, notebook: str) -> dict[str
     for entry in reversed(rows):
         if entry["status"] not in (RELEASED, REPLAYED):
             continue
-        reply = ledger.reply(int(entry["id"]))
+        reply = ledger.reply(cast(int, entry["id"]))  # a row id, an integer in SQLite
         if reply is None or "request" not in reply:
             continue  # a release from before replies named their request
         request = {**reply["request"], "sql": entry["sql"], "dataset": entry["dataset"]}

@@ -43,7 +43,7 @@ import pyarrow as pa
 
 from dpmagic.gate.engines.deadline import within_limit
 from dpmagic.gate.engines.dialect import DUCKDB
-from dpmagic.gate.engines.duckdb.prepared import prepared_file
+from dpmagic.gate.engines.duckdb.prepared import Setting, prepared_file
 from dpmagic.gate.engines.interface import (
     KEY_TYPES,
     MAX_PARTITIONS,
@@ -110,7 +110,7 @@ TRY_BREAKING_OPTIMIZERS = "common_subexpressions"
 DATA_DEPENDENT_OPTIMIZERS = "join_filter_pushdown"
 # The configuration of every connection that runs generated SQL: no file, network,
 # extension or setting can be reached from it, and ``TRY`` means what it says.
-LOCKED: dict[str, object] = {
+LOCKED: dict[str, Setting] = {
     "enable_external_access": False,
     "autoinstall_known_extensions": False,
     "autoload_known_extensions": False,
@@ -292,7 +292,7 @@ class Database:
             names = self._guard(con, sql)
             cursor = con.execute(sql, self._parameters(names))
             if batches is not None:
-                reader = cursor.to_arrow_reader(BATCH_ROWS)
+                reader = required(cursor.to_arrow_reader(BATCH_ROWS), "the result's batches")
                 kept = [batches(batch) for batch in reader]
                 table = pa.Table.from_batches(kept, schema=reader.schema)
                 return ExactResult(rows=[], table=table)
@@ -359,7 +359,7 @@ class Database:
     def _one(self, sql: str) -> int:
         con = self._cursor()
         try:
-            (value,) = con.execute(sql).fetchone()
+            (value,) = required(con.execute(sql).fetchone(), "a count's row")
         finally:
             con.close()
         return int(value or 0)
@@ -417,7 +417,9 @@ class Database:
         statements = con.extract_statements(sql)
         if len(statements) != 1 or statements[0].type != duckdb.StatementType.SELECT:
             raise UnsafeSQL()
-        (text,) = con.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()
+        (text,) = required(
+            con.execute("SELECT json_serialize_sql(?)", [sql]).fetchone(), "the parsed query"
+        )
         tree = json.loads(text)
         if tree.get("error"):
             raise UnsafeSQL()

@@ -45,6 +45,9 @@ from dpmagic.gate.engines.ranking import prepare_tables
 from dpmagic.gate.engines.versions import fingerprint
 from dpmagic.gate.policy import Dataset, GateConfig
 
+# A DuckDB setting's value, as ``duckdb.connect``'s ``config`` takes it.
+Setting = str | bool | int | float | list[str]
+
 log = logging.getLogger("dpmagic.gate")
 
 SUFFIX = ".duckdb"
@@ -87,7 +90,7 @@ def _prepare(dataset: Dataset, target: Path, gate: GateConfig) -> None:
     old = os.umask(0o077)
     spill = Path(tempfile.mkdtemp(prefix=f"{dataset.name}.spill.", dir=target.parent))
     try:
-        config = {
+        config: dict[str, Setting] = {
             "memory_limit": gate.memory_limit,
             "threads": gate.threads,
             "temp_directory": str(spill),

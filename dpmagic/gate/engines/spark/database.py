@@ -26,10 +26,12 @@ from decimal import Decimal
 from typing import TYPE_CHECKING
 
 from dpmagic.gate.engines.deadline import within_limit
+from dpmagic.gate.engines.dialect import Dialect
 from dpmagic.gate.engines.interface import (
     KEY_TYPES,
     MAX_PARTITIONS,
     VETTED_CACHE_SIZE,
+    Batches,
     ExactResult,
     OutOfResources,
     PublicRead,
@@ -76,7 +78,7 @@ class SparkDatabase:
     """A Spark dataset's tables as the engine queries them (``duckdb.database.Database``'s
     interface: ``dialect``, ``vet``, ``run``, ``public_facts``, ``close``)."""
 
-    dialect = SPARK
+    dialect: Dialect = SPARK
     columnar = False  # its rows come through Spark's Python rows (``run``)
 
     def __init__(self, dataset: Dataset, gate: GateConfig) -> None:
@@ -140,14 +142,19 @@ class SparkDatabase:
             self._vetted.add(sql)
 
     def run(
-        self, sql: str, keep: Callable[[list[tuple]], list[tuple]] | None = None
+        self,
+        sql: str,
+        keep: Callable[[list[tuple]], list[tuple]] | None = None,
+        batches: Batches | None = None,
     ) -> ExactResult:
         """The exact rows, waited for until the run's deadline and no longer
         (``deadline.within_limit``): Spark stops a task where it looks for an interrupt
         (between records; inside a regular expression, not at all), and the reply does
         not wait for it; its job group is cancelled from the deadline until its work
         ends. Spark's errors are not quoted: after the debit, a message could carry a
-        value."""
+        value. Never in columns (``columnar`` is false): ``batches`` is refused."""
+        if batches is not None:
+            raise ValueError("Spark's results come as rows: this store is not columnar")
         if sql not in self._vetted:
             guard(sql, self.tables)
         tag = f"dpmagic-{uuid.uuid4().hex}"

@@ -103,7 +103,7 @@ def _histogram_part(node: exp.Expression) -> bool:
 
 
 def _allowed(
-    node: exp.Expression,
+    node: exp.Expr,
     names: frozenset[str] | set[str],
     allowed: tuple[type[exp.Expression], ...] = (),
 ) -> bool:
