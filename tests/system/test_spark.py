@@ -23,6 +23,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from sqlglot import exp
 
 pyspark = pytest.importorskip("pyspark", reason="the spark extra is not installed")
 
@@ -32,14 +33,17 @@ from dpmagic.gate.dp.accounting import make_accountant  # noqa: E402
 from dpmagic.gate.engines.duckdb.database import Database  # noqa: E402
 from dpmagic.gate.engines.interface import OutOfResources  # noqa: E402
 from dpmagic.gate.engines.spark.database import SparkDatabase  # noqa: E402
-from dpmagic.gate.engines.spark.dialect import SPARK, SparkDialect  # noqa: E402
+from dpmagic.gate.engines.spark.dialect import SPARK  # noqa: E402
 from dpmagic.gate.engines.spark.guard import UnsafeSparkSQL  # noqa: E402
 from dpmagic.gate.engines.spark.prepare import prepared_frame  # noqa: E402
 from dpmagic.gate.failures import Failed  # noqa: E402
 from dpmagic.gate.policy import Dataset, PolicyError, parse_policy  # noqa: E402
+from dpmagic.gate.sql import engine_rows  # noqa: E402
 from dpmagic.gate.sql.engine_rows import NotOnSpark  # noqa: E402
 from dpmagic.gate.sql.pipeline import Asked, analyse, generate  # noqa: E402
+from dpmagic.gate.sql.resolve import Resolved  # noqa: E402
 from dpmagic.gate.sql.rewrite import rewrite  # noqa: E402
+from dpmagic.gate.sql.totality import generated  # noqa: E402
 from tests import shop  # noqa: E402
 from tests.conftest import GateProcess  # noqa: E402
 from tests.golden.run import HERE as GOLDEN  # noqa: E402
@@ -562,16 +566,17 @@ def test_the_vet_runs_a_text_on_the_empty_views_each_time_it_is_asked(
     assert store.run(sql).rows == [(600,)]  # remembered for the guard at run time
 
 
-def test_what_spark_refuses_would_fail_on_data_under_ansi_mode(tmp_path: Path) -> None:
-    """The broken version of the profile (every expression taken as total): the query
+def test_what_spark_refuses_would_fail_on_data_under_ansi_mode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The broken version of Spark's rule (every expression taken as total): the query
     passes the empty tables and then fails on the data, after a debit, because one
     unit's value overflows: the failure that the refusal prevents."""
 
-    class Trusting(SparkDialect):
-        def total(self, tree, resolved, condition=False):
-            from dpmagic.gate.sql.totality import generated
-
-            return generated(tree)
+    def trusting(
+        tree: exp.Expression, resolved: Resolved, condition: bool = False
+    ) -> exp.Expression:
+        return generated(tree)
 
     raw = {
         "gate": {"state_dir": str(tmp_path / "state")},
@@ -584,7 +589,8 @@ def test_what_spark_refuses_would_fail_on_data_under_ansi_mode(tmp_path: Path) -
     the_plan = analyse(Asked(sql, {}, 1.0, 0.0), dataset, make_accountant(dataset.accountant))
     with pytest.raises(NotOnSpark):
         rewrite(the_plan, SEED, SPARK)
-    broken = rewrite(the_plan, SEED, Trusting()).sql
+    monkeypatch.setattr(engine_rows, "spark_total", trusting)
+    broken = rewrite(the_plan, SEED, SPARK).sql
     store.vet(broken)  # no row, no failure: the empty copy cannot see it
     with pytest.raises(Failed):
         store.run(broken)
