@@ -42,7 +42,7 @@ target's).
 
 Not a test: timings depend on the machine (its load is printed with them).
 Spark needs the ``spark`` extra and Java 17; Spark refuses what DuckDB
-evaluates under ``TRY`` (``engines/spark/dialect.py``), and the refusals are printed.
+evaluates under ``TRY`` (``sql/engine_rows.py``), and the refusals are printed.
 """
 
 from __future__ import annotations

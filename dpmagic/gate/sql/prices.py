@@ -38,7 +38,7 @@ per-character work:
   its general matcher otherwise) measured linear in the text for any number of
   ``%`` (``'%a%a%a%a%a_c'``: 0.68 as the exponent of the text's length), so the
   product is the worst case; Spark's backtracking matcher is kept to two ``%``
-  (``engines/spark/dialect.py``).
+  (``sql/engine_rows.py``).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ shares one session (the policy requires the same ``master``/``remote`` and
 
 * ``spark.sql.ansi.enabled = true``: arithmetic that overflows raises instead of
   wrapping around silently. Every row expression the gate runs is proven unable
-  to raise (``engines/spark/dialect.py``), so ANSI mode never fails a query on data;
+  to raise (``sql/engine_rows.py``), so ANSI mode never fails a query on data;
   it makes a gate bug loud instead of a wrong answer.
 * ``spark.sql.runSQLOnFiles = false``: no ``parquet.`/path``` table can name a file.
 * ``spark.sql.session.timeZone = UTC``: dates read and compared the same everywhere.
