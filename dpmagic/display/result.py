@@ -21,20 +21,9 @@ import pyarrow as pa
 from msgspec import to_builtins
 
 from dpmagic import wire
-from dpmagic.cells import ALPHA, CellAccuracy, cell_accuracy
-from dpmagic.plan_view import HEADERS, OUTPUT_HEADERS, dominance_warnings, output_rows, plan_rows
-from dpmagic.protocol import (
-    Accuracy,
-    Bounding,
-    Clip,
-    Cost,
-    LeftOut,
-    QueryReply,
-    Shared,
-    Stage,
-    reply_of,
-)
-from dpmagic.render import (
+from dpmagic.display.cells import ALPHA, CellAccuracy, cell_accuracy
+from dpmagic.display.plan import HEADERS, OUTPUT_HEADERS, dominance_warnings, output_rows, plan_rows
+from dpmagic.display.render import (
     BUDGET_METADATA,
     MOCK_LABEL,
     MUTED,
@@ -49,6 +38,17 @@ from dpmagic.render import (
     markdown_escape,
     markdown_table,
     table,
+)
+from dpmagic.protocol import (
+    Accuracy,
+    Bounding,
+    Clip,
+    Cost,
+    LeftOut,
+    QueryReply,
+    Shared,
+    Stage,
+    reply_of,
 )
 
 
@@ -257,7 +257,7 @@ class DPResult:
 
     def plot(self, kind: str = "bar", x: str | None = None, y: str | None = None) -> Any:
         """Bars, a histogram or a line with 95% intervals as error bars (matplotlib)."""
-        from dpmagic.plot import plot
+        from dpmagic.display.plot import plot
 
         return plot(self, kind=kind, x=x, y=y)
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
-from dpmagic.mock import mock_query
+from dpmagic.client.mock import mock_query
+from dpmagic.display.result import DPResult
 from dpmagic.protocol import Ask
-from dpmagic.result import DPResult
 
 
 class Asking(ABC):

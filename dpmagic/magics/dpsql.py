@@ -1,7 +1,7 @@
 """``%%dpsql`` and friends: the notebook's face of the gate.
 
 Everything here runs in the untrusted kernel and only talks to the gate
-through :class:`dpmagic.client.Gate`. Options come from the magic line or
+through :class:`dpmagic.client.http_gate.Gate`. Options come from the magic line or
 from ``%config DpSql.*``; every failure becomes a ``UsageError`` so the cell
 fails with one line that says why, never a traceback: this module's
 ``UsageError``, which IPython shows as its message alone (IPython prints its own
@@ -32,19 +32,19 @@ from IPython.core.magic import (
 from IPython.display import display
 from traitlets import Bool, Enum, Float, Int, Unicode, observe
 
-from dpmagic.budget_view import BudgetView, DatasetBudget
-from dpmagic.client import Gate, connect
-from dpmagic.completion import Sources, make_matcher
-from dpmagic.errors import BudgetExhausted, DPError
-from dpmagic.identity import notebook_name
-from dpmagic.plot import KINDS
-from dpmagic.progress import Interrupted, Progress, wait_for
-from dpmagic.result import DPResult
-from dpmagic.schema_view import SchemaView
-from dpmagic.settings import load_project_settings
-from dpmagic.snippets import Snippets
-from dpmagic.templates import bind_templates
-from dpmagic.transcript import TranscriptGate
+from dpmagic.client.errors import BudgetExhausted, DPError
+from dpmagic.client.http_gate import Gate, connect
+from dpmagic.client.identity import notebook_name
+from dpmagic.client.settings import load_project_settings
+from dpmagic.client.transcript import TranscriptGate
+from dpmagic.display.budget import BudgetView, DatasetBudget
+from dpmagic.display.plot import KINDS
+from dpmagic.display.result import DPResult
+from dpmagic.display.schema import SchemaView
+from dpmagic.magics.completion import Sources, make_matcher
+from dpmagic.magics.progress import Interrupted, Progress, wait_for
+from dpmagic.magics.snippets import Snippets
+from dpmagic.magics.templates import bind_templates
 
 
 class UsageError(IPythonUsageError):

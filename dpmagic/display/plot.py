@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import pandas as pd
 
-from dpmagic.render import MOCK_LABEL, format_value
+from dpmagic.display.render import MOCK_LABEL, format_value
 
 
 class Plotted(Protocol):

@@ -12,8 +12,8 @@ from typing import Any
 
 import pandas as pd
 
-from dpmagic.preview_view import preview_html, preview_markdown, preview_note, preview_text
-from dpmagic.render import (
+from dpmagic.display.preview import preview_html, preview_markdown, preview_note, preview_text
+from dpmagic.display.render import (
     BUDGET_METADATA,
     MUTED,
     STYLE,
