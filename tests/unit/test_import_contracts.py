@@ -1,8 +1,9 @@
 """The import contracts of ``pyproject.toml`` (``lint-imports`` runs them in CI): the
-notebook's side lists every top-level module but the commands, so a new module is
-classified when it is added; and a module of the notebook's side that imports the
-gate is caught by ``lint-imports``, run on a copy of the package with one such
-import added."""
+client side's packages are layers that import only downwards (commands, magics,
+client, display, the shared wire), and the notebook's side lists every top-level
+module and package but the commands and the gate, so a new one is classified when it
+is added. Each contract is shown catching a broken import: ``lint-imports`` run on a
+copy of the package with one such import added."""
 
 from __future__ import annotations
 
@@ -12,9 +13,13 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).parents[2]
-# Commands that start, supervise or set up a gate: they may import it.
-COMMANDS = {"__init__", "__main__", "cli", "demo", "init_policy", "lab", "supervisor"}
+PACKAGE = ROOT / "dpmagic"
+# The package's own entry modules, the commands that start, supervise or set up a
+# gate (they may import it), and the gate itself.
+NOT_THE_NOTEBOOKS_SIDE = {"__init__", "__main__", "commands", "gate"}
 
 
 def _contracts() -> list[dict]:
@@ -22,16 +27,36 @@ def _contracts() -> list[dict]:
     return config["tool"]["importlinter"]["contracts"]
 
 
-def test_the_notebooks_side_lists_every_module_but_the_commands():
-    (client,) = [c for c in _contracts() if c["forbidden_modules"] == ["dpmagic.gate"]]
-    modules = {p.stem for p in (ROOT / "dpmagic").glob("*.py")}
-    assert {m.removeprefix("dpmagic.") for m in client["source_modules"]} == modules - COMMANDS
+def _packages() -> set[str]:
+    return {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+
+
+def test_the_notebooks_side_lists_everything_but_the_commands():
+    (client,) = [c for c in _contracts() if c.get("forbidden_modules") == ["dpmagic.gate"]]
+    top_level = {p.stem for p in PACKAGE.glob("*.py")} | _packages()
+    listed = {m.removeprefix("dpmagic.") for m in client["source_modules"]}
+    assert listed == top_level - NOT_THE_NOTEBOOKS_SIDE
+
+
+def test_every_package_of_the_client_side_is_a_layer():
+    (layers,) = [c for c in _contracts() if c["type"] == "layers"]
+    assert layers["containers"] == ["dpmagic"]
+    named = {name.strip() for layer in layers["layers"] for name in layer.split("|")}
+    assert _packages() - {"gate"} <= named
+    assert layers["layers"][-1] == "protocol | wire"
+
+
+def _copy(tmp_path: Path) -> Path:
+    shutil.copytree(PACKAGE, tmp_path / "dpmagic", ignore=shutil.ignore_patterns(
+        "__pycache__", "labextension", "examples"))  # fmt: skip
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    return tmp_path
 
 
 def _lint(folder: Path) -> subprocess.CompletedProcess[str]:
     linter = Path(sys.executable).parent / "lint-imports"
     return subprocess.run(
-        [str(linter), "--config", str(folder / "pyproject.toml")],
+        [str(linter), str(folder / "pyproject.toml")],
         cwd=folder,
         env={"PYTHONPATH": str(folder), "PATH": ""},
         capture_output=True,
@@ -40,13 +65,34 @@ def _lint(folder: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _add_import(folder: Path, module: str, imported: str) -> None:
+    path = folder / (module.replace(".", "/") + ".py")
+    path.write_text(path.read_text() + f"\nimport {imported}  # noqa\n")
+
+
 def test_a_client_module_importing_the_gate_is_caught(tmp_path):
-    shutil.copytree(ROOT / "dpmagic", tmp_path / "dpmagic", ignore=shutil.ignore_patterns(
-        "__pycache__", "labextension", "examples"))  # fmt: skip
-    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    assert _lint(tmp_path).returncode == 0
-    render = tmp_path / "dpmagic" / "render.py"
-    render.write_text(render.read_text() + "\nimport dpmagic.gate.engine  # noqa\n")
-    broken = _lint(tmp_path)
+    folder = _copy(tmp_path)
+    assert _lint(folder).returncode == 0
+    _add_import(folder, "dpmagic.display.render", "dpmagic.gate.engine")
+    broken = _lint(folder)
     assert broken.returncode != 0
-    assert "dpmagic.render -> dpmagic.gate.engine" in broken.stdout
+    assert "dpmagic.display.render -> dpmagic.gate.engine" in broken.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "imported", "layer", "above"),
+    [
+        ("dpmagic.display.render", "dpmagic.client.http_gate", "display", "client"),
+        ("dpmagic.client.mock", "dpmagic.magics.dpsql", "client", "magics"),
+        ("dpmagic.magics.snippets", "dpmagic.commands.cli", "magics", "commands"),
+        ("dpmagic.wire", "dpmagic.display.result", "wire", "display"),
+    ],
+)
+def test_an_import_up_the_layers_is_caught(tmp_path, module, imported, layer, above):
+    folder = _copy(tmp_path)
+    assert _lint(folder).returncode == 0
+    _add_import(folder, module, imported)
+    broken = _lint(folder)
+    assert broken.returncode != 0
+    assert f"dpmagic.{layer} is not allowed to import dpmagic.{above}" in broken.stdout
+    assert f"{module} -> {imported}" in broken.stdout
