@@ -6,3 +6,7 @@ what the kernel tells the gate about itself (``identity``, ``settings``).
 Above the display (an answer comes back as a ``display.result.DPResult``) and the
 shared wire; it never imports the magics, the commands or the gate.
 """
+
+from dpmagic.client.http_gate import Gate
+
+__all__ = ["Gate"]  # ``from dpmagic.client import Gate``, as before the layers
