@@ -16,7 +16,7 @@ values are declared public, so every group is released. Raw DuckDB reads the
 same file with default settings; the gate serves it from its own process over a
 unix socket (padding off, ε = 1). Each query runs once on each to warm up, then
 on each in turn, run after run: raw DuckDB's ``fetchall()`` (its rows as Python
-tuples, the baseline of issue 30) and the gate through ``dpmagic.client`` to the
+tuples, the baseline of issue 30) and the gate through ``dpmagic.client.http_gate`` to the
 answer's DataFrame (``DPResult.df``). Prints the medians, the ratio, raw DuckDB's
 ``df()`` for reference, the mean relative error of the gate's counts and sums
 against raw DuckDB's exact answer (over 5 more answers, untimed), the gate's peak
@@ -179,7 +179,7 @@ def _table(rows: int, groups: int) -> Path:
 def _measure(database: Path, groups: int, reps: int) -> Measured:
     """Raw DuckDB's and the gate's median times in ms, the gate's mean relative error
     on the counts and on the sums, and the gate's peak memory in MB."""
-    from dpmagic.client import Gate
+    from dpmagic.client.http_gate import Gate
 
     con = duckdb.connect(str(database), read_only=True)
     with tempfile.TemporaryDirectory() as work:
@@ -277,9 +277,9 @@ def _passes(rows: int, group_counts: list[int], reps: int) -> int:
     import time
 
     from dpmagic import wire
+    from dpmagic.display.result import DPResult
     from dpmagic.gate.engine import Engine
     from dpmagic.gate.policy import load_policy
-    from dpmagic.result import DPResult
 
     clocks: dict[str, list[float]] = {}
     for label, module, name in PASSES:

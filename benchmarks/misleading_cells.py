@@ -10,7 +10,7 @@ nothing out. A real gate process serves it over a unix socket (padding off);
 each query of ``QUERIES`` (counts, sums, averages, variances, medians, MIN/MAX,
 arithmetic, HAVING; empty and small groups; tight and loose bounds) runs
 ``--runs`` times at ε = 0.5 (``--epsilon``), fresh each time, through
-``dpmagic.client``; each noisy cell is read as the user reads it, through
+``dpmagic.client.http_gate``; each noisy cell is read as the user reads it, through
 ``DPResult`` (``noise_dominates``, ``accuracy``).
 
 The truth is raw DuckDB's answer to the same SQL on the same rows (no HAVING:
@@ -229,7 +229,7 @@ def start_gate(folder: Path, data: pd.DataFrame) -> tuple[subprocess.Popen, str]
 
 def run(runs: int = RUNS, epsilon: float = EPSILON, queries=QUERIES) -> dict[str, Tally]:
     """Each query ``runs`` times through a real gate; a tally per query."""
-    from dpmagic.client import Gate
+    from dpmagic.client.http_gate import Gate
 
     data = fair()
     con = duckdb.connect()

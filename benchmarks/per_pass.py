@@ -85,7 +85,7 @@ def _measure(database: Path, work: Path, reps: int, pause_s: float) -> dict[str,
             break
     else:
         raise RuntimeError("the gate exited before listening")
-    from dpmagic.client import Gate
+    from dpmagic.client.http_gate import Gate
 
     client = Gate(address, timeout=600)
     raw = duckdb.connect(str(database), read_only=True)

@@ -33,8 +33,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from dpmagic.client import Gate
-from dpmagic.errors import DPError
+from dpmagic.client.errors import DPError
+from dpmagic.client.http_gate import Gate
 
 PEOPLE = 10_000
 POLICY = """\

@@ -142,7 +142,7 @@ class Gate:
         self.workdir.cleanup()
 
     def client(self, user: int = 0):
-        from dpmagic.client import Gate as Client
+        from dpmagic.client.http_gate import Gate as Client
 
         if self.tokens:
             host = self.address.removeprefix("tcp:")
@@ -161,7 +161,7 @@ class Gate:
         in the machine's load falls on both alike."""
         import duckdb
 
-        from dpmagic.errors import QueryRefused
+        from dpmagic.client.errors import QueryRefused
 
         client = self.client()
         raw = duckdb.connect(str(self.folder / "raw.duckdb"), read_only=True,

@@ -120,7 +120,7 @@ def _raw_spark(parquet: Path, reps: int) -> dict[str, list[float]]:
 
 
 def _gate(parquet: Path, engine: str, reps: int) -> tuple[dict[str, list[float]], tuple]:
-    from dpmagic.client import Gate
+    from dpmagic.client.http_gate import Gate
 
     with tempfile.TemporaryDirectory() as work:
         policy = Path(work) / "policy.toml"

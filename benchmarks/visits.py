@@ -195,7 +195,7 @@ def _raw(database: Path, reps: int) -> dict[str, list[float]]:
 def side_by_side(database: Path, reps: int, pause_s: float) -> Run:
     """Raw DuckDB and the gate per query, one run of each in turn, so that a change
     in the machine's load falls on both alike."""
-    from dpmagic.client import Gate
+    from dpmagic.client.http_gate import Gate
 
     con = duckdb.connect(str(database), read_only=True)
     with tempfile.TemporaryDirectory() as work:

@@ -4,7 +4,7 @@
 in :mod:`dpmagic.gate` and is never imported by the kernel.
 """
 
-from dpmagic.errors import (
+from dpmagic.client.errors import (
     AuthError,
     BudgetExhausted,
     DPError,
@@ -26,6 +26,6 @@ __version__ = "0.1.0"
 
 
 def load_ipython_extension(ipython) -> None:
-    from dpmagic.magics import register
+    from dpmagic.magics.dpsql import register
 
     register(ipython)

@@ -1,5 +1,5 @@
 """``python -m dpmagic``: the same as the ``dpmagic`` command."""
 
-from dpmagic.cli import main
+from dpmagic.commands.cli import main
 
 raise SystemExit(main())

@@ -59,7 +59,7 @@ def status(shell: Any = None) -> BudgetStatus:
       one for the dataset the magics use (``DpSql.dataset``), else for the one
       this notebook queried last, else for the gate's only one, else for each;
     - ``"error"``: the gate could not be asked; ``kind`` (as in
-      :mod:`dpmagic.errors`: ``unavailable``, ``auth``, ``busy``, …) and ``message``;
+      :mod:`dpmagic.client.errors`: ``unavailable``, ``auth``, ``busy``, …) and ``message``;
     - ``"not_loaded"``: the dpmagic magics are not loaded in this kernel.
     """
     if shell is None:
@@ -72,13 +72,13 @@ def status(shell: Any = None) -> BudgetStatus:
         return BudgetStatus({"state": "not_loaded"})
     notebook = magics.notebook
     try:
-        from dpmagic.client import connect
+        from dpmagic.client.http_gate import connect
 
         client = connect(magics.gate, magics.token, timeout=TIMEOUT_S)
         datasets, names = _datasets(client, magics.dataset, notebook)
         budgets = [client.budget(name, notebook) for name in names]
     except Exception as exc:  # every failure is a status, never a traceback
-        from dpmagic.errors import DPError
+        from dpmagic.client.errors import DPError
 
         kind = exc.kind if isinstance(exc, DPError) else "failed"
         message = " ".join(str(exc).split()) or type(exc).__name__

@@ -121,6 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     app = IPKernelApp.instance()
     app.initialize([*args, "--IPKernelApp.extra_extensions=dpmagic"])
+    assert app.shell is not None, "initialize() makes the kernel's shell"
     app.shell.extension_manager.loaded.discard("dpmagic")
     app.start()
 

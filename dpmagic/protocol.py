@@ -1,15 +1,15 @@
 """The query wire, typed structs shared by the notebook's client and the gate.
 
 ``POST /v1/query`` carries an `Ask` as JSON. The client builds one from its keyword
-arguments (``client.Gate.query``, the offline ``transcript.TranscriptGate`` alike)
+arguments (``http_gate.Gate.query``, the offline ``transcript.TranscriptGate`` alike)
 and the gate decodes the body into the same struct (``gate/request.py``), so each
 field is spelled once, here, with its type. The gate still judges each value's
 range and which fields go together, with messages in the request's own words; this
 module only says what the fields are.
 
 The reply is a `QueryReply`: the gate builds it (``gate/engine.py``,
-``gate/reply.py``), the client decodes into it (``client.py``,
-``result.DPResult``), and a mock run and a transcript build theirs with it too, so
+``gate/reply.py``), the client decodes into it (``client/http_gate.py``,
+``display/result.py``), and a mock run and a transcript build theirs with it too, so
 a key the gate sends and the client reads is spelled once, here. Its facts that the
 client only shows as sent (the plan, the bounding statement, ``--clip``'s choices,
 each output column's accuracy, the budget views) stay JSON objects of their own.
@@ -131,7 +131,7 @@ class Asked(_Fact, omit_defaults=True):
 
 class Accuracy(_Fact, omit_defaults=True):
     """``alpha`` and, per output column, how its cells are noised (None for a group
-    key): its mechanism, scale, each cell's interval and verdict (``cells.py``)."""
+    key): its mechanism, scale, each cell's interval and verdict (``display/cells.py``)."""
 
     alpha: float
     columns: list[dict[str, Any] | None]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from dpmagic.cli import main
+from dpmagic.commands.cli import main
 
 COUNT = "SELECT COUNT(*) AS n FROM t"
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from dpmagic.client import Gate
-from dpmagic.demo import GateProcess, prepare_example
+from dpmagic.client.http_gate import Gate
+from dpmagic.commands.demo import GateProcess, prepare_example
 from dpmagic.examples.clinic import generate
 
 

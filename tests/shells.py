@@ -12,7 +12,7 @@ from IPython.core.completer import provisionalcompleter
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets.config import Config
 
-from dpmagic.magics import DpSql, register
+from dpmagic.magics.dpsql import DpSql, register
 
 COUNT_BY_SEX = "SELECT sex, COUNT(*) AS n FROM t GROUP BY sex ORDER BY sex"
 

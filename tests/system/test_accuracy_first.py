@@ -12,8 +12,8 @@ import pytest
 def test_client_and_magic_ask_for_accuracy_through_a_real_gate(gate):
     from IPython.core.error import UsageError
 
-    from dpmagic.client import Gate
-    from dpmagic.magics import parse_line
+    from dpmagic.client.http_gate import Gate
+    from dpmagic.magics.dpsql import parse_line
 
     result = Gate(gate.address).query(
         "SELECT sex, COUNT(*) FROM t GROUP BY sex", accuracy=8.0, alpha=0.1, dry_run=True
@@ -31,7 +31,7 @@ def dpsql_shell(gate, monkeypatch):
     from IPython.core.interactiveshell import InteractiveShell
     from traitlets.config import Config
 
-    from dpmagic.magics import DpSql, register
+    from dpmagic.magics.dpsql import DpSql, register
 
     monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
     config = Config()

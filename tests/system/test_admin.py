@@ -11,8 +11,8 @@ import json
 
 import pytest
 
-from dpmagic.client import Gate
-from dpmagic.errors import BudgetExhausted
+from dpmagic.client.errors import BudgetExhausted
+from dpmagic.client.http_gate import Gate
 from tests.admin_cli import COUNT, cli
 from tests.conftest import GateProcess
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from dpmagic.client import Gate
-from dpmagic.errors import DPError
+from dpmagic.client.errors import DPError
+from dpmagic.client.http_gate import Gate
 from tests.attack_data import PEOPLE, TARGET, write_people
 from tests.conftest import GateProcess
 

@@ -26,7 +26,7 @@ import duckdb
 import pytest
 from scipy.stats import ks_2samp
 
-from dpmagic.client import Gate
+from dpmagic.client.http_gate import Gate
 from dpmagic.gate.dp.mechanisms import calibrate
 from dpmagic.gate.engine import Engine
 from dpmagic.gate.policy import Dataset, load_policy

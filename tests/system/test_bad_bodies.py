@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dpmagic.client import Gate
+from dpmagic.client.http_gate import Gate
 from tests.bad_bodies import BAD_BODIES, NOTHING, wire
 from tests.conftest import GateProcess, write_dataset
 from tests.server_gate import call

@@ -29,9 +29,9 @@ from pathlib import Path
 
 import pytest
 
-from dpmagic.client import Gate
-from dpmagic.demo import NOTEBOOK, example_file
-from dpmagic.render import budget_number
+from dpmagic.client.http_gate import Gate
+from dpmagic.commands.demo import NOTEBOOK, example_file
+from dpmagic.display.render import budget_number
 from tests.chromium import ARTIFACTS, CHROMIUM, FLAGS, playwright_api
 
 pytestmark = pytest.mark.browser

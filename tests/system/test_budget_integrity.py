@@ -24,7 +24,7 @@ import duckdb
 import pytest
 
 from dpmagic import BudgetExhausted
-from dpmagic.client import Gate
+from dpmagic.client.http_gate import Gate
 from tests.conftest import GateProcess
 
 # The `gate` fixture's policy: user budget 5.0, notebook budget 2.0.

@@ -11,8 +11,8 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
 from dpmagic.budget_status import MIME_TYPE
-from dpmagic.client import Gate
-from dpmagic.magics import DpSql
+from dpmagic.client.http_gate import Gate
+from dpmagic.magics.dpsql import DpSql
 from tests.shells import COUNT_BY_SEX, ipython, shell  # noqa: F401
 
 # What labextension/src/index.ts sends as the request's only user expression.

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from dpmagic.cli import main
-from dpmagic.client import Gate
-from dpmagic.demo import GateProcess, example_file, prepare_example
-from dpmagic.init_policy import unfilled
+from dpmagic.client.http_gate import Gate
+from dpmagic.commands.cli import main
+from dpmagic.commands.demo import GateProcess, example_file, prepare_example
+from dpmagic.commands.init_policy import unfilled
 from tests.clinic import clinic_csv, spent_gate  # noqa: F401
 
 

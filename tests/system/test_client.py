@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from dpmagic.client import Gate
-from dpmagic.errors import AuthError, BudgetExhausted, DPError, QueryRefused
+from dpmagic.client.errors import AuthError, BudgetExhausted, DPError, QueryRefused
+from dpmagic.client.http_gate import Gate
 from tests.conftest import TOKENS
 from tests.shells import COUNT_BY_SEX
 

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 
 from dpmagic import wire
-from dpmagic.client import Gate
+from dpmagic.client.http_gate import Gate
 from tests.conftest import GateProcess
 from tests.shells import COUNT_BY_SEX
 

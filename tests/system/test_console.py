@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from dpmagic.client import Gate
-from dpmagic.errors import BudgetExhausted, QueryRefused
+from dpmagic.client.errors import BudgetExhausted, QueryRefused
+from dpmagic.client.http_gate import Gate
 from dpmagic.gate import owner
 from tests.admin_cli import COUNT, cli
 from tests.conftest import GateProcess

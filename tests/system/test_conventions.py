@@ -15,10 +15,10 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets.config import Config
 
-from dpmagic.client import Gate
-from dpmagic.magics import DpSql, register
-from dpmagic.result import DPResult
-from dpmagic.settings import find_pyproject
+from dpmagic.client.http_gate import Gate
+from dpmagic.client.settings import find_pyproject
+from dpmagic.display.result import DPResult
+from dpmagic.magics.dpsql import DpSql, register
 
 COUNT_OLD = "SELECT COUNT(*) AS n FROM t WHERE age >= {{min_age}} AND sex = {{sex}}"
 

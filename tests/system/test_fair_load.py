@@ -30,8 +30,8 @@ from pathlib import Path
 
 import pytest
 
-from dpmagic.client import Gate
-from dpmagic.errors import DPError
+from dpmagic.client.errors import DPError
+from dpmagic.client.http_gate import Gate
 from tests.conftest import GateProcess, free_port
 
 TOKENS = {"alice": "alice-token-0123456789", "bob": "bob-token-0123456789ab"}

@@ -18,13 +18,13 @@ import nbformat
 import pytest
 from nbformat import NotebookNode
 
-from dpmagic.cli import main
-from dpmagic.client import Gate, connect
-from dpmagic.demo import GateProcess as DemoGate
-from dpmagic.demo import prepare_example
-from dpmagic.errors import DPError, QueryRefused
+from dpmagic.client.errors import DPError, QueryRefused
+from dpmagic.client.http_gate import Gate, connect
+from dpmagic.client.transcript import TranscriptGate
+from dpmagic.commands.cli import main
+from dpmagic.commands.demo import GateProcess as DemoGate
+from dpmagic.commands.demo import prepare_example
 from dpmagic.kernel import write_spec
-from dpmagic.transcript import TranscriptGate
 from tests.conftest import GateProcess
 from tests.kernels import table_of
 

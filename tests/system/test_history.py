@@ -6,9 +6,9 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets.config import Config
 
-from dpmagic.client import Gate
-from dpmagic.errors import DPError, QueryRefused
-from dpmagic.magics import DpSql, register
+from dpmagic.client.errors import DPError, QueryRefused
+from dpmagic.client.http_gate import Gate
+from dpmagic.magics.dpsql import DpSql, register
 from tests.conftest import TOKENS
 
 COUNT = "SELECT COUNT(*) AS n FROM t"

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from dpmagic.cli import main
-from dpmagic.demo import prepare_example
+from dpmagic.commands.cli import main
+from dpmagic.commands.demo import prepare_example
 from dpmagic.gate import owner
 from dpmagic.gate.policy import load_policy
 from tests.conftest import free_port
@@ -182,7 +182,7 @@ async def _run_in_kernel(hub: GateHub, user: str, token: str, cells: list[str]) 
 
 ASK = f"""\
 import json
-from dpmagic.client import Gate
+from dpmagic.client.http_gate import Gate
 r = Gate().query({COUNT!r}, epsilon={{eps}}, notebook="hw.ipynb")
 print(json.dumps({{{{"replayed": r.replayed, "spent": r.budget["user"]["spent"]["epsilon"]}}}}))
 """
@@ -228,8 +228,8 @@ def test_a_kernel_cannot_use_another_token(hub: GateHub) -> None:
     # her browser uses for her server), and a made-up one: both refused.
     alices = server_token(hub, "alice")
     probe = f"""\
-from dpmagic.client import Gate
-from dpmagic.errors import AuthError
+from dpmagic.client.http_gate import Gate
+from dpmagic.client.errors import AuthError
 for token in ({alices!r}, "not-a-token-0123456789"):
     try:
         Gate(token=token).query({COUNT!r}, epsilon=0.5, notebook="hw.ipynb")
@@ -283,7 +283,7 @@ def test_a_hub_gate_needs_its_service_name_and_url(
 # Last: it spends alice's and bob's budgets, which the tests above count.
 GROUPS = f"""\
 import json
-from dpmagic.client import Gate
+from dpmagic.client.http_gate import Gate
 r = Gate().query({COUNT!r}, epsilon=0.5, notebook="groups.ipynb", fresh=True)
 print(json.dumps(sorted(r.budget.get("groups", {{}}))))
 """

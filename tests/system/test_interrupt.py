@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from jupyter_client.manager import KernelManager
 
-from dpmagic.client import Gate
+from dpmagic.client.http_gate import Gate
 from tests.conftest import GateProcess, write_dataset
 from tests.kernels import TIMEOUT, execute, kernel_env, running_kernel, shell_reply
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from dpmagic.client import Gate
+from dpmagic.client.http_gate import Gate
 from tests.stopping import STOP_SIGNALS, Command, stop_and_check
 
 pytest.importorskip("jupyterlab", reason="JupyterLab is the optional extra dpmagic[lab]")

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from IPython.core.error import UsageError
 
-from dpmagic import identity
-from dpmagic.budget_view import BudgetView
-from dpmagic.render import format_value
-from dpmagic.result import DPResult
-from dpmagic.schema_view import SchemaView
+from dpmagic.client import identity
+from dpmagic.display.budget import BudgetView
+from dpmagic.display.render import format_value
+from dpmagic.display.result import DPResult
+from dpmagic.display.schema import SchemaView
 from tests.conftest import TOKENS
 from tests.shells import COUNT_BY_SEX, connected, ipython, shell  # noqa: F401
 

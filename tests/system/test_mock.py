@@ -5,8 +5,8 @@ are in tests/unit/test_mock.py."""
 
 from __future__ import annotations
 
-from dpmagic.client import Gate
-from dpmagic.mock import mock_query
+from dpmagic.client.http_gate import Gate
+from dpmagic.client.mock import mock_query
 
 
 def test_mock_runs_through_a_gate_never_send_the_query(gate):

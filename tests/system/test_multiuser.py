@@ -154,7 +154,7 @@ def test_the_kernel_cannot_read_what_the_gate_serves(two_users: tuple[str, str])
                 nbformat.v4.new_code_cell(probe),
                 nbformat.v4.new_code_cell("%%dpsql -e 0.5\nSELECT COUNT(*) AS n FROM t"),
                 nbformat.v4.new_code_cell(
-                    "from dpmagic.client import Gate\n"
+                    "from dpmagic.client.http_gate import Gate\n"
                     "print(Gate().budget()['user']['spent']['epsilon'])"
                 ),
             ]

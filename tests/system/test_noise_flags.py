@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from dpmagic.client import Gate
-from dpmagic.render import format_value
+from dpmagic.client.http_gate import Gate
+from dpmagic.display.render import format_value
 
 TRIES = 5
 FEW = "WHERE age < 23"  # ages run 20..79: 10 of the 200 people

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import nbformat
 
-from dpmagic.client import Gate
-from dpmagic.demo import GateProcess, prepare_example
+from dpmagic.client.http_gate import Gate
+from dpmagic.commands.demo import GateProcess, prepare_example
 
 
 def test_jupyter_execute_with_an_output_charges_the_input(tmp_path: Path, short_dir: Path):

@@ -42,8 +42,8 @@ import duckdb
 import pytest
 from scipy.stats import ks_2samp
 
-from dpmagic.client import Gate
-from dpmagic.errors import BudgetExhausted, DPError, QueryRefused
+from dpmagic.client.errors import BudgetExhausted, DPError, QueryRefused
+from dpmagic.client.http_gate import Gate
 from dpmagic.gate.service.server import USER_REQUESTS
 from tests.conftest import GateProcess
 

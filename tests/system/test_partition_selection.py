@@ -8,8 +8,8 @@ from __future__ import annotations
 import opendp.prelude as dp
 import pytest
 
-from dpmagic.client import Gate
-from dpmagic.errors import QueryRefused
+from dpmagic.client.errors import QueryRefused
+from dpmagic.client.http_gate import Gate
 from tests.cities import cities_engine, city_rows
 from tests.conftest import GateProcess
 

@@ -13,7 +13,7 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
-from dpmagic.client import Gate
+from dpmagic.client.http_gate import Gate
 from tests.server_gate import call
 from tests.shells import connected, ipython, shell  # noqa: F401
 

@@ -22,7 +22,7 @@ import pytest
 
 statsmodels = pytest.importorskip("statsmodels.datasets.modechoice")
 
-from dpmagic.client import Gate  # noqa: E402
+from dpmagic.client.http_gate import Gate  # noqa: E402
 from tests.conftest import GateProcess  # noqa: E402
 
 RUNS = 60

@@ -9,7 +9,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from dpmagic.client import Gate
+from dpmagic.client.http_gate import Gate
 from tests import shop
 from tests.conftest import GateProcess
 

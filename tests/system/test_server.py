@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from dpmagic.commands.init_policy import write_skeleton
 from dpmagic.gate.policy import DEFAULT_QUANTUM_MS, load_policy
 from dpmagic.gate.service.server import ANONYMOUS_CONNECTIONS, HEADER_DEADLINE_S, USER_CONNECTIONS
-from dpmagic.init_policy import write_skeleton
 from tests.server_gate import (  # noqa: F401 - shared_gate is a fixture
     ALICE_TOKEN,
     BOB_TOKEN,

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from IPython.core.error import UsageError
 
-from dpmagic.budget_view import BudgetView, DatasetBudget
-from dpmagic.client import Gate
-from dpmagic.errors import BudgetExhausted
+from dpmagic.client.errors import BudgetExhausted
+from dpmagic.client.http_gate import Gate
+from dpmagic.display.budget import BudgetView, DatasetBudget
 from dpmagic.gate import owner
 from dpmagic.gate.policy import load_policy
-from dpmagic.magics import gate_errors
+from dpmagic.magics.dpsql import gate_errors
 from tests.conftest import GateProcess, free_port
 
 TOKENS = {

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from dpmagic.client import Gate
-from dpmagic.errors import BudgetExhausted
+from dpmagic.client.errors import BudgetExhausted
+from dpmagic.client.http_gate import Gate
 from dpmagic.gate import owner
 from dpmagic.gate.ledger.scopes import Scope
 from dpmagic.gate.policy import load_policy

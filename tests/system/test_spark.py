@@ -27,8 +27,8 @@ from sqlglot import exp
 
 pyspark = pytest.importorskip("pyspark", reason="the spark extra is not installed")
 
-from dpmagic.client import Gate  # noqa: E402
-from dpmagic.errors import QueryRefused  # noqa: E402
+from dpmagic.client.errors import QueryRefused  # noqa: E402
+from dpmagic.client.http_gate import Gate  # noqa: E402
 from dpmagic.gate.dp.accounting import make_accountant  # noqa: E402
 from dpmagic.gate.engines.duckdb.database import Database  # noqa: E402
 from dpmagic.gate.engines.interface import OutOfResources  # noqa: E402

@@ -37,8 +37,8 @@ import pytest
 pyspark = pytest.importorskip("pyspark", reason="the spark extra is not installed")
 pytest.importorskip("grpc", reason="Spark Connect's client needs the spark extra's grpcio")
 
-from dpmagic.client import Gate  # noqa: E402
-from dpmagic.errors import QueryRefused  # noqa: E402
+from dpmagic.client.errors import QueryRefused  # noqa: E402
+from dpmagic.client.http_gate import Gate  # noqa: E402
 from dpmagic.gate.engines.interface import OutOfResources  # noqa: E402
 from dpmagic.gate.engines.spark.database import SparkDatabase  # noqa: E402
 from dpmagic.gate.engines.spark.guard import UnsafeSparkSQL  # noqa: E402

@@ -52,7 +52,7 @@ from pathlib import Path
 
 import pytest
 
-from dpmagic.client import Gate
+from dpmagic.client.http_gate import Gate
 from dpmagic.gate.service.server import ANONYMOUS_CONNECTIONS, REQUEST_DEADLINE_S, USER_CONNECTIONS
 from tests.conftest import GateProcess, free_port, write_dataset
 

@@ -15,7 +15,7 @@ import time
 import psutil
 import pytest
 
-from dpmagic.supervisor import STOP_SIGNALS, Stopped, Supervisor
+from dpmagic.commands.supervisor import STOP_SIGNALS, Stopped, Supervisor
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(120)"]
 # A child that starts a grandchild in a session of its own, as jupyter_client

@@ -25,8 +25,8 @@ import duckdb
 import pytest
 from scipy.stats import ks_2samp
 
-from dpmagic.client import Gate
-from dpmagic.errors import DPError
+from dpmagic.client.errors import DPError
+from dpmagic.client.http_gate import Gate
 from tests.conftest import GateProcess
 
 ALPHA = 1e-3

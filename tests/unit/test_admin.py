@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dpmagic.cli import main
+from dpmagic.commands.cli import main
 from dpmagic.gate.dp.accounting import Cost, PureAccountant
 from dpmagic.gate.failures import OverBudget
 from dpmagic.gate.ledger.scopes import Scope

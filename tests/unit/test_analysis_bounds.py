@@ -295,7 +295,11 @@ def test_the_collectors_full_passes_are_left_off_the_clock(engine, monkeypatch):
     one that lands inside an analysis (forced here, over a heap made large) does not
     bring its deadline closer. The broken clock, the thread's plain CPU time, refuses
     the same query: a refusal that would follow from what else the process holds."""
-    heap = [[i] for i in range(1_500_000)]  # a full pass over it takes 0.1 s or more
+    gc.disable()  # built without the passes its own growth would set off
+    try:
+        heap = [[i] for i in range(1_000_000)]  # a full pass over it takes 0.1 s or so
+    finally:
+        gc.enable()
     real_check = pipeline.check
 
     def check_then_collect(*args, **kwargs):
@@ -313,7 +317,7 @@ def test_the_collectors_full_passes_are_left_off_the_clock(engine, monkeypatch):
     monkeypatch.setattr(limits, "analysis_clock", time.thread_time)
     err, _ = _refused(engine, sql.format(2), notebook="gc-broken")
     assert err.message.startswith("the analysis of this query took more than")
-    assert len(heap) == 1_500_000  # alive until here
+    assert len(heap) == 1_000_000  # alive until here
 
 
 def test_a_deadline_belongs_to_its_thread_and_the_outer_block(monkeypatch):
@@ -431,8 +435,8 @@ def _counting_expansions(monkeypatch) -> list[limits.Expansion]:
 def test_the_rewrite_checks_the_deadline_per_aggregate(monkeypatch) -> None:
     """Hundreds of quantiles make the rewrite the longest pass (700 MEDIANs: 13 s on a
     loaded 2-core machine before its SQL was refused for its length): it checks the
-    deadline for each, so a spent deadline stops it at once; without the checks (the
-    broken version) it runs to the end."""
+    deadline for each, so a spent deadline stops it at the first; without the checks
+    (the broken version) it runs through all 150."""
     from dpmagic.gate.sql import rewrite as rewrites
     from tests.gate_helpers import dataset, make_plan
 
@@ -448,4 +452,6 @@ def test_the_rewrite_checks_the_deadline_per_aggregate(monkeypatch) -> None:
     start = time.thread_time()
     with limits.deadline():
         rewrites.rewrite(the_plan, seed=3)
-    assert stopped * 20 < time.thread_time() - start
+    # Stopping still costs the work before the first quantile (about a twentieth of the
+    # whole here, as that work grows with the aggregates too): five times is a margin.
+    assert stopped * 5 < time.thread_time() - start

@@ -15,11 +15,11 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from dpmagic.cli import main
-from dpmagic.demo import prepare_example
+from dpmagic.commands.cli import main
+from dpmagic.commands.demo import prepare_example
+from dpmagic.commands.init_policy import unfilled, untyped
 from dpmagic.examples.clinic import generate
 from dpmagic.gate.policy import load_policy
-from dpmagic.init_policy import unfilled, untyped
 from tests.clinic import clinic_csv, spent_gate  # noqa: F401
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from dpmagic.client import Gate
-from dpmagic.errors import DPError, GateUnavailable
+from dpmagic.client.errors import DPError, GateUnavailable
+from dpmagic.client.http_gate import Gate
 from tests.conftest import free_port
 
 COUNT_BY_SEX = "SELECT sex, COUNT(*) AS n FROM t GROUP BY sex ORDER BY sex"

@@ -9,12 +9,12 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from dpmagic.demo import example_file
+from dpmagic.commands.demo import example_file
+from dpmagic.display.schema import SchemaView
 from dpmagic.examples import clinic
 from dpmagic.gate.engine import Engine
 from dpmagic.gate.failures import GateError
 from dpmagic.gate.policy import load_policy
-from dpmagic.schema_view import SchemaView
 
 PATIENTS = 300
 EPSILON = 200.0  # little noise: answers land near the truth

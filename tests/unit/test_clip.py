@@ -164,8 +164,8 @@ def test_a_transcript_replays_clipped_and_bounded_answers_offline(engine, tmp_pa
     ``TranscriptGate`` with the same arguments the magic passes."""
     import json
 
+    from dpmagic.client.transcript import TranscriptGate
     from dpmagic.gate.service.signed_transcripts import export
-    from dpmagic.transcript import TranscriptGate
 
     sql = "SELECT g, AVG(income) AS a FROM t GROUP BY g"
     nb = "graded"
@@ -181,8 +181,8 @@ def test_a_transcript_replays_clipped_and_bounded_answers_offline(engine, tmp_pa
 
 
 def test_the_footer_says_the_clip_and_the_schema_what_bounds_cost(engine) -> None:
-    from dpmagic.result import DPResult
-    from dpmagic.schema_view import SchemaView
+    from dpmagic.display.result import DPResult
+    from dpmagic.display.schema import SchemaView
 
     reply = engine.query(
         "dee", {"sql": "SELECT AVG(income) AS a FROM t", "epsilon": 1.0, "clip": 0.25}

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from dpmagic.client import _decode, collector_paused
+from dpmagic.client.http_gate import _decode, collector_paused
 from dpmagic.gate.service.server import GC_YOUNG, tune_collector
 
 CELLS = 100_000

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from IPython.core.error import UsageError
 
-from dpmagic.magics import DpSql
-from dpmagic.settings import load_project_settings
-from dpmagic.templates import bind_templates
+from dpmagic.client.settings import load_project_settings
+from dpmagic.magics.dpsql import DpSql
+from dpmagic.magics.templates import bind_templates
 
 
 def test_templates_become_parameters_not_text():

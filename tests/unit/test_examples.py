@@ -9,7 +9,7 @@ import duckdb
 import nbformat
 import pytest
 
-from dpmagic.demo import example_file
+from dpmagic.commands.demo import example_file
 from dpmagic.examples import clinic
 from dpmagic.gate.policy import load_policy
 from dpmagic.kernel import install, kernel_json

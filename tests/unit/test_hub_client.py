@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dpmagic.client import Gate
+from dpmagic.client.http_gate import Gate
 
 
 @pytest.fixture

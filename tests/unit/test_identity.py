@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from dpmagic.identity import input_notebook
+from dpmagic.client.identity import input_notebook
 
 PY = "/usr/bin/python3"
 

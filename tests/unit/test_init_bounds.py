@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from dpmagic.commands.init_policy import write_skeleton
 from dpmagic.gate.engine import count_error, count_error_of
 from dpmagic.gate.policy import load_policy
-from dpmagic.init_policy import write_skeleton
 
 
 @pytest.fixture

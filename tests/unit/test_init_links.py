@@ -18,10 +18,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from dpmagic.cli import main
-from dpmagic.gate.engine import Engine, count_error_of
-from dpmagic.gate.policy import load_policy
-from dpmagic.init_policy import (
+from dpmagic.commands.cli import main
+from dpmagic.commands.init_policy import (
     Answers,
     InitError,
     nice_ceiling,
@@ -32,6 +30,8 @@ from dpmagic.init_policy import (
     write_plan,
     write_skeleton,
 )
+from dpmagic.gate.engine import Engine, count_error_of
+from dpmagic.gate.policy import load_policy
 
 # People 0..299; person p has p % 4 + 1 visits, and person 7 has 37: the 99th
 # percentile of visits per person is 4, the most 37.

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from dpmagic.lab import check_port
+from dpmagic.commands.lab import check_port
 
 pytest.importorskip("jupyterlab", reason="JupyterLab is the optional extra dpmagic[lab]")
 
 
 def test_lab_port_in_use_fails_clearly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from dpmagic.cli import main
+    from dpmagic.commands.cli import main
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -29,7 +29,7 @@ def test_lab_port_in_use_fails_clearly(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 def test_the_lab_serves_the_current_folder_or_the_one_named(tmp_path, monkeypatch) -> None:
-    from dpmagic.lab import LabError, served_folder
+    from dpmagic.commands.lab import LabError, served_folder
 
     monkeypatch.chdir(tmp_path)
     assert served_folder(None) == tmp_path.resolve()
@@ -40,7 +40,7 @@ def test_the_lab_serves_the_current_folder_or_the_one_named(tmp_path, monkeypatc
 
 
 def test_a_missing_notebook_dir_fails_clearly(tmp_path, capsys) -> None:
-    from dpmagic.cli import main
+    from dpmagic.commands.cli import main
 
     missing = tmp_path / "nowhere"
     assert main(["lab", "--notebook-dir", str(missing), "--no-browser"]) == 2
@@ -61,7 +61,7 @@ def test_the_lab_keeps_its_own_files_in_its_folder_and_turns_news_off(tmp_path, 
     """Served: the notebooks' folder. JupyterLab's workspace, runtime files and its
     configuration are in the lab's folder; where the user has no IPython, Jupyter data
     or npm folder, those are the lab's too, so nothing is made in the home folder."""
-    from dpmagic.lab import ANNOUNCEMENTS, lab_command
+    from dpmagic.commands.lab import ANNOUNCEMENTS, lab_command
 
     home = _fake_home(tmp_path, monkeypatch)
     root, workdir = tmp_path / "notebooks", tmp_path / "dpmagic-lab-x"
@@ -82,7 +82,7 @@ def test_the_lab_keeps_its_own_files_in_its_folder_and_turns_news_off(tmp_path, 
 
 
 def test_the_users_own_folders_are_used_where_they_exist(tmp_path, monkeypatch) -> None:
-    from dpmagic.lab import lab_command
+    from dpmagic.commands.lab import lab_command
 
     home = _fake_home(tmp_path, monkeypatch)
     for folder in (".ipython", ".local/share/jupyter", ".npm"):
@@ -92,8 +92,8 @@ def test_the_users_own_folders_are_used_where_they_exist(tmp_path, monkeypatch) 
 
 
 def test_the_quickstart_is_copied_once_and_a_users_copy_is_left_alone(tmp_path) -> None:
-    from dpmagic.demo import NOTEBOOK, example_file
-    from dpmagic.lab import place_quickstart
+    from dpmagic.commands.demo import NOTEBOOK, example_file
+    from dpmagic.commands.lab import place_quickstart
 
     out = io.StringIO()
     place_quickstart(tmp_path, out)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from IPython.core.error import UsageError
 
-from dpmagic.magics import parameter_names, parse_line, split_assignment
+from dpmagic.magics.dpsql import parameter_names, parse_line, split_assignment
 from tests.shells import COUNT_BY_SEX, ipython, shell  # noqa: F401
 
 
@@ -97,7 +97,7 @@ def test_a_refused_cell_fails_with_its_message_alone(shell, capsys, cell, line):
 def test_the_demo_prints_a_refusal_as_the_notebook_shows_it() -> None:
     """A magic's refusal is a UsageError whose message is the whole line; the demo's
     transcript prints that line alone, any other error with its class's name."""
-    from dpmagic.demo import _texts
+    from dpmagic.commands.demo import _texts
 
     refused = {"output_type": "error", "ename": "UsageError", "evalue": "query refused: x"}
     other = {"output_type": "error", "ename": "ValueError", "evalue": "bad"}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dpmagic.errors import DPError
-from dpmagic.mock import mock_query, mock_tables
+from dpmagic.client.errors import DPError
+from dpmagic.client.mock import mock_query, mock_tables
 
 SCHEMA = {
     "dataset": "clinic",

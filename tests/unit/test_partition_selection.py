@@ -22,6 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
+from dpmagic.display.result import DPResult
+from dpmagic.display.schema import SchemaView
 from dpmagic.gate.dp.accounting import ApproxAccountant
 from dpmagic.gate.dp.partition_selection import KeySelection, calibrate_selection
 from dpmagic.gate.engines.duckdb import database
@@ -35,8 +37,6 @@ from dpmagic.gate.sql.plan import plan
 from dpmagic.gate.sql.plan_types import Plan
 from dpmagic.gate.sql.resolve import resolve
 from dpmagic.gate.sql.rewrite import KEY_COUNT, rewrite
-from dpmagic.result import DPResult
-from dpmagic.schema_view import SchemaView
 from tests.cities import cities_engine, city_rows
 from tests.gate_helpers import dataset, load_table, neighbours, run_rewritten
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dpmagic.result import DPResult
+from dpmagic.display.result import DPResult
 from tests.replies import quantile_reply, reply
 
 matplotlib = pytest.importorskip("matplotlib", reason="the plot extra: pip install matplotlib")
@@ -131,7 +131,7 @@ def test_the_magic_plots_a_stored_result(capsys):
     from IPython.core.interactiveshell import InteractiveShell
     from traitlets.config import Config
 
-    from dpmagic.magics import register
+    from dpmagic.magics.dpsql import register
 
     config = Config()
     config.HistoryManager.hist_file = ":memory:"

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import duckdb
 
-from dpmagic.demo import example_file
+from dpmagic.commands.demo import example_file
+from dpmagic.commands.init_policy import Answers, plan, read_data, skeleton
 from dpmagic.gate.policy import Policy, parse_policy
-from dpmagic.init_policy import Answers, plan, read_data, skeleton
 
 FIXTURES = Path(__file__).parent / "fixtures" / "policy_golden"
 GOLDEN_POLICIES = Path(__file__).parents[1] / "golden" / "policies"

@@ -8,8 +8,8 @@ import re
 import pytest
 from IPython.core.error import UsageError
 
-from dpmagic.budget_view import BudgetView, DatasetBudget
-from dpmagic.magics import BudgetOptions, parse_budget_line
+from dpmagic.display.budget import BudgetView, DatasetBudget
+from dpmagic.magics.dpsql import BudgetOptions, parse_budget_line
 from tests.replies import budget
 
 PREVIEW = {

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from dpmagic.client import Gate
-from dpmagic.errors import DPError
-from dpmagic.progress import SHOW_AFTER_S, Progress, wait_for
+from dpmagic.client.errors import DPError
+from dpmagic.client.http_gate import Gate
+from dpmagic.magics.progress import SHOW_AFTER_S, Progress, wait_for
 
 
 def test_fast_replies_show_nothing():

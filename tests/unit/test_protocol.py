@@ -7,7 +7,7 @@ import inspect
 
 import pytest
 
-from dpmagic.asking import Asking
+from dpmagic.client.asking import Asking
 from dpmagic.gate.failures import InvalidBody
 from dpmagic.gate.request import QueryRequest
 from dpmagic.protocol import FIELDS, WIRE_VERSION, Ask

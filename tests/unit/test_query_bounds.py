@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from dpmagic.gate.failures import BadRequest
-from dpmagic.magics import parse_line
+from dpmagic.magics.dpsql import parse_line
 from tests.gate_helpers import running_engine
 
 POLICY = """

@@ -15,7 +15,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dpmagic.demo import example_file
+from dpmagic.commands.demo import example_file
+from dpmagic.display.result import DPResult
+from dpmagic.display.schema import SchemaView
 from dpmagic.examples import clinic
 from dpmagic.gate.dp.accounting import ZCDPAccountant
 from dpmagic.gate.engine import Engine
@@ -33,8 +35,6 @@ from dpmagic.gate.sql.plan_types import Plan
 from dpmagic.gate.sql.randomized import Debias, debias
 from dpmagic.gate.sql.resolve import resolve
 from dpmagic.gate.sql.rewrite import rewrite
-from dpmagic.result import DPResult
-from dpmagic.schema_view import SchemaView
 from tests.gate_helpers import dataset, make_plan, running_engine
 
 SMOKER = {"type": "int", "public_values": [0, 1], "randomized_response": {"p": 0.75}}

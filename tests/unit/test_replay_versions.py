@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from dpmagic.display.result import DPResult
 from dpmagic.gate.engine import Engine
 from dpmagic.gate.failures import OverBudget
 from dpmagic.gate.ledger import replays, schema
 from dpmagic.gate.ledger.replays import ReplayKey
-from dpmagic.result import DPResult
 from tests.gate_helpers import write_gate
 
 POLICY = """

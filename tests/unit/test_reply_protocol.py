@@ -15,8 +15,9 @@ import msgspec
 import pytest
 
 from dpmagic import wire
-from dpmagic.client import _decode, _query_reply
-from dpmagic.errors import DPError, QueryRefused
+from dpmagic.client.errors import DPError, QueryRefused
+from dpmagic.client.http_gate import _decode, _query_reply
+from dpmagic.display.result import DPResult
 from dpmagic.gate.engine import Engine
 from dpmagic.gate.failures import OverBudget, Refused
 from dpmagic.gate.policy import load_policy
@@ -31,7 +32,6 @@ from dpmagic.protocol import (
     default_delta,
     reply_of,
 )
-from dpmagic.result import DPResult
 from tests import shop
 
 ROOT = Path(__file__).resolve().parents[2] / "dpmagic"
@@ -162,7 +162,9 @@ def _source(*paths: str) -> str:
 
 def test_every_field_is_filled_in_by_the_gate_and_read_by_the_client() -> None:
     gate = "\n".join(p.read_text() for p in (ROOT / "gate").rglob("*.py"))
-    client = _source("result.py", "client.py", "transcript.py", "mock.py")
+    client = _source(
+        "display/result.py", "client/http_gate.py", "client/transcript.py", "client/mock.py"
+    )
     for field in REPLY_FIELDS - {"version"}:
         made = rf"\b{field}=|\.{field} = |\.{field}, "
         if field in CLIENT_ONLY:
@@ -170,7 +172,7 @@ def test_every_field_is_filled_in_by_the_gate_and_read_by_the_client() -> None:
         else:
             assert re.search(made, gate), f"{field}: the gate never fills it in"
         if field not in NOT_READ:
-            assert re.search(rf"\.{field}\b", _source("result.py")), f"{field}: never read"
+            assert re.search(rf"\.{field}\b", _source("display/result.py")), f"{field}: never read"
 
 
 def test_the_client_says_a_body_is_not_a_reply() -> None:

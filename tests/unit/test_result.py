@@ -8,11 +8,11 @@ from html import escape
 import msgspec
 import pytest
 
-from dpmagic.budget_view import BudgetView, DatasetBudget
+from dpmagic.display.budget import BudgetView, DatasetBudget
+from dpmagic.display.render import budget_left, format_value
+from dpmagic.display.result import DPResult
+from dpmagic.display.schema import SchemaView
 from dpmagic.protocol import Clip
-from dpmagic.render import budget_left, format_value
-from dpmagic.result import DPResult
-from dpmagic.schema_view import SchemaView
 from tests.replies import budget, quantile_reply, reply
 
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from dpmagic.supervisor import Stopped, Supervisor
+from dpmagic.commands.supervisor import Stopped, Supervisor
 
 
 def test_a_signal_while_a_child_starts_waits_until_it_is_recorded() -> None:

@@ -12,9 +12,9 @@ import pyarrow as pa
 import pytest
 
 from dpmagic import wire
+from dpmagic.display.result import DPResult
 from dpmagic.gate.reply import Reply
 from dpmagic.protocol import WIRE_VERSION
-from dpmagic.result import DPResult
 
 BIG = 2**70 + 3  # an exact sum beyond 64 bits
 

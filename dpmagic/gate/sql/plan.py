@@ -64,12 +64,13 @@ from dpmagic.gate.dp.shares import (
     total_weight,
 )
 from dpmagic.gate.dp.sums import sum_sensitivity
+from dpmagic.gate.engines.interface import MAX_PARTITIONS
 from dpmagic.gate.engines.ranking import load_cap
 from dpmagic.gate.failures import Refused, required
 from dpmagic.gate.policy import AccountantKind, Dataset
 from dpmagic.gate.sql.bound import Bounded
 from dpmagic.gate.sql.check import AggregateCall, Checked, GroupKey
-from dpmagic.gate.sql.keys import MAX_PARTITIONS, KeyDomain
+from dpmagic.gate.sql.keys import KeyDomain
 from dpmagic.gate.sql.kinds import MeasureKind, Summand
 from dpmagic.gate.sql.parse import DIALECT
 from dpmagic.gate.sql.plan_types import (

@@ -423,11 +423,12 @@ class Database:
         tree = json.loads(text)
         if tree.get("error"):
             raise UnsafeSQL()
-        ctes = {key.lower() for key in _values(tree, "key")}
-        for node in _nodes(tree):
+        nodes = _nodes(tree)  # walked once: every check below reads the same list
+        ctes = {key.lower() for key in _values(nodes, "key")}
+        for node in nodes:
             if not _safe(node, tables | ctes):
                 raise UnsafeSQL()
-        names = tuple(sorted(_values(tree, "key", "named_param_map")))
+        names = tuple(sorted(_values(nodes, "key", "named_param_map")))
         if any(name not in (self._ends or {}) for name in names):
             raise UnsafeSQL()
         return names
@@ -572,12 +573,13 @@ def _nodes(tree: object) -> list[dict]:
     return out
 
 
-def _values(tree: object, key: str, field: str = "map") -> list[str]:
-    """Every ``key`` of an entry of a ``field`` list: the CTE names (a ``cte_map``'s
-    ``map``), or the parameters' names (a statement's ``named_param_map``)."""
+def _values(nodes: list[dict], key: str, field: str = "map") -> list[str]:
+    """Every ``key`` of an entry of a ``field`` list among ``nodes`` (``_nodes``): the CTE
+    names (a ``cte_map``'s ``map``), or the parameters' names (a statement's
+    ``named_param_map``)."""
     return [
         entry[key]
-        for node in _nodes(tree)
+        for node in nodes
         if isinstance(node.get(field), list)
         for entry in node[field]
         if isinstance(entry, dict) and isinstance(entry.get(key), str)

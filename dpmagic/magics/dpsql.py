@@ -1,7 +1,7 @@
 """``%%dpsql`` and friends: the notebook's face of the gate.
 
 Everything here runs in the untrusted kernel and only talks to the gate
-through :class:`dpmagic.client.Gate`. Options come from the magic line or
+through :class:`dpmagic.client.http_gate.Gate`. Options come from the magic line or
 from ``%config DpSql.*``; every failure becomes a ``UsageError`` so the cell
 fails with one line that says why, never a traceback: this module's
 ``UsageError``, which IPython shows as its message alone (IPython prints its own
@@ -32,19 +32,19 @@ from IPython.core.magic import (
 from IPython.display import display
 from traitlets import Bool, Enum, Float, Int, Unicode, observe
 
-from dpmagic.budget_view import BudgetView, DatasetBudget
-from dpmagic.client import Gate, connect
-from dpmagic.completion import Sources, make_matcher
-from dpmagic.errors import BudgetExhausted, DPError
-from dpmagic.identity import notebook_name
-from dpmagic.plot import KINDS
-from dpmagic.progress import Interrupted, Progress, wait_for
-from dpmagic.result import DPResult
-from dpmagic.schema_view import SchemaView
-from dpmagic.settings import load_project_settings
-from dpmagic.snippets import Snippets
-from dpmagic.templates import bind_templates
-from dpmagic.transcript import TranscriptGate
+from dpmagic.client.errors import BudgetExhausted, DPError
+from dpmagic.client.http_gate import Gate, connect
+from dpmagic.client.identity import notebook_name
+from dpmagic.client.settings import load_project_settings
+from dpmagic.client.transcript import TranscriptGate
+from dpmagic.display.budget import BudgetView, DatasetBudget
+from dpmagic.display.plot import KINDS
+from dpmagic.display.result import DPResult
+from dpmagic.display.schema import SchemaView
+from dpmagic.magics.completion import Sources, make_matcher
+from dpmagic.magics.progress import Interrupted, Progress, wait_for
+from dpmagic.magics.snippets import Snippets
+from dpmagic.magics.templates import bind_templates
 
 
 class UsageError(IPythonUsageError):
@@ -368,13 +368,20 @@ class DpSql(Magics):
         return self._client
 
     @property
+    def user_ns(self) -> dict[str, Any]:
+        """The notebook's variables: a magic registered on a shell always has one."""
+        if self.shell is None:
+            raise UsageError("dpmagic's magics run in IPython: %load_ext dpmagic")
+        return self.shell.user_ns
+
+    @property
     def notebook(self) -> str:
-        return notebook_name(self.shell.user_ns)
+        return notebook_name(self.user_ns)
 
     @no_var_expand
     @line_cell_magic
     @one_line
-    def dpsql(self, line: str, cell: str | None = None) -> DPResult:
+    def dpsql(self, line: str, cell: str | None = None) -> DPResult | None:
         """Run differentially private SQL through the gate and show the noisy answer.
 
             %%dpsql [-e EPS | --accuracy A [--alpha 0.05]] [-d DELTA] [--dataset NAME]
@@ -510,7 +517,7 @@ class DpSql(Magics):
             value, what = result.df, "a pandas DataFrame"
         else:
             value, what = result, "its .df is the DataFrame"
-        self.shell.user_ns[target] = value
+        self.user_ns[target] = value
         if self.feedback:
             print(f"stored in {target} ({what})")
 
@@ -521,7 +528,7 @@ class DpSql(Magics):
         them. A name written as the string literal ``'{{name}}'`` must hold a
         string: binding, say, a number there would change the query's types.
         """
-        ns = self.shell.user_ns
+        ns = self.user_ns
         values = {name: _plain(name, ns[name]) for name in parameter_names(sql) if name in ns}
         for name in as_strings & values.keys():
             if not isinstance(values[name], str):
@@ -553,12 +560,17 @@ class DpSql(Magics):
         """
         opts = parse_budget_line(line)
         dataset = opts.dataset or self.dataset
-        asked = {"preview": opts.previewed, "accuracy": opts.accuracy, "rows": opts.rows}
         with gate_errors():
             history = self.client.history(dataset, self.notebook)
             views = [
                 DatasetBudget(
-                    budget=self.client.budget(name, self.notebook, **asked),
+                    budget=self.client.budget(
+                        name,
+                        self.notebook,
+                        preview=opts.previewed,
+                        accuracy=opts.accuracy,
+                        rows=opts.rows,
+                    ),
                     history=[e for e in history["entries"] if e.get("dataset") == name],
                 )
                 for name in history["datasets"]
@@ -588,7 +600,7 @@ class DpSql(Magics):
         kind = words.pop(0) if words and words[0] in KINDS else "bar"
         if len(words) > 1:
             raise UsageError("usage: %dpplot [bar|hist|line] [VAR] [--x COLUMN] [--y COLUMN]")
-        result = self.shell.user_ns.get(words[0]) if words else self._last
+        result = self.user_ns.get(words[0]) if words else self._last
         if not isinstance(result, DPResult):
             what = f"{words[0]} is not a %%dpsql result" if words else "no %%dpsql answer yet"
             raise UsageError(f"{what}; store one with -o VAR (not as a DataFrame) and plot VAR")

@@ -35,7 +35,7 @@ class CommandError(Exception):
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    from dpmagic.supervisor import Stopped, exit_by_signal
+    from dpmagic.commands.supervisor import Stopped, exit_by_signal
 
     try:
         return args.run(args)
@@ -326,7 +326,7 @@ def _serve(args: argparse.Namespace) -> int:
     """Run the gate for a policy until SIGTERM or SIGINT, then exit 0."""
     policy = load_policy(args.policy)
     _check_example_data(policy)
-    from dpmagic.init_policy import unfilled
+    from dpmagic.commands.init_policy import unfilled
 
     left = unfilled(policy.path.read_text())
     if left:
@@ -345,7 +345,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _check_example_data(policy: Policy) -> None:
     """Say how to get the bundled example's data when ``policy`` is that
     example without it: the data is generated, not shipped."""
-    from dpmagic.demo import example_file
+    from dpmagic.commands.demo import example_file
 
     if policy.path.read_text() != example_file("clinic.toml").read_text():
         return
@@ -362,7 +362,7 @@ def _demo(args: argparse.Namespace) -> int:
     """Generate the example clinic, start a gate on it as a separate process and
     execute the quickstart notebook through a real kernel, printing each cell's
     noisy results and the budget left."""
-    from dpmagic.demo import run_demo
+    from dpmagic.commands.demo import run_demo
 
     return run_demo(keep=args.keep, patients=args.patients)
 
@@ -373,7 +373,7 @@ def _lab(args: argparse.Namespace) -> int:
     --notebook-dir). When JupyterLab exits, or on SIGTERM, SIGHUP or SIGINT,
     everything started stops and the lab's own temporary folder is removed; the
     notebooks stay."""
-    from dpmagic.lab import LabError, run_lab
+    from dpmagic.commands.lab import LabError, run_lab
 
     try:
         return run_lab(
@@ -411,7 +411,7 @@ def _init(args: argparse.Namespace) -> int:
     each default, and without a terminal nothing is asked. No value of the data goes in:
     declare bounds and public values yourself, and a CSV's column types (a CSV declares
     none), where it says TODO(dpmagic init); serve refuses the file until you have."""
-    from dpmagic.init_policy import (
+    from dpmagic.commands.init_policy import (
         InitError,
         check_output,
         parse_answers,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pandas as pd
 
-from dpmagic.render import (
+from dpmagic.display.render import (
     MUTED,
     STYLE,
     amount,

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from html import escape
 from typing import Generic, TypeVar
 
-from dpmagic.render import MUTED
+from dpmagic.display.render import MUTED
 
 T = TypeVar("T")
 # Fast answers (most of them, and every replay) show no progress at all.

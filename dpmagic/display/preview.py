@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from dpmagic.render import amount, budget_number, format_exact, markdown_table, table
+from dpmagic.display.render import amount, budget_number, format_exact, markdown_table, table
 
 HEADERS = ("query", "ask with", "± at {level}", "cost each", "more that fit")
 BASES = ("at_accuracy", "at_default")

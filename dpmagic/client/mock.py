@@ -22,11 +22,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dpmagic.cells import ALPHA
-from dpmagic.errors import DPError
+from dpmagic.client.errors import DPError
+from dpmagic.display.cells import ALPHA
+from dpmagic.display.render import MOCK_LABEL
+from dpmagic.display.result import DPResult
 from dpmagic.protocol import Accuracy, Mock, QueryReply
-from dpmagic.render import MOCK_LABEL
-from dpmagic.result import DPResult
 
 DEFAULT_UNITS = 1000
 """Privacy units in a mock dataset unless ``--mock-rows`` says otherwise."""

@@ -17,8 +17,8 @@ import math
 from fractions import Fraction
 from typing import Any
 
-from dpmagic.cells import ALPHA, MAY_DOMINATE
-from dpmagic.render import budget_number
+from dpmagic.display.cells import ALPHA, MAY_DOMINATE
+from dpmagic.display.render import budget_number
 
 HEADERS = (
     ("aggregate", "what the gate measures with noise (an AVG is a SUM over a COUNT)"),

@@ -1,7 +1,7 @@
 """``query(...)``, the one signature a notebook asks with, for the gate's client and
 the transcript's stand-in alike.
 
-Both ``client.Gate`` and ``transcript.TranscriptGate`` take the same keyword
+Both ``http_gate.Gate`` and ``transcript.TranscriptGate`` take the same keyword
 arguments and differ only in where the answer comes from, so the arguments are
 spelled once, here, and become the wire's `protocol.Ask`; each subclass answers
 it (``_answer``). A mock run never leaves the kernel: it is answered here from the
@@ -13,9 +13,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
-from dpmagic.mock import mock_query
+from dpmagic.client.mock import mock_query
+from dpmagic.display.result import DPResult
 from dpmagic.protocol import Ask
-from dpmagic.result import DPResult
 
 
 class Asking(ABC):

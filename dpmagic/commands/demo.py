@@ -6,7 +6,7 @@ and the quickstart notebook is executed by a real ``python3`` kernel (through
 nbclient) whose only way to the data is ``DPMAGIC_GATE``. Nothing is
 simulated, so a demo that passes is evidence that the parts fit together.
 
-The gate and the kernel are children of a :class:`~dpmagic.supervisor.Supervisor`:
+The gate and the kernel are children of a :class:`~dpmagic.commands.supervisor.Supervisor`:
 whatever ends the demo (a failing cell, Ctrl-C, ``kill``, a closed terminal),
 they stop and the scratch folder with its copy of the data is removed.
 """
@@ -33,8 +33,8 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 from traitlets.config import Config
 
+from dpmagic.commands.supervisor import Stopped, Supervisor
 from dpmagic.examples.clinic import generate, write_policy
-from dpmagic.supervisor import Stopped, Supervisor
 
 GATE_START_TIMEOUT_S = 120.0
 GATE_STOP_TIMEOUT_S = 15.0
@@ -246,7 +246,7 @@ def _run_cells(client: NotebookClient, nb: nbformat.NotebookNode, out: TextIO) -
 def run_demo(keep: Path | None = None, patients: int = 5000, out: TextIO = sys.stdout) -> int:
     """The ``dpmagic demo`` command; returns the exit code.
 
-    A stop signal raises :class:`~dpmagic.supervisor.Stopped` out of here after
+    A stop signal raises :class:`~dpmagic.commands.supervisor.Stopped` out of here after
     the kernel and the gate have stopped and the scratch folder is gone.
     """
     with Supervisor() as supervisor, contextlib.ExitStack() as stack:
@@ -282,7 +282,7 @@ def run_demo(keep: Path | None = None, patients: int = 5000, out: TextIO = sys.s
 
 
 def _budget_line(address: str) -> str:
-    from dpmagic.client import Gate
+    from dpmagic.client.http_gate import Gate
 
     budget = Gate(address).budget(notebook=NOTEBOOK)
     parts = []

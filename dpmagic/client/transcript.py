@@ -19,9 +19,10 @@ from typing import Any
 
 from msgspec.structs import replace
 
-from dpmagic.asking import Asking
-from dpmagic.cells import ALPHA
-from dpmagic.errors import DPError, QueryRefused
+from dpmagic.client.asking import Asking
+from dpmagic.client.errors import DPError, QueryRefused
+from dpmagic.display.cells import ALPHA
+from dpmagic.display.result import DPResult
 from dpmagic.protocol import (
     FREE,
     Accuracy,
@@ -32,14 +33,13 @@ from dpmagic.protocol import (
     default_delta,
     reply_of,
 )
-from dpmagic.result import DPResult
 
 FORMAT = "dpmagic-transcript/1"
 SCHEME = "transcript:"
 
 
 class TranscriptGate(Asking):
-    """A stand-in for :class:`dpmagic.client.Gate` that only replays a transcript."""
+    """A stand-in for :class:`dpmagic.client.http_gate.Gate` that only replays a transcript."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import pandas as pd
 
-from dpmagic.render import MOCK_LABEL, format_value
+from dpmagic.display.render import MOCK_LABEL, format_value
 
 
 class Plotted(Protocol):
@@ -29,8 +29,10 @@ class Plotted(Protocol):
     that the answer, which offers ``.plot()``, and the plot do not import each other."""
 
     columns: list[str]
-    rows: list[list[Any]]
     mock: bool
+
+    @property
+    def rows(self) -> list[list[Any]]: ...
 
     @property
     def confidence(self) -> float: ...
@@ -75,7 +77,7 @@ def plot(result: Plotted, kind: str = "bar", x: str | None = None, y: str | None
     weak = [verdicts[r] is not False for r in rows]  # dominated, or the gate cannot say
     sound = [i for i, w in enumerate(weak) if not w]
     positions = list(range(len(rows)))
-    _, axes = plt.subplots(figsize=(max(4.0, 0.6 * len(rows) + 2), 3.5))
+    figure, axes = plt.subplots(figsize=(max(4.0, 0.6 * len(rows) + 2), 3.5))
     if kind == "line":
         # A line through a noise-dominated point draws a trend out of noise: the line
         # breaks there.
@@ -107,14 +109,14 @@ def plot(result: Plotted, kind: str = "bar", x: str | None = None, y: str | None
                      f"{where}{_names(labels, left_out)}")  # fmt: skip
     if notes:
         # Wrapped to the figure's width: a long list of groups ran off the figure.
-        chars = max(40, int(axes.figure.get_figwidth() * TITLE_CHARS_PER_INCH))
+        chars = max(40, int(figure.get_figwidth() * TITLE_CHARS_PER_INCH))
         title += "\n" + "\n".join(textwrap.fill(note, chars) for note in notes)
     if result.mock:
         title = f"{MOCK_LABEL}\n{title}"
     axes.set_title(title, fontsize=9)
     if len(rows) > 6:
         axes.tick_params(axis="x", labelrotation=45)
-    axes.figure.tight_layout()
+    figure.tight_layout()
     return axes
 
 
@@ -128,7 +130,8 @@ def _noise(
     """Each noise-dominated cell as its interval alone: a dashed grey range with caps and
     a hollow mark at the value; left out where its interval is unknown. The indices
     drawn so, and those left out."""
-    drawn, left_out = [], []
+    drawn: list[int] = []
+    left_out: list[int] = []
     for i, w in enumerate(weak):
         if not w:
             continue

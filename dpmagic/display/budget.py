@@ -1,5 +1,5 @@
 """What ``%dpbudget`` shows: each dataset's ε spent and left, per notebook and user,
-what more queries that allows (``preview_view``), and this notebook's history of
+what more queries that allows (``preview``), and this notebook's history of
 charges, from ``GET /v1/budget`` and ``/v1/history``. Every string came over the
 wire, so everything is escaped."""
 
@@ -12,8 +12,8 @@ from typing import Any
 
 import pandas as pd
 
-from dpmagic.preview_view import preview_html, preview_markdown, preview_note, preview_text
-from dpmagic.render import (
+from dpmagic.display.preview import preview_html, preview_markdown, preview_note, preview_text
+from dpmagic.display.render import (
     BUDGET_METADATA,
     MUTED,
     STYLE,

@@ -95,10 +95,10 @@ def sql_completions(
     if "." in token:
         alias, _, part = token.rpartition(".")
         table = aliases.get(alias, alias if alias in tables else None)
-        columns = (tables.get(table) or {}).get("columns") or {}
+        of_table = (tables.get(table) or {}).get("columns") or {}
         return [
             SimpleCompletion(f"{alias}.{c.text}", type="column")
-            for c in _matching(part, columns, "column")
+            for c in _matching(part, of_table, "column")
         ]
     named = {t for t in aliases.values() if t in tables}
     columns: dict[str, None] = {}

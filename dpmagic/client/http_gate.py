@@ -27,11 +27,11 @@ from urllib.parse import urlencode, urlsplit
 import msgspec
 
 from dpmagic import wire
-from dpmagic.asking import Asking
-from dpmagic.errors import ERROR_KINDS, BudgetExhausted, DPError, GateUnavailable
+from dpmagic.client.asking import Asking
+from dpmagic.client.errors import ERROR_KINDS, BudgetExhausted, DPError, GateUnavailable
+from dpmagic.client.transcript import SCHEME, TranscriptGate
+from dpmagic.display.result import DPResult
 from dpmagic.protocol import Ask, ErrorReply, QueryReply, reply_of
-from dpmagic.result import DPResult
-from dpmagic.transcript import SCHEME, TranscriptGate
 
 ENV_GATE = "DPMAGIC_GATE"
 ENV_TOKEN = "DPMAGIC_TOKEN"

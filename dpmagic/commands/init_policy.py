@@ -943,8 +943,8 @@ def skeleton(result: Plan, dataset: str, out: Path) -> str:
         '# dataset_budget = { epsilon = 30.0, renew = "month" }',
         '# share_releases = "everyone"',
     ]
-    for table, why in result.skipped.items():
-        lines += ["", f"# Table {table} is left out ({why}): no query can read it."]
+    for skipped, why in result.skipped.items():
+        lines += ["", f"# Table {skipped} is left out ({why}): no query can read it."]
     for table in kept:
         choice = result.choices[table.name]
         lines += _table_lines(result, dataset, table, choice)

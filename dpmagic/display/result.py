@@ -10,6 +10,7 @@ everything is HTML-escaped; colours are inherited from the front end's theme
 
 from __future__ import annotations
 
+import builtins  # DPResult.dict() (JupySQL's name) hides the builtin in the class
 from collections.abc import Iterator
 from functools import cached_property
 from html import escape
@@ -21,20 +22,9 @@ import pyarrow as pa
 from msgspec import to_builtins
 
 from dpmagic import wire
-from dpmagic.cells import ALPHA, CellAccuracy, cell_accuracy
-from dpmagic.plan_view import HEADERS, OUTPUT_HEADERS, dominance_warnings, output_rows, plan_rows
-from dpmagic.protocol import (
-    Accuracy,
-    Bounding,
-    Clip,
-    Cost,
-    LeftOut,
-    QueryReply,
-    Shared,
-    Stage,
-    reply_of,
-)
-from dpmagic.render import (
+from dpmagic.display.cells import ALPHA, CellAccuracy, cell_accuracy
+from dpmagic.display.plan import HEADERS, OUTPUT_HEADERS, dominance_warnings, output_rows, plan_rows
+from dpmagic.display.render import (
     BUDGET_METADATA,
     MOCK_LABEL,
     MUTED,
@@ -49,6 +39,17 @@ from dpmagic.render import (
     markdown_escape,
     markdown_table,
     table,
+)
+from dpmagic.protocol import (
+    Accuracy,
+    Bounding,
+    Clip,
+    Cost,
+    LeftOut,
+    QueryReply,
+    Shared,
+    Stage,
+    reply_of,
 )
 
 
@@ -257,7 +258,7 @@ class DPResult:
 
     def plot(self, kind: str = "bar", x: str | None = None, y: str | None = None) -> Any:
         """Bars, a histogram or a line with 95% intervals as error bars (matplotlib)."""
-        from dpmagic.plot import plot
+        from dpmagic.display.plot import plot
 
         return plot(self, kind=kind, x=x, y=y)
 
@@ -325,7 +326,7 @@ class DPResult:
             for r in range(len(self.rows))
         ]
 
-    def _noisy_column(self, column: str) -> dict[str, Any]:
+    def _noisy_column(self, column: str) -> builtins.dict[str, Any]:
         if column not in self.columns:
             raise KeyError(f"no column {column!r}; columns are {self.columns}")
         given = self._accuracy.columns
@@ -423,7 +424,7 @@ class DPResult:
             parts.append(f"showing {shown} of {len(self.rows)} rows")
         return " · ".join(parts)
 
-    def budget_note(self) -> dict[str, Any] | None:
+    def budget_note(self) -> builtins.dict[str, Any] | None:
         """What the status bar shows: this notebook's ε left, if the gate said."""
         left = epsilon_of(self.budget, "notebook", "remaining")
         limit = epsilon_of(self.budget, "notebook", "limit")
@@ -438,7 +439,7 @@ class DPResult:
 
     def _repr_mimebundle_(
         self, include: Any = None, exclude: Any = None
-    ) -> tuple[dict[str, str], dict[str, Any]]:
+    ) -> tuple[builtins.dict[str, str], builtins.dict[str, Any]]:
         """HTML for notebooks, Markdown for viewers that strip HTML's styles, plain text
         for terminals; this notebook's ε left in the metadata, for the status bar."""
         data = {
@@ -535,6 +536,7 @@ class DPResult:
     def _plan_tables(self) -> list[tuple[tuple[tuple[str, str], ...], list[list[str]]]]:
         """The dry run's tables: the noisy aggregates, then each output column's expected
         error (when the gate sent it)."""
+        tables: list[tuple[tuple[tuple[str, str], ...], list[list[str]]]]
         tables = [(PLAN_HEADERS, self._plan_rows())]
         outputs = output_rows(self.plan, format_value)
         if outputs:

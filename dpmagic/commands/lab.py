@@ -10,7 +10,7 @@ the quickstart notebook is put in the served folder, unless one is there.
 Notebooks are the user's: JupyterLab serves the current folder (or
 ``--notebook-dir``), which the lab never removes anything from. Everything the
 lab starts (the gate, JupyterLab, its kernels) is a child of a
-:class:`~dpmagic.supervisor.Supervisor`, and everything it makes for itself (the
+:class:`~dpmagic.commands.supervisor.Supervisor`, and everything it makes for itself (the
 data copy, the ledger, the kernelspec, Jupyter's runtime files, JupyterLab's
 workspace) is in one temporary folder: on any exit, signals included, the
 children stop and that folder goes. Nothing is written in the home folder that
@@ -33,10 +33,10 @@ import tempfile
 from pathlib import Path
 from typing import TextIO
 
-from dpmagic.demo import NOTEBOOK, example_file, prepare_example, start_gate
+from dpmagic.commands.demo import NOTEBOOK, example_file, prepare_example, start_gate
+from dpmagic.commands.supervisor import Supervisor
 from dpmagic.gate.policy import load_policy
 from dpmagic.kernel import write_spec
-from dpmagic.supervisor import Supervisor
 
 LAB_MISSING = "JupyterLab is not installed: pip install 'dpmagic[lab]'"
 
@@ -57,7 +57,7 @@ def run_lab(
 
     Raises LabError before doing anything if JupyterLab is missing, ``notebook_dir``
     is not a folder or ``port`` is taken, and PolicyError for a bad ``--policy``. A
-    stop signal raises :class:`~dpmagic.supervisor.Stopped` out of here once
+    stop signal raises :class:`~dpmagic.commands.supervisor.Stopped` out of here once
     JupyterLab, its kernels and the gate have stopped and the lab's own folder is
     removed; the served folder keeps every notebook.
     """
