@@ -7,6 +7,17 @@ Above the display (an answer comes back as a ``display.result.DPResult``) and th
 shared wire; it never imports the magics, the commands or the gate.
 """
 
-from dpmagic.client.http_gate import Gate
+from typing import Any
 
-__all__ = ["Gate"]  # ``from dpmagic.client import Gate``, as before the layers
+__all__ = ["Gate"]
+
+
+def __getattr__(name: str) -> Any:
+    """``from dpmagic.client import Gate``, as before the layers, imported on first use:
+    the package is imported by ``dpmagic`` itself (its errors), and the gate process
+    imports ``dpmagic`` without the client's pandas and HTTP stack."""
+    if name == "Gate":
+        from dpmagic.client.http_gate import Gate
+
+        return Gate
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

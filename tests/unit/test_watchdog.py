@@ -54,11 +54,13 @@ def test_each_query_keeps_its_own_deadline():
     a = dog.watch(slow, 0.3)
     b = dog.watch(quick, 0.05)
     c = dog.watch(late, 10.0)
-    time.sleep(0.15)
-    assert quick.calls and not slow.calls and not late.calls
-    assert quick.calls[0] - start >= 0.05
-    time.sleep(0.25)
-    assert slow.calls and slow.calls[0] - start >= 0.3
+    # Waited for rather than slept through: on a loaded machine a sleep of 0.15 s can
+    # last past the slow one's deadline, though each still fires at its own.
+    waited = time.monotonic() + 10.0
+    while not (quick.calls and slow.calls) and time.monotonic() < waited:
+        time.sleep(0.01)
+    assert quick.calls[0] - start >= 0.05 and slow.calls[0] - start >= 0.3
+    assert quick.calls[0] < slow.calls[0] and not late.calls
     for key in (a, b, c):
         dog.release(key)
     assert late.calls == []
