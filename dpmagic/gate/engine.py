@@ -32,7 +32,7 @@ from typing import Any, cast
 from msgspec.structs import replace as replace_struct
 
 from dpmagic import protocol
-from dpmagic.gate import clip_releases, staged_releases
+from dpmagic.gate import clip_releases, replay_hints, staged_releases
 from dpmagic.gate.admission import Admission
 from dpmagic.gate.analysis_cache import BYTES_PER_CHAR, AnalysisCache
 from dpmagic.gate.dp.accounting import Accountant, AccountantError, Cost, make_accountant
@@ -60,6 +60,7 @@ from dpmagic.gate.policy import Dataset, Policy, PolicyError
 from dpmagic.gate.policy.values import Sharing
 from dpmagic.gate.preview import PreviewRequest, utility_preview
 from dpmagic.gate.public_reads import public_read
+from dpmagic.gate.replay_hints import ReplayHints, Scope
 from dpmagic.gate.reply import Reply
 from dpmagic.gate.request import QueryRequest, asked_budget, tightened
 from dpmagic.gate.sql import bounding_report
@@ -176,6 +177,9 @@ class Engine:
         # Analyses kept for a user's repeated query texts (a notebook re-run, a
         # dashboard), per user and bounded in bytes (``analysis_cache.py``).
         self._analyses: AnalysisCache[Analysis] = AnalysisCache()
+        # The replay keys of released texts, so a text asked again is replayed (or served
+        # shared) without its analysis, where the ledger would serve it (``replay_hints``).
+        self._hints = ReplayHints()
         self.accountants = {
             name: make_accountant(ds.accountant) for name, ds in policy.datasets.items()
         }
@@ -212,14 +216,9 @@ class Engine:
         for the engine's life, and none of it of the data. Kept per user, so the time
         of a reply never says whether someone else sent the same text. A refusal is
         not remembered (it raises), so it is analysed again each time."""
-        eps, delta = asked_budget(dataset, request)
-        try:
-            params = json.dumps(request.params, sort_keys=True)
-        except (TypeError, ValueError):  # not from a JSON body: not worth a key
+        key = text_key(dataset, request)
+        if key is None:  # not from a JSON body: not worth a key
             return self._analysed(dataset, request)
-        key = (dataset.name, request.sql, params, eps, delta, request.accuracy, request.alpha,
-               request.bounding_report, dataset.max_partitions,
-               dataset.max_rows_per_partition, request.stage)  # fmt: skip
         found = self._analyses.get(user, key)
         if found is None:
             found = self._analysed(dataset, request)
@@ -362,6 +361,10 @@ class Engine:
         """A query's reply: a dry run's plan, a replay from the ledger, or, after the
         debit, a fresh release (stored for later replays)."""
         dataset = tightened(self._dataset(request.dataset), request)
+        if not request.dry_run and not request.fresh:
+            hinted = self._hinted(user, dataset, request)
+            if hinted is not None:
+                return hinted
         analysis = self.analysis(user, dataset, request)
         reply = _envelope(dataset, analysis, request)
         if request.dry_run:
@@ -384,6 +387,7 @@ class Engine:
                 flight.landed.wait()
                 stored = self._replayed(user, dataset, request, key, groups)
                 if stored is not None:
+                    self._remember(user, dataset, request, analysis, groups)
                     return stored
                 continue  # that release failed or was refused: ask as if it never was
             try:
@@ -391,6 +395,7 @@ class Engine:
                 # recorded after waits for this flight to land.
                 stored = self._replayed(user, dataset, request, key, groups)
                 if stored is not None:
+                    self._remember(user, dataset, request, analysis, groups)
                     return stored
                 # The same query released before over other data or policy facts:
                 # answered afresh (and charged: it is a new release), saying why.
@@ -423,10 +428,39 @@ class Engine:
         # The cells are written once, for the ledger and for the reply (``Reply``).
         released_reply = Reply.of(reply)
         self.ledger.record_release(charge, released_reply)
+        self._remember(user, dataset, request, analysis, self.membership.of(user))
         if fresh_because is not None:  # not stored: a replay of this answer is not fresh
             released_reply.envelope.fresh_because = fresh_because
         released_reply.envelope.budget = self._budget_views(user, dataset, request.notebook)
         return released_reply
+
+    def _hinted(self, user: str, dataset: Dataset, request: QueryRequest) -> Reply | None:
+        """The reply ``_replayed`` gives for a text released before, found by its hint
+        without analysing it; None where there is no hint in the user's scopes or the
+        ledger does not serve it (then the query is analysed as any other)."""
+        text = text_key(dataset, request)
+        if text is None:
+            return None
+        groups = self.membership.of(user)
+        key = self._hints.find(_hint_scopes(user, dataset, groups), text)
+        if key is None:
+            return None
+        return self._replayed(user, dataset, request, key, groups)
+
+    def _remember(
+        self,
+        user: str,
+        dataset: Dataset,
+        request: QueryRequest,
+        analysis: Analysis,
+        groups: frozenset[str],
+    ) -> None:
+        """A hint for a text released or served to ``user``: in the user's own scope and
+        in those the release now counts for (``replay_hints``)."""
+        text = text_key(dataset, request)
+        if text is not None:
+            scopes = _hint_scopes(user, dataset, groups)
+            self._hints.remember(scopes, text, analysis.replay_key)
 
     def _replayed(
         self,
@@ -660,6 +694,30 @@ class Engine:
         versions = self.databases[dataset.name].versions
         policy = versions.policy(frozenset(s.table.name for s in scans))
         return ReplayKey(query, versions.data, policy)
+
+
+def text_key(dataset: Dataset, request: QueryRequest) -> str | None:
+    """Everything a request's analysis is a function of besides the policy (fixed for
+    the engine's life), as one hash: its text, parameters, asked budget and accuracy,
+    report, tightened bounds and stage. None for parameters a JSON body cannot carry."""
+    eps, delta = asked_budget(dataset, request)
+    try:
+        params = json.dumps(request.params, sort_keys=True)
+    except (TypeError, ValueError):
+        return None
+    parts = [dataset.name, request.sql, params, eps, delta, request.accuracy, request.alpha,
+             request.bounding_report, dataset.max_partitions, dataset.max_rows_per_partition,
+             repr(request.stage)]  # fmt: skip
+    return hashlib.sha256(json.dumps(parts, default=repr).encode()).hexdigest()
+
+
+def _hint_scopes(user: str, dataset: Dataset, groups: frozenset[str]) -> list[Scope]:
+    """Whom a release to ``user`` in ``groups`` is served to, and so whose replies its
+    hint may speed up: the user, and where the dataset shares, those it shares with."""
+    return [
+        replay_hints.own(dataset.name, user),
+        *replay_hints.sharing_scopes(dataset.name, dataset.share_releases, groups),
+    ]
 
 
 def plan_request(dataset: Dataset, accountant: Accountant, request: QueryRequest) -> Plan:
