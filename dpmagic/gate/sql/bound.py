@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from dpmagic.gate.failures import Refused, required
+from dpmagic.gate.sql.aggregates.registry import kind_of
 from dpmagic.gate.sql.check import (
     CONCATENATION,
     TEXT_FUNCTIONS,
@@ -69,7 +70,7 @@ def bound(checked: Checked) -> Bounded:
         if agg.arg is None:
             continue
         iv = value_range(agg.arg, resolved)
-        if agg.func in ("count", "count_distinct"):
+        if not kind_of(agg.func).bounded:
             continue
         if iv is None or not iv.finite:
             raise Refused(_unbounded_reason(agg, resolved))

@@ -45,25 +45,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import NamedTuple, assert_never
 
 import numpy as np
 from sqlglot import exp
 
 from dpmagic.gate.dp.levels import band_level
+from dpmagic.gate.sql.aggregates.func import AggregateFunc
+from dpmagic.gate.sql.aggregates.parts import Avg, Measured, Variance, narrowed
+from dpmagic.gate.sql.aggregates.variance import spread
 from dpmagic.gate.sql.expected import average_error, variance_error
 from dpmagic.gate.sql.kinds import MeasureKind
 from dpmagic.gate.sql.noise import Noisy
 from dpmagic.gate.sql.parse import DIALECT
-from dpmagic.gate.sql.plan_types import (
-    Avg,
-    Measured,
-    Measurement,
-    Plan,
-    Selection,
-    Variance,
-    max_variance,
-)
+from dpmagic.gate.sql.plan_types import Measurement, Plan, Selection, max_variance
 from dpmagic.gate.sql.trees import unparen
 
 DOMINANT_SHARE = 0.5
@@ -210,24 +205,41 @@ def judging_rule(plan: Plan, node: exp.Expression) -> Rule:
         return "zero", _floor(plan, node)
     if node.name not in plan.parts:
         return "zero", None
-    parts = plan.parts[node.name]
-    func = plan.checked.aggregate(node.name).func
-    if func == "quantile":
-        return "percentiles", plan.selection(parts.names[0])
-    if isinstance(parts, Avg):
-        total, count = plan.measurement(parts.total), plan.measurement(parts.count)
-        floor = None if node.name in plan.debiased else (average_error, parts, False)
-        return "range", (total.bounds.lo, total.bounds.hi, count, floor)
-    if isinstance(parts, Variance):
-        widest = max_variance(plan, parts)
-        root = func.startswith("stddev")
-        high = math.sqrt(widest) if root else widest
-        return "range", (0.0, high, plan.measurement(parts.count), (variance_error, parts, root))
-    if isinstance(parts, Measured) and node.name not in plan.debiased:
-        m = plan.measurement(parts.name)
-        sign = 1 if m.clamp is None or m.clamp.lo >= 0 else -1 if m.clamp.hi <= 0 else 0
-        return "zero", (m, sign)
-    return "zero", None
+    return _aggregate_rule(plan, node.name)
+
+
+def _aggregate_rule(plan: Plan, name: str) -> Rule:
+    """The rule a bare aggregate is judged by, by its kind."""
+    parts = plan.parts[name]
+    func = plan.checked.aggregate(name).func
+    match func:
+        case AggregateFunc.QUANTILE:
+            return "percentiles", plan.selection(parts.names[0])
+        case AggregateFunc.AVG:
+            avg = narrowed(parts, Avg)
+            total, count = plan.measurement(avg.total), plan.measurement(avg.count)
+            floor = None if name in plan.debiased else (average_error, avg, False)
+            return "range", (total.bounds.lo, total.bounds.hi, count, floor)
+        case (
+            AggregateFunc.VAR_SAMP
+            | AggregateFunc.VAR_POP
+            | AggregateFunc.STDDEV_SAMP
+            | AggregateFunc.STDDEV_POP
+        ):
+            variance = narrowed(parts, Variance)
+            widest = max_variance(plan, variance)
+            root = spread(func).root
+            high = math.sqrt(widest) if root else widest
+            error = (variance_error, variance, root)
+            return "range", (0.0, high, plan.measurement(variance.count), error)
+        case AggregateFunc.COUNT | AggregateFunc.COUNT_DISTINCT | AggregateFunc.SUM:
+            if name in plan.debiased:
+                return "zero", None
+            m = plan.measurement(narrowed(parts, Measured).name)
+            sign = 1 if m.clamp is None or m.clamp.lo >= 0 else -1 if m.clamp.hi <= 0 else 0
+            return "zero", (m, sign)
+        case unknown:
+            assert_never(unknown)
 
 
 def _floor(plan: Plan, node: exp.Expression) -> Floor | None:
@@ -242,7 +254,7 @@ def _floor(plan: Plan, node: exp.Expression) -> Floor | None:
     parts = plan.parts[name]
     if isinstance(parts, Avg) and name not in plan.debiased:
         return Floor(plan.measurement(parts.count), average_error, parts, scale)
-    if isinstance(parts, Variance) and not plan.checked.aggregate(name).func.startswith("stddev"):
+    if isinstance(parts, Variance) and not spread(plan.checked.aggregate(name).func).root:
         return Floor(plan.measurement(parts.count), variance_error, parts, scale)
     return None
 

@@ -37,12 +37,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from statistics import NormalDist
+from typing import assert_never
 
 from sqlglot import exp
 
 from dpmagic.gate.dp.randomized_response import random_share, true_count, true_sum
 from dpmagic.gate.failures import Refused, required
 from dpmagic.gate.policy import Column
+from dpmagic.gate.sql.aggregates.func import AggregateFunc
 from dpmagic.gate.sql.check import Checked
 from dpmagic.gate.sql.trees import unparen
 
@@ -58,7 +60,7 @@ class Debias:
     ``numbers`` are those values for sums and averages.
     """
 
-    func: str
+    func: AggregateFunc  # COUNT, SUM or AVG
     p: float
     k: int
     key: int | None = None
@@ -102,13 +104,26 @@ def debiasing(checked: Checked) -> dict[str, Debias]:
     out = {}
     for agg in checked.aggregates:
         col = _bare(agg.arg, checked) if agg.arg is not None else None
-        if col is None or agg.func == "count":
-            # Whether an answer was given is not randomized: COUNT(column) needs no debiasing.
+        if col is None:
             continue
-        required(col.randomized_response, "a randomized column's probability")
-        if agg.func not in ("sum", "avg"):
-            raise Refused(f"{agg.label}: {col.name!r} is collected by randomized response; "
-                          f"{SUPPORTED}")  # fmt: skip
+        match agg.func:
+            case AggregateFunc.COUNT:
+                # Whether an answer was given is not randomized: COUNT(column) needs none.
+                continue
+            case AggregateFunc.SUM | AggregateFunc.AVG:
+                required(col.randomized_response, "a randomized column's probability")
+            case (
+                AggregateFunc.COUNT_DISTINCT
+                | AggregateFunc.VAR_SAMP
+                | AggregateFunc.VAR_POP
+                | AggregateFunc.STDDEV_SAMP
+                | AggregateFunc.STDDEV_POP
+                | AggregateFunc.QUANTILE
+            ):
+                raise Refused(f"{agg.label}: {col.name!r} is collected by randomized "
+                              f"response; {SUPPORTED}")  # fmt: skip
+            case unknown:
+                assert_never(unknown)
         values = col.public_values or ()
         if not all(_number(v) for v in values):
             raise Refused(f"{agg.label}: SUM and AVG of a randomized-response column need "
@@ -123,13 +138,13 @@ def _grouped_counts(checked: Checked, key: int, col: Column) -> dict[str, Debias
     required(col.randomized_response, "a randomized column's probability")
     for agg in checked.aggregates:
         counted = agg.arg is None or isinstance(unparen(agg.arg), exp.Column)
-        if agg.func != "count" or not counted:
+        if agg.func is not AggregateFunc.COUNT or not counted:
             raise Refused(
                 f"{agg.label} beside GROUP BY {col.name} (randomized response): only "
                 "COUNT(*) and COUNT(column) are debiased per answer"
             )
     p, k = col.randomized_response.p, len(col.public_values or ())
-    return {agg.name: Debias("count", p, k, key) for agg in checked.aggregates}
+    return {agg.name: Debias(AggregateFunc.COUNT, p, k, key) for agg in checked.aggregates}
 
 
 def _refuse_outside_aggregates_and_keys(checked: Checked) -> list[str]:
@@ -224,12 +239,24 @@ def debias(
     the count vector (counts), or the sum and count vectors (sums, averages).
     ``groups`` lists, for counts, the partitions that differ only in the
     randomized key: its k reported values within one group of the other keys."""
-    if d.func == "count":
-        return _counts(d, first, groups)
-    second = required(second, "the count a debiased sum or mean is over")
-    if d.func == "sum":
-        return _sums(d, first, second)
-    return _averages(d, first, second)
+    match d.func:
+        case AggregateFunc.COUNT:
+            return _counts(d, first, groups)
+        case AggregateFunc.SUM:
+            return _sums(d, first, required(second, "the count a debiased sum is over"))
+        case AggregateFunc.AVG:
+            return _averages(d, first, required(second, "the count a debiased mean is over"))
+        case (
+            AggregateFunc.COUNT_DISTINCT
+            | AggregateFunc.VAR_SAMP
+            | AggregateFunc.VAR_POP
+            | AggregateFunc.STDDEV_SAMP
+            | AggregateFunc.STDDEV_POP
+            | AggregateFunc.QUANTILE
+        ):
+            raise ValueError(f"{d.func} is never debiased")
+        case unknown:
+            assert_never(unknown)
 
 
 def _counts(d: Debias, counts: list[float], groups: list[list[int]]) -> Debiased:

@@ -50,12 +50,14 @@ from sqlglot import exp
 from dpmagic import wire
 from dpmagic.gate.dp.levels import REPORT_ALPHA, expression_level
 from dpmagic.gate.engines.dialect import DUCKDB
+from dpmagic.gate.sql.aggregates.func import AggregateFunc
+from dpmagic.gate.sql.aggregates.parts import Avg, DebiasedSum, Measured
 from dpmagic.gate.sql.dominance import Origins, judged
 from dpmagic.gate.sql.edges import edge_names
 from dpmagic.gate.sql.intervals import CellIntervals
 from dpmagic.gate.sql.noise import Noisy, Partition, declared_array
 from dpmagic.gate.sql.parse import DIALECT
-from dpmagic.gate.sql.plan_types import Avg, DebiasedSum, Measured, Measurement, Plan, Selection
+from dpmagic.gate.sql.plan_types import Measurement, Plan, Selection
 from dpmagic.gate.sql.post_query import PID, PostExpr, PostQuery, debiased_column, post_query
 from dpmagic.gate.sql.randomized import Debiased, debias
 from dpmagic.gate.sql.release_columns import Columns, direct
@@ -197,7 +199,7 @@ def in_order(noisy: Noisy) -> tuple[Noisy, Origins]:
     quantiles = {
         parts.names[0]
         for name, parts in plan.parts.items()
-        if plan.checked.aggregate(name).func == "quantile"
+        if plan.checked.aggregate(name).func is AggregateFunc.QUANTILE
     }
     columns: dict[tuple[object, ...], list[Selection]] = {}
     for s in plan.selections:
