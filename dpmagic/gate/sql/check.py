@@ -396,7 +396,7 @@ def _comparable(node: exp.Expression, resolved: Resolved) -> None:
     operands = [node.this, node.args.get("expression")]
     operands += node.args.get("expressions") or []
     operands += [node.args.get("low"), node.args.get("high")]
-    kinds = {_family(o, resolved) for o in operands if o is not None} - {None}
+    kinds = {f for o in operands if o is not None and (f := _family(o, resolved)) is not None}
     if "date" in kinds and kinds <= {"date", "text"}:
         for o in operands:
             if isinstance(o, exp.Literal) and o.is_string:
@@ -454,7 +454,7 @@ def date_part(node: exp.Expression) -> str | None:
     return DATE_PARTS.get(type(node))
 
 
-def _date_part(node: exp.Expression, resolved: Resolved) -> None:
+def _date_part(node: exp.Expr, resolved: Resolved) -> None:
     """A date part must read a date column or literal: anything else would fail in
     DuckDB after the budget is charged."""
     part = date_part(node)
@@ -466,7 +466,7 @@ def _date_part(node: exp.Expression, resolved: Resolved) -> None:
         raise Refused(f"{display(node)}: date parts need a date column")
 
 
-def _date_literal(node: exp.Expression) -> bool:
+def _date_literal(node: exp.Expr) -> bool:
     """``DATE '2020-01-01'``: a cast that cannot fail, once its text is a valid date."""
     if not (
         type(node) is exp.Cast
@@ -482,7 +482,7 @@ def _date_literal(node: exp.Expression) -> bool:
     return True
 
 
-def _allowed(node: exp.Expression, allowed: tuple[type[exp.Expression], ...], where: str) -> None:
+def _allowed(node: exp.Expr, allowed: tuple[type[exp.Expr], ...], where: str) -> None:
     if _date_literal(node):
         return
     if isinstance(node, exp.Cast) and not isinstance(node, exp.TryCast):
@@ -497,7 +497,7 @@ def _allowed(node: exp.Expression, allowed: tuple[type[exp.Expression], ...], wh
         raise Refused(f"{_name(node)} is not allowed {where}")
 
 
-def _name(node: exp.Expression) -> str:
+def _name(node: exp.Expr) -> str:
     if isinstance(node, exp.IgnoreNulls | exp.RespectNulls):
         return _name(node.this)
     if isinstance(node, exp.Anonymous):

@@ -276,7 +276,8 @@ def moved_checked(bounded: Bounded, stage: ClipMoved) -> Checked:
     grouped = not any(d.private for d in bounded.domains)
     keys = [Output(name=f"{PREFIX}k{i}", expr=exp.column(k.name))
             for i, k in enumerate(checked.keys if grouped else ())]  # fmt: skip
-    aggregates, outputs = [], []
+    aggregates: list[AggregateCall] = []
+    outputs: list[Output] = []
     facts = {f.aggregate: f for f in stage.clipped.facts}
     for agg in targets(checked):
         fact = facts.get(agg.label)

@@ -415,10 +415,10 @@ class CellIntervals:
             key = next((i for i, k in enumerate(self.plan.keys) if k.name == node.name), None)
             if key is None:
                 return None
-            v = self.noisy.partitions[pid][key]
-            if isinstance(v, bool) or not isinstance(v, int | float):
+            value = self.noisy.partitions[pid][key]
+            if isinstance(value, bool) or not isinstance(value, int | float):
                 return None
-            return float(v), float(v)
+            return float(value), float(value)
         if isinstance(node, exp.Neg):
             a = self._eval(node.this, pid, alpha)
             return None if a is None else (-a[1], -a[0])
@@ -441,18 +441,18 @@ def variance_box(
     middle of the bounds and the sum of their squares lie in their intervals (each
     sum with the centre it is released around); the bounds' own range when the
     count may be too small to say anything."""
-    (c1, s1), (c2, s2) = s1, s2
+    (c1, sum1), (c2, sum2) = s1, s2
     samp = kind.sample
     low_n = 2 if samp else 1
     top = widest * (2 if samp else 1)
     if n[0] < low_n:
         lo, hi = 0.0, top
     else:
-        means = [c1 + a / b for a in s1 for b in n]
+        means = [c1 + a / b for a in sum1 for b in n]
         m_lo, m_hi = min(means), max(means)
         sq_lo = 0.0 if m_lo <= 0 <= m_hi else min(m_lo * m_lo, m_hi * m_hi)
         sq_hi = max(m_lo * m_lo, m_hi * m_hi)
-        q = [c2 + a / b for a in s2 for b in n]
+        q = [c2 + a / b for a in sum2 for b in n]
         lo, hi = max(min(q) - sq_hi, 0.0), min(max(q) - sq_lo, widest)
         if samp:
             lo, hi = lo * n[1] / (n[1] - 1), hi * n[0] / (n[0] - 1)

@@ -286,9 +286,10 @@ def _wanted(
         match kind_of(agg.func):
             case Selecting():
                 arg = required(agg.arg, "a quantile's argument")
-                key = (required(agg.level, "a quantile's level"), arg.sql(dialect=DIALECT))
-                quantiles.setdefault(key, (arg, bounded.bounds[agg.name], agg.label))
-                uses[agg.name] = (("quantile", f"{key[0]}|{key[1]}"),)
+                level = required(agg.level, "a quantile's level")
+                at = (level, arg.sql(dialect=DIALECT))
+                quantiles.setdefault(at, (arg, bounded.bounds[agg.name], agg.label))
+                uses[agg.name] = (("quantile", f"{at[0]}|{at[1]}"),)
             case Measuring() as kind:
                 clamp = bounded.bounds.get(agg.name)
                 parts = kind.parts(agg.arg, clamp, checked.resolved, agg.name in debiased)
@@ -521,8 +522,8 @@ def _summand(part: Wanted, resolved: Resolved) -> Summand:
     col = resolved.column(arg) if kind == MeasureKind.SUM and arg is not None else None
     if col is None or clamp is None or col.type != ("int" if clamp.integral else "float"):
         return Summand.CAST
-    within = col.lower is not None and col.upper is not None
-    if within and clamp.lo <= col.lower and col.upper <= clamp.hi:
+    lower, upper = col.lower, col.upper
+    if lower is not None and upper is not None and clamp.lo <= lower and upper <= clamp.hi:
         return Summand.STORED
     return Summand.TYPED
 
