@@ -459,7 +459,8 @@ if _missing:  # the checker allows something the grammar cannot write
 
 # SQL for each aggregate node type; ``X`` stands for the argument, ``{q}`` for a level.
 AGGREGATE_SQL: dict[type[exp.Expression], tuple[str, ...]] = {
-    exp.Count: ("COUNT(X)", "COUNT(DISTINCT X)"), exp.Sum: ("SUM(X)",), exp.Avg: ("AVG(X)",),
+    exp.Count: ("COUNT(X)", "COUNT(DISTINCT X)"), exp.CountIf: ("COUNT_IF(X > 0)",),
+    exp.Sum: ("SUM(X)",), exp.Avg: ("AVG(X)",),
     exp.Variance: ("VAR_SAMP(X)", "VARIANCE(X)"), exp.VariancePop: ("VAR_POP(X)",),
     exp.Stddev: ("STDDEV(X)",), exp.StddevSamp: ("STDDEV_SAMP(X)",),
     exp.StddevPop: ("STDDEV_POP(X)",), exp.Min: ("MIN(X)",), exp.Max: ("MAX(X)",),

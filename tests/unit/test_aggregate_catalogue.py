@@ -22,7 +22,7 @@ import pytest
 from sqlglot import exp
 
 from dpmagic.gate.failures import Refused
-from dpmagic.gate.sql.aggregates import registry, variance
+from dpmagic.gate.sql.aggregates import count, registry, variance
 from dpmagic.gate.sql.aggregates.func import AggregateFunc
 from dpmagic.gate.sql.dominance import judging_rule
 from dpmagic.gate.sql.noise import noise
@@ -186,3 +186,11 @@ def test_a_node_type_registered_to_the_wrong_kind_is_caught(con, monkeypatch):
         agrees_with_the_engine(con, _sql("VARIANCE(X)"))
     values = np.array([r[1] for r in ROWS], dtype=float)
     assert _engine_value(con, _sql("VARIANCE(X)")) == pytest.approx(values.var(ddof=1))
+
+
+def test_count_if_registered_as_a_plain_count_is_caught(con, monkeypatch):
+    """``COUNT_IF`` is one module and one line: registered as ``COUNT`` instead (which
+    counts every row whose condition is not NULL), the contract catches it."""
+    monkeypatch.setitem(registry.CATALOGUE, exp.CountIf, count.COUNT)
+    with pytest.raises(AssertionError, match="COUNT_IF"):
+        agrees_with_the_engine(con, _sql("COUNT_IF(X > 40)"))

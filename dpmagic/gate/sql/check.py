@@ -308,6 +308,8 @@ class _Release:
             arg = None
         elif arg is None or isinstance(arg, exp.Star):
             raise Refused(f"{_name(node)} needs an argument")
+        else:
+            arg = kind.argument(arg)
         level = kind.level(node)
         if condition is not None:
             _row_expr(condition, self.resolved, "FILTER (WHERE …)")

@@ -1,6 +1,7 @@
 """The interface every kind of the catalogue implements, and what its modules share.
 
-A kind is read from SQL by the check pass (``star``, ``distinct``, ``level``), bounded
+A kind is read from SQL by the check pass (``star``, ``distinct``, ``level``,
+``argument``), bounded
 by the bound pass (``bounded``), its values' bounds chosen by ``--clip`` where it sums
 them (``summed``), and planned by the plan pass: a *measuring* kind into noisy counts
 and sums (``Measuring.parts``), named by role once planned (``Measuring.typed``), each
@@ -42,6 +43,11 @@ class Aggregate(ABC):
     def level(self, node: exp.Expression) -> float | None:
         """The quantile level ``node`` asks for; None for a kind that has none."""
         return None
+
+    def argument(self, arg: exp.Expression) -> exp.Expression:
+        """The row expression aggregated, from the call's argument ``arg``: itself,
+        unless the kind reads it otherwise."""
+        return arg
 
 
 class Measuring(Aggregate):

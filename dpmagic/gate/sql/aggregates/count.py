@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from sqlglot import exp
 
-from dpmagic.gate.sql.aggregates.base import Measuring, count_of
+from dpmagic.gate.sql.aggregates.base import Kind, Measuring, count_of
 from dpmagic.gate.sql.aggregates.count_distinct import COUNT_DISTINCT
 from dpmagic.gate.sql.aggregates.func import AggregateFunc
 from dpmagic.gate.sql.aggregates.parts import Measured, Parts, Wanted
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 class Count(Measuring):
     func = AggregateFunc.COUNT
     star = True
-    distinct = COUNT_DISTINCT
+    distinct: Kind | None = COUNT_DISTINCT
     bounded = False
     single = True
 

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from sqlglot import exp
 
-from dpmagic.gate.sql.aggregates import average, count, quantile, sums, variance
+from dpmagic.gate.sql.aggregates import average, count, count_if, quantile, sums, variance
 from dpmagic.gate.sql.aggregates.base import Kind
 from dpmagic.gate.sql.aggregates.func import AggregateFunc
 
 CATALOGUE: dict[type[exp.Expression], Kind] = {
     exp.Count: count.COUNT,
+    exp.CountIf: count_if.COUNT_IF,
     exp.Sum: sums.SUM,
     exp.Avg: average.AVG,
     exp.Variance: variance.VAR_SAMP,
