@@ -111,7 +111,7 @@ def debiasing(checked: Checked) -> dict[str, Debias]:
                 # Whether an answer was given is not randomized: COUNT(column) needs none.
                 continue
             case AggregateFunc.SUM | AggregateFunc.AVG:
-                required(col.randomized_response, "a randomized column's probability")
+                pass
             case (
                 AggregateFunc.COUNT_DISTINCT
                 | AggregateFunc.VAR_SAMP
@@ -129,13 +129,14 @@ def debiasing(checked: Checked) -> dict[str, Debias]:
             raise Refused(f"{agg.label}: SUM and AVG of a randomized-response column need "
                           "numeric public_values")  # fmt: skip
         numbers = tuple(float(v) for v in values)  # type: ignore[arg-type]
-        out[agg.name] = Debias(agg.func, col.randomized_response.p, len(values), None, numbers)
+        p = required(col.randomized_response, "a randomized column's probability").p
+        out[agg.name] = Debias(agg.func, p, len(values), None, numbers)
     return out
 
 
 def _grouped_counts(checked: Checked, key: int, col: Column) -> dict[str, Debias]:
     """GROUP BY the column: every aggregate must be a count of rows or of a column."""
-    required(col.randomized_response, "a randomized column's probability")
+    randomized = required(col.randomized_response, "a randomized column's probability")
     for agg in checked.aggregates:
         counted = agg.arg is None or isinstance(unparen(agg.arg), exp.Column)
         if agg.func is not AggregateFunc.COUNT or not counted:
@@ -143,7 +144,7 @@ def _grouped_counts(checked: Checked, key: int, col: Column) -> dict[str, Debias
                 f"{agg.label} beside GROUP BY {col.name} (randomized response): only "
                 "COUNT(*) and COUNT(column) are debiased per answer"
             )
-    p, k = col.randomized_response.p, len(col.public_values or ())
+    p, k = randomized.p, len(col.public_values or ())
     return {agg.name: Debias(AggregateFunc.COUNT, p, k, key) for agg in checked.aggregates}
 
 
@@ -162,7 +163,7 @@ def _refuse_outside_aggregates_and_keys(checked: Checked) -> list[str]:
             raise Refused(f"{col.name!r} is collected by randomized response and cannot be "
                           f"used {where}; {SUPPORTED}")  # fmt: skip
     mentioned = []
-    exprs = [(k.label, k.expr) for k in checked.keys]
+    exprs: list[tuple[str, exp.Expression | None]] = [(k.label, k.expr) for k in checked.keys]
     exprs += [(a.label, a.arg) for a in checked.aggregates]
     for label, node in exprs:
         col = _first(node, checked)
@@ -179,7 +180,7 @@ def _first(node: exp.Expression | None, checked: Checked) -> Column | None:
     """The first randomized-response column ``node`` reads, if any."""
     if node is None:
         return None
-    for n in node.walk():
+    for n in node.find_all(exp.Column):
         col = checked.resolved.column(n)
         if col is not None and col.randomized_response is not None:
             return col

@@ -31,7 +31,7 @@ GROUP_SIZES = (100, 1000)
 def summary(the_plan: Plan) -> list[dict[str, object]]:
     """The plan per measurement, all of it public: bounds, sensitivity, mechanism,
     scale, cost, the expected 95% error, and where the group keys come from."""
-    keys = [
+    keys: list[dict[str, object]] = [
         {
             "column": k.label,
             "public": d.private is None,
@@ -265,7 +265,7 @@ def _per_rows(error: float, kind: str, what: object, square_root: bool) -> dict[
     out: dict[str, object] = {"half_width_at": [[n, at(n)] for n in GROUP_SIZES]}
     below = None
     if kind == "range":
-        lo, hi, *_ = what  # type: ignore[misc]
+        lo, hi = what[:2]  # type: ignore[index]
         target = DOMINANT_SHARE * (hi - lo) / 2  # the half-width that covers that share
         if target > 0:
             below = _rows_below(error / target**2 if square_root else error / target)
