@@ -1,6 +1,7 @@
 """Pass 5: the DP plan — partitions, measurements, sensitivities, cost.
 
-Each DP aggregate becomes one or more *measurements*: a count, a count of
+Each DP aggregate becomes one or more *measurements*, as its kind in the
+catalogue (``aggregates/``) plans it: a count, a count of
 distinct values, or a sum of a clamped value on an integer grid (AVG is a
 sum and a count; a variance a count, a sum and a sum of squares, all
 post-processed; their sums are *centred*, see :class:`Centre`). A
