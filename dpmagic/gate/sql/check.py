@@ -459,6 +459,8 @@ def date_part(node: exp.Expression) -> str | None:
 def _date_part(node: exp.Expr, resolved: Resolved) -> None:
     """A date part must read a date column or literal: anything else would fail in
     DuckDB after the budget is charged."""
+    if not isinstance(node, exp.Expression):  # an abstract node type: none is parsed
+        raise Refused(f"{_name(node)} is not allowed")
     part = date_part(node)
     if part is None:
         raise Refused(f"{display(node)}: extract one of {', '.join(EXTRACT_UNITS)}")
