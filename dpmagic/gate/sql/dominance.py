@@ -45,7 +45,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import NamedTuple, assert_never
+from dataclasses import dataclass
+from typing import Any, assert_never, cast
 
 import numpy as np
 from sqlglot import exp
@@ -151,14 +152,26 @@ def verdicts(flags: np.ndarray, unknown: np.ndarray | None = None) -> list[bool 
     return out
 
 
-class Floor(NamedTuple):
+ErrorOf = Callable[[Plan, Any, float], float]
+"""An average's or a variance's plan's 95% error at a level (``expected``'s
+``average_error`` or ``variance_error``), as ``error(plan, parts, alpha)``."""
+Expected = tuple[ErrorOf, Avg | Variance, bool]
+"""A bare average's or variance's error, its parts, and whether it is a square root."""
+Ranged = tuple[float, float, Measurement | None, Expected | None]
+"""What the range rule reads: the range, the group's count, and the error it floors at."""
+Bare = tuple[Measurement, int]
+"""What the zero rule reads of a bare count or sum: its measurement and sign."""
+
+
+@dataclass(frozen=True)
+class Floor:
     """An average or variance under arithmetic with constants, judged by the zero rule:
     the count of its group, its plan's 95% error (``error(plan, parts, alpha)``, as
     ``expected``'s) and the factor it is scaled by. Its interval is widened to what
     its noise can do, as a bare one's is by the range rule."""
 
     count: Measurement
-    error: Callable[[Plan, Avg | Variance, float], float]
+    error: ErrorOf
     parts: Avg | Variance
     scale: float
 
@@ -196,7 +209,7 @@ def judging_rule(plan: Plan, node: exp.Expression) -> Rule:
         factor = 1 / factor if isinstance(node, exp.Div) else factor
         kind, what = judging_rule(plan, other)
         if kind == "range":
-            lo, hi, count, _ = what  # type: ignore[misc]
+            lo, hi, count, _ = cast(Ranged, what)
             return "range", (*sorted((lo * factor, hi * factor)), count, None)
         if kind == "percentiles" and factor > 0:
             return kind, what
@@ -326,7 +339,7 @@ def judged(
     if kind == "zero" and what is not None and not isinstance(what, Floor):
         # A bare count or sum: its noise's own interval, before a count's floor at 0
         # (a noisy count of -8 is released as 0 [0, 0], and is noise).
-        m, sign = what  # type: ignore[misc]
+        m, sign = cast(Bare, what)
         half = m.noise.half_width(alpha) if m.noise.sensitivity else 0.0
         value = np.asarray(noisy.values[m.name], dtype=float)[index]
         flags = signed_rule(value, half, sign)
@@ -336,7 +349,7 @@ def judged(
     lo, hi = ends[:, 0], ends[:, 1]
     unknown = np.isnan(lo) | np.isnan(hi)
     if kind == "range":
-        low, high, count, floor = what  # type: ignore[misc]
+        low, high, count, floor = cast(Ranged, what)
         stretch = least = None
         if count is not None:
             stretch, least = _sizes(count, noisy, alpha, index)
@@ -345,22 +358,27 @@ def judged(
             error, parts, root = floor
             widths = expected_width(error(plan, parts, alpha), least, lo, hi, root)
         flags = range_rule(lo, hi, low, high, stretch, widths)
-        out = {"rule": "range", "range": [low, high], "noise_dominates": verdicts(flags, unknown)}
+        out: dict[str, object] = {
+            "rule": "range",
+            "range": [low, high],
+            "noise_dominates": verdicts(flags, unknown),
+        }
         wider = flags & ~range_rule(lo, hi, low, high) & ~unknown
         if least is not None and wider.any():
-            ends = within_range(lo, hi, judged_width(lo, hi, stretch, widths), low, high)
-            out["judged_wider"] = judged_wider(wider, *ends, least)
+            width = judged_width(lo, hi, stretch, widths)
+            lo_judged, hi_judged = within_range(lo, hi, width, low, high)
+            out["judged_wider"] = judged_wider(wider, lo_judged, hi_judged, least)
         return out
     if isinstance(what, Floor):
         shown = zero_rule(lo, hi)
         lo, hi = _widened(plan, noisy, alpha, index, what, lo, hi)
         flags = zero_rule(lo, hi)
-        out = {"rule": "zero", "noise_dominates": verdicts(flags, unknown)}
+        widened: dict[str, object] = {"rule": "zero", "noise_dominates": verdicts(flags, unknown)}
         wider = flags & ~shown & ~unknown
         if wider.any():
             least = _sizes(what.count, noisy, alpha, index)[1]
-            out["judged_wider"] = judged_wider(wider, lo, hi, least)
-        return out
+            widened["judged_wider"] = judged_wider(wider, lo, hi, least)
+        return widened
     return {"rule": "zero", "noise_dominates": verdicts(zero_rule(lo, hi), unknown)}
 
 
