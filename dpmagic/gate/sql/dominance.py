@@ -44,7 +44,7 @@ ratio whose denominator's interval reaches 0) gets ``None`` too.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, assert_never, cast
 
@@ -321,8 +321,8 @@ def judged(
     noisy: Noisy,
     alpha: float,
     node: exp.Expression,
-    pids: list[int],
-    pairs: list[list[float] | None],
+    pids: Sequence[int],
+    pairs: list[list[float] | None] | np.ndarray,
     origins: Origins | None = None,
 ) -> dict[str, object]:
     """The rule a column is judged by and, per cell, whether noise dominates it
@@ -469,8 +469,8 @@ def _judged_quantile(
     noisy: Noisy,
     alpha: float,
     selection: Selection,
-    pids: list[int],
-    pairs: list[list[float] | None],
+    pids: Sequence[int],
+    pairs: list[list[float] | None] | np.ndarray,
     origin: tuple[tuple[Selection, ...], np.ndarray] | None = None,
 ) -> dict[str, object]:
     """A quantile's band of the group's percentiles and verdict, from a noisy count of

@@ -35,10 +35,12 @@ independently of every other row's, as the survey design declares.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 from typing import assert_never
 
+import numpy as np
 from sqlglot import exp
 
 from dpmagic.gate.dp.randomized_response import random_share, true_count, true_sum
@@ -47,6 +49,9 @@ from dpmagic.gate.policy import Column
 from dpmagic.gate.sql.aggregates.func import AggregateFunc
 from dpmagic.gate.sql.check import Checked
 from dpmagic.gate.sql.trees import unparen
+
+# A noisy measurement's values, one per partition: a list, or the noise pass's array.
+Values = Sequence[int | float] | np.ndarray
 
 SUPPORTED = "supported: COUNT(*) or COUNT(column) grouped by it, SUM and AVG of it"
 
@@ -233,9 +238,7 @@ class Debiased:
         return min(max(value - half, lo), hi), min(max(value + half, lo), hi)
 
 
-def debias(
-    d: Debias, first: list[float], second: list[float] | None, groups: list[list[int]]
-) -> Debiased:
+def debias(d: Debias, first: Values, second: Values | None, groups: list[list[int]]) -> Debiased:
     """Debias one aggregate from its noisy measurements, one value per partition:
     the count vector (counts), or the sum and count vectors (sums, averages).
     ``groups`` lists, for counts, the partitions that differ only in the
@@ -244,9 +247,9 @@ def debias(
         case AggregateFunc.COUNT:
             return _counts(d, first, groups)
         case AggregateFunc.SUM:
-            return _sums(d, first, required(second, "the count a debiased sum is over"))
+            return _sums(d, first, _answers(second))
         case AggregateFunc.AVG:
-            return _averages(d, first, required(second, "the count a debiased mean is over"))
+            return _averages(d, first, _answers(second))
         case (
             AggregateFunc.COUNT_DISTINCT
             | AggregateFunc.VAR_SAMP
@@ -260,7 +263,14 @@ def debias(
             assert_never(unknown)
 
 
-def _counts(d: Debias, counts: list[float], groups: list[list[int]]) -> Debiased:
+def _answers(counts: Values | None) -> Values:
+    """How many answers a debiased sum or mean adds up, which the plan measures with it."""
+    if counts is None:
+        raise RuntimeError("internal error: the count a debiased sum or mean is over is missing")
+    return counts
+
+
+def _counts(d: Debias, counts: Values, groups: list[list[int]]) -> Debiased:
     """``t_v = (c_v − r·n)/p`` in each group, ``n`` its noisy total, ``r = (1−p)/k``."""
     r = random_share(d.p, d.k)
     own = (1 - r) / d.p  # the weight of c_v's noise in t_v; each other count's is r/p
@@ -283,7 +293,7 @@ def _count_variance(t: float, n: float, p: float, r: float) -> float:
     return t * (p + r) * (1 - p - r) + (n - t) * r * (1 - r)
 
 
-def _sums(d: Debias, sums: list[float], counts: list[float]) -> Debiased:
+def _sums(d: Debias, sums: Values, counts: Values) -> Debiased:
     values, sds, gains = [], [], []
     for s, c in zip(sums, counts, strict=True):
         n = max(c, 0.0)
@@ -294,7 +304,7 @@ def _sums(d: Debias, sums: list[float], counts: list[float]) -> Debiased:
     return Debiased(values, sds, gains, (-math.inf, math.inf))
 
 
-def _averages(d: Debias, sums: list[float], counts: list[float]) -> Debiased:
+def _averages(d: Debias, sums: Values, counts: Values) -> Debiased:
     values, sds, gains = [], [], []
     for s, c in zip(sums, counts, strict=True):
         n = max(c, 1.0)
