@@ -2,7 +2,7 @@
 
 The grammar is keyed by the checker's own tables (``check.SCALAR_NODES``,
 ``ROW_ONLY_NODES``, ``TEXT_FUNCTIONS``, ``CONCATENATION``, ``DATE_PARTS``,
-``EXTRACT_UNITS``, ``CAST_TYPES``, ``AGGREGATES``, ``COMPARISONS``,
+``EXTRACT_UNITS``, ``CAST_TYPES``, the catalogue's node types, ``COMPARISONS``,
 ``ARITHMETIC``): every node type the checker lets through has a builder here,
 and a node type the checker gains without a builder is an error at import
 (``test_sql_grammar.py`` also checks that each one is actually generated).
@@ -35,6 +35,7 @@ from hypothesis import strategies as st
 from sqlglot import exp, parse_one
 
 from dpmagic.gate.sql import check
+from dpmagic.gate.sql.aggregates.registry import CATALOGUE
 from dpmagic.gate.sql.parse import DIALECT
 
 NUM, TEXT, DATE, BOOL = "number", "text", "date", "bool"
@@ -454,11 +455,12 @@ if _missing:  # the checker allows something the grammar cannot write
     raise ImportError(f"the SQL grammar has no builder for {', '.join(_missing)}")
 
 
-# -- aggregates, by the checker's AGGREGATES ------------------------------------------
+# -- aggregates, by the catalogue's node types ------------------------------------------
 
 # SQL for each aggregate node type; ``X`` stands for the argument, ``{q}`` for a level.
 AGGREGATE_SQL: dict[type[exp.Expression], tuple[str, ...]] = {
-    exp.Count: ("COUNT(X)", "COUNT(DISTINCT X)"), exp.Sum: ("SUM(X)",), exp.Avg: ("AVG(X)",),
+    exp.Count: ("COUNT(X)", "COUNT(DISTINCT X)"), exp.CountIf: ("COUNT_IF(X > 0)",),
+    exp.Sum: ("SUM(X)",), exp.Avg: ("AVG(X)",),
     exp.Variance: ("VAR_SAMP(X)", "VARIANCE(X)"), exp.VariancePop: ("VAR_POP(X)",),
     exp.Stddev: ("STDDEV(X)",), exp.StddevSamp: ("STDDEV_SAMP(X)",),
     exp.StddevPop: ("STDDEV_POP(X)",), exp.Min: ("MIN(X)",), exp.Max: ("MAX(X)",),
@@ -466,7 +468,7 @@ AGGREGATE_SQL: dict[type[exp.Expression], tuple[str, ...]] = {
     exp.PercentileDisc: ("PERCENTILE_DISC({q}) WITHIN GROUP (ORDER BY X)", "QUANTILE_DISC(X, {q})"),
     exp.Quantile: ("QUANTILE(X, {q})",),
 }  # fmt: skip
-_missing = [n.__name__ for n in check.AGGREGATES if n not in AGGREGATE_SQL]
+_missing = [n.__name__ for n in CATALOGUE if n not in AGGREGATE_SQL]
 if _missing:
     raise ImportError(f"the SQL grammar writes no {', '.join(_missing)}")
 TEMPLATES = tuple(t for forms in AGGREGATE_SQL.values() for t in forms)

@@ -36,9 +36,10 @@ from dpmagic.gate.dp.preview import Standing, queries_that_fit
 from dpmagic.gate.failures import GateError
 from dpmagic.gate.policy import Dataset, Table
 from dpmagic.gate.request import MIN_EPSILON, QueryRequest
+from dpmagic.gate.sql.aggregates.parts import Avg, Measured
 from dpmagic.gate.sql.expected import average_error
 from dpmagic.gate.sql.parse import DIALECT
-from dpmagic.gate.sql.plan_types import Avg, Measured, Plan
+from dpmagic.gate.sql.plan_types import Plan
 
 DEFAULT_ROWS = 1000
 """The rows a mean is over when the caller names none (one of the dry run's

@@ -27,8 +27,8 @@ from sqlglot import exp
 from dpmagic.gate.engines.interface import PublicRead
 from dpmagic.gate.failures import Refused
 from dpmagic.gate.policy import Dataset
+from dpmagic.gate.sql.aggregates.registry import CATALOGUE
 from dpmagic.gate.sql.check import (
-    AGGREGATES,
     CONCATENATION,
     DATE_PARTS,
     SCALAR_NODES,
@@ -44,7 +44,7 @@ CLAUSES: tuple[type[exp.Expression], ...] = (
     exp.Like, exp.ILike, exp.Extract, exp.Var, exp.Exists, exp.Tuple, exp.Count,
     exp.Values,
 )  # fmt: skip
-ALLOWED = (*CLAUSES, *SCALAR_NODES, *DATE_PARTS, *TEXT_FUNCTIONS, *CONCATENATION, *AGGREGATES)
+ALLOWED = (*CLAUSES, *SCALAR_NODES, *DATE_PARTS, *TEXT_FUNCTIONS, *CONCATENATION, *CATALOGUE)
 
 
 def public_read(sql: str, params: dict, dataset: Dataset) -> PublicRead | None:

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import time
 from collections import Counter
@@ -39,6 +40,7 @@ from dpmagic.gate.engines.spark.prepare import prepared_frame  # noqa: E402
 from dpmagic.gate.failures import Failed  # noqa: E402
 from dpmagic.gate.policy import Dataset, PolicyError, parse_policy  # noqa: E402
 from dpmagic.gate.sql import engine_rows  # noqa: E402
+from dpmagic.gate.sql.aggregates.registry import CATALOGUE  # noqa: E402
 from dpmagic.gate.sql.engine_rows import NotOnSpark  # noqa: E402
 from dpmagic.gate.sql.pipeline import Asked, analyse, generate  # noqa: E402
 from dpmagic.gate.sql.resolve import Resolved  # noqa: E402
@@ -48,6 +50,7 @@ from tests import shop  # noqa: E402
 from tests.conftest import GateProcess  # noqa: E402
 from tests.golden.run import HERE as GOLDEN  # noqa: E402
 from tests.golden.run import cases  # noqa: E402
+from tests.sql_grammar import AGGREGATE_SQL  # noqa: E402
 from tests.stores import answers_after, heavy  # noqa: E402
 
 pytestmark = pytest.mark.spark
@@ -211,6 +214,22 @@ def test_golden_cases_and_constructs_give_the_same_exact_rows_on_spark_and_duckd
     refused = sum(n for k, n in tally.items() if k.startswith("refused"))
     assert tally["same"] + refused == sum(len(q) for q in by_policy.values())
     assert refused == 1, tally  # ROUND(cost, -2): DuckDB answers it under TRY
+
+
+def test_every_kind_of_the_aggregate_catalogue_gives_the_same_exact_rows(
+    tmp_path: Path, data: dict[str, Path]
+) -> None:
+    """The catalogue's contract on Spark: every node type it registers, in every spelling
+    ``tests/sql_grammar.AGGREGATE_SQL`` writes, gives the same exact rows before noise
+    on Spark as on DuckDB (whose released values ``tests/unit/test_aggregate_catalogue``
+    checks)."""
+    calls = [
+        re.sub(r"\bX\b", "age", t).format(q=0.25) for node in CATALOGUE for t in AGGREGATE_SQL[node]
+    ]
+    queries = [f"SELECT sex, {call} AS v FROM patients GROUP BY sex" for call in calls]
+    tally = _agreement(tmp_path, "clinic", queries, data)
+    print("\nSpark against DuckDB (the aggregate catalogue):", dict(tally))
+    assert tally == Counter(same=len(queries)), tally
 
 
 @pytest.mark.skipif(not (SHARED / "corpus").exists(), reason="../shared is not beside the repo")

@@ -23,6 +23,8 @@ import pytest
 
 from dpmagic.gate.dp.accounting import ZCDPAccountant
 from dpmagic.gate.dp.mechanisms import calibrate
+from dpmagic.gate.sql.aggregates.func import AggregateFunc
+from dpmagic.gate.sql.aggregates.variance import spread
 from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
 from dpmagic.gate.sql.intervals import CellIntervals, fieller, variance_box
@@ -207,5 +209,5 @@ def test_variance_intervals_cover_close_to_their_level(case):
     for pid in range(CELLS):
         n, s1, s2 = (intervals._measured(m, pid, 0.05 / 3) for m in (count, total, squares))
         pair = ((total.centre_value, s1), (squares.centre_value, s2))
-        box.append(variance_box(func.lower(), n, *pair, widest=widest))
+        box.append(variance_box(spread(AggregateFunc(func.lower())), n, *pair, widest=widest))
     assert _coverage(box, truth) > BAND[1]

@@ -14,10 +14,11 @@ import pytest
 
 from dpmagic.display.result import DPResult
 from dpmagic.gate.sql import dominance
+from dpmagic.gate.sql.aggregates.parts import Avg
 from dpmagic.gate.sql.edges import edge_names
 from dpmagic.gate.sql.kinds import MeasureKind
 from dpmagic.gate.sql.noise import Noisy
-from dpmagic.gate.sql.plan_types import Avg, Plan
+from dpmagic.gate.sql.plan_types import Plan
 from dpmagic.gate.sql.release import release
 from tests.gate_helpers import dataset, make_plan
 

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, Phase, find, settings
 from sqlglot import exp
 
 from dpmagic.gate.sql import check
+from dpmagic.gate.sql.aggregates.registry import CATALOGUE
 from dpmagic.gate.sql.parse import DIALECT, parse
 from tests.sql_grammar import (
     AGGREGATE_SQL,
@@ -60,7 +61,7 @@ ROW_NODES = [n for n in check.SCALAR_NODES + check.ROW_ONLY_NODES if n not in LE
 
 def test_every_allowed_node_type_has_a_builder():
     assert set(check.SCALAR_NODES + check.ROW_ONLY_NODES) <= set(BUILDERS)
-    assert set(check.AGGREGATES) <= set(AGGREGATE_SQL)
+    assert set(CATALOGUE) <= set(AGGREGATE_SQL)
 
 
 # The searches for each node type, date part and aggregate (about 15 s in all) run with
@@ -86,7 +87,7 @@ def test_every_extract_part_is_generated(part):
 
 
 @pytest.mark.search
-@pytest.mark.parametrize("node", list(check.AGGREGATES), ids=lambda n: n.__name__)
+@pytest.mark.parametrize("node", list(CATALOGUE), ids=lambda n: n.__name__)
 def test_every_aggregate_is_generated(node):
     _finds(set(), lambda n: isinstance(n, node), how="aggregated")
 

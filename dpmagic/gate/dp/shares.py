@@ -11,8 +11,9 @@ no data they leak nothing. What the weights decide is accuracy:
 
 - 1 for a count, a sum, a quantile (an even share, the peers' choice);
 - an AVG's centred sum and count, and a variance's count, sum and sum of squares,
-  by their part in its error (``avg_weights``, ``variance_weights``): the split
-  that minimises the linearised error's variance at the mean the plan expects;
+  by their part in its error (``avg_weights``, ``variance_weights``, which the
+  catalogue's average and variance kinds give their parts, ``sql/aggregates/``): the
+  split that minimises the linearised error's variance at the mean the plan expects;
 - ``EDGE_WEIGHT`` for each end of a quantile's interval in units and
   ``QUANTILE_COUNT_WEIGHT`` for the count of its argument the plan adds;
 - a measurement several aggregates read takes the largest weight any of them
@@ -110,24 +111,6 @@ def variance_weights(
     s, n = unit_sensitivities(c, neighbouring, gaussian)
     count, total, squares = split((1.5 / math.sqrt(5) * n, 2 / math.sqrt(3) * s, s / 2), gaussian)
     return count, total, squares
-
-
-def part_weights(
-    func: str,
-    parts: int,
-    centred: bool,
-    c: Contribution,
-    neighbouring: Neighbouring,
-    gaussian: bool,
-) -> tuple[float, ...]:
-    """The weights an aggregate of ``parts`` measurements gives them: 1 each, but for an
-    AVG's or a variance's with centred sums (``func`` ``avg``, or a variance's),
-    weighted by their part in its error."""
-    if not centred:
-        return (1.0,) * parts
-    if func == "avg":
-        return avg_weights(c, neighbouring, gaussian)
-    return variance_weights(c, neighbouring, gaussian)
 
 
 def measurement_weight(demands: Sequence[float]) -> float:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from dpmagic.gate.failures import Refused, required
+from dpmagic.gate.sql.aggregates.registry import kind_of
 from dpmagic.gate.sql.check import (
     CONCATENATION,
     TEXT_FUNCTIONS,
@@ -37,7 +38,7 @@ INT_TYPES = {
     exp.DataType.Type.BIGINT,
 }  # fmt: skip
 # The values each cast target holds (a DOUBLE holds every finite float).
-TYPE_RANGES: dict[exp.DataType.Type, tuple[float, float]] = {
+TYPE_RANGES: dict[exp.DType, tuple[float, float]] = {
     exp.DataType.Type.TINYINT: (-(2**7), 2**7 - 1),
     exp.DataType.Type.SMALLINT: (-(2**15), 2**15 - 1),
     exp.DataType.Type.INT: (-(2**31), 2**31 - 1),
@@ -69,7 +70,7 @@ def bound(checked: Checked) -> Bounded:
         if agg.arg is None:
             continue
         iv = value_range(agg.arg, resolved)
-        if agg.func in ("count", "count_distinct"):
+        if not kind_of(agg.func).bounded:
             continue
         if iv is None or not iv.finite:
             raise Refused(_unbounded_reason(agg, resolved))
@@ -134,7 +135,7 @@ def _range(node: exp.Expression, r: Resolved, env: Env) -> ValueRange | None:
             return UNBOUNDED
         if col.type == "bool":
             return BOOL
-        if col.lower is None or col.type not in ("int", "float"):
+        if col.lower is None or col.upper is None or col.type not in ("int", "float"):
             return UNBOUNDED if col.type in ("int", "float") else None
         return env.get(_key(node)) or ValueRange(col.lower, col.upper, col.type == "int")
     part = date_part(node)
@@ -183,8 +184,8 @@ def _range(node: exp.Expression, r: Resolved, env: Env) -> ValueRange | None:
         # ROUND(x, n) may land up to half a unit beyond the interval's ends.
         return ValueRange(math.floor(a.lo) - 1, math.ceil(a.hi) + 1, False)
     if isinstance(node, TEXT_FUNCTIONS + CONCATENATION):
-        for child in node.iter_expressions():
-            value_range(child, r, env)
+        for operand in node.iter_expressions():
+            value_range(operand, r, env)
         if isinstance(node, exp.Length):  # at most the text's longest value
             return ValueRange(0, text_length(node.this, r), True)
         return None  # text has no interval
@@ -193,7 +194,7 @@ def _range(node: exp.Expression, r: Resolved, env: Env) -> ValueRange | None:
     return UNBOUNDED
 
 
-def _try_cast(a: ValueRange | None, to: exp.DataType.Type) -> ValueRange | None:
+def _try_cast(a: ValueRange | None, to: exp.DType) -> ValueRange | None:
     """``TRY_CAST`` rounds into the target type, and a value outside the type's range
     becomes NULL: a finite interval is cut to the range (``None`` when nothing is left,
     the cast being NULL on every row)."""
@@ -201,6 +202,8 @@ def _try_cast(a: ValueRange | None, to: exp.DataType.Type) -> ValueRange | None:
         return BOOL
     if a is None or not a.finite:
         return UNBOUNDED
+    lo: float
+    hi: float
     if to in INT_TYPES:
         lo, hi = math.floor(a.lo), math.ceil(a.hi)
         integral = True
@@ -410,7 +413,7 @@ def _narrow(cond: exp.Expression, holds: bool, r: Resolved, env: Env) -> Env:
     if not (isinstance(column, exp.Column) and isinstance(number, exp.Literal)) or number.is_string:
         return env
     col = r.column(column)
-    if col is None or col.lower is None or col.type not in ("int", "float"):
+    if col is None or col.lower is None or col.upper is None or col.type not in ("int", "float"):
         return env
     if not holds:
         if op is exp.EQ:

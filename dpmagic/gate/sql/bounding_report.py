@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from dpmagic.gate.dp.mechanisms import Noise
 from dpmagic.gate.failures import required
-from dpmagic.gate.sql.plan_types import Plan, Variance
+from dpmagic.gate.sql.aggregates.parts import Variance
+from dpmagic.gate.sql.plan_types import Plan
 from dpmagic.gate.sql.ranks import Ranked, RowLevel, Window
 from dpmagic.gate.sql.summary import cost_dict
 from dpmagic.protocol import Bounding, Clamp, Cost, LeftOut, NoisyCount

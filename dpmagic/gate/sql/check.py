@@ -24,19 +24,12 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from dpmagic.gate.failures import Refused
+from dpmagic.gate.sql.aggregates.func import AggregateFunc
+from dpmagic.gate.sql.aggregates.quantile import fraction
+from dpmagic.gate.sql.aggregates.registry import CATALOGUE
 from dpmagic.gate.sql.parse import DIALECT
 from dpmagic.gate.sql.resolve import Resolved
 from dpmagic.gate.sql.trees import display, unparen
-
-# What each aggregate is made of, by SQL node type.
-AGGREGATES: dict[type[exp.Expression], str] = {
-    exp.Count: "count", exp.Sum: "sum", exp.Avg: "avg",
-    exp.Variance: "var_samp", exp.VariancePop: "var_pop",
-    exp.Stddev: "stddev_samp", exp.StddevSamp: "stddev_samp", exp.StddevPop: "stddev_pop",
-    exp.Min: "quantile", exp.Max: "quantile", exp.Median: "quantile",
-    exp.PercentileCont: "quantile", exp.PercentileDisc: "quantile", exp.Quantile: "quantile",
-}  # fmt: skip
-VARIANCES = ("var_pop", "var_samp", "stddev_pop", "stddev_samp")
 
 # Operators and total functions, allowed both on rows and on released values.
 SCALAR_NODES: tuple[type[exp.Expression], ...] = (
@@ -87,13 +80,13 @@ NEVER_AGGREGATES = (
 class AggregateCall:
     """A DP aggregate the query asks for, once however often it is written.
 
-    ``func`` is count, count_distinct, sum, avg, one of ``VARIANCES`` or
-    quantile (MIN, MAX and MEDIAN are the quantiles at 0, 1 and 0.5, at
-    ``level``). ``name`` is the column standing for it in released trees.
+    ``func`` is its kind's function in the catalogue (``aggregates.registry``); a
+    quantile's ``level`` is where it stands (MIN, MAX and MEDIAN are the quantiles at
+    0, 1 and 0.5). ``name`` is the column standing for it in released trees.
     """
 
     name: str
-    func: str
+    func: AggregateFunc
     arg: exp.Expression | None  # None for COUNT(*)
     label: str  # the SQL as written, for display
     level: float | None = None
@@ -303,21 +296,21 @@ class _Release:
             return self._within_group(node, label, condition)
         if not isinstance(node, exp.AggFunc):
             return None
-        func = AGGREGATES.get(type(node))
-        if func is None:
+        kind = CATALOGUE.get(type(node))
+        if kind is None:
             raise Refused(f"aggregate {_name(node)} is not supported")
         arg = node.this
-        level = None
         if isinstance(arg, exp.Distinct):
-            if func != "count" or len(arg.expressions) != 1:
+            if kind.distinct is None or len(arg.expressions) != 1:
                 raise Refused(f"{_name(node)}(DISTINCT …) is not supported: use COUNT(DISTINCT x)")
-            func, arg = "count_distinct", arg.expressions[0]
-        if func == "count" and isinstance(arg, exp.Star):
+            kind, arg = kind.distinct, arg.expressions[0]
+        if kind.star and isinstance(arg, exp.Star):
             arg = None
         elif arg is None or isinstance(arg, exp.Star):
             raise Refused(f"{_name(node)} needs an argument")
-        if func == "quantile":
-            level = _level(node)
+        else:
+            arg = kind.argument(arg)
+        level = kind.level(node)
         if condition is not None:
             _row_expr(condition, self.resolved, "FILTER (WHERE …)")
             then = exp.Literal.number(1) if arg is None else arg.copy()
@@ -326,7 +319,7 @@ class _Release:
             if any(isinstance(n, exp.AggFunc | exp.Filter) for n in arg.walk()):
                 raise Refused("aggregates cannot be nested")
             _row_expr(arg, self.resolved, f"{_name(node)}(…)")
-        return self._add(func, arg, label, level)
+        return self._add(kind.func, arg, label, level)
 
     def _within_group(
         self, node: exp.WithinGroup, label: str, condition: exp.Expression | None
@@ -340,7 +333,7 @@ class _Release:
         if len(order.expressions) != 1:
             raise Refused("WITHIN GROUP (ORDER BY …) takes one expression")
         ordered = order.expressions[0]
-        level = _fraction(inner.this, label)
+        level = fraction(inner.this, label)
         if ordered.args.get("desc"):
             level = 1.0 - level
         arg = ordered.this
@@ -348,10 +341,10 @@ class _Release:
             _row_expr(condition, self.resolved, "FILTER (WHERE …)")
             arg = exp.Case(ifs=[exp.If(this=condition.copy(), true=arg.copy())])
         _row_expr(arg, self.resolved, f"{_name(inner)}(…)")
-        return self._add("quantile", arg, label, level)
+        return self._add(AggregateFunc.QUANTILE, arg, label, level)
 
     def _add(
-        self, func: str, arg: exp.Expression | None, label: str, level: float | None
+        self, func: AggregateFunc, arg: exp.Expression | None, label: str, level: float | None
     ) -> AggregateCall:
         identity = f"{func}|{level}|{'*' if arg is None else arg.sql(dialect=DIALECT)}"
         if identity not in self.aggregates:
@@ -359,26 +352,6 @@ class _Release:
                 name=f"__a{len(self.aggregates)}", func=func, arg=arg, label=label, level=level
             )
         return self.aggregates[identity]
-
-
-def _level(node: exp.AggFunc) -> float:
-    if isinstance(node, exp.Min):
-        return 0.0
-    if isinstance(node, exp.Max):
-        return 1.0
-    if isinstance(node, exp.Median):
-        return 0.5
-    label = node.sql(dialect=DIALECT)
-    q = node.args.get("quantile") or node.args.get("expression")
-    if isinstance(q, exp.Order):  # quantile_cont(x, q ORDER BY x)
-        q = q.this
-    return _fraction(q, label)
-
-
-def _fraction(q: exp.Expression | None, label: str) -> float:
-    if not (isinstance(q, exp.Literal) and not q.is_string) or not 0 <= float(q.this) <= 1:
-        raise Refused(f"{label}: the quantile must be one number between 0 and 1")
-    return float(q.this)
 
 
 def _row_expr(node: exp.Expression, resolved: Resolved, where: str) -> None:
@@ -425,7 +398,7 @@ def _comparable(node: exp.Expression, resolved: Resolved) -> None:
     operands = [node.this, node.args.get("expression")]
     operands += node.args.get("expressions") or []
     operands += [node.args.get("low"), node.args.get("high")]
-    kinds = {_family(o, resolved) for o in operands if o is not None} - {None}
+    kinds = {f for o in operands if o is not None and (f := _family(o, resolved)) is not None}
     if "date" in kinds and kinds <= {"date", "text"}:
         for o in operands:
             if isinstance(o, exp.Literal) and o.is_string:
@@ -483,9 +456,11 @@ def date_part(node: exp.Expression) -> str | None:
     return DATE_PARTS.get(type(node))
 
 
-def _date_part(node: exp.Expression, resolved: Resolved) -> None:
+def _date_part(node: exp.Expr, resolved: Resolved) -> None:
     """A date part must read a date column or literal: anything else would fail in
     DuckDB after the budget is charged."""
+    if not isinstance(node, exp.Expression):  # an abstract node type: none is parsed
+        raise Refused(f"{_name(node)} is not allowed")
     part = date_part(node)
     if part is None:
         raise Refused(f"{display(node)}: extract one of {', '.join(EXTRACT_UNITS)}")
@@ -495,7 +470,7 @@ def _date_part(node: exp.Expression, resolved: Resolved) -> None:
         raise Refused(f"{display(node)}: date parts need a date column")
 
 
-def _date_literal(node: exp.Expression) -> bool:
+def _date_literal(node: exp.Expr) -> bool:
     """``DATE '2020-01-01'``: a cast that cannot fail, once its text is a valid date."""
     if not (
         type(node) is exp.Cast
@@ -511,7 +486,7 @@ def _date_literal(node: exp.Expression) -> bool:
     return True
 
 
-def _allowed(node: exp.Expression, allowed: tuple[type[exp.Expression], ...], where: str) -> None:
+def _allowed(node: exp.Expr, allowed: tuple[type[exp.Expr], ...], where: str) -> None:
     if _date_literal(node):
         return
     if isinstance(node, exp.Cast) and not isinstance(node, exp.TryCast):
@@ -526,7 +501,7 @@ def _allowed(node: exp.Expression, allowed: tuple[type[exp.Expression], ...], wh
         raise Refused(f"{_name(node)} is not allowed {where}")
 
 
-def _name(node: exp.Expression) -> str:
+def _name(node: exp.Expr) -> str:
     if isinstance(node, exp.IgnoreNulls | exp.RespectNulls):
         return _name(node.this)
     if isinstance(node, exp.Anonymous):

@@ -66,6 +66,8 @@ from sqlglot import exp
 
 from dpmagic.gate.dp.levels import REPORT_ALPHA
 from dpmagic.gate.failures import Refused, required
+from dpmagic.gate.sql.aggregates.func import AggregateFunc
+from dpmagic.gate.sql.aggregates.registry import kind_of
 from dpmagic.gate.sql.bound import Bounded, bound
 from dpmagic.gate.sql.check import AggregateCall, Checked, Output
 from dpmagic.gate.sql.parse import DIALECT
@@ -74,8 +76,6 @@ from dpmagic.gate.sql.value_range import ValueRange
 
 # The quantiles the bounds are chosen at: a fiftieth of the values is moved to each end.
 LEVELS = (0.02, 0.98)
-# Aggregates whose argument is summed, and whose noise therefore follows its range.
-SUMMED = frozenset({"sum", "avg", "var_samp", "var_pop", "stddev_samp", "stddev_pop"})
 PREFIX = "__clip"
 # The rule: bounds chosen from the data are used when each one's 95% rank radius is at
 # most this share of the (least plausible) number of values; else the declared ones.
@@ -169,7 +169,7 @@ def targets(checked: Checked) -> list[AggregateCall]:
     """The query's summed aggregates, one per distinct argument."""
     seen: dict[str, AggregateCall] = {}
     for agg in checked.aggregates:
-        if agg.func in SUMMED and agg.arg is not None:
+        if kind_of(agg.func).summed and agg.arg is not None:
             seen.setdefault(agg.arg.sql(dialect=DIALECT), agg)
     if not seen:
         raise Refused(
@@ -186,15 +186,17 @@ def bounds_checked(checked: Checked) -> Checked:
     aggregates: list[AggregateCall] = []
     outputs: list[Output] = []
 
-    def add(func: str, arg: exp.Expression | None, label: str, level: float | None) -> None:
+    def add(
+        func: AggregateFunc, arg: exp.Expression | None, label: str, level: float | None
+    ) -> None:
         name = f"{PREFIX}{len(aggregates)}"
         aggregates.append(AggregateCall(name, func, arg, label, level))
         outputs.append(Output(name=name, expr=exp.column(name)))
 
     for agg in targets(checked):
         for side, level in zip(("lower", "upper"), LEVELS, strict=True):
-            add("quantile", agg.arg, f"{side} bound of {agg.label}", level)
-        add("count", agg.arg, f"values of {agg.label}", None)
+            add(AggregateFunc.QUANTILE, agg.arg, f"{side} bound of {agg.label}", level)
+        add(AggregateFunc.COUNT, agg.arg, f"values of {agg.label}", None)
     return replace(
         checked,
         keys=(),
@@ -274,7 +276,8 @@ def moved_checked(bounded: Bounded, stage: ClipMoved) -> Checked:
     grouped = not any(d.private for d in bounded.domains)
     keys = [Output(name=f"{PREFIX}k{i}", expr=exp.column(k.name))
             for i, k in enumerate(checked.keys if grouped else ())]  # fmt: skip
-    aggregates, outputs = [], []
+    aggregates: list[AggregateCall] = []
+    outputs: list[Output] = []
     facts = {f.aggregate: f for f in stage.clipped.facts}
     for agg in targets(checked):
         fact = facts.get(agg.label)
@@ -288,7 +291,9 @@ def moved_checked(bounded: Bounded, stage: ClipMoved) -> Checked:
         )
         case = exp.Case(ifs=[exp.If(this=outside, true=exp.Literal.number(1))])
         name = f"{PREFIX}{len(aggregates)}"
-        aggregates.append(AggregateCall(name, "count", case, f"values of {agg.label} moved"))
+        aggregates.append(
+            AggregateCall(name, AggregateFunc.COUNT, case, f"values of {agg.label} moved")
+        )
         outputs.append(Output(name=name, expr=exp.column(name)))
     return replace(
         checked,

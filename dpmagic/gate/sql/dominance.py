@@ -44,26 +44,22 @@ ratio whose denominator's interval reaches 0) gets ``None`` too.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import NamedTuple
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, assert_never, cast
 
 import numpy as np
 from sqlglot import exp
 
 from dpmagic.gate.dp.levels import band_level
+from dpmagic.gate.sql.aggregates.func import AggregateFunc
+from dpmagic.gate.sql.aggregates.parts import Avg, Measured, Variance, narrowed
+from dpmagic.gate.sql.aggregates.variance import spread
 from dpmagic.gate.sql.expected import average_error, variance_error
 from dpmagic.gate.sql.kinds import MeasureKind
 from dpmagic.gate.sql.noise import Noisy
 from dpmagic.gate.sql.parse import DIALECT
-from dpmagic.gate.sql.plan_types import (
-    Avg,
-    Measured,
-    Measurement,
-    Plan,
-    Selection,
-    Variance,
-    max_variance,
-)
+from dpmagic.gate.sql.plan_types import Measurement, Plan, Selection, max_variance
 from dpmagic.gate.sql.trees import unparen
 
 DOMINANT_SHARE = 0.5
@@ -156,14 +152,26 @@ def verdicts(flags: np.ndarray, unknown: np.ndarray | None = None) -> list[bool 
     return out
 
 
-class Floor(NamedTuple):
+ErrorOf = Callable[[Plan, Any, float], float]
+"""An average's or a variance's plan's 95% error at a level (``expected``'s
+``average_error`` or ``variance_error``), as ``error(plan, parts, alpha)``."""
+Expected = tuple[ErrorOf, Avg | Variance, bool]
+"""A bare average's or variance's error, its parts, and whether it is a square root."""
+Ranged = tuple[float, float, Measurement | None, Expected | None]
+"""What the range rule reads: the range, the group's count, and the error it floors at."""
+Bare = tuple[Measurement, int]
+"""What the zero rule reads of a bare count or sum: its measurement and sign."""
+
+
+@dataclass(frozen=True)
+class Floor:
     """An average or variance under arithmetic with constants, judged by the zero rule:
     the count of its group, its plan's 95% error (``error(plan, parts, alpha)``, as
     ``expected``'s) and the factor it is scaled by. Its interval is widened to what
     its noise can do, as a bare one's is by the range rule."""
 
     count: Measurement
-    error: Callable[[Plan, Avg | Variance, float], float]
+    error: ErrorOf
     parts: Avg | Variance
     scale: float
 
@@ -201,7 +209,7 @@ def judging_rule(plan: Plan, node: exp.Expression) -> Rule:
         factor = 1 / factor if isinstance(node, exp.Div) else factor
         kind, what = judging_rule(plan, other)
         if kind == "range":
-            lo, hi, count, _ = what  # type: ignore[misc]
+            lo, hi, count, _ = cast(Ranged, what)
             return "range", (*sorted((lo * factor, hi * factor)), count, None)
         if kind == "percentiles" and factor > 0:
             return kind, what
@@ -210,24 +218,41 @@ def judging_rule(plan: Plan, node: exp.Expression) -> Rule:
         return "zero", _floor(plan, node)
     if node.name not in plan.parts:
         return "zero", None
-    parts = plan.parts[node.name]
-    func = plan.checked.aggregate(node.name).func
-    if func == "quantile":
-        return "percentiles", plan.selection(parts.names[0])
-    if isinstance(parts, Avg):
-        total, count = plan.measurement(parts.total), plan.measurement(parts.count)
-        floor = None if node.name in plan.debiased else (average_error, parts, False)
-        return "range", (total.bounds.lo, total.bounds.hi, count, floor)
-    if isinstance(parts, Variance):
-        widest = max_variance(plan, parts)
-        root = func.startswith("stddev")
-        high = math.sqrt(widest) if root else widest
-        return "range", (0.0, high, plan.measurement(parts.count), (variance_error, parts, root))
-    if isinstance(parts, Measured) and node.name not in plan.debiased:
-        m = plan.measurement(parts.name)
-        sign = 1 if m.clamp is None or m.clamp.lo >= 0 else -1 if m.clamp.hi <= 0 else 0
-        return "zero", (m, sign)
-    return "zero", None
+    return _aggregate_rule(plan, node.name)
+
+
+def _aggregate_rule(plan: Plan, name: str) -> Rule:
+    """The rule a bare aggregate is judged by, by its kind."""
+    parts = plan.parts[name]
+    func = plan.checked.aggregate(name).func
+    match func:
+        case AggregateFunc.QUANTILE:
+            return "percentiles", plan.selection(parts.names[0])
+        case AggregateFunc.AVG:
+            avg = narrowed(parts, Avg)
+            total, count = plan.measurement(avg.total), plan.measurement(avg.count)
+            floor = None if name in plan.debiased else (average_error, avg, False)
+            return "range", (total.bounds.lo, total.bounds.hi, count, floor)
+        case (
+            AggregateFunc.VAR_SAMP
+            | AggregateFunc.VAR_POP
+            | AggregateFunc.STDDEV_SAMP
+            | AggregateFunc.STDDEV_POP
+        ):
+            variance = narrowed(parts, Variance)
+            widest = max_variance(plan, variance)
+            root = spread(func).root
+            high = math.sqrt(widest) if root else widest
+            error = (variance_error, variance, root)
+            return "range", (0.0, high, plan.measurement(variance.count), error)
+        case AggregateFunc.COUNT | AggregateFunc.COUNT_DISTINCT | AggregateFunc.SUM:
+            if name in plan.debiased:
+                return "zero", None
+            m = plan.measurement(narrowed(parts, Measured).name)
+            sign = 1 if m.clamp is None or m.clamp.lo >= 0 else -1 if m.clamp.hi <= 0 else 0
+            return "zero", (m, sign)
+        case unknown:
+            assert_never(unknown)
 
 
 def _floor(plan: Plan, node: exp.Expression) -> Floor | None:
@@ -242,7 +267,7 @@ def _floor(plan: Plan, node: exp.Expression) -> Floor | None:
     parts = plan.parts[name]
     if isinstance(parts, Avg) and name not in plan.debiased:
         return Floor(plan.measurement(parts.count), average_error, parts, scale)
-    if isinstance(parts, Variance) and not plan.checked.aggregate(name).func.startswith("stddev"):
+    if isinstance(parts, Variance) and not spread(plan.checked.aggregate(name).func).root:
         return Floor(plan.measurement(parts.count), variance_error, parts, scale)
     return None
 
@@ -296,8 +321,8 @@ def judged(
     noisy: Noisy,
     alpha: float,
     node: exp.Expression,
-    pids: list[int],
-    pairs: list[list[float] | None],
+    pids: Sequence[int],
+    pairs: list[list[float] | None] | np.ndarray,
     origins: Origins | None = None,
 ) -> dict[str, object]:
     """The rule a column is judged by and, per cell, whether noise dominates it
@@ -314,7 +339,7 @@ def judged(
     if kind == "zero" and what is not None and not isinstance(what, Floor):
         # A bare count or sum: its noise's own interval, before a count's floor at 0
         # (a noisy count of -8 is released as 0 [0, 0], and is noise).
-        m, sign = what  # type: ignore[misc]
+        m, sign = cast(Bare, what)
         half = m.noise.half_width(alpha) if m.noise.sensitivity else 0.0
         value = np.asarray(noisy.values[m.name], dtype=float)[index]
         flags = signed_rule(value, half, sign)
@@ -324,7 +349,7 @@ def judged(
     lo, hi = ends[:, 0], ends[:, 1]
     unknown = np.isnan(lo) | np.isnan(hi)
     if kind == "range":
-        low, high, count, floor = what  # type: ignore[misc]
+        low, high, count, floor = cast(Ranged, what)
         stretch = least = None
         if count is not None:
             stretch, least = _sizes(count, noisy, alpha, index)
@@ -333,22 +358,27 @@ def judged(
             error, parts, root = floor
             widths = expected_width(error(plan, parts, alpha), least, lo, hi, root)
         flags = range_rule(lo, hi, low, high, stretch, widths)
-        out = {"rule": "range", "range": [low, high], "noise_dominates": verdicts(flags, unknown)}
+        out: dict[str, object] = {
+            "rule": "range",
+            "range": [low, high],
+            "noise_dominates": verdicts(flags, unknown),
+        }
         wider = flags & ~range_rule(lo, hi, low, high) & ~unknown
         if least is not None and wider.any():
-            ends = within_range(lo, hi, judged_width(lo, hi, stretch, widths), low, high)
-            out["judged_wider"] = judged_wider(wider, *ends, least)
+            width = judged_width(lo, hi, stretch, widths)
+            lo_judged, hi_judged = within_range(lo, hi, width, low, high)
+            out["judged_wider"] = judged_wider(wider, lo_judged, hi_judged, least)
         return out
     if isinstance(what, Floor):
         shown = zero_rule(lo, hi)
         lo, hi = _widened(plan, noisy, alpha, index, what, lo, hi)
         flags = zero_rule(lo, hi)
-        out = {"rule": "zero", "noise_dominates": verdicts(flags, unknown)}
+        widened: dict[str, object] = {"rule": "zero", "noise_dominates": verdicts(flags, unknown)}
         wider = flags & ~shown & ~unknown
         if wider.any():
             least = _sizes(what.count, noisy, alpha, index)[1]
-            out["judged_wider"] = judged_wider(wider, lo, hi, least)
-        return out
+            widened["judged_wider"] = judged_wider(wider, lo, hi, least)
+        return widened
     return {"rule": "zero", "noise_dominates": verdicts(zero_rule(lo, hi), unknown)}
 
 
@@ -439,8 +469,8 @@ def _judged_quantile(
     noisy: Noisy,
     alpha: float,
     selection: Selection,
-    pids: list[int],
-    pairs: list[list[float] | None],
+    pids: Sequence[int],
+    pairs: list[list[float] | None] | np.ndarray,
     origin: tuple[tuple[Selection, ...], np.ndarray] | None = None,
 ) -> dict[str, object]:
     """A quantile's band of the group's percentiles and verdict, from a noisy count of

@@ -7,8 +7,9 @@ do. Public: a function of the plan alone."""
 
 from __future__ import annotations
 
+from dpmagic.gate.sql.aggregates.parts import Avg, Variance
 from dpmagic.gate.sql.intervals import mix_quantile, variance_half_width
-from dpmagic.gate.sql.plan_types import Avg, Measurement, Plan, Variance
+from dpmagic.gate.sql.plan_types import Measurement, Plan
 
 
 def average_error(plan: Plan, parts: Avg, alpha: float) -> float:

@@ -55,6 +55,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from statistics import NormalDist
+from typing import assert_never
 
 import numpy as np
 from sqlglot import exp
@@ -67,18 +68,14 @@ from dpmagic.gate.dp.levels import (
     variance_box_level,
 )
 from dpmagic.gate.dp.mechanisms import GaussianNoise
+from dpmagic.gate.sql.aggregates.func import AggregateFunc
+from dpmagic.gate.sql.aggregates.parts import Avg, Measured, Parts, Variance, narrowed
+from dpmagic.gate.sql.aggregates.registry import kind_of
+from dpmagic.gate.sql.aggregates.variance import Spread, spread
 from dpmagic.gate.sql.edges import edge_names
 from dpmagic.gate.sql.kinds import MeasureKind
 from dpmagic.gate.sql.noise import Noisy
-from dpmagic.gate.sql.plan_types import (
-    Avg,
-    DebiasedSum,
-    Measured,
-    Measurement,
-    Parts,
-    Plan,
-    max_variance,
-)
+from dpmagic.gate.sql.plan_types import Measurement, Plan, max_variance
 from dpmagic.gate.sql.randomized import Debiased
 
 Bounds = tuple[float, float]
@@ -260,8 +257,8 @@ class CellIntervals:
         rows = np.asarray(pids, dtype=np.intp)
         if isinstance(found, Avg):
             return np.asarray(self._means(name, found, level), dtype=float).reshape(-1, 2)[rows]
-        agg = self.plan.checked.aggregate(name).func
-        if not isinstance(found, Measured) or agg not in ("count", "count_distinct", "sum"):
+        func = self.plan.checked.aggregate(name).func
+        if not isinstance(found, Measured) or not kind_of(func).single:
             return None
         m = self.plan.measurement(found.name)
         half = m.noise.half_width(level) if m.noise.sensitivity else 0.0
@@ -283,33 +280,48 @@ class CellIntervals:
         return value - half, value + half
 
     def _aggregate(self, name: str, pid: int, alpha: float) -> Bounds | None:
-        agg = self.plan.checked.aggregate(name)
-        if agg.func == "quantile":
-            selection = self.plan.selection(self.plan.parts[name].names[0])
+        func = self.plan.checked.aggregate(name).func
+        parts_of = self.plan.parts[name]
+        if func is AggregateFunc.QUANTILE:
+            selection = self.plan.selection(parts_of.names[0])
             if selection.edges is None or not edges_hold(alpha):
                 return None
             low, high = edge_names(selection.name)
             return float(self.noisy.values[low][pid]), float(self.noisy.values[high][pid])
-        parts_of = self.plan.parts[name]
         ms = [self.plan.measurement(n) for n in parts_of.names]
         if name in self.debiased:
             widths = [m.noise.half_width(alpha) if m.noise.sensitivity else 0.0 for m in ms]
             second = widths[1] if len(widths) > 1 else 0.0
             return self.debiased[name].interval(pid, alpha, (widths[0], second))
-        if isinstance(parts_of, Measured | DebiasedSum):
-            return self._measured(ms[0], pid, alpha)
-        if isinstance(parts_of, Avg):
-            return self._means(name, parts_of, alpha)[pid]
-        widest = max_variance(self.plan, parts_of)
-        calibrated = self._calibrated_variance(agg.func, ms, pid, joint_level(alpha), widest)
+        match func:
+            case AggregateFunc.COUNT | AggregateFunc.COUNT_DISTINCT | AggregateFunc.SUM:
+                return self._measured(ms[0], pid, alpha)
+            case AggregateFunc.AVG:
+                return self._means(name, narrowed(parts_of, Avg), alpha)[pid]
+            case (
+                AggregateFunc.VAR_SAMP
+                | AggregateFunc.VAR_POP
+                | AggregateFunc.STDDEV_SAMP
+                | AggregateFunc.STDDEV_POP
+            ):
+                return self._variance(narrowed(parts_of, Variance), spread(func), ms, pid, alpha)
+            case unknown:
+                assert_never(unknown)
+
+    def _variance(
+        self, parts: Variance, kind: Spread, ms: list[Measurement], pid: int, alpha: float
+    ) -> Bounds:
+        """A variance's cell: calibrated where that applies, else the box of its parts'."""
+        widest = max_variance(self.plan, parts)
+        calibrated = self._calibrated_variance(kind, ms, pid, joint_level(alpha), widest)
         if calibrated is not None:
             return calibrated
         n, s1, s2 = (self._measured(m, pid, variance_box_level(alpha)) for m in ms)
         c1, c2 = ms[1].centre_value, ms[2].centre_value
-        return variance_box(agg.func, n, (c1, s1), (c2, s2), widest=widest)
+        return variance_box(kind, n, (c1, s1), (c2, s2), widest=widest)
 
     def _calibrated_variance(
-        self, func: str, ms: list[Measurement], pid: int, alpha: float, widest: float
+        self, kind: Spread, ms: list[Measurement], pid: int, alpha: float, widest: float
     ) -> Bounds | None:
         """The calibrated interval of a variance's cell (``intervals.variance_half_width``)
         around the released estimate, or None where it does not apply: noises of
@@ -333,10 +345,10 @@ class CellIntervals:
         gaussian = isinstance(count.noise, GaussianNoise)
         half = variance_half_width(n, m, q, (c1, c2), scales, gaussian, alpha)
         lo, hi = estimate - half, estimate + half
-        if func.endswith("samp"):
+        if kind.sample:
             lo, hi, widest = lo * n / (n - 1), hi * n / (n - 1), widest * n / (n - 1)
         lo, hi = _within(lo, 0.0, widest), _within(hi, 0.0, widest)
-        if func.startswith("stddev"):
+        if kind.root:
             return math.sqrt(lo), math.sqrt(hi)
         return lo, hi
 
@@ -403,10 +415,10 @@ class CellIntervals:
             key = next((i for i, k in enumerate(self.plan.keys) if k.name == node.name), None)
             if key is None:
                 return None
-            v = self.noisy.partitions[pid][key]
-            if isinstance(v, bool) or not isinstance(v, int | float):
+            value = self.noisy.partitions[pid][key]
+            if isinstance(value, bool) or not isinstance(value, int | float):
                 return None
-            return float(v), float(v)
+            return float(value), float(value)
         if isinstance(node, exp.Neg):
             a = self._eval(node.this, pid, alpha)
             return None if a is None else (-a[1], -a[0])
@@ -423,29 +435,29 @@ class CellIntervals:
 
 
 def variance_box(
-    func: str, n: Bounds, s1: tuple[float, Bounds], s2: tuple[float, Bounds], widest: float
+    kind: Spread, n: Bounds, s1: tuple[float, Bounds], s2: tuple[float, Bounds], widest: float
 ) -> Bounds:
     """Where the variance lies when the count, the sum of the values' distances to the
     middle of the bounds and the sum of their squares lie in their intervals (each
     sum with the centre it is released around); the bounds' own range when the
     count may be too small to say anything."""
-    (c1, s1), (c2, s2) = s1, s2
-    samp = func.endswith("samp")
+    (c1, sum1), (c2, sum2) = s1, s2
+    samp = kind.sample
     low_n = 2 if samp else 1
     top = widest * (2 if samp else 1)
     if n[0] < low_n:
         lo, hi = 0.0, top
     else:
-        means = [c1 + a / b for a in s1 for b in n]
+        means = [c1 + a / b for a in sum1 for b in n]
         m_lo, m_hi = min(means), max(means)
         sq_lo = 0.0 if m_lo <= 0 <= m_hi else min(m_lo * m_lo, m_hi * m_hi)
         sq_hi = max(m_lo * m_lo, m_hi * m_hi)
-        q = [c2 + a / b for a in s2 for b in n]
+        q = [c2 + a / b for a in sum2 for b in n]
         lo, hi = max(min(q) - sq_hi, 0.0), min(max(q) - sq_lo, widest)
         if samp:
             lo, hi = lo * n[1] / (n[1] - 1), hi * n[0] / (n[0] - 1)
         lo, hi = min(max(lo, 0.0), top), min(max(hi, 0.0), top)
-    if func.startswith("stddev"):
+    if kind.root:
         return math.sqrt(lo), math.sqrt(hi)
     return lo, hi
 

@@ -1,6 +1,7 @@
 """Pass 5: the DP plan — partitions, measurements, sensitivities, cost.
 
-Each DP aggregate becomes one or more *measurements*: a count, a count of
+Each DP aggregate becomes one or more *measurements*, as its kind in the
+catalogue (``aggregates/``) plans it: a count, a count of
 distinct values, or a sum of a clamped value on an integer grid (AVG is a
 sum and a count; a variance a count, a sum and a sum of squares, all
 post-processed; their sums are *centred*, see :class:`Centre`). A
@@ -32,6 +33,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
+from typing import assert_never
 
 from sqlglot import exp
 
@@ -60,7 +62,6 @@ from dpmagic.gate.dp.shares import (
     EDGE_WEIGHT,
     measurement_weight,
     part_share,
-    part_weights,
     total_weight,
 )
 from dpmagic.gate.dp.sums import sum_sensitivity
@@ -68,29 +69,26 @@ from dpmagic.gate.engines.interface import MAX_PARTITIONS
 from dpmagic.gate.engines.ranking import load_cap
 from dpmagic.gate.failures import Refused, required
 from dpmagic.gate.policy import AccountantKind, Dataset
+from dpmagic.gate.sql.aggregates.base import Measuring, Selecting, count_of
+from dpmagic.gate.sql.aggregates.parts import Measured, Parts, Wanted
+from dpmagic.gate.sql.aggregates.registry import kind_of
 from dpmagic.gate.sql.bound import Bounded
 from dpmagic.gate.sql.check import AggregateCall, Checked, GroupKey
 from dpmagic.gate.sql.keys import KeyDomain
 from dpmagic.gate.sql.kinds import MeasureKind, Summand
 from dpmagic.gate.sql.parse import DIALECT
 from dpmagic.gate.sql.plan_types import (
-    Avg,
     Centre,
-    DebiasedSum,
     Edges,
-    Measured,
     Measurement,
-    Parts,
     Plan,
     Selection,
-    Variance,
     grid_bounds,
     partition_rows,
 )
 from dpmagic.gate.sql.randomized import Debias, debiasing
 from dpmagic.gate.sql.ranks import Bounding, Window, bounding, join_cap
 from dpmagic.gate.sql.resolve import Resolved
-from dpmagic.gate.sql.trees import display
 from dpmagic.gate.sql.value_range import ValueRange
 from dpmagic.gate.sql.work import Work, unit_work, within
 
@@ -100,12 +98,6 @@ SUM_LIMIT = 2**126
 # noise scale, so rounding is negligible beside the noise.
 GRID_BITS_BELOW_SCALE = 24
 _I64_MAX = 2**63 - 1
-# Aggregates whose every cell is one noisy measurement: an accuracy can be promised.
-_PROMISED = ("count", "count_distinct", "sum")
-
-# A measurement before calibration: (kind, argument, clamp, label, and for a sum
-# measured around its centre, the index in the same list of the count of its rows).
-Wanted = tuple[MeasureKind, exp.Expression | None, ValueRange | None, str, int | None]
 Key = tuple[str, str]
 
 
@@ -175,7 +167,7 @@ def plan(
     selections = tuple(
         _selection(
             f"q{i}", level, arg, clamp, label, target, distance, len(partitions) or 1,
-            Edges(names[_key(_count_of(arg))], edge.pure_epsilon() if edge.share else 0.0)
+            Edges(names[_key(count_of(arg))], edge.pure_epsilon() if edge.share else 0.0)
             if quantile_intervals else None,
         )
         for i, ((level, _), (arg, clamp, label)) in enumerate(quantiles.items())
@@ -294,21 +286,25 @@ def _wanted(
     quantiles: Quantiles = {}
     uses: dict[str, tuple[Key, ...]] = {}
     for agg in checked.aggregates:
-        if agg.func == "quantile":
-            arg = required(agg.arg, "a quantile's argument")
-            key = (required(agg.level, "a quantile's level"), arg.sql(dialect=DIALECT))
-            quantiles.setdefault(key, (arg, bounded.bounds[agg.name], agg.label))
-            uses[agg.name] = (("quantile", f"{key[0]}|{key[1]}"),)
-            continue
-        bounds = bounded.bounds.get(agg.name)
-        parts = _parts(agg, bounds, checked.resolved, agg.name in debiased)
-        keys = tuple(_want(wanted, part) for part in parts)
-        for key, part in zip(keys, parts, strict=True):
-            if part[4] is not None:
-                counted[key] = keys[part[4]]
-        uses[agg.name] = keys
+        match kind_of(agg.func):
+            case Selecting():
+                arg = required(agg.arg, "a quantile's argument")
+                level = required(agg.level, "a quantile's level")
+                at = (level, arg.sql(dialect=DIALECT))
+                quantiles.setdefault(at, (arg, bounded.bounds[agg.name], agg.label))
+                uses[agg.name] = (("quantile", f"{at[0]}|{at[1]}"),)
+            case Measuring() as kind:
+                clamp = bounded.bounds.get(agg.name)
+                parts = kind.parts(agg.arg, clamp, checked.resolved, agg.name in debiased)
+                keys = tuple(_want(wanted, part) for part in parts)
+                for key, part in zip(keys, parts, strict=True):
+                    if part[4] is not None:
+                        counted[key] = keys[part[4]]
+                uses[agg.name] = keys
+            case unknown:
+                assert_never(unknown)
     for arg, _, _ in quantiles.values() if counts else ():
-        _want(wanted, _count_of(arg))
+        _want(wanted, count_of(arg))
     return wanted, counted, quantiles, uses
 
 
@@ -362,7 +358,7 @@ def _accuracy_applies(checked: Checked, debiased: dict[str, Debias]) -> None:
             "depends on the answers; ask with an epsilon instead"
         )
     aggregates = {a.name: a for a in checked.aggregates}
-    other = next((a for a in checked.aggregates if a.func not in _PROMISED), None)
+    other = next((a for a in checked.aggregates if not kind_of(a.func).single), None)
     if other is not None:
         raise Refused(
             f"--accuracy applies to COUNT and SUM; {other.label} is not one: "
@@ -381,85 +377,16 @@ def _accuracy_applies(checked: Checked, debiased: dict[str, Debias]) -> None:
             )
 
 
-def _parts(
-    agg: AggregateCall, clamp: ValueRange | None, resolved: Resolved, debiased: bool = False
-) -> list[Wanted]:
-    """The noisy counts and sums an aggregate is post-processed from.
-
-    Debiasing a randomized-response sum needs how many answers it adds up, so
-    such a SUM is measured with its count, as AVG is. AVG's sum is measured
-    around the middle of its values' range (:class:`Centre`), which halves its
-    noise: the average is then the centre plus the centred sum over the count.
-    A variance is computed from the count, the sum and the sum of squares of
-    the values' distance to the middle of their bounds (computed in SQL), both
-    sums measured around the middle of their own ranges in turn: centring
-    changes the noise, not the variance. A debiased AVG keeps its raw sum,
-    which debiasing reads.
-    """
-    arg = agg.arg
-    arg_sql = "*" if arg is None else display(arg)
-    if agg.func == "count":
-        return [(MeasureKind.COUNT, arg, None, f"COUNT({arg_sql})", None)]
-    if agg.func == "count_distinct":
-        kind = MeasureKind.COUNT_UNIT if resolved.is_unit(arg) else MeasureKind.COUNT_DISTINCT
-        return [(kind, arg, None, f"COUNT(DISTINCT {arg_sql})", None)]
-    arg = required(arg, "a sum's argument")
-    clamp = required(clamp, "a sum's bounds")
-    total: Wanted = (MeasureKind.SUM, arg, clamp, f"SUM({arg_sql})", None)
-    count: Wanted = (MeasureKind.COUNT, arg, None, f"COUNT({arg_sql})", None)
-    if _never_null(arg, resolved):  # the same count as the query's COUNT(*): measured once
-        count = (MeasureKind.COUNT, None, None, "COUNT(*)", None)
-    if agg.func == "sum":
-        return [total, count] if debiased else [total]
-    if agg.func == "avg":
-        return [total, count] if debiased else [(*total[:4], 1), count]
-    centre = _variance_centre(clamp)
-    number = exp.Literal.number(centre if clamp.integral else repr(float(centre)))
-    deviation = exp.Sub(this=exp.Paren(this=arg.copy()), expression=exp.Paren(this=number))
-    square = exp.Mul(this=exp.Paren(this=deviation.copy()), expression=exp.Paren(this=deviation))
-    reach = max(centre - clamp.lo, clamp.hi - centre)
-    return [
-        count,
-        (MeasureKind.SUM, deviation,
-         ValueRange(clamp.lo - centre, clamp.hi - centre, clamp.integral),
-         f"SUM({arg_sql} - {centre})", 0),
-        (MeasureKind.SUM, square, ValueRange(0, reach * reach, clamp.integral),
-         f"SUM(({arg_sql} - {centre})^2)", 0),
-    ]  # fmt: skip
-
-
-def _never_null(arg: exp.Expression, resolved: Resolved) -> bool:
-    """Whether ``arg`` is NULL on no row: a column the owner declared ``not_null`` (checked
-    at load), read from a scan no LEFT JOIN may leave empty."""
-    while isinstance(arg, exp.Paren):
-        arg = arg.this
-    col = resolved.column(arg)
-    scan = resolved.scan(arg.table) if isinstance(arg, exp.Column) else None
-    return col is not None and col.not_null and scan is not None and scan.kind != "left"
-
-
 def _typed_parts(agg: AggregateCall, names: tuple[str, ...], bounded: Bounded) -> Parts:
-    """The measurements ``_parts`` made for ``agg`` (in its order), named by role."""
-    if len(names) == 1:
-        return Measured(names[0])
-    if agg.func == "avg":
-        return Avg(*names)
-    if agg.func == "sum":
-        return DebiasedSum(*names)
-    return Variance(*names, centre=_variance_centre(bounded.bounds[agg.name]))
-
-
-def _variance_centre(clamp: ValueRange) -> float:
-    """The middle of a variance's bounds, as its SQL subtracts it (a whole number for
-    integers, so the differences stay integers)."""
-    if clamp.integral:
-        return math.floor((clamp.lo + clamp.hi) / 2)
-    return (clamp.lo + clamp.hi) / 2
-
-
-def _count_of(arg: exp.Expression) -> Wanted:
-    """A ``COUNT`` of ``arg``: the measurement the plan adds for a quantile of it."""
-    return MeasureKind.COUNT, arg, None, f"COUNT({display(arg)})", None
+    """What ``agg`` is made of, named by role: a quantile its selection; any other kind
+    the measurements its ``parts`` made (``names``, in their order)."""
+    match kind_of(agg.func):
+        case Selecting():
+            return Measured(names[0])
+        case Measuring() as kind:
+            return kind.typed(names, bounded.bounds.get(agg.name))
+        case unknown:
+            assert_never(unknown)
 
 
 def _key(part: Wanted) -> Key:
@@ -486,18 +413,19 @@ def _weights(
     dataset: Dataset,
     accountant: Accountant,
 ) -> dict[Key, float]:
-    """Each measurement's weight in the split of the query's budget, as ``dp.shares``
-    decides it from what each aggregate reading it is made of."""
+    """Each measurement's weight in the split of the query's budget, as each aggregate
+    reading it weighs its parts (``Measuring.weights``, by ``dp.shares``' rules); a
+    quantile's selection is weighted by ``dp.shares.total_weight``."""
     demands: dict[Key, list[float]] = {key: [] for key in wanted}
     for agg in checked.aggregates:
-        keys = uses.get(agg.name, ())
+        kind = kind_of(agg.func)
+        if not isinstance(kind, Measuring):
+            continue
+        keys = uses[agg.name]
         centred = any(key[0].endswith("centred") for key in keys)
-        given = part_weights(
-            agg.func, len(keys), centred, c, dataset.neighbouring, accountant.gaussian
-        )
+        given = kind.weights(len(keys), centred, c, dataset.neighbouring, accountant.gaussian)
         for key, weight in zip(keys, given, strict=True):
-            if key in demands:  # a quantile's key names no measurement
-                demands[key].append(weight)
+            demands[key].append(weight)
     return {key: measurement_weight(ws) for key, ws in demands.items()}
 
 
@@ -597,8 +525,8 @@ def _summand(part: Wanted, resolved: Resolved) -> Summand:
     col = resolved.column(arg) if kind == MeasureKind.SUM and arg is not None else None
     if col is None or clamp is None or col.type != ("int" if clamp.integral else "float"):
         return Summand.CAST
-    within = col.lower is not None and col.upper is not None
-    if within and clamp.lo <= col.lower and col.upper <= clamp.hi:
+    lower, upper = col.lower, col.upper
+    if lower is not None and upper is not None and clamp.lo <= lower and upper <= clamp.hi:
         return Summand.STORED
     return Summand.TYPED
 

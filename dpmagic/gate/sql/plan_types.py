@@ -1,7 +1,8 @@
 """The plan's typed values: what the plan pass (``plan.py``) decides and every later
 pass reads: the measurements and selections with their noises, what each aggregate is
-made of (``Parts``), and the ``Plan`` that holds them. Values only: how they are
-chosen is ``plan.py``'s, and every privacy number in them is a rule of ``dp/``."""
+made of (``Parts``, from ``aggregates.parts``), and the ``Plan`` that holds them.
+Values only: how they are chosen is ``plan.py``'s, and every privacy number in them is
+a rule of ``dp/``."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from dpmagic.gate.dp.partition_selection import KeySelection
 from dpmagic.gate.dp.quantile_selection import Grid, QuantileNoise
 from dpmagic.gate.engines.interface import MAX_ROWS
 from dpmagic.gate.policy import Dataset
+from dpmagic.gate.sql.aggregates.parts import Parts, Variance
 from dpmagic.gate.sql.check import Checked, GroupKey
 from dpmagic.gate.sql.keys import KeyDomain
 from dpmagic.gate.sql.kinds import MeasureKind, Summand
@@ -121,63 +123,6 @@ class Selection:
     @property
     def scale(self) -> float:
         return self.noise.scale
-
-
-@dataclass(frozen=True)
-class Measured:
-    """An aggregate that is one noisy value: a count, a distinct count, a plain sum
-    (measurement ``name``) or a quantile (selection ``name``)."""
-
-    name: str
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return (self.name,)
-
-
-@dataclass(frozen=True)
-class Avg:
-    """``AVG``: the sum ``total`` (centred, or raw when debiased) over ``count``, the
-    count of the same rows."""
-
-    total: str
-    count: str
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return (self.total, self.count)
-
-
-@dataclass(frozen=True)
-class DebiasedSum:
-    """``SUM`` of a randomized-response column: debiasing reads how many answers
-    ``total`` adds up, ``count``."""
-
-    total: str
-    count: str
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return (self.total, self.count)
-
-
-@dataclass(frozen=True)
-class Variance:
-    """A variance or standard deviation: from ``count`` and the sums of the values'
-    distance to ``centre`` (the middle of their bounds), ``centred``, and of its
-    square, ``squares`` (each sum measured around the middle of its own range)."""
-
-    count: str
-    centred: str
-    squares: str
-    centre: float
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return (self.count, self.centred, self.squares)
-
-
-Parts = Measured | Avg | DebiasedSum | Variance
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,15 @@ The noisy table names a measurement's column ``__<name>``, a debiased aggregate'
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import assert_never
 
 from sqlglot import exp
 
+from dpmagic.gate.sql.aggregates.func import AggregateFunc
+from dpmagic.gate.sql.aggregates.parts import Avg, Measured, Variance, narrowed
+from dpmagic.gate.sql.aggregates.variance import Spread, spread
 from dpmagic.gate.sql.check import Checked
-from dpmagic.gate.sql.plan_types import Avg, Measured, Plan, Variance, max_variance
+from dpmagic.gate.sql.plan_types import Plan, max_variance
 from dpmagic.gate.sql.totality import generated
 
 PID = "__pid"
@@ -95,38 +99,56 @@ class PostExpr:
 
     def _aggregate(self, name: str) -> exp.Expression:
         """The released value of aggregate ``name``, over the noisy table's columns."""
-        agg = self.checked.aggregate(name)
+        func = self.checked.aggregate(name).func
         if name in self.plan.debiased:
             # Already clipped where the estimate has bounds: only counts are floored here.
             column = col(debiased_column(name))
-            return at_least(column, 0) if agg.func == "count" else column
+            return at_least(column, 0) if func is AggregateFunc.COUNT else column
         parts = self.plan.parts[name]
-        if isinstance(parts, Measured):
-            column = col(f"__{parts.name}")
-            return at_least(column, 0) if agg.func in ("count", "count_distinct") else column
-        if isinstance(parts, Avg):
-            total = self.plan.measurement(parts.total)
-            share = col(f"__{parts.total}") / at_least(col(f"__{parts.count}"), 1)
-            mean = literal(total.centre_value) + share
-            return within_sql(mean, literal(total.bounds.lo), literal(total.bounds.hi))
-        if not isinstance(parts, Variance):
-            raise ValueError(f"{name}: a debiased sum is released from its debiased column")
+        match func:
+            case AggregateFunc.COUNT | AggregateFunc.COUNT_DISTINCT:
+                return at_least(col(f"__{parts.names[0]}"), 0)
+            case AggregateFunc.SUM | AggregateFunc.QUANTILE:
+                if not isinstance(parts, Measured):
+                    raise ValueError(f"{name}: a debiased sum is released from its column")
+                return col(f"__{parts.name}")
+            case AggregateFunc.AVG:
+                return self._average(narrowed(parts, Avg))
+            case (
+                AggregateFunc.VAR_SAMP
+                | AggregateFunc.VAR_POP
+                | AggregateFunc.STDDEV_SAMP
+                | AggregateFunc.STDDEV_POP
+            ):
+                return self._variance(narrowed(parts, Variance), spread(func))
+            case unknown:
+                assert_never(unknown)
+
+    def _average(self, parts: Avg) -> exp.Expression:
+        """An average: its centre plus its centred sum over its count, within its bounds."""
+        total = self.plan.measurement(parts.total)
+        share = col(f"__{parts.total}") / at_least(col(f"__{parts.count}"), 1)
+        mean = literal(total.centre_value) + share
+        return within_sql(mean, literal(total.bounds.lo), literal(total.bounds.hi))
+
+    def _variance(self, parts: Variance, kind: Spread) -> exp.Expression:
+        """A variance (or its square root) from its count and centred sums."""
         count, s1, s2 = (col(f"__{n}") for n in parts.names)
         ms = [self.plan.measurement(n) for n in parts.names]
         widest = literal(max_variance(self.plan, parts))
-        n = at_least(count, 2 if agg.func.endswith("samp") else 1)
+        n = at_least(count, 2 if kind.sample else 1)
         # Means of the values' distance to the middle of the bounds and of its square:
         # each sum is released centred on its own centre.
         m1 = exp.Paren(this=literal(ms[1].centre_value) + s1 / n)
         m2 = exp.Paren(this=literal(ms[2].centre_value) + s2 / n)
         pop = exp.Paren(this=m2 - m1 * m1.copy())
-        if agg.func.endswith("samp"):
+        if kind.sample:
             less_one = exp.Paren(this=n.copy() - 1)
             var = within_sql(pop * n.copy() / less_one, exp.Literal.number(0),
                               widest * n.copy() / less_one.copy())  # fmt: skip
         else:
             var = within_sql(pop, exp.Literal.number(0), widest)
-        return exp.Sqrt(this=var) if agg.func.startswith("stddev") else var
+        return exp.Sqrt(this=var) if kind.root else var
 
 
 def _is_whole(plan: Plan, name: str) -> bool:

@@ -35,16 +35,23 @@ independently of every other row's, as the survey design declares.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
+from typing import assert_never
 
+import numpy as np
 from sqlglot import exp
 
 from dpmagic.gate.dp.randomized_response import random_share, true_count, true_sum
 from dpmagic.gate.failures import Refused, required
 from dpmagic.gate.policy import Column
+from dpmagic.gate.sql.aggregates.func import AggregateFunc
 from dpmagic.gate.sql.check import Checked
 from dpmagic.gate.sql.trees import unparen
+
+# A noisy measurement's values, one per partition: a list, or the noise pass's array.
+Values = Sequence[int | float] | np.ndarray
 
 SUPPORTED = "supported: COUNT(*) or COUNT(column) grouped by it, SUM and AVG of it"
 
@@ -58,7 +65,7 @@ class Debias:
     ``numbers`` are those values for sums and averages.
     """
 
-    func: str
+    func: AggregateFunc  # COUNT, SUM or AVG
     p: float
     k: int
     key: int | None = None
@@ -102,34 +109,48 @@ def debiasing(checked: Checked) -> dict[str, Debias]:
     out = {}
     for agg in checked.aggregates:
         col = _bare(agg.arg, checked) if agg.arg is not None else None
-        if col is None or agg.func == "count":
-            # Whether an answer was given is not randomized: COUNT(column) needs no debiasing.
+        if col is None:
             continue
-        required(col.randomized_response, "a randomized column's probability")
-        if agg.func not in ("sum", "avg"):
-            raise Refused(f"{agg.label}: {col.name!r} is collected by randomized response; "
-                          f"{SUPPORTED}")  # fmt: skip
+        match agg.func:
+            case AggregateFunc.COUNT:
+                # Whether an answer was given is not randomized: COUNT(column) needs none.
+                continue
+            case AggregateFunc.SUM | AggregateFunc.AVG:
+                pass
+            case (
+                AggregateFunc.COUNT_DISTINCT
+                | AggregateFunc.VAR_SAMP
+                | AggregateFunc.VAR_POP
+                | AggregateFunc.STDDEV_SAMP
+                | AggregateFunc.STDDEV_POP
+                | AggregateFunc.QUANTILE
+            ):
+                raise Refused(f"{agg.label}: {col.name!r} is collected by randomized "
+                              f"response; {SUPPORTED}")  # fmt: skip
+            case unknown:
+                assert_never(unknown)
         values = col.public_values or ()
         if not all(_number(v) for v in values):
             raise Refused(f"{agg.label}: SUM and AVG of a randomized-response column need "
                           "numeric public_values")  # fmt: skip
         numbers = tuple(float(v) for v in values)  # type: ignore[arg-type]
-        out[agg.name] = Debias(agg.func, col.randomized_response.p, len(values), None, numbers)
+        p = required(col.randomized_response, "a randomized column's probability").p
+        out[agg.name] = Debias(agg.func, p, len(values), None, numbers)
     return out
 
 
 def _grouped_counts(checked: Checked, key: int, col: Column) -> dict[str, Debias]:
     """GROUP BY the column: every aggregate must be a count of rows or of a column."""
-    required(col.randomized_response, "a randomized column's probability")
+    randomized = required(col.randomized_response, "a randomized column's probability")
     for agg in checked.aggregates:
         counted = agg.arg is None or isinstance(unparen(agg.arg), exp.Column)
-        if agg.func != "count" or not counted:
+        if agg.func is not AggregateFunc.COUNT or not counted:
             raise Refused(
                 f"{agg.label} beside GROUP BY {col.name} (randomized response): only "
                 "COUNT(*) and COUNT(column) are debiased per answer"
             )
-    p, k = col.randomized_response.p, len(col.public_values or ())
-    return {agg.name: Debias("count", p, k, key) for agg in checked.aggregates}
+    p, k = randomized.p, len(col.public_values or ())
+    return {agg.name: Debias(AggregateFunc.COUNT, p, k, key) for agg in checked.aggregates}
 
 
 def _refuse_outside_aggregates_and_keys(checked: Checked) -> list[str]:
@@ -147,7 +168,7 @@ def _refuse_outside_aggregates_and_keys(checked: Checked) -> list[str]:
             raise Refused(f"{col.name!r} is collected by randomized response and cannot be "
                           f"used {where}; {SUPPORTED}")  # fmt: skip
     mentioned = []
-    exprs = [(k.label, k.expr) for k in checked.keys]
+    exprs: list[tuple[str, exp.Expression | None]] = [(k.label, k.expr) for k in checked.keys]
     exprs += [(a.label, a.arg) for a in checked.aggregates]
     for label, node in exprs:
         col = _first(node, checked)
@@ -164,7 +185,7 @@ def _first(node: exp.Expression | None, checked: Checked) -> Column | None:
     """The first randomized-response column ``node`` reads, if any."""
     if node is None:
         return None
-    for n in node.walk():
+    for n in node.find_all(exp.Column):
         col = checked.resolved.column(n)
         if col is not None and col.randomized_response is not None:
             return col
@@ -217,22 +238,39 @@ class Debiased:
         return min(max(value - half, lo), hi), min(max(value + half, lo), hi)
 
 
-def debias(
-    d: Debias, first: list[float], second: list[float] | None, groups: list[list[int]]
-) -> Debiased:
+def debias(d: Debias, first: Values, second: Values | None, groups: list[list[int]]) -> Debiased:
     """Debias one aggregate from its noisy measurements, one value per partition:
     the count vector (counts), or the sum and count vectors (sums, averages).
     ``groups`` lists, for counts, the partitions that differ only in the
     randomized key: its k reported values within one group of the other keys."""
-    if d.func == "count":
-        return _counts(d, first, groups)
-    second = required(second, "the count a debiased sum or mean is over")
-    if d.func == "sum":
-        return _sums(d, first, second)
-    return _averages(d, first, second)
+    match d.func:
+        case AggregateFunc.COUNT:
+            return _counts(d, first, groups)
+        case AggregateFunc.SUM:
+            return _sums(d, first, _answers(second))
+        case AggregateFunc.AVG:
+            return _averages(d, first, _answers(second))
+        case (
+            AggregateFunc.COUNT_DISTINCT
+            | AggregateFunc.VAR_SAMP
+            | AggregateFunc.VAR_POP
+            | AggregateFunc.STDDEV_SAMP
+            | AggregateFunc.STDDEV_POP
+            | AggregateFunc.QUANTILE
+        ):
+            raise ValueError(f"{d.func} is never debiased")
+        case unknown:
+            assert_never(unknown)
 
 
-def _counts(d: Debias, counts: list[float], groups: list[list[int]]) -> Debiased:
+def _answers(counts: Values | None) -> Values:
+    """How many answers a debiased sum or mean adds up, which the plan measures with it."""
+    if counts is None:
+        raise RuntimeError("internal error: the count a debiased sum or mean is over is missing")
+    return counts
+
+
+def _counts(d: Debias, counts: Values, groups: list[list[int]]) -> Debiased:
     """``t_v = (c_v − r·n)/p`` in each group, ``n`` its noisy total, ``r = (1−p)/k``."""
     r = random_share(d.p, d.k)
     own = (1 - r) / d.p  # the weight of c_v's noise in t_v; each other count's is r/p
@@ -255,7 +293,7 @@ def _count_variance(t: float, n: float, p: float, r: float) -> float:
     return t * (p + r) * (1 - p - r) + (n - t) * r * (1 - r)
 
 
-def _sums(d: Debias, sums: list[float], counts: list[float]) -> Debiased:
+def _sums(d: Debias, sums: Values, counts: Values) -> Debiased:
     values, sds, gains = [], [], []
     for s, c in zip(sums, counts, strict=True):
         n = max(c, 0.0)
@@ -266,7 +304,7 @@ def _sums(d: Debias, sums: list[float], counts: list[float]) -> Debiased:
     return Debiased(values, sds, gains, (-math.inf, math.inf))
 
 
-def _averages(d: Debias, sums: list[float], counts: list[float]) -> Debiased:
+def _averages(d: Debias, sums: Values, counts: Values) -> Debiased:
     values, sds, gains = [], [], []
     for s, c in zip(sums, counts, strict=True):
         n = max(c, 1.0)

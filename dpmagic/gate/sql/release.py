@@ -41,6 +41,7 @@ import decimal
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import duckdb
 import numpy as np
@@ -50,12 +51,14 @@ from sqlglot import exp
 from dpmagic import wire
 from dpmagic.gate.dp.levels import REPORT_ALPHA, expression_level
 from dpmagic.gate.engines.dialect import DUCKDB
+from dpmagic.gate.sql.aggregates.func import AggregateFunc
+from dpmagic.gate.sql.aggregates.parts import Avg, DebiasedSum, Measured
 from dpmagic.gate.sql.dominance import Origins, judged
 from dpmagic.gate.sql.edges import edge_names
 from dpmagic.gate.sql.intervals import CellIntervals
 from dpmagic.gate.sql.noise import Noisy, Partition, declared_array
 from dpmagic.gate.sql.parse import DIALECT
-from dpmagic.gate.sql.plan_types import Avg, DebiasedSum, Measured, Measurement, Plan, Selection
+from dpmagic.gate.sql.plan_types import Measurement, Plan, Selection
 from dpmagic.gate.sql.post_query import PID, PostExpr, PostQuery, debiased_column, post_query
 from dpmagic.gate.sql.randomized import Debiased, debias
 from dpmagic.gate.sql.release_columns import Columns, direct
@@ -138,7 +141,7 @@ def release(noisy: Noisy, alpha: float = ALPHA, made: PostQuery | None = None) -
         finally:
             con.close()
         vectors = list(zip(*result, strict=True)) if result else [() for _ in names]
-    pids = vectors[0]
+    pids = cast(Sequence[int], vectors[0])  # the partition ids the post-query kept
 
     intervals = CellIntervals(plan, noisy, alpha, debiased)
     accuracy_columns: list[dict[str, object] | None] = []
@@ -150,7 +153,7 @@ def release(noisy: Noisy, alpha: float = ALPHA, made: PostQuery | None = None) -
         parts = [_part(plan, n) for n in used]
         single = parts[0] if len(parts) == 1 else None
         bare = isinstance(out.expr, exp.Column) and isinstance(single, Selection)
-        rank = _rank_accuracy(single, alpha) if bare else {}
+        rank = _rank_accuracy(single, alpha) if bare and isinstance(single, Selection) else {}
         events = post.estimates_in(out.expr)
         pairs = intervals.cells(out.expr, pids, events)
         accuracy_columns.append(
@@ -197,7 +200,7 @@ def in_order(noisy: Noisy) -> tuple[Noisy, Origins]:
     quantiles = {
         parts.names[0]
         for name, parts in plan.parts.items()
-        if plan.checked.aggregate(name).func == "quantile"
+        if plan.checked.aggregate(name).func is AggregateFunc.QUANTILE
     }
     columns: dict[tuple[object, ...], list[Selection]] = {}
     for s in plan.selections:
@@ -287,7 +290,8 @@ def _noisy_columns(plan: Plan, noisy: Noisy, debiased: dict[str, Debiased]) -> C
     data: Columns = {PID: np.arange(len(noisy.partitions))}
     for i, key in enumerate(plan.keys):
         data[key.name] = _key_column(plan, noisy, i)
-    for m in (*plan.measurements, *plan.selections):
+    parts: tuple[Measurement | Selection, ...] = (*plan.measurements, *plan.selections)
+    for m in parts:
         values = noisy.values[m.name]
         data[f"__{m.name}"] = values if isinstance(values, np.ndarray) else list(values)
     for name, d in debiased.items():

@@ -16,7 +16,7 @@ from sqlglot import exp
 from dpmagic.gate.sql.trees import unparen
 
 # The noisy table, by column: lists, or numpy arrays where the noise pass made them.
-Columns = dict[str, Sequence[object]]
+Columns = dict[str, Sequence[object] | np.ndarray]
 
 
 def direct(table: Columns, exprs: list[exp.Expression]) -> list[Sequence[object]] | None:

@@ -8,16 +8,20 @@ query and the policy alone."""
 from __future__ import annotations
 
 import math
+from typing import assert_never
 
 from sqlglot import exp
 
 from dpmagic.gate.dp.accounting import Cost
 from dpmagic.gate.dp.levels import EDGE_PART_ALPHA, REPORT_ALPHA
 from dpmagic.gate.dp.quantile_selection import QuantileNoise, calibrate_quantile
+from dpmagic.gate.sql.aggregates.func import AggregateFunc
+from dpmagic.gate.sql.aggregates.parts import Avg, Measured, Parts, Variance, narrowed
+from dpmagic.gate.sql.aggregates.variance import spread
 from dpmagic.gate.sql.dominance import DOMINANT_SHARE, affine_factor, judging_rule, quantile_count
 from dpmagic.gate.sql.expected import average_error, variance_error
 from dpmagic.gate.sql.keys import KeyDomain
-from dpmagic.gate.sql.plan_types import Avg, Edges, Measured, Measurement, Plan, Selection, Variance
+from dpmagic.gate.sql.plan_types import Edges, Measurement, Plan, Selection
 from dpmagic.gate.sql.trees import display
 
 GROUP_SIZES = (100, 1000)
@@ -27,7 +31,7 @@ GROUP_SIZES = (100, 1000)
 def summary(the_plan: Plan) -> list[dict[str, object]]:
     """The plan per measurement, all of it public: bounds, sensitivity, mechanism,
     scale, cost, the expected 95% error, and where the group keys come from."""
-    keys = [
+    keys: list[dict[str, object]] = [
         {
             "column": k.label,
             "public": d.private is None,
@@ -203,24 +207,51 @@ def _expected(
             "count": None if count is None else count.label,
         }
     scale = affine_factor(node)
-    name = used[0] if len(used) == 1 else None
-    parts = None if name is None or scale is None else the_plan.parts[name]
-    if parts is None:
+    if len(used) != 1 or scale is None:
         return {"half_width": None, "dominated_below": None}
-    func = the_plan.checked.aggregate(name).func  # type: ignore[arg-type]
-    if func == "quantile":  # under arithmetic: its accuracy is in the group's percentiles
-        return {"half_width": None, "dominated_below": None}
-    if isinstance(parts, Avg) and name not in the_plan.debiased:
-        error = abs(scale) * average_error(the_plan, parts, alpha)
-        return _per_rows(error, kind, what, square_root=False)
-    if isinstance(parts, Variance):
-        error = abs(scale) * variance_error(the_plan, parts, alpha)
-        return _per_rows(error, kind, what, square_root=func.startswith("stddev"))
-    if isinstance(parts, Measured) and name not in the_plan.debiased:
-        m = the_plan.measurement(parts.name)
-        half = abs(scale) * (m.noise.half_width(alpha) if m.noise.sensitivity else 0.0)
-        return {"half_width": half, "dominated_below": _zero_below(m, half, node)}
-    return {"half_width": None, "dominated_below": None}
+    name = used[0]
+    parts = the_plan.parts[name]
+    return _aggregate_expected(the_plan, name, parts, abs(scale), node, kind, what)
+
+
+def _aggregate_expected(
+    the_plan: Plan,
+    name: str,
+    parts: Parts,
+    scale: float,
+    node: exp.Expression,
+    kind: str,
+    what: object,
+) -> dict[str, object]:
+    """The expected 95% error of an output that is one aggregate, scaled by ``scale``
+    (rounded, cast or with constants added), by the aggregate's kind."""
+    alpha = REPORT_ALPHA
+    none: dict[str, object] = {"half_width": None, "dominated_below": None}
+    func = the_plan.checked.aggregate(name).func
+    match func:
+        case AggregateFunc.QUANTILE:  # under arithmetic: its accuracy is in its percentiles
+            return none
+        case AggregateFunc.AVG:
+            if name in the_plan.debiased:
+                return none
+            error = scale * average_error(the_plan, narrowed(parts, Avg), alpha)
+            return _per_rows(error, kind, what, square_root=False)
+        case (
+            AggregateFunc.VAR_SAMP
+            | AggregateFunc.VAR_POP
+            | AggregateFunc.STDDEV_SAMP
+            | AggregateFunc.STDDEV_POP
+        ):
+            error = scale * variance_error(the_plan, narrowed(parts, Variance), alpha)
+            return _per_rows(error, kind, what, square_root=spread(func).root)
+        case AggregateFunc.COUNT | AggregateFunc.COUNT_DISTINCT | AggregateFunc.SUM:
+            if name in the_plan.debiased:
+                return none
+            m = the_plan.measurement(narrowed(parts, Measured).name)
+            half = scale * (m.noise.half_width(alpha) if m.noise.sensitivity else 0.0)
+            return {"half_width": half, "dominated_below": _zero_below(m, half, node)}
+        case unknown:
+            assert_never(unknown)
 
 
 def _per_rows(error: float, kind: str, what: object, square_root: bool) -> dict[str, object]:
@@ -234,7 +265,7 @@ def _per_rows(error: float, kind: str, what: object, square_root: bool) -> dict[
     out: dict[str, object] = {"half_width_at": [[n, at(n)] for n in GROUP_SIZES]}
     below = None
     if kind == "range":
-        lo, hi, *_ = what  # type: ignore[misc]
+        lo, hi = what[:2]  # type: ignore[index]
         target = DOMINANT_SHARE * (hi - lo) / 2  # the half-width that covers that share
         if target > 0:
             below = _rows_below(error / target**2 if square_root else error / target)

@@ -29,15 +29,22 @@ from dpmagic.gate.dp.shares import (
     EDGE_WEIGHT,
     measurement_weight,
     part_share,
-    part_weights,
     total_weight,
 )
 from dpmagic.gate.policy import Neighbouring
+from dpmagic.gate.sql.aggregates.base import Measuring
+from dpmagic.gate.sql.aggregates.func import AggregateFunc
+from dpmagic.gate.sql.aggregates.registry import kind_of
 
 ACCOUNTANTS = [PureAccountant(), ApproxAccountant(), ZCDPAccountant()]
 # An aggregate: its function, how many measurements it is made of, whether its sums
 # are centred (an AVG's, a variance's); each may share its count with another.
-AGGREGATES = [("count", 1, False), ("sum", 1, False), ("avg", 2, True), ("var_pop", 3, True)]
+AGGREGATES = [
+    (AggregateFunc.COUNT, 1, False),
+    (AggregateFunc.SUM, 1, False),
+    (AggregateFunc.AVG, 2, True),
+    (AggregateFunc.VAR_POP, 3, True),
+]
 CONTRIBUTIONS = [Contribution.bounded(1, 1, 3), Contribution.bounded(2, 3, 5)]
 REPORTS = [None, 0.05, 0.5, 0.9]
 Total = Callable[..., float]
@@ -49,7 +56,9 @@ def _weights(aggregates, c: Contribution, neighbouring: str, gaussian: bool) -> 
     one argument once), and a quantile's added count is read by none."""
     demands: dict[str, list[float]] = {"count": [], "quantile count": []}
     for i, (func, parts, centred) in enumerate(aggregates):
-        given = part_weights(func, parts, centred, c, neighbouring, gaussian)
+        kind = kind_of(func)
+        assert isinstance(kind, Measuring)
+        given = kind.weights(parts, centred, c, neighbouring, gaussian)
         names = [f"{i}.{k}" for k in range(parts)]
         if func == "avg":
             names[1] = "count"

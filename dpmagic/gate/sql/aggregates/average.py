@@ -1,0 +1,59 @@
+"""``AVG(x)``: a noisy sum of ``x`` over a noisy count of the same rows. The sum is
+measured around the middle of its values' range (``plan_types.Centre``,
+``dp.centred_sums``), which halves its noise; the average is then the centre plus the
+centred sum over the count. A debiased average keeps its raw sum, which debiasing
+reads. Its two parts share the budget by their part in its error
+(``dp.shares.avg_weights``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sqlglot import exp
+
+from dpmagic.gate.dp.shares import avg_weights
+from dpmagic.gate.failures import required
+from dpmagic.gate.sql.aggregates.base import Measuring, count_of_values, sum_of
+from dpmagic.gate.sql.aggregates.func import AggregateFunc
+from dpmagic.gate.sql.aggregates.parts import Avg, Parts, Wanted
+from dpmagic.gate.sql.value_range import ValueRange
+
+if TYPE_CHECKING:
+    from dpmagic.gate.dp.contribution import Contribution
+    from dpmagic.gate.policy import Neighbouring
+    from dpmagic.gate.sql.resolve import Resolved
+
+
+class Average(Measuring):
+    func = AggregateFunc.AVG
+    summed = True
+
+    def parts(
+        self,
+        arg: exp.Expression | None,
+        clamp: ValueRange | None,
+        resolved: Resolved,
+        debiased: bool,
+    ) -> list[Wanted]:
+        arg = required(arg, "an average's argument")
+        total = sum_of(arg, required(clamp, "an average's bounds"))
+        count = count_of_values(arg, resolved)
+        return [total, count] if debiased else [(*total[:4], 1), count]
+
+    def typed(self, names: tuple[str, ...], clamp: ValueRange | None) -> Parts:
+        return Avg(*names)
+
+    def weights(
+        self,
+        parts: int,
+        centred: bool,
+        c: Contribution,
+        neighbouring: Neighbouring,
+        gaussian: bool,
+    ) -> tuple[float, ...]:
+        if not centred:
+            return super().weights(parts, centred, c, neighbouring, gaussian)
+        return avg_weights(c, neighbouring, gaussian)
+
+
+AVG = Average()

@@ -1,0 +1,118 @@
+"""The interface every kind of the catalogue implements, and what its modules share.
+
+A kind is read from SQL by the check pass (``star``, ``distinct``, ``level``,
+``argument``), bounded
+by the bound pass (``bounded``), its values' bounds chosen by ``--clip`` where it sums
+them (``summed``), and planned by the plan pass: a *measuring* kind into noisy counts
+and sums (``Measuring.parts``), named by role once planned (``Measuring.typed``), each
+part's share of the budget weighted as ``dp.shares`` decides (``Measuring.weights``); a
+*selecting* kind (a quantile) into an exponential-mechanism selection per partition,
+which ``plan.py`` makes from its level. Every privacy number is a rule of ``dp/``."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
+
+from sqlglot import exp
+
+from dpmagic.gate.sql.aggregates.func import AggregateFunc
+from dpmagic.gate.sql.aggregates.parts import Parts, Wanted
+from dpmagic.gate.sql.kinds import MeasureKind
+from dpmagic.gate.sql.trees import display
+from dpmagic.gate.sql.value_range import ValueRange
+
+if TYPE_CHECKING:
+    from dpmagic.gate.dp.contribution import Contribution
+    from dpmagic.gate.policy import Neighbouring
+    from dpmagic.gate.sql.resolve import Resolved
+
+
+class Aggregate(ABC):
+    """One kind of aggregate, as every pass before the noise sees it."""
+
+    func: AggregateFunc
+    star: bool = False  # whether ``f(*)`` is allowed (``COUNT(*)``)
+    distinct: Kind | None = None  # the kind ``f(DISTINCT x)`` is, where allowed
+    bounded: bool = True  # whether its argument needs declared bounds (all but counts)
+    summed: bool = False  # whether it adds up its clamped values (``--clip`` bounds them)
+    # Whether each cell is one noisy count or sum: its interval is the measurement's,
+    # and an accuracy can be promised for it before the query runs.
+    single: bool = False
+
+    def level(self, node: exp.Expression) -> float | None:
+        """The quantile level ``node`` asks for; None for a kind that has none."""
+        return None
+
+    def argument(self, arg: exp.Expression) -> exp.Expression:
+        """The row expression aggregated, from the call's argument ``arg``: itself,
+        unless the kind reads it otherwise."""
+        return arg
+
+
+class Measuring(Aggregate):
+    """A kind post-processed from noisy counts and sums of its argument."""
+
+    @abstractmethod
+    def parts(
+        self,
+        arg: exp.Expression | None,
+        clamp: ValueRange | None,
+        resolved: Resolved,
+        debiased: bool,
+    ) -> list[Wanted]:
+        """The noisy counts and sums it is made of, in ``typed``'s order. ``debiased``:
+        its argument is a randomized-response column, which debiasing reads raw."""
+
+    @abstractmethod
+    def typed(self, names: tuple[str, ...], clamp: ValueRange | None) -> Parts:
+        """Its parts, planned as the measurements ``names`` (``parts``' order), by role."""
+
+    def weights(
+        self,
+        parts: int,
+        centred: bool,
+        c: Contribution,
+        neighbouring: Neighbouring,
+        gaussian: bool,
+    ) -> tuple[float, ...]:
+        """Each part's weight in the split of the query's budget (``dp.shares``): an
+        even share each, unless the kind weighs its centred parts by their error."""
+        return (1.0,) * parts
+
+
+class Selecting(Aggregate):
+    """A kind released by selection: a quantile at a level, chosen per partition."""
+
+    @abstractmethod
+    def level(self, node: exp.Expression) -> float:
+        """The level the call asks for, between 0 and 1."""
+
+
+Kind = Measuring | Selecting
+
+
+def count_of(arg: exp.Expression | None) -> Wanted:
+    """A ``COUNT`` of ``arg`` (of rows, for None): how many values a kind's sums add."""
+    return MeasureKind.COUNT, arg, None, f"COUNT({'*' if arg is None else display(arg)})", None
+
+
+def count_of_values(arg: exp.Expression, resolved: Resolved) -> Wanted:
+    """The count of the rows a sum of ``arg`` adds: ``COUNT(*)``, measured once with the
+    query's own, where ``arg`` is NULL on no row."""
+    return count_of(None) if never_null(arg, resolved) else count_of(arg)
+
+
+def never_null(arg: exp.Expression, resolved: Resolved) -> bool:
+    """Whether ``arg`` is NULL on no row: a column the owner declared ``not_null`` (checked
+    at load), read from a scan no LEFT JOIN may leave empty."""
+    while isinstance(arg, exp.Paren):
+        arg = arg.this
+    col = resolved.column(arg)
+    scan = resolved.scan(arg.table) if isinstance(arg, exp.Column) else None
+    return col is not None and col.not_null and scan is not None and scan.kind != "left"
+
+
+def sum_of(arg: exp.Expression, clamp: ValueRange) -> Wanted:
+    """A plain sum of ``arg`` clamped into ``clamp``."""
+    return MeasureKind.SUM, arg, clamp, f"SUM({display(arg)})", None

@@ -1,0 +1,41 @@
+"""``COUNT(*)`` and ``COUNT(x)``: one noisy count per partition. ``COUNT(DISTINCT x)``
+is its own kind (``count_distinct``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sqlglot import exp
+
+from dpmagic.gate.sql.aggregates.base import Kind, Measuring, count_of
+from dpmagic.gate.sql.aggregates.count_distinct import COUNT_DISTINCT
+from dpmagic.gate.sql.aggregates.func import AggregateFunc
+from dpmagic.gate.sql.aggregates.parts import Measured, Parts, Wanted
+from dpmagic.gate.sql.value_range import ValueRange
+
+if TYPE_CHECKING:
+    from dpmagic.gate.sql.resolve import Resolved
+
+
+class Count(Measuring):
+    func = AggregateFunc.COUNT
+    star = True
+    distinct: Kind | None = COUNT_DISTINCT
+    bounded = False
+    single = True
+
+    def parts(
+        self,
+        arg: exp.Expression | None,
+        clamp: ValueRange | None,
+        resolved: Resolved,
+        debiased: bool,
+    ) -> list[Wanted]:
+        return [count_of(arg)]
+
+    def typed(self, names: tuple[str, ...], clamp: ValueRange | None) -> Parts:
+        (name,) = names
+        return Measured(name)
+
+
+COUNT = Count()

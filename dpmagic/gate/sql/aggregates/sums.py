@@ -1,0 +1,41 @@
+"""``SUM(x)``: one noisy sum of ``x`` clamped into its declared bounds. A sum of a
+randomized-response column is measured with the count of its answers, which
+debiasing reads (``sql/randomized.py``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sqlglot import exp
+
+from dpmagic.gate.failures import required
+from dpmagic.gate.sql.aggregates.base import Measuring, count_of_values, sum_of
+from dpmagic.gate.sql.aggregates.func import AggregateFunc
+from dpmagic.gate.sql.aggregates.parts import DebiasedSum, Measured, Parts, Wanted
+from dpmagic.gate.sql.value_range import ValueRange
+
+if TYPE_CHECKING:
+    from dpmagic.gate.sql.resolve import Resolved
+
+
+class Sum(Measuring):
+    func = AggregateFunc.SUM
+    summed = True
+    single = True
+
+    def parts(
+        self,
+        arg: exp.Expression | None,
+        clamp: ValueRange | None,
+        resolved: Resolved,
+        debiased: bool,
+    ) -> list[Wanted]:
+        arg = required(arg, "a sum's argument")
+        total = sum_of(arg, required(clamp, "a sum's bounds"))
+        return [total, count_of_values(arg, resolved)] if debiased else [total]
+
+    def typed(self, names: tuple[str, ...], clamp: ValueRange | None) -> Parts:
+        return Measured(names[0]) if len(names) == 1 else DebiasedSum(*names)
+
+
+SUM = Sum()

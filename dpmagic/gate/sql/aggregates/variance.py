@@ -1,0 +1,117 @@
+"""``VAR_SAMP``, ``VAR_POP``, ``STDDEV_SAMP``, ``STDDEV_POP``: from a noisy count and
+the noisy sums of the values' distance to the middle of their bounds and of its square
+(computed in SQL), both sums measured around the middle of their own ranges in turn:
+centring changes the noise, not the variance. The four kinds differ only in dividing
+by ``n − 1`` (``sample``) and in releasing the square root (``root``). Their three
+parts share the budget by their part in its error (``dp.shares.variance_weights``)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, assert_never
+
+from sqlglot import exp
+
+from dpmagic.gate.dp.shares import variance_weights
+from dpmagic.gate.failures import required
+from dpmagic.gate.sql.aggregates.base import Measuring, count_of_values
+from dpmagic.gate.sql.aggregates.func import AggregateFunc
+from dpmagic.gate.sql.aggregates.parts import Parts, Variance, Wanted
+from dpmagic.gate.sql.kinds import MeasureKind
+from dpmagic.gate.sql.trees import display
+from dpmagic.gate.sql.value_range import ValueRange
+
+if TYPE_CHECKING:
+    from dpmagic.gate.dp.contribution import Contribution
+    from dpmagic.gate.policy import Neighbouring
+    from dpmagic.gate.sql.resolve import Resolved
+
+
+@dataclass(frozen=True, eq=False)
+class Spread(Measuring):
+    """A variance (``root`` False) or a standard deviation, of a sample or not."""
+
+    func: AggregateFunc
+    sample: bool  # divided by n − 1, not n
+    root: bool  # the standard deviation: the square root of the variance
+    summed = True
+
+    def parts(
+        self,
+        arg: exp.Expression | None,
+        clamp: ValueRange | None,
+        resolved: Resolved,
+        debiased: bool,
+    ) -> list[Wanted]:
+        arg = required(arg, "a variance's argument")
+        clamp = required(clamp, "a variance's bounds")
+        arg_sql = display(arg)
+        centre = centre_of(clamp)
+        number = exp.Literal.number(centre if clamp.integral else repr(float(centre)))
+        deviation = exp.Sub(this=exp.Paren(this=arg.copy()), expression=exp.Paren(this=number))
+        square = exp.Mul(
+            this=exp.Paren(this=deviation.copy()), expression=exp.Paren(this=deviation)
+        )
+        reach = max(centre - clamp.lo, clamp.hi - centre)
+        return [
+            count_of_values(arg, resolved),
+            (MeasureKind.SUM, deviation,
+             ValueRange(clamp.lo - centre, clamp.hi - centre, clamp.integral),
+             f"SUM({arg_sql} - {centre})", 0),
+            (MeasureKind.SUM, square, ValueRange(0, reach * reach, clamp.integral),
+             f"SUM(({arg_sql} - {centre})^2)", 0),
+        ]  # fmt: skip
+
+    def typed(self, names: tuple[str, ...], clamp: ValueRange | None) -> Parts:
+        count, centred, squares = names
+        return Variance(count, centred, squares, centre_of(required(clamp, "a variance's bounds")))
+
+    def weights(
+        self,
+        parts: int,
+        centred: bool,
+        c: Contribution,
+        neighbouring: Neighbouring,
+        gaussian: bool,
+    ) -> tuple[float, ...]:
+        if not centred:
+            return super().weights(parts, centred, c, neighbouring, gaussian)
+        return variance_weights(c, neighbouring, gaussian)
+
+
+def centre_of(clamp: ValueRange) -> float:
+    """The middle of a variance's bounds, as its SQL subtracts it (a whole number for
+    integers, so the differences stay integers)."""
+    if clamp.integral:
+        return math.floor((clamp.lo + clamp.hi) / 2)
+    return (clamp.lo + clamp.hi) / 2
+
+
+VAR_SAMP = Spread(AggregateFunc.VAR_SAMP, sample=True, root=False)
+VAR_POP = Spread(AggregateFunc.VAR_POP, sample=False, root=False)
+STDDEV_SAMP = Spread(AggregateFunc.STDDEV_SAMP, sample=True, root=True)
+STDDEV_POP = Spread(AggregateFunc.STDDEV_POP, sample=False, root=True)
+
+
+def spread(func: AggregateFunc) -> Spread:
+    """The variance kind ``func`` names; a ValueError (the gate's own bug) for any other."""
+    match func:
+        case AggregateFunc.VAR_SAMP:
+            return VAR_SAMP
+        case AggregateFunc.VAR_POP:
+            return VAR_POP
+        case AggregateFunc.STDDEV_SAMP:
+            return STDDEV_SAMP
+        case AggregateFunc.STDDEV_POP:
+            return STDDEV_POP
+        case (
+            AggregateFunc.COUNT
+            | AggregateFunc.COUNT_DISTINCT
+            | AggregateFunc.SUM
+            | AggregateFunc.AVG
+            | AggregateFunc.QUANTILE
+        ):
+            raise ValueError(f"{func} is not a variance")
+        case _:
+            assert_never(func)
