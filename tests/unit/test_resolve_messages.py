@@ -118,3 +118,15 @@ def test_in_a_constant_subquery_is_answered_by_the_gate(tmp_path):
         body = {"sql": "SELECT COUNT(*) AS n FROM t WHERE sex IN (SELECT 1)", "notebook": "nb"}
         reply = engine.query("alice", body)
     assert reply["columns"] == ["n"] and len(reply["rows"]) == 1
+
+
+@pytest.mark.parametrize("union", ["UNION", "UNION ALL"])
+def test_a_cte_of_a_union_is_refused_as_a_union_in_from_is(union):
+    """Not "DISTINCT inside a subquery" nor a missing FROM, as it once was: the refusal
+    of a UNION in FROM, whichever way the union is written."""
+    cte = f"WITH u AS (SELECT pid, age FROM visits {union} SELECT pid, age FROM visits) "
+    assert refusal(cte + "SELECT COUNT(*) AS n FROM u") == refusal(
+        f"SELECT COUNT(*) AS n FROM (SELECT pid, age FROM visits {union} "
+        "SELECT pid, age FROM visits) AS u"
+    )
+    assert refusal(cte + "SELECT COUNT(*) AS n FROM u").startswith("UNION is not supported")
