@@ -54,12 +54,12 @@ from sqlglot import exp
 from dpmagic.gate.dp.levels import band_level
 from dpmagic.gate.sql.aggregates.func import AggregateFunc
 from dpmagic.gate.sql.aggregates.parts import Avg, Measured, Variance, narrowed
-from dpmagic.gate.sql.aggregates.variance import spread
+from dpmagic.gate.sql.aggregates.variance import max_variance, spread
 from dpmagic.gate.sql.expected import average_error, variance_error
 from dpmagic.gate.sql.kinds import MeasureKind
 from dpmagic.gate.sql.noise import Noisy
 from dpmagic.gate.sql.parse import DIALECT
-from dpmagic.gate.sql.plan_types import Measurement, Plan, Selection, max_variance
+from dpmagic.gate.sql.plan_types import Measurement, Plan, Selection
 from dpmagic.gate.sql.trees import unparen
 
 DOMINANT_SHARE = 0.5

@@ -71,11 +71,11 @@ from dpmagic.gate.dp.mechanisms import GaussianNoise
 from dpmagic.gate.sql.aggregates.func import AggregateFunc
 from dpmagic.gate.sql.aggregates.parts import Avg, Measured, Parts, Variance, narrowed
 from dpmagic.gate.sql.aggregates.registry import kind_of
-from dpmagic.gate.sql.aggregates.variance import Spread, spread
+from dpmagic.gate.sql.aggregates.variance import Spread, max_variance, spread
 from dpmagic.gate.sql.edges import edge_names
 from dpmagic.gate.sql.kinds import MeasureKind
 from dpmagic.gate.sql.noise import Noisy
-from dpmagic.gate.sql.plan_types import Measurement, Plan, max_variance
+from dpmagic.gate.sql.plan_types import Measurement, Plan
 from dpmagic.gate.sql.randomized import Debiased
 
 Bounds = tuple[float, float]

@@ -15,12 +15,14 @@ from dpmagic.gate.dp.shares import avg_weights
 from dpmagic.gate.failures import required
 from dpmagic.gate.sql.aggregates.base import Measuring, count_of_values, sum_of
 from dpmagic.gate.sql.aggregates.func import AggregateFunc
-from dpmagic.gate.sql.aggregates.parts import Avg, Parts, Wanted
+from dpmagic.gate.sql.aggregates.noisy_sql import at_least, literal, noisy, within_sql
+from dpmagic.gate.sql.aggregates.parts import Avg, Parts, Wanted, narrowed
 from dpmagic.gate.sql.value_range import ValueRange
 
 if TYPE_CHECKING:
     from dpmagic.gate.dp.contribution import Contribution
     from dpmagic.gate.policy import Neighbouring
+    from dpmagic.gate.sql.plan_types import Plan
     from dpmagic.gate.sql.resolve import Resolved
 
 
@@ -54,6 +56,13 @@ class Average(Measuring):
         if not centred:
             return super().weights(parts, centred, c, neighbouring, gaussian)
         return avg_weights(c, neighbouring, gaussian)
+
+    def released(self, plan: Plan, parts: Parts) -> exp.Expression:
+        """Its centre plus its centred sum over its count, within its bounds."""
+        avg = narrowed(parts, Avg)
+        total = plan.measurement(avg.total)
+        mean = literal(total.centre_value) + noisy(avg.total) / at_least(noisy(avg.count), 1)
+        return within_sql(mean, literal(total.bounds.lo), literal(total.bounds.hi))
 
 
 AVG = Average()

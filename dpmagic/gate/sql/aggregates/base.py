@@ -25,6 +25,7 @@ from dpmagic.gate.sql.value_range import ValueRange
 if TYPE_CHECKING:
     from dpmagic.gate.dp.contribution import Contribution
     from dpmagic.gate.policy import Neighbouring
+    from dpmagic.gate.sql.plan_types import Plan
     from dpmagic.gate.sql.resolve import Resolved
 
 
@@ -48,6 +49,16 @@ class Aggregate(ABC):
         """The row expression aggregated, from the call's argument ``arg``: itself,
         unless the kind reads it otherwise."""
         return arg
+
+    @abstractmethod
+    def released(self, plan: Plan, parts: Parts) -> exp.Expression:
+        """Its released value over the noisy table's columns (``noisy_sql``), from its
+        ``parts`` as ``plan`` measured them: post-processing of noisy values only."""
+
+    def released_debiased(self, column: exp.Column) -> exp.Expression:
+        """Its released value from ``column``, its debiased estimate (``randomized``),
+        already clipped where the estimate has bounds."""
+        return column
 
 
 class Measuring(Aggregate):

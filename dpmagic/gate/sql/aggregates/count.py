@@ -10,10 +10,12 @@ from sqlglot import exp
 from dpmagic.gate.sql.aggregates.base import Kind, Measuring, count_of
 from dpmagic.gate.sql.aggregates.count_distinct import COUNT_DISTINCT
 from dpmagic.gate.sql.aggregates.func import AggregateFunc
-from dpmagic.gate.sql.aggregates.parts import Measured, Parts, Wanted
+from dpmagic.gate.sql.aggregates.noisy_sql import at_least, noisy
+from dpmagic.gate.sql.aggregates.parts import Measured, Parts, Wanted, narrowed
 from dpmagic.gate.sql.value_range import ValueRange
 
 if TYPE_CHECKING:
+    from dpmagic.gate.sql.plan_types import Plan
     from dpmagic.gate.sql.resolve import Resolved
 
 
@@ -36,6 +38,12 @@ class Count(Measuring):
     def typed(self, names: tuple[str, ...], clamp: ValueRange | None) -> Parts:
         (name,) = names
         return Measured(name)
+
+    def released(self, plan: Plan, parts: Parts) -> exp.Expression:
+        return at_least(noisy(narrowed(parts, Measured).name), 0)
+
+    def released_debiased(self, column: exp.Column) -> exp.Expression:
+        return at_least(column, 0)
 
 
 COUNT = Count()

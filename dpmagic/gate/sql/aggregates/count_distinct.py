@@ -11,12 +11,14 @@ from sqlglot import exp
 from dpmagic.gate.failures import required
 from dpmagic.gate.sql.aggregates.base import Measuring
 from dpmagic.gate.sql.aggregates.func import AggregateFunc
-from dpmagic.gate.sql.aggregates.parts import Measured, Parts, Wanted
+from dpmagic.gate.sql.aggregates.noisy_sql import at_least, noisy
+from dpmagic.gate.sql.aggregates.parts import Measured, Parts, Wanted, narrowed
 from dpmagic.gate.sql.kinds import MeasureKind
 from dpmagic.gate.sql.trees import display
 from dpmagic.gate.sql.value_range import ValueRange
 
 if TYPE_CHECKING:
+    from dpmagic.gate.sql.plan_types import Plan
     from dpmagic.gate.sql.resolve import Resolved
 
 
@@ -39,6 +41,9 @@ class CountDistinct(Measuring):
     def typed(self, names: tuple[str, ...], clamp: ValueRange | None) -> Parts:
         (name,) = names
         return Measured(name)
+
+    def released(self, plan: Plan, parts: Parts) -> exp.Expression:
+        return at_least(noisy(narrowed(parts, Measured).name), 0)
 
 
 COUNT_DISTINCT = CountDistinct()

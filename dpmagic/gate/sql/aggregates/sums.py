@@ -11,10 +11,12 @@ from sqlglot import exp
 from dpmagic.gate.failures import required
 from dpmagic.gate.sql.aggregates.base import Measuring, count_of_values, sum_of
 from dpmagic.gate.sql.aggregates.func import AggregateFunc
-from dpmagic.gate.sql.aggregates.parts import DebiasedSum, Measured, Parts, Wanted
+from dpmagic.gate.sql.aggregates.noisy_sql import noisy
+from dpmagic.gate.sql.aggregates.parts import DebiasedSum, Measured, Parts, Wanted, narrowed
 from dpmagic.gate.sql.value_range import ValueRange
 
 if TYPE_CHECKING:
+    from dpmagic.gate.sql.plan_types import Plan
     from dpmagic.gate.sql.resolve import Resolved
 
 
@@ -36,6 +38,10 @@ class Sum(Measuring):
 
     def typed(self, names: tuple[str, ...], clamp: ValueRange | None) -> Parts:
         return Measured(names[0]) if len(names) == 1 else DebiasedSum(*names)
+
+    def released(self, plan: Plan, parts: Parts) -> exp.Expression:
+        # A debiased sum (``DebiasedSum``) is released from its debiased column.
+        return noisy(narrowed(parts, Measured).name)
 
 
 SUM = Sum()

@@ -17,7 +17,8 @@ from dpmagic.gate.dp.shares import variance_weights
 from dpmagic.gate.failures import required
 from dpmagic.gate.sql.aggregates.base import Measuring, count_of_values
 from dpmagic.gate.sql.aggregates.func import AggregateFunc
-from dpmagic.gate.sql.aggregates.parts import Parts, Variance, Wanted
+from dpmagic.gate.sql.aggregates.noisy_sql import at_least, literal, noisy, within_sql
+from dpmagic.gate.sql.aggregates.parts import Parts, Variance, Wanted, narrowed
 from dpmagic.gate.sql.kinds import MeasureKind
 from dpmagic.gate.sql.trees import display
 from dpmagic.gate.sql.value_range import ValueRange
@@ -25,6 +26,7 @@ from dpmagic.gate.sql.value_range import ValueRange
 if TYPE_CHECKING:
     from dpmagic.gate.dp.contribution import Contribution
     from dpmagic.gate.policy import Neighbouring
+    from dpmagic.gate.sql.plan_types import Plan
     from dpmagic.gate.sql.resolve import Resolved
 
 
@@ -78,6 +80,32 @@ class Spread(Measuring):
         if not centred:
             return super().weights(parts, centred, c, neighbouring, gaussian)
         return variance_weights(c, neighbouring, gaussian)
+
+    def released(self, plan: Plan, parts: Parts) -> exp.Expression:
+        """The variance (or its square root) from its count and centred sums."""
+        variance = narrowed(parts, Variance)
+        count, s1, s2 = (noisy(n) for n in variance.names)
+        ms = [plan.measurement(n) for n in variance.names]
+        widest = literal(max_variance(plan, variance))
+        n = at_least(count, 2 if self.sample else 1)
+        # Means of the values' distance to the middle of the bounds and of its square:
+        # each sum is released centred on its own centre.
+        m1 = exp.Paren(this=literal(ms[1].centre_value) + s1 / n)
+        m2 = exp.Paren(this=literal(ms[2].centre_value) + s2 / n)
+        pop = exp.Paren(this=m2 - m1 * m1.copy())
+        if self.sample:
+            less_one = exp.Paren(this=n.copy() - 1)
+            var = within_sql(pop * n.copy() / less_one, exp.Literal.number(0),
+                              widest * n.copy() / less_one.copy())  # fmt: skip
+        else:
+            var = within_sql(pop, exp.Literal.number(0), widest)
+        return exp.Sqrt(this=var) if self.root else var
+
+
+def max_variance(plan: Plan, parts: Variance) -> float:
+    """The largest population variance of values within the argument's bounds."""
+    deviation = plan.measurement(parts.centred).bounds
+    return ((deviation.hi - deviation.lo) / 2) ** 2
 
 
 def centre_of(clamp: ValueRange) -> float:
