@@ -13,7 +13,7 @@ decided in ``dp.levels`` (the union bound and its splits), not here. Ranges of r
 before noise (``ValueRange``, from the declared bounds) are ``bound``'s, not
 these.
 
-Averages: Fieller's method, below. Variances: :func:`variance_half_width`.
+Averages: Fieller's method, below. Variances: ``expected.variance_half_width``.
 
 An average is released as ``centre + S/N``.
 
@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from statistics import NormalDist
 from typing import assert_never
 
 import numpy as np
@@ -73,17 +72,13 @@ from dpmagic.gate.sql.aggregates.parts import Avg, Measured, Parts, Variance, na
 from dpmagic.gate.sql.aggregates.registry import kind_of
 from dpmagic.gate.sql.aggregates.variance import Spread, max_variance, spread
 from dpmagic.gate.sql.edges import edge_names
+from dpmagic.gate.sql.expected import BISECTION_STEPS, variance_half_width
 from dpmagic.gate.sql.kinds import MeasureKind
 from dpmagic.gate.sql.noise import Noisy
 from dpmagic.gate.sql.plan_types import Measurement, Plan
 from dpmagic.gate.sql.randomized import Debiased
 
 Bounds = tuple[float, float]
-
-# Bisection steps: each end is the outer end of a final bracket 2**-14 of the first
-# (ten standard deviations wide for an average): wider than exact by at most
-# a thousandth of a standard deviation, never narrower, in 14 steps a cell.
-_STEPS = 14
 
 
 def laplace_sum_tail(z: np.ndarray, b1: float, b2: np.ndarray) -> np.ndarray:
@@ -148,7 +143,7 @@ def fieller(
     done = inside(far)
     member = inside(near)
     out = far.copy()
-    for _ in range(_STEPS):
+    for _ in range(BISECTION_STEPS):
         mid = (near + out) / 2
         ok = inside(mid)
         near = np.where(ok, mid, near)
@@ -156,67 +151,6 @@ def fieller(
     ends = np.where(done, far, out)
     ends = np.where(member, ends, np.concatenate([point, point]))
     return ends[:size], ends[size:]
-
-
-def laplace_mix_tail(z: float, scales: list[float]) -> float:
-    """``P(|Σ X_i| ≥ z)`` for independent Laplace ``X_i`` of distinct positive scales
-    ``b_i``: ``Σ_i c_i·e^(−z/b_i)``, ``c_i = Π_(j≠i) b_i²/(b_i² − b_j²)`` (the partial
-    fractions of the characteristic function ``Π 1/(1 + b_i²t²)``)."""
-    total = 0.0
-    for i, b in enumerate(scales):
-        # b²/(b² − o²) as 1/(1 − (o/b)²): the squares of tiny scales underflow to 0.
-        c = math.prod(1 / (1 - (o / b) ** 2) for j, o in enumerate(scales) if j != i)
-        total += c * math.exp(-z / b)
-    return min(max(total, 0.0), 1.0)
-
-
-def mix_quantile(scales: list[float], gaussian: bool, alpha: float) -> float:
-    """The least ``h`` with ``P(|Σ X_i| > h) ≤ alpha`` for independent Laplace (scales)
-    or normal (standard deviations) ``X_i``. Laplace scales closer than 0.1% are
-    moved apart upward first: a sum of symmetric unimodal variables only spreads
-    when one of them is scaled up (Anderson 1955), so this errs wide."""
-    scales = sorted(b for b in scales if b > 0)
-    if not scales:
-        return 0.0
-    if gaussian:
-        return NormalDist().inv_cdf(1 - alpha / 2) * math.sqrt(math.fsum(b * b for b in scales))
-    apart = [scales[0]]
-    for b in scales[1:]:
-        apart.append(max(b, apart[-1] * 1.001))
-    # A union bound gives an end that is certainly wide enough.
-    low, high = 0.0, math.log(len(apart) / alpha) * math.fsum(apart)
-    for _ in range(_STEPS):
-        mid = (low + high) / 2
-        low, high = (mid, high) if laplace_mix_tail(mid, apart) > alpha else (low, mid)
-    return high
-
-
-def variance_half_width(
-    n: float,
-    m: float,
-    q: float,
-    centres: tuple[float, float],
-    scales: tuple[float, float, float],
-    gaussian: bool,
-    alpha: float,
-) -> float:
-    """The half-width of a (1 − alpha) interval around a variance estimated as ``q − m²``,
-    with ``m = c₁ + S₁/N`` and ``q = c₂ + S₂/N`` from a noisy count ``N`` and noisy
-    sums ``S₁``, ``S₂`` centred on ``centres`` (``c₁``, ``c₂``) whose noises have
-    ``scales`` (count, sum, sum of squares; Laplace scales or normal σ).
-
-    To first order the estimate errs by ``(e₂ − 2m·e₁ + (2m(m − c₁) − (q −
-    c₂))·e_N)/N``, a weighted sum of the three independent noises, whose
-    quantile is computed exactly for Laplace (or normal) terms: an interval at
-    its level, where interval arithmetic over the three measurements' own
-    intervals holds the variance far more often than asked. The weights use
-    the estimates themselves; their error is second order when ``N`` is well
-    above its noise, which the caller checks.
-    """
-    c1, c2 = centres
-    b_n, b_1, b_2 = scales
-    weights = [b_2 / n, abs(2 * m) * b_1 / n, abs(2 * m * (m - c1) - (q - c2)) * b_n / n]
-    return mix_quantile(weights, gaussian, alpha)
 
 
 class CellIntervals:
@@ -323,7 +257,7 @@ class CellIntervals:
     def _calibrated_variance(
         self, kind: Spread, ms: list[Measurement], pid: int, alpha: float, widest: float
     ) -> Bounds | None:
-        """The calibrated interval of a variance's cell (``intervals.variance_half_width``)
+        """The calibrated interval of a variance's cell (``expected.variance_half_width``)
         around the released estimate, or None where it does not apply: noises of
         different kinds, or a count not well above its noise (below twice its own
         interval's half-width)."""

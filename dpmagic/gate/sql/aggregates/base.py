@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from sqlglot import exp
 
 from dpmagic.gate.sql.aggregates.func import AggregateFunc
-from dpmagic.gate.sql.aggregates.parts import Parts, Wanted
+from dpmagic.gate.sql.aggregates.parts import Measured, Parts, Wanted, narrowed
 from dpmagic.gate.sql.kinds import MeasureKind
 from dpmagic.gate.sql.trees import display
 from dpmagic.gate.sql.value_range import ValueRange
@@ -25,6 +25,7 @@ from dpmagic.gate.sql.value_range import ValueRange
 if TYPE_CHECKING:
     from dpmagic.gate.dp.contribution import Contribution
     from dpmagic.gate.policy import Neighbouring
+    from dpmagic.gate.sql.dominance import Expected, Rule
     from dpmagic.gate.sql.plan_types import Plan
     from dpmagic.gate.sql.resolve import Resolved
 
@@ -59,6 +60,20 @@ class Aggregate(ABC):
         """Its released value from ``column``, its debiased estimate (``randomized``),
         already clipped where the estimate has bounds."""
         return column
+
+    def expected(self, plan: Plan, name: str, parts: Parts) -> Expected | None:
+        """Its error in a group of ``n`` rows, ``n`` times over, as ``expected``'s
+        ``error(plan, parts, alpha)``, with the parts it reads and whether the kind
+        releases its square root: the dry run states it per group size, and noise
+        dominance floors its interval at it. None for a kind whose error is not one of
+        its group's size (a count's or sum's is its measurement's, in ``dominance``'s
+        rule) or is known only after it runs (a quantile's, from its percentiles)."""
+        return None
+
+    @abstractmethod
+    def dominance(self, plan: Plan, name: str, parts: Parts) -> Rule:
+        """The rule its bare cells are judged by for noise dominance (``dominance``):
+        ``name`` is its aggregate in ``plan``, made of ``parts``."""
 
 
 class Measuring(Aggregate):
@@ -101,6 +116,16 @@ class Selecting(Aggregate):
 
 
 Kind = Measuring | Selecting
+
+
+def measured_rule(plan: Plan, name: str, parts: Parts) -> Rule:
+    """The zero rule of a bare count or sum, with its measurement and the sign its
+    values can take; of a debiased one, the zero rule alone."""
+    if name in plan.debiased:
+        return "zero", None
+    m = plan.measurement(narrowed(parts, Measured).name)
+    sign = 1 if m.clamp is None or m.clamp.lo >= 0 else -1 if m.clamp.hi <= 0 else 0
+    return "zero", (m, sign)
 
 
 def count_of(arg: exp.Expression | None) -> Wanted:

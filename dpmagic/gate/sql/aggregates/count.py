@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from sqlglot import exp
 
-from dpmagic.gate.sql.aggregates.base import Kind, Measuring, count_of
+from dpmagic.gate.sql.aggregates.base import Kind, Measuring, count_of, measured_rule
 from dpmagic.gate.sql.aggregates.count_distinct import COUNT_DISTINCT
 from dpmagic.gate.sql.aggregates.func import AggregateFunc
 from dpmagic.gate.sql.aggregates.noisy_sql import at_least, noisy
@@ -15,6 +15,7 @@ from dpmagic.gate.sql.aggregates.parts import Measured, Parts, Wanted, narrowed
 from dpmagic.gate.sql.value_range import ValueRange
 
 if TYPE_CHECKING:
+    from dpmagic.gate.sql.dominance import Rule
     from dpmagic.gate.sql.plan_types import Plan
     from dpmagic.gate.sql.resolve import Resolved
 
@@ -41,6 +42,9 @@ class Count(Measuring):
 
     def released(self, plan: Plan, parts: Parts) -> exp.Expression:
         return at_least(noisy(narrowed(parts, Measured).name), 0)
+
+    def dominance(self, plan: Plan, name: str, parts: Parts) -> Rule:
+        return measured_rule(plan, name, parts)
 
     def released_debiased(self, column: exp.Column) -> exp.Expression:
         return at_least(column, 0)

@@ -19,6 +19,7 @@ from dpmagic.gate.sql.aggregates.parts import Measured, Parts, narrowed
 from dpmagic.gate.sql.parse import DIALECT
 
 if TYPE_CHECKING:
+    from dpmagic.gate.sql.dominance import Rule
     from dpmagic.gate.sql.plan_types import Plan
 
 # The level of the quantiles whose SQL function names it.
@@ -39,6 +40,9 @@ class Quantile(Selecting):
 
     def released(self, plan: Plan, parts: Parts) -> exp.Expression:
         return noisy(narrowed(parts, Measured).name)
+
+    def dominance(self, plan: Plan, name: str, parts: Parts) -> Rule:
+        return "percentiles", plan.selection(narrowed(parts, Measured).name)
 
 
 def fraction(q: exp.Expression | None, label: str) -> float:

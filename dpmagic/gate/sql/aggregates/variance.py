@@ -19,6 +19,7 @@ from dpmagic.gate.sql.aggregates.base import Measuring, count_of_values
 from dpmagic.gate.sql.aggregates.func import AggregateFunc
 from dpmagic.gate.sql.aggregates.noisy_sql import at_least, literal, noisy, within_sql
 from dpmagic.gate.sql.aggregates.parts import Parts, Variance, Wanted, narrowed
+from dpmagic.gate.sql.expected import variance_error
 from dpmagic.gate.sql.kinds import MeasureKind
 from dpmagic.gate.sql.trees import display
 from dpmagic.gate.sql.value_range import ValueRange
@@ -26,6 +27,7 @@ from dpmagic.gate.sql.value_range import ValueRange
 if TYPE_CHECKING:
     from dpmagic.gate.dp.contribution import Contribution
     from dpmagic.gate.policy import Neighbouring
+    from dpmagic.gate.sql.dominance import Expected, Rule
     from dpmagic.gate.sql.plan_types import Plan
     from dpmagic.gate.sql.resolve import Resolved
 
@@ -100,6 +102,18 @@ class Spread(Measuring):
         else:
             var = within_sql(pop, exp.Literal.number(0), widest)
         return exp.Sqrt(this=var) if self.root else var
+
+    def expected(self, plan: Plan, name: str, parts: Parts) -> Expected | None:
+        return variance_error, narrowed(parts, Variance), self.root
+
+    def dominance(self, plan: Plan, name: str, parts: Parts) -> Rule:
+        """Judged by its range, from 0 to the widest its bounds allow, floored at its
+        expected error."""
+        variance = narrowed(parts, Variance)
+        widest = max_variance(plan, variance)
+        high = math.sqrt(widest) if self.root else widest
+        floor = self.expected(plan, name, parts)
+        return "range", (0.0, high, plan.measurement(variance.count), floor)
 
 
 def max_variance(plan: Plan, parts: Variance) -> float:
