@@ -207,7 +207,7 @@ def test_variance_intervals_cover_close_to_their_level(case):
     widest = ((HIGH - LOW) / 2) ** 2
     box = []
     for pid in range(CELLS):
-        n, s1, s2 = (intervals._measured(m, pid, 0.05 / 3) for m in (count, total, squares))
+        n, s1, s2 = (intervals.measured(m, pid, 0.05 / 3) for m in (count, total, squares))
         pair = ((total.centre_value, s1), (squares.centre_value, s2))
         box.append(variance_box(spread(AggregateFunc(func.lower())), n, *pair, widest=widest))
     assert _coverage(box, truth) > BAND[1]

@@ -4,8 +4,9 @@ post-processing): the one interval arithmetic of released values.
 A bare count or sum has its noise's own interval; an average and a variance
 calibrated intervals (below); a quantile the interval its two more selections
 chose (``edges``), at 95% only; a debiased aggregate its normal approximation
-(``randomized``). An expression of several has the interval arithmetic over
-theirs, each at its share of the level, where every end of the result is a
+(``randomized``). Each kind says which of these its cells have
+(``Aggregate.interval``), computed here. An expression of several has the interval
+arithmetic over theirs, each at its share of the level, where every end of the result is a
 corner of its arguments' box (``CellIntervals``). Where the arithmetic cannot
 bound a cell (a ratio whose denominator's interval reaches 0, a quantile at a
 finer level), its interval is unknown. Every level a part is computed at is
@@ -54,7 +55,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import assert_never
 
 import numpy as np
 from sqlglot import exp
@@ -67,15 +67,14 @@ from dpmagic.gate.dp.levels import (
     variance_box_level,
 )
 from dpmagic.gate.dp.mechanisms import GaussianNoise
-from dpmagic.gate.sql.aggregates.func import AggregateFunc
-from dpmagic.gate.sql.aggregates.parts import Avg, Measured, Parts, Variance, narrowed
+from dpmagic.gate.sql.aggregates.parts import Avg, Measured, Parts, Variance
 from dpmagic.gate.sql.aggregates.registry import kind_of
-from dpmagic.gate.sql.aggregates.variance import Spread, max_variance, spread
+from dpmagic.gate.sql.aggregates.variance import Spread, max_variance
 from dpmagic.gate.sql.edges import edge_names
 from dpmagic.gate.sql.expected import BISECTION_STEPS, variance_half_width
 from dpmagic.gate.sql.kinds import MeasureKind
 from dpmagic.gate.sql.noise import Noisy
-from dpmagic.gate.sql.plan_types import Measurement, Plan
+from dpmagic.gate.sql.plan_types import Measurement, Plan, Selection
 from dpmagic.gate.sql.randomized import Debiased
 
 Bounds = tuple[float, float]
@@ -170,7 +169,7 @@ class CellIntervals:
     ) -> list[list[float] | None] | np.ndarray:
         """The JSON intervals of one output's cells, in ``pids`` order. A bare count or
         sum (most cells of a large GROUP BY) is its measurement's interval, and a bare
-        average its cells' intervals as ``_means`` computes them all at once, each
+        average its cells' intervals as ``means`` computes them all at once, each
         read without walking the expression, as an ``(n, 2)`` array (NaN where JSON
         has null: an end not finite); other expressions are evaluated cell by cell
         (an average's cells that way: about 3.3 µs more each, 66 ms more for 20,000)."""
@@ -187,16 +186,16 @@ class CellIntervals:
         self, name: str, found: Parts, pids: Sequence[int], level: float
     ) -> np.ndarray | None:
         """The ``(lo, hi)`` rows of a bare average's, count's or sum's cells, all at once,
-        as ``_means`` and ``_measured`` give each; None for any other aggregate."""
+        as ``means`` and ``measured`` give each; None for any other aggregate."""
         rows = np.asarray(pids, dtype=np.intp)
         if isinstance(found, Avg):
-            return np.asarray(self._means(name, found, level), dtype=float).reshape(-1, 2)[rows]
+            return np.asarray(self.means(name, found, level), dtype=float).reshape(-1, 2)[rows]
         func = self.plan.checked.aggregate(name).func
         if not isinstance(found, Measured) or not kind_of(func).single:
             return None
         m = self.plan.measurement(found.name)
         half = m.noise.half_width(level) if m.noise.sensitivity else 0.0
-        # As ``_measured`` computes each cell (a value minus a float is a float), at once.
+        # As ``measured`` computes each cell (a value minus a float is a float), at once.
         value = np.asarray(self.noisy.values[m.name], dtype=float)[rows]
         lo, hi = value - half, value + half
         if m.kind != MeasureKind.SUM:
@@ -206,7 +205,7 @@ class CellIntervals:
     def of(self, node: exp.Expression, pid: int, parts: int) -> Bounds | None:
         return self._eval(node, pid, expression_level(self.alpha, parts))
 
-    def _measured(self, m: Measurement, pid: int, alpha: float) -> Bounds:
+    def measured(self, m: Measurement, pid: int, alpha: float) -> Bounds:
         value = self.noisy.values[m.name][pid]
         half = m.noise.half_width(alpha) if m.noise.sensitivity else 0.0
         if m.kind != MeasureKind.SUM:
@@ -214,43 +213,31 @@ class CellIntervals:
         return value - half, value + half
 
     def _aggregate(self, name: str, pid: int, alpha: float) -> Bounds | None:
-        func = self.plan.checked.aggregate(name).func
-        parts_of = self.plan.parts[name]
-        if func is AggregateFunc.QUANTILE:
-            selection = self.plan.selection(parts_of.names[0])
-            if selection.edges is None or not edges_hold(alpha):
-                return None
-            low, high = edge_names(selection.name)
-            return float(self.noisy.values[low][pid]), float(self.noisy.values[high][pid])
-        ms = [self.plan.measurement(n) for n in parts_of.names]
+        parts = self.plan.parts[name]
         if name in self.debiased:
+            ms = [self.plan.measurement(n) for n in parts.names]
             widths = [m.noise.half_width(alpha) if m.noise.sensitivity else 0.0 for m in ms]
             second = widths[1] if len(widths) > 1 else 0.0
             return self.debiased[name].interval(pid, alpha, (widths[0], second))
-        match func:
-            case AggregateFunc.COUNT | AggregateFunc.COUNT_DISTINCT | AggregateFunc.SUM:
-                return self._measured(ms[0], pid, alpha)
-            case AggregateFunc.AVG:
-                return self._means(name, narrowed(parts_of, Avg), alpha)[pid]
-            case (
-                AggregateFunc.VAR_SAMP
-                | AggregateFunc.VAR_POP
-                | AggregateFunc.STDDEV_SAMP
-                | AggregateFunc.STDDEV_POP
-            ):
-                return self._variance(narrowed(parts_of, Variance), spread(func), ms, pid, alpha)
-            case unknown:
-                assert_never(unknown)
+        kind = kind_of(self.plan.checked.aggregate(name).func)
+        return kind.interval(self, name, parts, pid, alpha)
 
-    def _variance(
-        self, parts: Variance, kind: Spread, ms: list[Measurement], pid: int, alpha: float
-    ) -> Bounds:
+    def edges(self, selection: Selection, pid: int, alpha: float) -> Bounds | None:
+        """A quantile's cell: the interval its two more selections chose (``edges``),
+        at a level they hold at only; None at any other."""
+        if selection.edges is None or not edges_hold(alpha):
+            return None
+        low, high = edge_names(selection.name)
+        return float(self.noisy.values[low][pid]), float(self.noisy.values[high][pid])
+
+    def variance(self, parts: Variance, kind: Spread, pid: int, alpha: float) -> Bounds:
         """A variance's cell: calibrated where that applies, else the box of its parts'."""
+        ms = [self.plan.measurement(n) for n in parts.names]
         widest = max_variance(self.plan, parts)
         calibrated = self._calibrated_variance(kind, ms, pid, joint_level(alpha), widest)
         if calibrated is not None:
             return calibrated
-        n, s1, s2 = (self._measured(m, pid, variance_box_level(alpha)) for m in ms)
+        n, s1, s2 = (self.measured(m, pid, variance_box_level(alpha)) for m in ms)
         c1, c2 = ms[1].centre_value, ms[2].centre_value
         return variance_box(kind, n, (c1, s1), (c2, s2), widest=widest)
 
@@ -286,7 +273,7 @@ class CellIntervals:
             return math.sqrt(lo), math.sqrt(hi)
         return lo, hi
 
-    def _means(self, name: str, parts: Avg, alpha: float) -> list[Bounds]:
+    def means(self, name: str, parts: Avg, alpha: float) -> list[Bounds]:
         """The intervals of an average's cells, all computed at once (remembered per
         aggregate and level): Fieller's where it applies, at the whole level, else
         the box of its sum's and its count's intervals (``levels.average_box_level``)."""
@@ -330,8 +317,8 @@ class CellIntervals:
     def _box(self, total_m: Measurement, count: Measurement, pid: int, alpha: float) -> Bounds:
         """Where ``centre + S/N`` lies when the sum and the count lie in their intervals."""
         lo, hi = total_m.bounds.lo, total_m.bounds.hi
-        s = self._measured(total_m, pid, alpha)
-        c = self._measured(count, pid, alpha)
+        s = self.measured(total_m, pid, alpha)
+        c = self.measured(count, pid, alpha)
         if c[0] < 1:
             return lo, hi
         corners = [total_m.centre_value + a / b for a in s for b in c]

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from dpmagic.gate.dp.contribution import Contribution
     from dpmagic.gate.policy import Neighbouring
     from dpmagic.gate.sql.dominance import Expected, Rule
+    from dpmagic.gate.sql.intervals import Bounds, CellIntervals
     from dpmagic.gate.sql.plan_types import Plan
     from dpmagic.gate.sql.resolve import Resolved
 
@@ -69,6 +70,11 @@ class Average(Measuring):
     def expected(self, plan: Plan, name: str, parts: Parts) -> Expected | None:
         # A debiased average's error is its estimate's (``randomized``), known after it runs.
         return None if name in plan.debiased else (average_error, narrowed(parts, Avg), False)
+
+    def interval(
+        self, cells: CellIntervals, name: str, parts: Parts, pid: int, alpha: float
+    ) -> Bounds | None:
+        return cells.means(name, narrowed(parts, Avg), alpha)[pid]
 
     def dominance(self, plan: Plan, name: str, parts: Parts) -> Rule:
         """Judged by its range, floored at its expected error."""

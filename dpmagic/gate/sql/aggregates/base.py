@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from dpmagic.gate.dp.contribution import Contribution
     from dpmagic.gate.policy import Neighbouring
     from dpmagic.gate.sql.dominance import Expected, Rule
+    from dpmagic.gate.sql.intervals import Bounds, CellIntervals
     from dpmagic.gate.sql.plan_types import Plan
     from dpmagic.gate.sql.resolve import Resolved
 
@@ -69,6 +70,14 @@ class Aggregate(ABC):
         its group's size (a count's or sum's is its measurement's, in ``dominance``'s
         rule) or is known only after it runs (a quantile's, from its percentiles)."""
         return None
+
+    @abstractmethod
+    def interval(
+        self, cells: CellIntervals, name: str, parts: Parts, pid: int, alpha: float
+    ) -> Bounds | None:
+        """The ``1 − alpha`` interval of its cell in partition ``pid``, from the noisy
+        values (``cells``, which does the interval arithmetic), or None where none is
+        known at that level."""
 
     @abstractmethod
     def dominance(self, plan: Plan, name: str, parts: Parts) -> Rule:
@@ -126,6 +135,11 @@ def measured_rule(plan: Plan, name: str, parts: Parts) -> Rule:
     m = plan.measurement(narrowed(parts, Measured).name)
     sign = 1 if m.clamp is None or m.clamp.lo >= 0 else -1 if m.clamp.hi <= 0 else 0
     return "zero", (m, sign)
+
+
+def measured_interval(cells: CellIntervals, parts: Parts, pid: int, alpha: float) -> Bounds:
+    """The interval of a bare count's or sum's cell: its measurement's."""
+    return cells.measured(cells.plan.measurement(narrowed(parts, Measured).name), pid, alpha)
 
 
 def count_of(arg: exp.Expression | None) -> Wanted:

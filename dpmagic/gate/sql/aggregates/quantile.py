@@ -20,6 +20,7 @@ from dpmagic.gate.sql.parse import DIALECT
 
 if TYPE_CHECKING:
     from dpmagic.gate.sql.dominance import Rule
+    from dpmagic.gate.sql.intervals import Bounds, CellIntervals
     from dpmagic.gate.sql.plan_types import Plan
 
 # The level of the quantiles whose SQL function names it.
@@ -40,6 +41,11 @@ class Quantile(Selecting):
 
     def released(self, plan: Plan, parts: Parts) -> exp.Expression:
         return noisy(narrowed(parts, Measured).name)
+
+    def interval(
+        self, cells: CellIntervals, name: str, parts: Parts, pid: int, alpha: float
+    ) -> Bounds | None:
+        return cells.edges(cells.plan.selection(narrowed(parts, Measured).name), pid, alpha)
 
     def dominance(self, plan: Plan, name: str, parts: Parts) -> Rule:
         return "percentiles", plan.selection(narrowed(parts, Measured).name)

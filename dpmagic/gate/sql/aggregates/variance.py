@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from dpmagic.gate.dp.contribution import Contribution
     from dpmagic.gate.policy import Neighbouring
     from dpmagic.gate.sql.dominance import Expected, Rule
+    from dpmagic.gate.sql.intervals import Bounds, CellIntervals
     from dpmagic.gate.sql.plan_types import Plan
     from dpmagic.gate.sql.resolve import Resolved
 
@@ -105,6 +106,11 @@ class Spread(Measuring):
 
     def expected(self, plan: Plan, name: str, parts: Parts) -> Expected | None:
         return variance_error, narrowed(parts, Variance), self.root
+
+    def interval(
+        self, cells: CellIntervals, name: str, parts: Parts, pid: int, alpha: float
+    ) -> Bounds | None:
+        return cells.variance(narrowed(parts, Variance), self, pid, alpha)
 
     def dominance(self, plan: Plan, name: str, parts: Parts) -> Rule:
         """Judged by its range, from 0 to the widest its bounds allow, floored at its
