@@ -67,6 +67,7 @@ from dpmagic.gate.dp.levels import (
     variance_box_level,
 )
 from dpmagic.gate.dp.mechanisms import GaussianNoise
+from dpmagic.gate.sql.aggregates.debiasing import Debiased
 from dpmagic.gate.sql.aggregates.parts import Avg, Measured, Parts, Variance
 from dpmagic.gate.sql.aggregates.registry import kind_of
 from dpmagic.gate.sql.aggregates.variance import Spread, max_variance
@@ -75,7 +76,6 @@ from dpmagic.gate.sql.expected import BISECTION_STEPS, variance_half_width
 from dpmagic.gate.sql.kinds import MeasureKind
 from dpmagic.gate.sql.noise import Noisy
 from dpmagic.gate.sql.plan_types import Measurement, Plan, Selection
-from dpmagic.gate.sql.randomized import Debiased
 
 Bounds = tuple[float, float]
 

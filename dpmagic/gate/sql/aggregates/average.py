@@ -14,6 +14,14 @@ from sqlglot import exp
 from dpmagic.gate.dp.shares import avg_weights
 from dpmagic.gate.failures import required
 from dpmagic.gate.sql.aggregates.base import Measuring, count_of_values, sum_of
+from dpmagic.gate.sql.aggregates.debiasing import (
+    Debias,
+    Debiased,
+    Debiasing,
+    Values,
+    answers,
+    averages,
+)
 from dpmagic.gate.sql.aggregates.func import AggregateFunc
 from dpmagic.gate.sql.aggregates.noisy_sql import at_least, literal, noisy, within_sql
 from dpmagic.gate.sql.aggregates.parts import Avg, Parts, Wanted, narrowed
@@ -32,6 +40,7 @@ if TYPE_CHECKING:
 class Average(Measuring):
     func = AggregateFunc.AVG
     summed = True
+    debiasing = Debiasing.PER_VALUE
 
     def parts(
         self,
@@ -59,6 +68,11 @@ class Average(Measuring):
         if not centred:
             return super().weights(parts, centred, c, neighbouring, gaussian)
         return avg_weights(c, neighbouring, gaussian)
+
+    def debias(
+        self, d: Debias, first: Values, second: Values | None, groups: list[list[int]]
+    ) -> Debiased:
+        return averages(d, first, answers(second))
 
     def released(self, plan: Plan, parts: Parts) -> exp.Expression:
         """Its centre plus its centred sum over its count, within its bounds."""

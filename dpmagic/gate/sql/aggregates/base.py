@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from sqlglot import exp
 
+from dpmagic.gate.sql.aggregates.debiasing import Debias, Debiased, Debiasing, Values
 from dpmagic.gate.sql.aggregates.func import AggregateFunc
 from dpmagic.gate.sql.aggregates.parts import Measured, Parts, Wanted, narrowed
 from dpmagic.gate.sql.kinds import MeasureKind
@@ -39,6 +40,9 @@ class Aggregate(ABC):
     distinct: Kind | None = None  # the kind ``f(DISTINCT x)`` is, where allowed
     bounded: bool = True  # whether its argument needs declared bounds (all but counts)
     summed: bool = False  # whether it adds up its clamped values (``--clip`` bounds them)
+    # How it is debiased over a randomized-response column (``randomized``); None:
+    # refused there.
+    debiasing: Debiasing | None = None
     # Whether each cell is one noisy count or sum: its interval is the measurement's,
     # and an accuracy can be promised for it before the query runs.
     single: bool = False
@@ -61,6 +65,15 @@ class Aggregate(ABC):
         """Its released value from ``column``, its debiased estimate (``randomized``),
         already clipped where the estimate has bounds."""
         return column
+
+    def debias(
+        self, d: Debias, first: Values, second: Values | None, groups: list[list[int]]
+    ) -> Debiased:
+        """Its estimates with the randomization undone (``aggregates.debiasing``), from
+        its noisy measurements ``first`` and ``second``; ``groups``, for a count, the
+        partitions that differ only in the randomized key. A ValueError (the gate's own
+        bug) for a kind that is never debiased (``debiasing`` None)."""
+        raise ValueError(f"{self.func} is never debiased")
 
     def expected(self, plan: Plan, name: str, parts: Parts) -> Expected | None:
         """Its error in a group of ``n`` rows, ``n`` times over, as ``expected``'s

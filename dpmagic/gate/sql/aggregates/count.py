@@ -15,6 +15,7 @@ from dpmagic.gate.sql.aggregates.base import (
     measured_rule,
 )
 from dpmagic.gate.sql.aggregates.count_distinct import COUNT_DISTINCT
+from dpmagic.gate.sql.aggregates.debiasing import Debias, Debiased, Debiasing, Values, counts
 from dpmagic.gate.sql.aggregates.func import AggregateFunc
 from dpmagic.gate.sql.aggregates.noisy_sql import at_least, noisy
 from dpmagic.gate.sql.aggregates.parts import Measured, Parts, Wanted, narrowed
@@ -33,6 +34,7 @@ class Count(Measuring):
     distinct: Kind | None = COUNT_DISTINCT
     bounded = False
     single = True
+    debiasing = Debiasing.PER_ANSWER
 
     def parts(
         self,
@@ -57,6 +59,11 @@ class Count(Measuring):
 
     def dominance(self, plan: Plan, name: str, parts: Parts) -> Rule:
         return measured_rule(plan, name, parts)
+
+    def debias(
+        self, d: Debias, first: Values, second: Values | None, groups: list[list[int]]
+    ) -> Debiased:
+        return counts(d, first, groups)
 
     def released_debiased(self, column: exp.Column) -> exp.Expression:
         return at_least(column, 0)

@@ -16,6 +16,14 @@ from dpmagic.gate.sql.aggregates.base import (
     measured_rule,
     sum_of,
 )
+from dpmagic.gate.sql.aggregates.debiasing import (
+    Debias,
+    Debiased,
+    Debiasing,
+    Values,
+    answers,
+    sums,
+)
 from dpmagic.gate.sql.aggregates.func import AggregateFunc
 from dpmagic.gate.sql.aggregates.noisy_sql import noisy
 from dpmagic.gate.sql.aggregates.parts import DebiasedSum, Measured, Parts, Wanted, narrowed
@@ -32,6 +40,7 @@ class Sum(Measuring):
     func = AggregateFunc.SUM
     summed = True
     single = True
+    debiasing = Debiasing.PER_VALUE
 
     def parts(
         self,
@@ -46,6 +55,11 @@ class Sum(Measuring):
 
     def typed(self, names: tuple[str, ...], clamp: ValueRange | None) -> Parts:
         return Measured(names[0]) if len(names) == 1 else DebiasedSum(*names)
+
+    def debias(
+        self, d: Debias, first: Values, second: Values | None, groups: list[list[int]]
+    ) -> Debiased:
+        return sums(d, first, answers(second))
 
     def released(self, plan: Plan, parts: Parts) -> exp.Expression:
         # A debiased sum (``DebiasedSum``) is released from its debiased column.
