@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, assert_never
+from typing import TYPE_CHECKING
 
 from sqlglot import exp
 
@@ -140,26 +140,3 @@ VAR_SAMP = Spread(AggregateFunc.VAR_SAMP, sample=True, root=False)
 VAR_POP = Spread(AggregateFunc.VAR_POP, sample=False, root=False)
 STDDEV_SAMP = Spread(AggregateFunc.STDDEV_SAMP, sample=True, root=True)
 STDDEV_POP = Spread(AggregateFunc.STDDEV_POP, sample=False, root=True)
-
-
-def spread(func: AggregateFunc) -> Spread:
-    """The variance kind ``func`` names; a ValueError (the gate's own bug) for any other."""
-    match func:
-        case AggregateFunc.VAR_SAMP:
-            return VAR_SAMP
-        case AggregateFunc.VAR_POP:
-            return VAR_POP
-        case AggregateFunc.STDDEV_SAMP:
-            return STDDEV_SAMP
-        case AggregateFunc.STDDEV_POP:
-            return STDDEV_POP
-        case (
-            AggregateFunc.COUNT
-            | AggregateFunc.COUNT_DISTINCT
-            | AggregateFunc.SUM
-            | AggregateFunc.AVG
-            | AggregateFunc.QUANTILE
-        ):
-            raise ValueError(f"{func} is not a variance")
-        case _:
-            assert_never(func)
