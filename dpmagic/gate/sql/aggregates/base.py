@@ -7,7 +7,15 @@ them (``summed``), and planned by the plan pass: a *measuring* kind into noisy c
 and sums (``Measuring.parts``), named by role once planned (``Measuring.typed``), each
 part's share of the budget weighted as ``dp.shares`` decides (``Measuring.weights``); a
 *selecting* kind (a quantile) into an exponential-mechanism selection per partition,
-which ``plan.py`` makes from its level. Every privacy number is a rule of ``dp/``."""
+which ``plan.py`` makes from its level. Every privacy number is a rule of ``dp/``.
+
+After the plan, each pass asks the kind what differs between kinds: its released
+value (``released``, for ``post_query``), its cell's interval (``interval``, for
+``intervals``), its noise-dominance rule (``dominance``), its error per group size
+(``expected``, for the dry run's ``summary`` and for ``dominance``) and its debiasing
+over a randomized-response column (``debiasing``, ``debias``, for ``randomized``).
+A kind imports no pass at run time: the check pass imports the kinds through the
+registry, and most passes import the check pass."""
 
 from __future__ import annotations
 
