@@ -99,7 +99,7 @@ class Columns:
     """Released values column by column (numpy arrays or lists), as the gate's release
     pass makes them; ``rows`` only for a reader that wants them row by row."""
 
-    def __init__(self, vectors: Sequence[Sequence[Any]]) -> None:
+    def __init__(self, vectors: Sequence[Sequence[Any] | np.ndarray]) -> None:
         self.vectors = list(vectors)
 
     def __len__(self) -> int:
@@ -115,7 +115,7 @@ class Columns:
         return [list(row) for row in zip(*lists, strict=True)]
 
 
-def _listed(vector: Sequence[Any]) -> list[Any]:
+def _listed(vector: Sequence[Any] | np.ndarray) -> list[Any]:
     if not isinstance(vector, np.ndarray):
         return list(vector)
     values = vector.tolist()
@@ -222,7 +222,7 @@ def _transposed(rows: Sequence[Sequence[Any]], width: int) -> list[Sequence[Any]
     return list(zip(*rows, strict=True))
 
 
-def _values(values: Sequence[Any]) -> tuple[pa.Array, bool]:
+def _values(values: Sequence[Any] | np.ndarray) -> tuple[pa.Array, bool]:
     """An output column's values as an Arrow array, and whether it holds JSON texts."""
     if isinstance(values, np.ndarray):
         if values.dtype.kind == "f":

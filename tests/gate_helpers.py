@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
 
 from dpmagic.gate.dp.accounting import PureAccountant
 from dpmagic.gate.engine import Engine
@@ -137,9 +138,25 @@ def load_table(con: duckdb.DuckDBPyConnection, name: str, columns: list[str], ro
     types = {"pid": "BIGINT", "g": "BIGINT", "x": "BIGINT", "y": "DOUBLE", "s": "VARCHAR"}
     cols = ", ".join(f'"{c}" {types.get(c, "DOUBLE")}' for c in columns)
     con.execute(f'CREATE TABLE "{name}" ({cols})')
-    if rows:
-        marks = ", ".join("?" for _ in columns)
-        con.executemany(f'INSERT INTO "{name}" VALUES ({marks})', rows)
+    insert_rows(con, f'"{name}"', rows)
+
+
+def insert_rows(con: duckdb.DuckDBPyConnection, table: str, rows: Iterable[Sequence[object]]):
+    """``rows`` appended to ``table`` (its columns in order, or those it names: ``t (a,
+    b)``) through one Arrow table. DuckDB's ``executemany`` runs one INSERT a row, 0.7 ms
+    each (3 s of CPU for 4,000 rows); here each column's Arrow type is read from its
+    values and DuckDB casts it to the table's type, as it casts a bound parameter."""
+    columns = list(zip(*rows, strict=True))
+    if not columns:
+        return
+    arrow = pa.table(
+        [pa.array(list(c)) for c in columns], names=[f"c{i}" for i in range(len(columns))]
+    )
+    con.register("inserted_rows", arrow)
+    try:
+        con.execute(f"INSERT INTO {table} SELECT * FROM inserted_rows")
+    finally:
+        con.unregister("inserted_rows")
 
 
 def neighbours(

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import duckdb
 
+from tests.gate_helpers import insert_rows
+
 SEGMENTS = ("AUTOMOBILE", "BUILDING", "FURNITURE", "HOUSEHOLD", "MACHINERY")
 PRIORITIES = ("1-URGENT", "2-HIGH", "3-MEDIUM")
 FLAGS = ("A", "N", "R")
@@ -93,25 +95,22 @@ def build(database: Path, customers: int = 60, seed: int = 7, *, keys: bool = Tr
         f"CREATE TABLE lineitem (l_orderkey BIGINT{ref}, l_partkey BIGINT{pref}, "
         "l_flag VARCHAR, l_quantity BIGINT, l_price DOUBLE)"
     )
-    con.executemany(
-        "INSERT INTO part VALUES (?, ?)", [(p, f"Brand#{p % 5}") for p in range(1, PARTS + 1)]
-    )
+    customers_rows, orders_rows, lines = [], [], []
     order = 0
     for c in range(1, customers + 1):
-        con.execute(
-            "INSERT INTO customer VALUES (?, ?, ?)",
-            [c, rng.choice(SEGMENTS), round(rng.uniform(-500, 9000), 2)],
-        )
+        customers_rows.append((c, rng.choice(SEGMENTS), round(rng.uniform(-500, 9000), 2)))
         for _ in range(rng.randint(0, 6)):
             order += 1
-            con.execute(
-                "INSERT INTO orders VALUES (?, ?, ?, ?)",
-                [order, c, rng.choice(PRIORITIES), round(rng.uniform(10, 4000), 2)],
-            )
+            orders_rows.append((order, c, rng.choice(PRIORITIES), round(rng.uniform(10, 4000), 2)))
             for _ in range(rng.randint(1, 4)):
-                con.execute(
-                    "INSERT INTO lineitem VALUES (?, ?, ?, ?, ?)",
-                    [order, rng.randint(1, PARTS), rng.choice(FLAGS), rng.randint(1, 50),
-                     round(rng.uniform(1, 900), 2)],
+                lines.append(
+                    (order, rng.randint(1, PARTS), rng.choice(FLAGS), rng.randint(1, 50),
+                     round(rng.uniform(1, 900), 2))
                 )  # fmt: skip
+    # Each table in one insert, the referenced ones first (DuckDB's executemany runs
+    # one INSERT a row).
+    insert_rows(con, "part", [(p, f"Brand#{p % 5}") for p in range(1, PARTS + 1)])
+    insert_rows(con, "customer", customers_rows)
+    insert_rows(con, "orders", orders_rows)
+    insert_rows(con, "lineitem", lines)
     con.close()

@@ -58,7 +58,9 @@ def test_a_table_released_first_and_worked_on_is_said(connected):
         "SELECT sex, n FROM s WHERE n = (SELECT MAX(n) FROM s)"
     )
     result = connected.run_cell_magic("dpsql", "-e 0.5", sql)
-    assert result.columns == ["sex", "n"] and len(result.rows) == 1
+    # The sexes whose noisy count is the largest: both, when the two noisy counts tie
+    # (about one run in twenty at this scale).
+    assert result.columns == ["sex", "n"] and len({n for _, n in result.rows}) == 1
     assert result.footer().startswith(
         "ε 0.5 spent on the releases below; the rest of the query worked on them (and public "
         "tables) at no further cost · released first, with ε 0.5: SELECT sex, COUNT(*) AS n "

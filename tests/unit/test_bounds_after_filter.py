@@ -141,9 +141,14 @@ UNFILTERED = (
 )
 
 
+# 100 reports a case: the case the broken version below is caught on (rows left out)
+# in the default run, the filtered one (nothing left out) with the searches.
 @pytest.mark.parametrize(
     ("sql", "rows", "units"),
-    [(UNFILTERED, PEOPLE * (MODES - 1), PEOPLE), (JOINED, 0, 0)],
+    [
+        (UNFILTERED, PEOPLE * (MODES - 1), PEOPLE),
+        pytest.param(JOINED, 0, 0, marks=pytest.mark.search),
+    ],
     ids=["three-of-four-left-out", "none-left-out"],
 )
 def test_the_bounding_report_tells_the_truth_on_a_join(engine, sql, rows, units) -> None:

@@ -1,11 +1,18 @@
-"""Many users racing at the edge of every budget at once, from several processes on one
-ledger file: no budget (the dataset's, a group's, a user's, a notebook's) is ever
-overspent, and the widest is spent to its edge."""
+"""Many users racing at the edge of every budget at once, from several threads or
+processes on one ledger file, each with its own handle: no budget (the dataset's, a
+group's, a user's, a notebook's) is ever overspent, and the widest is spent to its
+edge.
+
+Racing threads (each its own SQLite connection, as the gate's are) run in the
+default run; racing processes, which take seconds to start and import, with the
+searches (``-m search``)."""
 
 from __future__ import annotations
 
 import math
 import multiprocessing
+import queue
+import threading
 import time
 from pathlib import Path
 
@@ -40,8 +47,9 @@ def _limits(user: int, notebook: str, dataset_cap: Budget) -> list[tuple[Scope, 
     ]
 
 
-def _race(path: str, first: int, cap: float, start: float, out: multiprocessing.Queue) -> None:
-    """One process: its users take turns debiting until every one is refused."""
+def _race(path: str, first: int, cap: float, start: float, out: queue.Queue) -> None:
+    """One racer (a thread or a process): its users take turns debiting until every
+    one is refused."""
     ledger = Ledger(Path(path), PureAccountant())
     time.sleep(max(0.0, start - time.time()))  # every process starts together
     granted = refused = 0
@@ -72,15 +80,24 @@ def _race(path: str, first: int, cap: float, start: float, out: multiprocessing.
     out.put((granted, refused))
 
 
-# 4.0: the dataset's budget binds first (32 steps against the groups' 12, 16 and 64);
-# 1000: it never binds, and each group's does.
-# The race takes seconds, so the second case runs with the searches (``-m search``).
-@pytest.mark.parametrize("dataset_cap", [4.0, pytest.param(1000.0, marks=pytest.mark.search)])
-def test_racing_users_never_overspend_any_of_the_four_budgets(
-    tmp_path: Path, dataset_cap: float
-) -> None:
-    path = tmp_path / "ledger.sqlite3"
-    Ledger(path, PureAccountant()).close()
+def _run_threads(path: Path, dataset_cap: float) -> list[tuple[int, int]]:
+    out: queue.Queue = queue.Queue()
+    start = time.time() + 0.2  # after every thread has opened the ledger
+    threads = [
+        threading.Thread(
+            target=_race, args=(str(path), p * USERS_PER_PROCESS, dataset_cap, start, out)
+        )
+        for p in range(PROCESSES)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+        assert not thread.is_alive()
+    return [out.get_nowait() for _ in threads]
+
+
+def _run_processes(path: Path, dataset_cap: float) -> list[tuple[int, int]]:
     context = multiprocessing.get_context("spawn")
     out = context.Queue()
     start = time.time() + 3.0  # after every process has imported and opened the ledger
@@ -96,6 +113,24 @@ def test_racing_users_never_overspend_any_of_the_four_budgets(
     for proc in procs:
         proc.join(timeout=30)
         assert proc.exitcode == 0
+    return results
+
+
+# 4.0: the dataset's budget binds first (32 steps against the groups' 12, 16 and 64);
+# 1000: it never binds, and each group's does.
+# Processes take seconds to start, so they race with the searches (``-m search``).
+@pytest.mark.parametrize("dataset_cap", [4.0, 1000.0])
+@pytest.mark.parametrize(
+    "racers",
+    [_run_threads, pytest.param(_run_processes, marks=pytest.mark.search)],
+    ids=["threads", "processes"],
+)
+def test_racing_users_never_overspend_any_of_the_four_budgets(
+    tmp_path: Path, dataset_cap: float, racers
+) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    Ledger(path, PureAccountant()).close()
+    results = racers(path, dataset_cap)
     granted = sum(g for g, _ in results)
 
     ledger = Ledger(path, PureAccountant())

@@ -23,7 +23,7 @@ from dpmagic.gate.sql.parse import parse
 from dpmagic.gate.sql.resolve import resolve
 from dpmagic.gate.sql.trees import conjuncts
 from tests import shop
-from tests.gate_helpers import exact_vectors, make_plan, sized
+from tests.gate_helpers import exact_vectors, insert_rows, make_plan, sized
 
 ALONG = [
     "SELECT o_priority, COUNT(*) AS n, SUM(l_quantity) AS q FROM lineitem "
@@ -90,9 +90,7 @@ def _without(con: duckdb.DuckDBPyConnection, customer: int) -> duckdb.DuckDBPyCo
         types = [t for _, t, *_ in con.execute(f"DESCRIBE {table}").fetchall()]
         spec = ", ".join(f"{c} {t}" for c, t in zip(columns, types, strict=True))
         other.execute(f"CREATE TABLE {table} ({spec})")
-        if rows:
-            marks = ", ".join("?" * len(columns))
-            other.executemany(f"INSERT INTO {table} VALUES ({marks})", rows)
+        insert_rows(other, table, rows)
     other.execute(
         f"DELETE FROM lineitem WHERE l_orderkey IN "
         f"(SELECT o_orderkey FROM orders WHERE o_custkey = {customer})"

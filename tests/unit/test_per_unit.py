@@ -28,7 +28,14 @@ from dpmagic.gate.sql.per_unit import (
     per_unit_values,
 )
 from dpmagic.gate.sql.value_range import ValueRange
-from tests.gate_helpers import dataset, exact_vectors, load_table, make_plan, neighbours
+from tests.gate_helpers import (
+    dataset,
+    exact_vectors,
+    insert_rows,
+    load_table,
+    make_plan,
+    neighbours,
+)
 
 ROWS = 3  # a person's row bound (the table's max_rows)
 RANGES = {"x": ValueRange(-3, 5, True), "y": ValueRange(0.0, 2.5, False)}
@@ -77,7 +84,7 @@ def people() -> duckdb.DuckDBPyConnection:
         for person in itertools.product(rows, repeat=k):
             data.extend((pid, x, y) for x, y in person)
             pid += 1
-    con.executemany("INSERT INTO t VALUES (?, ?, ?)", data)
+    insert_rows(con, "t", data)
     con.execute("INSERT INTO persons SELECT range FROM range(?)", [pid])
     return con
 

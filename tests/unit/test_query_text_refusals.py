@@ -45,6 +45,17 @@ def engine(tmp_path: Path):
         engine.close()
 
 
+@pytest.fixture(scope="module")
+def unspent_engine(tmp_path_factory: pytest.TempPathFactory):
+    """One engine for the refusals that check nothing was spent: none of them charges
+    it, so a charge one let through shows in its own check and every later one's."""
+    engine = Engine(load_policy(write_dataset(tmp_path_factory.mktemp("unspent"))))
+    try:
+        yield engine
+    finally:
+        engine.close()
+
+
 def _spent(engine: Engine) -> dict[str, float]:
     return engine.budget("alice", None, None)["user"]["spent"]
 
@@ -106,7 +117,10 @@ SURROGATES = {
 
 
 @pytest.mark.parametrize("where", SURROGATES)
-def test_a_lone_surrogate_is_refused_where_the_body_is_read(where: str, engine: Engine) -> None:
+def test_a_lone_surrogate_is_refused_where_the_body_is_read(
+    where: str, unspent_engine: Engine
+) -> None:
+    engine = unspent_engine
     wire, said = SURROGATES[where]
     body = parse_body(wire.encode())  # valid JSON, valid UTF-8 on the wire
     with pytest.raises(InvalidBody) as refused:

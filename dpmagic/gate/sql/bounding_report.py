@@ -14,6 +14,8 @@ of the units they belonged to, with their intervals.
 
 from __future__ import annotations
 
+from typing import SupportsInt
+
 from dpmagic.gate.dp.mechanisms import Noise
 from dpmagic.gate.failures import required
 from dpmagic.gate.sql.aggregates.parts import Variance
@@ -59,7 +61,7 @@ def report(plan: Plan, exact: tuple[object, ...], alpha: float) -> LeftOut:
     """The bounding report: the exact left-out rows and units (the first row of
     ``rewrite.left_out``'s SQL) noised once each, with their intervals."""
     left = required(plan.left_out, "the plan's bounding report")
-    rows, units = (int(v or 0) for v in exact[:2])
+    rows, units = (_count(v) for v in exact[:2])
     return LeftOut(
         rows=_noisy(rows, left.rows, alpha),
         units=_noisy(units, left.units, alpha),
@@ -73,6 +75,16 @@ def report(plan: Plan, exact: tuple[object, ...], alpha: float) -> LeftOut:
             f"(noisy, {1 - alpha:.0%} intervals)."
         ),
     )
+
+
+def _count(value: object) -> int:
+    """One count of the report's row: an integer (a Decimal or a numpy integer from an
+    engine converts alike), or NULL when no unit had a row, which is 0."""
+    if value is None:
+        return 0
+    if not isinstance(value, SupportsInt):
+        raise RuntimeError("internal error: the bounding report's count is not a number")
+    return int(value)
 
 
 def _noisy(exact: int, noise: Noise, alpha: float) -> NoisyCount:
@@ -95,8 +107,9 @@ def _clamps(plan: Plan) -> list[tuple[str, tuple[float, float]]]:
         if parts is None:
             continue
         if isinstance(parts, Variance):  # its sums are of distances to the centre
-            m = by_name[parts.centred]
-            out.append((agg.label, (m.bounds.lo + parts.centre, m.bounds.hi + parts.centre)))
+            centred = by_name[parts.centred]
+            lo, hi = centred.bounds.lo + parts.centre, centred.bounds.hi + parts.centre
+            out.append((agg.label, (lo, hi)))
             continue
         for name in parts.names:
             m = by_name.get(name)

@@ -80,7 +80,7 @@ def spark_total(
         found = kind(tree, resolved)
         if found is None or found.family not in ("bool", "null"):
             raise NotOnSpark(f"a condition that is not boolean ({display(tree)})")
-    for node in tree.walk():
+    for node in tree.find_all(exp.Expression):  # every node, as walk() (typed Expr)
         _check(node, resolved)
     return _rounded_casts(generated(tree), tree, resolved)
 

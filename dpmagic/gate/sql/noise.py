@@ -15,7 +15,7 @@ its rows that the SQL returns, and only that value plus noise leaves.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,7 +45,7 @@ class Noisy:
     """
 
     plan: Plan
-    values: dict[str, Vector]
+    values: Mapping[str, Vector]
     partitions: tuple[Partition, ...]
 
 
@@ -61,12 +61,12 @@ def noise(plan: Plan, rewritten: Rewritten, exact: ExactResult) -> Noisy:
         partitions = tuple(sorted({tuple(row[: rewritten.keys]) for row in rows}, key=_order))
     units, histograms = exact_vectors(plan, rewritten, rows, partitions)
     size = len(partitions)
-    values: dict[str, Vector] = {}
+    values: dict[str, list[int | float]] = {}  # lists: the exact result came in rows
     for s in plan.selections:
         values[s.name] = [s.grid.value(s.noise.select(h)) for h in histograms[s.name]]
     for m in plan.measurements:
         draws = m.noise.sample(size) if m.noise.sensitivity else [0] * size
-        noisy = [u + d for u, d in zip(units[m.name], draws, strict=True)]
+        noisy: list[int | float] = [u + d for u, d in zip(units[m.name], draws, strict=True)]
         step = m.noise.granularity
         values[m.name] = noisy if step == 1.0 else [v * step for v in noisy]
     for s in plan.selections:
@@ -152,10 +152,10 @@ def _columnar_units(
         try:
             exact = values.cast(pa.int64()).to_numpy()
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # beyond 64 bits
-            vector = [0] * size
+            wide: list[int | float] = [0] * size
             for i, v in zip(at.tolist(), values.to_pylist(), strict=True):
-                vector[i] = int(v)
-            sums[name] = vector
+                wide[i] = int(v)
+            sums[name] = wide
             continue
         vector = np.zeros(size, dtype=np.int64)
         vector[at] = exact

@@ -92,6 +92,8 @@ def _bind(tree: exp.Select, params: dict[str, Param]) -> exp.Select:
         return _literal(name, params[name])
 
     bound = tree.transform(replace)
+    if not isinstance(bound, exp.Select):  # only a placeholder is replaced, never the root
+        raise RuntimeError("internal error: binding the parameters replaced the statement")
     unused = sorted(set(params) - used)
     if unused:
         raise Refused(f"parameter {unused[0]!r} is not used in the query")
@@ -126,7 +128,7 @@ def _set_operation(tree: exp.SetOperation) -> str:
     return name
 
 
-def _statement_name(tree: exp.Expression, sql: str) -> str:
+def _statement_name(tree: exp.Expr, sql: str) -> str:
     if isinstance(tree, exp.Command):
         return tree.name.upper() or sql.split()[0].upper()
     return sql.split()[0].upper() if sql.split() else type(tree).__name__.upper()

@@ -268,9 +268,9 @@ def room_reads(
     for i, table in enumerate(tables):
         source: exp.Expression = exp.table_(table, quoted=True)
         product: exp.Expression | None = None
-        room = fixed[i]
-        if room is not None:
-            reads.append(RoomRead(source, first(table, min(room, cap))))
+        keyed_room = fixed[i]
+        if keyed_room is not None:
+            reads.append(RoomRead(source, first(table, min(keyed_room, cap))))
             continue
         for j, earlier in enumerate(tables[:i]):
             if fixed[j] is not None:

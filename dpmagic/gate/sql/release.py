@@ -61,7 +61,7 @@ from dpmagic.gate.sql.parse import DIALECT
 from dpmagic.gate.sql.plan_types import Measurement, Plan, Selection
 from dpmagic.gate.sql.post_query import PID, PostExpr, PostQuery, debiased_column, post_query
 from dpmagic.gate.sql.randomized import Debiased, debias
-from dpmagic.gate.sql.release_columns import Columns, direct
+from dpmagic.gate.sql.release_columns import Column, Columns, direct
 from dpmagic.protocol import Accuracy
 
 ALPHA = REPORT_ALPHA
@@ -310,7 +310,7 @@ def _key_column(plan: Plan, noisy: Noisy, i: int) -> Sequence[object]:
     return [p[i] for p in noisy.partitions]
 
 
-def _json_column(column: Sequence[object]) -> Sequence[object]:
+def _json_column(column: Column) -> Column:
     """A released column with each value as JSON carries it; a column of integers, text,
     booleans and NULLs only is already so, and so is a numpy column (``wire`` writes
     a float array's non-finite values as null)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TypeGuard
 
 import numpy as np
 from sqlglot import exp
@@ -16,10 +17,11 @@ from sqlglot import exp
 from dpmagic.gate.sql.trees import unparen
 
 # The noisy table, by column: lists, or numpy arrays where the noise pass made them.
-Columns = dict[str, Sequence[object] | np.ndarray]
+Column = Sequence[object] | np.ndarray
+Columns = dict[str, Column]
 
 
-def direct(table: Columns, exprs: list[exp.Expression]) -> list[Sequence[object]] | None:
+def direct(table: Columns, exprs: list[exp.Expression]) -> list[Column] | None:
     """What DuckDB returns for ``SELECT exprs FROM table`` when every expression is a
     bare column, a column floored at zero or an average (keys, counts, sums,
     quantiles, averages: most queries), computed here from the same columns, column
@@ -28,14 +30,14 @@ def direct(table: Columns, exprs: list[exp.Expression]) -> list[Sequence[object]
     0.5 ms, as much as the rest of the release pass. A numpy column (the noise pass's,
     ``noise.columnar``) stays one: 100,000 cells in microseconds, not a list's
     milliseconds."""
-    columns: list[Sequence[object]] = []
+    columns: list[Column] = []
     for e in exprs:
         mean = _mean(e)
         if mean is not None:
-            values = _mean_values(table, *mean)
-            if values is None:
+            means = _mean_values(table, *mean)
+            if means is None:
                 return None
-            columns.append(values)
+            columns.append(means)
             continue
         floored = _floored(e)
         column = floored if floored is not None else e
@@ -52,7 +54,7 @@ def direct(table: Columns, exprs: list[exp.Expression]) -> list[Sequence[object]
         if kind is None:
             return None
         if floored is not None:
-            if kind not in "if":
+            if not _numeric(values, kind):
                 return None
             zero = 0.0 if kind == "f" else 0
             values = [max(v, zero) for v in values]
@@ -118,7 +120,7 @@ def _double(e: exp.Expression) -> float | None:
 
 def _mean_values(
     table: Columns, centre: float, total: str, count: str, lo: float, hi: float
-) -> list[object] | None:
+) -> list[float] | np.ndarray | None:
     """The average per row as DuckDB computes it: both columns as DOUBLE, divided,
     added to the centre, then clamped into ``[lo, hi]``."""
     if total not in table or count not in table:
@@ -138,7 +140,7 @@ def _mean_values(
 
 
 def _mean_array(
-    sums: Sequence[object], counts: Sequence[object], centre: float, lo: float, hi: float
+    sums: Column, counts: Column, centre: float, lo: float, hi: float
 ) -> np.ndarray | None:
     """``_mean_values`` over numpy columns, the same operations in the same order on the
     same doubles: ``centre + t / max(n, 1)``, then ``min(max(·, lo), hi)`` as Python's
@@ -165,7 +167,12 @@ def _floored(e: exp.Expression) -> exp.Column | None:
     return None
 
 
-def _kind(values: list[object]) -> str | None:
+def _numeric(values: Sequence[object], kind: str) -> TypeGuard[Sequence[float]]:
+    """Whether ``values``, of ``_kind`` ``kind``, are all integers or all floats."""
+    return kind in "if"
+
+
+def _kind(values: Sequence[object]) -> str | None:
     """The kind of a column whose values DuckDB would return as they are (as numpy
     names them: ``i`` integers, ``f`` finite floats, ``b`` booleans, ``O`` strings);
     None for anything else, which goes through DuckDB. Integers beyond 128 bits,

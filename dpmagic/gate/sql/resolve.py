@@ -42,6 +42,8 @@ SEMI = "__semi"  # the table qualifier of a semi-join's stand-in column
 _BOOL = Column(name=PRESENT, type="bool", lower=0, upper=1)
 
 Env = dict[str, dict[str, exp.Expression]]  # visible relation -> column -> its definition
+# The CTEs a SELECT sees, by name: each one's body and the CTEs its body sees.
+Ctes = dict[str, tuple[exp.Expression, "Ctes"]]
 
 
 @dataclass(frozen=True)
@@ -209,12 +211,12 @@ class _Flattener:
         self.dataset = dataset
         self.names = names  # scan numbers, shared with the semi-joins' own flatteners
         self.expansion = expansion
-        self.top_ctes: dict = {}
+        self.top_ctes: Ctes = {}
         self.semijoins: list[SemiJoin] = []
         self.scans: list[Scan] = []
         self.using: set[str] = set()  # JOIN … USING columns: either side's is the same
 
-    def ctes(self, select: exp.Select, outer: dict[str, exp.Expression]) -> dict:
+    def ctes(self, select: exp.Select, outer: Ctes) -> Ctes:
         with_ = select.args.get(WITH)
         if with_ is None:
             return outer
@@ -227,7 +229,7 @@ class _Flattener:
             ctes[cte.alias_or_name.lower()] = (cte.this, ctes)
         return ctes
 
-    def from_clause(self, select: exp.Select, ctes: dict, kind: str) -> tuple[Env, list]:
+    def from_clause(self, select: exp.Select, ctes: Ctes, kind: str) -> tuple[Env, list]:
         source = select.args.get(FROM)
         if source is None:
             raise Refused("the query has no FROM clause")
@@ -242,7 +244,7 @@ class _Flattener:
             env = {**env, **right}
             names = [c.name.lower() for c in join.args.get("using") or []]
             self.using |= set(names)
-            conds = [
+            conds: list[exp.Expression] = [
                 exp.EQ(this=exp.column(n, table=t1), expression=exp.column(n, table=t2))
                 for n in names
                 for t1, t2 in [(_owner(env, n, exclude=right), next(iter(right)))]
@@ -263,7 +265,7 @@ class _Flattener:
                 filters += right_filters + conds
         return env, filters
 
-    def item(self, node: exp.Expression, ctes: dict, kind: str) -> tuple[Env, list]:
+    def item(self, node: exp.Expression, ctes: Ctes, kind: str) -> tuple[Env, list]:
         alias = node.alias_or_name.lower() if node.alias_or_name else ""
         if isinstance(node, exp.Table) and isinstance(node.this, exp.Identifier):
             if node.args.get("alias") is not None and node.args["alias"].columns:
@@ -275,8 +277,10 @@ class _Flattener:
             ):
                 raise Refused(f"unknown table {node.sql(dialect=DIALECT)!r}")
             if not node.args.get("db") and node.name.lower() in ctes:
-                select, scope = ctes[node.name.lower()]
-                return self.derived(select, scope, alias, kind)
+                body, scope = ctes[node.name.lower()]
+                if not isinstance(body, exp.Select):
+                    raise Refused(f"{_name(body)} is not supported in FROM: use one SELECT")
+                return self.derived(body, scope, alias, kind)
             table = self.dataset.table(node.name)
             if table is None:
                 raise Refused(
@@ -299,7 +303,7 @@ class _Flattener:
             return self.derived(inner, ctes, alias, kind)
         raise Refused(f"FROM must name a declared table, not {_describe(node)}")
 
-    def derived(self, select: exp.Select, ctes: dict, alias: str, kind: str) -> tuple[Env, list]:
+    def derived(self, select: exp.Select, ctes: Ctes, alias: str, kind: str) -> tuple[Env, list]:
         """A subquery or CTE read in FROM: merged when it is a row transformation, read
         as a table of one row per unit when it groups by the unit (``per_unit``)."""
         if select.args.get("group") is not None:
@@ -318,10 +322,10 @@ class _Flattener:
                         cols.setdefault(c, e)
                 continue
             if isinstance(item, exp.Column) and isinstance(item.this, exp.Star):
-                rel = env.get(item.table.lower())
-                if rel is None:
+                named = env.get(item.table.lower())
+                if named is None:
                     raise Refused(f"unknown table or alias {item.table!r}")
-                for c, e in rel.items():
+                for c, e in named.items():
                     cols.setdefault(c, e)
                 continue
             name = item.alias_or_name.lower()
@@ -329,7 +333,7 @@ class _Flattener:
             cols[name] = self.substitute(expr, env, frozenset(), "a subquery's SELECT list")
         return {alias or f"__derived{len(self.scans)}": cols}, filters
 
-    def per_unit(self, select: exp.Select, ctes: dict, alias: str, kind: str) -> tuple[Env, list]:
+    def per_unit(self, select: exp.Select, ctes: Ctes, alias: str, kind: str) -> tuple[Env, list]:
         """A subquery grouped by the privacy unit: its rows resolved on their own (a join
         on the unit, as any query's), its values bounded per unit (``sql/per_unit.py``),
         and one scan standing for it, of a table of one row per unit."""
@@ -723,7 +727,7 @@ HAVING_NODES = (
 )  # fmt: skip
 
 
-def _under_aggregate(node: exp.Expression) -> bool:
+def _under_aggregate(node: exp.Expr) -> bool:
     """Whether ``node`` is inside an aggregate's argument (a row expression: checked
     with the row rules, ``check``)."""
     return node.find_ancestor(exp.AggFunc) is not None
@@ -819,7 +823,12 @@ def _guard_all(
 
 
 def _and(conds: list[exp.Expression]) -> exp.Expression:
-    return exp.and_(*conds, copy=False) if conds else exp.true()
+    if not conds:
+        return exp.true()
+    both = exp.and_(*conds, copy=False)
+    if not isinstance(both, exp.Expression):  # typed by its Condition trait; an AND node
+        raise RuntimeError("internal error: AND of the conditions is not an expression")
+    return both
 
 
 def _unit(scans: tuple[Scan, ...], filters: list, dataset: Dataset) -> exp.Column | None:
@@ -983,7 +992,7 @@ def _unit_of(node: exp.Expression, scans: tuple[Scan, ...]) -> str | None:
     return scan.name
 
 
-def _name(node: exp.Expression) -> str:
+def _name(node: exp.Expr) -> str:
     return type(node).__name__.upper()
 
 

@@ -75,6 +75,9 @@ from dpmagic.gate.sql.value_range import ValueRange
 UNIT = "__unit"
 KEY_COUNT = "__keys"
 
+# Named subqueries of a rewritten query, in the order its WITH lists them.
+Ctes = list[tuple[str, exp.Query]]
+
 
 @dataclass(frozen=True)
 class Rewritten:
@@ -129,7 +132,7 @@ def rewrite(plan: Plan, seed: int | None = None, dialect: Dialect = DUCKDB) -> R
 
 def _histograms_apart(
     main: exp.Select, plan: Plan, final: tuple[str, exp.Expression | None]
-) -> tuple[exp.Select, list[tuple[str, exp.Select]]]:
+) -> tuple[exp.Select, Ctes]:
     """For an engine without a histogram aggregate (Spark): each quantile's rows per
     candidate counted by ``GROUP BY`` the keys and the candidate index in a CTE of its
     own, gathered into one map per key (candidate index → count: what DuckDB's
@@ -138,7 +141,7 @@ def _histograms_apart(
     keys = [k.name for k in plan.keys]
     if not main.expressions:  # quantiles alone: one row all the same, as DuckDB's
         main = main.select(_as(exp.Count(this=exp.Star()), "__rows"))
-    ctes: list[tuple[str, exp.Select]] = []
+    ctes: Ctes = []
     outer = exp.select(*(_col_of("__main", k) for k in keys))
     outer = outer.select(*(_col_of("__main", m.name) for m in plan.measurements))
     outer = outer.from_(exp.alias_(exp.Subquery(this=main), "__main", quoted=True))
@@ -169,23 +172,22 @@ def _histograms_apart(
     return outer, ctes
 
 
-def _bounded(
-    plan: Plan, row: _Rows, seed: int
-) -> tuple[list[tuple[str, exp.Select]], tuple[str, exp.Expression | None]]:
+def _bounded(plan: Plan, row: _Rows, seed: int) -> tuple[Ctes, tuple[str, exp.Expression | None]]:
     """The CTEs of the query's rows, each unit's bounded as the plan decided, and the
     table and condition that select them."""
     resolved = plan.checked.resolved
     keys = [k.name for k in plan.keys]
     values = ["__v_" + m.name for m in plan.measurements if m.arg is not None]
     values += ["__v_" + s.name for s in plan.selections]
-    row_cols = [_as(row.total(resolved.unit), UNIT)] if plan.reads_unit else []
+    unit = required(resolved.unit, "the privacy unit the rows carry") if plan.reads_unit else None
+    row_cols = [_as(row.total(unit), UNIT)] if unit is not None else []
     row_cols += [_as(row.total(k.expr), k.name) for k in plan.keys]
     row_cols += [
         _as(row.total(m.arg), "__v_" + m.name) for m in plan.measurements if m.arg is not None
     ]
     row_cols += [_as(_snap(s, row), "__v_" + s.name) for s in plan.selections]
     if not row_cols:
-        row_cols = [exp.alias_(exp.Literal.number(1), "__one")]
+        row_cols = [_as(exp.Literal.number(1), "__one", quoted=False)]
     cap = join_cap(plan.bounding)
     reads = _scan_reads(resolved, resolved.scans, cap, row.dialect, _where(plan), row.keyed)
     windowed = resolved.unit is not None and isinstance(plan.bounding, Window)
@@ -196,7 +198,7 @@ def _bounded(
     if light is not None:
         row_cols = [*row_cols, _as(light, LIGHT)]
     kept = _select(row_cols, source, units + filters + keyed)
-    ctes: list[tuple[str, exp.Select]] = [("kept_rows", kept)]
+    ctes: Ctes = [("kept_rows", kept)]
     if windowed:
         more, final = bound_contributions(
             plan.contribution, keys, values, seed, row.dialect, names if light else None
@@ -266,27 +268,27 @@ def left_out(plan: Plan, seed: int, dialect: Dialect = DUCKDB) -> Rewritten:
     ``cap`` and the units count by at most 1."""
     report = required(plan.left_out, "the plan's bounding report")
     resolved = plan.checked.resolved
-    required(resolved.unit, "the privacy unit the report counts by")
+    unit_column = required(resolved.unit, "the privacy unit the report counts by")
     row = _Rows(resolved, dialect, plan.work.keyed)
     ctes, (table, condition) = _bounded(plan, row, seed)
     caps = _scan_reads(
         resolved, resolved.scans, load_cap(resolved.dataset), dialect, _where(plan), row.keyed
     )
     source, filters = _from(plan, row, caps if len(resolved.scans) > 1 else {})
-    unit = [_as(row.total(resolved.unit), UNIT)]
+    unit = [_as(row.total(unit_column), UNIT)]
     units, keyed = _row_filters(plan, row, True)
     ctes.append(("all_rows", _select(unit, source, units + filters + keyed)))
     count = exp.Count(this=exp.Star())
     ctes.append(("all_units", _per_unit("all_rows", count, None)))
     ctes.append(("kept_units", _per_unit(table, count.copy(), condition)))
     kept = exp.Coalesce(this=exp.column("__n", "k"), expressions=[exp.Literal.number(0)])
-    left = exp.Greatest(
+    surplus = exp.Greatest(
         this=exp.Sub(this=exp.column("__n", "a"), expression=kept),
         expressions=[exp.Literal.number(0)],
         ignore_nulls=True,
     )
-    term = exp.Least(this=left, expressions=[exp.Literal.number(report.cap)], ignore_nulls=True)
-    units = (
+    term = exp.Least(this=surplus, expressions=[exp.Literal.number(report.cap)], ignore_nulls=True)
+    left_units = (
         exp.select(_as(term, "__left"))
         .from_(exp.alias_(exp.table_("all_units"), "a", table=True))
         .join(
@@ -295,7 +297,7 @@ def left_out(plan: Plan, seed: int, dialect: Dialect = DUCKDB) -> Rewritten:
             join_type="left",
         )
     )
-    ctes.append(("left_units", units))
+    ctes.append(("left_units", left_units))
     left = exp.column("__left")
     tree = (
         exp.select(
@@ -325,7 +327,7 @@ def bound_contributions(
     seed: int,
     dialect: Dialect = DUCKDB,
     light: list[str] | None = None,
-) -> tuple[list[tuple[str, exp.Select]], tuple[str, exp.Expression | None]]:
+) -> tuple[Ctes, tuple[str, exp.Expression | None]]:
     """CTEs over ``kept_rows`` that keep at most ``c.rows`` rows per unit and
     partition, in at most ``c.groups`` partitions per unit; and the table and the
     condition the final aggregation reads. Runs after every join, so however a join
@@ -341,7 +343,7 @@ def bound_contributions(
     if light is not None:
         ranked = ranked.where(exp.Not(this=_col(LIGHT)))
     within = exp.LTE(this=exp.column("__row"), expression=exp.Literal.number(c.rows))
-    ctes = [("ranked", ranked)]
+    ctes: Ctes = [("ranked", ranked)]
     if not keys:
         return _joined_light(ctes, ("ranked", within), light)
     key_list = [_col(k) for k in keys]
@@ -363,10 +365,10 @@ def bound_contributions(
 
 
 def _joined_light(
-    ctes: list[tuple[str, exp.Select]],
+    ctes: Ctes,
     final: tuple[str, exp.Expression],
     light: list[str] | None,
-) -> tuple[list[tuple[str, exp.Select]], tuple[str, exp.Expression | None]]:
+) -> tuple[Ctes, tuple[str, exp.Expression | None]]:
     """The window's bounded rows, and with ``light`` the light units' rows beside them."""
     if light is None:
         return ctes, final
@@ -380,7 +382,7 @@ def _joined_light(
 
 
 def _from(
-    plan: Plan, row: _Rows, bounds: dict[str, exp.Expression], counted: bool = False
+    plan: Plan, row: _Rows, bounds: dict[str, RoomRead], counted: bool = False
 ) -> tuple[list[exp.Expression], list[exp.Expression]]:
     """The FROM clause (the first scan, then its joins, each scan filtered by its
     entry in ``bounds``, and with ``counted`` reading its unit's rows in its table)
@@ -391,7 +393,7 @@ def _from(
     trees += [s.arg for s in plan.selections]
     terms = conjuncts(plan.checked.where) if plan.checked.where is not None else []
     if plan.reads_unit:
-        trees.append(resolved.unit)
+        trees.append(required(resolved.unit, "the privacy unit the rows carry"))
     used = _used(resolved, trees + terms)
     return _reads(resolved.scans, terms, used, row, bounds, counted)
 
@@ -471,7 +473,7 @@ def _reads(
         if scan.kind == "left":
             cols.append(_as(exp.true(), PRESENT))
         if not cols:
-            cols = [exp.alias_(exp.Literal.number(1), "__one")]
+            cols = [_as(exp.Literal.number(1), "__one", quoted=False)]
         bound = bounds.get(scan.name)
         if scan.per_unit is not None:
             source = _per_person(scan.per_unit, used, row, scan.table.unit)
@@ -484,7 +486,7 @@ def _reads(
         if scan.kind == "from":
             parts.append(aliased)
         elif scan.kind == "left":
-            on = row.condition(scan.on) if scan.on is not None else exp.true()
+            on: exp.Expr = row.condition(scan.on) if scan.on is not None else exp.true()
             parts.append(exp.Join(this=aliased, on=on, side="LEFT"))
         else:
             on = exp.and_(*placed[scan.name]) if placed[scan.name] else exp.true()
@@ -519,7 +521,7 @@ def _per_unit_value(tree: exp.Expression, row: _Rows) -> exp.Expression:
 
     def arg(node: exp.Expression) -> exp.Expression:
         if isinstance(node, exp.AggFunc) and not isinstance(node.this, exp.Star | exp.Distinct):
-            out = node.copy()
+            out: exp.Expression = node.copy()
             out.set("this", row.total(node.this))
             return out
         if isinstance(node, exp.Count) and isinstance(node.this, exp.Distinct):
@@ -562,7 +564,7 @@ def _semijoins(tree: exp.Select, resolved: Resolved, row: _Rows) -> exp.Select:
             source, where = _reads(j.scans, terms, used, row, caps)
             where += [exp.Paren(this=row.condition(c)) for c in (tie, j.correlated)]
             inner = _select([exp.Literal.number(1)], source, where)
-            tree = tree.transform(_stand_in(j.name, exp.Exists(this=inner)))
+            tree = _expanded(tree, j.name, exp.Exists(this=inner))
             continue
         source, where = _reads(j.scans, terms, used, row, caps)
         if j.exists or any(not scan.table.public for scan in j.scans):
@@ -578,8 +580,16 @@ def _semijoins(tree: exp.Select, resolved: Resolved, row: _Rows) -> exp.Select:
         stand_in = (
             exp.Coalesce(this=test, expressions=[exp.false()]) if j.exists else exp.Paren(this=test)
         )
-        tree = tree.transform(_stand_in(j.name, stand_in))
+        tree = _expanded(tree, j.name, stand_in)
     return tree
+
+
+def _expanded(tree: exp.Select, name: str, by: exp.Expression) -> exp.Select:
+    """``tree`` with the semi-join ``name``'s stand-in column replaced by ``by``."""
+    out = tree.transform(_stand_in(name, by))
+    if not isinstance(out, exp.Select):  # a column is replaced, never the query
+        raise RuntimeError("internal error: a semi-join's expansion replaced the query")
+    return out
 
 
 def _stand_in(name: str, by: exp.Expression) -> Callable[[exp.Expression], exp.Expression]:
@@ -696,7 +706,10 @@ def _col_of(table: str, name: str) -> exp.Column:
 
 
 def _as(node: exp.Expression, name: str, quoted: bool = True) -> exp.Expression:
-    return exp.alias_(node, name, quoted=quoted)
+    named = exp.alias_(node, name, quoted=quoted)
+    if not isinstance(named, exp.Expression):  # typed by its Expr trait; always a node
+        raise RuntimeError("internal error: an aliased column is not an expression")
+    return named
 
 
 def _not_null(node: exp.Expression) -> exp.Expression:

@@ -55,7 +55,7 @@ from dpmagic.gate.sql.value_range import ValueRange
 
 # The integer types DuckDB computes in, by width: (minimum, maximum).
 INT_RANGES = {bits: (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) for bits in (8, 16, 32, 64, 128)}
-CAST_KINDS: dict[exp.DataType.Type, tuple[str, int]] = {
+CAST_KINDS: dict[exp.DType, tuple[str, int]] = {
     exp.DataType.Type.TINYINT: ("int", 8),
     exp.DataType.Type.SMALLINT: ("int", 16),
     exp.DataType.Type.INT: ("int", 32),
@@ -134,7 +134,9 @@ def may_raise(tree: exp.Expression, resolved: Resolved) -> bool:
     Kinds and intervals are remembered per node meanwhile, so the proof stays linear
     in the size of the tree (a 20,000-character query is analysed in milliseconds)."""
     with memoised(), _kinds_memoised():
-        return any(_node_may_raise(node, resolved) for node in tree.walk())
+        # every node is an Expression (walk() types them as its Expr trait)
+        nodes = tree.find_all(exp.Expression)
+        return any(_node_may_raise(node, resolved) for node in nodes)
 
 
 def kind(node: exp.Expression, r: Resolved) -> Kind | None:

@@ -296,7 +296,7 @@ def steps_of(tree: exp.Expression, resolved: Resolved) -> int:
     dataset's ``max_text_length`` is refused (free) here, so no row ever carries one."""
     limit = resolved.dataset.max_text_length
     total = 0
-    for node in tree.walk():
+    for node in tree.find_all(exp.Expression):  # every node, as walk() (typed Expr)
         if isinstance(node, exp.Identifier | exp.DataType):
             continue  # names and types: no work
         if isinstance(node, DERIVED_TEXTS) and text_length(node, resolved) > limit:
