@@ -24,7 +24,8 @@ import pytest
 from dpmagic.gate.dp.accounting import ZCDPAccountant
 from dpmagic.gate.dp.mechanisms import calibrate
 from dpmagic.gate.sql.aggregates.func import AggregateFunc
-from dpmagic.gate.sql.aggregates.variance import spread
+from dpmagic.gate.sql.aggregates.registry import kind_of
+from dpmagic.gate.sql.aggregates.variance import Spread
 from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
 from dpmagic.gate.sql.intervals import CellIntervals, fieller, variance_box
@@ -205,9 +206,11 @@ def test_variance_intervals_cover_close_to_their_level(case):
     # The box the three measurements' 1 - 0.05/3 intervals span: far above the band.
     intervals = CellIntervals(p, noisy, 0.05, {})
     widest = ((HIGH - LOW) / 2) ** 2
+    kind = kind_of(AggregateFunc(func.lower()))
+    assert isinstance(kind, Spread)
     box = []
     for pid in range(CELLS):
-        n, s1, s2 = (intervals._measured(m, pid, 0.05 / 3) for m in (count, total, squares))
+        n, s1, s2 = (intervals.measured(m, pid, 0.05 / 3) for m in (count, total, squares))
         pair = ((total.centre_value, s1), (squares.centre_value, s2))
-        box.append(variance_box(spread(AggregateFunc(func.lower())), n, *pair, widest=widest))
+        box.append(variance_box(kind, n, *pair, widest=widest))
     assert _coverage(box, truth) > BAND[1]

@@ -26,6 +26,7 @@ from dpmagic.gate.engines.ranking import prepare_sql
 from dpmagic.gate.failures import Refused
 from dpmagic.gate.policy import PolicyError, load_policy
 from dpmagic.gate.sql import randomized, release
+from dpmagic.gate.sql.aggregates import debiasing
 from dpmagic.gate.sql.bound import bound
 from dpmagic.gate.sql.check import check
 from dpmagic.gate.sql.noise import Noisy, noise
@@ -251,7 +252,7 @@ def test_two_valued_sum_variance_is_exact() -> None:
     reported = d.p * share + (1 - d.p) * 0.5  # each report is 1 with this chance
     holders = n * share
     exact = holders * (d.p + 0.125) * (1 - d.p - 0.125) + (n - holders) * 0.125 * 0.875
-    assert randomized._sum_variance(d, share, n) == pytest.approx(exact)
+    assert debiasing._sum_variance(d, share, n) == pytest.approx(exact)
     assert exact < n * reported * (1 - reported)  # tighter than treating reports as iid
 
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from sqlglot import exp
 
 from dpmagic.gate.engines.dialect import DUCKDB
-from dpmagic.gate.sql.post_query import at_least, col
+from dpmagic.gate.sql.aggregates.noisy_sql import at_least, col
 from dpmagic.gate.sql.release_columns import direct
 
 TABLE: dict[str, list[object]] = {

@@ -43,23 +43,20 @@ ratio whose denominator's interval reaches 0) gets ``None`` too.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, assert_never, cast
+from typing import Any, cast
 
 import numpy as np
 from sqlglot import exp
 
 from dpmagic.gate.dp.levels import band_level
-from dpmagic.gate.sql.aggregates.func import AggregateFunc
-from dpmagic.gate.sql.aggregates.parts import Avg, Measured, Variance, narrowed
-from dpmagic.gate.sql.aggregates.variance import spread
-from dpmagic.gate.sql.expected import average_error, variance_error
+from dpmagic.gate.sql.aggregates.parts import Avg, Variance
+from dpmagic.gate.sql.aggregates.registry import kind_of
 from dpmagic.gate.sql.kinds import MeasureKind
 from dpmagic.gate.sql.noise import Noisy
 from dpmagic.gate.sql.parse import DIALECT
-from dpmagic.gate.sql.plan_types import Measurement, Plan, Selection, max_variance
+from dpmagic.gate.sql.plan_types import Measurement, Plan, Selection
 from dpmagic.gate.sql.trees import unparen
 
 DOMINANT_SHARE = 0.5
@@ -218,41 +215,8 @@ def judging_rule(plan: Plan, node: exp.Expression) -> Rule:
         return "zero", _floor(plan, node)
     if node.name not in plan.parts:
         return "zero", None
-    return _aggregate_rule(plan, node.name)
-
-
-def _aggregate_rule(plan: Plan, name: str) -> Rule:
-    """The rule a bare aggregate is judged by, by its kind."""
-    parts = plan.parts[name]
-    func = plan.checked.aggregate(name).func
-    match func:
-        case AggregateFunc.QUANTILE:
-            return "percentiles", plan.selection(parts.names[0])
-        case AggregateFunc.AVG:
-            avg = narrowed(parts, Avg)
-            total, count = plan.measurement(avg.total), plan.measurement(avg.count)
-            floor = None if name in plan.debiased else (average_error, avg, False)
-            return "range", (total.bounds.lo, total.bounds.hi, count, floor)
-        case (
-            AggregateFunc.VAR_SAMP
-            | AggregateFunc.VAR_POP
-            | AggregateFunc.STDDEV_SAMP
-            | AggregateFunc.STDDEV_POP
-        ):
-            variance = narrowed(parts, Variance)
-            widest = max_variance(plan, variance)
-            root = spread(func).root
-            high = math.sqrt(widest) if root else widest
-            error = (variance_error, variance, root)
-            return "range", (0.0, high, plan.measurement(variance.count), error)
-        case AggregateFunc.COUNT | AggregateFunc.COUNT_DISTINCT | AggregateFunc.SUM:
-            if name in plan.debiased:
-                return "zero", None
-            m = plan.measurement(narrowed(parts, Measured).name)
-            sign = 1 if m.clamp is None or m.clamp.lo >= 0 else -1 if m.clamp.hi <= 0 else 0
-            return "zero", (m, sign)
-        case unknown:
-            assert_never(unknown)
+    name = node.name
+    return kind_of(plan.checked.aggregate(name).func).dominance(plan, name, plan.parts[name])
 
 
 def _floor(plan: Plan, node: exp.Expression) -> Floor | None:
@@ -264,12 +228,11 @@ def _floor(plan: Plan, node: exp.Expression) -> Floor | None:
     if not scale or len(names) != 1:
         return None
     (name,) = names
-    parts = plan.parts[name]
-    if isinstance(parts, Avg) and name not in plan.debiased:
-        return Floor(plan.measurement(parts.count), average_error, parts, scale)
-    if isinstance(parts, Variance) and not spread(plan.checked.aggregate(name).func).root:
-        return Floor(plan.measurement(parts.count), variance_error, parts, scale)
-    return None
+    expected = kind_of(plan.checked.aggregate(name).func).expected(plan, name, plan.parts[name])
+    if expected is None or expected[2]:
+        return None
+    error, parts, _ = expected
+    return Floor(plan.measurement(parts.count), error, parts, scale)
 
 
 def affine_factor(node: exp.Expression) -> float | None:

@@ -4,8 +4,9 @@ post-processing): the one interval arithmetic of released values.
 A bare count or sum has its noise's own interval; an average and a variance
 calibrated intervals (below); a quantile the interval its two more selections
 chose (``edges``), at 95% only; a debiased aggregate its normal approximation
-(``randomized``). An expression of several has the interval arithmetic over
-theirs, each at its share of the level, where every end of the result is a
+(``randomized``). Each kind says which of these its cells have
+(``Aggregate.interval``), computed here. An expression of several has the interval
+arithmetic over theirs, each at its share of the level, where every end of the result is a
 corner of its arguments' box (``CellIntervals``). Where the arithmetic cannot
 bound a cell (a ratio whose denominator's interval reaches 0, a quantile at a
 finer level), its interval is unknown. Every level a part is computed at is
@@ -13,7 +14,7 @@ decided in ``dp.levels`` (the union bound and its splits), not here. Ranges of r
 before noise (``ValueRange``, from the declared bounds) are ``bound``'s, not
 these.
 
-Averages: Fieller's method, below. Variances: :func:`variance_half_width`.
+Averages: Fieller's method, below. Variances: ``expected.variance_half_width``.
 
 An average is released as ``centre + S/N``.
 
@@ -54,8 +55,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from statistics import NormalDist
-from typing import assert_never
 
 import numpy as np
 from sqlglot import exp
@@ -68,22 +67,17 @@ from dpmagic.gate.dp.levels import (
     variance_box_level,
 )
 from dpmagic.gate.dp.mechanisms import GaussianNoise
-from dpmagic.gate.sql.aggregates.func import AggregateFunc
-from dpmagic.gate.sql.aggregates.parts import Avg, Measured, Parts, Variance, narrowed
+from dpmagic.gate.sql.aggregates.debiasing import Debiased
+from dpmagic.gate.sql.aggregates.parts import Avg, Measured, Parts, Variance
 from dpmagic.gate.sql.aggregates.registry import kind_of
-from dpmagic.gate.sql.aggregates.variance import Spread, spread
+from dpmagic.gate.sql.aggregates.variance import Spread, max_variance
 from dpmagic.gate.sql.edges import edge_names
+from dpmagic.gate.sql.expected import BISECTION_STEPS, variance_half_width
 from dpmagic.gate.sql.kinds import MeasureKind
 from dpmagic.gate.sql.noise import Noisy
-from dpmagic.gate.sql.plan_types import Measurement, Plan, max_variance
-from dpmagic.gate.sql.randomized import Debiased
+from dpmagic.gate.sql.plan_types import Measurement, Plan, Selection
 
 Bounds = tuple[float, float]
-
-# Bisection steps: each end is the outer end of a final bracket 2**-14 of the first
-# (ten standard deviations wide for an average): wider than exact by at most
-# a thousandth of a standard deviation, never narrower, in 14 steps a cell.
-_STEPS = 14
 
 
 def laplace_sum_tail(z: np.ndarray, b1: float, b2: np.ndarray) -> np.ndarray:
@@ -148,7 +142,7 @@ def fieller(
     done = inside(far)
     member = inside(near)
     out = far.copy()
-    for _ in range(_STEPS):
+    for _ in range(BISECTION_STEPS):
         mid = (near + out) / 2
         ok = inside(mid)
         near = np.where(ok, mid, near)
@@ -156,67 +150,6 @@ def fieller(
     ends = np.where(done, far, out)
     ends = np.where(member, ends, np.concatenate([point, point]))
     return ends[:size], ends[size:]
-
-
-def laplace_mix_tail(z: float, scales: list[float]) -> float:
-    """``P(|Σ X_i| ≥ z)`` for independent Laplace ``X_i`` of distinct positive scales
-    ``b_i``: ``Σ_i c_i·e^(−z/b_i)``, ``c_i = Π_(j≠i) b_i²/(b_i² − b_j²)`` (the partial
-    fractions of the characteristic function ``Π 1/(1 + b_i²t²)``)."""
-    total = 0.0
-    for i, b in enumerate(scales):
-        # b²/(b² − o²) as 1/(1 − (o/b)²): the squares of tiny scales underflow to 0.
-        c = math.prod(1 / (1 - (o / b) ** 2) for j, o in enumerate(scales) if j != i)
-        total += c * math.exp(-z / b)
-    return min(max(total, 0.0), 1.0)
-
-
-def mix_quantile(scales: list[float], gaussian: bool, alpha: float) -> float:
-    """The least ``h`` with ``P(|Σ X_i| > h) ≤ alpha`` for independent Laplace (scales)
-    or normal (standard deviations) ``X_i``. Laplace scales closer than 0.1% are
-    moved apart upward first: a sum of symmetric unimodal variables only spreads
-    when one of them is scaled up (Anderson 1955), so this errs wide."""
-    scales = sorted(b for b in scales if b > 0)
-    if not scales:
-        return 0.0
-    if gaussian:
-        return NormalDist().inv_cdf(1 - alpha / 2) * math.sqrt(math.fsum(b * b for b in scales))
-    apart = [scales[0]]
-    for b in scales[1:]:
-        apart.append(max(b, apart[-1] * 1.001))
-    # A union bound gives an end that is certainly wide enough.
-    low, high = 0.0, math.log(len(apart) / alpha) * math.fsum(apart)
-    for _ in range(_STEPS):
-        mid = (low + high) / 2
-        low, high = (mid, high) if laplace_mix_tail(mid, apart) > alpha else (low, mid)
-    return high
-
-
-def variance_half_width(
-    n: float,
-    m: float,
-    q: float,
-    centres: tuple[float, float],
-    scales: tuple[float, float, float],
-    gaussian: bool,
-    alpha: float,
-) -> float:
-    """The half-width of a (1 − alpha) interval around a variance estimated as ``q − m²``,
-    with ``m = c₁ + S₁/N`` and ``q = c₂ + S₂/N`` from a noisy count ``N`` and noisy
-    sums ``S₁``, ``S₂`` centred on ``centres`` (``c₁``, ``c₂``) whose noises have
-    ``scales`` (count, sum, sum of squares; Laplace scales or normal σ).
-
-    To first order the estimate errs by ``(e₂ − 2m·e₁ + (2m(m − c₁) − (q −
-    c₂))·e_N)/N``, a weighted sum of the three independent noises, whose
-    quantile is computed exactly for Laplace (or normal) terms: an interval at
-    its level, where interval arithmetic over the three measurements' own
-    intervals holds the variance far more often than asked. The weights use
-    the estimates themselves; their error is second order when ``N`` is well
-    above its noise, which the caller checks.
-    """
-    c1, c2 = centres
-    b_n, b_1, b_2 = scales
-    weights = [b_2 / n, abs(2 * m) * b_1 / n, abs(2 * m * (m - c1) - (q - c2)) * b_n / n]
-    return mix_quantile(weights, gaussian, alpha)
 
 
 class CellIntervals:
@@ -236,7 +169,7 @@ class CellIntervals:
     ) -> list[list[float] | None] | np.ndarray:
         """The JSON intervals of one output's cells, in ``pids`` order. A bare count or
         sum (most cells of a large GROUP BY) is its measurement's interval, and a bare
-        average its cells' intervals as ``_means`` computes them all at once, each
+        average its cells' intervals as ``means`` computes them all at once, each
         read without walking the expression, as an ``(n, 2)`` array (NaN where JSON
         has null: an end not finite); other expressions are evaluated cell by cell
         (an average's cells that way: about 3.3 µs more each, 66 ms more for 20,000)."""
@@ -253,16 +186,16 @@ class CellIntervals:
         self, name: str, found: Parts, pids: Sequence[int], level: float
     ) -> np.ndarray | None:
         """The ``(lo, hi)`` rows of a bare average's, count's or sum's cells, all at once,
-        as ``_means`` and ``_measured`` give each; None for any other aggregate."""
+        as ``means`` and ``measured`` give each; None for any other aggregate."""
         rows = np.asarray(pids, dtype=np.intp)
         if isinstance(found, Avg):
-            return np.asarray(self._means(name, found, level), dtype=float).reshape(-1, 2)[rows]
+            return np.asarray(self.means(name, found, level), dtype=float).reshape(-1, 2)[rows]
         func = self.plan.checked.aggregate(name).func
         if not isinstance(found, Measured) or not kind_of(func).single:
             return None
         m = self.plan.measurement(found.name)
         half = m.noise.half_width(level) if m.noise.sensitivity else 0.0
-        # As ``_measured`` computes each cell (a value minus a float is a float), at once.
+        # As ``measured`` computes each cell (a value minus a float is a float), at once.
         value = np.asarray(self.noisy.values[m.name], dtype=float)[rows]
         lo, hi = value - half, value + half
         if m.kind != MeasureKind.SUM:
@@ -272,7 +205,7 @@ class CellIntervals:
     def of(self, node: exp.Expression, pid: int, parts: int) -> Bounds | None:
         return self._eval(node, pid, expression_level(self.alpha, parts))
 
-    def _measured(self, m: Measurement, pid: int, alpha: float) -> Bounds:
+    def measured(self, m: Measurement, pid: int, alpha: float) -> Bounds:
         value = self.noisy.values[m.name][pid]
         half = m.noise.half_width(alpha) if m.noise.sensitivity else 0.0
         if m.kind != MeasureKind.SUM:
@@ -280,50 +213,38 @@ class CellIntervals:
         return value - half, value + half
 
     def _aggregate(self, name: str, pid: int, alpha: float) -> Bounds | None:
-        func = self.plan.checked.aggregate(name).func
-        parts_of = self.plan.parts[name]
-        if func is AggregateFunc.QUANTILE:
-            selection = self.plan.selection(parts_of.names[0])
-            if selection.edges is None or not edges_hold(alpha):
-                return None
-            low, high = edge_names(selection.name)
-            return float(self.noisy.values[low][pid]), float(self.noisy.values[high][pid])
-        ms = [self.plan.measurement(n) for n in parts_of.names]
+        parts = self.plan.parts[name]
         if name in self.debiased:
+            ms = [self.plan.measurement(n) for n in parts.names]
             widths = [m.noise.half_width(alpha) if m.noise.sensitivity else 0.0 for m in ms]
             second = widths[1] if len(widths) > 1 else 0.0
             return self.debiased[name].interval(pid, alpha, (widths[0], second))
-        match func:
-            case AggregateFunc.COUNT | AggregateFunc.COUNT_DISTINCT | AggregateFunc.SUM:
-                return self._measured(ms[0], pid, alpha)
-            case AggregateFunc.AVG:
-                return self._means(name, narrowed(parts_of, Avg), alpha)[pid]
-            case (
-                AggregateFunc.VAR_SAMP
-                | AggregateFunc.VAR_POP
-                | AggregateFunc.STDDEV_SAMP
-                | AggregateFunc.STDDEV_POP
-            ):
-                return self._variance(narrowed(parts_of, Variance), spread(func), ms, pid, alpha)
-            case unknown:
-                assert_never(unknown)
+        kind = kind_of(self.plan.checked.aggregate(name).func)
+        return kind.interval(self, name, parts, pid, alpha)
 
-    def _variance(
-        self, parts: Variance, kind: Spread, ms: list[Measurement], pid: int, alpha: float
-    ) -> Bounds:
+    def edges(self, selection: Selection, pid: int, alpha: float) -> Bounds | None:
+        """A quantile's cell: the interval its two more selections chose (``edges``),
+        at a level they hold at only; None at any other."""
+        if selection.edges is None or not edges_hold(alpha):
+            return None
+        low, high = edge_names(selection.name)
+        return float(self.noisy.values[low][pid]), float(self.noisy.values[high][pid])
+
+    def variance(self, parts: Variance, kind: Spread, pid: int, alpha: float) -> Bounds:
         """A variance's cell: calibrated where that applies, else the box of its parts'."""
+        ms = [self.plan.measurement(n) for n in parts.names]
         widest = max_variance(self.plan, parts)
         calibrated = self._calibrated_variance(kind, ms, pid, joint_level(alpha), widest)
         if calibrated is not None:
             return calibrated
-        n, s1, s2 = (self._measured(m, pid, variance_box_level(alpha)) for m in ms)
+        n, s1, s2 = (self.measured(m, pid, variance_box_level(alpha)) for m in ms)
         c1, c2 = ms[1].centre_value, ms[2].centre_value
         return variance_box(kind, n, (c1, s1), (c2, s2), widest=widest)
 
     def _calibrated_variance(
         self, kind: Spread, ms: list[Measurement], pid: int, alpha: float, widest: float
     ) -> Bounds | None:
-        """The calibrated interval of a variance's cell (``intervals.variance_half_width``)
+        """The calibrated interval of a variance's cell (``expected.variance_half_width``)
         around the released estimate, or None where it does not apply: noises of
         different kinds, or a count not well above its noise (below twice its own
         interval's half-width)."""
@@ -352,7 +273,7 @@ class CellIntervals:
             return math.sqrt(lo), math.sqrt(hi)
         return lo, hi
 
-    def _means(self, name: str, parts: Avg, alpha: float) -> list[Bounds]:
+    def means(self, name: str, parts: Avg, alpha: float) -> list[Bounds]:
         """The intervals of an average's cells, all computed at once (remembered per
         aggregate and level): Fieller's where it applies, at the whole level, else
         the box of its sum's and its count's intervals (``levels.average_box_level``)."""
@@ -396,8 +317,8 @@ class CellIntervals:
     def _box(self, total_m: Measurement, count: Measurement, pid: int, alpha: float) -> Bounds:
         """Where ``centre + S/N`` lies when the sum and the count lie in their intervals."""
         lo, hi = total_m.bounds.lo, total_m.bounds.hi
-        s = self._measured(total_m, pid, alpha)
-        c = self._measured(count, pid, alpha)
+        s = self.measured(total_m, pid, alpha)
+        c = self.measured(count, pid, alpha)
         if c[0] < 1:
             return lo, hi
         corners = [total_m.centre_value + a / b for a in s for b in c]

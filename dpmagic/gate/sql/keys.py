@@ -144,9 +144,9 @@ def _name(column: exp.Column) -> str:
 def _whole_range(values: tuple[object, ...], column_type: str) -> tuple[int, int] | None:
     """The span of an int column's declared values when they are every integer between
     two ends (states 0..49): the SQL tests one range instead of a list."""
-    if column_type != "int" or not all(type(v) is int for v in values):
+    ints = sorted(v for v in values if type(v) is int)
+    if column_type != "int" or len(ints) != len(values):
         return None
-    ints = sorted(values)  # type: ignore[type-var]
     return (ints[0], ints[-1]) if ints == list(range(ints[0], ints[-1] + 1)) else None
 
 

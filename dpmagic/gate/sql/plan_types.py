@@ -23,11 +23,11 @@ from dpmagic.gate.dp.partition_selection import KeySelection
 from dpmagic.gate.dp.quantile_selection import Grid, QuantileNoise
 from dpmagic.gate.engines.interface import MAX_ROWS
 from dpmagic.gate.policy import Dataset
-from dpmagic.gate.sql.aggregates.parts import Parts, Variance
+from dpmagic.gate.sql.aggregates.debiasing import Debias
+from dpmagic.gate.sql.aggregates.parts import Parts
 from dpmagic.gate.sql.check import Checked, GroupKey
 from dpmagic.gate.sql.keys import KeyDomain
 from dpmagic.gate.sql.kinds import MeasureKind, Summand
-from dpmagic.gate.sql.randomized import Debias
 from dpmagic.gate.sql.ranks import Bounding, Ranked, Window
 from dpmagic.gate.sql.resolve import Resolved
 from dpmagic.gate.sql.value_range import ValueRange
@@ -226,9 +226,3 @@ def grid_bounds(clamp: ValueRange, grid_exp: int) -> tuple[int, int]:
     rounds a value in ``[lo, hi]``, it lands within ``[floor(lo), ceil(hi)]``."""
     step = 2.0**grid_exp
     return math.floor(clamp.lo / step), math.ceil(clamp.hi / step)
-
-
-def max_variance(plan: Plan, parts: Variance) -> float:
-    """The largest population variance of values within the argument's bounds."""
-    deviation = plan.measurement(parts.centred).bounds
-    return ((deviation.hi - deviation.lo) / 2) ** 2

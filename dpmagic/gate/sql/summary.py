@@ -8,18 +8,22 @@ query and the policy alone."""
 from __future__ import annotations
 
 import math
-from typing import assert_never
+from typing import cast
 
 from sqlglot import exp
 
 from dpmagic.gate.dp.accounting import Cost
 from dpmagic.gate.dp.levels import EDGE_PART_ALPHA, REPORT_ALPHA
 from dpmagic.gate.dp.quantile_selection import QuantileNoise, calibrate_quantile
-from dpmagic.gate.sql.aggregates.func import AggregateFunc
-from dpmagic.gate.sql.aggregates.parts import Avg, Measured, Parts, Variance, narrowed
-from dpmagic.gate.sql.aggregates.variance import spread
-from dpmagic.gate.sql.dominance import DOMINANT_SHARE, affine_factor, judging_rule, quantile_count
-from dpmagic.gate.sql.expected import average_error, variance_error
+from dpmagic.gate.sql.aggregates.parts import Parts
+from dpmagic.gate.sql.aggregates.registry import kind_of
+from dpmagic.gate.sql.dominance import (
+    DOMINANT_SHARE,
+    Bare,
+    affine_factor,
+    judging_rule,
+    quantile_count,
+)
 from dpmagic.gate.sql.keys import KeyDomain
 from dpmagic.gate.sql.plan_types import Edges, Measurement, Plan, Selection
 from dpmagic.gate.sql.trees import display
@@ -224,34 +228,21 @@ def _aggregate_expected(
     what: object,
 ) -> dict[str, object]:
     """The expected 95% error of an output that is one aggregate, scaled by ``scale``
-    (rounded, cast or with constants added), by the aggregate's kind."""
+    (rounded, cast or with constants added): the error its kind expects per group size
+    (``Aggregate.expected``), or a bare count's or sum's measurement's own interval."""
     alpha = REPORT_ALPHA
     none: dict[str, object] = {"half_width": None, "dominated_below": None}
-    func = the_plan.checked.aggregate(name).func
-    match func:
-        case AggregateFunc.QUANTILE:  # under arithmetic: its accuracy is in its percentiles
-            return none
-        case AggregateFunc.AVG:
-            if name in the_plan.debiased:
-                return none
-            error = scale * average_error(the_plan, narrowed(parts, Avg), alpha)
-            return _per_rows(error, kind, what, square_root=False)
-        case (
-            AggregateFunc.VAR_SAMP
-            | AggregateFunc.VAR_POP
-            | AggregateFunc.STDDEV_SAMP
-            | AggregateFunc.STDDEV_POP
-        ):
-            error = scale * variance_error(the_plan, narrowed(parts, Variance), alpha)
-            return _per_rows(error, kind, what, square_root=spread(func).root)
-        case AggregateFunc.COUNT | AggregateFunc.COUNT_DISTINCT | AggregateFunc.SUM:
-            if name in the_plan.debiased:
-                return none
-            m = the_plan.measurement(narrowed(parts, Measured).name)
-            half = scale * (m.noise.half_width(alpha) if m.noise.sensitivity else 0.0)
-            return {"half_width": half, "dominated_below": _zero_below(m, half, node)}
-        case unknown:
-            assert_never(unknown)
+    aggregate = kind_of(the_plan.checked.aggregate(name).func)
+    expected = aggregate.expected(the_plan, name, parts)
+    if expected is not None:
+        error, of, root = expected
+        return _per_rows(scale * error(the_plan, of, alpha), kind, what, square_root=root)
+    rule, bare = aggregate.dominance(the_plan, name, parts)
+    if rule != "zero" or bare is None:  # its accuracy is known only once it has run
+        return none
+    m, _ = cast(Bare, bare)
+    half = scale * (m.noise.half_width(alpha) if m.noise.sensitivity else 0.0)
+    return {"half_width": half, "dominated_below": _zero_below(m, half, node)}
 
 
 def _per_rows(error: float, kind: str, what: object, square_root: bool) -> dict[str, object]:

@@ -14,19 +14,33 @@ from sqlglot import exp
 from dpmagic.gate.dp.shares import avg_weights
 from dpmagic.gate.failures import required
 from dpmagic.gate.sql.aggregates.base import Measuring, count_of_values, sum_of
+from dpmagic.gate.sql.aggregates.debiasing import (
+    Debias,
+    Debiased,
+    Debiasing,
+    Values,
+    answers,
+    averages,
+)
 from dpmagic.gate.sql.aggregates.func import AggregateFunc
-from dpmagic.gate.sql.aggregates.parts import Avg, Parts, Wanted
+from dpmagic.gate.sql.aggregates.noisy_sql import at_least, literal, noisy, within_sql
+from dpmagic.gate.sql.aggregates.parts import Avg, Parts, Wanted, narrowed
+from dpmagic.gate.sql.expected import average_error
 from dpmagic.gate.sql.value_range import ValueRange
 
 if TYPE_CHECKING:
     from dpmagic.gate.dp.contribution import Contribution
     from dpmagic.gate.policy import Neighbouring
+    from dpmagic.gate.sql.dominance import Expected, Rule
+    from dpmagic.gate.sql.intervals import Bounds, CellIntervals
+    from dpmagic.gate.sql.plan_types import Plan
     from dpmagic.gate.sql.resolve import Resolved
 
 
 class Average(Measuring):
     func = AggregateFunc.AVG
     summed = True
+    debiasing = Debiasing.PER_VALUE
 
     def parts(
         self,
@@ -54,6 +68,34 @@ class Average(Measuring):
         if not centred:
             return super().weights(parts, centred, c, neighbouring, gaussian)
         return avg_weights(c, neighbouring, gaussian)
+
+    def debias(
+        self, d: Debias, first: Values, second: Values | None, groups: list[list[int]]
+    ) -> Debiased:
+        return averages(d, first, answers(second))
+
+    def released(self, plan: Plan, parts: Parts) -> exp.Expression:
+        """Its centre plus its centred sum over its count, within its bounds."""
+        avg = narrowed(parts, Avg)
+        total = plan.measurement(avg.total)
+        mean = literal(total.centre_value) + noisy(avg.total) / at_least(noisy(avg.count), 1)
+        return within_sql(mean, literal(total.bounds.lo), literal(total.bounds.hi))
+
+    def expected(self, plan: Plan, name: str, parts: Parts) -> Expected | None:
+        # A debiased average's error is its estimate's (``randomized``), known after it runs.
+        return None if name in plan.debiased else (average_error, narrowed(parts, Avg), False)
+
+    def interval(
+        self, cells: CellIntervals, name: str, parts: Parts, pid: int, alpha: float
+    ) -> Bounds | None:
+        return cells.means(name, narrowed(parts, Avg), alpha)[pid]
+
+    def dominance(self, plan: Plan, name: str, parts: Parts) -> Rule:
+        """Judged by its range, floored at its expected error."""
+        avg = narrowed(parts, Avg)
+        total, count = plan.measurement(avg.total), plan.measurement(avg.count)
+        floor = self.expected(plan, name, parts)
+        return "range", (total.bounds.lo, total.bounds.hi, count, floor)
 
 
 AVG = Average()

@@ -1,7 +1,7 @@
 """What an aggregate computes, as a type: the check pass names each aggregate call's
 function with one of these (``registry`` decides which from its SQL node), and every
-later pass that treats functions differently matches on it exhaustively, so a new
-function the passes do not handle is a type error, not a silent look-alike."""
+later pass finds its kind by it (``registry.kind_of``); the registry refuses to load
+unless every function here is one kind's."""
 
 from __future__ import annotations
 

@@ -9,12 +9,30 @@ from typing import TYPE_CHECKING
 from sqlglot import exp
 
 from dpmagic.gate.failures import required
-from dpmagic.gate.sql.aggregates.base import Measuring, count_of_values, sum_of
+from dpmagic.gate.sql.aggregates.base import (
+    Measuring,
+    count_of_values,
+    measured_interval,
+    measured_rule,
+    sum_of,
+)
+from dpmagic.gate.sql.aggregates.debiasing import (
+    Debias,
+    Debiased,
+    Debiasing,
+    Values,
+    answers,
+    sums,
+)
 from dpmagic.gate.sql.aggregates.func import AggregateFunc
-from dpmagic.gate.sql.aggregates.parts import DebiasedSum, Measured, Parts, Wanted
+from dpmagic.gate.sql.aggregates.noisy_sql import noisy
+from dpmagic.gate.sql.aggregates.parts import DebiasedSum, Measured, Parts, Wanted, narrowed
 from dpmagic.gate.sql.value_range import ValueRange
 
 if TYPE_CHECKING:
+    from dpmagic.gate.sql.dominance import Rule
+    from dpmagic.gate.sql.intervals import Bounds, CellIntervals
+    from dpmagic.gate.sql.plan_types import Plan
     from dpmagic.gate.sql.resolve import Resolved
 
 
@@ -22,6 +40,7 @@ class Sum(Measuring):
     func = AggregateFunc.SUM
     summed = True
     single = True
+    debiasing = Debiasing.PER_VALUE
 
     def parts(
         self,
@@ -36,6 +55,23 @@ class Sum(Measuring):
 
     def typed(self, names: tuple[str, ...], clamp: ValueRange | None) -> Parts:
         return Measured(names[0]) if len(names) == 1 else DebiasedSum(*names)
+
+    def debias(
+        self, d: Debias, first: Values, second: Values | None, groups: list[list[int]]
+    ) -> Debiased:
+        return sums(d, first, answers(second))
+
+    def released(self, plan: Plan, parts: Parts) -> exp.Expression:
+        # A debiased sum (``DebiasedSum``) is released from its debiased column.
+        return noisy(narrowed(parts, Measured).name)
+
+    def interval(
+        self, cells: CellIntervals, name: str, parts: Parts, pid: int, alpha: float
+    ) -> Bounds | None:
+        return measured_interval(cells, parts, pid, alpha)
+
+    def dominance(self, plan: Plan, name: str, parts: Parts) -> Rule:
+        return measured_rule(plan, name, parts)
 
 
 SUM = Sum()

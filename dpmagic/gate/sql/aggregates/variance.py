@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, assert_never
+from typing import TYPE_CHECKING
 
 from sqlglot import exp
 
@@ -17,7 +17,9 @@ from dpmagic.gate.dp.shares import variance_weights
 from dpmagic.gate.failures import required
 from dpmagic.gate.sql.aggregates.base import Measuring, count_of_values
 from dpmagic.gate.sql.aggregates.func import AggregateFunc
-from dpmagic.gate.sql.aggregates.parts import Parts, Variance, Wanted
+from dpmagic.gate.sql.aggregates.noisy_sql import at_least, literal, noisy, within_sql
+from dpmagic.gate.sql.aggregates.parts import Parts, Variance, Wanted, narrowed
+from dpmagic.gate.sql.expected import variance_error
 from dpmagic.gate.sql.kinds import MeasureKind
 from dpmagic.gate.sql.trees import display
 from dpmagic.gate.sql.value_range import ValueRange
@@ -25,6 +27,9 @@ from dpmagic.gate.sql.value_range import ValueRange
 if TYPE_CHECKING:
     from dpmagic.gate.dp.contribution import Contribution
     from dpmagic.gate.policy import Neighbouring
+    from dpmagic.gate.sql.dominance import Expected, Rule
+    from dpmagic.gate.sql.intervals import Bounds, CellIntervals
+    from dpmagic.gate.sql.plan_types import Plan
     from dpmagic.gate.sql.resolve import Resolved
 
 
@@ -79,6 +84,49 @@ class Spread(Measuring):
             return super().weights(parts, centred, c, neighbouring, gaussian)
         return variance_weights(c, neighbouring, gaussian)
 
+    def released(self, plan: Plan, parts: Parts) -> exp.Expression:
+        """The variance (or its square root) from its count and centred sums."""
+        variance = narrowed(parts, Variance)
+        count, s1, s2 = (noisy(n) for n in variance.names)
+        ms = [plan.measurement(n) for n in variance.names]
+        widest = literal(max_variance(plan, variance))
+        n = at_least(count, 2 if self.sample else 1)
+        # Means of the values' distance to the middle of the bounds and of its square:
+        # each sum is released centred on its own centre.
+        m1 = exp.Paren(this=literal(ms[1].centre_value) + s1 / n)
+        m2 = exp.Paren(this=literal(ms[2].centre_value) + s2 / n)
+        pop = exp.Paren(this=m2 - m1 * m1.copy())
+        if self.sample:
+            less_one = exp.Paren(this=n.copy() - 1)
+            var = within_sql(pop * n.copy() / less_one, exp.Literal.number(0),
+                              widest * n.copy() / less_one.copy())  # fmt: skip
+        else:
+            var = within_sql(pop, exp.Literal.number(0), widest)
+        return exp.Sqrt(this=var) if self.root else var
+
+    def expected(self, plan: Plan, name: str, parts: Parts) -> Expected | None:
+        return variance_error, narrowed(parts, Variance), self.root
+
+    def interval(
+        self, cells: CellIntervals, name: str, parts: Parts, pid: int, alpha: float
+    ) -> Bounds | None:
+        return cells.variance(narrowed(parts, Variance), self, pid, alpha)
+
+    def dominance(self, plan: Plan, name: str, parts: Parts) -> Rule:
+        """Judged by its range, from 0 to the widest its bounds allow, floored at its
+        expected error."""
+        variance = narrowed(parts, Variance)
+        widest = max_variance(plan, variance)
+        high = math.sqrt(widest) if self.root else widest
+        floor = self.expected(plan, name, parts)
+        return "range", (0.0, high, plan.measurement(variance.count), floor)
+
+
+def max_variance(plan: Plan, parts: Variance) -> float:
+    """The largest population variance of values within the argument's bounds."""
+    deviation = plan.measurement(parts.centred).bounds
+    return ((deviation.hi - deviation.lo) / 2) ** 2
+
 
 def centre_of(clamp: ValueRange) -> float:
     """The middle of a variance's bounds, as its SQL subtracts it (a whole number for
@@ -92,26 +140,3 @@ VAR_SAMP = Spread(AggregateFunc.VAR_SAMP, sample=True, root=False)
 VAR_POP = Spread(AggregateFunc.VAR_POP, sample=False, root=False)
 STDDEV_SAMP = Spread(AggregateFunc.STDDEV_SAMP, sample=True, root=True)
 STDDEV_POP = Spread(AggregateFunc.STDDEV_POP, sample=False, root=True)
-
-
-def spread(func: AggregateFunc) -> Spread:
-    """The variance kind ``func`` names; a ValueError (the gate's own bug) for any other."""
-    match func:
-        case AggregateFunc.VAR_SAMP:
-            return VAR_SAMP
-        case AggregateFunc.VAR_POP:
-            return VAR_POP
-        case AggregateFunc.STDDEV_SAMP:
-            return STDDEV_SAMP
-        case AggregateFunc.STDDEV_POP:
-            return STDDEV_POP
-        case (
-            AggregateFunc.COUNT
-            | AggregateFunc.COUNT_DISTINCT
-            | AggregateFunc.SUM
-            | AggregateFunc.AVG
-            | AggregateFunc.QUANTILE
-        ):
-            raise ValueError(f"{func} is not a variance")
-        case _:
-            assert_never(func)
