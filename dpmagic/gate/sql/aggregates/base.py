@@ -137,6 +137,21 @@ class Measuring(Aggregate):
         return (1.0,) * parts
 
 
+class SingleMeasured(Measuring):
+    """A kind whose cell is one noisy count or sum (``single``): its interval is that
+    measurement's, and its bare cells are judged by the zero rule."""
+
+    single = True
+
+    def interval(
+        self, cells: CellIntervals, name: str, parts: Parts, pid: int, alpha: float
+    ) -> Bounds | None:
+        return measured_interval(cells, parts, pid, alpha)
+
+    def dominance(self, plan: Plan, name: str, parts: Parts) -> Rule:
+        return measured_rule(plan, name, parts)
+
+
 class Selecting(Aggregate):
     """A kind released by selection: a quantile at a level, chosen per partition."""
 

@@ -7,13 +7,7 @@ from typing import TYPE_CHECKING
 
 from sqlglot import exp
 
-from dpmagic.gate.sql.aggregates.base import (
-    Kind,
-    Measuring,
-    count_of,
-    measured_interval,
-    measured_rule,
-)
+from dpmagic.gate.sql.aggregates.base import Kind, SingleMeasured, count_of
 from dpmagic.gate.sql.aggregates.count_distinct import COUNT_DISTINCT
 from dpmagic.gate.sql.aggregates.debiasing import Debias, Debiased, Debiasing, Values, counts
 from dpmagic.gate.sql.aggregates.func import AggregateFunc
@@ -22,18 +16,15 @@ from dpmagic.gate.sql.aggregates.parts import Measured, Parts, Wanted, narrowed
 from dpmagic.gate.sql.value_range import ValueRange
 
 if TYPE_CHECKING:
-    from dpmagic.gate.sql.dominance import Rule
-    from dpmagic.gate.sql.intervals import Bounds, CellIntervals
     from dpmagic.gate.sql.plan_types import Plan
     from dpmagic.gate.sql.resolve import Resolved
 
 
-class Count(Measuring):
+class Count(SingleMeasured):
     func = AggregateFunc.COUNT
     star = True
     distinct: Kind | None = COUNT_DISTINCT
     bounded = False
-    single = True
     debiasing = Debiasing.PER_ANSWER
 
     def parts(
@@ -51,14 +42,6 @@ class Count(Measuring):
 
     def released(self, plan: Plan, parts: Parts) -> exp.Expression:
         return at_least(noisy(narrowed(parts, Measured).name), 0)
-
-    def interval(
-        self, cells: CellIntervals, name: str, parts: Parts, pid: int, alpha: float
-    ) -> Bounds | None:
-        return measured_interval(cells, parts, pid, alpha)
-
-    def dominance(self, plan: Plan, name: str, parts: Parts) -> Rule:
-        return measured_rule(plan, name, parts)
 
     def debias(
         self, d: Debias, first: Values, second: Values | None, groups: list[list[int]]

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from sqlglot import exp
 
 from dpmagic.gate.failures import required
-from dpmagic.gate.sql.aggregates.base import Measuring, measured_interval, measured_rule
+from dpmagic.gate.sql.aggregates.base import SingleMeasured
 from dpmagic.gate.sql.aggregates.func import AggregateFunc
 from dpmagic.gate.sql.aggregates.noisy_sql import at_least, noisy
 from dpmagic.gate.sql.aggregates.parts import Measured, Parts, Wanted, narrowed
@@ -18,16 +18,13 @@ from dpmagic.gate.sql.trees import display
 from dpmagic.gate.sql.value_range import ValueRange
 
 if TYPE_CHECKING:
-    from dpmagic.gate.sql.dominance import Rule
-    from dpmagic.gate.sql.intervals import Bounds, CellIntervals
     from dpmagic.gate.sql.plan_types import Plan
     from dpmagic.gate.sql.resolve import Resolved
 
 
-class CountDistinct(Measuring):
+class CountDistinct(SingleMeasured):
     func = AggregateFunc.COUNT_DISTINCT
     bounded = False
-    single = True
 
     def parts(
         self,
@@ -46,14 +43,6 @@ class CountDistinct(Measuring):
 
     def released(self, plan: Plan, parts: Parts) -> exp.Expression:
         return at_least(noisy(narrowed(parts, Measured).name), 0)
-
-    def interval(
-        self, cells: CellIntervals, name: str, parts: Parts, pid: int, alpha: float
-    ) -> Bounds | None:
-        return measured_interval(cells, parts, pid, alpha)
-
-    def dominance(self, plan: Plan, name: str, parts: Parts) -> Rule:
-        return measured_rule(plan, name, parts)
 
 
 COUNT_DISTINCT = CountDistinct()

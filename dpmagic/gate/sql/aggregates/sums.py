@@ -9,13 +9,7 @@ from typing import TYPE_CHECKING
 from sqlglot import exp
 
 from dpmagic.gate.failures import required
-from dpmagic.gate.sql.aggregates.base import (
-    Measuring,
-    count_of_values,
-    measured_interval,
-    measured_rule,
-    sum_of,
-)
+from dpmagic.gate.sql.aggregates.base import SingleMeasured, count_of_values, sum_of
 from dpmagic.gate.sql.aggregates.debiasing import (
     Debias,
     Debiased,
@@ -30,16 +24,13 @@ from dpmagic.gate.sql.aggregates.parts import DebiasedSum, Measured, Parts, Want
 from dpmagic.gate.sql.value_range import ValueRange
 
 if TYPE_CHECKING:
-    from dpmagic.gate.sql.dominance import Rule
-    from dpmagic.gate.sql.intervals import Bounds, CellIntervals
     from dpmagic.gate.sql.plan_types import Plan
     from dpmagic.gate.sql.resolve import Resolved
 
 
-class Sum(Measuring):
+class Sum(SingleMeasured):
     func = AggregateFunc.SUM
     summed = True
-    single = True
     debiasing = Debiasing.PER_VALUE
 
     def parts(
@@ -64,14 +55,6 @@ class Sum(Measuring):
     def released(self, plan: Plan, parts: Parts) -> exp.Expression:
         # A debiased sum (``DebiasedSum``) is released from its debiased column.
         return noisy(narrowed(parts, Measured).name)
-
-    def interval(
-        self, cells: CellIntervals, name: str, parts: Parts, pid: int, alpha: float
-    ) -> Bounds | None:
-        return measured_interval(cells, parts, pid, alpha)
-
-    def dominance(self, plan: Plan, name: str, parts: Parts) -> Rule:
-        return measured_rule(plan, name, parts)
 
 
 SUM = Sum()
