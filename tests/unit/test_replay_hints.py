@@ -22,26 +22,8 @@ from dpmagic.gate.analysis_cache import AnalysisCache
 from dpmagic.gate.engine import Engine
 from tests.gate_helpers import running_engine
 from tests.small_gate import people
+from tests.unit.test_sharing_flights import POLICY  # ann and bob in g1, cat in g2
 
-POLICY = """
-[gate]
-state_dir = "state"
-
-[groups]
-g1 = ["ann", "bob"]
-g2 = ["cat"]
-
-[datasets.d]
-sources = {{ t = "t.csv" }}
-privacy_unit = "pid"
-user_budget = {{ epsilon = 3.0 }}
-share_releases = "{share}"
-
-[datasets.d.tables.t.columns]
-pid = {{ type = "int" }}
-age = {{ type = "int", lower = 0, upper = 100 }}
-sex = {{ type = "int", public_values = [0, 1] }}
-"""
 QUESTION = {"sql": "SELECT sex, COUNT(*) AS n FROM t GROUP BY sex", "epsilon": 0.5}
 
 
