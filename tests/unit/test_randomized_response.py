@@ -355,8 +355,8 @@ def test_debiased_intervals_cover_the_truth_at_their_level() -> None:
 
 def _noise_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """The randomization's variance left out of the intervals."""
-    monkeypatch.setattr(randomized, "_count_variance", lambda *_: 0.0)
-    monkeypatch.setattr(randomized, "_sum_variance", lambda *_: 0.0)
+    monkeypatch.setattr(debiasing, "_count_variance", lambda *_: 0.0)
+    monkeypatch.setattr(debiasing, "_sum_variance", lambda *_: 0.0)
 
 
 def _not_debiased(monkeypatch: pytest.MonkeyPatch) -> None:
