@@ -29,8 +29,6 @@ from dpmagic.gate.sql.expected import average_error
 from dpmagic.gate.sql.value_range import ValueRange
 
 if TYPE_CHECKING:
-    from dpmagic.gate.dp.contribution import Contribution
-    from dpmagic.gate.policy import Neighbouring
     from dpmagic.gate.sql.dominance import Expected, Rule
     from dpmagic.gate.sql.intervals import Bounds, CellIntervals
     from dpmagic.gate.sql.plan_types import Plan
@@ -41,6 +39,7 @@ class Average(Measuring):
     func = AggregateFunc.AVG
     summed = True
     debiasing = Debiasing.PER_VALUE
+    centred_weights = avg_weights
 
     def parts(
         self,
@@ -56,18 +55,6 @@ class Average(Measuring):
 
     def typed(self, names: tuple[str, ...], clamp: ValueRange | None) -> Parts:
         return Avg(*names)
-
-    def weights(
-        self,
-        parts: int,
-        centred: bool,
-        c: Contribution,
-        neighbouring: Neighbouring,
-        gaussian: bool,
-    ) -> tuple[float, ...]:
-        if not centred:
-            return super().weights(parts, centred, c, neighbouring, gaussian)
-        return avg_weights(c, neighbouring, gaussian)
 
     def debias(
         self, d: Debias, first: Values, second: Values | None, groups: list[list[int]]

@@ -20,7 +20,8 @@ registry, and most passes import the check pass."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, ClassVar
 
 from sqlglot import exp
 
@@ -124,6 +125,12 @@ class Measuring(Aggregate):
     def typed(self, names: tuple[str, ...], clamp: ValueRange | None) -> Parts:
         """Its parts, planned as the measurements ``names`` (``parts``' order), by role."""
 
+    # How its centred parts share the query's budget, by their part in its error
+    # (a ``dp.shares`` rule); None: evenly.
+    centred_weights: ClassVar[
+        Callable[[Contribution, Neighbouring, bool], tuple[float, ...]] | None
+    ] = None
+
     def weights(
         self,
         parts: int,
@@ -134,6 +141,9 @@ class Measuring(Aggregate):
     ) -> tuple[float, ...]:
         """Each part's weight in the split of the query's budget (``dp.shares``): an
         even share each, unless the kind weighs its centred parts by their error."""
+        rule = type(self).centred_weights
+        if centred and rule is not None:
+            return rule(c, neighbouring, gaussian)
         return (1.0,) * parts
 
 

@@ -25,8 +25,6 @@ from dpmagic.gate.sql.trees import display
 from dpmagic.gate.sql.value_range import ValueRange
 
 if TYPE_CHECKING:
-    from dpmagic.gate.dp.contribution import Contribution
-    from dpmagic.gate.policy import Neighbouring
     from dpmagic.gate.sql.dominance import Expected, Rule
     from dpmagic.gate.sql.intervals import Bounds, CellIntervals
     from dpmagic.gate.sql.plan_types import Plan
@@ -41,6 +39,7 @@ class Spread(Measuring):
     sample: bool  # divided by n − 1, not n
     root: bool  # the standard deviation: the square root of the variance
     summed = True
+    centred_weights = variance_weights
 
     def parts(
         self,
@@ -71,18 +70,6 @@ class Spread(Measuring):
     def typed(self, names: tuple[str, ...], clamp: ValueRange | None) -> Parts:
         count, centred, squares = names
         return Variance(count, centred, squares, centre_of(required(clamp, "a variance's bounds")))
-
-    def weights(
-        self,
-        parts: int,
-        centred: bool,
-        c: Contribution,
-        neighbouring: Neighbouring,
-        gaussian: bool,
-    ) -> tuple[float, ...]:
-        if not centred:
-            return super().weights(parts, centred, c, neighbouring, gaussian)
-        return variance_weights(c, neighbouring, gaussian)
 
     def released(self, plan: Plan, parts: Parts) -> exp.Expression:
         """The variance (or its square root) from its count and centred sums."""
