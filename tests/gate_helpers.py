@@ -5,6 +5,7 @@ test creates."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -179,3 +180,22 @@ def neighbours(
             swap = replacement if user_level else replacement[:1]
             kept += [(pid, *r) for r in swap]
         yield kept
+
+
+def slow_runs(monkeypatch, seconds: float) -> None:
+    """Every DuckDB run of the gate waits ``seconds`` before its work: a run that is
+    surely past a deadline of a millisecond whatever the machine's load (a real run
+    over a small table takes about that millisecond, so a starved waiter could see it
+    done before its deadline came)."""
+    from dpmagic.gate.engines.duckdb import database
+
+    within_limit = database.within_limit
+
+    def slowed(work, *args, **kwargs):
+        def late():
+            time.sleep(seconds)
+            return work()
+
+        return within_limit(late, *args, **kwargs)
+
+    monkeypatch.setattr(database, "within_limit", slowed)

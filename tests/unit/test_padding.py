@@ -16,7 +16,7 @@ import pytest
 from dpmagic.gate.engine import Engine
 from dpmagic.gate.failures import BadRequest, Failed, GateError, OverBudget, Refused
 from dpmagic.gate.padding import PrivateRead, release_time
-from tests.gate_helpers import running_engine
+from tests.gate_helpers import running_engine, slow_runs
 
 POLICY = """
 [gate]
@@ -98,11 +98,14 @@ def test_refusals_before_the_run_are_not_marked(engine):
         assert not marked, body
 
 
-def test_a_failure_after_the_run_began_is_marked_and_a_refusal_for_failures_is_not(tmp_path):
-    """300,000 rows (a run of about 0.4 s) against a time limit of a millisecond: the
+def test_a_failure_after_the_run_began_is_marked_and_a_refusal_for_failures_is_not(
+    tmp_path, monkeypatch
+):
+    """A run of a second (``slow_runs``) against a time limit of a millisecond: the
     run begins and is stopped. The next query is refused before the debit
     (max_resource_failures = 1)."""
-    with _engine(tmp_path, 300_000, timeout=0.001) as engine:
+    slow_runs(monkeypatch, 1.0)
+    with _engine(tmp_path, 300, timeout=0.001) as engine:
         marked, error = _marked(engine, {"sql": "SELECT sex, SUM(age) FROM t GROUP BY sex"})
         assert isinstance(error, Failed) and "charged" in error.message
         assert marked
