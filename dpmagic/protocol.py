@@ -129,6 +129,20 @@ class Asked(_Fact, omit_defaults=True):
     clip_moved: bool | None = None
 
 
+class PartitionSelection(_Fact):
+    """How the group keys of a query that reads them from the data were chosen (which
+    keys appear is itself a DP output): a key is kept where its noisy count of
+    privacy units, noised by ``mechanism`` at ``scale``, reaches ``threshold``; at a
+    cost of ``epsilon`` and ``delta``."""
+
+    mechanism: str
+    scale: float
+    threshold: int
+    epsilon: float
+    delta: float
+    counts: str = "privacy units per key"
+
+
 class Accuracy(_Fact, omit_defaults=True):
     """``alpha`` and, per output column, how its cells are noised (None for a group
     key): its mechanism, scale, each cell's interval and verdict (``display/cells.py``)."""
@@ -138,7 +152,7 @@ class Accuracy(_Fact, omit_defaults=True):
     # The bounds every answer is over, in words (the bounding statement's ``text``).
     bounds: str | None = None
     # Which keys appear is itself a DP output: how they were chosen.
-    partition_selection: dict[str, Any] | None = None
+    partition_selection: PartitionSelection | None = None
 
     def carried(self) -> dict[str, Any]:
         """As a JSON object with each column's facts as they are: in the gate its
@@ -276,6 +290,50 @@ class Clip(_Fact, omit_defaults=True):
     replayed: bool | None = None
 
 
+class BudgetName(_Fact, omit_defaults=True):
+    """A budget, as the HTTP API and the console name it: its kind (``user``,
+    ``notebook``, ``dataset`` for all users together, ``group``), its dataset, and its
+    holder (a user or a group) and notebook where it has them."""
+
+    budget: str
+    dataset: str
+    holder: str | None = None
+    notebook: str | None = None
+
+
+class Renewal(_Fact):
+    """A renewing budget's period (``day``, ``week``, ``month``) and when the next one
+    begins (UTC, ISO 8601)."""
+
+    period: str
+    next: str
+
+
+class Standing(_Fact, omit_defaults=True):
+    """One budget as its dataset's accountant states it: spent, its limit (grants
+    included) and what is left, in ε and δ (and ρ under zCDP). The notebook's
+    ``remaining`` is what its next query may spend, the least left in any budget it
+    draws on, and ``binding`` names the budget that least is in."""
+
+    spent: Cost
+    limit: Cost
+    remaining: Cost
+    renew: Renewal | None = None
+    binding: BudgetName | None = None
+
+
+class Budgets(_Fact, omit_defaults=True):
+    """The budgets a user's queries on a dataset are charged against (a reply's
+    ``budget``, and ``GET /v1/budget``): the user's and the notebook's always, the
+    dataset's (all users together) and each of the user's groups' where the owner set
+    one."""
+
+    user: Standing | None = None
+    notebook: Standing | None = None
+    dataset_budget: Standing | None = None
+    groups: dict[str, Standing] | None = None
+
+
 class Shared(_Fact):
     """Another user's release of the same question, served: when and at what cost it
     was released, under which sharing, and the budgets serving it charged now."""
@@ -283,7 +341,7 @@ class Shared(_Fact):
     released_at: str
     cost: Cost
     scope: str
-    charged_to: list[dict[str, Any]] = []
+    charged_to: list[BudgetName] = []
 
 
 class Mock(_Fact):
@@ -312,7 +370,7 @@ class QueryReply(_Fact, forbid_unknown_fields=True, omit_defaults=False):
     dry_run: bool = False
     replayed: bool = False
     request: Asked | None = None
-    budget: dict[str, Any] = {}
+    budget: Budgets = msgspec.field(default_factory=lambda: Budgets())
     exact: Exact | None = None
     post_processed: PostProcessed | None = None
     stages: list[Stage] | None = None
@@ -338,7 +396,7 @@ class Failure(_Fact, omit_defaults=True):
 
     kind: str
     message: str
-    budget: dict[str, str] | None = None
+    budget: BudgetName | None = None
 
 
 class ErrorReply(_Fact):

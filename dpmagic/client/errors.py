@@ -6,6 +6,8 @@ import the trusted side.
 
 from __future__ import annotations
 
+from dpmagic.protocol import BudgetName
+
 
 class DPError(Exception):
     """Any failure reported by the gate or on the way to it."""
@@ -27,17 +29,17 @@ class QueryRefused(DPError):
 
 class BudgetExhausted(DPError):
     """The query costs more than the budget left; nothing was charged. ``budget`` is
-    which budget, as the gate typed it: ``{"budget": "dataset" | "group" | "user" |
-    "notebook", "dataset": …, "holder": …, "notebook": …}`` (None from an older gate)."""
+    which budget, as the gate typed it (``protocol.BudgetName``: its kind, dataset,
+    holder and notebook; None from an older gate)."""
 
     kind = "budget"
-    budget: dict[str, str] | None = None
+    budget: BudgetName | None = None
 
     def which(self) -> str:
         """The budget too small for the query, in a user's words, from the typed
         fields alone."""
-        budget = self.budget or {}
-        kind, holder = budget.get("budget"), budget.get("holder", "")
+        kind = None if self.budget is None else self.budget.budget
+        holder = "" if self.budget is None else self.budget.holder or ""
         where = {
             "dataset": " in the dataset's budget, shared by all its users",
             "group": f" in the budget of your group {holder!r}",

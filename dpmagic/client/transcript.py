@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from msgspec.structs import replace
 
 from dpmagic.client.asking import Asking
@@ -28,6 +29,7 @@ from dpmagic.protocol import (
     Accuracy,
     Ask,
     Asked,
+    Budgets,
     Cost,
     QueryReply,
     default_delta,
@@ -89,7 +91,7 @@ class TranscriptGate(Asking):
             clip=None if ask.clip is None else float(ask.clip),
         )
         stored = self._answers.get(_key({**asked.json(), "dataset": name}))
-        budget = self.datasets[name]["budget"]
+        budget = msgspec.convert(self.datasets[name]["budget"], Budgets)
         if stored is None and ask.dry_run:
             cost = Cost(epsilon=float(epsilon), delta=float(delta))
             offline = QueryReply(dataset=name, dry_run=True, offline=True, cost=cost, budget=budget)

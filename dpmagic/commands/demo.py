@@ -28,6 +28,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TextIO
 
+import msgspec
 import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
@@ -35,6 +36,7 @@ from traitlets.config import Config
 
 from dpmagic.commands.supervisor import Stopped, Supervisor
 from dpmagic.examples.clinic import generate, write_policy
+from dpmagic.protocol import Budgets
 
 GATE_START_TIMEOUT_S = 120.0
 GATE_STOP_TIMEOUT_S = 15.0
@@ -284,11 +286,11 @@ def run_demo(keep: Path | None = None, patients: int = 5000, out: TextIO = sys.s
 def _budget_line(address: str) -> str:
     from dpmagic.client.http_gate import Gate
 
-    budget = Gate(address).budget(notebook=NOTEBOOK)
+    budget = msgspec.convert(Gate(address).budget(notebook=NOTEBOOK), Budgets)
     parts = []
-    for scope, who in (("notebook", "this notebook"), ("user", "you overall")):
-        left, limit = budget[scope]["remaining"]["epsilon"], budget[scope]["limit"]["epsilon"]
-        parts.append(f"{who} ε {left:g} of {limit:g}")
+    for view, who in ((budget.notebook, "this notebook"), (budget.user, "you overall")):
+        if view is not None:
+            parts.append(f"{who} ε {view.remaining.epsilon:g} of {view.limit.epsilon:g}")
     return "budget left: " + "; ".join(parts)
 
 

@@ -10,6 +10,7 @@ from datetime import datetime
 from html import escape
 from typing import Any
 
+import msgspec
 import pandas as pd
 
 from dpmagic.display.preview import preview_html, preview_markdown, preview_note, preview_text
@@ -20,13 +21,12 @@ from dpmagic.display.render import (
     amount,
     budget_bar,
     budget_number,
-    epsilon_of,
-    format_exact,
     markdown_escape,
     markdown_table,
     spend_chart,
     table,
 )
+from dpmagic.protocol import Budgets, Cost, Standing
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,12 @@ class DatasetBudget:
     @property
     def name(self) -> str:
         return str(self.budget.get("dataset", ""))
+
+    @property
+    def views(self) -> Budgets:
+        """The budgets of the reply, typed (the rest of it, ``dataset`` and
+        ``preview``, left out)."""
+        return msgspec.convert(self.budget, Budgets)
 
     @property
     def preview(self) -> dict[str, Any] | None:
@@ -70,34 +76,33 @@ class BudgetView:
                 return entry
         raise KeyError(f"no dataset {dataset!r}; shown are {[d.name for d in self.datasets]}")
 
-    def _scopes(
-        self, entry: DatasetBudget
-    ) -> tuple[list[str], list[tuple[dict[str, Any], list[str]]]]:
+    def _scopes(self, entry: DatasetBudget) -> tuple[list[str], list[tuple[Standing, list[str]]]]:
         """Each budget the gate sent, widest first: the dataset's (all users) and the
         user's groups' where the owner set them, then the user's and the notebook's;
         a renewing one says its period and when the next begins."""
-        budget = entry.budget
-        scopes = []
-        if budget.get("dataset_budget"):
-            scopes.append((budget["dataset_budget"], "the dataset, all users together"))
-        for group, view in sorted((budget.get("groups") or {}).items()):
+        views = entry.views
+        scopes: list[tuple[Standing, str]] = []
+        if views.dataset_budget is not None:
+            scopes.append((views.dataset_budget, "the dataset, all users together"))
+        for group, view in sorted((views.groups or {}).items()):
             scopes.append((view, f"group {group}, its members together"))
-        scopes.append((budget.get("user") or {}, "you, all notebooks"))
-        scopes.append((budget.get("notebook") or {}, f"notebook {self.notebook}"))
-        with_delta = any(
-            (view.get(k) or {}).get("delta") for view, _ in scopes for k in BUDGET_KEYS
-        )
+        if views.user is not None:
+            scopes.append((views.user, "you, all notebooks"))
+        if views.notebook is not None:
+            scopes.append((views.notebook, f"notebook {self.notebook}"))
+        with_delta = any(c.delta for view, _ in scopes for c in _amounts(view))
         headers = ["", "spent ε", "limit ε", "left ε"]
         if with_delta:
             headers += ["spent δ", "limit δ", "left δ"]
         rows = []
         for view, label in scopes:
-            renew = view.get("renew")
-            if renew:
-                label += f" (renews each {renew['period']}; next {_time(renew['next'])})"
-            row = [label] + [_amount(view, k, "epsilon") for k in BUDGET_KEYS]
+            if view.renew is not None:
+                label += f" (renews each {view.renew.period}; next {_time(view.renew.next)})"
+            # Spent rounded up, the limit and what is left down (``budget_number``).
+            amounts = list(enumerate(_amounts(view)))
+            row = [label] + [budget_number(c.epsilon, up=i == 0) for i, c in amounts]
             if with_delta:
-                row += [_amount(view, k, "delta") for k in BUDGET_KEYS]
+                row += [budget_number(c.delta, up=i == 0) for i, c in amounts]
             rows.append((view, row))
         return headers, rows
 
@@ -119,11 +124,7 @@ class BudgetView:
             headers, rows = self._scopes(entry)
             body = []
             for view, row in rows:
-                bar = budget_bar(
-                    float((view.get("spent") or {}).get("epsilon") or 0.0),
-                    float((view.get("limit") or {}).get("epsilon") or 0.0),
-                    label=row[0],
-                )
+                bar = budget_bar(view.spent.epsilon, view.limit.epsilon, label=row[0])
                 label, *numbers = row
                 body.append(
                     [f'<td style="text-align: left">{escape(label)}</td>']
@@ -145,7 +146,7 @@ class BudgetView:
                 for t, sql, c, st in history
             ]  # fmt: skip
             parts.append(table(HISTORY_HEADERS, body, raw=True, text=True))
-            limit = epsilon_of(entry.budget, "notebook", "limit") or 0.0
+            limit = _notebook_limit(entry.views)
             costs = [float((i.get("cost") or {}).get("epsilon") or 0) for i in entry.history]
             parts.append(
                 spend_chart(costs, limit, f"ε spent by notebook {self.notebook}, query by query")
@@ -172,7 +173,7 @@ class BudgetView:
             for item in entry.history:
                 total += float((item.get("cost") or {}).get("epsilon") or 0)
                 steps.append(budget_number(total, up=True))
-            limit = epsilon_of(entry.budget, "notebook", "limit") or 0.0
+            limit = _notebook_limit(entry.views)
             parts.append(
                 f"\n_ε spent by notebook {markdown_escape(self.notebook)}, query by query: "
                 f"{' → '.join(steps)} (limit {budget_number(limit)})_\n"
@@ -191,13 +192,12 @@ class BudgetView:
         }
         if len(self.datasets) != 1:
             return data, {}
-        budget = self.datasets[0].budget
-        left = epsilon_of(budget, "notebook", "remaining")
-        limit = epsilon_of(budget, "notebook", "limit")
-        if left is None or limit is None:
+        view = self.datasets[0].views.notebook
+        if view is None:
             return data, {}
         note = {"notebook": self.notebook, "dataset": self.datasets[0].name,
-                "epsilon_left": left, "epsilon_limit": limit}  # fmt: skip
+                "epsilon_left": view.remaining.epsilon,
+                "epsilon_limit": view.limit.epsilon}  # fmt: skip
         return data, {BUDGET_METADATA: note}
 
     def __repr__(self) -> str:
@@ -228,16 +228,14 @@ STATUS_TEXT = {
 SQL_SHOWN_CHARS = 80
 
 
-BUDGET_KEYS = ("spent", "limit", "remaining")
+def _amounts(view: Standing) -> tuple[Cost, Cost, Cost]:
+    """A budget's spent, limit and what is left, in the table's order."""
+    return view.spent, view.limit, view.remaining
 
 
-def _amount(view: dict[str, Any], key: str, part: str) -> str:
-    """A budget table's cell: ``render.budget_number``'s rule, spent rounded up, the limit
-    and what is left down; blank where the gate sent none."""
-    value = (view.get(key) or {}).get(part)
-    if not isinstance(value, int | float):
-        return format_exact(value)
-    return budget_number(float(value), up=key == "spent")
+def _notebook_limit(views: Budgets) -> float:
+    """The notebook's ε limit, for the spend chart's line (0 where the gate sent none)."""
+    return 0.0 if views.notebook is None else views.notebook.limit.epsilon
 
 
 def _time(stamp: Any) -> str:

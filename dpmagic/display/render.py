@@ -13,10 +13,12 @@ Every string passed in is escaped here; callers hand over raw text.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from html import escape
 from typing import Any
+
+from dpmagic.protocol import Budgets, Cost
 
 MUTED = "color: var(--jp-ui-font-color2, inherit); opacity: 0.85; font-size: 0.9em"
 # Earlier spending, this query's share, and what is left.
@@ -200,35 +202,33 @@ BUDGET_METADATA = "dpmagic"
 """Key of the output metadata that carries the notebook's ε left (the status bar reads it)."""
 
 
-def amount(cost: dict[str, Any], left: bool = False) -> str:
+def amount(cost: Cost | Mapping[str, Any], left: bool = False) -> str:
     """``ε 0.5`` or ``ε 0.5, δ 1e-06``: δ only when it is in play; to three significant
-    digits (``budget_number``), rounded down for what is ``left``, up otherwise."""
-    text = f"ε {budget_number(float(cost.get('epsilon') or 0.0), up=not left)}"
-    delta = float(cost.get("delta") or 0.0)
+    digits (``budget_number``), rounded down for what is ``left``, up otherwise. A
+    typed cost, or one of ``/v1/history``'s and the policy's JSON objects."""
+    if isinstance(cost, Cost):
+        epsilon, delta = cost.epsilon, cost.delta
+    else:
+        epsilon, delta = float(cost.get("epsilon") or 0.0), float(cost.get("delta") or 0.0)
+    text = f"ε {budget_number(epsilon, up=not left)}"
     return f"{text}, δ {budget_number(delta, up=not left)}" if delta else text
 
 
-def budget_left(budget: dict[str, Any]) -> str:
+def budget_left(budget: Budgets) -> str:
     """What is left: the notebook's (the least of every budget above it), the user's,
     and the shared budgets' (the dataset's, the user's groups'), where the gate sent
     them; which one binds, when it is a shared one."""
     parts = []
-    for scope in ("notebook", "user", "dataset_budget"):
-        remaining = (budget.get(scope) or {}).get("remaining")
-        if remaining is not None:
-            whom = "the dataset (all users)" if scope == "dataset_budget" else f"the {scope}"
-            parts.append(f"{amount(remaining, left=True)} left for {whom}")
-    for group, view in sorted((budget.get("groups") or {}).items()):
-        remaining = (view or {}).get("remaining")
-        if remaining is not None:
-            parts.append(f"{amount(remaining, left=True)} left for group {group}")
-    binding = ((budget.get("notebook") or {}).get("binding") or {}).get("budget")
-    if binding in ("dataset", "group"):
-        parts[0] += f" (the {binding}'s budget binds)"
+    for view, whom in (
+        (budget.notebook, "the notebook"),
+        (budget.user, "the user"),
+        (budget.dataset_budget, "the dataset (all users)"),
+    ):
+        if view is not None:
+            parts.append(f"{amount(view.remaining, left=True)} left for {whom}")
+    for group, view in sorted((budget.groups or {}).items()):
+        parts.append(f"{amount(view.remaining, left=True)} left for group {group}")
+    binding = budget.notebook.binding if budget.notebook is not None else None
+    if parts and binding is not None and binding.budget in ("dataset", "group"):
+        parts[0] += f" (the {binding.budget}'s budget binds)"
     return ", ".join(parts)
-
-
-def epsilon_of(budget: dict[str, Any], scope: str, key: str) -> float | None:
-    """``budget[scope][key]["epsilon"]`` of a budget view, if the gate sent it."""
-    value = ((budget.get(scope) or {}).get(key) or {}).get("epsilon")
-    return None if value is None else float(value)

@@ -33,7 +33,6 @@ from dpmagic.display.render import (
     budget_bar,
     budget_left,
     budget_number,
-    epsilon_of,
     format_exact,
     format_value,
     markdown_escape,
@@ -43,6 +42,7 @@ from dpmagic.display.render import (
 from dpmagic.protocol import (
     Accuracy,
     Bounding,
+    BudgetName,
     Clip,
     Cost,
     LeftOut,
@@ -58,23 +58,23 @@ def shared_note(shared: Shared, cost: Cost) -> str:
     same question was made, and what serving it charged this user (nothing where the
     release already counted against every budget they are under)."""
     when = shared.released_at[:16].replace("T", " ")
-    released = amount(to_builtins(shared.cost))
+    released = amount(shared.cost)
     charged = shared.charged_to
     if not charged or not (cost.epsilon or cost.delta):
         mine = "no cost to you: its release already counted against your budgets"
     else:
         names = ", ".join(_scope_name(s) for s in charged)
-        mine = f"{amount(to_builtins(cost))} charged to {names}, which it had not counted against"
+        mine = f"{amount(cost)} charged to {names}, which it had not counted against"
     return f"shared answer, released to another user {when} UTC at {released} ({mine})"
 
 
-def _scope_name(scope: dict[str, Any]) -> str:
+def _scope_name(scope: BudgetName) -> str:
     """A budget as the footer names it, from the gate's typed scope."""
-    kind = scope.get("budget")
+    kind = scope.budget
     if kind == "group":
-        return f"group {scope.get('holder')}'s budget"
+        return f"group {scope.holder}'s budget"
     if kind == "notebook":
-        return f"notebook {scope.get('notebook')}'s budget"
+        return f"notebook {scope.notebook}'s budget"
     if kind == "user":
         return "your budget"
     return f"the {kind} budget"
@@ -166,7 +166,9 @@ class DPResult:
         self.dataset: str = envelope.dataset
         self.columns: list[str] = list(envelope.columns)
         self.cost: dict[str, float] = to_builtins(envelope.cost)
-        self.budget: dict[str, Any] = envelope.budget
+        # As JSON for users (``result.budget["notebook"]["remaining"]``); shown from the
+        # typed ``envelope.budget``.
+        self.budget: dict[str, Any] = to_builtins(envelope.budget)
         self.replayed: bool = envelope.replayed
         # Another user's release of the same question (``share_releases``), served with
         # what it charged this user's budgets it had not counted against.
@@ -396,7 +398,7 @@ class DPResult:
             parts.extend(stage_notes(envelope.stages, self.dry_run))
         if envelope.per_person:
             parts.append("per person: " + "; ".join(p.basis for p in envelope.per_person))
-        left = budget_left(self.budget)
+        left = budget_left(envelope.budget)
         if left:
             parts.append(left)
         bounded = bounding_note(envelope.bounding)
@@ -405,8 +407,8 @@ class DPResult:
         chosen = self._accuracy.partition_selection
         if chosen:
             parts.append(
-                f"keys chosen from the data: kept where noisy units ≥ {chosen['threshold']} "
-                f"(δ={format_exact(chosen['delta'])})"
+                f"keys chosen from the data: kept where noisy units ≥ {chosen.threshold} "
+                f"(δ={format_exact(chosen.delta)})"
             )
         dominated, may = (0, 0) if self.dry_run else self._dominated_count()
         if dominated or may:
@@ -426,15 +428,14 @@ class DPResult:
 
     def budget_note(self) -> builtins.dict[str, Any] | None:
         """What the status bar shows: this notebook's ε left, if the gate said."""
-        left = epsilon_of(self.budget, "notebook", "remaining")
-        limit = epsilon_of(self.budget, "notebook", "limit")
-        if left is None or limit is None or self.mock:
+        view = self.envelope.budget.notebook
+        if view is None or self.mock:
             return None
         return {
             "notebook": self.notebook or "",
             "dataset": self.dataset,
-            "epsilon_left": left,
-            "epsilon_limit": limit,
+            "epsilon_left": view.remaining.epsilon,
+            "epsilon_limit": view.limit.epsilon,
         }
 
     def _repr_mimebundle_(
@@ -464,13 +465,12 @@ class DPResult:
 
     def _footer_html(self) -> str:
         bars = []
-        for scope in ("notebook", "user"):
-            spent = epsilon_of(self.budget, scope, "spent")
-            limit = epsilon_of(self.budget, scope, "limit")
-            if spent is None or not limit:
+        budget = self.envelope.budget
+        for scope, view in (("notebook", budget.notebook), ("user", budget.user)):
+            if view is None or not view.limit.epsilon:
                 continue
-            this = 0.0 if self.replayed or self.dry_run else float(self.cost.get("epsilon") or 0)
-            bar = budget_bar(spent, limit, this, scope)
+            this = 0.0 if self.replayed or self.dry_run else self.envelope.cost.epsilon
+            bar = budget_bar(view.spent.epsilon, view.limit.epsilon, this, scope)
             bars.append(f'<span class="dpm-muted">{scope}</span>{bar} ')
         return (
             f'<div class="dpmagic-footer" style="{MUTED}">'

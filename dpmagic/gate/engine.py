@@ -27,7 +27,7 @@ import threading
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from functools import partial
-from typing import Any, cast
+from typing import cast
 
 from msgspec.structs import replace as replace_struct
 
@@ -513,7 +513,7 @@ class Engine:
             scope=dataset.share_releases.value,
             # The budgets serving it charged now (the user's, the groups' it had not
             # counted against), each as the API names a budget; none when it was free.
-            charged_to=[scope.as_dict() for scope in shared.charged_to],
+            charged_to=[scope.named() for scope in shared.charged_to],
         )
         # The asker's own words: another user's text (and its comments) stays theirs.
         asked = envelope.request or protocol.Asked()
@@ -615,7 +615,7 @@ class Engine:
         ds = self._dataset(dataset)
         nb = notebook or "unnamed"
         views = self._budget_views(user, ds, nb)
-        reply: dict[str, object] = {"dataset": ds.name, **views}
+        reply: dict[str, object] = {"dataset": ds.name, **views.json()}
         if preview is not None:
             limits = applicable(ds, user, nb, self.membership.of(user))
             standings = self.ledger.standing(limits)
@@ -656,7 +656,7 @@ class Engine:
         except PolicyError as exc:
             raise BadRequest(str(exc)) from None
 
-    def _budget_views(self, user: str, dataset: Dataset, notebook: str) -> dict[str, Any]:
+    def _budget_views(self, user: str, dataset: Dataset, notebook: str) -> protocol.Budgets:
         """The user's and the notebook's budget views, as a reply and ``/v1/budget``
         carry them."""
         groups = self.membership.of(user)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from dpmagic.protocol import ErrorReply, Failure
+from dpmagic.protocol import BudgetName, ErrorReply, Failure
 
 T = TypeVar("T")
 
@@ -73,7 +73,7 @@ class OverBudget(GateError):
     kind = "budget"
     status = 403
 
-    def __init__(self, message: str, budget: dict[str, str] | None = None) -> None:
+    def __init__(self, message: str, budget: BudgetName | None = None) -> None:
         super().__init__(message)
         self.budget = budget
 

@@ -19,6 +19,7 @@ from dpmagic.display.budget import BudgetView, DatasetBudget
 from dpmagic.gate import owner
 from dpmagic.gate.policy import load_policy
 from dpmagic.magics.dpsql import gate_errors
+from dpmagic.protocol import BudgetName
 from tests.conftest import GateProcess, free_port
 
 TOKENS = {
@@ -105,7 +106,9 @@ def test_shared_budgets_and_releases_end_to_end(gate: GateProcess) -> None:
     ann.query("SELECT COUNT(*) FROM t WHERE age < 60", epsilon=0.5)  # sec-a: 1.5 of 1.5
     with pytest.raises(BudgetExhausted) as refused:
         ann.query("SELECT COUNT(*) FROM t WHERE age < 50", epsilon=0.25)
-    assert refused.value.budget == {"budget": "group", "dataset": "d", "holder": "sec-a"}
+    assert refused.value.budget == BudgetName(
+        **{"budget": "group", "dataset": "d", "holder": "sec-a"}
+    )
     with (
         pytest.raises(UsageError, match=r"^not enough privacy budget in the budget of your group"),
         gate_errors(),
@@ -117,7 +120,7 @@ def test_shared_budgets_and_releases_end_to_end(gate: GateProcess) -> None:
     cat.query("SELECT COUNT(*) FROM t WHERE age < 50", epsilon=0.5)
     with pytest.raises(BudgetExhausted) as refused:
         cat.query("SELECT COUNT(*) FROM t WHERE age < 40", epsilon=0.1)
-    assert refused.value.budget == {"budget": "dataset", "dataset": "d"}
+    assert refused.value.budget == BudgetName(budget="dataset", dataset="d")
     assert "all users together" in refused.value.message
 
     # The owner's view: every budget, from the one implementation the CLI uses.

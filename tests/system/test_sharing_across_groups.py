@@ -22,6 +22,7 @@ from dpmagic.client.http_gate import Gate
 from dpmagic.gate import owner
 from dpmagic.gate.ledger.scopes import Scope
 from dpmagic.gate.policy import load_policy
+from dpmagic.protocol import BudgetName
 from tests.conftest import GateProcess, free_port
 
 USERS = ("ann", "bob", "cat", "dan")
@@ -107,7 +108,7 @@ def test_a_group_pays_for_what_its_members_learn(folder) -> None:
     assert budget["dataset_budget"]["spent"]["epsilon"] == pytest.approx(1.0)
     with pytest.raises(BudgetExhausted) as refused:
         cat.query("SELECT COUNT(*) AS n FROM t WHERE age < 40", epsilon=0.1)
-    assert refused.value.budget == {"budget": "group", "dataset": "d", "holder": "g2"}
+    assert refused.value.budget == BudgetName(budget="group", dataset="d", holder="g2")
     # One of them: g2 paid for it; cat pays her own share, and g3's, which it reaches
     # through her.
     served = cat.query(asks[0], epsilon=0.1)

@@ -25,6 +25,7 @@ from dpmagic.gate.reply import Reply
 from dpmagic.protocol import (
     REPLY_FIELDS,
     WIRE_VERSION,
+    BudgetName,
     Cost,
     ErrorReply,
     LeftOut,
@@ -131,11 +132,12 @@ def test_a_refusal_reads_into_the_error_struct(engine: Engine) -> None:
     body = json.loads(json.dumps(refused.value.as_reply()))
     error = msgspec.convert(body, ErrorReply).error
     assert error.kind == "refused" and error.message == refused.value.message
-    over = OverBudget("no more", {"budget": "dataset", "dataset": "shop"})
-    assert msgspec.convert(over.as_reply(), ErrorReply).error.budget == {
-        "budget": "dataset",
-        "dataset": "shop",
-    }
+    over = OverBudget("no more", BudgetName(budget="dataset", dataset="shop"))
+    sent = json.loads(json.dumps(over.as_reply()))
+    assert sent["error"]["budget"] == {"budget": "dataset", "dataset": "shop"}
+    assert msgspec.convert(sent, ErrorReply).error.budget == BudgetName(
+        budget="dataset", dataset="shop"
+    )
 
 
 def test_a_key_on_one_side_only_fails() -> None:

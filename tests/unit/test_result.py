@@ -12,7 +12,7 @@ from dpmagic.display.budget import BudgetView, DatasetBudget
 from dpmagic.display.render import budget_left, format_value
 from dpmagic.display.result import DPResult
 from dpmagic.display.schema import SchemaView
-from dpmagic.protocol import Clip
+from dpmagic.protocol import Budgets, Clip
 from tests.replies import budget, quantile_reply, reply
 
 
@@ -626,7 +626,7 @@ def test_budget_view_shows_the_shared_budgets_widest_first():
     assert "00:00:00)</td><td>12</td><td>30</td><td>18</td>" in html
     text = repr(view)
     assert "group sec<a>, its members together" in text
-    footer = budget_left(reply)
+    footer = budget_left(msgspec.convert(reply, Budgets))
     assert "ε 18 left for the dataset (all users)" in footer
     assert "ε 18 left for group sec<a>" in footer
 

@@ -21,7 +21,7 @@ from dpmagic.gate.ledger.store import Ledger
 from dpmagic.gate.policy import Budget
 from dpmagic.gate.policy.values import Period
 from dpmagic.gate.reply import Reply
-from dpmagic.protocol import QueryReply
+from dpmagic.protocol import BudgetName, QueryReply
 
 BIG = Budget(100.0)
 WHOLE = Scope.whole("d")
@@ -82,7 +82,7 @@ def test_the_dataset_budget_counts_every_user_and_refusal_names_it(ledger: Ledge
         charge(ledger, user, 0.25, dataset=cap)
     with pytest.raises(OverBudget) as refused:
         charge(ledger, "eve", 0.25, dataset=cap)  # eve has spent nothing of her own
-    assert refused.value.budget == {"budget": "dataset", "dataset": "d"}
+    assert refused.value.budget == BudgetName(budget="dataset", dataset="d")
     assert "of the dataset budget of 'd' (all users together)" in str(refused.value)
     assert refused.value.as_reply()["error"]["budget"] == {"budget": "dataset", "dataset": "d"}
     assert ledger.standing([(WHOLE, cap)]) == [(Cost(1.0), cap)]
@@ -96,7 +96,9 @@ def test_a_group_budget_counts_its_members_at_the_time_of_each_charge(ledger: Le
     charge(ledger, "cat", 0.25, ("sec-b",))  # another group's: not counted in sec-a
     with pytest.raises(OverBudget) as refused:
         charge(ledger, "ann", 0.1, ("sec-a",), group_caps=cap)
-    assert refused.value.budget == {"budget": "group", "dataset": "d", "holder": "sec-a"}
+    assert refused.value.budget == BudgetName(
+        **{"budget": "group", "dataset": "d", "holder": "sec-a"}
+    )
     # ann leaves sec-a: her past spending stays counted there; her new queries are not.
     charge(ledger, "ann", 0.5)
     a = Scope.group("d", "sec-a")
@@ -110,10 +112,10 @@ def test_the_first_exhausted_budget_is_named_from_the_widest(ledger: Ledger) -> 
             ledger, "ann", 0.5, ("g",),
             dataset=Budget(0.6), group_caps={"g": Budget(0.6)}, user_cap=Budget(0.6),
         )  # fmt: skip
-    assert refused.value.budget["budget"] == "dataset"
+    assert refused.value.budget.budget == "dataset"
     with pytest.raises(OverBudget) as refused:
         charge(ledger, "ann", 0.5, ("g",), group_caps={"g": Budget(0.6)}, user_cap=Budget(0.6))
-    assert refused.value.budget["budget"] == "group"
+    assert refused.value.budget.budget == "group"
     with pytest.raises(OverBudget, match="for user ann on dataset 'd'"):
         charge(ledger, "ann", 0.5, ("g",), user_cap=Budget(0.6))
 
@@ -273,7 +275,7 @@ def test_each_group_pays_for_what_its_members_learn(ledger: Ledger) -> None:
     assert spent(ledger, WHOLE, g1, g2) == pytest.approx([1.0, 1.0, 1.0])
     with pytest.raises(OverBudget) as refused:
         release(ledger, "cat", 0.1, "new", group_caps=G2)
-    assert refused.value.budget == {"budget": "group", "dataset": "d", "holder": "g2"}
+    assert refused.value.budget == BudgetName(budget="group", dataset="d", holder="g2")
     # The log says what each was charged, where, and whose release it served.
     rows = ledger.history(user="bob", status="replayed")
     assert len(rows) == 10 and {r["source"] for r in rows} == set(firsts)
@@ -288,7 +290,7 @@ def test_a_serving_that_does_not_fit_is_refused_and_writes_nothing(ledger: Ledge
     before = len(ledger.history())
     with pytest.raises(OverBudget) as refused:
         serve(ledger, "bob", "k", group_caps=BOTH)
-    assert refused.value.budget == {"budget": "group", "dataset": "d", "holder": "g2"}
+    assert refused.value.budget == BudgetName(budget="group", dataset="d", holder="g2")
     with pytest.raises(OverBudget, match="for user bob"):
         serve(ledger, "bob", "k", user_cap=Budget(0.25))
     with pytest.raises(OverBudget, match=r"for notebook 'n\.ipynb'"):
@@ -567,7 +569,7 @@ def test_a_shared_budgets_refusal_says_why_the_users_answer_was_not_replayed(led
     after = ReplayKey("q", "data v2", "policy v1")
     with pytest.raises(OverBudget) as refused:
         charge(ledger, "ann", 0.5, dataset=Budget(0.75), key=after)
-    assert refused.value.budget == {"budget": "dataset", "dataset": "d"}
+    assert refused.value.budget == BudgetName(budget="dataset", dataset="d")
     assert str(refused.value).endswith("; not replayed: " + DATA_CHANGED)
 
 

@@ -46,7 +46,13 @@ def _reply() -> dict:
                 None,
             ],
         },
-        "budget": {"user": {"spent": {"epsilon": 1.0}}},
+        "budget": {
+            "user": {
+                "spent": {"epsilon": 1.0, "delta": 0.0},
+                "limit": {"epsilon": 3.0, "delta": 0.0},
+                "remaining": {"epsilon": 2.0, "delta": 0.0},
+            }
+        },
         "replayed": False,
         "dry_run": False,
     }

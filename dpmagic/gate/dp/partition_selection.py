@@ -86,15 +86,6 @@ class KeySelection:
         draws = LaplaceNoise(self.l0 * self.linf, self.scale).sample(len(counts))
         return [c + d >= self.threshold for c, d in zip(counts, draws, strict=True)]
 
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "mechanism": self.mechanism,
-            "scale": self.scale,
-            "threshold": self.threshold,
-            "epsilon": self.epsilon,
-            "delta": self.delta,
-            "counts": "privacy units per key",
-        }
 
 
 def calibrate_selection(l0: int, linf: int, epsilon: float, delta: float) -> KeySelection:

@@ -25,6 +25,7 @@ from enum import StrEnum
 from dpmagic.gate.dp.accounting import Composition, Cost
 from dpmagic.gate.policy import Budget, Dataset
 from dpmagic.gate.policy.values import Period
+from dpmagic.protocol import BudgetName
 
 CHARGED, RELEASED, FAILED, REPLAYED = "charged", "released", "failed", "replayed"
 # A query refused before its debit (by the analysis, or over a budget): nothing
@@ -90,14 +91,15 @@ class Scope:
             return f"the budget of user {self.holder} on dataset {self.dataset!r}"
         return f"the budget of notebook {self.notebook!r} of user {self.holder}"
 
-    def as_dict(self) -> dict[str, str]:
+    def named(self) -> BudgetName:
         """The scope as the HTTP API and the console name it (typed, never parsed)."""
-        out = {"budget": self.kind.value, "dataset": self.dataset}
-        if self.kind in (ScopeKind.GROUP, ScopeKind.USER, ScopeKind.NOTEBOOK):
-            out["holder"] = self.holder
-        if self.kind == ScopeKind.NOTEBOOK:
-            out["notebook"] = self.notebook
-        return out
+        held = self.kind in (ScopeKind.GROUP, ScopeKind.USER, ScopeKind.NOTEBOOK)
+        return BudgetName(
+            budget=self.kind.value,
+            dataset=self.dataset,
+            holder=self.holder if held else None,
+            notebook=self.notebook if self.kind == ScopeKind.NOTEBOOK else None,
+        )
 
     def row_columns(self) -> tuple[str, str, str]:
         """The ``scope``, ``user`` and ``notebook`` columns of an admin row for this

@@ -248,7 +248,7 @@ class Ledger:
         else:
             where = "of " + scope.describe()
         raise OverBudget(
-            f"needs {need} but only {left[scope]} is left {where}{because}", scope.as_dict()
+            f"needs {need} but only {left[scope]} is left {where}{because}", scope.named()
         )
 
     def _durable(self) -> Future[None]:

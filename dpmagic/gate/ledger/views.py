@@ -10,16 +10,17 @@ from dpmagic.gate.failures import required
 from dpmagic.gate.ledger.scopes import ScopeKind, applicable, next_period
 from dpmagic.gate.ledger.store import Ledger
 from dpmagic.gate.policy import Dataset
+from dpmagic.protocol import Budgets, Cost, Renewal, Standing
 
 
 def budget_views(
     ledger: Ledger, user: str, dataset: Dataset, notebook: str, groups: frozenset[str]
-) -> dict[str, object]:
-    """The ``budget`` object of a reply: each budget the user's queries are charged
-    against, with its spent, limit (with grants) and remaining as the dataset's
-    accountant states them: ``user`` and ``notebook`` always, ``dataset_budget``
-    where the owner set a budget for all users, ``groups`` (by name) for the user's groups that
-    have one. A renewing budget says its period and when the next one begins.
+) -> Budgets:
+    """The ``budget`` of a reply: each budget the user's queries are charged against,
+    with its spent, limit (with grants) and remaining as the dataset's accountant
+    states them: ``user`` and ``notebook`` always, ``dataset_budget`` where the owner
+    set a budget for all users, ``groups`` (by name) for the user's groups that have
+    one. A renewing budget says its period and when the next one begins.
 
     The notebook's ``remaining`` is what its next query may spend: the least left in
     any of them (a notebook draws on every budget above it), and ``binding`` names
@@ -28,16 +29,19 @@ def budget_views(
     now = ledger.now()
     limits = applicable(dataset, user, notebook, groups)
     standing = ledger.standing(limits)
-    views: dict[str, object] = {}
-    group_views: dict[str, dict[str, object]] = {}
+    views = Budgets()
+    group_views: dict[str, Standing] = {}
     binding = None
     least: dict[str, float] = {}
-    notebook_view: dict[str, object] = {}  # always among ``limits``
     for (scope, base), (spent, limit) in zip(limits, standing, strict=True):
         shown = accountant.view(spent, limit)
-        view: dict[str, object] = dict(shown)
+        view = Standing(
+            spent=Cost(**shown["spent"]),
+            limit=Cost(**shown["limit"]),
+            remaining=Cost(**shown["remaining"]),
+        )
         if base.renew is not None:
-            view["renew"] = {"period": base.renew.value, "next": next_period(base.renew, now)}
+            view.renew = Renewal(period=base.renew.value, next=next_period(base.renew, now))
         remaining = shown["remaining"]
         if binding is None or remaining["epsilon"] < least["epsilon"]:
             binding = scope
@@ -45,15 +49,16 @@ def budget_views(
         if scope.kind == ScopeKind.GROUP:
             group_views[scope.holder] = view
         elif scope.kind == ScopeKind.DATASET:  # named as in the policy: ``dataset`` names it
-            views["dataset_budget"] = view
+            views.dataset_budget = view
+        elif scope.kind == ScopeKind.USER:
+            views.user = view
         else:
-            views[scope.kind.value] = view
-            if scope.kind == ScopeKind.NOTEBOOK:
-                notebook_view = view
-    notebook_view["remaining"] = least
-    notebook_view["binding"] = required(binding, "a budget").as_dict()
+            views.notebook = view
+    notebook_view = required(views.notebook, "the notebook's budget")  # always in ``limits``
+    notebook_view.remaining = Cost(**least)
+    notebook_view.binding = required(binding, "a budget").named()
     if group_views:
-        views["groups"] = group_views
+        views.groups = group_views
     return views
 
 

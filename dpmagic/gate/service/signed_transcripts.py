@@ -73,7 +73,7 @@ def export(ledger: Ledger, policy: Policy, user: str, notebook: str) -> dict[str
                 "datasets": sorted(policy.datasets),
                 "budget": budget_views(
                     ledger, user, policy.datasets[name], notebook, declared_groups(policy, user)
-                ),
+                ).json(),
             }
             for name in sorted(datasets)
         },

@@ -62,7 +62,7 @@ from dpmagic.gate.sql.plan_types import Measurement, Plan, Selection
 from dpmagic.gate.sql.post_query import PID, PostExpr, PostQuery, debiased_column, post_query
 from dpmagic.gate.sql.randomized import Debiased, debias
 from dpmagic.gate.sql.release_columns import Column, Columns, direct
-from dpmagic.protocol import Accuracy
+from dpmagic.protocol import Accuracy, PartitionSelection
 
 ALPHA = REPORT_ALPHA
 # An empty in-memory database that only ever sees noisy values; each release
@@ -172,7 +172,14 @@ def release(noisy: Noisy, alpha: float = ALPHA, made: PostQuery | None = None) -
     accuracy = Accuracy(alpha=alpha, columns=accuracy_columns)
     if plan.key_selection is not None:
         # Which keys appear is itself a DP output: say how they were chosen.
-        accuracy.partition_selection = plan.key_selection.as_dict()
+        selection = plan.key_selection
+        accuracy.partition_selection = PartitionSelection(
+            mechanism=selection.mechanism,
+            scale=selection.scale,
+            threshold=selection.threshold,
+            epsilon=selection.epsilon,
+            delta=selection.delta,
+        )
     return Released(
         columns=[o.name for o in checked.outputs],
         values=wire.Columns([_json_column(v) for v in vectors[1:]]),
