@@ -143,22 +143,89 @@ class PartitionSelection(_Fact):
     counts: str = "privacy units per key"
 
 
+class RandomizedResponse(_Fact):
+    """A debiased aggregate's randomization: each value kept with probability ``p``,
+    else drawn among the column's ``values`` public values."""
+
+    p: float
+    values: int
+
+
+class JudgedWider(_Fact):
+    """The cells (row positions, ascending) flagged on a wider interval than the one
+    shown: for each, that interval (None where the group may be empty) and the least
+    group size it was judged at (None below one row)."""
+
+    rows: list[int]
+    intervals: list[list[float] | None]
+    least_rows: list[float | None]
+
+
+# A column's per-cell lists: pairs of ends and verdicts. In an Arrow reply each
+# travels as fields of its own (``wire.py``), not in the envelope.
+CELL_PAIRS = ("intervals", "percentiles")
+CELL_VERDICTS = ("noise_dominates",)
+CELL_FIELDS = (*CELL_PAIRS, *CELL_VERDICTS)
+
+
+class ColumnAccuracy(_Fact, omit_defaults=True):
+    """How one output column's cells are noised and judged: the mechanism and scale
+    (of its one measurement; ``post-processing`` for an expression of several), the
+    measurements it reads, the rule noise dominance is judged by (``zero``,
+    ``range`` with its ``range``, or ``percentiles`` for a quantile, with the count
+    its band is judged by), a bare quantile's ``level`` and ``rank_radius``, a
+    debiased aggregate's randomization; then per cell its interval, a quantile's band
+    of percentiles and the verdict on noise dominance (True, False, None where the
+    gate cannot tell), with the cells flagged on a wider interval than the one shown.
+
+    The per-cell lists are lists once read; in the gate they may be numpy arrays,
+    which ``wire.split`` writes as Arrow columns (``Accuracy.carried``). A reply of an
+    older gate may lack a verdict list: None, as the client reads it."""
+
+    mechanism: str = "post-processing"
+    scale: float | None = None
+    measurements: list[str] = []
+    rule: str | None = None
+    range: list[float] | None = None
+    count: str | None = None
+    level: float | None = None
+    rank_radius: float | None = None
+    randomized_response: RandomizedResponse | None = None
+    interval: str | None = None
+    judged_wider: JudgedWider | None = None
+    intervals: Any = None
+    percentiles: Any = None
+    noise_dominates: Any = None
+
+    def without_cells(self) -> ColumnAccuracy:
+        """The column's facts less its per-cell lists."""
+        return replace(self, intervals=None, percentiles=None, noise_dominates=None)
+
+
 class Accuracy(_Fact, omit_defaults=True):
     """``alpha`` and, per output column, how its cells are noised (None for a group
     key): its mechanism, scale, each cell's interval and verdict (``display/cells.py``)."""
 
     alpha: float
-    columns: list[dict[str, Any] | None]
+    columns: list[ColumnAccuracy | None]
     # The bounds every answer is over, in words (the bounding statement's ``text``).
     bounds: str | None = None
     # Which keys appear is itself a DP output: how they were chosen.
     partition_selection: PartitionSelection | None = None
 
     def carried(self) -> dict[str, Any]:
-        """As a JSON object with each column's facts as they are: in the gate its
-        per-cell lists may still be numpy arrays, which ``wire.split`` writes as
-        Arrow columns rather than lists."""
-        return {**msgspec.to_builtins(replace(self, columns=[])), "columns": self.columns}
+        """As a JSON object with each column's per-cell lists as they are: in the gate
+        they may still be numpy arrays, which ``wire.split`` writes as Arrow columns
+        rather than lists."""
+        columns: list[dict[str, Any] | None] = []
+        for column in self.columns:
+            if column is None:
+                columns.append(None)
+                continue
+            cells = {f: getattr(column, f) for f in CELL_FIELDS}
+            facts = msgspec.to_builtins(column.without_cells())
+            columns.append({**facts, **{f: v for f, v in cells.items() if v is not None}})
+        return {**msgspec.to_builtins(replace(self, columns=[])), "columns": columns}
 
 
 class Clamp(_Fact):

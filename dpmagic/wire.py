@@ -34,6 +34,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dpmagic.protocol import CELL_FIELDS, CELL_PAIRS, CELL_VERDICTS
+
 ARROW = "application/vnd.apache.arrow.stream"
 JSON = "application/json"
 ENVELOPE = b"dpmagic"
@@ -41,9 +43,9 @@ COLUMN = b"dpmagic.column"  # the output column a field belongs to (its index)
 PART = b"dpmagic.part"  # "value", or one of CELL_PARTS with its end
 ENCODING = b"dpmagic.encoding"  # "json": each cell a JSON text
 # Per-cell lists of an accuracy column that travel as fields: pairs and verdicts.
-PAIRS = ("intervals", "percentiles")
-VERDICTS = ("noise_dominates",)
-CELL_PARTS = (*PAIRS, *VERDICTS)
+PAIRS = CELL_PAIRS
+VERDICTS = CELL_VERDICTS
+CELL_PARTS = CELL_FIELDS
 ENDS = ("lower", "upper")
 _CONTINUATION = 0xFFFFFFFF
 # The record batch's buffers are compressed with LZ4 frames, as Arrow's IPC format

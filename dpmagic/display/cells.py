@@ -16,6 +16,8 @@ from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Any
 
+from dpmagic.protocol import ColumnAccuracy
+
 DOMINATES = "noise dominates"
 MAY_DOMINATE = "noise may dominate"
 ALPHA = 0.05
@@ -59,29 +61,26 @@ class CellAccuracy:
 
 
 def cell_accuracy(
-    reply: dict[str, Any], column: int, row: int, fmt: Any, percent: str
-) -> CellAccuracy | None:
-    """The accuracy of ``rows[row][column]``, or None for a group key."""
-    info = _column_info(reply, column)
-    if info is None:
-        return None
-    verdict = _at(info.get("noise_dominates"), row, missing=None)
-    value = reply["rows"][row][column]
-    if info.get("rule") == "percentiles" or "rank_radius" in info:
+    info: ColumnAccuracy, value: Any, row: int, fmt: Any, percent: str
+) -> CellAccuracy:
+    """The accuracy of ``value``, the cell of ``row`` in a noisy column whose facts (its
+    per-cell lists as lists) are ``info``."""
+    verdict = _at(info.noise_dominates, row, missing=None)
+    if info.rule == "percentiles" or info.rank_radius is not None:
         return _quantile(info, row, verdict, fmt, percent, value)
-    pair = _at(info.get("intervals"), row, missing=None)
+    pair = _at(info.intervals, row, missing=None)
     known = bool(pair) and _number(value) and all(_number(p) for p in pair)
     if known:
         lo, hi = float(pair[0]), float(pair[1])
         short = f"[{fmt(pair[0])}, {fmt(pair[1])}]"
         tip = f"{percent} interval {short}"
-        if info.get("interval") == "normal approximation":  # randomized response, debiased
+        if info.interval == "normal approximation":  # randomized response, debiased
             tip += ", a normal approximation"
         at_end = hi > lo and float(value) in (lo, hi)
         half: float | None = None if at_end else max(hi - float(value), float(value) - lo, 0.0)
     else:
         short, tip, half = "[?]", f"no {percent} interval is known for this cell", None
-    if "noise_dominates" not in info:
+    if info.noise_dominates is None:
         tip += f": {MAY_DOMINATE} (a reply from an older gate, which did not judge it)"
     elif verdict is None:
         tip += f": {MAY_DOMINATE}, the gate cannot tell how much"
@@ -95,25 +94,24 @@ def cell_accuracy(
     return CellAccuracy(short, tip, half, verdict)
 
 
-def _judged_wider(info: dict[str, Any], row: int) -> tuple[Any, Any] | None:
+def _judged_wider(info: ColumnAccuracy, row: int) -> tuple[Any, Any] | None:
     """The interval the gate judged ``row`` on and the least group size it was judged
     at, where it flagged the cell on a wider interval than the one shown (the
     column's ``judged_wider``, its rows in ascending order); None elsewhere."""
-    wider = info.get("judged_wider")
-    if not isinstance(wider, dict):
+    wider = info.judged_wider
+    if wider is None:
         return None
-    rows = wider.get("rows") or []
-    at = bisect_left(rows, row)
-    if at == len(rows) or rows[at] != row:
+    at = bisect_left(wider.rows, row)
+    if at == len(wider.rows) or wider.rows[at] != row:
         return None
-    return _at(wider.get("intervals"), at, None), _at(wider.get("least_rows"), at, None)
+    return _at(wider.intervals, at, None), _at(wider.least_rows, at, None)
 
 
-def _wider_words(info: dict[str, Any], wider: tuple[Any, Any], fmt: Any) -> tuple[str, str]:
+def _wider_words(info: ColumnAccuracy, wider: tuple[Any, Any], fmt: Any) -> tuple[str, str]:
     """What is shown with the flag, and the tooltip's why, for a cell the gate judged on
     a wider interval than the one shown."""
     interval, least = wider
-    span = info.get("range") if info.get("rule") == "range" else None
+    span = info.range if info.rule == "range" else None
     covers = (
         f"it covers at least half of the range [{fmt(span[0])}, {fmt(span[1])}]"
         if span
@@ -136,21 +134,21 @@ def _wider_words(info: dict[str, Any], wider: tuple[Any, Any], fmt: Any) -> tupl
     )
 
 
-def _why(info: dict[str, Any], fmt: Any) -> str:
-    span = info.get("range")
-    if info.get("rule") == "range" and span:
+def _why(info: ColumnAccuracy, fmt: Any) -> str:
+    span = info.range
+    if info.rule == "range" and span:
         return f"it covers at least half of the range [{fmt(span[0])}, {fmt(span[1])}]"
     return "the noise may be as large as the value"
 
 
 def _quantile(
-    info: dict[str, Any], row: int, verdict: bool | None, fmt: Any, percent: str, value: Any
+    info: ColumnAccuracy, row: int, verdict: bool | None, fmt: Any, percent: str, value: Any
 ) -> CellAccuracy:
     """A quantile: the band of its group's percentiles it lies at, as the gate judged
     it from a noisy count of the values it was chosen from."""
-    level = float(info.get("level", 0.5))
-    band = _at(info.get("percentiles"), row, missing=None)
-    pair = _at(info.get("intervals"), row, missing=None)
+    level = 0.5 if info.level is None else info.level
+    band = _at(info.percentiles, row, missing=None)
+    pair = _at(info.intervals, row, missing=None)
     what = f"the {fmt(level)}-quantile"
     if band:
         low, high = float(band[0]), float(band[1])
@@ -185,11 +183,6 @@ def _at(values: Any, row: int, missing: Any) -> Any:
     if not isinstance(values, list) or row >= len(values):
         return missing
     return values[row]
-
-
-def _column_info(reply: dict[str, Any], column: int) -> dict[str, Any] | None:
-    columns = (reply.get("accuracy") or {}).get("columns") or []
-    return columns[column] if column < len(columns) else None
 
 
 def _number(value: Any) -> bool:

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 from msgspec import to_builtins
+from msgspec.structs import replace
 
 from dpmagic import wire
 from dpmagic.display.cells import ALPHA, CellAccuracy, cell_accuracy
@@ -44,6 +45,7 @@ from dpmagic.protocol import (
     Bounding,
     BudgetName,
     Clip,
+    ColumnAccuracy,
     Cost,
     LeftOut,
     QueryReply,
@@ -212,6 +214,18 @@ class DPResult:
             return to_builtins(self._accuracy)
         return self.reply.get("accuracy") or to_builtins(self._accuracy)
 
+    @cached_property
+    def _columns(self) -> list[ColumnAccuracy | None]:
+        """Each output column's accuracy (None for a group key), its per-cell lists as
+        lists (read from the Arrow columns when the reply came as Arrow)."""
+        given = self._accuracy.columns
+        if self._cells is None:
+            return list(given)
+        return [
+            None if c is None else replace(c, **wire.cell_parts(self._cells, self._fields, j))
+            for j, c in enumerate(given)
+        ]
+
     @property
     def _accuracy(self) -> Accuracy:
         """The envelope's accuracy (without per-cell lists when the cells are Arrow's);
@@ -287,23 +301,23 @@ class DPResult:
         released value's rank imbalance is within ``r`` of the best candidate's
         (docs/accuracy.md, "Accuracy of quantiles")."""
         info = self._noisy_column(column)
-        if "rank_radius" not in info:
+        if info.rank_radius is None:
             raise ValueError(f"column {column!r} is not a quantile: see interval({column!r})")
-        return float(info["rank_radius"])
+        return float(info.rank_radius)
 
     def percentiles(self, column: str) -> pd.DataFrame:
         """For a quantile column, each row's band of its group's percentiles (``lower`` and
         ``upper``, shares in [0, 1]) at the reported confidence; NaN where the query has
         no count of the quantile's argument to judge it by."""
         info = self._noisy_column(column)
-        if "rank_radius" not in info and info.get("rule") != "percentiles":
+        if info.rank_radius is None and info.rule != "percentiles":
             raise ValueError(f"column {column!r} is not a quantile: see interval({column!r})")
         return self._pairs(column, "percentiles")
 
     def _pairs(self, column: str, part: str) -> pd.DataFrame:
         """The group keys, then a per-cell pair's ``lower`` and ``upper`` (NaN where the
         gate sent none), read from the columns when the reply came as Arrow."""
-        self._noisy_column(column)
+        info = self._noisy_column(column)
         index = self.columns.index(column)
         frame = self.df[self.keys].copy()
         ends = [self._fields.get((index, f"{part}.{end}")) for end in wire.ENDS]
@@ -313,7 +327,7 @@ class DPResult:
                 frame[end] = np.asarray(values, dtype=float)  # null → NaN
             return frame
         nan = float("nan")
-        given = self.accuracy["columns"][index].get(part) or [None] * len(self)
+        given = (info.intervals if part == "intervals" else info.percentiles) or [None] * len(self)
         frame["lower"] = [p[0] if p else nan for p in given]
         frame["upper"] = [p[1] if p else nan for p in given]
         return frame
@@ -328,10 +342,10 @@ class DPResult:
             for r in range(len(self.rows))
         ]
 
-    def _noisy_column(self, column: str) -> builtins.dict[str, Any]:
+    def _noisy_column(self, column: str) -> ColumnAccuracy:
         if column not in self.columns:
             raise KeyError(f"no column {column!r}; columns are {self.columns}")
-        given = self._accuracy.columns
+        given = self._columns
         index = self.columns.index(column)
         info = given[index] if index < len(given) else None
         if info is None:
@@ -339,8 +353,12 @@ class DPResult:
         return info
 
     def _cell(self, column: int, row: int) -> CellAccuracy | None:
-        reply = {"rows": self.rows, "accuracy": self.accuracy, "plan": self.plan}
-        return cell_accuracy(reply, column, row, format_value, f"{self.confidence:.0%}")
+        """The accuracy of ``rows[row][column]``, or None for a group key."""
+        info = self._columns[column] if column < len(self._columns) else None
+        if info is None:
+            return None
+        value = self.rows[row][column]
+        return cell_accuracy(info, value, row, format_value, f"{self.confidence:.0%}")
 
     def _shown_rows(self) -> list[int]:
         limit = self.display_limit or len(self.rows)

@@ -135,7 +135,7 @@ def test_no_page_shows_a_released_value(client: Client, policy: Policy) -> None:
     paths = ["", "budgets", "log", "renewals", "change", "log?status=released&limit=1000"]
     with owner.open_ledger(policy) as ledger:
         for s in owner.standings(policy, ledger, ["d"], None):
-            paths.append(f"budgets?{urlencode(s.scope.as_dict())}")
+            paths.append(f"budgets?{urlencode(s.scope.named().json())}")
     for path in paths:
         reply = client.get(path)
         assert reply.status == 200, (path, reply.body)

@@ -51,7 +51,7 @@ def test_every_package_of_the_client_side_is_a_layer():
     assert layers["containers"] == ["dpmagic"]
     named = {name.strip() for layer in layers["layers"] for name in layer.split("|")}
     assert _packages() - {"gate"} <= named
-    assert layers["layers"][-1] == "protocol | wire"
+    assert layers["layers"][-2:] == ["wire", "protocol"]
 
 
 def test_the_gates_layers_list_every_package_and_module_of_the_gate():

@@ -87,7 +87,6 @@ class KeySelection:
         return [c + d >= self.threshold for c, d in zip(counts, draws, strict=True)]
 
 
-
 def calibrate_selection(l0: int, linf: int, epsilon: float, delta: float) -> KeySelection:
     """The least scale within ``epsilon`` and the least threshold within ``delta``, by
     OpenDP's own privacy map of ``make_laplace_threshold``."""

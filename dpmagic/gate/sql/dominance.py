@@ -58,6 +58,7 @@ from dpmagic.gate.sql.noise import Noisy
 from dpmagic.gate.sql.parse import DIALECT
 from dpmagic.gate.sql.plan_types import Measurement, Plan, Selection
 from dpmagic.gate.sql.trees import unparen
+from dpmagic.protocol import JudgedWider
 
 DOMINANT_SHARE = 0.5
 """Noise dominates a value whose interval covers at least this share of its range."""
@@ -376,7 +377,7 @@ def within_range(
 
 def judged_wider(
     cells: np.ndarray, lo: np.ndarray, hi: np.ndarray, least: np.ndarray
-) -> dict[str, list]:
+) -> JudgedWider:
     """The cells (row positions) flagged on a wider interval than the one shown, which
     alone would not have flagged them: for each, that interval (``None`` where it is
     unbounded: the group may be empty; a range rule's is within its range,
@@ -392,7 +393,7 @@ def judged_wider(
         for i, ok in zip(rows.tolist(), finite.tolist(), strict=True)
     ]
     sizes = [float(least[i]) if least[i] >= 1 else None for i in rows.tolist()]
-    return {"rows": rows.tolist(), "intervals": intervals, "least_rows": sizes}
+    return JudgedWider(rows=rows.tolist(), intervals=intervals, least_rows=sizes)
 
 
 def _sizes(

@@ -41,7 +41,7 @@ import decimal
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import duckdb
 import numpy as np
@@ -62,7 +62,7 @@ from dpmagic.gate.sql.plan_types import Measurement, Plan, Selection
 from dpmagic.gate.sql.post_query import PID, PostExpr, PostQuery, debiased_column, post_query
 from dpmagic.gate.sql.randomized import Debiased, debias
 from dpmagic.gate.sql.release_columns import Column, Columns, direct
-from dpmagic.protocol import Accuracy, PartitionSelection
+from dpmagic.protocol import Accuracy, ColumnAccuracy, PartitionSelection, RandomizedResponse
 
 ALPHA = REPORT_ALPHA
 # An empty in-memory database that only ever sees noisy values; each release
@@ -144,7 +144,7 @@ def release(noisy: Noisy, alpha: float = ALPHA, made: PostQuery | None = None) -
     pids = cast(Sequence[int], vectors[0])  # the partition ids the post-query kept
 
     intervals = CellIntervals(plan, noisy, alpha, debiased)
-    accuracy_columns: list[dict[str, object] | None] = []
+    accuracy_columns: list[ColumnAccuracy | None] = []
     for out in checked.outputs:
         used = post.measurements_in(out.expr)
         if not used:
@@ -156,19 +156,16 @@ def release(noisy: Noisy, alpha: float = ALPHA, made: PostQuery | None = None) -
         rank = _rank_accuracy(single, alpha) if bare and isinstance(single, Selection) else {}
         events = post.estimates_in(out.expr)
         pairs = intervals.cells(out.expr, pids, events)
-        accuracy_columns.append(
-            {
-                **rank,
-                "mechanism": single.noise.mechanism if single else "post-processing",
-                "scale": single.scale if single else None,
-                **_randomized_accuracy(plan, out.expr),
-                "measurements": [p.label for p in parts],
-                "intervals": pairs,
-                **judged(
-                    plan, noisy, expression_level(alpha, events), out.expr, pids, pairs, origins
-                ),
-            }
-        )
+        facts: dict[str, Any] = {
+            **rank,
+            "mechanism": single.noise.mechanism if single else "post-processing",
+            "scale": single.scale if single else None,
+            **_randomized_accuracy(plan, out.expr),
+            "measurements": [p.label for p in parts],
+            "intervals": pairs,
+            **judged(plan, noisy, expression_level(alpha, events), out.expr, pids, pairs, origins),
+        }
+        accuracy_columns.append(ColumnAccuracy(**facts))
     accuracy = Accuracy(alpha=alpha, columns=accuracy_columns)
     if plan.key_selection is not None:
         # Which keys appear is itself a DP output: say how they were chosen.
@@ -257,7 +254,7 @@ def _randomized_accuracy(plan: Plan, node: exp.Expression) -> dict[str, object]:
     return {
         "mechanism": f"randomized response + {first.noise.mechanism}",
         "scale": first.scale,
-        "randomized_response": {"p": d.p, "values": d.k},
+        "randomized_response": RandomizedResponse(p=d.p, values=d.k),
         "interval": "normal approximation",
     }
 
