@@ -143,6 +143,99 @@ class PartitionSelection(_Fact):
     counts: str = "privacy units per key"
 
 
+class PlanKey(_Fact, omit_defaults=True):
+    """A group key as the plan states it: public (from the policy, with its number of
+    ``values``) or private (chosen from the data), and where its values come from."""
+
+    column: str
+    public: bool
+    source: str
+    values: int | None = None
+
+
+class Contribution(_Fact):
+    """The contribution bounds in force: the groups one privacy unit may reach and the
+    rows it may add to each."""
+
+    groups: int
+    rows: int
+
+
+class Requested(_Fact):
+    """An accuracy asked for: the ``half_width`` at ``alpha`` the plan delivers."""
+
+    accuracy: float
+    alpha: float
+    half_width: float
+
+
+class ErrorAt(_Fact, array_like=True):
+    """An expected 95% half-width for a group of ``rows`` rows (``[rows, half_width]``)."""
+
+    rows: int
+    half_width: float
+
+
+class Band(_Fact, array_like=True):
+    """A band of a group's percentiles, as shares in [0, 1] (``[lower, upper]``)."""
+
+    lower: float
+    upper: float
+
+
+class BandAt(_Fact, array_like=True):
+    """A quantile's expected band of percentiles for a group of ``rows`` rows
+    (``[rows, [lower, upper]]``)."""
+
+    rows: int
+    band: Band
+
+
+class PlanStep(_Fact, omit_defaults=True):
+    """One entry of a reply's ``plan`` (docs/http-api.md, "plan"), by its ``kind``: a
+    noisy aggregate (``count``, ``sum`` …: its bounds, sensitivity and norm,
+    mechanism, scale, cost, 95% half-width ``accuracy``, partitions, keys and
+    contribution bounds, and ``requested`` with an accuracy asked), a quantile's
+    selection (``quantile``; ``candidates``, ``level``, ``rank_radius``) and its
+    interval's ends (``quantile_interval``), the noisy threshold that chooses private
+    keys (``partition_selection``: its ``threshold``), or an output column
+    (``output``: its ``column``, the ``rule`` its cells are judged by and its
+    ``range``, its expected 95% error as ``half_width``, ``half_width_at`` or a
+    quantile's ``percentiles_at`` and ``count``, and ``dominated_below``). A field
+    that does not apply to a step is left out: a count has no ``bounds``, keys chosen
+    from the data no ``partitions``, an output no size that says when noise
+    dominates it no ``dominated_below``. Every figure is the gate's, from the query
+    and the policy alone."""
+
+    aggregate: str
+    # Every entry says its kind; a stored reply of the first gates' has none.
+    kind: str = ""
+    bounds: list[float] | None = None
+    sensitivity: float | None = None
+    norm: str | None = None
+    mechanism: str | None = None
+    scale: float | None = None
+    epsilon: float | None = None
+    cost: Cost | None = None
+    accuracy: float | None = None
+    partitions: int | None = None
+    keys: list[PlanKey] | None = None
+    contribution: Contribution | None = None
+    requested: Requested | None = None
+    candidates: int | None = None
+    level: float | None = None
+    rank_radius: float | None = None
+    threshold: int | None = None
+    column: str | None = None
+    rule: str | None = None
+    range: list[float] | None = None
+    half_width: float | None = None
+    half_width_at: list[ErrorAt] | None = None
+    percentiles_at: list[BandAt] | None = None
+    count: str | None = None
+    dominated_below: int | None = None
+
+
 class RandomizedResponse(_Fact):
     """A debiased aggregate's randomization: each value kept with probability ``p``,
     else drawn among the column's ``values`` public values."""
@@ -430,7 +523,7 @@ class QueryReply(_Fact, forbid_unknown_fields=True, omit_defaults=False):
     columns: list[str] = []
     rows: Any = []  # lists of values; in the gate, a ``wire.Columns`` before it is sent
     cost: Cost = FREE
-    plan: list[dict[str, Any]] = []
+    plan: list[PlanStep] = []
     accuracy: Accuracy | None = None
     # The contribution bounds every answer is over, with the bounding report if bought.
     bounding: Bounding | None = None

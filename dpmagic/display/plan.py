@@ -19,6 +19,7 @@ from typing import Any
 
 from dpmagic.display.cells import ALPHA, MAY_DOMINATE
 from dpmagic.display.render import budget_number
+from dpmagic.protocol import Cost, PlanKey, PlanStep
 
 HEADERS = (
     ("aggregate", "what the gate measures with noise (an AVG is a SUM over a COUNT)"),
@@ -51,21 +52,21 @@ OUTPUT_HEADERS = (
 OUTPUT = "output"
 
 
-def plan_rows(plan: list[dict[str, Any]], zcdp: bool, fmt: Any) -> list[list[str]]:
+def plan_rows(plan: list[PlanStep], zcdp: bool, fmt: Any) -> list[list[str]]:
     """One row per noisy aggregate of the plan."""
-    return [_step_row(step, zcdp, fmt) for step in plan if step.get("kind") != OUTPUT]
+    return [_step_row(step, zcdp, fmt) for step in plan if step.kind != OUTPUT]
 
 
-def output_rows(plan: list[dict[str, Any]], fmt: Any) -> list[list[str]]:
+def output_rows(plan: list[PlanStep], fmt: Any) -> list[list[str]]:
     """One row per output column the gate judged (its plan's steps of kind ``output``)."""
     rows = []
     for step in plan:
-        if step.get("kind") != OUTPUT:
+        if step.kind != OUTPUT:
             continue
-        span = step.get("range")
+        span = step.range
         rows.append(
             [
-                f"{step.get('column', '')} = {step.get('aggregate', '')}",
+                f"{step.column or ''} = {step.aggregate}",
                 f"[{fmt(span[0])}, {fmt(span[1])}]" if span else "",
                 _expected(step, fmt),
                 _below(step),
@@ -74,96 +75,89 @@ def output_rows(plan: list[dict[str, Any]], fmt: Any) -> list[list[str]]:
     return rows
 
 
-def dominance_warnings(plan: list[dict[str, Any]]) -> list[str]:
+def dominance_warnings(plan: list[PlanStep]) -> list[str]:
     """What the dry run warns of before anything is spent: each output column noise will
     dominate in groups under a size."""
-    sizes = []
-    for step in plan:
-        if step.get("kind") != OUTPUT:
-            continue
-        below = step.get("dominated_below")
-        if isinstance(below, int) and below > 1:
-            sizes.append(f"{step.get('column')} in groups under {below:,} rows")
+    sizes = [
+        f"{step.column} in groups under {step.dominated_below:,} rows"
+        for step in plan
+        if step.kind == OUTPUT and step.dominated_below is not None and step.dominated_below > 1
+    ]
     return [f"{MAY_DOMINATE}: " + "; ".join(sizes)] if sizes else []
 
 
-def _expected(step: dict[str, Any], fmt: Any) -> str:
-    if step.get("half_width") is not None:
-        return f"±{fmt(step['half_width'])}"
-    at = step.get("half_width_at")
-    if at:
-        return ", ".join(f"±{fmt(error)} for a group of {n:,} rows" for n, error in at)
-    bands = step.get("percentiles_at")
-    if bands:
+def _expected(step: PlanStep, fmt: Any) -> str:
+    if step.half_width is not None:
+        return f"±{fmt(step.half_width)}"
+    if step.half_width_at:
         return ", ".join(
-            f"p{a * 100:.0f}–p{b * 100:.0f} for a group of {n:,} rows" for n, (a, b) in bands
+            f"±{fmt(at.half_width)} for a group of {at.rows:,} rows" for at in step.half_width_at
+        )
+    if step.percentiles_at:
+        return ", ".join(
+            f"p{at.band.lower * 100:.0f}–p{at.band.upper * 100:.0f} for a group of {at.rows:,} rows"
+            for at in step.percentiles_at
         )
     return "per cell (an expression of several aggregates)"
 
 
-def _below(step: dict[str, Any]) -> str:
-    below = step.get("dominated_below")
-    if isinstance(below, int):
+def _below(step: PlanStep) -> str:
+    below = step.dominated_below
+    if below is not None:
         return f"in groups under {below:,} rows" if below > 1 else "never"
-    if step.get("rule") == "zero" and step.get("half_width") is not None:
+    if step.rule == "zero" and step.half_width is not None:
         return "near 0, at any size"
     return "judged per cell"
 
 
-def _step_row(step: dict[str, Any], zcdp: bool, fmt: Any) -> list[str]:
-    bounds = step.get("bounds")
-    cost = step.get("cost") or {"epsilon": step.get("epsilon")}
-    keys = step.get("keys") or []
+def _step_row(step: PlanStep, zcdp: bool, fmt: Any) -> list[str]:
+    bounds = step.bounds
+    sensitivity = "" if step.sensitivity is None else fmt(step.sensitivity)
     return [
-        str(step.get("aggregate", "")),
+        step.aggregate,
         f"[{fmt(bounds[0])}, {fmt(bounds[1])}]" if bounds else "",
-        f"{fmt(step.get('sensitivity'))} {step.get('norm', '')}".strip(),
-        str(step.get("mechanism", "")),
-        _or_blank(step.get("scale"), fmt),
-        _step_cost(cost, zcdp, fmt),
+        f"{sensitivity} {step.norm or ''}".strip(),
+        step.mechanism or "",
+        _or_blank(step.scale, fmt),
+        _step_cost(step, zcdp),
         _error(step, fmt),
-        ", ".join(_key_text(k, step) for k in keys),
+        ", ".join(_key_text(k, step) for k in step.keys or []),
     ]
 
 
-def _step_cost(cost: dict[str, Any], zcdp: bool, fmt: Any) -> str:
+def _step_cost(step: PlanStep, zcdp: bool) -> str:
     """A step's cost as every amount is shown (``render.budget_number``, rounded up)."""
-    if zcdp and "rho" in cost:
-        return f"ρ={_spent(cost['rho'], fmt)}"
-    text = f"ε={_spent(cost.get('epsilon'), fmt)}"
-    return text + (f", δ={_spent(cost['delta'], fmt)}" if cost.get("delta") else "")
+    cost = step.cost or Cost(epsilon=step.epsilon or 0.0, delta=0.0)
+    if zcdp and cost.rho is not None:
+        return f"ρ={budget_number(cost.rho, up=True)}"
+    text = f"ε={budget_number(cost.epsilon, up=True)}"
+    return text + (f", δ={budget_number(cost.delta, up=True)}" if cost.delta else "")
 
 
-def _spent(value: Any, fmt: Any) -> str:
-    return budget_number(float(value), up=True) if isinstance(value, int | float) else fmt(value)
-
-
-def _error(step: dict[str, Any], fmt: Any) -> str:
-    if step.get("kind") == "quantile" or step.get("mechanism") == "exponential":
-        radius = step.get("rank_radius") or rank_radius(step)
+def _error(step: PlanStep, fmt: Any) -> str:
+    if step.kind == "quantile" or step.mechanism == "exponential":
+        radius = step.rank_radius or rank_radius(step)
         return f"±{math.ceil(radius)} ranks" if radius is not None else "in ranks"
-    return _or_blank(step.get("accuracy"), fmt)
+    return _or_blank(step.accuracy, fmt)
 
 
-def rank_radius(step: dict[str, Any], alpha: float = ALPHA) -> float | None:
+def rank_radius(step: PlanStep, alpha: float = ALPHA) -> float | None:
     """``scale · ln(candidates / alpha) / d``, d the denominator of the level q
     (docs/accuracy.md, "Accuracy of quantiles"), when the step gives its ``level``
     (a gate that sent no ``rank_radius``); never read from the aggregate's text."""
-    level = step.get("level")
-    scale, candidates = step.get("scale"), step.get("candidates")
-    if level is None or not scale or not candidates:
+    if step.level is None or not step.scale or not step.candidates:
         return None
-    denominator = Fraction(str(level)).limit_denominator(10_000).denominator
-    return float(scale) * math.log(float(candidates) / alpha) / denominator
+    denominator = Fraction(str(step.level)).limit_denominator(10_000).denominator
+    return step.scale * math.log(step.candidates / alpha) / denominator
 
 
-def _key_text(key: dict[str, Any], step: dict[str, Any]) -> str:
+def _key_text(key: PlanKey, step: PlanStep) -> str:
     """A public key with how many values it has; a private one with how it is chosen."""
-    if key.get("public", True):
-        return f"{key['column']} ({key['values']} public)"
-    if step.get("kind") == "partition_selection":
-        return f"{key['column']} (private: kept if noisy units ≥ {step.get('threshold')})"
-    return f"{key['column']} (private: DP partition selection)"
+    if key.public:
+        return f"{key.column} ({key.values} public)"
+    if step.kind == "partition_selection":
+        return f"{key.column} (private: kept if noisy units ≥ {step.threshold})"
+    return f"{key.column} (private: DP partition selection)"
 
 
 def _or_blank(value: Any, fmt: Any) -> str:

@@ -180,7 +180,8 @@ class DPResult:
         self.dry_run: bool = envelope.dry_run
         self.mock: bool = envelope.mock is not None
         """Answered on fake tables made from the public schema (``--mock``), not the data."""
-        self.plan: list[dict[str, Any]] = list(envelope.plan)
+        # As JSON for users (``result.plan[0]["scale"]``); shown from ``envelope.plan``.
+        self.plan: list[dict[str, Any]] = to_builtins(envelope.plan)
         self.display_limit = display_limit
         """Rows shown by the HTML and text views; ``None`` or 0 shows all."""
         self.intervals = intervals
@@ -438,7 +439,7 @@ class DPResult:
                             f"noise may dominate {_cells(may)}")  # fmt: skip
             parts.append(", ".join(said) + ": read them as noise, not facts")
         if self.dry_run:
-            parts.extend(dominance_warnings(self.plan))
+            parts.extend(dominance_warnings(envelope.plan))
         shown = len(self._shown_rows())
         if shown < len(self.rows):
             parts.append(f"showing {shown} of {len(self.rows)} rows")
@@ -549,14 +550,16 @@ class DPResult:
         return out
 
     def _plan_rows(self) -> list[list[str]]:
-        return plan_rows(self.plan, zcdp="rho" in self.cost, fmt=format_exact)
+        return plan_rows(
+            self.envelope.plan, zcdp=self.envelope.cost.rho is not None, fmt=format_exact
+        )
 
     def _plan_tables(self) -> list[tuple[tuple[tuple[str, str], ...], list[list[str]]]]:
         """The dry run's tables: the noisy aggregates, then each output column's expected
         error (when the gate sent it)."""
         tables: list[tuple[tuple[tuple[str, str], ...], list[list[str]]]]
         tables = [(PLAN_HEADERS, self._plan_rows())]
-        outputs = output_rows(self.plan, format_value)
+        outputs = output_rows(self.envelope.plan, format_value)
         if outputs:
             tables.append((OUTPUT_HEADERS, outputs))
         return tables

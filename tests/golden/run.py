@@ -60,7 +60,7 @@ def cases() -> list[Case]:
 def render(case: Case) -> str:
     """The plan summary and the generated SQL, as the fixture file holds them."""
     the_plan = plan_of(case)
-    summary = json.dumps(plan_summary(the_plan), indent=1, sort_keys=True)
+    summary = json.dumps([s.json() for s in plan_summary(the_plan)], indent=1, sort_keys=True)
     sql = rewrite(the_plan, SEED).sql
     return f"-- query\n{case.sql}\n-- plan\n{summary}\n-- sql\n{sql}\n"
 

@@ -123,7 +123,7 @@ def test_the_last_stage_is_planned_alike_whatever_value_was_released(folder, val
 
     def shown(plan) -> list[dict]:  # the plan as the reply shows it, the SQL texts aside
         return [
-            {k: v for k, v in entry.items() if k not in ("aggregate", "column")}
+            {k: v for k, v in entry.json().items() if k not in ("aggregate", "column")}
             for entry in summary(plan)
         ]
 

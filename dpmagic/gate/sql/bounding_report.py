@@ -21,8 +21,8 @@ from dpmagic.gate.failures import required
 from dpmagic.gate.sql.aggregates.parts import Variance
 from dpmagic.gate.sql.plan_types import Plan
 from dpmagic.gate.sql.ranks import Ranked, RowLevel, Window
-from dpmagic.gate.sql.summary import cost_dict
-from dpmagic.protocol import Bounding, Clamp, Cost, LeftOut, NoisyCount
+from dpmagic.gate.sql.summary import stated_cost
+from dpmagic.protocol import Bounding, Clamp, LeftOut, NoisyCount
 
 
 def statement(plan: Plan) -> Bounding:
@@ -67,7 +67,7 @@ def report(plan: Plan, exact: tuple[object, ...], alpha: float) -> LeftOut:
         units=_noisy(units, left.units, alpha),
         cap=left.cap,
         share=left.share,
-        cost=Cost(**cost_dict(left.cost)),
+        cost=stated_cost(left.cost),
         alpha=alpha,
         text=(
             f"Rows the bounds left out, each {plan.dataset.privacy_unit}'s counted up to "
