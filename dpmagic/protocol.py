@@ -10,9 +10,11 @@ module only says what the fields are.
 The reply is a `QueryReply`: the gate builds it (``gate/engine.py``,
 ``gate/reply.py``), the client decodes into it (``client/http_gate.py``,
 ``display/result.py``), and a mock run and a transcript build theirs with it too, so
-a key the gate sends and the client reads is spelled once, here. Its facts that the
-client only shows as sent (the plan, the bounding statement, ``--clip``'s choices,
-each output column's accuracy, the budget views) stay JSON objects of their own.
+a key the gate sends and the client reads is spelled once, here: every part of it
+is a struct (the plan's entries, each output column's accuracy, the bounding
+statement, ``--clip``'s choices, the budgets and the budget a refusal names), and
+only the data's own values (rows, group keys, query parameters) and each column's
+per-cell lists (numpy arrays in the gate, Arrow columns on the wire) are untyped.
 
 msgspec, as for the policy file: its structs decode and check a body in one pass
 without building an intermediate object per field, and forbid unknown fields.
