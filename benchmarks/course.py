@@ -128,7 +128,8 @@ def simulate(students: int, sections: int, budget: float, share: str) -> dict[st
                 try:
                     reply = engine.query(student, body)
                 except OverBudget as refused:
-                    outcome[f"refused ({(refused.budget or {}).get('budget')})"] += 1
+                    named = None if refused.budget is None else refused.budget.budget
+                    outcome[f"refused ({named})"] += 1
                     continue
                 kind = (
                     "shared" if reply.get("shared") else
