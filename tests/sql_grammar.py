@@ -458,7 +458,7 @@ if _missing:  # the checker allows something the grammar cannot write
 # -- aggregates, by the catalogue's node types ------------------------------------------
 
 # SQL for each aggregate node type; ``X`` stands for the argument, ``{q}`` for a level.
-AGGREGATE_SQL: dict[type[exp.Expression], tuple[str, ...]] = {
+AGGREGATE_SQL: dict[type[exp.Expression] | str, tuple[str, ...]] = {
     exp.Count: ("COUNT(X)", "COUNT(DISTINCT X)"), exp.CountIf: ("COUNT_IF(X > 0)",),
     exp.Sum: ("SUM(X)",), exp.Avg: ("AVG(X)",),
     exp.Variance: ("VAR_SAMP(X)", "VARIANCE(X)"), exp.VariancePop: ("VAR_POP(X)",),
@@ -466,9 +466,9 @@ AGGREGATE_SQL: dict[type[exp.Expression], tuple[str, ...]] = {
     exp.StddevPop: ("STDDEV_POP(X)",), exp.Min: ("MIN(X)",), exp.Max: ("MAX(X)",),
     exp.Median: ("MEDIAN(X)",), exp.PercentileCont: ("QUANTILE_CONT(X, {q})",),
     exp.PercentileDisc: ("PERCENTILE_DISC({q}) WITHIN GROUP (ORDER BY X)", "QUANTILE_DISC(X, {q})"),
-    exp.Quantile: ("QUANTILE(X, {q})",),
+    exp.Quantile: ("QUANTILE(X, {q})",), "TRIMMED_MEAN": ("TRIMMED_MEAN(X, {q})",),
 }  # fmt: skip
-_missing = [n.__name__ for n in CATALOGUE if n not in AGGREGATE_SQL]
+_missing = [getattr(n, "__name__", n) for n in CATALOGUE if n not in AGGREGATE_SQL]
 if _missing:
     raise ImportError(f"the SQL grammar writes no {', '.join(_missing)}")
 TEMPLATES = tuple(t for forms in AGGREGATE_SQL.values() for t in forms)

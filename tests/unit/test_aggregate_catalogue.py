@@ -10,11 +10,16 @@ passes on real DuckDB and
 
 A node type outside the table is refused, never planned as a look-alike; the tests at
 the end register one wrongly (SKEWNESS as a variance, VARIANCE as a standard
-deviation) and show the contract catch it."""
+deviation, COUNT_IF as a count, TRIMMED_MEAN as an average) and show the contract
+catch it. DuckDB has no trimmed mean: the engine's own is a macro written here from
+its definition (``TRIMMED_MEAN_SQL``), itself checked against numpy."""
 
 from __future__ import annotations
 
+import itertools
+import math
 import re
+from fractions import Fraction
 
 import duckdb
 import numpy as np
@@ -22,7 +27,7 @@ import pytest
 from sqlglot import exp
 
 from dpmagic.gate.failures import Refused
-from dpmagic.gate.sql.aggregates import count, registry, variance
+from dpmagic.gate.sql.aggregates import average, count, registry, variance
 from dpmagic.gate.sql.aggregates.func import AggregateFunc
 from dpmagic.gate.sql.dominance import judging_rule
 from dpmagic.gate.sql.noise import noise
@@ -36,6 +41,13 @@ COLUMNS = {"pid": {"type": "int"}, "x": {"type": "int", "lower": 0, "upper": 100
 # or clamped, so the gate's exact aggregate is DuckDB's.
 ROWS = [(i // 2, (i * 37) % 101) for i in range(600)]
 LEVEL = 0.25
+# The engine's trimmed mean, as scipy's ``trim_mean`` defines it: the mean of the values
+# left after dropping the FLOOR(p·n) smallest and largest of the n non-NULL ones.
+TRIMMED_MEAN_SQL = """
+CREATE MACRO trimmed_mean(v, p) AS list_avg(list_slice(
+    list_sort(list(v) FILTER (WHERE v IS NOT NULL)),
+    CAST(FLOOR(p * COUNT(v)) AS BIGINT) + 1, COUNT(v) - CAST(FLOOR(p * COUNT(v)) AS BIGINT)))
+"""
 # Every spelling of every registered node type, with DISTINCT where the kind has one.
 SPELLINGS = [(node, template) for node in registry.CATALOGUE for template in AGGREGATE_SQL[node]]
 
@@ -55,8 +67,14 @@ def _id(case: tuple[type[exp.Expression], str]) -> str:
 
 @pytest.fixture(scope="module")
 def con() -> duckdb.DuckDBPyConnection:
+    return _engine(ROWS)
+
+
+def _engine(rows: list[tuple[int, int]]) -> duckdb.DuckDBPyConnection:
+    """DuckDB holding ``rows`` as the table ``t``, with the trimmed mean it lacks."""
     connection = duckdb.connect()
-    load_table(connection, "t", ["pid", "x"], ROWS)
+    connection.execute(TRIMMED_MEAN_SQL)
+    load_table(connection, "t", ["pid", "x"], rows)
     return connection
 
 
@@ -194,3 +212,69 @@ def test_count_if_registered_as_a_plain_count_is_caught(con, monkeypatch):
     monkeypatch.setitem(registry.CATALOGUE, exp.CountIf, count.COUNT)
     with pytest.raises(AssertionError, match="COUNT_IF"):
         agrees_with_the_engine(con, _sql("COUNT_IF(X > 40)"))
+
+
+# A column of squares: skewed, so its trimmed mean is far from its mean.
+SKEWED = [(pid, x * x // 100) for pid, x in ROWS]
+
+
+def test_the_engines_trimmed_mean_is_scipys():
+    """The macro the contract compares with computes the definition: numpy's mean of the
+    sorted values with FLOOR(p·n) cut at each end."""
+    con = _engine(SKEWED)
+    values = np.sort([x for _, x in SKEWED])
+    cut = math.floor(LEVEL * len(values))
+    assert _engine_value(con, _sql("TRIMMED_MEAN(X, {q})")) == pytest.approx(
+        values[cut : len(values) - cut].mean()
+    )
+
+
+def test_a_trimmed_mean_registered_as_an_average_is_caught(monkeypatch):
+    """TRIMMED_MEAN is one module and one line: registered as AVG's kind instead, it
+    releases the mean of a skewed column (33.1), not its trimmed mean (26.7), and the
+    contract catches it. Over the contract's own evenly spread column the two are within
+    a percent (49.93 and 49.94): only a skewed table tells them apart."""
+    con = _engine(SKEWED)
+    sql = _sql("TRIMMED_MEAN(X, {q})")
+    agrees_with_the_engine(con, sql)
+    monkeypatch.setitem(registry.CATALOGUE, "TRIMMED_MEAN", average.AVG)
+    with pytest.raises(AssertionError, match="TRIMMED_MEAN"):
+        agrees_with_the_engine(con, sql)
+
+
+def _trimmed_sum(values: tuple[int, ...], p: Fraction, top=math.floor) -> int:
+    """The sum the engine computes (``Dialect.trimmed_sum``), ``p·n`` exact as DuckDB's
+    DECIMAL; ``top``: how many are cut at the top end (FLOOR, as the gate does)."""
+    ordered = sorted(values)
+    n = len(ordered)
+    return sum(ordered[math.floor(p * n) : n - top(p * n)])
+
+
+def _largest_move(lo: int, hi: int, top=math.floor) -> int:
+    """The most a trimmed sum of values in ``[lo, hi]`` moves when one value is added,
+    over every multiset of up to six values and several fractions."""
+    moved = 0
+    for p in (Fraction(0), Fraction(1, 10), Fraction(1, 4), Fraction(1, 3), Fraction(49, 100)):
+        for n in range(7):
+            for values in itertools.combinations_with_replacement(range(lo, hi + 1), n):
+                before = _trimmed_sum(values, p, top)
+                for y in range(lo, hi + 1):
+                    moved = max(moved, abs(_trimmed_sum((*values, y), p, top) - before))
+    return moved
+
+
+def test_a_trimmed_sum_moves_as_a_plain_sum_does():
+    """The proof in ``aggregates/trimmed_mean.py``, exhaustively on small multisets: one
+    value added moves the trimmed sum by at most max(|a|, |b|), a plain sum's bound,
+    which is reached; replacing one moves it by at most the change of the value. A
+    window whose ends can both move when one value is added (its top end cut by CEIL)
+    breaks the bound, and the check catches it."""
+    for lo, hi in [(-3, 5), (0, 4), (-4, -1)]:
+        assert _largest_move(lo, hi) == max(abs(lo), abs(hi))
+    assert _largest_move(-3, 5, top=math.ceil) > 5
+    p = Fraction(1, 4)
+    for values in itertools.combinations_with_replacement(range(-2, 3), 5):
+        for i, y in itertools.product(range(5), range(-2, 3)):
+            changed = (*values[:i], y, *values[i + 1 :])
+            moved = abs(_trimmed_sum(changed, p) - _trimmed_sum(values, p))
+            assert moved <= abs(y - values[i])

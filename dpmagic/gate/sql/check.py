@@ -26,7 +26,7 @@ from sqlglot import exp
 from dpmagic.gate.failures import Refused
 from dpmagic.gate.sql.aggregates.func import AggregateFunc
 from dpmagic.gate.sql.aggregates.quantile import fraction
-from dpmagic.gate.sql.aggregates.registry import CATALOGUE
+from dpmagic.gate.sql.aggregates.registry import call_argument, kind_of_call
 from dpmagic.gate.sql.parse import DIALECT
 from dpmagic.gate.sql.resolve import Resolved
 from dpmagic.gate.sql.trees import display, unparen
@@ -296,10 +296,10 @@ class _Release:
             return self._within_group(node, label, condition)
         if not isinstance(node, exp.AggFunc):
             return None
-        kind = CATALOGUE.get(type(node))
+        kind = kind_of_call(node)
         if kind is None:
             raise Refused(f"aggregate {_name(node)} is not supported")
-        arg = node.this
+        arg = call_argument(node)
         if isinstance(arg, exp.Distinct):
             if kind.distinct is None or len(arg.expressions) != 1:
                 raise Refused(f"{_name(node)}(DISTINCT …) is not supported: use COUNT(DISTINCT x)")
@@ -506,6 +506,8 @@ def _name(node: exp.Expr) -> str:
         return _name(node.this)
     if isinstance(node, exp.Anonymous):
         return f"function {node.name}()"
+    if isinstance(node, exp.AnonymousAggFunc):
+        return node.name
     if isinstance(node, exp.Func):
         return node.sql_name()
     return type(node).__name__.upper()

@@ -51,7 +51,7 @@ import numpy as np
 from sqlglot import exp
 
 from dpmagic.gate.dp.levels import band_level
-from dpmagic.gate.sql.aggregates.parts import Avg, Variance
+from dpmagic.gate.sql.aggregates.parts import Avg, Trimmed, Variance
 from dpmagic.gate.sql.aggregates.registry import kind_of
 from dpmagic.gate.sql.kinds import MeasureKind
 from dpmagic.gate.sql.noise import Noisy
@@ -151,10 +151,10 @@ def verdicts(flags: np.ndarray, unknown: np.ndarray | None = None) -> list[bool 
 
 
 ErrorOf = Callable[[Plan, Any, float], float]
-"""An average's or a variance's plan's 95% error at a level (``expected``'s
-``average_error`` or ``variance_error``), as ``error(plan, parts, alpha)``."""
-Expected = tuple[ErrorOf, Avg | Variance, bool]
-"""A bare average's or variance's error, its parts, and whether it is a square root."""
+"""A kind's plan's 95% error at a level (``expected``'s ``average_error`` or
+``variance_error``, a trimmed mean's), as ``error(plan, parts, alpha)``."""
+Expected = tuple[ErrorOf, Avg | Variance | Trimmed, bool]
+"""A bare aggregate's error, its parts, and whether it is a square root."""
 Ranged = tuple[float, float, Measurement | None, Expected | None]
 """What the range rule reads: the range, the group's count, and the error it floors at."""
 Bare = tuple[Measurement, int]
@@ -170,7 +170,7 @@ class Floor:
 
     count: Measurement
     error: ErrorOf
-    parts: Avg | Variance
+    parts: Avg | Variance | Trimmed
     scale: float
 
 

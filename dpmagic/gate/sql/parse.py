@@ -25,6 +25,11 @@ from dpmagic.gate.sql.normalize import normalize
 
 DIALECT = "duckdb"
 MAX_SQL_CHARS = 20_000
+# Aggregates the gate answers that sqlglot has no node for. sqlglot is compiled, so no
+# node class can be added: a call of one is read as sqlglot's ``AnonymousAggFunc``
+# (an aggregate to every pass, written back as it was), and the catalogue registers
+# it by name (``aggregates.registry``, which checks the two lists agree).
+NAMED_AGGREGATES = frozenset({"TRIMMED_MEAN"})
 
 # sqlglot warns on stderr (with the statement's text) when it falls back to a
 # raw Command; the refusal below says all the user needs.
@@ -69,10 +74,27 @@ def parse(sql: str, params: dict[str, Param] | None = None) -> Parsed:
     if not isinstance(tree, exp.Select):
         raise Refused(f"only SELECT queries are allowed, not {_statement_name(tree, sql)}")
     tree = _bind(tree, params or {})
+    tree = _named_aggregates(tree)
     for node in tree.walk():  # comments are the user's text: none is carried on
         node.comments = None
     tree = normalize(tree)
     return Parsed(tree=tree, canonical=tree.sql(dialect=DIALECT, normalize=True))
+
+
+def _named_aggregates(tree: exp.Select) -> exp.Select:
+    """Each call of a ``NAMED_AGGREGATES`` function, which sqlglot reads as an unknown
+    scalar function, made the aggregate it is."""
+
+    def named(node: exp.Expression) -> exp.Expression:
+        if isinstance(node, exp.Anonymous) and node.name.upper() in NAMED_AGGREGATES:
+            args = [a.copy() for a in node.expressions]
+            return exp.AnonymousAggFunc(this=node.name.upper(), expressions=args)
+        return node
+
+    found = tree.transform(named)
+    if not isinstance(found, exp.Select):  # only a call is replaced, never the root
+        raise RuntimeError("internal error: reading named aggregates replaced the statement")
+    return found
 
 
 def _bind(tree: exp.Select, params: dict[str, Param]) -> exp.Select:

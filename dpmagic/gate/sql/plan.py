@@ -295,11 +295,13 @@ def _wanted(
                 uses[agg.name] = (("quantile", f"{at[0]}|{at[1]}"),)
             case Measuring() as kind:
                 clamp = bounded.bounds.get(agg.name)
-                parts = kind.parts(agg.arg, clamp, checked.resolved, agg.name in debiased)
+                parts = kind.parts(
+                    agg.arg, clamp, checked.resolved, agg.name in debiased, agg.level
+                )
                 keys = tuple(_want(wanted, part) for part in parts)
                 for key, part in zip(keys, parts, strict=True):
-                    if part[4] is not None:
-                        counted[key] = keys[part[4]]
+                    if part.counted is not None:
+                        counted[key] = keys[part.counted]
                 uses[agg.name] = keys
             case unknown:
                 assert_never(unknown)
@@ -390,10 +392,13 @@ def _typed_parts(agg: AggregateCall, names: tuple[str, ...], bounded: Bounded) -
 
 
 def _key(part: Wanted) -> Key:
-    """What a measurement is registered under: its kind and its argument's SQL."""
-    kind, arg = part[0], part[1]
+    """What a measurement is registered under: its kind (centred, trimmed) and its
+    argument's SQL."""
+    kind, arg = part.kind, part.arg
     return (
-        kind + (" centred" if part[4] is not None else ""),
+        kind
+        + (" centred" if part.counted is not None else "")
+        + (f" trimmed {part.trim!r}" if part.trim else ""),
         "*" if arg is None else arg.sql(dialect=DIALECT),
     )
 
@@ -482,7 +487,7 @@ def _measurement(
     count: str | None,
     summand: Summand,
 ) -> Measurement:
-    kind, arg, clamp, label, _ = part
+    kind, arg, clamp, label = part.kind, part.arg, part.clamp, part.label
     if kind == MeasureKind.COUNT_UNIT:  # one per unit and partition (``dp/counts``)
         contribution = distinct_units(contribution)
     if kind != MeasureKind.SUM:
@@ -507,7 +512,17 @@ def _measurement(
         raise Refused(f"{label}: the declared bounds are too wide to sum exactly")
     noise = noise_for(lo, hi, contribution, dataset.neighbouring, target, step)
     return Measurement(
-        name, kind, arg, clamp, grid_exp, noise, spent(noise, target), label, centre, summand
+        name,
+        kind,
+        arg,
+        clamp,
+        grid_exp,
+        noise,
+        spent(noise, target),
+        label,
+        centre,
+        summand,
+        part.trim,
     )
 
 
@@ -521,7 +536,7 @@ def _summand(part: Wanted, resolved: Resolved) -> Summand:
     """How a sum's SQL reads each row's value (``Summand``): a bare declared number
     column of the sum's type is NULL exactly where it is NULL (the load stored it of
     its type), and needs no clamp where its declared bounds lie within the sum's."""
-    kind, arg, clamp = part[:3]
+    kind, arg, clamp = part.kind, part.arg, part.clamp
     col = resolved.column(arg) if kind == MeasureKind.SUM and arg is not None else None
     if col is None or clamp is None or col.type != ("int" if clamp.integral else "float"):
         return Summand.CAST

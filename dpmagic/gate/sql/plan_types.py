@@ -64,6 +64,9 @@ class Measurement:
     label: str
     centre: Centre | None = None
     summand: Summand = Summand.CAST  # sums: how the SQL reads each row's value
+    # Sums: the share of each partition's values left out at each end before summing
+    # (``aggregates.trimmed_mean``, whose sensitivity is a plain sum's); 0: none.
+    trim: float = 0.0
 
     @property
     def bounds(self) -> ValueRange:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from sqlglot import exp
 
 from dpmagic.gate.sql.aggregates.noisy_sql import col
-from dpmagic.gate.sql.aggregates.parts import Avg, Variance
+from dpmagic.gate.sql.aggregates.parts import Avg, Trimmed, Variance
 from dpmagic.gate.sql.aggregates.registry import kind_of
 from dpmagic.gate.sql.totality import generated
 
@@ -109,4 +109,4 @@ class PostExpr:
 
 def _is_whole(plan: Plan, name: str) -> bool:
     """Whether the aggregate's interval is its own, not one per measurement."""
-    return isinstance(plan.parts.get(name), Avg | Variance)
+    return isinstance(plan.parts.get(name), Avg | Variance | Trimmed)

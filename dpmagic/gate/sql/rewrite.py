@@ -654,6 +654,8 @@ def _aggregate(m: Measurement, dialect: Dialect, rows: int) -> exp.Expression:
     clamp = m.bounds
     widest = max(abs(clamp.lo), abs(clamp.hi)) * 2.0**-m.grid_exp  # one value, grid units
     value = _summand(m)
+    if m.trim:  # each value an integer on the grid, as ``grid_sum`` rounds it
+        return dialect.trimmed_sum(value, m.trim, widest if clamp.integral else widest + 1)
     if clamp.integral:
         return dialect.exact_sum(value, widest, rows)
     return dialect.grid_sum(value, widest, rows)

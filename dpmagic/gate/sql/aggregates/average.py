@@ -47,11 +47,12 @@ class Average(Measuring):
         clamp: ValueRange | None,
         resolved: Resolved,
         debiased: bool,
+        level: float | None,
     ) -> list[Wanted]:
         arg = required(arg, "an average's argument")
         total = sum_of(arg, required(clamp, "an average's bounds"))
         count = count_of_values(arg, resolved)
-        return [total, count] if debiased else [(*total[:4], 1), count]
+        return [total, count] if debiased else [total._replace(counted=1), count]
 
     def typed(self, names: tuple[str, ...], clamp: ValueRange | None) -> Parts:
         return Avg(*names)

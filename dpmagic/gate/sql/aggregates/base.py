@@ -57,7 +57,8 @@ class Aggregate(ABC):
     single: bool = False
 
     def level(self, node: exp.Expression) -> float | None:
-        """The quantile level ``node`` asks for; None for a kind that has none."""
+        """The number ``node`` names beside its argument (a quantile's level, a trimmed
+        mean's fraction); None for a kind that has none."""
         return None
 
     def argument(self, arg: exp.Expression) -> exp.Expression:
@@ -117,9 +118,11 @@ class Measuring(Aggregate):
         clamp: ValueRange | None,
         resolved: Resolved,
         debiased: bool,
+        level: float | None,
     ) -> list[Wanted]:
         """The noisy counts and sums it is made of, in ``typed``'s order. ``debiased``:
-        its argument is a randomized-response column, which debiasing reads raw."""
+        its argument is a randomized-response column, which debiasing reads raw;
+        ``level``: the number its call names (``level``), for a kind that has one."""
 
     @abstractmethod
     def typed(self, names: tuple[str, ...], clamp: ValueRange | None) -> Parts:
@@ -190,7 +193,7 @@ def measured_interval(cells: CellIntervals, parts: Parts, pid: int, alpha: float
 
 def count_of(arg: exp.Expression | None) -> Wanted:
     """A ``COUNT`` of ``arg`` (of rows, for None): how many values a kind's sums add."""
-    return MeasureKind.COUNT, arg, None, f"COUNT({'*' if arg is None else display(arg)})", None
+    return Wanted(MeasureKind.COUNT, arg, None, f"COUNT({'*' if arg is None else display(arg)})")
 
 
 def count_of_values(arg: exp.Expression, resolved: Resolved) -> Wanted:
@@ -211,4 +214,4 @@ def never_null(arg: exp.Expression, resolved: Resolved) -> bool:
 
 def sum_of(arg: exp.Expression, clamp: ValueRange) -> Wanted:
     """A plain sum of ``arg`` clamped into ``clamp``."""
-    return MeasureKind.SUM, arg, clamp, f"SUM({display(arg)})", None
+    return Wanted(MeasureKind.SUM, arg, clamp, f"SUM({display(arg)})")

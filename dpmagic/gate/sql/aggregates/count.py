@@ -33,6 +33,7 @@ class Count(SingleMeasured):
         clamp: ValueRange | None,
         resolved: Resolved,
         debiased: bool,
+        level: float | None,
     ) -> list[Wanted]:
         return [count_of(arg)]
 

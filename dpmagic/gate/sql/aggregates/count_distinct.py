@@ -32,10 +32,11 @@ class CountDistinct(SingleMeasured):
         clamp: ValueRange | None,
         resolved: Resolved,
         debiased: bool,
+        level: float | None,
     ) -> list[Wanted]:
         arg = required(arg, "a distinct count's argument")
         kind = MeasureKind.COUNT_UNIT if resolved.is_unit(arg) else MeasureKind.COUNT_DISTINCT
-        return [(kind, arg, None, f"COUNT(DISTINCT {display(arg)})", None)]
+        return [Wanted(kind, arg, None, f"COUNT(DISTINCT {display(arg)})")]
 
     def typed(self, names: tuple[str, ...], clamp: ValueRange | None) -> Parts:
         (name,) = names

@@ -21,3 +21,4 @@ class AggregateFunc(StrEnum):
     STDDEV_SAMP = "stddev_samp"
     STDDEV_POP = "stddev_pop"
     QUANTILE = "quantile"  # MIN, MAX, MEDIAN and percentiles: a quantile at a level
+    TRIMMED_MEAN = "trimmed_mean"

@@ -5,16 +5,27 @@ names by role (``Parts``). Values only, read by every pass after the plan."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from sqlglot import exp
 
 from dpmagic.gate.sql.kinds import MeasureKind
 from dpmagic.gate.sql.value_range import ValueRange
 
-# A measurement before calibration: (kind, argument, clamp, label, and for a sum
-# measured around its centre, the index in the same list of the count of its rows).
-Wanted = tuple[MeasureKind, exp.Expression | None, ValueRange | None, str, int | None]
+
+class Wanted(NamedTuple):
+    """A measurement before calibration."""
+
+    kind: MeasureKind
+    arg: exp.Expression | None
+    clamp: ValueRange | None
+    label: str
+    # For a sum measured around its centre, the index in the same list of the count of
+    # its rows.
+    counted: int | None = None
+    # For a sum, the share of each partition's values left out at each end before it is
+    # summed (a trimmed sum, ``aggregates.trimmed_mean``); 0: every value.
+    trim: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -71,8 +82,23 @@ class Variance:
         return (self.count, self.centred, self.squares)
 
 
-Parts = Measured | Avg | DebiasedSum | Variance
-P = TypeVar("P", Measured, Avg, DebiasedSum, Variance)
+@dataclass(frozen=True)
+class Trimmed:
+    """``TRIMMED_MEAN``: the sum ``total`` of the values left after trimming (its
+    measurement's ``trim``) at each end, each less ``centre``, and ``count``, the count
+    of all the values."""
+
+    total: str
+    count: str
+    centre: float
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.total, self.count)
+
+
+Parts = Measured | Avg | DebiasedSum | Variance | Trimmed
+P = TypeVar("P", Measured, Avg, DebiasedSum, Variance, Trimmed)
 
 
 def narrowed(parts: Parts, role: type[P]) -> P:

@@ -2,17 +2,28 @@
 check pass refuses an aggregate node whose type is not here, so a function is never
 planned as a look-alike of another; ``tests/unit/test_aggregate_catalogue.py`` runs
 every entry through the gate and checks its release against the engine's own result.
-Adding a kind: its module, one line here, one row in docs/sql.md."""
+Adding a kind: its module, one line here, one row in docs/sql.md. A function sqlglot
+has no node for is registered by its name (``parse.NAMED_AGGREGATES``, which makes
+its calls sqlglot's ``AnonymousAggFunc``)."""
 
 from __future__ import annotations
 
 from sqlglot import exp
 
-from dpmagic.gate.sql.aggregates import average, count, count_if, quantile, sums, variance
+from dpmagic.gate.sql.aggregates import (
+    average,
+    count,
+    count_if,
+    quantile,
+    sums,
+    trimmed_mean,
+    variance,
+)
 from dpmagic.gate.sql.aggregates.base import Kind
 from dpmagic.gate.sql.aggregates.func import AggregateFunc
+from dpmagic.gate.sql.parse import NAMED_AGGREGATES
 
-CATALOGUE: dict[type[exp.Expression], Kind] = {
+CATALOGUE: dict[type[exp.Expression] | str, Kind] = {
     exp.Count: count.COUNT,
     exp.CountIf: count_if.COUNT_IF,
     exp.Sum: sums.SUM,
@@ -28,7 +39,23 @@ CATALOGUE: dict[type[exp.Expression], Kind] = {
     exp.PercentileCont: quantile.QUANTILE,
     exp.PercentileDisc: quantile.QUANTILE,
     exp.Quantile: quantile.QUANTILE,
+    "TRIMMED_MEAN": trimmed_mean.TRIMMED_MEAN,
 }
+
+
+def kind_of_call(node: exp.Expression) -> Kind | None:
+    """The kind of the aggregate call ``node``: by its exact node type, or by its name
+    for a function sqlglot has no node for; None where the table has none."""
+    if isinstance(node, exp.AnonymousAggFunc):
+        return CATALOGUE.get(node.name.upper())
+    return CATALOGUE.get(type(node))
+
+
+def call_argument(node: exp.Expression) -> exp.Expression | None:
+    """The argument an aggregate call ``node`` aggregates: its first."""
+    if isinstance(node, exp.AnonymousAggFunc):
+        return node.expressions[0] if node.expressions else None
+    return node.this
 
 
 def _by_func() -> dict[AggregateFunc, Kind]:
@@ -46,6 +73,8 @@ def _by_func() -> dict[AggregateFunc, Kind]:
 
 
 _KINDS = _by_func()
+if {k for k in CATALOGUE if isinstance(k, str)} != NAMED_AGGREGATES:
+    raise RuntimeError("the catalogue's names and parse.NAMED_AGGREGATES differ")
 
 
 def kind_of(func: AggregateFunc) -> Kind:

@@ -39,6 +39,7 @@ class Sum(SingleMeasured):
         clamp: ValueRange | None,
         resolved: Resolved,
         debiased: bool,
+        level: float | None,
     ) -> list[Wanted]:
         arg = required(arg, "a sum's argument")
         total = sum_of(arg, required(clamp, "a sum's bounds"))

@@ -47,6 +47,7 @@ class Spread(Measuring):
         clamp: ValueRange | None,
         resolved: Resolved,
         debiased: bool,
+        level: float | None,
     ) -> list[Wanted]:
         arg = required(arg, "a variance's argument")
         clamp = required(clamp, "a variance's bounds")
@@ -60,11 +61,11 @@ class Spread(Measuring):
         reach = max(centre - clamp.lo, clamp.hi - centre)
         return [
             count_of_values(arg, resolved),
-            (MeasureKind.SUM, deviation,
-             ValueRange(clamp.lo - centre, clamp.hi - centre, clamp.integral),
-             f"SUM({arg_sql} - {centre})", 0),
-            (MeasureKind.SUM, square, ValueRange(0, reach * reach, clamp.integral),
-             f"SUM(({arg_sql} - {centre})^2)", 0),
+            Wanted(MeasureKind.SUM, deviation,
+                   ValueRange(clamp.lo - centre, clamp.hi - centre, clamp.integral),
+                   f"SUM({arg_sql} - {centre})", 0),
+            Wanted(MeasureKind.SUM, square, ValueRange(0, reach * reach, clamp.integral),
+                   f"SUM(({arg_sql} - {centre})^2)", 0),
         ]  # fmt: skip
 
     def typed(self, names: tuple[str, ...], clamp: ValueRange | None) -> Parts:
