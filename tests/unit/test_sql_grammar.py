@@ -87,9 +87,13 @@ def test_every_extract_part_is_generated(part):
 
 
 @pytest.mark.search
-@pytest.mark.parametrize("node", list(CATALOGUE), ids=lambda n: n.__name__)
+@pytest.mark.parametrize("node", list(CATALOGUE), ids=lambda n: getattr(n, "__name__", n))
 def test_every_aggregate_is_generated(node):
-    _finds(set(), lambda n: isinstance(n, node), how="aggregated")
+    if isinstance(node, str):  # a function sqlglot has no node for, by its name
+        _finds(set(), lambda n: isinstance(n, exp.AnonymousAggFunc) and n.name == node,
+               how="aggregated")  # fmt: skip
+    else:
+        _finds(set(), lambda n: isinstance(n, node), how="aggregated")
 
 
 @pytest.mark.parametrize(

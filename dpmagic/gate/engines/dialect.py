@@ -89,28 +89,6 @@ class Dialect:
         sum's bounds hold whichever way a value is rounded (``plan_types.grid_bounds``)."""
         return self.exact_sum(value, widest + 1, rows)  # rounded up by at most 1
 
-    def trimmed_sum(self, value: exp.Expression, trim: float, widest: float) -> exp.Expression:
-        """The exact sum of the integers ``value`` (of magnitude at most ``widest``, a
-        float rounded to the nearest) left after dropping the ``m = FLOOR(trim·n)``
-        smallest and ``m`` largest of a partition's ``n`` non-NULL ones: its sorted list
-        of values, sliced (``trimmed_mean``). ``trim`` is written as the decimal it is,
-        so ``m`` is exact. A sum of fewer than 2^63 values of magnitude below 2^63 fits
-        the HUGEINT DuckDB's ``list_sum`` adds BIGINTs into."""
-        kind = exp.DataType.Type.INT128 if widest >= 2.0**62 else exp.DataType.Type.BIGINT
-        values = exp.Filter(
-            this=exp.Anonymous(this="list", expressions=[exp.cast(value, kind)]),
-            expression=exp.Where(
-                this=exp.Not(this=exp.Is(this=value.copy(), expression=exp.Null()))
-            ),
-        )
-        ordered = exp.Anonymous(
-            this="list_sort",
-            expressions=[values, exp.Literal.string("ASC"), exp.Literal.string("NULLS LAST")],
-        )
-        first, last = trimmed_window(value, trim)
-        kept = exp.Anonymous(this="list_slice", expressions=[ordered, first, last])
-        return exp.Anonymous(this="list_sum", expressions=[kept])
-
     def histogram(self, value: exp.Expression) -> exp.Expression:
         """The count of rows per value (a quantile's candidate index), NULLs left out."""
         counts = exp.Anonymous(this="histogram", expressions=[value])
@@ -124,16 +102,6 @@ class Dialect:
     def engine(self) -> str:
         """The engine's name as replies and the dry run give it."""
         return "DuckDB"
-
-
-def trimmed_window(value: exp.Expression, trim: float) -> tuple[exp.Expression, exp.Expression]:
-    """The 1-based positions ``m + 1`` and ``n − m`` of the first and last of a partition's
-    ``n`` sorted non-NULL ``value``s kept by a trimmed sum, ``m = FLOOR(trim·n)``."""
-    n = exp.Count(this=value.copy())
-    fraction = exp.Literal.number(repr(float(trim)))  # a DECIMAL literal: exact
-    m = exp.cast(exp.Floor(this=exp.Mul(this=fraction, expression=n)), exp.DataType.Type.BIGINT)
-    first = exp.Add(this=m, expression=exp.Literal.number(1))
-    return first, exp.Sub(this=n.copy(), expression=m.copy())
 
 
 def fits_64_bits(widest: float, rows: int) -> bool:

@@ -993,6 +993,8 @@ def _unit_of(node: exp.Expression, scans: tuple[Scan, ...]) -> str | None:
 
 
 def _name(node: exp.Expr) -> str:
+    if isinstance(node, exp.AnonymousAggFunc):  # a function sqlglot has no node for
+        return node.name
     return type(node).__name__.upper()
 
 

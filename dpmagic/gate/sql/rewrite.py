@@ -94,6 +94,10 @@ def rewrite(plan: Plan, seed: int | None = None, dialect: Dialect = DUCKDB) -> R
     keys = [k.name for k in plan.keys]
     row = _Rows(resolved, dialect, plan.work.keyed)
     ctes, final = _bounded(plan, row, seed)
+    trimmed = [m for m in plan.measurements if m.trim]
+    if trimmed:
+        ctes = [*ctes, (TRIMMED_ROWS, _ranked(keys, final, trimmed))]
+        final = (TRIMMED_ROWS, None)
 
     apart = bool(plan.selections) and dialect.histograms_apart
     outputs: list[exp.Expression] = [_col(k) for k in keys]
@@ -654,11 +658,46 @@ def _aggregate(m: Measurement, dialect: Dialect, rows: int) -> exp.Expression:
     clamp = m.bounds
     widest = max(abs(clamp.lo), abs(clamp.hi)) * 2.0**-m.grid_exp  # one value, grid units
     value = _summand(m)
-    if m.trim:  # each value an integer on the grid, as ``grid_sum`` rounds it
-        return dialect.trimmed_sum(value, m.trim, widest if clamp.integral else widest + 1)
+    if m.trim:
+        value = exp.Case(ifs=[exp.If(this=_kept(m), true=value)])
     if clamp.integral:
         return dialect.exact_sum(value, widest, rows)
     return dialect.grid_sum(value, widest, rows)
+
+
+TRIMMED_ROWS = "trimmed_rows"
+
+
+def _ranked(
+    keys: list[str], final: tuple[str, exp.Expression | None], trimmed: list[Measurement]
+) -> exp.Select:
+    """The bounded rows, each with, per trimmed sum (``Measurement.trim``), its value's
+    rank in its partition (``ROW_NUMBER``, smallest first, NULLs last) and the number
+    of its partition's non-NULL values: windows, not a list of the values, which the
+    execution guard refuses in generated SQL. Equal values are interchangeable, so the
+    order among ties cannot change the sum."""
+    by = [_col(k) for k in keys]
+    columns: list[exp.Expression] = [exp.Star()]
+    for m in trimmed:
+        value = _summand(m)
+        order = exp.Order(expressions=[exp.Ordered(this=value, nulls_first=False)])
+        rank = exp.Window(this=exp.RowNumber(), partition_by=by, order=order)
+        count = exp.Window(this=exp.Count(this=value.copy()), partition_by=[c.copy() for c in by])
+        columns += [_as(rank, "__r_" + m.name), _as(count, "__n_" + m.name)]
+    tree = exp.select(*columns).from_(exp.table_(final[0]))
+    return tree if final[1] is None else tree.where(final[1].copy())
+
+
+def _kept(m: Measurement) -> exp.Expression:
+    """Whether a row's value is kept by trimmed sum ``m``: ranked from ``k + 1`` to
+    ``n − k`` of its partition's ``n``, ``k = FLOOR(trim·n)`` (``trim`` written as the
+    decimal it is, so ``k`` is exact)."""
+    n = _col("__n_" + m.name)
+    fraction = exp.Literal.number(repr(float(m.trim)))
+    cut = exp.cast(exp.Floor(this=exp.Mul(this=fraction, expression=n)), exp.DataType.Type.BIGINT)
+    low = exp.Add(this=cut, expression=exp.Literal.number(1))
+    high = exp.Sub(this=n.copy(), expression=cut.copy())
+    return exp.Between(this=_col("__r_" + m.name), low=low, high=high)
 
 
 def _summand(m: Measurement) -> exp.Expression:

@@ -20,9 +20,6 @@ by ``sql/engine_rows.py``'s Spark rule, which this profile's ``has_try`` selects
   lacks: the rewrite counts them by ``GROUP BY`` the keys and the candidate and
   gathers each key's counts into a map (``rewrite._histograms_apart``), never an
   approximate percentile.
-* **Trimmed sums** (``TRIMMED_MEAN``): ``collect_list`` sorted by ``array_sort``,
-  sliced, and added up by ``aggregate`` in DECIMAL(38,0), which no sum of values
-  the plan allows can overflow; each float value rounded to the nearest first.
 """
 
 from __future__ import annotations
@@ -31,7 +28,7 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
-from dpmagic.gate.engines.dialect import Dialect, fits_64_bits, trimmed_window
+from dpmagic.gate.engines.dialect import Dialect, fits_64_bits
 
 EXACT = exp.DataType.build("DECIMAL(38, 0)")
 
@@ -56,26 +53,6 @@ class SparkDialect(Dialect):
         # Spark's cast to an integer truncates: rounding to the nearest is asked for,
         # which moves a value up by at most 1.
         return self.exact_sum(exp.Round(this=value), widest + 1, rows)
-
-    def trimmed_sum(self, value: exp.Expression, trim: float, widest: float) -> exp.Expression:
-        rounded = exp.Cast(this=exp.Round(this=value), to=EXACT.copy())
-        ordered = exp.Anonymous(
-            this="array_sort",
-            expressions=[exp.Anonymous(this="collect_list", expressions=[rounded])],
-        )
-        first, last = trimmed_window(value, trim)
-        # ``n − m − (m + 1) + 1`` values from the first kept.
-        length = exp.Add(
-            this=exp.Sub(this=last, expression=exp.Paren(this=first.copy())),
-            expression=exp.Literal.number(1),
-        )
-        kept = exp.Anonymous(this="slice", expressions=[ordered, first, length])
-        add = exp.Lambda(
-            this=exp.Add(this=exp.column("__acc"), expression=exp.column("__x")),
-            expressions=[exp.to_identifier("__acc"), exp.to_identifier("__x")],
-        )
-        zero = exp.Cast(this=exp.Literal.number(0), to=EXACT.copy())
-        return exp.Anonymous(this="aggregate", expressions=[kept, zero, add])
 
     @property
     def engine(self) -> str:

@@ -5,8 +5,8 @@ values far out cannot move. The values are first clamped into their declared bou
 ``[lo, hi]``, as every kind's are.
 
 Mechanism: a noisy *trimmed sum* and a noisy count. The engine sums the kept values
-less the middle of the bounds ``c`` (``Dialect.trimmed_sum``: the sorted list of a
-group's values, sliced), ``S = Σ_{i=m+1}^{n−m} (x₍ᵢ₎ − c)``, exactly, on the sum's grid;
+less the middle of the bounds ``c`` (``rewrite``: each value ranked in its group by a
+window, ``Measurement.trim``), ``S = Σ_{i=m+1}^{n−m} (x₍ᵢ₎ − c)``, exactly, on the sum's grid;
 the count is its argument's. Released: ``c + S̃ / max(Ñ − 2⌊p·Ñ⌋, 1)`` within
 ``[lo, hi]``, post-processing of the two.
 
@@ -48,11 +48,9 @@ from dpmagic.gate.sql.aggregates.base import Measuring, count_of_values
 from dpmagic.gate.sql.aggregates.func import AggregateFunc
 from dpmagic.gate.sql.aggregates.noisy_sql import at_least, literal, noisy, within_sql
 from dpmagic.gate.sql.aggregates.parts import Parts, Trimmed, Wanted, narrowed
-from dpmagic.gate.sql.aggregates.quantile import fraction
 from dpmagic.gate.sql.aggregates.variance import centre_of
 from dpmagic.gate.sql.expected import gaussian, mix_quantile
 from dpmagic.gate.sql.kinds import MeasureKind
-from dpmagic.gate.sql.parse import DIALECT
 from dpmagic.gate.sql.trees import display
 from dpmagic.gate.sql.value_range import ValueRange
 
@@ -67,14 +65,15 @@ class TrimmedMean(Measuring):
     func = AggregateFunc.TRIMMED_MEAN
 
     def level(self, node: exp.Expression) -> float:
-        """The fraction trimmed at each end: a literal at least 0 and below ½."""
-        label = node.sql(dialect=DIALECT)
-        if len(node.expressions) != 2:
-            raise Refused(f"{label}: TRIMMED_MEAN(x, p) takes a value and the fraction p")
-        p = fraction(node.expressions[1], label)
-        if not p < 0.5:
-            raise Refused(f"{label}: the fraction trimmed at each end must be below 0.5")
-        return p
+        """The fraction trimmed at each end: a number literal at least 0 and below ½."""
+        label = display(node)
+        p = node.expressions[1] if len(node.expressions) == 2 else None
+        if not (isinstance(p, exp.Literal) and not p.is_string and 0 <= float(p.this) < 0.5):
+            raise Refused(
+                f"{label}: TRIMMED_MEAN(x, p) takes a value and the fraction p cut at each "
+                "end, one number at least 0 and below 0.5"
+            )
+        return float(p.this)
 
     def parts(
         self,
