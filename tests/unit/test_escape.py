@@ -159,6 +159,8 @@ ACCEPTED = [
     "SELECT SUM(x), AVG(x) FROM t WHERE s LIKE 'name1%'",
     "SELECT COUNT(*) FROM t WHERE TRY_CAST(s AS INT) IS NULL",
     "SELECT SUM(x / (x - 5)) FROM t",
+    # A trimmed sum ranks the values by a window: the guard refuses a list of them.
+    "SELECT TRIMMED_MEAN(x, 0.2) FROM t",
 ]
 
 
