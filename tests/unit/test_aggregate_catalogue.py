@@ -278,3 +278,22 @@ def test_a_trimmed_sum_moves_as_a_plain_sum_does():
             changed = (*values[:i], y, *values[i + 1 :])
             moved = abs(_trimmed_sum(changed, p) - _trimmed_sum(values, p))
             assert moved <= abs(y - values[i])
+
+
+def test_the_engines_trimmed_sum_reaches_a_plain_sums_sensitivity():
+    """Through the engine, a unit of two rows at the lower bound, removed, moves the
+    trimmed sum (six values, one cut at each end; then four, one cut) by exactly its
+    sensitivity, a plain sum's: no smaller calibration (say a sum's times the 1 − 2p
+    of values kept) is sound, and the brute force above would not show it (its table
+    moves a sum by half its sensitivity)."""
+    columns = {"pid": {"type": "int"}, "x": {"type": "int", "lower": -3, "upper": 5}}
+    p = make_plan(_sql("TRIMMED_MEAN(X, {q})"), dataset(columns, max_partitions=1, max_rows=2))
+    rows = [(1, 1), (2, 5), (3, -3), (3, -2), (4, -3), (4, -3)]
+    con = duckdb.connect()
+    load_table(con, "t", ["pid", "x"], rows)
+    base = exact_vectors(p, con, seed=3)
+    load_table(con, "t", ["pid", "x"], [r for r in rows if r[0] != 4])
+    other = exact_vectors(p, con, seed=3)
+    (trimmed,) = (m for m in p.measurements if m.trim)
+    moved = abs(base[trimmed.name][0] - other[trimmed.name][0])
+    assert moved == trimmed.noise.sensitivity == 8
