@@ -133,7 +133,8 @@ def plan(
 
     wanted, counted, quantiles, uses = _wanted(bounded, debiased, quantile_intervals)
     kinds = {kind for kind, *_ in wanted.values()}
-    bounds = bounding(dataset, resolved, bool(checked.keys), reach, kinds, private is not None)
+    keys = [k.expr for k in checked.keys]
+    bounds = bounding(dataset, resolved, keys, reach, kinds, private is not None)
     contribution = bounds.contribution(reach)
     work = _work(bounded, bounds, wanted, quantiles)
     rows = partition_rows(resolved, contribution)

@@ -76,7 +76,7 @@ and the policy: ``K`` is.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from sqlglot import exp
@@ -88,6 +88,7 @@ from dpmagic.gate.policy import AccountantKind, Dataset
 from dpmagic.gate.sql.kinds import MeasureKind
 from dpmagic.gate.sql.resolve import Resolved
 from dpmagic.gate.sql.trees import conjuncts
+from dpmagic.gate.sql.unit_keys import keys_fixed_by_unit
 from dpmagic.gate.sql.value_range import ValueRange
 
 PRODUCT = "__dpmagic_p"  # + j: a unit's joined rows after a join's first j + 1 scans
@@ -150,20 +151,24 @@ def join_cap(bounding: Bounding) -> int:
 def bounding(
     dataset: Dataset,
     resolved: Resolved,
-    grouped: bool,
+    keys: Sequence[exp.Expression],
     partitions: int,
     kinds: set[MeasureKind],
     private_keys: bool,
 ) -> Bounding:
     """How this query bounds each unit's contribution (see above), decided once: the
-    plan's sensitivity and the generated SQL both read it. ``private_keys``: keys
-    chosen by partition selection, whose count of keys a unit reaches only the
-    window bounds."""
+    plan's sensitivity and the generated SQL both read it. ``keys``: the group keys;
+    ``private_keys``: keys chosen by partition selection, whose count of keys a unit
+    reaches only the window bounds. The window keeps one group a unit where every
+    key is one the unit's rows all share (``unit_keys``: no row is lost by it)."""
     if dataset.privacy_unit is None:
         return RowLevel()
     tables = table_cap(resolved)
     joined = load_cap(dataset) if tables is None else min(load_cap(dataset), tables)
+    grouped = bool(keys)
     groups = dataset.max_partitions if grouped else 1
+    if grouped and keys_fixed_by_unit(resolved, keys):
+        groups = 1
     window = Window(min(groups, joined), min(dataset.max_rows_per_partition, joined), joined)
     if private_keys or MeasureKind.COUNT_UNIT in kinds:
         return window
