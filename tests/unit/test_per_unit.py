@@ -24,7 +24,7 @@ from dpmagic.gate.sql.per_unit import (
     WithinUnit,
     derived_table,
     grouped_by_unit,
-    keys,
+    keys_of,
     per_unit_values,
 )
 from dpmagic.gate.sql.value_range import ValueRange
@@ -154,11 +154,11 @@ def test_the_dry_run_basis_names_rows_and_range() -> None:
 def test_an_integer_per_person_value_offers_its_keys() -> None:
     select = sqlglot.parse_one("SELECT pid, COUNT(*) AS n, AVG(x) AS a FROM t GROUP BY pid")
     n, a = per_unit_values(select, ROWS, unit_column("pid"), _row_range)
-    assert list(keys(n)) == [0, 1, 2, 3]
+    assert list(keys_of(n)) == [0, 1, 2, 3]
     with pytest.raises(Refused, match="cannot be a key"):
-        keys(a)
+        keys_of(a)
     with pytest.raises(Refused, match="clamp it"):
-        keys(PerUnitValue("big", ValueRange(0, per_unit.MAX_KEYS, True), ""))
+        keys_of(PerUnitValue("big", ValueRange(0, per_unit.MAX_KEYS, True), ""))
 
 
 @pytest.mark.parametrize(
@@ -277,4 +277,4 @@ def test_tpch_q13_shape_offers_the_order_counts_as_keys() -> None:
         "ON c_custkey = o_custkey AND o_comment NOT LIKE '%special%requests%' GROUP BY c_custkey"
     )
     (count,) = per_unit_values(select, 7, unit_column("c_custkey"), lambda _: None)
-    assert count.name == "c_count" and list(keys(count)) == list(range(8))
+    assert count.name == "c_count" and list(keys_of(count)) == list(range(8))

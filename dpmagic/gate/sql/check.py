@@ -142,6 +142,8 @@ def check(resolved: Resolved) -> Checked:
         for scan in per.scans:
             if scan.on is not None:
                 _row_expr(scan.on, resolved, "ON")
+        for _, key in per.keys:
+            _row_expr(key, resolved, "a per-person subquery's GROUP BY")
         for _, value in per.values:  # the aggregates' arguments are row expressions
             for agg in value.find_all(exp.AggFunc):
                 args = agg.this.expressions if isinstance(agg.this, exp.Distinct) else [agg.this]

@@ -99,7 +99,7 @@ def per_unit_values(
     return out
 
 
-def keys(value: PerUnitValue) -> range:
+def keys_of(value: PerUnitValue) -> range:
     """The public keys of an integral, bounded per-person value: every integer of its
     bound, none read from the data. Refuses a value that cannot be a key."""
     r = value.range
@@ -110,21 +110,30 @@ def keys(value: PerUnitValue) -> range:
     return range(int(r.lo), int(r.hi) + 1)
 
 
-def derived_table(name: str, unit: Column, values: list[PerUnitValue]) -> Table:
-    """The per-person subquery as the query around it sees it: a private table of one
-    row per unit (``max_rows=1``) whose columns are declared by their per-person
-    bounds, an integral one's keys declared as its public values. The outer query's
-    sensitivity then follows from the existing rules for a declared table, because
-    adding or removing a person adds or removes one row within those bounds."""
+def derived_table(
+    name: str,
+    unit: Column,
+    values: list[PerUnitValue],
+    keys: Sequence[Column] = (),
+    max_rows: int = 1,
+) -> Table:
+    """The per-person subquery as the query around it sees it: a private table of at
+    most ``max_rows`` rows per unit (one where it is grouped by the unit alone, or by
+    keys the unit fixes) whose ``keys`` are declared as the columns they read are,
+    and whose values are declared by their per-person bounds, an integral one's keys
+    declared as its public values. The outer query's sensitivity then follows from
+    the existing rules for a declared table, because adding or removing a person adds
+    or removes at most ``max_rows`` rows within those bounds."""
     columns = {unit.name: Column(unit.name, unit.type)}
+    columns.update({k.name: k for k in keys})
     for v in values:
         try:
-            public = tuple(keys(v))
+            public = tuple(keys_of(v))
         except Refused:
             public = None
         kind: ColumnType = "int" if v.range.integral else "float"
         columns[v.name] = Column(v.name, kind, v.range.lo, v.range.hi, public_values=public)
-    return Table(name, public=False, columns=columns, unit=unit.name, max_rows=1)
+    return Table(name, public=False, columns=columns, unit=unit.name, max_rows=max_rows)
 
 
 def value_bound(

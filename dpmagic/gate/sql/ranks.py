@@ -174,6 +174,10 @@ def bounding(
         return window
     if any(s.table.public for s in resolved.scans):
         return window
+    if any(s.per_unit is not None and (s.table.max_rows or 0) > 1 for s in resolved.scans):
+        # A per-person subquery of several rows a unit (one per order) is made in the
+        # query, not ranked at load: only the window bounds its rows in the query around.
+        return window
     k = rows_per_unit(dataset, grouped, partitions)
     k = k if tables is None else min(k, tables)
     if k < joined and drops_rows(resolved):

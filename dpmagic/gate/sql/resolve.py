@@ -30,6 +30,7 @@ from dpmagic.gate.sql.limits import AnalysisLimit, Expansion, nodes
 from dpmagic.gate.sql.parse import DIALECT, Parsed
 from dpmagic.gate.sql.per_unit import derived_table, per_unit_values
 from dpmagic.gate.sql.trees import conjuncts
+from dpmagic.gate.sql.unit_keys import fixed_by_unit
 from dpmagic.gate.sql.value_range import ValueRange
 
 # sqlglot 30 names these arguments with a trailing underscore.
@@ -64,14 +65,18 @@ class Scan:
 
 @dataclass(frozen=True)
 class PerUnit:
-    """A subquery in ``FROM`` grouped by the privacy unit (``sql/per_unit.py`` has the
-    bounds): computed exactly, per unit, in SQL of its own over ``scans`` (a join on
-    the unit in which each unit keeps at most ``rows`` rows, ``ranks.room_reads``)
-    filtered by ``where``, one row per unit holding ``unit`` and each of ``values``
-    (its name and its aggregate over ``scans``). The query around it reads it as the
-    table its scan names: one row per unit (``max_rows = 1``), each value a column
-    declared by its bound, so what one unit adds to the query around it is one row
-    within those bounds, whatever its rows inside."""
+    """A subquery in ``FROM`` grouped by the privacy unit or by a key within one unit
+    (an order: ``sql/per_unit.py`` has the bounds): computed exactly, per unit, in SQL
+    of its own over ``scans`` (a join on the unit in which each unit keeps at most
+    ``rows`` rows, ``ranks.room_reads``) filtered by ``where``, one row per unit and
+    ``keys`` (each named where the subquery selects it), holding ``unit``, its keys
+    and each of ``values`` (its name and its aggregate over ``scans``). The query
+    around it reads it as the table its scan names: one row per unit where the unit
+    fixes its keys (``unit_keys``), else at most ``rows`` (a unit's rows hold at most
+    that many distinct keys), each value a column declared by its bound, so what one
+    unit adds to the query around it is that many rows within those bounds, whatever
+    its rows inside. The SQL groups by the unit and the keys: each row is one unit's
+    whatever the keys are."""
 
     scans: tuple[Scan, ...]
     where: exp.Expression | None
@@ -80,6 +85,7 @@ class PerUnit:
     rows: int
     bounds: tuple[ValueRange, ...]  # each value's, which the SQL clamps it into
     bases: tuple[str, ...]  # why each value lies within its bound, for the dry run
+    keys: tuple[tuple[str | None, exp.Expression], ...] = ()  # (output name, key)
 
 
 @dataclass(frozen=True)
@@ -361,12 +367,16 @@ class _Flattener:
         unit = _unit(scans, filters, self.dataset)
         group = select.args["group"].expressions
         keys = [sub.substitute(k, env, frozenset(), "GROUP BY") for k in group]
-        if unit is None or len(keys) != 1 or _unit_of(keys[0], scans) is None:
+        by_unit = [k for k in keys if _unit_of(k, scans) is not None]
+        within = [k for k in keys if _within_unit(k, scans, self.dataset)]
+        if unit is None or not (by_unit or within):
             raise Refused(
-                "GROUP BY inside a subquery in FROM must group by the privacy unit alone: "
-                "each row is then one person's, computed from their rows (visits per "
-                "patient); other groups would mix several persons' rows"
+                "GROUP BY inside a subquery in FROM must group by the privacy unit, or by a "
+                "key within one person (an order), with any other keys beside it: each row "
+                "is then one person's, computed from their rows (visits per patient); other "
+                "groups would mix several persons' rows"
             )
+        others = [k for k in keys if _unit_of(k, scans) is None]
         rows = _unit_rows(scans, self.dataset)
 
         def row_range(node: exp.Expression) -> ValueRange | None:
@@ -378,12 +388,20 @@ class _Flattener:
 
         unit_name, items, trees = UNIT_OUTPUT, [], []
         written: dict[str, str] = {}  # a value's resolved text -> the user's, for its basis
+        grouped = {k.sql(dialect=DIALECT): k for k in others}
+        named: dict[str, str] = {}  # a key's text -> its output name
+        key_columns: list[Column] = []
         for item in select.expressions:
             name = item.alias_or_name.lower()
             expr = item.this if isinstance(item, exp.Alias) else item
             tree = sub.substitute(expr, env, frozenset(), "a per-person subquery's SELECT")
             if _unit_of(tree, scans) is not None:
                 unit_name = name
+                continue
+            text = tree.sql(dialect=DIALECT)
+            if text in grouped and text not in named:
+                named[text] = name
+                key_columns.append(_key_column(name, tree, scans))
                 continue
             items.append(exp.alias_(tree, name))
             trees.append((name, tree))
@@ -409,11 +427,20 @@ class _Flattener:
                 return node
 
             persons = cond.transform(value)
-        shaped = exp.Select(expressions=items, group=exp.Group(expressions=keys))
+        shaped = exp.Select(expressions=items, group=exp.Group(expressions=[unit.copy()]))
         values = per_unit_values(shaped, rows, lambda k: _unit_of(k, scans) is not None, row_range)
         root = required(_private_read(unit, scans), "the per-person subquery's unit")[0]
         unit_type = required(root.table.unit_column, "a private table's unit").type
-        table = derived_table(f"__per_unit{name}", Column(unit_name, unit_type), values)
+        # One row a unit where it fixes every other key; else a row for each distinct
+        # key among the unit's at most ``rows`` rows.
+        one = fixed_by_unit(scans, [t for f in filters for t in conjuncts(f)], others)
+        table = derived_table(
+            f"__per_unit{name}",
+            Column(unit_name, unit_type),
+            values,
+            key_columns,
+            max_rows=1 if one else rows,
+        )
         per = PerUnit(
             scans,
             _and(filters) if filters else None,
@@ -422,6 +449,7 @@ class _Flattener:
             rows,
             tuple(v.range for v in values),
             tuple(_in_words(v.basis, written) for v in values),
+            tuple((named.get(k.sql(dialect=DIALECT)), k) for k in others),
         )
         self.expansion.add(3 * len(table.columns))
         self.scans.append(Scan(name, table, kind, per_unit=per))
@@ -979,6 +1007,36 @@ def _private_read(node: exp.Expression, scans: tuple[Scan, ...]) -> tuple[Scan, 
         return None
     scan = next((s for s in scans if s.name == node.table), None)
     return None if scan is None or scan.table.public else (scan, node.name)
+
+
+def _within_unit(node: exp.Expression, scans: tuple[Scan, ...], dataset: Dataset) -> bool:
+    """Whether ``node`` is a key whose rows all lie within one unit: a column a declared
+    link reads (a line's ``l_orderkey``: its order, and so its person, is one), or the
+    unique key of a linked table a link names (``orders.o_orderkey``)."""
+    read = _private_read(node, scans)
+    if read is None:
+        return False
+    scan, column = read
+    via = scan.table.via
+    if via is not None and column == via.column:
+        return True
+    return any(
+        t.via is not None and t.via.table == scan.table.name and t.via.key == column
+        for t in dataset.tables.values()
+    )
+
+
+def _key_column(name: str, tree: exp.Expression, scans: tuple[Scan, ...]) -> Column:
+    """A per-person subquery's key as the query around it reads it: declared as the
+    column it is (its type, bounds and public values), under its output name."""
+    read = _private_read(tree, scans)
+    column = None if read is None else read[0].table.columns.get(read[1])
+    if column is None:
+        raise Refused(
+            f"{tree.sql(dialect=DIALECT)[:60]}: a per-person subquery's GROUP BY key must be "
+            "a column of a private table it reads"
+        )
+    return replace(column, name=name)
 
 
 def _unit_of(node: exp.Expression, scans: tuple[Scan, ...]) -> str | None:

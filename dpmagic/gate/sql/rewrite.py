@@ -434,7 +434,7 @@ def _used(resolved: Resolved, trees: list[exp.Expression]) -> dict[str, dict[str
     scans = list(resolved.scans) + [s for j in resolved.semijoins for s in j.scans]
     for per in (s.per_unit for s in resolved.scans if s.per_unit is not None):
         scans += per.scans
-        trees = [*trees, per.unit, *(t for _, t in per.values)]
+        trees = [*trees, per.unit, *(t for _, t in per.values), *(k for _, k in per.keys)]
         trees += [per.where] if per.where is not None else []
     trees = trees + [s.on for s in scans if s.on is not None]
     for j in resolved.semijoins:
@@ -509,6 +509,9 @@ def _per_person(
     source, where = _reads(per.scans, terms, used, row, caps)
     key = row.total(per.unit)
     columns = [_as(key, required(unit, "a per-person table's unit"))]
+    # Its other keys, grouped by with the unit: each row is one unit's whatever they are.
+    others = [row.total(k) for _, k in per.keys]
+    columns += [_as(k.copy(), name) for (name, _), k in zip(per.keys, others, strict=True) if name]
     # Each value clamped into its bound: the bounds hold by construction, whatever a
     # float sum's rounding, and the query around reads them as declared columns.
     columns += [
@@ -516,7 +519,8 @@ def _per_person(
         for (name, tree), bound in zip(per.values, per.bounds, strict=True)
     ]
     inner = _select(columns, source, [*where, _not_null(key.copy())])
-    return exp.Subquery(this=inner.group_by(key.copy()), alias=_ident("__per_unit"))
+    grouped = inner.group_by(key.copy(), *(k.copy() for k in others))
+    return exp.Subquery(this=grouped, alias=_ident("__per_unit"))
 
 
 def _per_unit_value(tree: exp.Expression, row: _Rows) -> exp.Expression:

@@ -17,8 +17,8 @@ one unit's rows hold the same value in it:
 
 1. a scan's privacy-unit column (the join ties every private scan's unit to the
    row's unit) and every column of a private scan whose table holds at most one row
-   a unit (``max_rows_per_unit = 1``, and a per-unit subquery's rows): one row of
-   it is joined to all of the unit's rows;
+   a unit (``max_rows_per_unit = 1``, and a per-person subquery's table grouped by
+   the unit alone): one row of it is joined to all of the unit's rows;
 2. a column a ``WHERE`` conjunct equates to a literal or to a fixed column (the rows
    kept satisfy every conjunct; inner joins' conditions are among them);
 3. every column of a public scan whose unique column (a public fact: no value
@@ -36,11 +36,14 @@ NULLs, so its equality need not hold).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from sqlglot import exp
 
-from dpmagic.gate.sql.resolve import Resolved, Scan
 from dpmagic.gate.sql.trees import conjuncts, unparen
+
+if TYPE_CHECKING:  # resolve reads this module for its per-person subqueries
+    from dpmagic.gate.sql.resolve import Resolved, Scan
 
 ColumnKey = tuple[str, str]  # (scan name, column name)
 
@@ -50,18 +53,26 @@ def keys_fixed_by_unit(resolved: Resolved, keys: Sequence[exp.Expression]) -> bo
     the same for all the rows the query keeps of one unit (the module's rule)."""
     if resolved.unit is None or not keys:
         return False
-    fixed = fixed_columns(resolved)
+    where = resolved.tree.args.get("where")
+    terms = conjuncts(where.this) if where is not None else []
+    return fixed_by_unit(resolved.scans, terms, keys)
+
+
+def fixed_by_unit(
+    scans: Sequence[Scan], terms: Sequence[exp.Expression], keys: Sequence[exp.Expression]
+) -> bool:
+    """Whether every one of ``keys`` is fixed by the unit in the join of ``scans`` under
+    the conjuncts ``terms`` (a query's, or a per-person subquery's own)."""
+    fixed = fixed_columns(scans, terms)
     return all(_reads_only(key, fixed) for key in keys)
 
 
-def fixed_columns(resolved: Resolved) -> frozenset[ColumnKey]:
-    """The columns of the query's join fixed by its unit (rules 1 to 3)."""
-    where = resolved.tree.args.get("where")
-    terms = conjuncts(where.this) if where is not None else []
-    main = {s.name for s in resolved.scans}
+def fixed_columns(scans: Sequence[Scan], terms: Sequence[exp.Expression]) -> frozenset[ColumnKey]:
+    """The columns of the join of ``scans`` fixed by its unit (rules 1 to 3)."""
+    main = {s.name for s in scans}
     pairs, held = _equalities(terms, main)
     fixed: set[ColumnKey] = set(held)
-    for scan in resolved.scans:
+    for scan in scans:
         fixed |= _fixed_by_rows(scan)
     changed = True
     while changed:
@@ -70,7 +81,7 @@ def fixed_columns(resolved: Resolved) -> frozenset[ColumnKey]:
             if (a in fixed) != (b in fixed):
                 fixed |= {a, b}
                 changed = True
-        for scan in resolved.scans:
+        for scan in scans:
             if _whole_scan(scan, fixed) or not _keyed_public(scan, fixed):
                 continue
             fixed |= {(scan.name, c) for c in scan.table.columns}
@@ -79,11 +90,12 @@ def fixed_columns(resolved: Resolved) -> frozenset[ColumnKey]:
 
 
 def _fixed_by_rows(scan: Scan) -> set[ColumnKey]:
-    """Rule 1: a private scan's unit column; all of one holding a row a unit."""
+    """Rule 1: a private scan's unit column; all of one holding a row a unit (a
+    per-person subquery's table, grouped by the unit alone, is one)."""
     table = scan.table
     if table.public or table.unit is None:
         return set()
-    if table.max_rows == 1 or scan.per_unit is not None:
+    if table.max_rows == 1:
         return {(scan.name, c) for c in (*table.columns, table.unit)}
     return {(scan.name, table.unit)}
 
