@@ -41,6 +41,7 @@ from dpmagic.gate.dp.levels import REPORT_ALPHA
 from dpmagic.gate.dp.mechanisms import calibrate
 from dpmagic.gate.engines.interface import OutOfResources, PublicRead
 from dpmagic.gate.engines.registry import open_store
+from dpmagic.gate.engines.run_locks import RunLocks
 from dpmagic.gate.failures import (
     BadRequest,
     Failed,
@@ -185,8 +186,11 @@ class Engine:
         }
         # Data first: a policy whose files are missing fails before any state is written.
         self.databases = {name: open_store(ds, policy.gate) for name, ds in policy.datasets.items()}
-        # Who runs on each dataset's engine, and when (``admission.py``).
-        self._admissions = {name: Admission() for name in policy.datasets}
+        # Who runs on each dataset's engine, and when (``admission.py``); a user's one
+        # run held across the gate's worker processes too (``engines/run_locks.py``).
+        self._admissions = {
+            name: Admission(locks=RunLocks(policy.gate.state_dir, name)) for name in policy.datasets
+        }
         # A public table's contents are public: its columns' values become known keys, its
         # size and its values' repeats bound what a join with it costs (``sql/work.py``).
         datasets = {n: self.databases[n].public_facts(ds) for n, ds in policy.datasets.items()}
