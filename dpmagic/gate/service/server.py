@@ -155,6 +155,34 @@ class Server(TCPServer, httputil.HTTPServerConnectionDelegate):
         self.in_flight: set[asyncio.Future[None]] = set()
         self.refused: Counter[str] = Counter()
         self.next_busy_log: dict[str, float] = {}
+        self.shared: list[socket.socket] = []  # sockets other workers accept from too
+
+    def accept_shared(self, sockets: list[socket.socket]) -> None:
+        """Accept from sockets the gate's other workers accept from too, one connection
+        each time one is ready, never a batch: tornado's ``add_sockets`` takes up to 128
+        at a time, and the worker that woke first took three quarters of a burst of 300
+        (16.4 s of one core against the other's 4.3). Taking one and going back to the
+        loop, a worker whose interpreter is busy with analyses comes back later, so the
+        connections go mostly to whichever worker has time for them."""
+        for sock in sockets:
+            self.loop.add_reader(sock.fileno(), self._accept_one, sock)
+            self.shared.append(sock)
+
+    def _accept_one(self, sock: socket.socket) -> None:
+        try:
+            connection, address = sock.accept()
+        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+            return  # another worker took it, or the peer left
+        stream = iostream.IOStream(
+            connection, max_buffer_size=self.max_buffer_size, read_chunk_size=self.read_chunk_size
+        )
+        self.handle_stream(stream, address)
+
+    def stop(self) -> None:
+        super().stop()
+        for sock in self.shared:
+            self.loop.remove_reader(sock.fileno())
+        self.shared.clear()
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -272,16 +300,20 @@ class RunningGate:
     """Listening sockets and the engine; ``run`` serves until asked to stop, and
     ``close`` releases the engine and the socket file."""
 
-    def __init__(self, listener: Listener, app: App) -> None:
+    def __init__(self, listener: Listener, app: App, shared: bool = False) -> None:
         self._listener = listener
         self.app = app
         self.engine = app.engine
         self.address = listener.address
+        self.shared = shared  # a worker: other processes accept from the same sockets
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until ``stop`` is set, then finish the requests being answered."""
         server = Server(self.app, _connection_limit())
-        server.add_sockets(self._listener.sockets)
+        if self.shared:
+            server.accept_shared(self._listener.sockets)
+        else:
+            server.add_sockets(self._listener.sockets)
         await stop.wait()
         await server.drain()
 
@@ -329,8 +361,11 @@ def bind(listen: str) -> Listener:
     return bind_unix(socket_path(where)) if kind == "unix" else bind_tcp(where)
 
 
-def gate_over(listener: Listener, policy: Policy, auth: Authenticator) -> RunningGate:
-    """The engine over ``policy`` behind ``listener``'s sockets (closed if it fails)."""
+def gate_over(
+    listener: Listener, policy: Policy, auth: Authenticator, shared: bool = False
+) -> RunningGate:
+    """The engine over ``policy`` behind ``listener``'s sockets (closed if it fails);
+    ``shared``: other worker processes accept from them too."""
     try:
         engine = Engine(policy)
     except BaseException:
@@ -339,7 +374,7 @@ def gate_over(listener: Listener, policy: Policy, auth: Authenticator) -> Runnin
     if isinstance(auth, HubTokenAuth):
         auth.membership = engine.membership  # the Hub's groups join the policy's
     app = App(engine=engine, auth=auth, quantum_s=policy.gate.response_quantum_ms / 1000)
-    return RunningGate(listener, app)
+    return RunningGate(listener, app, shared)
 
 
 def _connection_limit() -> int:

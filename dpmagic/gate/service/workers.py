@@ -216,7 +216,7 @@ def work(argv: Sequence[str] | None = None) -> int:
     try:
         policy = load_policy(args.policy)
         auth = authenticator(policy, args.address, args.jupyterhub)
-        gate = gate_over(listener, policy, auth)
+        gate = gate_over(listener, policy, auth, shared=True)
     except START_ERRORS as exc:
         listener.close()
         print(f"dpmagic: error: {exc}", file=sys.stderr)
