@@ -450,10 +450,11 @@ def serve(
     return 0
 
 
-def setup_logging() -> None:
-    """Our access log at INFO; libraries (tornado's, jupyterhub's) only warnings; and
-    the open-files limit lifted (``raise_open_files_limit``)."""
-    logging.basicConfig(level=logging.WARNING, format="dpmagic gate: %(message)s")
+def setup_logging(name: str = "dpmagic gate") -> None:
+    """Our access log at INFO, each line after ``name``; libraries (tornado's,
+    jupyterhub's) only warnings; and the open-files limit lifted
+    (``raise_open_files_limit``)."""
+    logging.basicConfig(level=logging.WARNING, format=f"{name}: %(message)s")
     log.setLevel(logging.INFO)
     raise_open_files_limit()
 

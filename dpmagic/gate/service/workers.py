@@ -210,7 +210,7 @@ def work(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--index", type=int, required=True)
     parser.add_argument("--jupyterhub", action="store_true")
     args = parser.parse_args(argv)
-    setup_logging()
+    setup_logging(f"dpmagic gate worker {args.index}")
     sockets = [socket.socket(fileno=int(fd)) for fd in args.fds.split(",")]
     listener = Listener(sockets, args.address)  # closing it closes our copies only
     try:
