@@ -43,8 +43,7 @@ def _runs(state: Path, locked: bool, users: list[str]) -> list[tuple[str, tuple[
     out: multiprocessing.Queue = context.Queue()
     start = time.time() + 1.0  # after every process has started
     procs = [
-        context.Process(target=_run, args=(str(state), locked, user, start, out))
-        for user in users
+        context.Process(target=_run, args=(str(state), locked, user, start, out)) for user in users
     ]
     for proc in procs:
         proc.start()
