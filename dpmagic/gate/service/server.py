@@ -43,7 +43,9 @@ open as many connections as they like and send as slowly as they like):
 
 The parts: ``listen.py`` binds the address, ``exchange.py`` answers one request
 (routing, the body, the padding), ``routes.py`` says what each endpoint does; this
-module accepts connections, counts them per user and runs the gate.
+module accepts connections, counts them per user and runs the gate, and
+``workers.py`` runs it as several processes behind one address (``gate.workers``),
+where these limits are each worker's.
 
 Run it with ``dpmagic serve`` or ``python -m dpmagic.gate.service.server``.
 """
