@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import select
 import signal
 import socket
@@ -223,6 +224,9 @@ def work(argv: Sequence[str] | None = None) -> int:
         return USAGE_ERROR
     tune_collector()
     print(READY, flush=True)
+    # Nothing reads the pipe after this line: whatever else is printed goes to the log,
+    # not into a pipe whose full buffer would stop the worker.
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     try:
         asyncio.run(serve_until_signalled(gate, lifeline=sys.stdin.fileno()))
     finally:
