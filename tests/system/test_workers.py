@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import pwd
 import signal
 import subprocess
 import sys
@@ -25,10 +24,9 @@ import pytest
 
 from dpmagic.client.http_gate import Gate
 from dpmagic.gate.engines.run_locks import RunLocks
-from tests.conftest import PEOPLE, GateProcess, write_dataset
+from tests.conftest import PEOPLE, TOKENS, GateProcess, free_port, write_dataset
 
 WAIT_S = 30.0
-USER = pwd.getpwuid(os.getuid()).pw_name  # who the gate sees on its unix socket
 
 
 def _children(pid: int) -> set[int]:
@@ -112,6 +110,7 @@ SLOW_POLICY = """
 [gate]
 state_dir = "state"
 response_quantum_ms = 0
+tokens_file = "tokens.toml"
 workers = 2
 
 [datasets.d]
@@ -128,13 +127,17 @@ SLOW_SQL = "SELECT COUNT(*) FROM t WHERE s LIKE '%a%b%a%b%z%'"
 
 
 @pytest.fixture
-def slow_workers(tmp_path: Path, short_dir: Path) -> Iterator[GateProcess]:
-    """Two workers over a table whose query runs long enough to be seen running."""
+def slow_workers(tmp_path: Path) -> Iterator[GateProcess]:
+    """Two workers on TCP (alice's and bob's tokens) over a table whose query runs long
+    enough to be seen running."""
     con = duckdb.connect(str(tmp_path / "slow.duckdb"))
     con.execute("CREATE TABLE t AS SELECT range AS pid, repeat('ab', 40) AS s FROM range(3000000)")
     con.close()
+    tokens = "[users]\n" + "".join(f'{user} = "{token}"\n' for user, token in TOKENS.items())
+    (tmp_path / "tokens.toml").write_text(tokens)
+    (tmp_path / "tokens.toml").chmod(0o600)
     (tmp_path / "policy.toml").write_text(SLOW_POLICY)
-    process = GateProcess(tmp_path / "policy.toml", f"unix:{short_dir / 'slow.sock'}")
+    process = GateProcess(tmp_path / "policy.toml", f"tcp:127.0.0.1:{free_port()}")
     process.start()
     try:
         yield process
@@ -155,22 +158,25 @@ def _held(path: Path) -> bool:
 
 
 def test_a_users_run_holds_the_lock_every_worker_waits_on(slow_workers: GateProcess) -> None:
-    """The lock ``engines/run_locks.py`` keeps is taken by the worker running the user's
-    query, for as long as it runs, and let go after (that it makes another process
-    wait is tests/unit/test_run_locks.py's)."""
-    lock = RunLocks(slow_workers.state_dir, "d").path(USER)
+    """The lock ``engines/run_locks.py`` keeps is taken by the worker running alice's
+    query, for as long as it runs, and let go after; bob's is another lock, free
+    meanwhile (that the lock makes another process wait, and that one process's rule
+    alone does not, is tests/unit/test_run_locks.py's). With one process's rule alone
+    (``Admission()`` without the lock) the lock is never seen held."""
+    locks = RunLocks(slow_workers.state_dir, "d")
+    alice = Gate(slow_workers.address, token=TOKENS["alice"])
     replies: list[object] = []
-    asking = threading.Thread(
-        target=lambda: replies.append(Gate(slow_workers.address).query(SLOW_SQL, epsilon=0.5))
-    )
-    seen = False
+    asking = threading.Thread(target=lambda: replies.append(alice.query(SLOW_SQL, epsilon=0.5)))
+    seen = bob_free = False
     asking.start()
     while asking.is_alive() and not seen:
-        seen = lock.exists() and _held(lock)
+        seen = locks.path("alice").exists() and _held(locks.path("alice"))
+        bob_free = not _held(locks.path("bob"))
     asking.join(timeout=WAIT_S)
     assert replies, "the query was not answered"
-    assert seen, "no worker held the user's lock while the query ran"
-    assert not _held(lock)
+    assert seen, "no worker held alice's lock while her query ran"
+    assert bob_free
+    assert not _held(locks.path("alice"))
 
 
 def test_a_worker_that_dies_is_replaced(workers_gate: GateProcess) -> None:
