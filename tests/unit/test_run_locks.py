@@ -1,6 +1,7 @@
 """A user's one run per dataset across the gate's worker processes
 (``engines/run_locks.py`` under ``admission.Admission``): real processes, each with an
-admission of its own over one state directory, as the workers of a gate are.
+admission of its own over one state directory, as the workers of a gate are; and the
+locks of first releases (``FlightLocks``), whose files are removed as they are let go.
 
 The broken version the overlap test catches is the admission of a single process
 (``Admission()`` without locks): each process lets the same user run at once."""
@@ -12,6 +13,7 @@ import multiprocessing
 import os
 import signal
 import stat
+import threading
 import time
 from pathlib import Path
 
@@ -19,7 +21,7 @@ import pytest
 
 from dpmagic.gate.admission import Admission
 from dpmagic.gate.engines.interface import OutOfResources
-from dpmagic.gate.engines.run_locks import FOLDER, RunLocks
+from dpmagic.gate.engines.run_locks import FLIGHTS, FOLDER, FlightLocks, RunLocks
 
 RUN_S = 0.4  # each run's length: long beside a process's start and a lock's hand-over
 
@@ -115,3 +117,42 @@ def test_locks_are_per_user_and_dataset_and_private(tmp_path: Path) -> None:
     held.release()  # a second release does nothing
     assert stat.S_IMODE((tmp_path / FOLDER).stat().st_mode) == 0o700
     assert stat.S_IMODE(d.path("alice").stat().st_mode) == 0o600
+
+
+def test_flight_locks_exclude_in_every_scope_and_leave_no_file(tmp_path: Path) -> None:
+    """Threads holding one key's lock in overlapping scopes (each opens its own file,
+    so each is a holder of its own, as a process is) never hold it together, even
+    while each holder removes the file as it lets go; a holder that waited was told
+    so once, one that did not was not; no file is left. Without the check that the
+    file held is still the path's (a waiter on a removed file holding it while a
+    newcomer locks the path's new one), two hold it together."""
+    locks = FlightLocks(tmp_path)
+    inside: list[int] = []
+    overlapped: list[bool] = []
+    told: list[str] = []
+    scopes = [[("everyone", "d")], [("user", "d", "a"), ("everyone", "d")]]
+
+    def fly(i: int) -> None:
+        time.sleep(0.004 * i)  # arriving while others hold it, and after it was removed
+        with locks.holding("key", scopes[i % 2], lambda: told.append(f"t{i}")):
+            inside.append(i)
+            overlapped.append(len(inside) > 1)
+            time.sleep(0.01)
+            inside.remove(i)
+
+    threads = [threading.Thread(target=fly, args=(i,)) for i in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert len(overlapped) == 12 and not any(overlapped)
+    assert 0 < len(told) == len(set(told)) < 12  # the first in did not wait
+    assert list((tmp_path / FLIGHTS).iterdir()) == []
+    told.clear()
+    mine = [("user", "d", "a")]
+    with (
+        locks.holding("key", mine, lambda: told.append("x")),
+        locks.holding("other", mine, lambda: told.append("y")),  # another key: no wait
+    ):
+        pass
+    assert told == []

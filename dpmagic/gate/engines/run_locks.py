@@ -1,4 +1,5 @@
-"""A user's one run on a dataset, held across the gate's worker processes.
+"""A user's one run on a dataset, and a question's first release, held across the
+gate's worker processes.
 
 ``admission.py`` lets each user have one run at a time on each dataset, so that a
 user sending the heaviest queries the policy allows holds one run's share of the
@@ -22,6 +23,15 @@ Why a file lock, and one per user:
 The files are empty; the folder, like the state directory, is the gate user's
 alone (0700, each file 0600), and a file's name says nothing of the user but to
 someone who can already read the ledger beside it.
+
+``FlightLocks`` does the same for the engine's single flight of a replay key
+(``engine._Flights``): the same question asked in two workers at once waits for
+the first release rather than making a second, so everyone who asks is served the
+same numbers. One lock per replay key and scope the release is served in (the
+asker's own; everyone's, or each group's, where the dataset shares releases): two
+asks contend exactly when one's release could be served to the other. Replay keys
+are many, so each file is removed by its holder before it lets go; a waiter that
+then holds a removed file sees that and opens the path anew.
 """
 
 from __future__ import annotations
@@ -29,9 +39,12 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 FOLDER = "runs"
+FLIGHTS = "flights"
 
 
 class RunLocks:
@@ -68,3 +81,68 @@ class Held:
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)  # closing the last descriptor of the file drops the flock
+
+
+class FlightLocks:
+    """The locks of first releases, as files in ``state_dir / FLIGHTS``."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.folder = state_dir / FLIGHTS
+        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+    def path(self, key: str, scope: Iterable[str]) -> Path:
+        name = hashlib.sha256("\0".join([key, *scope]).encode()).hexdigest()[:40]
+        return self.folder / f"{name}.lock"
+
+    @contextmanager
+    def holding(
+        self, key: str, scopes: Iterable[Iterable[str]], contended: Callable[[], None]
+    ) -> Iterator[None]:
+        """Hold the lock of ``key`` in every one of ``scopes`` (in the order of their
+        files, so two holders never wait for each other in a circle); ``contended()``
+        is called once, before the first wait for another holder."""
+        told = [False]
+
+        def wait() -> None:
+            if not told[0]:
+                told[0] = True
+                contended()
+
+        with ExitStack() as held:
+            for path in sorted({self.path(key, scope) for scope in scopes}):
+                held.enter_context(_removed_after(path, wait))
+            yield
+
+
+@contextmanager
+def _removed_after(path: Path, wait: Callable[[], None]) -> Iterator[None]:
+    """Hold ``path``'s ``flock`` (``wait()`` before blocking on another holder), and
+    remove the file before letting go."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                wait()
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            if _same_file(fd, path):
+                break
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)  # its holder removed it meanwhile: the lock is the path's new file
+    try:
+        yield
+    finally:
+        try:
+            path.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        return os.stat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
