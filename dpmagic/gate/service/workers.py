@@ -18,13 +18,14 @@ What must hold for a user across workers, and how it does (docs/architecture.md,
   IMMEDIATE`` transaction, so workers never overspend a budget between them;
 - a user's one run per dataset (``admission.py``) is held across processes by a
   lock per user the kernel keeps (``engines/run_locks.py``);
+- the same question asked at once makes one release: its first release's leader
+  holds a lock per scope it is served in (``run_locks.FlightLocks``);
 - a resource failure is counted in the ledger (``Engine._within_failures``), so the
   daily cap counts every worker's;
 - the rest is each worker's own and decides no charge: the analysis cache and
   replay hints (a miss costs an analysis, the ledger still decides what is served),
-  the single flight of a replay key (a second release across workers is charged
-  like any), the per-user connection and request limits (each worker's, so a user
-  may hold N times as many across the gate), the padding clock.
+  the per-user connection and request limits (each worker's, so a user may hold N
+  times as many across the gate), the padding clock.
 
 The workers start in turn (the first prepares the data while the others wait for
 its lock, ``prepared.py``); the address is announced (``LISTENING``) once every one
