@@ -25,6 +25,7 @@ import pytest
 from dpmagic.client.http_gate import Gate
 from dpmagic.gate.engines.run_locks import RunLocks
 from tests.conftest import PEOPLE, TOKENS, GateProcess, free_port, write_dataset
+from tests.system import test_budget_integrity as integrity
 
 WAIT_S = 30.0
 
@@ -233,3 +234,45 @@ def test_workers_that_cannot_start_say_so_once_and_leave_none(tmp_path: Path) ->
     errors = [line for line in err.splitlines() if line.startswith("dpmagic: error:")]
     assert len(errors) == 1 and "t.csv" in errors[0], err
     assert not any(_alive(pid) for pid in children)
+
+
+def test_kill_9_of_the_workers_between_debit_and_reply_keeps_the_debit(
+    tmp_path: Path, short_dir: Path
+) -> None:
+    """``test_budget_integrity``'s crash, in a gate of workers: the workers killed while
+    a reply is held (4 s of padding) after its debit; the debit stays, nothing left,
+    and the workers that take their place count it."""
+    con = duckdb.connect(str(tmp_path / "slow.duckdb"))
+    con.execute("CREATE TABLE t AS SELECT range AS pid, repeat('ab', 40) AS s FROM range(100000)")
+    con.close()
+    policy = tmp_path / "policy.toml"
+    policy.write_text(
+        integrity.SLOW_POLICY.replace("response_quantum_ms", "workers = 2\nresponse_quantum_ms")
+    )
+    gate = GateProcess(policy, f"unix:{short_dir / 'kill.sock'}")
+    gate.start()
+    try:
+        ledger = gate.state_dir / "ledger.sqlite3"
+        outcome: dict[str, object] = {}
+
+        def ask() -> None:
+            try:
+                outcome["reply"] = Gate(gate.address).query(integrity.SLOW_SQL, epsilon=0.5)
+            except Exception as exc:  # its worker dies under it
+                outcome["error"] = exc
+
+        asking = threading.Thread(target=ask)
+        asking.start()
+        _until(lambda: bool(integrity._entries(ledger)), "no debit was written")
+        supervisor = _supervisor(gate)
+        killed = _children(supervisor)
+        for pid in killed:
+            os.kill(pid, signal.SIGKILL)
+        asking.join(timeout=WAIT_S)
+        assert "reply" not in outcome, "the reply left before the kill"
+        (status, epsilon), *_ = integrity._entries(ledger)
+        assert status in ("charged", "released") and epsilon == 0.5
+        _until(lambda: len(_children(supervisor) - killed) == 2, "no workers took their place")
+        assert Gate(gate.address).budget()["user"]["spent"]["epsilon"] == pytest.approx(0.5)
+    finally:
+        gate.stop()
