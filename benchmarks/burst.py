@@ -4,6 +4,7 @@ raw DuckDB running the same N queries from N threads on one connection.
 
     python benchmarks/burst.py                         # 100 and 300 users, 1M rows
     python benchmarks/burst.py --users 300 --rows 1M --quantum 0 250
+    python benchmarks/burst.py --quantum 0 --workers 1 2   # the gate's worker processes
 
 Each student's query is ``SELECT state, COUNT(*), SUM(income) FROM visits WHERE
 age > a AND income > b GROUP BY state`` with their own ``a`` and ``b``, so no text
@@ -12,8 +13,9 @@ on ``tcp:127.0.0.1``, one token per student in its ``tokens_file``, over the
 visits table of ``benchmarks/visits.py`` (the same cached DuckDB file). Raw DuckDB
 reads that file natively; its N threads each hold a cursor of one connection.
 
-Per burst size and response quantum (``--quantum``: 0 turns padding off; the
-policy's default is 250 ms), each side runs ``--reps`` bursts, in turn (raw, gate,
+Per burst size, response quantum (``--quantum``: 0 turns padding off; the
+policy's default is 250 ms) and worker count (``--workers``: the policy's
+``gate.workers``, default 1), each side runs ``--reps`` bursts, in turn (raw, gate,
 raw, gate…) after a pause, and the table gives the median makespan (first send to
 last reply), the median of the bursts' p50 and p99 latencies, failures, and the
 ratio gate / raw. Not a test: the figures depend on the machine, whose load is
@@ -136,8 +138,11 @@ def start_gate(policy: Path) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("the gate exited before listening")
 
 
-def write_policy(database: Path, work: Path, users: int, quantum_ms: int) -> tuple[Path, list[str]]:
-    """The visits policy, padding at ``quantum_ms``, one token per user."""
+def write_policy(
+    database: Path, work: Path, users: int, quantum_ms: int, workers: int = 1
+) -> tuple[Path, list[str]]:
+    """The visits policy, padding at ``quantum_ms``, ``workers`` worker processes, one
+    token per user."""
     tokens = [secrets.token_hex(16) for _ in range(users)]
     token_file = work / "tokens.toml"
     token_file.write_text(
@@ -146,24 +151,27 @@ def write_policy(database: Path, work: Path, users: int, quantum_ms: int) -> tup
     token_file.chmod(0o600)
     text = _policy(database, work).replace(
         "response_quantum_ms = 0",
-        f'response_quantum_ms = {quantum_ms}\ntokens_file = "{token_file}"',
+        f'response_quantum_ms = {quantum_ms}\ntokens_file = "{token_file}"\nworkers = {workers}',
     )
     policy = work / "policy.toml"
     policy.write_text(text)
     return policy, tokens
 
 
-def measure(database: Path, users: int, quantum_ms: int, reps: int) -> dict[str, object]:
+def measure(
+    database: Path, users: int, quantum_ms: int, reps: int, workers: int = 1
+) -> dict[str, object]:
     """``reps`` bursts of raw DuckDB and of the gate, in turn."""
     sqls = texts(users)
     con = duckdb.connect(str(database), read_only=True)
     raw: list[Burst] = []
     gate: list[Burst] = []
     with tempfile.TemporaryDirectory(prefix="dpm-burst-") as folder:
-        policy, tokens = write_policy(database, Path(folder), users, quantum_ms)
+        policy, tokens = write_policy(database, Path(folder), users, quantum_ms, workers)
         proc, address = start_gate(policy)
         try:
-            burst(gate_calls(address, tokens[:1], sqls[:1]))  # warm-up: the gate's imports
+            # Warm-up: the gate's imports, in each worker (whichever accepts each call).
+            burst(gate_calls(address, tokens[: 2 * workers], sqls[: 2 * workers]))
             burst(raw_calls(con, sqls[:1]))
             for rep in range(reps):
                 # Each rep's texts are new to the gate: no analysis is cached.
@@ -176,7 +184,13 @@ def measure(database: Path, users: int, quantum_ms: int, reps: int) -> dict[str,
             proc.terminate()
             proc.wait(30)
             con.close()
-    return {"users": users, "quantum_ms": quantum_ms, "raw": summary(raw), "gate": summary(gate)}
+    return {
+        "users": users,
+        "quantum_ms": quantum_ms,
+        "workers": workers,
+        "raw": summary(raw),
+        "gate": summary(gate),
+    }
 
 
 def summary(bursts: list[Burst]) -> dict[str, float]:
@@ -194,15 +208,16 @@ def summary(bursts: list[Burst]) -> dict[str, float]:
 
 def table(rows: list[dict[str, object]]) -> str:
     lines = [
-        "| users | quantum | raw makespan | gate makespan | × | gate p50 | gate p99 | failures |",
-        "|---|---|---|---|---|---|---|---|",
+        "| users | quantum | workers | raw makespan | gate makespan | × | gate p50 | gate p99 "
+        "| failures |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         raw, gate = r["raw"], r["gate"]
         assert isinstance(raw, dict) and isinstance(gate, dict)
         ratio = gate["makespan_s"] / raw["makespan_s"]
         lines.append(
-            f"| {r['users']} | {r['quantum_ms']} ms | {raw['makespan_s']:.2f} s "
+            f"| {r['users']} | {r['quantum_ms']} ms | {r['workers']} | {raw['makespan_s']:.2f} s "
             f"| {gate['makespan_s']:.2f} s | {ratio:.2f} | {gate['p50_s']:.2f} s "
             f"| {gate['p99_s']:.2f} s | {gate['failures']} |"
         )
@@ -215,15 +230,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=row_count, default=1_000_000, help="1M, 10M or a number")
     parser.add_argument("--quantum", type=int, nargs="+", default=[0, 250], help="ms; 0: off")
     parser.add_argument("--reps", type=int, default=3, help="bursts per side (median)")
+    parser.add_argument(
+        "--workers", type=int, nargs="+", default=[1], help="the gate's worker processes"
+    )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args(argv)
-    if min(args.users) < 1 or args.reps < 1:
-        parser.error("--users and --reps must be at least 1")
+    if min(args.users) < 1 or args.reps < 1 or min(args.workers) < 1:
+        parser.error("--users, --reps and --workers must be at least 1")
     database = visits_file(args.rows)
     load = os.getloadavg()
     rows = [
-        measure(database, users, quantum, args.reps)
+        measure(database, users, quantum, args.reps, workers)
         for quantum in args.quantum
+        for workers in args.workers
         for users in args.users
     ]
     if args.json:

@@ -191,6 +191,18 @@ def gate(tmp_path: Path, short_dir: Path) -> Iterator[GateProcess]:
 
 
 @pytest.fixture
+def workers_gate(tmp_path: Path, short_dir: Path) -> Iterator[GateProcess]:
+    """`gate`'s policy served by two worker processes (``gate.workers = 2``)."""
+    policy = write_dataset(tmp_path, "workers = 2\n")
+    process = GateProcess(policy, f"unix:{short_dir / 'gate.sock'}")
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.fixture
 def tcp_gate(tmp_path: Path) -> Iterator[GateProcess]:
     """A running gate on TCP (loopback, a free port) that wants the bearer tokens `TOKENS`."""
     tokens = "[users]\n" + "".join(f'{user} = "{token}"\n' for user, token in TOKENS.items())

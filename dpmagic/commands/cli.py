@@ -71,6 +71,12 @@ def _parser() -> argparse.ArgumentParser:
         help="run as a JupyterHub service: users are known by their Hub API tokens, and "
         "the address defaults to the service's url ($JUPYTERHUB_SERVICE_URL)",
     )
+    p.add_argument(
+        "--workers",
+        type=_positive,
+        help="worker processes answering queries, each with its own engine over the same "
+        "data and ledger (default: the policy's gate.workers, 1)",
+    )
     p.set_defaults(run=_serve)
 
     p = sub.add_parser(
@@ -339,7 +345,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     if args.jupyterhub and importlib.util.find_spec("jupyterhub") is None:
         raise CommandError("--jupyterhub needs JupyterHub: pip install 'dpmagic[hub]'")
-    return serve(policy, args.listen, jupyterhub=args.jupyterhub)
+    return serve(policy, args.listen, jupyterhub=args.jupyterhub, workers=args.workers)
 
 
 def _check_example_data(policy: Policy) -> None:

@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from dpmagic.gate.engines import sharing
+from dpmagic.gate.engines.run_locks import Held, RunLocks
 from dpmagic.gate.engines.sharing import Shared, Sharing
 
 T = TypeVar("T")
@@ -66,8 +67,11 @@ class Admission:
     """The runs of one dataset (see the module's docstring)."""
 
     sharing: Sharing = field(default_factory=Sharing)
+    # The user's lock across the gate's processes; None: this process's rule alone.
+    locks: RunLocks | None = None
     _changed: threading.Condition = field(default_factory=threading.Condition)
     _users: set[str] = field(default_factory=set)  # users with a run in the engine
+    _held: dict[str, Held] = field(default_factory=dict)  # their locks across processes
 
     def run(self, user: str, query: Callable[[], T], resources: type[Exception]) -> T:
         """``query()`` as the user's one run on the dataset, its stores' time limits
@@ -76,6 +80,12 @@ class Admission:
         with self._changed:
             self._changed.wait_for(lambda: user not in self._users)
             self._users.add(user)
+        if self.locks is not None:
+            try:
+                self._held[user] = self.locks.hold(user)  # waits for the other workers'
+            except BaseException:
+                self._leave(None, user)
+                raise
         share = self.sharing.join()
         left = False  # whether ``share`` left already, to be run again
         try:
@@ -118,6 +128,9 @@ class Admission:
                 self.sharing.leave(share)
             if user is not None:
                 with self._changed:
+                    held = self._held.pop(user, None)
+                    if held is not None:
+                        held.release()
                     self._users.discard(user)
                     self._changed.notify_all()
 

@@ -41,6 +41,7 @@ from dpmagic.gate.dp.levels import REPORT_ALPHA
 from dpmagic.gate.dp.mechanisms import calibrate
 from dpmagic.gate.engines.interface import OutOfResources, PublicRead
 from dpmagic.gate.engines.registry import open_store
+from dpmagic.gate.engines.run_locks import FlightLocks, RunLocks
 from dpmagic.gate.failures import (
     BadRequest,
     Failed,
@@ -135,9 +136,11 @@ class _Flights:
 
     A leader boards before reading the ledger, so a release recorded by an earlier
     leader is found by it and one recorded later has this flight to wait on: there is
-    no moment when a request neither finds a release nor sees its flight. It holds
-    within one gate process; gates sharing a state directory do not wait for one
-    another (each serves the other's releases once recorded, under the same rule)."""
+    no moment when a request neither finds a release nor sees its flight. Across the
+    gate's worker processes (and gates sharing a state directory) a leader also holds
+    a lock per scope its release is served in (``engines/run_locks.FlightLocks``), so
+    a leader of the same question in another process, whose release this one could be
+    served, is waited for the same way."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -185,8 +188,11 @@ class Engine:
         }
         # Data first: a policy whose files are missing fails before any state is written.
         self.databases = {name: open_store(ds, policy.gate) for name, ds in policy.datasets.items()}
-        # Who runs on each dataset's engine, and when (``admission.py``).
-        self._admissions = {name: Admission() for name in policy.datasets}
+        # Who runs on each dataset's engine, and when (``admission.py``); a user's one
+        # run held across the gate's worker processes too (``engines/run_locks.py``).
+        self._admissions = {
+            name: Admission(locks=RunLocks(policy.gate.state_dir, name)) for name in policy.datasets
+        }
         # A public table's contents are public: its columns' values become known keys, its
         # size and its values' repeats bound what a join with it costs (``sql/work.py``).
         datasets = {n: self.databases[n].public_facts(ds) for n, ds in policy.datasets.items()}
@@ -199,6 +205,8 @@ class Engine:
         # The first releases running, so that the same question asked meanwhile waits
         # for one and is served it rather than released again (``_Flights``).
         self._flights = _Flights()
+        # The same across the gate's worker processes (``engines/run_locks.py``).
+        self._flight_locks = FlightLocks(policy.gate.state_dir)
 
     def close(self) -> None:
         for db in self.databases.values():
@@ -391,16 +399,21 @@ class Engine:
                     return stored
                 continue  # that release failed or was refused: ask as if it never was
             try:
-                # Read after boarding: a release recorded before is found here, and one
-                # recorded after waits for this flight to land.
-                stored = self._replayed(user, dataset, request, key, groups)
-                if stored is not None:
-                    self._remember(user, dataset, request, analysis, groups)
-                    return stored
-                # The same query released before over other data or policy facts:
-                # answered afresh (and charged: it is a new release), saying why.
-                fresh = self.ledger.fresh_because(user, dataset.name, key)
-                return self._released(user, dataset, request, analysis, reply, reads, fresh)
+                # The flight across the gate's workers: a leader of the same question in
+                # another worker, whose release could be served to this user, is waited
+                # for (padded: the wait follows its run) before the ledger is read.
+                scopes = _hint_scopes(user, dataset, groups)
+                with self._flight_locks.holding(str(key), scopes, reads.begin):
+                    # Read after boarding: a release recorded before is found here, and
+                    # one recorded after waits for this flight to land.
+                    stored = self._replayed(user, dataset, request, key, groups)
+                    if stored is not None:
+                        self._remember(user, dataset, request, analysis, groups)
+                        return stored
+                    # The same query released before over other data or policy facts:
+                    # answered afresh (and charged: it is a new release), saying why.
+                    fresh = self.ledger.fresh_because(user, dataset.name, key)
+                    return self._released(user, dataset, request, analysis, reply, reads, fresh)
             finally:
                 self._flights.land(dataset.name, key, flight)
 

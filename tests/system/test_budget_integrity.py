@@ -25,7 +25,7 @@ import pytest
 
 from dpmagic import BudgetExhausted
 from dpmagic.client.http_gate import Gate
-from tests.conftest import GateProcess
+from tests.conftest import GateProcess, write_dataset
 
 # The `gate` fixture's policy: user budget 5.0, notebook budget 2.0.
 USER_LIMIT = 5.0
@@ -54,26 +54,61 @@ def _check_no_overspend(gate: GateProcess, answered: int) -> None:
     assert spent <= USER_LIMIT  # overspend = 0
 
 
-@pytest.mark.parametrize("clients", [12])
-def test_racing_threads_never_overspend(gate, clients):
-    # A notebook each: the user's budget, shared by all of them, is what they race for.
+@pytest.fixture(params=["gate", "workers_gate"], ids=["one process", "two workers"])
+def racing_gate(request: pytest.FixtureRequest) -> GateProcess:
+    """The gate as one process, and as two worker processes on one ledger
+    (``service/workers.py``): the races below run against both."""
+    return request.getfixturevalue(request.param)
+
+
+def _race_threads(addresses: list[str], clients: int) -> int:
+    """``clients`` threads, a notebook each (the user's budget, shared by all of them,
+    is what they race for), spread over ``addresses``; how many were answered."""
     with ThreadPoolExecutor(clients) as pool:
-        wins = list(
-            pool.map(lambda i: _spend_until_refused(gate.address, f"nb{i}"), range(clients))
+        wins = pool.map(
+            lambda i: _spend_until_refused(addresses[i % len(addresses)], f"nb{i}"),
+            range(clients),
         )
-    print(f"\n{clients} racing threads: {sum(wins)} answered, limit allows {WINS}")
-    _check_no_overspend(gate, sum(wins))
+        return sum(wins)
 
 
-def test_racing_processes_never_overspend(gate):
+@pytest.mark.parametrize("clients", [12])
+def test_racing_threads_never_overspend(racing_gate, clients):
+    answered = _race_threads([racing_gate.address], clients)
+    print(f"\n{clients} racing threads: {answered} answered, limit allows {WINS}")
+    _check_no_overspend(racing_gate, answered)
+
+
+def test_racing_processes_never_overspend(racing_gate):
     clients = 8
     context = multiprocessing.get_context("fork")
     with context.Pool(clients) as pool:
         wins = pool.starmap(
-            _spend_until_refused, [(gate.address, f"nb{i}") for i in range(clients)]
+            _spend_until_refused, [(racing_gate.address, f"nb{i}") for i in range(clients)]
         )
     print(f"\n{clients} racing processes: {sum(wins)} answered, limit allows {WINS}")
-    _check_no_overspend(gate, sum(wins))
+    _check_no_overspend(racing_gate, sum(wins))
+
+
+def test_workers_with_a_ledger_each_would_overspend_and_are_caught(tmp_path, short_dir):
+    """The broken version of a gate of workers: each process with its own copy of the
+    ledger (two gates, a state directory each, the clients spread over both). Each
+    keeps its own budget, so together they answer twice what the budget allows, and
+    the check the races above pass fails on it."""
+    copies = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        copies.append(GateProcess(write_dataset(tmp_path / name), f"unix:{short_dir / name}.sock"))
+    try:
+        for copy in copies:
+            copy.start()
+        answered = _race_threads([copy.address for copy in copies], 12)
+        assert answered == 2 * WINS
+        with pytest.raises(AssertionError):
+            _check_no_overspend(copies[0], answered)
+    finally:
+        for copy in copies:
+            copy.stop()
 
 
 # -- a gate killed between the debit and the reply --------------------------------

@@ -33,6 +33,7 @@ POLICY = """
 state_dir = "state"
 response_quantum_ms = 0
 tokens_file = "tokens.toml"
+workers = {workers}
 
 [groups]
 g1 = ["ann", "bob"]
@@ -61,7 +62,9 @@ STATES = ("CA", "NY", "TX", "WA")
 QUESTION = "SELECT state, COUNT(*) AS n, AVG(age) AS a FROM t GROUP BY state"
 
 
-def start_gate(folder: Path, share: str, user: float, group: float) -> GateProcess:
+def start_gate(
+    folder: Path, share: str, user: float, group: float, workers: int = 1
+) -> GateProcess:
     (folder / "t.csv").write_text(
         "pid,age,state\n"
         + "".join(f"{p // 3},{18 + p % 70},{STATES[p % 4]}\n" for p in range(60_000))
@@ -70,7 +73,9 @@ def start_gate(folder: Path, share: str, user: float, group: float) -> GateProce
         "[users]\n" + "".join(f'{u} = "{t}"\n' for u, t in TOKENS.items())
     )
     (folder / "tokens.toml").chmod(0o600)
-    (folder / "policy.toml").write_text(POLICY.format(share=share, user=user, group=group))
+    (folder / "policy.toml").write_text(
+        POLICY.format(share=share, user=user, group=group, workers=workers)
+    )
     process = GateProcess(folder / "policy.toml", f"tcp:127.0.0.1:{free_port()}")
     process.start()
     return process
@@ -194,12 +199,19 @@ def policy_budget(policy):
     return policy.dataset("d").dataset_budget
 
 
-def test_identical_asks_at_once_make_one_release_everyone_is_served(folder) -> None:
+# The races below run against the gate as one process and as two workers, where the
+# asks land in either and the first release is waited for across them
+# (``engines/run_locks.FlightLocks``); without that lock two workers made two releases.
+WORKERS = pytest.mark.parametrize("workers", [1, 2], ids=["one process", "two workers"])
+
+
+@WORKERS
+def test_identical_asks_at_once_make_one_release_everyone_is_served(folder, workers) -> None:
     """32 asks of one text from 4 users at once under ``everyone``: one release, one
     set of numbers for all 32, each user charged once, the dataset once, each group
     once. Before, 7 to 14 releases were charged, with as many different answers."""
     tmp, gates = folder
-    gates.append(gate := start_gate(tmp, "everyone", user=1.0, group=5.0))
+    gates.append(gate := start_gate(tmp, "everyone", user=1.0, group=5.0, workers=workers))
     replies = race(gate, asks_each=8)
     everything = [reply for user in USERS for reply in replies[user]]
     assert len({repr(r.rows) for r in everything}) == 1
@@ -207,14 +219,15 @@ def test_identical_asks_at_once_make_one_release_everyone_is_served(folder) -> N
     assert len(check_every_budget_counts_each_release_once(gate, replies)) == 1
 
 
-def test_identical_asks_at_once_across_overlapping_groups(folder) -> None:
+@WORKERS
+def test_identical_asks_at_once_across_overlapping_groups(folder, workers) -> None:
     """The same race under ``group`` sharing: who may be served whose release depends on
     who asked first, so releases may be one or two (a new one is made only by a user
     sharing no group with any release or run of the question already made: pairwise,
     such users are ann and cat, ann and dan, or bob and dan; never three), and
     whatever they are, every group pays once for each release its members learned."""
     tmp, gates = folder
-    gates.append(gate := start_gate(tmp, "group", user=1.0, group=5.0))
+    gates.append(gate := start_gate(tmp, "group", user=1.0, group=5.0, workers=workers))
     replies = race(gate, asks_each=8)
     releases = check_every_budget_counts_each_release_once(gate, replies)
     assert 1 <= len(releases) <= 2

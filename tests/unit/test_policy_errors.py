@@ -97,6 +97,7 @@ CASES = [
     (f"{COLUMNS}.s.randomized_response.p", GONE, f"{COLUMNS}.s.randomized_response.p must be"),
     # out of range
     ("gate.threads", 0, "gate.threads must be at least 1"),
+    ("gate.workers", 0, "gate.workers must be at least 1"),
     ("gate.response_quantum_ms", -1, "gate.response_quantum_ms must be at least 0"),
     ("gate.query_timeout_s", float("inf"), "gate.query_timeout_s must be a finite number"),
     ("datasets.d.user_budget.epsilon", -0.5, "datasets.d.user_budget.epsilon must be at least 0"),
@@ -112,6 +113,8 @@ CASES = [
     (f"{COLUMNS}.age.max_length", 5, f"{COLUMNS}.age.max_length applies to str columns only"),
     ("datasets.d.tables.t.unit", "nobody", "datasets.d.tables.t.unit must name one of the"),
     ("datasets.d.sources.u", "u.csv", "datasets.d.sources.u: no such table is declared"),
+    # a Spark session is one process's: several workers serve DuckDB datasets only
+    ("gate.workers", 2, "gate.workers = 2 serves DuckDB datasets only; 'd' runs on Spark"),
 ]
 
 
@@ -125,6 +128,14 @@ def test_a_bad_key_is_refused_by_its_full_path(key: str, value: object, message:
 
 def test_the_valid_policy_of_these_cases_parses() -> None:
     assert parse_policy(_valid(), Path("p.toml")).dataset("d").tables["t"].unit == "pid"
+
+
+def test_workers_are_one_unless_set_and_serve_duckdb_datasets() -> None:
+    raw = _valid()
+    del raw["datasets"]["d"]["engine"], raw["datasets"]["d"]["spark"]
+    assert parse_policy(raw, Path("p.toml")).gate.workers == 1
+    raw["gate"]["workers"] = 4
+    assert parse_policy(raw, Path("p.toml")).gate.workers == 4
 
 
 def test_a_policy_error_is_a_value_error_and_the_parse_changes_nothing() -> None:

@@ -8,7 +8,7 @@ from here.
 """
 
 from dpmagic.gate.policy.loading import load_policy
-from dpmagic.gate.policy.parsing import parse_policy
+from dpmagic.gate.policy.parsing import check_workers, parse_policy
 from dpmagic.gate.policy.values import (
     ACCOUNTANTS,
     CATALOG_PREFIX,
@@ -65,6 +65,7 @@ __all__ = [
     "SparkConfig",
     "Table",
     "Via",
+    "check_workers",
     "load_policy",
     "parse_policy",
 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -69,7 +70,20 @@ def parse_policy(raw: dict, path: Path) -> Policy:
         # A process has one Spark session (its JVM's): every Spark dataset shares it.
         raise PolicyError("the Spark datasets of one gate must declare the same master or remote "
                           "and the same conf")  # fmt: skip
+    check_workers(gate.workers, datasets.values())
     return Policy(path=path, gate=gate, datasets=datasets, groups=groups)
+
+
+def check_workers(workers: int, datasets: Iterable[Dataset]) -> None:
+    """Several worker processes serve DuckDB datasets only: each worker opens its own
+    engine, and a Spark dataset's is a session (a JVM, a cluster's executors) that one
+    process holds."""
+    spark = sorted(d.name for d in datasets if d.engine == EngineKind.SPARK)
+    if workers > 1 and spark:
+        raise PolicyError(
+            f"gate.workers = {workers} serves DuckDB datasets only; {spark[0]!r} runs on "
+            "Spark: set workers = 1"
+        )
 
 
 def _groups(raw: dict[str, object]) -> dict[str, frozenset[str]]:
@@ -97,6 +111,7 @@ def _gate(shape: GateShape, base: Path) -> GateConfig:
         query_timeout_s=shape.query_timeout_s,
         memory_limit=shape.memory_limit,
         threads=shape.threads,
+        workers=shape.workers,
     )
 
 

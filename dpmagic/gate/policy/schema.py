@@ -128,6 +128,7 @@ class GateShape(_Shape, frozen=True):
     query_timeout_s: Seconds = GateConfig.query_timeout_s
     memory_limit: str = GateConfig.memory_limit
     threads: Whole = GateConfig.threads
+    workers: Whole = GateConfig.workers
 
 
 class PolicyShape(_Shape, frozen=True):

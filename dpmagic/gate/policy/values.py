@@ -363,6 +363,8 @@ class GateConfig:
     query_timeout_s: float = 30.0
     memory_limit: str = "2GB"
     threads: int = 2
+    # Processes answering requests (``service/workers.py``); 1: the gate is one process.
+    workers: int = 1
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,9 @@ open as many connections as they like and send as slowly as they like):
 
 The parts: ``listen.py`` binds the address, ``exchange.py`` answers one request
 (routing, the body, the padding), ``routes.py`` says what each endpoint does; this
-module accepts connections, counts them per user and runs the gate.
+module accepts connections, counts them per user and runs the gate, and
+``workers.py`` runs it as several processes behind one address (``gate.workers``),
+where these limits are each worker's.
 
 Run it with ``dpmagic serve`` or ``python -m dpmagic.gate.service.server``.
 """
@@ -155,6 +157,34 @@ class Server(TCPServer, httputil.HTTPServerConnectionDelegate):
         self.in_flight: set[asyncio.Future[None]] = set()
         self.refused: Counter[str] = Counter()
         self.next_busy_log: dict[str, float] = {}
+        self.shared: list[socket.socket] = []  # sockets other workers accept from too
+
+    def accept_shared(self, sockets: list[socket.socket]) -> None:
+        """Accept from sockets the gate's other workers accept from too, one connection
+        each time one is ready, never a batch: tornado's ``add_sockets`` takes up to 128
+        at a time, and the worker that woke first took three quarters of a burst of 300
+        (16.4 s of one core against the other's 4.3). Taking one and going back to the
+        loop, a worker whose interpreter is busy with analyses comes back later, so the
+        connections go mostly to whichever worker has time for them."""
+        for sock in sockets:
+            self.loop.add_reader(sock.fileno(), self._accept_one, sock)
+            self.shared.append(sock)
+
+    def _accept_one(self, sock: socket.socket) -> None:
+        try:
+            connection, address = sock.accept()
+        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+            return  # another worker took it, or the peer left
+        stream = iostream.IOStream(
+            connection, max_buffer_size=self.max_buffer_size, read_chunk_size=self.read_chunk_size
+        )
+        self.handle_stream(stream, address)
+
+    def stop(self) -> None:
+        super().stop()
+        for sock in self.shared:
+            self.loop.remove_reader(sock.fileno())
+        self.shared.clear()
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -272,16 +302,20 @@ class RunningGate:
     """Listening sockets and the engine; ``run`` serves until asked to stop, and
     ``close`` releases the engine and the socket file."""
 
-    def __init__(self, listener: Listener, app: App) -> None:
+    def __init__(self, listener: Listener, app: App, shared: bool = False) -> None:
         self._listener = listener
         self.app = app
         self.engine = app.engine
         self.address = listener.address
+        self.shared = shared  # a worker: other processes accept from the same sockets
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until ``stop`` is set, then finish the requests being answered."""
         server = Server(self.app, _connection_limit())
-        server.add_sockets(self._listener.sockets)
+        if self.shared:
+            server.accept_shared(self._listener.sockets)
+        else:
+            server.add_sockets(self._listener.sockets)
         await stop.wait()
         await server.drain()
 
@@ -297,20 +331,44 @@ def open_gate(policy: Policy, listen: str, jupyterhub: bool = False) -> RunningG
     address stops before it touches the state directory the first one uses.
     With ``jupyterhub``, every request is identified by the Hub from its token.
     """
-    kind, where = split_listen(listen)
-    auth: Authenticator = PeerCredAuth()
+    auth = authenticator(policy, listen, jupyterhub)
+    listener = bind(listen)
+    try:
+        private_dir(policy.gate.state_dir)
+    except BaseException:
+        listener.close()
+        raise
+    return gate_over(listener, policy, auth)
+
+
+def authenticator(policy: Policy, listen: str, jupyterhub: bool) -> Authenticator:
+    """Who a request is from: the Hub's token with ``jupyterhub``, else a bearer token
+    over TCP (the policy's ``tokens_file``), else the peer's uid on a unix socket."""
     if jupyterhub:
-        auth = HubTokenAuth()
-    elif kind == "tcp":
+        return HubTokenAuth()
+    kind, _ = split_listen(listen)
+    if kind == "tcp":
         if policy.gate.tokens_file is None:
             raise ListenError(
                 f"listening on {listen} needs bearer tokens: set gate.tokens_file in the "
                 "policy to a TOML file with a [users] table, or listen on a unix socket"
             )
-        auth = TokenAuth.from_file(policy.gate.tokens_file)
-    listener = bind_unix(socket_path(where)) if kind == "unix" else bind_tcp(where)
+        return TokenAuth.from_file(policy.gate.tokens_file)
+    return PeerCredAuth()
+
+
+def bind(listen: str) -> Listener:
+    """The bound, listening sockets of ``unix:PATH`` or ``tcp:HOST:PORT``."""
+    kind, where = split_listen(listen)
+    return bind_unix(socket_path(where)) if kind == "unix" else bind_tcp(where)
+
+
+def gate_over(
+    listener: Listener, policy: Policy, auth: Authenticator, shared: bool = False
+) -> RunningGate:
+    """The engine over ``policy`` behind ``listener``'s sockets (closed if it fails);
+    ``shared``: other worker processes accept from them too."""
     try:
-        private_dir(policy.gate.state_dir)
         engine = Engine(policy)
     except BaseException:
         listener.close()
@@ -318,7 +376,7 @@ def open_gate(policy: Policy, listen: str, jupyterhub: bool = False) -> RunningG
     if isinstance(auth, HubTokenAuth):
         auth.membership = engine.membership  # the Hub's groups join the policy's
     app = App(engine=engine, auth=auth, quantum_s=policy.gate.response_quantum_ms / 1000)
-    return RunningGate(listener, app)
+    return RunningGate(listener, app, shared)
 
 
 def _connection_limit() -> int:
@@ -358,19 +416,28 @@ def tune_collector() -> None:
     gc.set_threshold(GC_YOUNG, *older)
 
 
-def serve(policy: Policy, listen: str | None = None, jupyterhub: bool = False) -> int:
+def serve(
+    policy: Policy,
+    listen: str | None = None,
+    jupyterhub: bool = False,
+    workers: int | None = None,
+) -> int:
     """Serve until SIGTERM or SIGINT, then finish requests in flight and exit 0.
 
     Prints exactly one line, ``dpmagic gate listening on ADDRESS``, once the
-    socket accepts connections, so a supervisor can wait for it.
+    socket accepts connections, so a supervisor can wait for it. With more than one
+    worker (``workers``, else the policy's ``gate.workers``) this process binds the
+    address and supervises that many worker processes (``workers.py``).
     """
-    # Our access log at INFO; libraries (tornado's, jupyterhub's) only warnings.
-    logging.basicConfig(level=logging.WARNING, format="dpmagic gate: %(message)s")
-    log.setLevel(logging.INFO)
-    raise_open_files_limit()
+    setup_logging()
+    count = policy.gate.workers if workers is None else workers
     try:
         if jupyterhub and listen is None:
             listen = hub_listen()
+        if count > 1:
+            from dpmagic.gate.service.workers import supervise  # it imports this module
+
+            return supervise(policy, listen or policy.gate.listen, jupyterhub, count)
         gate = open_gate(policy, listen or policy.gate.listen, jupyterhub=jupyterhub)
     except (ListenError, TokenFileError, HubConfigError, PolicyError, OSError) as exc:
         print(f"dpmagic: error: {exc}", file=sys.stderr)
@@ -378,23 +445,43 @@ def serve(policy: Policy, listen: str | None = None, jupyterhub: bool = False) -
     tune_collector()
     print(f"{LISTENING} {gate.address}", flush=True)
     try:
-        asyncio.run(_serve_until_signalled(gate))
+        asyncio.run(serve_until_signalled(gate))
     finally:
         # After the last reply: the engine (and its ledger) closes last.
         gate.close()
     return 0
 
 
-async def _serve_until_signalled(gate: RunningGate) -> None:
+def setup_logging(name: str = "dpmagic gate") -> None:
+    """Our access log at INFO, each line after ``name``; libraries (tornado's,
+    jupyterhub's) only warnings; and the open-files limit lifted
+    (``raise_open_files_limit``)."""
+    logging.basicConfig(level=logging.WARNING, format=f"{name}: %(message)s")
+    log.setLevel(logging.INFO)
+    raise_open_files_limit()
+
+
+async def serve_until_signalled(gate: RunningGate, lifeline: int | None = None) -> None:
+    """Serve until SIGTERM or SIGINT, or (a worker) until ``lifeline``, a pipe whose
+    other end its supervisor holds, reads its end: the supervisor is gone."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if lifeline is not None:
+
+        def gone() -> None:  # readable only at its end: once, not at every turn after
+            loop.remove_reader(lifeline)
+            stop.set()
+
+        loop.add_reader(lifeline, gone)
     try:
         await gate.run(stop)
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+        if lifeline is not None:
+            loop.remove_reader(lifeline)  # False if ``gone`` did
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -406,13 +493,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--jupyterhub", action="store_true", help="run as a JupyterHub service (Hub API tokens)"
     )
+    parser.add_argument("--workers", type=int, help="worker processes (default: gate.workers, 1)")
     args = parser.parse_args(argv)
+    if args.workers is not None and args.workers < 1:
+        parser.error("--workers must be at least 1")
     try:
         policy = load_policy(args.policy)
     except PolicyError as exc:
         print(f"dpmagic: error: {exc}", file=sys.stderr)
         return USAGE_ERROR
-    return serve(policy, args.listen, jupyterhub=args.jupyterhub)
+    return serve(policy, args.listen, jupyterhub=args.jupyterhub, workers=args.workers)
 
 
 if __name__ == "__main__":

@@ -31,12 +31,15 @@ of the per-query bounding after joins (``engine``).
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
 import re
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import duckdb
@@ -66,18 +69,34 @@ def prepared_file(dataset: Dataset, gate: GateConfig) -> Path:
     os.chmod(state_dir, 0o700)
     name = hashlib.sha256(f"{fingerprint(dataset)}:{LAYOUT}".encode()).hexdigest()
     target = state_dir / f"{dataset.name}.{name[:24]}{SUFFIX}"
-    if target.exists():
-        log.info("dataset %s: reusing its prepared tables", dataset.name)
-        return target
-    log.info("dataset %s: preparing its tables", dataset.name)
-    _prepare(dataset, target, gate)
-    # Older copies of the private data (other fingerprints, or the unversioned name of
-    # earlier releases) are deleted, with their write-ahead logs.
-    mine = re.compile(rf"{re.escape(dataset.name)}(\.[0-9a-f]{{24}})?{SUFFIX}(\.wal)?")
-    for stale in state_dir.iterdir():
-        if mine.fullmatch(stale.name) and stale != target:
-            stale.unlink(missing_ok=True)
+    # One preparation at a time: the gate's workers start together
+    # (``service/workers.py``), and the first prepares while the others wait, then reuse.
+    with _preparing(state_dir):
+        if target.exists():
+            log.info("dataset %s: reusing its prepared tables", dataset.name)
+            return target
+        log.info("dataset %s: preparing its tables", dataset.name)
+        _prepare(dataset, target, gate)
+        # Older copies of the private data (other fingerprints, or the unversioned name
+        # of earlier releases) are deleted, with their write-ahead logs.
+        mine = re.compile(rf"{re.escape(dataset.name)}(\.[0-9a-f]{{24}})?{SUFFIX}(\.wal)?")
+        for stale in state_dir.iterdir():
+            if mine.fullmatch(stale.name) and stale != target:
+                stale.unlink(missing_ok=True)
     return target
+
+
+@contextmanager
+def _preparing(state_dir: Path) -> Iterator[None]:
+    """Hold a lock on the state directory itself (a ``flock``, dropped by the kernel if
+    the process dies; no file of its own is left) across the check for a prepared file
+    and its making."""
+    fd = os.open(state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _prepare(dataset: Dataset, target: Path, gate: GateConfig) -> None:
