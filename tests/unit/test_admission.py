@@ -66,8 +66,11 @@ def _in_thread(fn) -> tuple[threading.Thread, list]:
 @dataclass
 class ExclusiveRetry:
     """The rule this replaced (the broken version): a run that ran out while another
-    overlapped it is run again with the dataset to itself, every new run held."""
+    overlapped it is run again with the dataset to itself, every new run held. It
+    takes the engine's ``locks`` (a user's run lock across worker processes) and leaves
+    them: the gates it stands in run one process."""
 
+    locks: object = None
     _changed: threading.Condition = field(default_factory=threading.Condition)
     _running: list[list[bool]] = field(default_factory=list)
     _users: set[str] = field(default_factory=set)

@@ -30,7 +30,7 @@ from dpmagic.gate.sql.plan_types import Plan
 from dpmagic.gate.sql.prices import MATCH_PER_PAIR
 from dpmagic.gate.sql.ranks import RoomRead
 from dpmagic.gate.sql.rewrite import rewrite
-from dpmagic.gate.sql.work import TRY_ROW_STEPS, VECTOR_ROWS, evaluated, steps_of
+from dpmagic.gate.sql.work import TRY_ROW_STEPS, VECTOR_ROWS, WINDOW_STEPS, evaluated, steps_of
 from tests.gate_helpers import running_engine
 
 PATIENTS = 40
@@ -261,3 +261,25 @@ def test_an_expression_under_try_costs_a_vector_on_the_slow_path(engines) -> Non
     (arg,) = [m.arg for m in tried.measurements if m.arg is not None]
     assert evaluated(arg, resolved).unit == VECTOR_ROWS * (steps_of(arg, resolved) + TRY_ROW_STEPS)
     assert tried.work.total > 1000 * safe.work.total
+
+
+def test_a_trimmed_mean_pays_for_ranking_each_row_in_its_group(engines) -> None:
+    """A trimmed sum ranks each of a unit's rows among its group's values (a place in
+    a sort, as the window's): at least that per row above a plain mean of the same
+    argument (its own expressions cost a little more too; unpriced, the sort's steps
+    are missing and the difference is below that)."""
+    d, _ = engines
+    plain = _plan(d, "SELECT v.kind, AVG(v.days) FROM visits v GROUP BY v.kind").work
+    trimmed = _plan(d, "SELECT v.kind, TRIMMED_MEAN(v.days, 0.1) FROM visits v GROUP BY v.kind")
+    assert trimmed.work.rows == plain.rows
+    assert trimmed.work.row - plain.row >= WINDOW_STEPS
+    assert trimmed.work.total - plain.total >= plain.rows * WINDOW_STEPS
+
+
+def test_a_per_person_subquerys_other_keys_are_priced_per_row(engines) -> None:
+    """``GROUP BY pid, kind`` evaluates the key on each of a unit's rows inside it."""
+    d, _ = engines
+    inner = "SELECT v.pid, {} COUNT(*) AS n FROM visits v GROUP BY v.pid{}"
+    alone = _plan(d, f"SELECT COUNT(*) FROM ({inner.format('', '')}) AS p").work
+    keyed = _plan(d, f"SELECT COUNT(*) FROM ({inner.format('v.kind,', ', v.kind')}) AS p").work
+    assert keyed.total > alone.total

@@ -220,10 +220,11 @@ def _work(bounded: Bounded, bounds: Bounding, wanted: dict, quantiles: dict) -> 
     if resolved.unit is not None:
         trees.append(resolved.unit)
     cap = join_cap(bounds)
+    sorts = sum(1 for w in wanted.values() if w.trim)  # each trimmed sum ranks its values
 
     def priced(keyed: bool) -> Work:
         found = unit_work(resolved, cap, load_cap(dataset), trees, len(quantiles),
-                          isinstance(bounds, Window), keyed)  # fmt: skip
+                          isinstance(bounds, Window), keyed, sorts)  # fmt: skip
         within(found, dataset.max_unit_work, dataset.max_row_work, dataset.privacy_unit)
         return found
 

@@ -151,12 +151,15 @@ def unit_work(
     quantiles: int,
     windowed: bool,
     keyed: bool = True,
+    sorts: int = 0,
 ) -> Work:
     """The bound for a query whose private scans keep at most ``cap`` joined rows of a
     unit (``ranks.join_cap``; 1 without a unit, when each row is its own), whose
     row expressions are ``trees`` (keys, aggregate arguments, the unit), with
-    ``quantiles`` grid snaps and, if ``windowed``, the window after its joins; with
-    ``keyed``, its joins' keyed scans read by the keyed rule."""
+    ``quantiles`` grid snaps, ``sorts`` ranks of each row among its group's values
+    (a trimmed sum's, ``aggregates.trimmed_mean``: a place in a sort and a count, as
+    the window's) and, if ``windowed``, the window after its joins; with ``keyed``,
+    its joins' keyed scans read by the keyed rule."""
     rooms = _keyed if keyed else _unkeyed
     where = resolved.tree.args.get("where")
     terms = conjuncts(where.this) if where is not None else []
@@ -164,7 +167,7 @@ def unit_work(
     probes = [j.lhs for j in resolved.semijoins]
     found = [evaluated(t, resolved) for t in [*trees, *probes]]
     found += [evaluated(t, resolved, condition=True) for t in [*terms, *on]]
-    fixed = quantiles * SNAP_STEPS + (WINDOW_STEPS if windowed else 0)
+    fixed = quantiles * SNAP_STEPS + sorts * WINDOW_STEPS + (WINDOW_STEPS if windowed else 0)
     fixed += JOIN_STEPS * len(resolved.scans)
     rows = cap * rooms(resolved.scans, terms, resolved, cap)
     rows *= _fan_out(resolved.scans, terms, resolved)
@@ -177,6 +180,7 @@ def unit_work(
         inner = conjuncts(per.where) if per.where is not None else []
         inner_on = [s.on for s in per.scans if s.on is not None]
         own = [evaluated(per.unit, resolved)]
+        own += [evaluated(k, resolved) for _, k in per.keys]  # grouped by with the unit
         own += [evaluated(a, resolved) for _, v in per.values for a in _arguments(v)]
         own += [evaluated(t, resolved, condition=True) for t in [*inner, *inner_on]]
         rows = per.rows * rooms(per.scans, inner, resolved, per.rows)
