@@ -295,6 +295,12 @@ SHOP_QUERIES = [
     "SELECT c_count, COUNT(*) FROM (SELECT c_custkey, COUNT(o_orderkey) AS c_count, "
     "SUM(o_total) AS spent FROM customer LEFT JOIN orders ON c_custkey = o_custkey "
     "GROUP BY c_custkey) AS c WHERE spent > 100 GROUP BY c_count",
+    # Per order, and per person and a column the person fixes (resolve.PerUnit's keys).
+    "SELECT n, COUNT(*) FROM (SELECT l_orderkey, COUNT(*) AS n FROM lineitem "
+    "GROUP BY l_orderkey) AS per GROUP BY n",
+    "SELECT c_segment, AVG(n) FROM (SELECT c_custkey, c_segment, COUNT(*) AS n FROM orders "
+    "JOIN customer ON o_custkey = c_custkey GROUP BY c_custkey, c_segment) AS per "
+    "GROUP BY c_segment",
     # A correlated subquery's two stages (sql/staged.py): its release per key, then the
     # query reading each row's key's released value.
     "SELECT l2.l_flag, AVG(l2.l_price) AS value FROM lineitem AS l2 GROUP BY l2.l_flag",
