@@ -84,6 +84,15 @@ def _build(folder: Path, customers: int = 60, seed: int = 7) -> Path:
     return policy
 
 
+def _served_dataset(policy: Path) -> Dataset:
+    """The shop's dataset as a gate serves it: with the public facts it reads at start."""
+    engine = Engine(load_policy(policy))
+    try:
+        return engine.policy.datasets["shop"]
+    finally:
+        engine.close()
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Dataset, Path]]:
     """The shop's dataset with the public facts a gate reads at start, and its file."""
@@ -169,12 +178,7 @@ def test_one_group_a_unit_keeps_every_row_the_policys_groups_kept(
     tmp_path_factory, customers, data_seed, seed
 ):
     folder = tmp_path_factory.mktemp("search")
-    policy = _build(folder, customers=customers, seed=data_seed)
-    engine = Engine(load_policy(policy))
-    try:
-        dataset = engine.policy.datasets["shop"]
-    finally:
-        engine.close()
+    dataset = _served_dataset(_build(folder, customers=customers, seed=data_seed))
     database = folder / "shop.duckdb"
     for sql in FIXED:
         now = _kept(sql, dataset, database, folder, seed)
@@ -234,12 +238,7 @@ def test_a_rule_that_calls_a_lines_flag_fixed_is_caught_losing_rows(served, tmp_
 
 
 def test_a_key_wrongly_called_fixed_still_moves_within_the_sensitivity(tmp_path, monkeypatch):
-    policy = _build(tmp_path, customers=12, seed=11)
-    engine = Engine(load_policy(policy))
-    try:
-        dataset = engine.policy.datasets["shop"]
-    finally:
-        engine.close()
+    dataset = _served_dataset(_build(tmp_path, customers=12, seed=11))
     monkeypatch.setattr(ranks, "keys_fixed_by_unit", lambda *_: True)
     most, sensitivity = _largest_move(WRONG, dataset, tmp_path / "shop.duckdb", tmp_path)
     assert 0 < most <= sensitivity
@@ -251,12 +250,7 @@ def test_a_window_that_does_not_hold_its_groups_is_caught(tmp_path, monkeypatch)
     answer by more than the sensitivity of one group."""
     from dpmagic.gate.sql import rewrite
 
-    policy = _build(tmp_path, customers=12, seed=11)
-    engine = Engine(load_policy(policy))
-    try:
-        dataset = engine.policy.datasets["shop"]
-    finally:
-        engine.close()
+    dataset = _served_dataset(_build(tmp_path, customers=12, seed=11))
     monkeypatch.setattr(ranks, "keys_fixed_by_unit", lambda *_: True)
     bounded = rewrite.bound_contributions
 
