@@ -266,9 +266,17 @@ def _largest_move(lo: int, hi: int, top=math.floor) -> int:
 def test_a_trimmed_sum_moves_as_a_plain_sum_does():
     """The proof in ``aggregates/trimmed_mean.py``, exhaustively on small multisets: one
     value added moves the trimmed sum by at most max(|a|, |b|), a plain sum's bound,
-    which is reached; replacing one moves it by at most the change of the value. A
-    window whose ends can both move when one value is added (its top end cut by CEIL)
-    breaks the bound, and the check catches it."""
+    which is reached. A window whose ends can both move when one value is added (its
+    top end cut by CEIL) breaks the bound, and the check catches it. (Wider and
+    one-sided bounds, and replacements: the search run.)"""
+    assert _largest_move(-2, 3) == 3
+    assert _largest_move(-2, 3, top=math.ceil) > 3
+
+
+@pytest.mark.search
+def test_a_trimmed_sum_moves_as_a_plain_sum_does_for_other_bounds_and_replacements():
+    """The same for bounds on one side of 0, and one value replaced: it moves the
+    trimmed sum by at most the change of the value."""
     for lo, hi in [(-3, 5), (0, 4), (-4, -1)]:
         assert _largest_move(lo, hi) == max(abs(lo), abs(hi))
     assert _largest_move(-3, 5, top=math.ceil) > 5

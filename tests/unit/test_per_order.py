@@ -49,8 +49,10 @@ HEAVY = 999  # a customer with twenty orders: more than the window keeps of one
 
 
 def _build(folder: Path, heavy: bool = False) -> Path:
+    """The shop (fewer customers beside the heavy one: its brute force runs the query
+    once a customer)."""
     database = folder / "shop.duckdb"
-    shop.build(database, customers=20, seed=5)
+    shop.build(database, customers=6 if heavy else 20, seed=5)
     if heavy:
         con = duckdb.connect(str(database))
         insert_rows(con, "customer", [(HEAVY, "BUILDING", 10.0)])

@@ -238,7 +238,7 @@ def test_a_rule_that_calls_a_lines_flag_fixed_is_caught_losing_rows(served, tmp_
 
 
 def test_a_key_wrongly_called_fixed_still_moves_within_the_sensitivity(tmp_path, monkeypatch):
-    dataset = _served_dataset(_build(tmp_path, customers=12, seed=11))
+    dataset = _served_dataset(_build(tmp_path, customers=6, seed=11))
     monkeypatch.setattr(ranks, "keys_fixed_by_unit", lambda *_: True)
     most, sensitivity = _largest_move(WRONG, dataset, tmp_path / "shop.duckdb", tmp_path)
     assert 0 < most <= sensitivity
@@ -250,7 +250,7 @@ def test_a_window_that_does_not_hold_its_groups_is_caught(tmp_path, monkeypatch)
     answer by more than the sensitivity of one group."""
     from dpmagic.gate.sql import rewrite
 
-    dataset = _served_dataset(_build(tmp_path, customers=12, seed=11))
+    dataset = _served_dataset(_build(tmp_path, customers=6, seed=11))
     monkeypatch.setattr(ranks, "keys_fixed_by_unit", lambda *_: True)
     bounded = rewrite.bound_contributions
 
