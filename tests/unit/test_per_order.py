@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import duckdb
@@ -174,9 +175,29 @@ def test_each_customer_moves_the_count_within_its_sensitivity(heavy, sql):
     assert 0 < most <= sensitivity
 
 
-def test_a_per_order_table_declared_one_row_a_person_is_caught(heavy, monkeypatch):
+def test_a_per_order_table_wrongly_declared_one_row_a_person_stays_within(heavy, monkeypatch):
+    """The rule wrong (an order key called fixed by the person): the table declared one
+    row a person is made one row a person, grouped by the person alone."""
     dataset, database, folder = heavy
     monkeypatch.setattr(resolve, "fixed_by_unit", lambda *_: True)  # the broken claim
+    most, sensitivity = _largest_move(ORDERS, dataset, database, folder)
+    assert 0 < most <= sensitivity
+
+
+def test_a_table_declared_one_row_a_person_but_grouped_by_its_keys_is_caught(heavy, monkeypatch):
+    """The broken version: the wrong claim, and the SQL grouping by the order key as
+    for a table of several rows a person: the heavy customer's twenty orders move the
+    count by more than its sensitivity."""
+    from dpmagic.gate.sql import rewrite
+
+    dataset, database, folder = heavy
+    monkeypatch.setattr(resolve, "fixed_by_unit", lambda *_: True)
+    per_person = rewrite._per_person
+    monkeypatch.setattr(
+        rewrite,
+        "_per_person",
+        lambda per, used, row, table: per_person(per, used, row, replace(table, max_rows=None)),
+    )
     most, sensitivity = _largest_move(ORDERS, dataset, database, folder)
     assert most > sensitivity
 

@@ -59,7 +59,7 @@ from dpmagic.gate.dp.contribution import Contribution
 from dpmagic.gate.engines.dialect import DUCKDB, Dialect
 from dpmagic.gate.engines.ranking import ROWS, bounded_by_units, load_cap
 from dpmagic.gate.failures import Refused, required
-from dpmagic.gate.policy import Column
+from dpmagic.gate.policy import Column, Table
 from dpmagic.gate.sql.engine_rows import total_on
 from dpmagic.gate.sql.keyed import keyed_rooms
 from dpmagic.gate.sql.keys import KeyDomain
@@ -480,7 +480,7 @@ def _reads(
             cols = [_as(exp.Literal.number(1), "__one", quoted=False)]
         bound = bounds.get(scan.name)
         if scan.per_unit is not None:
-            source = _per_person(scan.per_unit, used, row, scan.table.unit)
+            source = _per_person(scan.per_unit, used, row, scan.table)
             read = exp.select(*cols).from_(source)
         elif bound is None:
             read = exp.select(*cols).from_(exp.table_(scan.table.name, quoted=True))
@@ -499,7 +499,7 @@ def _reads(
 
 
 def _per_person(
-    per: PerUnit, used: dict[str, dict[str, Column]], row: _Rows, unit: str | None
+    per: PerUnit, used: dict[str, dict[str, Column]], row: _Rows, table: Table
 ) -> exp.Expression:
     """A per-person subquery's rows (``resolve.PerUnit``): its join read as any query's,
     each unit keeping at most ``per.rows`` joined rows (``room_reads``), its filters,
@@ -508,10 +508,15 @@ def _per_person(
     caps = _scan_reads(row.resolved, per.scans, per.rows, row.dialect, terms, row.keyed)
     source, where = _reads(per.scans, terms, used, row, caps)
     key = row.total(per.unit)
-    columns = [_as(key, required(unit, "a per-person table's unit"))]
-    # Its other keys, grouped by with the unit: each row is one unit's whatever they are.
+    columns = [_as(key, required(table.unit, "a per-person table's unit"))]
+    # Its other keys, grouped by with the unit: each row is one unit's whatever they
+    # are. Where the table is declared one row a unit (the unit fixes the keys,
+    # ``unit_keys``), it is grouped by the unit alone and each key is the least of the
+    # unit's: one row a unit by construction, whatever the rule said.
+    one = table.max_rows == 1
     others = [row.total(k) for _, k in per.keys]
-    columns += [_as(k.copy(), name) for (name, _), k in zip(per.keys, others, strict=True) if name]
+    shown = [exp.Min(this=k.copy()) if one else k.copy() for k in others]
+    columns += [_as(k, name) for (name, _), k in zip(per.keys, shown, strict=True) if name]
     # Each value clamped into its bound: the bounds hold by construction, whatever a
     # float sum's rounding, and the query around reads them as declared columns.
     columns += [
@@ -519,7 +524,7 @@ def _per_person(
         for (name, tree), bound in zip(per.values, per.bounds, strict=True)
     ]
     inner = _select(columns, source, [*where, _not_null(key.copy())])
-    grouped = inner.group_by(key.copy(), *(k.copy() for k in others))
+    grouped = inner.group_by(key.copy(), *([] if one else (k.copy() for k in others)))
     return exp.Subquery(this=grouped, alias=_ident("__per_unit"))
 
 
