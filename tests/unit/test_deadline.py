@@ -159,8 +159,8 @@ def test_a_run_that_ends_soon_is_answered_at_once(monkeypatch) -> None:
     """The caller sleeps towards the deadline unless the work is done, read under the
     lock the work's end wakes it by, so an end between the look and the sleep is not
     missed. The broken version looks without the lock (a thread switch between the
-    look and the sleep, forced here by a 2 ms pause): each run is answered at its
-    deadline (the search below)."""
+    look and the sleep, forced here by waiting there for the work's end): each run is
+    answered at its deadline (the search below)."""
     assert _quick_runs(3) < 0.5
 
 
@@ -172,7 +172,8 @@ def test_a_look_without_the_lock_is_caught(monkeypatch) -> None:
 
     def unlocked(self, until, done) -> None:
         if not done():
-            time.sleep(0.002)  # the work ends meanwhile, its wake-up lost
+            while not done():  # the work ends meanwhile (a thread switch here), its wake-up lost
+                time.sleep(0.001)
             with self._sharing.changed:
                 self._sharing.changed.wait(max(0.0, until - time.monotonic()))
 
