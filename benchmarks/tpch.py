@@ -4,6 +4,7 @@
     python benchmarks/tpch.py --sf 0.1 1 --runs 20 --json tpch.json
     python benchmarks/tpch.py --sf 0.1 --queries 1,6,13
     python benchmarks/tpch.py --sf 0.1 --engine spark   # the spark extra
+    python benchmarks/tpch.py --sf 1 --clip 0.25        # each query with --clip 0.25
 
 TPC-H data from ``tpchgen-cli`` (the ``bench`` extra), generated once per scale
 factor under ``benchmarks/.data/`` and loaded into a DuckDB file that declares the
@@ -19,6 +20,10 @@ ledger, engine run and release, without the socket), fresh each time:
   cell matched to raw DuckDB's answer by the row's exact cells (its keys);
 - **latency**: the gate's median time per query against raw DuckDB's on the same
   data, run in turn after the same pause.
+
+With ``--clip SHARE`` each query is asked as ``%%dpsql --clip SHARE`` would ask it
+(value bounds and rows per person chosen from the data with that share of the ε);
+a query the gate will not clip is asked plainly, and the table says why.
 
 Not a test: numbers depend on the machine and its load, printed with them.
 """
@@ -113,15 +118,31 @@ def engine(data: Path, folder: Path, on: str = "duckdb") -> Engine:
     return Engine(load_policy(folder / "policy.toml"))
 
 
-def measure(gate: Engine, raw: duckdb.DuckDBPyConnection, n: int, sql: str, runs: int) -> dict:
-    """One query's status, its noisy cells' median relative error, and latencies."""
+def measure(
+    gate: Engine,
+    raw: duckdb.DuckDBPyConnection,
+    n: int,
+    sql: str,
+    runs: int,
+    clip: float | None = None,
+) -> dict:
+    """One query's status, its noisy cells' median relative error, and latencies; with
+    ``clip``, asked with that ``--clip`` share where the gate clips it."""
     truth = raw.execute(sql).fetchall()
     gate_s, raw_s, errors = [], [], []
+    ask: dict = {"sql": sql, "epsilon": 1.0, "fresh": True}
+    unclipped = None
+    if clip is not None:
+        try:  # a run not timed: whether the gate clips this query
+            gate.query(f"bench-{n}-clip", {**ask, "clip": clip})
+            ask["clip"] = clip
+        except GateError as exc:
+            unclipped = exc.message
     for i in range(runs):
         time.sleep(PAUSE_S)
         start = time.perf_counter()
         try:
-            reply = gate.query(f"bench-{n}-{i}", {"sql": sql, "epsilon": 1.0, "fresh": True})
+            reply = gate.query(f"bench-{n}-{i}", ask)
         except GateError as exc:
             return {"query": n, "status": "refused", "message": exc.message}
         gate_s.append(time.perf_counter() - start)
@@ -133,6 +154,8 @@ def measure(gate: Engine, raw: duckdb.DuckDBPyConnection, n: int, sql: str, runs
     exact = "exact" in reply
     return {
         "query": n,
+        "unclipped": unclipped,
+        "rows_per_person": ((reply.get("clip") or {}).get("rows") or {}).get("rows"),
         "status": "exact" if exact else "answered",
         "rows": len(reply["rows"]),
         "median_relative_error": statistics.median(errors) if errors else None,
@@ -174,6 +197,7 @@ def main() -> None:
     parser.add_argument(
         "--engine", choices=["duckdb", "spark"], default="duckdb", help="the gate's engine"
     )
+    parser.add_argument("--clip", type=float, help="ask each query with this --clip share")
     args = parser.parse_args()
     chosen = [int(q) for q in args.queries.split(",") if q] or list(range(1, 23))
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
@@ -183,10 +207,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="dpm-tpch-") as folder:
             gate = engine(data, Path(folder), args.engine)
             raw = duckdb.connect(str(data), read_only=True)
-            rows = [
-                measure(gate, raw, n, (QUERIES / f"q{n:02d}.sql").read_text(), args.runs)
-                for n in chosen
-            ]
+            texts = {n: (QUERIES / f"q{n:02d}.sql").read_text() for n in chosen}
+            rows = [measure(gate, raw, n, texts[n], args.runs, args.clip) for n in chosen]
             gate.close()
         results[f"{sf:g}"] = rows
         _print(sf, rows, args.engine)
@@ -204,8 +226,10 @@ def _print(sf: float, rows: list[dict], on: str) -> None:
         err = r["median_relative_error"]
         shown = "-" if err is None else f"{err:.2%}"
         ratio = r["gate_ms"] / r["raw_ms"] if r["raw_ms"] else float("nan")
+        note = f"  rows per person {r['rows_per_person']}" if r.get("rows_per_person") else ""
+        note += f"  not clipped: {r['unclipped']}" if r.get("unclipped") else ""
         print(f"{r['query']:>3} {r['status']:9} {shown:>10} {r['gate_ms']:>8.1f} "
-              f"{r['raw_ms']:>7.1f} {ratio:>6.2f}")  # fmt: skip
+              f"{r['raw_ms']:>7.1f} {ratio:>6.2f}{note}")  # fmt: skip
     private = [r for r in rows if r["query"] not in PUBLIC_ONLY]
     answered = [r for r in private if r["status"] == "answered"]
     errors = [r["median_relative_error"] for r in answered if r["median_relative_error"]]

@@ -439,10 +439,28 @@ class ClipChoice(_Fact, omit_defaults=True):
     moved: list[Moved] | None = None
 
 
+class ClipRows(_Fact):
+    """``--clip``'s bound on the rows each person brings to a group: the one the query
+    was asked with (``rows``), whence (``source``: ``"data"``, chosen at the persons'
+    ``level`` quantile of their counts of rows, or ``"declared"``: the policy's, or the
+    request's ``max_rows_per_partition``) and why, and the figures the rule read."""
+
+    rows: int
+    source: str
+    reason: str
+    selected: int
+    declared: int
+    level: float
+    rank_error: float
+    persons: float
+    persons_low: float
+
+
 class Clip(_Fact, omit_defaults=True):
     """What ``--clip`` decided: its ``share`` of the query's ε and the bounds' ε, the ε
     the counts of values moved took (None on a dry run, before anything is decided),
-    the ``rule``, each argument's choice, and whether every release was replayed."""
+    the ``rule``, each argument's choice, the rows per person where the dataset has a
+    unit, and whether every release was replayed."""
 
     share: float
     epsilon: float
@@ -450,6 +468,7 @@ class Clip(_Fact, omit_defaults=True):
     chosen: list[ClipChoice]
     moved_epsilon: float | None = None
     replayed: bool | None = None
+    rows: ClipRows | None = None
 
 
 class BudgetName(_Fact, omit_defaults=True):

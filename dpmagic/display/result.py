@@ -85,7 +85,8 @@ def _scope_name(scope: BudgetName) -> str:
 def clip_notes(clip: Clip) -> list[str]:
     """What ``--clip`` did, per summed aggregate, as the gate's typed facts say: the
     bounds chosen from the data (the cells are of the values moved into them, with
-    the noisy count of values moved), or the declared bounds kept, and why."""
+    the noisy count of values moved), or the declared bounds kept, and why; and the
+    rows each person brings, chosen or kept."""
     spent = budget_number(clip.epsilon, up=True)
     notes = []
     for c in clip.chosen:
@@ -100,6 +101,14 @@ def clip_notes(clip: Clip) -> list[str]:
             note += (f"; cells and intervals are of the values moved into these bounds; "
                      f"about {moved:,} values moved")  # fmt: skip
         notes.append(note)
+    rows = clip.rows
+    if rows is not None and rows.source == "data":
+        notes.append(
+            f"rows per person: at most {rows.rows:,} in each group (chosen with ε {spent}: "
+            f"{rows.reason}); a person's rows beyond it are left out"
+        )
+    elif rows is not None:
+        notes.append(f"--clip kept the rows per person at {rows.rows:,}: {rows.reason}")
     return notes
 
 

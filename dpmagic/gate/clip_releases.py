@@ -1,9 +1,11 @@
 """A clipped query's releases, in order, and what its reply says about them
 (``sql/clip.py`` has the rule and the privacy argument).
 
-1. the bounds and a count of each summed argument's values, with ``SHARE`` of ε;
+1. the bounds and a count of each summed argument's values, and where the dataset
+   has a unit the rows each person brings and a count of persons, with ``SHARE`` of ε;
 2. the rule (``clip.clipped``), from that release and its plan: per argument the
-   bounds from the data or the declared ones;
+   bounds from the data or the declared ones, and the rows per person chosen or the
+   policy's (the stage carries it, and ``request.tightened`` applies it from here on);
 3. where some argument is clipped at bounds from the data, a noisy count per group
    of the values the clip moves (``ClipMoved``), with ``MOVED_SHARE`` of the ε left;
 4. the query, with the rest, each argument cut to its bounds.
@@ -36,14 +38,17 @@ from dpmagic.gate.sql.clip import (
     LEVELS,
     MOVED_SHARE,
     PREFIX,
+    ROWS_FACTOR,
+    ROWS_LEVEL,
     USEFUL_RANKS,
     ClipBounds,
     ClipMoved,
     Clipped,
     MovedCount,
     clipped,
+    targets,
 )
-from dpmagic.protocol import Clip, ClipChoice, Moved
+from dpmagic.protocol import Clip, ClipChoice, ClipRows, Moved
 
 if TYPE_CHECKING:
     from dpmagic.gate.engine import Engine
@@ -54,9 +59,11 @@ if TYPE_CHECKING:
 
 RULE = (
     f"bounds are chosen at the {LEVELS[0]:.0%} and {LEVELS[1]:.0%} quantiles of all the "
-    "query's rows together; they are used when each bound's 95% rank error (from the ε "
-    f"spent and the candidate count) is at most {USEFUL_RANKS:.0%} of the values counted "
-    "(the lower end of the count's 95% interval); otherwise the declared bounds are kept"
+    f"query's rows together, and the rows each person brings at {ROWS_FACTOR} times the "
+    f"{ROWS_LEVEL:.0%} quantile of the persons' counts of rows; each is used when its 95% "
+    "rank error (from the ε spent and the candidate count) is at most "
+    f"{USEFUL_RANKS:.0%} of the values (persons) counted (the lower end of the count's "
+    "95% interval); otherwise the declared bounds are kept"
 )
 
 
@@ -85,7 +92,7 @@ def answer(engine: Engine, user: str, request: QueryRequest, reads: PrivateRead)
     rows = released["rows"]
     if not rows or any(v is None for v in rows[0]):
         raise Failed("the clip's bounds could not be chosen; nothing more was charged")
-    counted = _count_intervals(released)
+    counted = _count_intervals(released, len(targets(main.checked)))
     stage = clipped(main.checked, [float(v) for v in rows[0]], first_plan, counted)
     releases = [first]
     left = eps * (1 - share)
@@ -104,12 +111,14 @@ def answer(engine: Engine, user: str, request: QueryRequest, reads: PrivateRead)
     return reply
 
 
-def _count_intervals(released: dict[str, Any]) -> list[tuple[float, float] | None]:
-    """The 95% interval of each argument's count in the first release (every third
-    column, after its two bounds), as its reply carries it."""
+def _count_intervals(released: dict[str, Any], summed: int) -> list[tuple[float, float] | None]:
+    """The 95% interval of each count in the first release, as its reply carries it:
+    each summed argument's (every third column, after its two bounds), then, where
+    rows per person were chosen, the persons' (the last column, after the rows)."""
     columns = (released.get("accuracy") or {}).get("columns") or []
+    at = [*range(2, 3 * summed, 3), *([len(columns) - 1] if len(columns) > 3 * summed else [])]
     out: list[tuple[float, float] | None] = []
-    for j in range(2, len(columns), 3):
+    for j in at:
         column = columns[j] or {}
         (pair,) = column.get("intervals") or [None]
         out.append(None if pair is None else (float(pair[0]), float(pair[1])))
@@ -154,12 +163,26 @@ def facts(stage: Clipped, share: float, epsilon: float) -> Clip:
         )
     if not stage.facts:  # a stage made without the rule: the bounds as released
         chosen = [ClipChoice(aggregate=key, bounds=[lo, hi]) for key, lo, hi in stage.clips]
+    rows = stage.rows
     return Clip(
         share=share,
         epsilon=epsilon * share,
         moved_epsilon=epsilon * (1 - share) * MOVED_SHARE if stage.moves else 0.0,
         rule=RULE,
         chosen=chosen,
+        rows=None
+        if rows is None
+        else ClipRows(
+            rows=rows.rows,
+            source=rows.source,
+            reason=rows.reason,
+            selected=rows.selected,
+            declared=rows.declared,
+            level=ROWS_LEVEL,
+            rank_error=rows.rank_error,
+            persons=rows.persons,
+            persons_low=rows.persons_low,
+        ),
     )
 
 

@@ -18,7 +18,7 @@ from dpmagic import protocol
 from dpmagic.gate.dp.levels import REPORT_ALPHA
 from dpmagic.gate.failures import BadRequest, InvalidBody
 from dpmagic.gate.policy import AccountantKind, Dataset
-from dpmagic.gate.sql.clip import ClipBounds, ClipMoved, ClipStage
+from dpmagic.gate.sql.clip import ClipBounds, ClipMoved, Clipped, ClipStage
 from dpmagic.protocol import FIELDS, WIRE_VERSION, Ask
 
 MAX_NOTEBOOK_CHARS = 512
@@ -241,6 +241,10 @@ def tightened(dataset: Dataset, request: QueryRequest) -> Dataset:
                 "nothing was charged"
             )
     partitions, rows = request.max_partitions, request.max_rows_per_partition
+    stage = request.stage.clipped if isinstance(request.stage, ClipMoved) else request.stage
+    chosen = stage.row_bound if isinstance(stage, Clipped) else None
+    if chosen is not None:  # ``--clip``'s rows per person, within the bound it was chosen under
+        rows = chosen if rows is None else min(rows, chosen)
     if partitions is None and rows is None:
         return dataset
     return replace(

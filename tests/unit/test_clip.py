@@ -106,8 +106,15 @@ def test_the_bounds_release_asks_each_summed_argument_at_two_levels_and_counts_i
         ("quantile", 0.02, "__s0.y"), ("quantile", 0.98, "__s0.y"), ("count", None, "__s0.y"),
         ("quantile", 0.02, "__s0.x"), ("quantile", 0.98, "__s0.x"), ("count", None, "__s0.x"),
     ]  # fmt: skip
-    with pytest.raises(Refused, match="sums none"):
-        bounds_checked(check(resolve(parse("SELECT COUNT(*) FROM t"), ds)))
+    assert bounds_checked(check(resolve(parse("SELECT COUNT(*) FROM t"), ds))).aggregates == ()
+    # nothing to choose: no unit, one row a person and group, or one row a person at all
+    for nothing in (
+        dataset(COLUMNS, unit=None),
+        dataset(COLUMNS, max_rows=1),
+        dataset(COLUMNS, table_options={"max_rows_per_unit": 1}),
+    ):
+        with pytest.raises(Refused, match="sums none, and its dataset has no privacy unit or"):
+            bounds_checked(check(resolve(parse("SELECT COUNT(*) FROM t"), nothing)))
 
 
 POLICY = """

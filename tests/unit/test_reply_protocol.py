@@ -26,6 +26,8 @@ from dpmagic.protocol import (
     REPLY_FIELDS,
     WIRE_VERSION,
     BudgetName,
+    Clip,
+    ClipRows,
     Cost,
     ErrorReply,
     LeftOut,
@@ -51,6 +53,8 @@ KINDS = {
     "accuracy first": {"sql": "SELECT COUNT(*) FROM customer", "accuracy": 50.0},
     "bounding report": {"sql": "SELECT COUNT(*) FROM orders", "bounding_report": 0.2},
     "clipped": {"sql": "SELECT SUM(c_acctbal) FROM customer", "clip": 0.25},
+    "clipped rows": {"sql": "SELECT o_priority, COUNT(*) FROM orders GROUP BY o_priority",
+                     "clip": 0.25},  # fmt: skip
     "value first": {
         "sql": "SELECT COUNT(*) FROM customer WHERE c_acctbal > "
         "(SELECT AVG(c_acctbal) FROM customer)"
@@ -112,6 +116,8 @@ def test_the_kinds_say_what_they_are(engine: Engine) -> None:
     assert replies["dry run"].dry_run and replies["dry run"].rows == []
     clip = replies["clipped"].clip
     assert clip is not None and clip.chosen and clip.chosen[0].source in ("data", "declared")
+    rows = (replies["clipped rows"].clip or Clip(0, 0, "", [])).rows
+    assert isinstance(rows, ClipRows) and rows.source in ("data", "declared") and rows.declared == 8
     [stage] = replies["value first"].stages or []
     assert stage.released and isinstance(stage.value, float) and stage.rows is None
     [table] = replies["table first"].stages or []

@@ -33,6 +33,12 @@ value added or removed. A unit brings at most ``rows`` values to each of at most
 ``groups`` partitions: ``groups·rows`` values added or removed. A replacement
 cannot cancel (the old unit's values leave, the new one's arrive, possibly in
 other places): twice that.
+
+**One value a unit** (``unit_value_distance``): a quantile of a value each unit has
+exactly one of, a function of that unit's rows alone (``--clip``'s rows per
+person, ``sql/clip.py``), in one partition: a unit added or removed adds or
+removes that one value, one replaced replaces it; the distance of one row in one
+partition.
 """
 
 from __future__ import annotations
@@ -47,6 +53,11 @@ def selection_distance(c: Contribution, neighbouring: Neighbouring) -> int:
     """Values one unit can add or remove over all partitions (symmetric difference)."""
     reach = c.groups * c.rows
     return reach if checked_relation(neighbouring) == Neighbouring.ADD_REMOVE else 2 * reach
+
+
+def unit_value_distance(neighbouring: Neighbouring) -> int:
+    """Values one unit can add or remove when it has exactly one (the module's docstring)."""
+    return selection_distance(Contribution.bounded(1, 1, 1), neighbouring)
 
 
 def quantile_scores(histogram: Mapping[int, int], size: int, num: int, den: int) -> list[int]:

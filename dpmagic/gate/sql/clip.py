@@ -54,6 +54,26 @@ its own (the ledger shows each). The count of values moved is a function of the
 data and the clip, a count with the sensitivity of any count for each fixed clip.
 Values outside the clip are moved to its ends: a bias, traded for less noise, which
 the reply states (the bounds used, why, and the values moved).
+
+**Rows per person** (``RowsFact``). Where the dataset has a privacy unit, the first
+release also chooses how many rows each person brings to each group of the query
+(``max_rows_per_partition``, which ``--max-rows`` tightens by hand): a DP quantile
+at ``ROWS_LEVEL`` of each person's count of the query's bounded rows (one value a
+person, ``sql/unit_rows.py``, so its distance is one value's,
+``dp.quantiles.unit_value_distance``), and a noisy count of the persons
+(``COUNT(DISTINCT unit)``). The same rule judges it: used when its 95% rank radius
+is at most ``USEFUL_RANKS`` of the lower end of the persons' count's 95% interval;
+then the query (and the count of values moved) is asked with the tighter bound,
+``ROWS_FACTOR`` times the chosen count (at most the policy's). The level is not
+near 1 because the exponential mechanism cannot find a quantile there: every
+count above the largest scores alike, so one of them comes out almost at random;
+the factor keeps the rows of the persons past the quantile instead. A person's
+rows beyond the bound are left out (a bias, which the reply states with the
+figures); the noise of every count and sum shrinks with it (TPC-H's q5 at SF 1:
+64 rows a person to 4, ``docs/speed.md``). Privacy:
+the bound is a function of the first release alone, and for every fixed bound the
+query's SQL enforces it (the window ranks each person's rows), so the argument
+above holds unchanged. A query that sums nothing may still be clipped for its rows.
 """
 
 from __future__ import annotations
@@ -66,6 +86,7 @@ from sqlglot import exp
 
 from dpmagic.gate.dp.levels import REPORT_ALPHA
 from dpmagic.gate.failures import Refused, required
+from dpmagic.gate.sql import unit_rows
 from dpmagic.gate.sql.aggregates.func import AggregateFunc
 from dpmagic.gate.sql.aggregates.registry import kind_of
 from dpmagic.gate.sql.bound import Bounded, bound
@@ -83,6 +104,13 @@ USEFUL_RANKS = 0.1
 # The share of the ε left after the bounds that counts the values the clip moved.
 MOVED_SHARE = 0.05
 DATA, DECLARED = "data", "declared"
+# Rows per person: this quantile of the persons' counts of rows, times ``ROWS_FACTOR``.
+# A quantile near 1 is chosen almost at random above the data (every count above the
+# largest scores alike), so a lower one is chosen, and the bound keeps the rows of the
+# persons up to twice as far out.
+ROWS_LEVEL = 0.9
+ROWS_FACTOR = 2
+ROWS_LABEL, PERSONS_LABEL = "rows of each person", "persons"
 
 
 @dataclass(frozen=True)
@@ -123,6 +151,38 @@ class ClipFact:
 
 
 @dataclass(frozen=True)
+class RowsFact:
+    """What the gate decided for the rows each person brings to a group, and the public
+    figures it read: sent in the reply, never re-derived by the client."""
+
+    source: str  # DATA: the chosen bound is used; DECLARED: the policy's (or --max-rows) kept
+    rows: int  # the bound the query was asked with
+    selected: int  # what the first release chose (used or not)
+    declared: int
+    rank_error: float  # the selection's 95% radius in persons (``rank_radius``)
+    persons: float  # the noisy count of persons
+    persons_low: float  # the lower end of its 95% interval, which the rule reads
+
+    @property
+    def reason(self) -> str:
+        """The rule as it applied, in words (the figures are sent beside it)."""
+        share = f"{USEFUL_RANKS:.0%}"
+        if self.source == DATA:
+            return (
+                f"{self.selected:,} rows, chosen within {self.rank_error:,.0f} persons of "
+                f"the persons' {ROWS_LEVEL:.0%} quantile (95%), at most {share} of the at "
+                f"least {self.persons_low:,.0f} persons; each person keeps up to "
+                f"{ROWS_FACTOR} times that"
+            )
+        return (
+            f"the count chosen was only within {self.rank_error:,.0f} persons of its "
+            f"quantile (95%), more than {share} of the at least "
+            f"{max(self.persons_low, 0.0):,.0f} persons: too little ε to be useful, "
+            f"so each person's rows stay bounded by {self.declared:,}"
+        )
+
+
+@dataclass(frozen=True)
 class MovedCount:
     """The third release's cell for one group and argument: the noisy count of the
     values the clip moved, and its 95% interval."""
@@ -143,10 +203,19 @@ class Clipped:
     clips: tuple[tuple[str, float, float], ...]
     facts: tuple[ClipFact, ...] = ()
     moved: tuple[MovedCount, ...] = ()
+    rows: RowsFact | None = None  # where the dataset has a unit and the rule ran
 
     def get(self, arg: exp.Expression) -> tuple[float, float] | None:
         text = arg.sql(dialect=DIALECT)
         return next(((lo, hi) for key, lo, hi in self.clips if key == text), None)
+
+    @property
+    def row_bound(self) -> int | None:
+        """The rows a person brings to a group, where chosen from the data: the query's
+        and the moved count's dataset is tightened to it (``request.tightened``)."""
+        if self.rows is None or self.rows.source != DATA:
+            return None
+        return self.rows.rows
 
     @property
     def moves(self) -> bool:
@@ -171,12 +240,24 @@ def targets(checked: Checked) -> list[AggregateCall]:
     for agg in checked.aggregates:
         if kind_of(agg.func).summed and agg.arg is not None:
             seen.setdefault(agg.arg.sql(dialect=DIALECT), agg)
-    if not seen:
+    if not seen and not chooses_rows(checked):
         raise Refused(
-            "--clip chooses the bounds of the values a query sums (SUM, AVG, VAR, STDDEV): "
-            "this query sums none"
+            "--clip chooses the bounds of the values a query sums (SUM, AVG, VAR, STDDEV) "
+            "and the rows each person brings to a group: this query sums none, and its "
+            "dataset has no privacy unit or bounds each person to one row a group already"
         )
     return list(seen.values())
+
+
+def chooses_rows(checked: Checked) -> bool:
+    """Whether the first release chooses the rows per person: where the dataset has a
+    unit and lets a person bring more than one row to a group, and some private table
+    the query reads may hold more than one row of a person (else there is nothing to
+    tighten, and the first release's ε stays whole for the values' bounds)."""
+    resolved = checked.resolved
+    if resolved.unit is None or resolved.dataset.max_rows_per_partition <= 1:
+        return False
+    return any(s.table.max_rows != 1 for s in resolved.scans if not s.table.public)
 
 
 def bounds_checked(checked: Checked) -> Checked:
@@ -225,8 +306,9 @@ def clipped(
     reply's intervals; else the count itself) keeps its declared bounds. Without
     it (an engine that passes only the row) the bounds are used as released."""
     clips, facts = [], []
-    width = 3 if len(values) == 3 * len(targets(checked)) else 2
-    for i, agg in enumerate(targets(checked)):
+    summed = targets(checked)
+    width = 3 if len(values) >= 3 * len(summed) else 2
+    for i, agg in enumerate(summed):
         key = required(agg.arg, "a summed argument").sql(dialect=DIALECT)
         a, b = values[width * i], values[width * i + 1]
         selected = (min(a, b), max(a, b))
@@ -258,11 +340,64 @@ def clipped(
                 low,
             )
         )
-    return Clipped(tuple(clips), tuple(facts))
+    rows = None
+    if first is not None and any(unit_rows.is_marker(s.arg) for s in first.selections):
+        at = width * len(summed)
+        counted_persons = None if counted is None or len(counted) <= len(summed) else counted[-1]
+        rows = _rows_fact(first, values[at], values[at + 1], counted_persons)
+    return Clipped(tuple(clips), tuple(facts), rows=rows)
+
+
+def _rows_fact(
+    first: Plan, chosen: float, persons: float, interval: tuple[float, float] | None
+) -> RowsFact:
+    """The rule for the rows per person (the module's docstring): the count chosen
+    is used when its selection's 95% rank radius is at most ``USEFUL_RANKS`` of the
+    lower end of the persons' count's 95% interval."""
+    selection = _selection(first, ROWS_LABEL)
+    radius = selection.noise.rank_radius(REPORT_ALPHA)
+    low = persons if interval is None else min(persons, interval[0])
+    declared = first.dataset.max_rows_per_partition
+    selected = max(1, min(math.ceil(chosen), declared))
+    useful = low > 0 and radius <= USEFUL_RANKS * low
+    return RowsFact(
+        DATA if useful else DECLARED,
+        min(ROWS_FACTOR * selected, declared) if useful else declared,
+        selected,
+        declared,
+        radius,
+        persons,
+        low,
+    )
 
 
 def _selection(first: Plan, label: str) -> Selection:
     return next(s for s in first.selections if s.label == label)
+
+
+def with_rows(bounded: Bounded) -> Bounded:
+    """The first release's query with the rows per person (``RowsFact``) to choose
+    (``chooses_rows``): a quantile of each person's count of the query's bounded rows
+    (``sql/unit_rows.py``), among ``1`` to the rows a person brings to a group, and a
+    count of the persons; after the summed arguments' bounds and counts."""
+    checked = bounded.checked
+    unit = checked.resolved.unit
+    if unit is None or not chooses_rows(checked):
+        return bounded
+    most = checked.resolved.dataset.max_rows_per_partition
+    rows = AggregateCall(
+        f"{PREFIX}r", AggregateFunc.QUANTILE, unit_rows.marker(), ROWS_LABEL, ROWS_LEVEL
+    )
+    persons = AggregateCall(f"{PREFIX}p", AggregateFunc.COUNT_DISTINCT, unit.copy(), PERSONS_LABEL)
+    added = (rows, persons)
+    checked = replace(
+        checked,
+        aggregates=(*checked.aggregates, *added),
+        outputs=(*checked.outputs, *(Output(name=a.name, expr=exp.column(a.name)) for a in added)),
+    )
+    return replace(
+        bounded, checked=checked, bounds={**bounded.bounds, rows.name: unit_rows.candidates(most)}
+    )
 
 
 def moved_checked(bounded: Bounded, stage: ClipMoved) -> Checked:
@@ -315,9 +450,12 @@ def _number(value: float) -> exp.Expression:
 def clip_bounded(bounded: Bounded, stage: ClipStage | None) -> Bounded:
     """The bound pass's intervals with each summed argument's cut to its clip: the pass
     between ``bound`` and ``plan`` of a clipped query (the identity otherwise). For the
-    third release, the bound pass of its own query (``moved_checked``)."""
+    first release, its query with the rows per person to choose (``with_rows``); for the
+    third, the bound pass of its own query (``moved_checked``)."""
     if isinstance(stage, ClipMoved):
         return bound(moved_checked(bounded, stage))
+    if isinstance(stage, ClipBounds):
+        return with_rows(bounded)
     if not isinstance(stage, Clipped):
         return bounded
     checked = bounded.checked

@@ -57,7 +57,7 @@ from dpmagic.gate.dp.partition_selection import (
     key_reach,
 )
 from dpmagic.gate.dp.quantile_selection import calibrate_quantile, grid
-from dpmagic.gate.dp.quantiles import selection_distance
+from dpmagic.gate.dp.quantiles import selection_distance, unit_value_distance
 from dpmagic.gate.dp.shares import (
     EDGE_WEIGHT,
     measurement_weight,
@@ -69,6 +69,7 @@ from dpmagic.gate.engines.interface import MAX_PARTITIONS
 from dpmagic.gate.engines.ranking import load_cap
 from dpmagic.gate.failures import Refused, required
 from dpmagic.gate.policy import AccountantKind, Dataset
+from dpmagic.gate.sql import unit_rows
 from dpmagic.gate.sql.aggregates.base import Measuring, Selecting, count_of
 from dpmagic.gate.sql.aggregates.parts import Measured, Parts, Wanted
 from dpmagic.gate.sql.aggregates.registry import kind_of
@@ -167,7 +168,9 @@ def plan(
     edge = _target(target, asked, total, EDGE_WEIGHT)
     selections = tuple(
         _selection(
-            f"q{i}", level, arg, clamp, label, target, distance, len(partitions) or 1,
+            f"q{i}", level, arg, clamp, label, target,
+            unit_value_distance(dataset.neighbouring) if unit_rows.is_marker(arg) else distance,
+            len(partitions) or 1,
             Edges(names[_key(count_of(arg))], edge.pure_epsilon() if edge.share else 0.0)
             if quantile_intervals else None,
         )

@@ -23,6 +23,7 @@ from dpmagic.gate.dp.partition_selection import KeySelection
 from dpmagic.gate.dp.quantile_selection import Grid, QuantileNoise
 from dpmagic.gate.engines.interface import MAX_ROWS
 from dpmagic.gate.policy import Dataset
+from dpmagic.gate.sql import unit_rows
 from dpmagic.gate.sql.aggregates.debiasing import Debias
 from dpmagic.gate.sql.aggregates.parts import Parts
 from dpmagic.gate.sql.check import Checked, GroupKey
@@ -174,9 +175,12 @@ class Plan:
         the bounding report counts them per unit; but under the load-time ranks no
         aggregate reads it (distinct units and chosen keys take the window), and no
         row's unit is NULL (load drops such rows), so reading and testing it would
-        only cost a column (count by state, 100M rows: one more BIGINT scanned)."""
+        only cost a column (count by state, 100M rows: one more BIGINT scanned). Rows
+        counted per person (``--clip``) read it."""
         if self.checked.resolved.unit is None:
             return False
+        if any(unit_rows.is_marker(s.arg) for s in self.selections):
+            return True  # counted per unit (``rewrite._unit_rows``)
         return not isinstance(self.bounding, Ranked) or self.left_out is not None
 
     @cached_property

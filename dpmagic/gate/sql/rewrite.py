@@ -60,6 +60,7 @@ from dpmagic.gate.engines.dialect import DUCKDB, Dialect
 from dpmagic.gate.engines.ranking import ROWS, bounded_by_units, load_cap
 from dpmagic.gate.failures import Refused, required
 from dpmagic.gate.policy import Column, Table
+from dpmagic.gate.sql import unit_rows
 from dpmagic.gate.sql.engine_rows import total_on
 from dpmagic.gate.sql.keyed import keyed_rooms
 from dpmagic.gate.sql.keys import KeyDomain
@@ -99,12 +100,16 @@ def rewrite(plan: Plan, seed: int | None = None, dialect: Dialect = DUCKDB) -> R
         ctes = [*ctes, (TRIMMED_ROWS, _ranked(keys, final, trimmed))]
         final = (TRIMMED_ROWS, None)
 
+    per_unit = [s for s in plan.selections if unit_rows.is_marker(s.arg)]
+    if per_unit:
+        ctes = [*ctes, (UNIT_ROWS, _unit_rows(per_unit, final))]
+
     apart = bool(plan.selections) and dialect.histograms_apart
     outputs: list[exp.Expression] = [_col(k) for k in keys]
     rows = plan.partition_rows
     outputs += [_as(_aggregate(m, dialect, rows), m.name) for m in plan.measurements]
     if not apart:
-        outputs += [_as(dialect.histogram(_col("__v_" + s.name)), s.name) for s in plan.selections]
+        outputs += [_as(_histogram(s, dialect), s.name) for s in plan.selections]
     if plan.key_selection is not None:
         units = (
             exp.Count(this=exp.Distinct(expressions=[_col(UNIT)]))
@@ -151,12 +156,13 @@ def _histograms_apart(
     outer = outer.from_(exp.alias_(exp.Subquery(this=main), "__main", quoted=True))
     for s in plan.selections:
         value = _col("__v_" + s.name)
+        source = (UNIT_ROWS, None) if unit_rows.is_marker(s.arg) else final
         counted = exp.select(*(_col(k) for k in keys), _as(value.copy(), "__c"))
         counted = counted.select(_as(exp.Count(this=exp.Star()), "__n"))
-        counted = counted.from_(exp.table_(final[0]))
+        counted = counted.from_(exp.table_(source[0]))
         counted = counted.where(_not_null(value.copy()))
-        if final[1] is not None:
-            counted = counted.where(final[1].copy())
+        if source[1] is not None:
+            counted = counted.where(source[1].copy())
         counted = counted.group_by(*(_col(k) for k in keys), value.copy())
         entries = exp.Struct(expressions=[_col("__c"), _col("__n")])
         gathered = exp.MapFromEntries(this=exp.ArrayAgg(this=entries))
@@ -182,14 +188,15 @@ def _bounded(plan: Plan, row: _Rows, seed: int) -> tuple[Ctes, tuple[str, exp.Ex
     resolved = plan.checked.resolved
     keys = [k.name for k in plan.keys]
     values = ["__v_" + m.name for m in plan.measurements if m.arg is not None]
-    values += ["__v_" + s.name for s in plan.selections]
+    snapped = [s for s in plan.selections if not unit_rows.is_marker(s.arg)]
+    values += ["__v_" + s.name for s in snapped]
     unit = required(resolved.unit, "the privacy unit the rows carry") if plan.reads_unit else None
     row_cols = [_as(row.total(unit), UNIT)] if unit is not None else []
     row_cols += [_as(row.total(k.expr), k.name) for k in plan.keys]
     row_cols += [
         _as(row.total(m.arg), "__v_" + m.name) for m in plan.measurements if m.arg is not None
     ]
-    row_cols += [_as(_snap(s, row), "__v_" + s.name) for s in plan.selections]
+    row_cols += [_as(_snap(s, row), "__v_" + s.name) for s in snapped]
     if not row_cols:
         row_cols = [_as(exp.Literal.number(1), "__one", quoted=False)]
     cap = join_cap(plan.bounding)
@@ -315,6 +322,43 @@ def left_out(plan: Plan, seed: int, dialect: Dialect = DUCKDB) -> Rewritten:
         tree = tree.with_(name, as_=cte)
     tree = _semijoins(tree, resolved, row)
     return Rewritten(tree=tree, sql=dialect.render(tree), keys=0, measurements=("rows", "units"))
+
+
+# The rows of each unit among the query's bounded rows, one row a unit (``_unit_rows``).
+UNIT_ROWS = "unit_rows"
+
+
+def _unit_rows(selections: list[Selection], final: tuple[str, exp.Expression | None]) -> exp.Select:
+    """Per unit, its count of the query's bounded rows as each rows-per-person
+    selection's candidate index (``sql/unit_rows.py``): the grid's nearest candidate
+    to the count, capped at the grid's last. One row a unit, a function of that
+    unit's rows alone (every join and filter reads one unit's rows at a time, and
+    the bounds rank each unit's rows apart: ``left_out``'s argument), so a unit added
+    or removed adds or removes one value."""
+    columns = []
+    for s in selections:
+        g = s.grid
+        count = exp.Least(this=exp.Count(this=exp.Star()), expressions=[literal(g.hi, True)])
+        offset = exp.Div(
+            this=exp.Paren(this=exp.Sub(this=count, expression=literal(g.lo, True))),
+            expression=literal(g.step, g.integral),
+        )
+        index = exp.Cast(this=exp.Round(this=offset), to=exp.DataType.build("BIGINT"))
+        within = exp.Least(this=index, expressions=[exp.Literal.number(g.size - 1)])
+        columns.append(_as(within, "__v_" + s.name))
+    query = exp.select(*columns).from_(final[0])
+    if final[1] is not None:
+        query = query.where(final[1].copy())
+    return query.group_by(_col(UNIT))
+
+
+def _histogram(s: Selection, dialect: Dialect) -> exp.Expression:
+    """A selection's candidate counts: over the query's rows, or, for rows per person,
+    over ``UNIT_ROWS`` (one row a unit)."""
+    counts = dialect.histogram(_col("__v_" + s.name))
+    if not unit_rows.is_marker(s.arg):
+        return counts
+    return exp.Subquery(this=exp.select(counts).from_(UNIT_ROWS))
 
 
 def _per_unit(table: str, value: exp.Expression, condition: exp.Expression | None) -> exp.Select:
