@@ -41,6 +41,7 @@ from dpmagic.gate.failures import Failed  # noqa: E402
 from dpmagic.gate.policy import Dataset, PolicyError, parse_policy  # noqa: E402
 from dpmagic.gate.sql import engine_rows  # noqa: E402
 from dpmagic.gate.sql.aggregates.registry import CATALOGUE  # noqa: E402
+from dpmagic.gate.sql.clip import ClipBounds, ClipStage  # noqa: E402
 from dpmagic.gate.sql.engine_rows import NotOnSpark  # noqa: E402
 from dpmagic.gate.sql.pipeline import Asked, analyse, generate  # noqa: E402
 from dpmagic.gate.sql.resolve import Resolved  # noqa: E402
@@ -163,10 +164,13 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return _write_parquet(tmp_path_factory.mktemp("spark-data"))
 
 
-def _exact(sql: str, dataset: Dataset, store, delta: float) -> list[tuple]:
-    """The exact rows the store returns for the gate's SQL of ``sql``."""
+def _exact(
+    sql: str, dataset: Dataset, store, delta: float, clip: ClipStage | None = None
+) -> list[tuple]:
+    """The exact rows the store returns for the gate's SQL of ``sql`` (of its ``clip``
+    stage's release, if given)."""
     accountant = make_accountant(dataset.accountant)
-    the_plan = analyse(Asked(sql, {}, 1e6, delta), dataset, accountant)
+    the_plan = analyse(Asked(sql, {}, 1e6, delta, clip=clip), dataset, accountant)
     return store.run(generate(the_plan, SEED, store).rewritten.sql).rows
 
 
@@ -339,6 +343,21 @@ def test_links_along_keys_give_the_same_exact_rows_on_spark(tmp_path: Path) -> N
             found = _exact(sql, spark, spark_store, 0.0)
             assert _same(found, _exact(sql, duck, duck_store, 0.0)), sql
             assert found, sql
+    finally:
+        duck_store.close()
+
+
+def test_the_clips_first_release_gives_the_same_exact_rows_on_spark(tmp_path: Path) -> None:
+    """``--clip``'s first release along the shop's links: each summed argument's
+    candidates and the rows each person brings (one value a person,
+    ``rewrite._unit_rows``, in a CTE of its own on Spark), counted alike."""
+    duck, duck_store, spark, spark_store = _stores(tmp_path, "shop", _shop(tmp_path / "d"))
+    try:
+        for sql in SHOP_QUERIES[:3]:
+            found = _exact(sql, spark, spark_store, 0.0, ClipBounds())
+            assert _same(found, _exact(sql, duck, duck_store, 0.0, ClipBounds())), sql
+            (row,) = found
+            assert isinstance(row[-2], dict) and row[-2], sql  # rows per person: a histogram
     finally:
         duck_store.close()
 

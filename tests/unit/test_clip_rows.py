@@ -35,6 +35,7 @@ from dpmagic.gate.sql.clip import (
 )
 from dpmagic.gate.sql.parse import parse
 from dpmagic.gate.sql.plan import plan
+from dpmagic.gate.sql.ranks import Window
 from dpmagic.gate.sql.resolve import resolve
 from tests.gate_helpers import dataset, exact_vectors, load_table, neighbours, running_engine
 
@@ -74,12 +75,15 @@ def test_the_first_release_asks_each_persons_rows_and_counts_the_persons() -> No
     _, first = _first("SELECT g, COUNT(*) FROM t GROUP BY g")
     assert [(a.func, a.level) for a in first.checked.aggregates] == [
         ("quantile", ROWS_LEVEL),
-        ("count_distinct", None),
+        ("count", None),
     ]
     selection = _rows_selection(first)
     assert selection.label == ROWS_LABEL and selection.grid.lo == 1 and selection.grid.hi == 3
     assert selection.noise.distance == 1  # one value a person
-    assert [m.kind for m in first.measurements] == ["count_unit"]
+    (persons,) = first.measurements
+    assert persons.kind == "count" and persons.noise.sensitivity == 1  # one row a person
+    # no window over the rows for the persons (a COUNT(DISTINCT unit) would need one)
+    assert not isinstance(first.bounding, Window)
     _, replaced = _first("SELECT COUNT(*) FROM t", neighbouring="substitute")
     assert _rows_selection(replaced).noise.distance == 2
 
@@ -90,18 +94,23 @@ units = st.lists(st.lists(row, min_size=0, max_size=5), min_size=1, max_size=4)
 
 def _worst(first, per_unit, seed, neighbouring: str = "add_remove") -> tuple[int, int]:
     """The rows selection's largest move over every neighbour (the L1 distance of its
-    histograms: values added plus values removed), and its distance."""
+    histograms: values added plus values removed), and its distance; the persons'
+    count's largest move is checked against its sensitivity on the way."""
     selection = _rows_selection(first)
+    (persons,) = [m for m in first.measurements if unit_rows.is_marker(m.arg)]
     con = duckdb.connect()
     rows = [(pid, *r) for pid, rs in enumerate(per_unit, start=1) for r in rs]
     load_table(con, "t", ORDER, rows)
-    (base,) = exact_vectors(first, con, seed)[selection.name]
+    exact = exact_vectors(first, con, seed)
+    (base,), (counted,) = exact[selection.name], exact[persons.name]
     worst = 0
     for other in neighbours(rows, len(per_unit), True, neighbouring, [(0, 7)] * 4):
         load_table(con, "t", ORDER, other)
-        (moved,) = exact_vectors(first, con, seed)[selection.name]
+        exact = exact_vectors(first, con, seed)
+        (moved,), (recounted,) = exact[selection.name], exact[persons.name]
         keys = set(base) | set(moved)
         worst = max(worst, sum(abs(base.get(k, 0) - moved.get(k, 0)) for k in keys))
+        assert abs(recounted - counted) <= persons.noise.sensitivity
     return worst, selection.noise.distance
 
 

@@ -379,16 +379,15 @@ def with_rows(bounded: Bounded) -> Bounded:
     """The first release's query with the rows per person (``RowsFact``) to choose
     (``chooses_rows``): a quantile of each person's count of the query's bounded rows
     (``sql/unit_rows.py``), among ``1`` to the rows a person brings to a group, and a
-    count of the persons; after the summed arguments' bounds and counts."""
+    count of those values (the persons); after the summed arguments' bounds and counts."""
     checked = bounded.checked
-    unit = checked.resolved.unit
-    if unit is None or not chooses_rows(checked):
+    if not chooses_rows(checked):
         return bounded
     most = checked.resolved.dataset.max_rows_per_partition
     rows = AggregateCall(
         f"{PREFIX}r", AggregateFunc.QUANTILE, unit_rows.marker(), ROWS_LABEL, ROWS_LEVEL
     )
-    persons = AggregateCall(f"{PREFIX}p", AggregateFunc.COUNT_DISTINCT, unit.copy(), PERSONS_LABEL)
+    persons = AggregateCall(f"{PREFIX}p", AggregateFunc.COUNT, unit_rows.marker(), PERSONS_LABEL)
     added = (rows, persons)
     checked = replace(
         checked,

@@ -493,8 +493,8 @@ def _measurement(
     summand: Summand,
 ) -> Measurement:
     kind, arg, clamp, label = part.kind, part.arg, part.clamp, part.label
-    if kind == MeasureKind.COUNT_UNIT:  # one per unit and partition (``dp/counts``)
-        contribution = distinct_units(contribution)
+    if kind == MeasureKind.COUNT_UNIT or unit_rows.is_marker(arg):
+        contribution = distinct_units(contribution)  # one per unit and partition (``dp/counts``)
     if kind != MeasureKind.SUM:
         # A unit's rows bring at most ``rows`` distinct values to a partition.
         noise = count_noise_for(contribution, dataset.neighbouring, target)

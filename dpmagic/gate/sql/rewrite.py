@@ -101,7 +101,7 @@ def rewrite(plan: Plan, seed: int | None = None, dialect: Dialect = DUCKDB) -> R
         final = (TRIMMED_ROWS, None)
 
     per_unit = [s for s in plan.selections if unit_rows.is_marker(s.arg)]
-    if per_unit:
+    if per_unit or any(unit_rows.is_marker(m.arg) for m in plan.measurements):
         ctes = [*ctes, (UNIT_ROWS, _unit_rows(per_unit, final))]
 
     apart = bool(plan.selections) and dialect.histograms_apart
@@ -187,15 +187,14 @@ def _bounded(plan: Plan, row: _Rows, seed: int) -> tuple[Ctes, tuple[str, exp.Ex
     table and condition that select them."""
     resolved = plan.checked.resolved
     keys = [k.name for k in plan.keys]
-    values = ["__v_" + m.name for m in plan.measurements if m.arg is not None]
+    counted = [m for m in plan.measurements if m.arg is not None and not unit_rows.is_marker(m.arg)]
+    values = ["__v_" + m.name for m in counted]
     snapped = [s for s in plan.selections if not unit_rows.is_marker(s.arg)]
     values += ["__v_" + s.name for s in snapped]
     unit = required(resolved.unit, "the privacy unit the rows carry") if plan.reads_unit else None
     row_cols = [_as(row.total(unit), UNIT)] if unit is not None else []
     row_cols += [_as(row.total(k.expr), k.name) for k in plan.keys]
-    row_cols += [
-        _as(row.total(m.arg), "__v_" + m.name) for m in plan.measurements if m.arg is not None
-    ]
+    row_cols += [_as(row.total(m.arg), "__v_" + m.name) for m in counted]
     row_cols += [_as(_snap(s, row), "__v_" + s.name) for s in snapped]
     if not row_cols:
         row_cols = [_as(exp.Literal.number(1), "__one", quoted=False)]
@@ -329,9 +328,9 @@ UNIT_ROWS = "unit_rows"
 
 
 def _unit_rows(selections: list[Selection], final: tuple[str, exp.Expression | None]) -> exp.Select:
-    """Per unit, its count of the query's bounded rows as each rows-per-person
-    selection's candidate index (``sql/unit_rows.py``): the grid's nearest candidate
-    to the count, capped at the grid's last. One row a unit, a function of that
+    """One row a unit of the query's bounded rows, with its count of them as each
+    rows-per-person selection's candidate index (``sql/unit_rows.py``): the grid's
+    nearest candidate to the count, capped at the grid's last. A function of that
     unit's rows alone (every join and filter reads one unit's rows at a time, and
     the bounds rank each unit's rows apart: ``left_out``'s argument), so a unit added
     or removed adds or removes one value."""
@@ -346,7 +345,7 @@ def _unit_rows(selections: list[Selection], final: tuple[str, exp.Expression | N
         index = exp.Cast(this=exp.Round(this=offset), to=exp.DataType.build("BIGINT"))
         within = exp.Least(this=index, expressions=[exp.Literal.number(g.size - 1)])
         columns.append(_as(within, "__v_" + s.name))
-    query = exp.select(*columns).from_(final[0])
+    query = exp.select(*(columns or [_col(UNIT)])).from_(final[0])
     if final[1] is not None:
         query = query.where(final[1].copy())
     return query.group_by(_col(UNIT))
@@ -704,6 +703,8 @@ def _aggregate(m: Measurement, dialect: Dialect, rows: int) -> exp.Expression:
     """``m``'s aggregate over the bounded rows, fewer than ``rows`` in a partition."""
     check_deadline()  # one per measurement
     v = _col("__v_" + m.name)
+    if unit_rows.is_marker(m.arg):  # the units: one row each in ``UNIT_ROWS``
+        return exp.Subquery(this=exp.select(exp.Count(this=exp.Star())).from_(UNIT_ROWS))
     if m.kind == MeasureKind.COUNT:
         return exp.Count(this=exp.Star() if m.arg is None else v)
     if m.kind in (MeasureKind.COUNT_DISTINCT, MeasureKind.COUNT_UNIT):
