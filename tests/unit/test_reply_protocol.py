@@ -53,8 +53,10 @@ KINDS = {
     "accuracy first": {"sql": "SELECT COUNT(*) FROM customer", "accuracy": 50.0},
     "bounding report": {"sql": "SELECT COUNT(*) FROM orders", "bounding_report": 0.2},
     "clipped": {"sql": "SELECT SUM(c_acctbal) FROM customer", "clip": 0.25},
-    "clipped rows": {"sql": "SELECT o_priority, COUNT(*) FROM orders GROUP BY o_priority",
-                     "clip": 0.25},  # fmt: skip
+    "clipped rows": {
+        "sql": "SELECT o_priority, COUNT(*) FROM orders GROUP BY o_priority",
+        "clip": 0.25,
+    },
     "value first": {
         "sql": "SELECT COUNT(*) FROM customer WHERE c_acctbal > "
         "(SELECT AVG(c_acctbal) FROM customer)"

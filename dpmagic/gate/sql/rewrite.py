@@ -187,14 +187,18 @@ def _bounded(plan: Plan, row: _Rows, seed: int) -> tuple[Ctes, tuple[str, exp.Ex
     table and condition that select them."""
     resolved = plan.checked.resolved
     keys = [k.name for k in plan.keys]
-    counted = [m for m in plan.measurements if m.arg is not None and not unit_rows.is_marker(m.arg)]
-    values = ["__v_" + m.name for m in counted]
+    args = {
+        "__v_" + m.name: m.arg
+        for m in plan.measurements
+        if m.arg is not None and not unit_rows.is_marker(m.arg)
+    }
+    values = list(args)
     snapped = [s for s in plan.selections if not unit_rows.is_marker(s.arg)]
     values += ["__v_" + s.name for s in snapped]
     unit = required(resolved.unit, "the privacy unit the rows carry") if plan.reads_unit else None
     row_cols = [_as(row.total(unit), UNIT)] if unit is not None else []
     row_cols += [_as(row.total(k.expr), k.name) for k in plan.keys]
-    row_cols += [_as(row.total(m.arg), "__v_" + m.name) for m in counted]
+    row_cols += [_as(row.total(arg), name) for name, arg in args.items()]
     row_cols += [_as(_snap(s, row), "__v_" + s.name) for s in snapped]
     if not row_cols:
         row_cols = [_as(exp.Literal.number(1), "__one", quoted=False)]
