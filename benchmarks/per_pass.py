@@ -15,8 +15,13 @@ gate's passes (the durable debit, the run with its guard and timeout, the noise,
 the release, the stored reply, the budget views); the rest of the engine's work;
 the process boundary (the round trip less the gate's handling of the request:
 connection, HTTP, JSON, the hand-off to an engine thread and back); and the round
-trip with its ratio to raw DuckDB. Not a test: timings depend on the machine and
-its load, printed with them.
+trip with its ratio to raw DuckDB.
+
+Then the analysis of texts the gate has not seen, in this process on an engine over
+the same policy (and over the clinic's, ``examples/clinic.toml``): each of the
+workload's shapes with its constants varied, so that no text repeats, timed in
+``Engine._analysed`` (parse to plan, the rewrite, the vet) with medians per pass.
+Not a test: timings depend on the machine and its load, printed with them.
 """
 
 from __future__ import annotations
@@ -53,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
         default=visits.PAUSE_MS,
         help="ms of idleness before each timed run (default %(default)s)",
     )
+    parser.add_argument(
+        "--analysis", action="store_true", help="only the analysis of texts not seen before"
+    )
     parser.add_argument("--serve", nargs=3, metavar=("POLICY", "ADDRESS", "OUT"),
                         help=argparse.SUPPRESS)  # fmt: skip
     args = parser.parse_args(argv)
@@ -61,15 +69,105 @@ def main(argv: list[str] | None = None) -> int:
     database = visits.visits_file(args.rows)
     print(f"{args.rows:,} rows, {args.pause:g} ms pause before each run; "
           f"load average {os.getloadavg()[0]:.2f} at start")  # fmt: skip
+    if not args.analysis:
+        _gate_passes(database, args.reps, args.pause / 1000)
+    print("\nThe analysis of a text not seen before (median ms over --reps × 10 texts):")
+    header = ["dataset", "shape", "analyse", "rewrite", "vet", "analysis"]
+    print("\n| " + " | ".join(header) + " |\n|" + "---|" * len(header))
     with tempfile.TemporaryDirectory() as work:
-        rows = _measure(database, Path(work), args.reps, args.pause / 1000)
+        for line in _new_texts(database, Path(work), args.reps * 10):
+            print("| " + " | ".join(line) + " |")
+    print(f"\nload average {os.getloadavg()[0]:.2f} at the end")
+    return 0
+
+
+def _gate_passes(database: Path, reps: int, pause_s: float) -> None:
+    """The table of the gate's passes, each query's round trip timed by a client."""
+    with tempfile.TemporaryDirectory() as work:
+        rows = _measure(database, Path(work), reps, pause_s)
     header = ["query", "raw DuckDB", "generated SQL", *PASSES, "rest of the engine",
               "process boundary", "gate", "×"]  # fmt: skip
     print("\n| " + " | ".join(header) + " |\n|" + "---|" * len(header))
     for name, cells in rows.items():
         print(f"| {name} | " + " | ".join(cells) + " |")
     print(f"\nall in ms; load average {os.getloadavg()[0]:.2f} at the end")
-    return 0
+
+
+# Each shape's text takes constants from its run's index, so no text repeats.
+VISITS_SHAPES = {
+    "count by state": "SELECT state, COUNT(*) AS n FROM visits WHERE age > {a} GROUP BY state",
+    "avg income by diagnosis": "SELECT diagnosis, AVG(income) AS avg_income FROM visits "
+    "WHERE income < {b} GROUP BY diagnosis",
+    "sum income where age > a": "SELECT SUM(income) AS total FROM visits WHERE age > {a}",
+    "count by state × diagnosis": "SELECT state, diagnosis, COUNT(*) AS n FROM visits "
+    "WHERE age > {a} GROUP BY state, diagnosis",
+    "the burst's query": "SELECT state, COUNT(*), SUM(income) FROM visits "
+    "WHERE age > {a} AND income > {b} GROUP BY state",
+}
+CLINIC_SHAPES = {
+    "count by department": "SELECT department, COUNT(*) AS n FROM visits "
+    "WHERE stay_days > {s} GROUP BY department",
+    "avg cost by diagnosis": "SELECT diagnosis, AVG(cost) AS avg_cost FROM visits "
+    "WHERE age > {a} GROUP BY diagnosis",
+    "join: count by sex": "SELECT p.sex, COUNT(*) AS n FROM visits AS v JOIN patients AS p "
+    "ON v.patient_id = p.patient_id WHERE p.age > {a} GROUP BY p.sex",
+}
+
+
+def _new_texts(database: Path, work: Path, texts: int) -> list[list[str]]:
+    """Per shape, medians of ``Engine._analysed`` on ``texts`` new texts, and of its
+    passes: ``analyse`` (parse → plan), the rewrite, and the vet (in process)."""
+    from dpmagic.examples import clinic
+    from dpmagic.gate.engine import Engine
+    from dpmagic.gate.engines.duckdb.database import Database
+    from dpmagic.gate.policy.loading import load_policy
+    from dpmagic.gate.request import QueryRequest
+    from dpmagic.gate.sql import pipeline
+
+    (work / "visits").mkdir()
+    (work / "visits" / "policy.toml").write_text(visits._policy(database, work / "visits"))
+    clinic.generate(work / "clinic", patients=1000)
+    policies = {
+        "visits": (work / "visits" / "policy.toml", VISITS_SHAPES),
+        "clinic": (clinic.write_policy(work / "clinic"), CLINIC_SHAPES),
+    }
+    clocks: dict[str, list[float]] = {}
+    spent: dict[str, list[float]] = {}
+    patched = [
+        (Engine, "analyse", "analyse"),
+        (pipeline, "rewrite", "rewrite"),
+        (pipeline, "left_out", "rewrite"),
+        (Database, "vet", "vet"),
+    ]
+    saved = [(owner, attr, getattr(owner, attr)) for owner, attr, _ in patched]
+    lines = []
+    try:
+        for owner, attr, label in patched:
+            setattr(owner, attr, _clocked(getattr(owner, attr), clocks.setdefault(label, [])))
+        for name, (policy, shapes) in policies.items():
+            engine = Engine(load_policy(policy))
+            dataset = engine._dataset(name)
+            try:
+                for shape, text in shapes.items():
+                    for i in range(texts + 10):  # the first 10: warm-up
+                        sql = text.format(a=i, b=1000 + 7 * i, s=i)
+                        request = QueryRequest.from_body({"sql": sql, "epsilon": 0.5})
+                        marks = {label: len(times) for label, times in clocks.items()}
+                        start = time.perf_counter()
+                        engine._analysed(dataset, request)
+                        whole = time.perf_counter() - start
+                        for label, times in clocks.items():  # a pass's calls, summed
+                            times[marks[label] :] = [sum(times[marks[label] :])]
+                        spent.setdefault(shape, []).append(whole)
+                    cells = [_median(clocks[p][-texts:]) for p in ("analyse", "rewrite", "vet")]
+                    cells.append(_median(spent[shape][-texts:]))
+                    lines.append([name, shape, *(f"{c:.2f}" for c in cells)])
+            finally:
+                engine.close()
+    finally:
+        for owner, attr, function in saved:
+            setattr(owner, attr, function)
+    return lines
 
 
 def _measure(database: Path, work: Path, reps: int, pause_s: float) -> dict[str, list[str]]:
@@ -178,7 +276,7 @@ def _serve(policy: str, address: str, out: str) -> int:
         (pipeline, "release", "release"),
         (Reply, "of", "reply written"),
         (Ledger, "record_release", "stored reply"),
-        (Engine, "_with_budget", "budget views"),
+        (Engine, "_budget_views", "budget views"),
         (Engine, "respond", "engine"),
         (exchange, "_run", "request"),
     ):
