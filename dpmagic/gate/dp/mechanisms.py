@@ -289,12 +289,18 @@ def _check_l2(sensitivity: float) -> None:
         raise ValueError("sensitivity out of the range OpenDP's integer Gaussian accepts")
 
 
+# A plan asks OpenDP's map for each measurement's ε or ρ several times (calibrating,
+# pricing, the reply's figures), ~0.25 ms a call across the FFI; the map is a pure
+# function of two public numbers, so its answers are kept (``typed``: an int
+# sensitivity is not answered for a float one, which the i64 map would refuse).
+@lru_cache(maxsize=4096, typed=True)
 def _laplace_map(scale: float, sensitivity: int) -> float:
     if sensitivity == 0:
         return 0.0
     return _laplace_scalar(scale).map(sensitivity)
 
 
+@lru_cache(maxsize=4096, typed=True)
 def _gaussian_map(scale: float, sensitivity: float) -> float:
     if sensitivity == 0:
         return 0.0

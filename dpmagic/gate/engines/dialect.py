@@ -95,8 +95,10 @@ class Dialect:
         kept = exp.Where(this=exp.Not(this=exp.Is(this=value.copy(), expression=exp.Null())))
         return exp.Filter(this=counts, expression=kept)
 
-    def render(self, tree: exp.Expression) -> str:
-        return tree.sql(dialect=self.sqlglot)
+    def render(self, tree: exp.Expression, copy: bool = True) -> str:
+        """``tree``'s SQL; ``copy=False`` where no one reads the tree after (sqlglot's
+        generator may change the tree it renders, so by default it renders a copy)."""
+        return tree.sql(dialect=self.sqlglot, copy=copy)
 
     @property
     def engine(self) -> str:

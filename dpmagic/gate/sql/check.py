@@ -288,14 +288,14 @@ class _Release:
 
     def _aggregate(self, node: exp.Expression) -> AggregateCall | None:
         condition = None
-        label = display(node)
+        whole = node  # its label (``display``) is rendered only once it is an aggregate
         if isinstance(node, exp.Filter):
             condition = node.expression.this
             node = node.this
         if isinstance(node, NEVER_AGGREGATES):
             raise Refused(f"{_name(node)} returns data values and is never allowed")
         if isinstance(node, exp.WithinGroup):
-            return self._within_group(node, label, condition)
+            return self._within_group(node, display(whole), condition)
         if not isinstance(node, exp.AggFunc):
             return None
         kind = kind_of_call(node)
@@ -321,7 +321,7 @@ class _Release:
             if any(isinstance(n, exp.AggFunc | exp.Filter) for n in arg.walk()):
                 raise Refused("aggregates cannot be nested")
             _row_expr(arg, self.resolved, f"{_name(node)}(…)")
-        return self._add(kind.func, arg, label, level)
+        return self._add(kind.func, arg, display(whole), level)
 
     def _within_group(
         self, node: exp.WithinGroup, label: str, condition: exp.Expression | None

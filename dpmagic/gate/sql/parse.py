@@ -91,7 +91,7 @@ def _named_aggregates(tree: exp.Select) -> exp.Select:
             return exp.AnonymousAggFunc(this=node.name.upper(), expressions=args)
         return node
 
-    found = tree.transform(named)
+    found = tree.transform(named, copy=False)  # the parser's tree, no one else's
     if not isinstance(found, exp.Select):  # only a call is replaced, never the root
         raise RuntimeError("internal error: reading named aggregates replaced the statement")
     return found
@@ -113,7 +113,7 @@ def _bind(tree: exp.Select, params: dict[str, Param]) -> exp.Select:
         used.add(name)
         return _literal(name, params[name])
 
-    bound = tree.transform(replace)
+    bound = tree.transform(replace, copy=False)  # the parser's tree, no one else's
     if not isinstance(bound, exp.Select):  # only a placeholder is replaced, never the root
         raise RuntimeError("internal error: binding the parameters replaced the statement")
     unused = sorted(set(params) - used)

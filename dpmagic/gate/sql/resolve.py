@@ -476,7 +476,7 @@ class _Flattener:
             return n
 
         self.expansion.add(nodes(node))
-        node = node.copy().transform(semi)
+        node = node.transform(semi)  # a copy: the one the swaps below change in place
         for n in node.walk():
             if isinstance(n, exp.Subquery | exp.Exists) or (
                 isinstance(n, exp.Select) and n is not node
@@ -496,7 +496,7 @@ class _Flattener:
                 raise Refused("SELECT * would release rows: select aggregates instead")
             return _lookup(n, env, aliases, place, self.using, charge)
 
-        out = node.transform(swap)
+        out = node.transform(swap, copy=False)
         # Counted again, exactly (an estimate would compound along a chain of CTEs):
         # a walk of what was just built and charged, cheaper than building it.
         self.expansion.remember(out, nodes(out))

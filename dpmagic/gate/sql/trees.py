@@ -31,4 +31,6 @@ def display(expr: exp.Expression) -> str:
             return exp.column(n.name)
         return n
 
-    return expr.copy().transform(bare).sql(dialect=DIALECT)
+    # ``transform`` copies the tree (and ``bare`` replaces nodes of the copy only), so the
+    # copy is the generator's to change: neither needs a copy of its own.
+    return expr.transform(bare).sql(dialect=DIALECT, copy=False)
