@@ -393,9 +393,11 @@ def bound_contributions(
                exp.Literal.number(seed)]  # fmt: skip
     order = exp.Order(expressions=[exp.Ordered(this=dialect.hash(*content))])
     numbered = exp.Window(this=exp.RowNumber(), partition_by=by_row, order=order)
-    ranked = exp.select(exp.Star(), _as(numbered, "__row", quoted=False)).from_("kept_rows")
+    # The tables named as nodes (not text to parse), the new selects not copied.
+    ranked = exp.select(exp.Star(), _as(numbered, "__row", quoted=False))
+    ranked = ranked.from_(exp.table_("kept_rows"), copy=False)
     if light is not None:
-        ranked = ranked.where(exp.Not(this=_col(LIGHT)))
+        ranked = ranked.where(exp.Not(this=_col(LIGHT)), copy=False)
     within = exp.LTE(this=exp.column("__row"), expression=exp.Literal.number(c.rows))
     ctes: Ctes = [("ranked", ranked)]
     if not keys:
@@ -409,8 +411,9 @@ def bound_contributions(
     )
     group = exp.Window(this=exp.Anonymous(this="dense_rank"), partition_by=[_col(UNIT)],
                        order=group_order)  # fmt: skip
-    grouped = exp.select(exp.Star(), _as(group, "__group", quoted=False)).from_("ranked")
-    ctes.append(("grouped", grouped.where(within)))
+    grouped = exp.select(exp.Star(), _as(group, "__group", quoted=False))
+    grouped = grouped.from_(exp.table_("ranked"), copy=False)
+    ctes.append(("grouped", grouped.where(within, copy=False)))
     final = (
         "grouped",
         exp.LTE(this=exp.column("__group"), expression=exp.Literal.number(c.groups)),
@@ -427,9 +430,11 @@ def _joined_light(
     if light is None:
         return ctes, final
     columns = [_col(n) for n in light]
-    kept = exp.select(*columns).from_("kept_rows").where(_col(LIGHT))
-    bounded = exp.select(*(c.copy() for c in columns)).from_(final[0]).where(final[1])
-    return [*ctes, ("bounded_rows", exp.union(kept, bounded, distinct=False))], (
+    kept = exp.select(*columns).from_(exp.table_("kept_rows"), copy=False)
+    kept = kept.where(_col(LIGHT), copy=False)
+    bounded = exp.select(*(c.copy() for c in columns)).from_(exp.table_(final[0]), copy=False)
+    bounded = bounded.where(final[1], copy=False)
+    return [*ctes, ("bounded_rows", exp.union(kept, bounded, distinct=False, copy=False))], (
         "bounded_rows",
         None,
     )

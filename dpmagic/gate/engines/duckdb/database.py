@@ -420,13 +420,13 @@ class Database:
         (text,) = required(
             con.execute("SELECT json_serialize_sql(?)", [sql]).fetchone(), "the parsed query"
         )
-        tree = json.loads(text)
+        nodes: list[dict] = []  # every object of the tree: each check below reads this list
+        tree = json.loads(text, object_hook=_gathered(nodes))
         if tree.get("error"):
             raise UnsafeSQL()
-        nodes = _nodes(tree)  # walked once: every check below reads the same list
-        ctes = {key.lower() for key in _values(nodes, "key")}
+        readable = tables | {key.lower() for key in _values(nodes, "key")}  # and the CTEs
         for node in nodes:
-            if not _safe(node, tables | ctes):
+            if not _safe(node, readable):
                 raise UnsafeSQL()
         names = tuple(sorted(_values(nodes, "key", "named_param_map")))
         if any(name not in (self._ends or {}) for name in names):
@@ -560,21 +560,20 @@ def _safe(node: dict, tables: frozenset[str]) -> bool:
     return True
 
 
-def _nodes(tree: object) -> list[dict]:
-    """Every JSON object in DuckDB's serialised parse tree."""
-    out, stack = [], [tree]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            out.append(item)
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return out
+def _gathered(into: list[dict]) -> Callable[[dict], dict]:
+    """A ``json.loads`` hook that puts every JSON object of DuckDB's serialised parse
+    tree into ``into`` as the parser builds it (nested ones first), so that no second
+    walk of the tree is needed to find them."""
+
+    def gather(node: dict) -> dict:
+        into.append(node)
+        return node
+
+    return gather
 
 
 def _values(nodes: list[dict], key: str, field: str = "map") -> list[str]:
-    """Every ``key`` of an entry of a ``field`` list among ``nodes`` (``_nodes``): the CTE
+    """Every ``key`` of an entry of a ``field`` list among ``nodes`` (``_gathered``): the CTE
     names (a ``cte_map``'s ``map``), or the parameters' names (a statement's
     ``named_param_map``)."""
     return [

@@ -1,0 +1,60 @@
+"""The guard's walk reads every object of DuckDB's serialised parse tree: gathered as
+``json.loads`` builds them (``database._gathered``), they are exactly the objects a
+walk of the finished tree finds, however deep (in lists, in subqueries, in CTEs); a
+hook that kept only the top-level objects would miss the nested table functions the
+guard must see."""
+
+from __future__ import annotations
+
+import json
+
+import duckdb
+import pytest
+
+from dpmagic.gate.engines.duckdb.database import _gathered
+
+TEXTS = [
+    "SELECT 1",
+    "SELECT a, SUM(b) FROM t WHERE c IN (SELECT c FROM u) GROUP BY a",
+    "WITH x AS (SELECT * FROM t), y AS (SELECT * FROM x) SELECT COUNT(*) FROM y JOIN t USING (a)",
+    "SELECT * FROM t WHERE EXISTS (SELECT 1 FROM read_csv('f.csv') AS r WHERE r.a = t.a)",
+    "SELECT LIST_VALUE(1, 2, (SELECT MAX(a) FROM range(3) AS g(a))) AS l",
+    "SELECT $p + 1 AS v, CASE WHEN a > 1 THEN 'x' ELSE 'y' END FROM t",
+]
+
+
+def _walked(tree: object) -> list[dict]:
+    """Every JSON object in the tree, by a walk of the finished tree."""
+    out, stack = [], [tree]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            out.append(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return out
+
+
+def _serialised(sql: str) -> str:
+    con = duckdb.connect()
+    try:
+        return con.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()[0]
+    finally:
+        con.close()
+
+
+@pytest.mark.parametrize("sql", TEXTS)
+def test_the_gathered_objects_are_every_object_of_the_tree(sql):
+    text = _serialised(sql)
+    gathered: list[dict] = []
+    tree = json.loads(text, object_hook=_gathered(gathered))
+    assert not tree.get("error")
+    assert sorted(map(id, gathered)) == sorted(map(id, _walked(tree)))
+
+
+def test_a_walk_of_the_top_level_alone_is_caught():
+    text = _serialised(TEXTS[3])
+    top = [o for o in json.loads(text)["statements"] if isinstance(o, dict)]
+    functions = [o for o in _walked(json.loads(text)) if o.get("type") == "TABLE_FUNCTION"]
+    assert functions and not any(o.get("type") == "TABLE_FUNCTION" for o in top)
