@@ -816,7 +816,9 @@ def _col_of(table: str, name: str) -> exp.Column:
 
 
 def _as(node: exp.Expression, name: str, quoted: bool = True) -> exp.Expression:
-    named = exp.alias_(node, name, quoted=quoted)
+    """``node AS name``, of ``node`` itself: every caller passes a node built for this
+    place (a copy, where it has one already), so it is not copied again."""
+    named = exp.alias_(node, name, quoted=quoted, copy=False)
     if not isinstance(named, exp.Expression):  # typed by its Expr trait; always a node
         raise RuntimeError("internal error: an aliased column is not an expression")
     return named
