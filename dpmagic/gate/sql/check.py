@@ -359,7 +359,7 @@ class _Release:
 def _row_expr(node: exp.Expression, resolved: Resolved, where: str) -> None:
     """An expression evaluated on each private row."""
     for n in node.walk():
-        if isinstance(n, (exp.AggFunc, exp.Filter, *NEVER_AGGREGATES)):
+        if isinstance(n, _NOT_IN_ROWS):
             raise Refused(f"aggregates cannot be nested or used in {where}: {_name(n)}")
         if isinstance(n, exp.Column) and resolved.column(n) is None:
             raise Refused(f"{n.name!r} in {where} is not a column of a declared table")
@@ -369,11 +369,11 @@ def _row_expr(node: exp.Expression, resolved: Resolved, where: str) -> None:
             raise Refused("CAST can fail on data: use TRY_CAST")
         if isinstance(n, exp.Var) and not isinstance(n.parent, exp.Extract):
             raise Refused(f"{n.name} is not allowed in {where}")
-        if isinstance(n, (exp.Extract, *DATE_PARTS)):
+        if isinstance(n, _EXTRACTS):
             _date_part(n, resolved)
         if isinstance(n, exp.TryCast) and n.to.this not in CAST_TYPES:
             raise Refused(f"TRY_CAST to {n.to.sql(dialect=DIALECT)} is not supported")
-        if isinstance(n, exp.Like | exp.ILike) and not isinstance(n.expression, exp.Literal):
+        if isinstance(n, _LIKES) and not isinstance(n.expression, exp.Literal):
             raise Refused("LIKE needs a literal pattern")
         if isinstance(n, TEXT_FUNCTIONS):
             _text_function(n, resolved)
@@ -383,7 +383,17 @@ def _row_expr(node: exp.Expression, resolved: Resolved, where: str) -> None:
             for operand in (n.this, n.args.get("expression")):
                 if operand is not None and _family(operand, resolved) in ("text", "date"):
                     raise Refused(f"{display(n)}: arithmetic needs numbers, not text or dates")
-        _allowed(n, SCALAR_NODES + ROW_ONLY_NODES + (exp.Identifier,), f"in {where}")
+        _allowed(n, _ROW_NODES, f"in {where}")
+
+
+# The classes ``_row_expr`` and ``_allowed`` test each node for, as tuples built once
+# (written inline, each node's test built them anew).
+_NOT_IN_ROWS = (exp.AggFunc, exp.Filter, *NEVER_AGGREGATES)
+_EXTRACTS: tuple[type[exp.Expression], ...] = (exp.Extract, *DATE_PARTS)
+_LIKES = (exp.Like, exp.ILike)
+_ROW_NODES = SCALAR_NODES + ROW_ONLY_NODES + (exp.Identifier,)
+_NAMES = (exp.Identifier, exp.Star)
+_NULLS_TREATMENT = (exp.IgnoreNulls, exp.RespectNulls)
 
 
 COMPARISONS = (
@@ -493,9 +503,9 @@ def _allowed(node: exp.Expr, allowed: tuple[type[exp.Expr], ...], where: str) ->
         return
     if isinstance(node, exp.Cast) and not isinstance(node, exp.TryCast):
         raise Refused("CAST can fail on data: use TRY_CAST")
-    if isinstance(node, exp.Identifier | exp.Star):
+    if isinstance(node, _NAMES):
         return
-    if isinstance(node, exp.IgnoreNulls | exp.RespectNulls):
+    if isinstance(node, _NULLS_TREATMENT):
         node = node.this
     if isinstance(node, NEVER_AGGREGATES):
         raise Refused(f"{_name(node)} returns data values and is never allowed")

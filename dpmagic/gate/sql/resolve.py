@@ -21,6 +21,7 @@ import difflib
 import itertools
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 from sqlglot import exp
 
@@ -143,9 +144,18 @@ class Resolved:
         return None if scan is None else scan.table.columns.get(node.name)
 
     def scan(self, name: str) -> Scan | None:
+        return self._scans_by_name.get(name)
+
+    @cached_property
+    def _scans_by_name(self) -> dict[str, Scan]:
+        """Each scan name's first scan among the query's, its semi-joins' and its
+        per-person subqueries' (in that order), gathered once: every column the passes
+        look up asks for its scan."""
         inner = (s.per_unit.scans for s in self.scans if s.per_unit is not None)
-        every = itertools.chain(self.scans, *(j.scans for j in self.semijoins), *inner)
-        return next((s for s in every if s.name == name), None)
+        found: dict[str, Scan] = {}
+        for s in itertools.chain(self.scans, *(j.scans for j in self.semijoins), *inner):
+            found.setdefault(s.name, s)
+        return found
 
     def is_unit(self, node: exp.Expression) -> bool:
         """Whether ``node`` reads a privacy-unit column (of any private scan)."""
