@@ -203,9 +203,11 @@ class Database:
         text would show in its time (docs/security.md, "Which replies are padded")."""
         con = self._empty.cursor()
         try:
-            names = self._walk(con, sql)
-            # The copy has no rows: every table's first ranks end at row 0.
-            con.execute(sql, dict.fromkeys(names, 0) or None).fetchall()
+            statement, names = self._walked(con, sql)
+            # The copy has no rows: every table's first ranks end at row 0. The statement
+            # the walk had DuckDB parse is the one run (0.6 ms rather than 1 ms for the
+            # text, which DuckDB would parse and prepare again).
+            con.execute(statement, dict.fromkeys(names, 0) or None).fetchall()
         except duckdb.Error as exc:
             raise CannotRun(exc) from None
         finally:
@@ -413,6 +415,12 @@ class Database:
         """The guard's walk of DuckDB's own parse of ``sql``, reading only ``tables`` (the
         declared ones unless given); the parameters it names, each of them where a
         ranked table's first ranks end (nothing else may be one)."""
+        return self._walked(con, sql, tables)[1]
+
+    def _walked(
+        self, con: duckdb.DuckDBPyConnection, sql: str, tables: frozenset[str] | None = None
+    ) -> tuple[duckdb.Statement, tuple[str, ...]]:
+        """``_walk``, and the one statement DuckDB parsed ``sql`` to, ready to run."""
         tables = self.tables if tables is None else tables
         statements = con.extract_statements(sql)
         if len(statements) != 1 or statements[0].type != duckdb.StatementType.SELECT:
@@ -431,7 +439,7 @@ class Database:
         names = tuple(sorted(_values(nodes, "key", "named_param_map")))
         if any(name not in (self._ends or {}) for name in names):
             raise UnsafeSQL()
-        return names
+        return statements[0], names
 
     def parameters(self, sql: str) -> dict[str, int] | None:
         """The values ``run`` binds to ``sql``'s parameters, for running it elsewhere on
