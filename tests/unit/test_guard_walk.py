@@ -2,7 +2,8 @@
 ``json.loads`` builds them (``database._gathered``), they are exactly the objects a
 walk of the finished tree finds, however deep (in lists, in subqueries, in CTEs); a
 hook that kept only the top-level objects would miss the nested table functions the
-guard must see."""
+guard must see. And the vet runs the statement the walk had DuckDB parse rather than
+the text: each of a set of failing and passing texts ends alike either way."""
 
 from __future__ import annotations
 
@@ -58,3 +59,35 @@ def test_a_walk_of_the_top_level_alone_is_caught():
     top = [o for o in json.loads(text)["statements"] if isinstance(o, dict)]
     functions = [o for o in _walked(json.loads(text)) if o.get("type") == "TABLE_FUNCTION"]
     assert functions and not any(o.get("type") == "TABLE_FUNCTION" for o in top)
+
+
+# The vet runs the statement the walk had DuckDB parse, not the text: the same
+# outcome, an error or rows, for SQL that binds, folds, overflows or names parameters.
+RUNS = [
+    ("SELECT COUNT(*), SUM(a) FROM t WHERE rowid < $p", {"p": 0}),
+    ("SELECT CAST('x' AS INTEGER)", None),
+    ("SELECT b FROM t", None),
+    ("SELECT 9223372036854775807::BIGINT * 2", None),
+    ("SELECT 9223372036854775807::BIGINT * 2 + a FROM t", None),
+    ("SELECT $q + 1", {"p": 0}),
+    ("SELECT 1 // 0", None),
+    ("SELECT 'abc'::DATE", None),
+]
+
+
+def _outcome(con: duckdb.DuckDBPyConnection, query: object, params: dict | None) -> tuple:
+    try:
+        return ("rows", con.execute(query, params).fetchall())
+    except duckdb.Error as exc:
+        return (type(exc).__name__, str(exc))
+
+
+@pytest.mark.parametrize(("sql", "params"), RUNS)
+def test_a_parsed_statement_runs_as_its_text(sql, params):
+    con = duckdb.connect()
+    try:
+        con.execute("CREATE TABLE t (a INTEGER, s VARCHAR)")
+        (statement,) = con.extract_statements(sql)
+        assert _outcome(con, statement, params) == _outcome(con, sql, params)
+    finally:
+        con.close()
