@@ -20,7 +20,8 @@ trip with its ratio to raw DuckDB.
 Then the analysis of texts the gate has not seen, in this process on an engine over
 the same policy (and over the clinic's, ``examples/clinic.toml``): each of the
 workload's shapes with its constants varied, so that no text repeats, timed in
-``Engine._analysed`` (parse to plan, the rewrite, the vet) with medians per pass.
+``Engine._analysed`` (parse to plan, the rewrite, the vet) with medians per pass,
+and its CPU time.
 Not a test: timings depend on the machine and its load, printed with them.
 """
 
@@ -71,8 +72,9 @@ def main(argv: list[str] | None = None) -> int:
           f"load average {os.getloadavg()[0]:.2f} at start")  # fmt: skip
     if not args.analysis:
         _gate_passes(database, args.reps, args.pause / 1000)
-    print("\nThe analysis of a text not seen before (median ms over --reps × 10 texts):")
-    header = ["dataset", "shape", "analyse", "rewrite", "vet", "analysis"]
+    print("\nThe analysis of a text not seen before (median ms over --reps × 10 texts; CPU:")
+    print("the engine thread's CPU time, less moved by the machine's load than the rest):")
+    header = ["dataset", "shape", "analyse", "rewrite", "vet", "analysis", "CPU"]
     print("\n| " + " | ".join(header) + " |\n|" + "---|" * len(header))
     with tempfile.TemporaryDirectory() as work:
         for line in _new_texts(database, Path(work), args.reps * 10):
@@ -133,6 +135,7 @@ def _new_texts(database: Path, work: Path, texts: int) -> list[list[str]]:
     }
     clocks: dict[str, list[float]] = {}
     spent: dict[str, list[float]] = {}
+    used: dict[str, list[float]] = {}  # CPU time
     patched = [
         (Engine, "analyse", "analyse"),
         (pipeline, "rewrite", "rewrite"),
@@ -153,14 +156,15 @@ def _new_texts(database: Path, work: Path, texts: int) -> list[list[str]]:
                         sql = text.format(a=i, b=1000 + 7 * i, s=i)
                         request = QueryRequest.from_body({"sql": sql, "epsilon": 0.5})
                         marks = {label: len(times) for label, times in clocks.items()}
-                        start = time.perf_counter()
+                        start, cpu = time.perf_counter(), time.thread_time()
                         engine._analysed(dataset, request)
                         whole = time.perf_counter() - start
+                        used.setdefault(shape, []).append(time.thread_time() - cpu)
                         for label, times in clocks.items():  # a pass's calls, summed
                             times[marks[label] :] = [sum(times[marks[label] :])]
                         spent.setdefault(shape, []).append(whole)
                     cells = [_median(clocks[p][-texts:]) for p in ("analyse", "rewrite", "vet")]
-                    cells.append(_median(spent[shape][-texts:]))
+                    cells += [_median(spent[shape][-texts:]), _median(used[shape][-texts:])]
                     lines.append([name, shape, *(f"{c:.2f}" for c in cells)])
             finally:
                 engine.close()
