@@ -2,6 +2,7 @@
 
     python benchmarks/per_pass.py --rows 1M
     python benchmarks/per_pass.py --rows 1000 --reps 31   # the fixed cost alone
+    python benchmarks/per_pass.py --analysis              # a new text's analysis alone
 
 A real gate process serves the workload of ``benchmarks/visits.py`` with a clock on
 each of its passes (this script, run with ``--serve``, installs them and then runs
