@@ -407,9 +407,11 @@ class DpSql(Magics):
         --max-rows N       count at most N rows of each unit per group (at most the
                            policy's max_rows_per_partition)
         --clip SHARE       spend SHARE (0 to 1) of the ε choosing, privately, the bounds the
-                           values summed by SUM/AVG/VAR lie within, and answer within them
-                           with the rest: less noise on skewed data, values beyond moved
-                           to the bounds (each a query of its own in the history)
+                           values summed by SUM/AVG/VAR lie within and the rows each
+                           person brings to a group, and answer within them with the
+                           rest: less noise on skewed data and on joins, values beyond
+                           moved to the bounds and rows beyond left out (each release
+                           a query of its own in the history)
         --dry-run          show the plan and what it would cost; nothing is charged
         --fresh            spend again instead of replaying a stored answer
         --mock             answer on fake tables drawn from the public schema, in this
