@@ -272,3 +272,22 @@ def test_the_count_of_values_moved_keeps_its_sensitivity(per_unit, query, x, y, 
     p = _moved_plan(query, {"x": (x / 2, x), "y": (y / 2, y)})
     for moved, sensitivity in _worst(p, per_unit, seed):
         assert moved <= sensitivity
+
+
+def test_the_bounds_of_one_argument_snap_its_values_once(monkeypatch) -> None:
+    """Both bounds of a summed argument read one column of candidate indices (each value
+    snapped once, one histogram counted), and each gets what it got with a column of
+    its own."""
+    from dpmagic.gate.sql import rewrite as rewrites
+
+    checked = check(resolve(parse("SELECT g, SUM(x), AVG(y) FROM t GROUP BY g"), dataset(COLUMNS)))
+    first = plan(bound(bounds_checked(checked)), 1.0, 0.0, PureAccountant(),
+                 quantile_intervals=False)  # fmt: skip
+    assert rewrites.rewrite(first, seed=1).sql.count('AS "__v_q') == 2  # x's and y's
+    con = duckdb.connect()
+    load_table(con, "t", ORDER, [(1, 0, 5, 0.5), (1, 1, 70, 900.0), (2, 2, 30, 10.0)])
+    shared = exact_vectors(first, con, seed=1)
+    own = {s.name: "__v_" + s.name for s in first.selections}
+    monkeypatch.setattr(rewrites, "_value_columns", lambda p: own)
+    assert rewrites.rewrite(first, seed=1).sql.count('AS "__v_q') == 4
+    assert exact_vectors(first, con, seed=1) == shared

@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from dpmagic.gate.dp.contribution import Contribution
+from dpmagic.gate.dp.quantile_selection import Grid
 from dpmagic.gate.engines.dialect import DUCKDB, Dialect
 from dpmagic.gate.engines.ranking import ROWS, bounded_by_units, load_cap
 from dpmagic.gate.failures import Refused, required
@@ -109,7 +110,8 @@ def rewrite(plan: Plan, seed: int | None = None, dialect: Dialect = DUCKDB) -> R
     rows = plan.partition_rows
     outputs += [_as(_aggregate(m, dialect, rows), m.name) for m in plan.measurements]
     if not apart:
-        outputs += [_as(_histogram(s, dialect), s.name) for s in plan.selections]
+        columns = _value_columns(plan)
+        outputs += [_as(_histogram(s, columns[s.name], dialect), s.name) for s in plan.selections]
     if plan.key_selection is not None:
         units = (
             exp.Count(this=exp.Distinct(expressions=[_col(UNIT)]))
@@ -157,8 +159,15 @@ def _histograms_apart(
     outer = exp.select(*(_col_of("__main", k) for k in keys))
     outer = outer.select(*(_col_of("__main", m.name) for m in plan.measurements))
     outer = outer.from_(exp.alias_(exp.Subquery(this=main), "__main", quoted=True))
+    columns = _value_columns(plan)
+    joined: set[str] = set()
     for s in plan.selections:
-        value = _col("__v_" + s.name)
+        name = "__candidates_" + columns[s.name]
+        if name in joined:  # another level of the same values: the same candidates
+            outer = outer.select(_as(_col_of(name, "__map"), s.name))
+            continue
+        joined.add(name)
+        value = _col(columns[s.name])
         source = (UNIT_ROWS, None) if unit_rows.is_marker(s.arg) else final
         counted = exp.select(*(_col(k) for k in keys), _as(value.copy(), "__c"))
         counted = counted.select(_as(exp.Count(this=exp.Star()), "__n"))
@@ -173,7 +182,6 @@ def _histograms_apart(
         per_key = per_key.from_(exp.Subquery(this=counted, alias=_ident("__counted")))
         if keys:
             per_key = per_key.group_by(*(_col(k) for k in keys))
-        name = "__candidates_" + s.name
         ctes.append((name, per_key))
         on = [exp.NullSafeEQ(this=_col_of("__main", k), expression=_col_of(name, k)) for k in keys]
         outer = outer.join(
@@ -196,7 +204,12 @@ def _bounded(plan: Plan, row: _Rows, seed: int) -> tuple[Ctes, tuple[str, exp.Ex
         if m.arg is not None and not unit_rows.is_marker(m.arg)
     }
     values = list(args)
-    snapped = [s for s in plan.selections if not unit_rows.is_marker(s.arg)]
+    columns = _value_columns(plan)
+    snapped = [
+        s
+        for s in plan.selections
+        if not unit_rows.is_marker(s.arg) and columns[s.name] == "__v_" + s.name
+    ]
     values += ["__v_" + s.name for s in snapped]
     unit = required(resolved.unit, "the privacy unit the rows carry") if plan.reads_unit else None
     row_cols = [_as(row.total(unit), UNIT)] if unit is not None else []
@@ -358,10 +371,24 @@ def _unit_rows(selections: list[Selection], final: tuple[str, exp.Expression | N
     return query.group_by(_col(UNIT))
 
 
-def _histogram(s: Selection, dialect: Dialect) -> exp.Expression:
+def _value_columns(plan: Plan) -> dict[str, str]:
+    """Each selection's column of candidate indices: one per argument and grid, which
+    the levels of one argument share (a clip's lower and upper bound, a median and a
+    percentile over the same bounds), so each value is snapped once, and the engine
+    counts the same histogram once (DuckDB computes an aggregate written twice once)."""
+    first: dict[tuple[exp.Expression, Grid], str] = {}
+    columns = {}
+    for s in plan.selections:
+        own = "__v_" + s.name
+        shared = unit_rows.is_marker(s.arg)  # per unit: its own CTE's column
+        columns[s.name] = own if shared else first.setdefault((s.arg, s.grid), own)
+    return columns
+
+
+def _histogram(s: Selection, column: str, dialect: Dialect) -> exp.Expression:
     """A selection's candidate counts: over the query's rows, or, for rows per person,
     over ``UNIT_ROWS`` (one row a unit)."""
-    counts = dialect.histogram(_col("__v_" + s.name))
+    counts = dialect.histogram(_col(column))
     if not unit_rows.is_marker(s.arg):
         return counts
     return exp.Subquery(this=exp.select(counts).from_(UNIT_ROWS))
