@@ -218,3 +218,44 @@ def test_a_per_order_table_the_window_does_not_bound_is_caught(heavy, monkeypatc
     monkeypatch.setattr("dpmagic.gate.sql.plan.bounding", ranked_anyway)
     most, sensitivity = _largest_move(ORDERS, dataset, database, folder)
     assert most > sensitivity
+
+
+# TPC-H query 3's shape: one group an order, each of them one customer's.
+PER_ORDER_GROUPS = [
+    "SELECT l_orderkey, SUM(l_price) AS revenue FROM lineitem GROUP BY l_orderkey",
+    "SELECT o_orderkey, o_priority, COUNT(*) AS n FROM orders JOIN lineitem "
+    "ON l_orderkey = o_orderkey GROUP BY o_orderkey, o_priority",
+]
+
+
+@pytest.mark.parametrize("sql", PER_ORDER_GROUPS)
+def test_groups_of_one_persons_rows_are_refused_before_the_debit(served, sql):
+    """Grouped by a key within one person (an order), every group is one customer's:
+    refused as a list of individuals, saying what is answered instead, at no cost."""
+    engine, _ = served
+    with pytest.raises(Refused) as refused:
+        engine.query("bo", {"sql": sql, "epsilon": 1.0, "fresh": True})
+    said = str(refused.value)
+    assert "holds one person's rows" in said and "SELECT n, COUNT(*) FROM (SELECT" in said
+    assert "\n" not in said and len(said) < 300
+    assert engine.ledger.spent("bo", "shop", "unnamed").epsilon == 0.0
+
+
+def test_without_the_refusal_such_a_query_spends_its_epsilon_on_nothing(tmp_path, monkeypatch):
+    """The version without the rule, under an accountant that allows partition
+    selection: a key is kept only where enough persons share it, and an order has one,
+    so the query is charged and releases no row (what the refusal spares the user)."""
+    policy = _build(tmp_path)
+    text = policy.read_text().replace("[gate]\n", '[gate]\naccountant = "approx"\n')
+    for budget in ("user_budget", "notebook_budget"):
+        text = text.replace(f"{budget} = {{ epsilon = 1e6 }}",
+                            f"{budget} = {{ epsilon = 1e6, delta = 1e-3 }}")  # fmt: skip
+    policy.write_text(text)
+    monkeypatch.setattr(resolve.Resolved, "within_unit", lambda self, node: False)
+    engine = Engine(load_policy(policy))
+    try:
+        ask = {"sql": PER_ORDER_GROUPS[0], "epsilon": 1.0, "delta": 1e-6, "fresh": True}
+        reply = engine.query("cy", ask)
+    finally:
+        engine.close()
+    assert reply["rows"] == [] and reply["cost"]["epsilon"] == pytest.approx(1.0)

@@ -217,13 +217,13 @@ def test_each_release_takes_its_share_and_a_broken_share_is_caught(engine, monke
 
 def test_an_unqualified_column_of_the_query_around_ties_a_correlated_subquery(engine):
     """TPC-H query 17's shape: ``l_orderkey = o_orderkey`` names the query around it's
-    column without a table: released per order, whose keys are private, so under the
-    pure accountant it is refused for them, before anything is charged."""
+    column without a table: released per order, each of whose groups is one person's,
+    so it is refused as a list of individuals, before anything is charged."""
     sql = (
         "SELECT COUNT(*) FROM orders WHERE o_total > "
         "(SELECT AVG(l_price) FROM lineitem WHERE l_orderkey = o_orderkey)"
     )
-    with pytest.raises(GateError, match="GROUP BY l_orderkey: its values are not public"):
+    with pytest.raises(GateError, match="each group of GROUP BY l_orderkey holds one person's"):
         engine.query("gus", {"sql": sql, "epsilon": 1.0, "notebook": "nb"})
     assert _spent(engine, "gus") == 0.0
 

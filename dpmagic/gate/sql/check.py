@@ -244,6 +244,13 @@ def _group_keys(resolved: Resolved, tree: exp.Select) -> tuple[GroupKey, ...]:
                 "them (AVG, a quantile) or a top-k of public keys (GROUP BY a public column, "
                 "ORDER BY the aggregate, LIMIT k)"
             )
+        if resolved.within_unit(unparen(expr)):
+            raise Refused(
+                f"each group of GROUP BY {label} holds one person's rows (its key lies within "
+                "one unit along the declared links): a list of individuals is never released. "
+                f"Ask for their distribution: SELECT n, COUNT(*) FROM (SELECT {label}, COUNT(*) "
+                f"AS n … GROUP BY {label}) GROUP BY n"
+            )
         if any(k.expr.sql(dialect=DIALECT) == expr.sql(dialect=DIALECT) for k in keys):
             continue
         keys.append(GroupKey(name=f"__k{len(keys)}", expr=expr.copy(), label=label))

@@ -164,6 +164,11 @@ class Resolved:
         scan = self.scan(node.table)
         return scan is not None and scan.table.unit == node.name
 
+    def within_unit(self, node: exp.Expression) -> bool:
+        """Whether ``node`` is a key whose rows all lie within one unit along the declared
+        links (``_within_unit``: a line's order, an order's key)."""
+        return _within_unit(node, self.scans, self.dataset)
+
 
 def resolve(parsed: Parsed, dataset: Dataset) -> Resolved:
     """The query as one SELECT over scans; refused (``limits.AnalysisLimit``) as soon as
