@@ -37,7 +37,14 @@ from dpmagic.gate.sql.parse import parse
 from dpmagic.gate.sql.plan import plan
 from dpmagic.gate.sql.ranks import Window
 from dpmagic.gate.sql.resolve import resolve
-from tests.gate_helpers import dataset, exact_vectors, load_table, neighbours, running_engine
+from tests.gate_helpers import (
+    dataset,
+    exact_vectors,
+    load_table,
+    neighbours,
+    run_rewritten,
+    running_engine,
+)
 
 COLUMNS = {
     "pid": {"type": "int"},
@@ -166,6 +173,18 @@ def test_each_person_counts_their_bounded_rows_up_to_the_grid() -> None:
     # person 1 keeps 2 rows past the filter, 2 keeps 1, 3 keeps 3 of 4, 4 none
     assert dict(histogram) == {1: 1, 0: 1, 2: 1}
     assert isinstance(first.checked.aggregates[0].arg, exp.Column)
+
+
+def test_the_first_release_of_a_count_is_one_row() -> None:
+    """A count's first release aggregates nothing but the persons (their histogram of
+    rows, their count): still one row, not one a row of the query (the persons counted
+    as a scalar over ``UNIT_ROWS`` gave a row per bounded row)."""
+    _, first = _first("SELECT COUNT(*) FROM t")
+    con = duckdb.connect()
+    load_table(con, "t", ORDER, [(1, 0, 5), (1, 1, 6), (2, 2, 7), (3, 0, 8)])
+    _, exact = run_rewritten(first, con, seed=3)
+    ((persons, histogram),) = exact.rows  # the measurements, then the selections
+    assert dict(histogram) == {1: 1, 0: 2} and persons == 3
 
 
 def test_the_rule_uses_the_rows_only_within_a_tenth_of_the_persons() -> None:

@@ -102,7 +102,7 @@ def rewrite(plan: Plan, seed: int | None = None, dialect: Dialect = DUCKDB) -> R
         final = (TRIMMED_ROWS, None)
 
     per_unit = [s for s in plan.selections if unit_rows.is_marker(s.arg)]
-    if per_unit or any(unit_rows.is_marker(m.arg) for m in plan.measurements):
+    if per_unit:
         ctes = [*ctes, (UNIT_ROWS, _unit_rows(per_unit, final))]
 
     apart = bool(plan.selections) and dialect.histograms_apart
@@ -365,7 +365,7 @@ def _unit_rows(selections: list[Selection], final: tuple[str, exp.Expression | N
         index = exp.Cast(this=exp.Round(this=offset), to=exp.DataType.build("BIGINT"))
         within = exp.Least(this=index, expressions=[exp.Literal.number(g.size - 1)])
         columns.append(_as(within, "__v_" + s.name))
-    query = exp.select(*(columns or [_col(UNIT)])).from_(final[0])
+    query = exp.select(*columns).from_(final[0])
     if final[1] is not None:
         query = query.where(final[1].copy())
     return query.group_by(_col(UNIT))
@@ -745,8 +745,8 @@ def _aggregate(m: Measurement, dialect: Dialect, rows: int) -> exp.Expression:
     """``m``'s aggregate over the bounded rows, fewer than ``rows`` in a partition."""
     check_deadline()  # one per measurement
     v = _col("__v_" + m.name)
-    if unit_rows.is_marker(m.arg):  # the units: one row each in ``UNIT_ROWS``
-        return exp.Subquery(this=exp.select(exp.Count(this=exp.Star())).from_(UNIT_ROWS))
+    if unit_rows.is_marker(m.arg):  # the units: one row each in ``UNIT_ROWS``, one here
+        return exp.Count(this=exp.Distinct(expressions=[_col(UNIT)]))
     if m.kind == MeasureKind.COUNT:
         return exp.Count(this=exp.Star() if m.arg is None else v)
     if m.kind in (MeasureKind.COUNT_DISTINCT, MeasureKind.COUNT_UNIT):

@@ -4,9 +4,9 @@ chooses a query's rows per person from (``sql/clip.py``).
 The value stands in a quantile's and a count's place in the plan (their argument is
 ``marker()``), but it is not a row expression: the rewrite computes it per unit over
 the query's bounded rows (``rewrite._unit_rows``), one value a unit, so the
-selection's distance is one value's (``dp.quantiles.unit_value_distance``) and the
-count's contribution one row a unit (``dp.counts.distinct_units``), not the
-``groups·rows`` of an aggregate over rows. The plan is of the first release of
+selection's distance is one value's (``dp.quantiles.unit_value_distance``); the count
+is of the distinct units among those rows, one a unit (``dp.counts.distinct_units``),
+not the ``groups·rows`` of an aggregate over rows. The plan is of the first release of
 ``--clip``, without group keys: one partition.
 """
 
