@@ -70,22 +70,24 @@ RULE = (
 def answer(engine: Engine, user: str, request: QueryRequest, reads: PrivateRead) -> Reply:
     """A clipped query's reply (``Engine._clipped``): its releases in order, the reply
     of the last with ``clip`` saying what the others decided and ``cost`` their sum. A
-    dry run shows the query's plan before any bound is chosen."""
+    dry run shows the query's plan before any bound is chosen, and what the releases
+    together would cost."""
     share = required(request.clip, "the clip's share")
     dataset = tightened(engine._dataset(request.dataset), request)
     eps, delta = asked_budget(dataset, request)
     rest = replace(request, epsilon=eps * (1 - share), whole_epsilon=eps)
     main = engine.analysis(user, dataset, rest).plan
-    if request.dry_run:
-        reply = engine._query(user, rest, reads)
-        reply.envelope.clip = Clip(share=share, epsilon=eps * share, rule=RULE, chosen=[])
-        return reply
     # The bounds and the values moved are pure ε-DP (a quantile selection, counts
     # without partition selection): under the approx accountant they spend no δ, so
     # the releases together cost the (ε, δ) asked for. Under zCDP every query needs
     # its δ to state a cost, and each states its own.
     side = delta if dataset.accountant == AccountantKind.ZCDP else 0.0
     asked = replace(rest, epsilon=eps * share, delta=side, stage=ClipBounds())
+    if request.dry_run:  # the query's plan, and the cost of both releases, nothing charged
+        reply = engine._query(user, rest, reads)
+        reply.envelope.cost += engine._query(user, asked, reads).envelope.cost
+        reply.envelope.clip = Clip(share=share, epsilon=eps * share, rule=RULE, chosen=[])
+        return reply
     first = engine._query(user, asked, reads)
     first_plan = engine.analysis(user, dataset, asked).plan
     released = first.json()

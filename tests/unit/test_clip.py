@@ -160,6 +160,15 @@ def test_a_clipped_query_releases_twice_and_replays_both(engine) -> None:
     assert any(e["sql"].startswith("-- --clip") for e in history)
 
 
+def test_a_clipped_dry_run_states_what_both_releases_cost(engine) -> None:
+    """The bounds' share is part of the cost a dry run states (it said 0.75 of an ε of
+    1, the query's part alone), and nothing is charged."""
+    ask = {"sql": "SELECT AVG(income) FROM t", "epsilon": 1.0, "clip": 0.25, "dry_run": True}
+    reply = engine.query("dry", {**ask, "notebook": "dry"})
+    assert reply["cost"]["epsilon"] == pytest.approx(1.0)
+    assert engine.ledger.spent("dry", "d", "dry").epsilon == 0.0
+
+
 def test_clip_takes_a_share_and_an_epsilon_only(engine) -> None:
     for bad in ({"clip": 1.0}, {"clip": 0.2, "accuracy": 10.0}):
         with pytest.raises(InvalidBody):
