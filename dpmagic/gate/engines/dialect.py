@@ -31,9 +31,9 @@ class Dialect:
     # holds it (``engines/duckdb/database.py``), so that a unit's first ``k`` ranks
     # are the rows before a row id (``first_ranks``).
     rank_prefixes: bool = False
-    # Whether the rows a query keeps are read inline wherever they are used
-    # (``AS NOT MATERIALIZED``): DuckDB would otherwise write ``kept_rows`` out once
-    # it is read twice (``rewrite._joined_light``), 2-3x a filtered sum's time.
+    # Whether the rows a query keeps from one scan are read inline wherever they are
+    # used (``AS NOT MATERIALIZED``): DuckDB would otherwise write ``kept_rows`` out
+    # once it is read twice (``rewrite._joined_light``), 2-3x a filtered sum's time.
     inline_kept_rows: bool = False
     # Whether the engine has ``TRY(…)``, which makes a row expression that raises on a
     # row NULL there: which rule keeps its row expressions from raising
