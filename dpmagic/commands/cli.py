@@ -22,6 +22,7 @@ from dpmagic.gate.failures import OwnerError
 from dpmagic.gate.policy import Budget, Policy, PolicyError, load_policy
 
 if TYPE_CHECKING:
+    from dpmagic.commands.init_policy import Data
     from dpmagic.gate.ledger.scopes import Scope
 
 USAGE_ERROR = 2
@@ -184,6 +185,24 @@ def _parser() -> argparse.ArgumentParser:
         help="the most rows one person has in TABLE (1: a row per person), or TABLE=none",
     )
     p.add_argument("--skip", action="append", default=[], metavar="TABLE", help="leave TABLE out")
+    p.add_argument(
+        "--spark-master",
+        metavar="URL",
+        help="read DATA given as table:NAME from the catalog of a Spark session on this "
+        "master (local[2], spark://host:7077), as the gate will",
+    )
+    p.add_argument(
+        "--spark-remote",
+        metavar="URL",
+        help="the same through Spark Connect (sc://host:15002)",
+    )
+    p.add_argument(
+        "--spark-conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting of that Spark session, written into the policy too (repeatable)",
+    )
     p.add_argument(
         "-y",
         "--yes",
@@ -422,7 +441,6 @@ def _init(args: argparse.Namespace) -> int:
         check_output,
         parse_answers,
         plan,
-        read_data,
         report,
         terminal,
         unfilled,
@@ -439,7 +457,8 @@ def _init(args: argparse.Namespace) -> int:
             yes=args.yes, row_level=args.row_level,
         )  # fmt: skip
         check_output(args.output, args.force)
-        settled = plan(read_data(files), args.privacy_unit, answers, terminal())
+        data = _init_data(files, args)
+        settled = plan(data, args.privacy_unit, answers, terminal())
         out = write_plan(settled, args.output, dataset=args.dataset, force=args.force)
     except InitError as exc:
         raise CommandError(str(exc)) from None
@@ -465,6 +484,32 @@ def _init(args: argparse.Namespace) -> int:
             + ", ".join(choose)
         )
     return 0
+
+
+def _init_data(files: list[Path], args: argparse.Namespace) -> Data:
+    """The tables ``init`` reads: files or a DuckDB database, or (``table:NAME``) the
+    tables of the Spark catalog ``--spark-master`` or ``--spark-remote`` reaches."""
+    from dpmagic.commands.init_policy import InitError, read_data
+    from dpmagic.commands.init_spark import is_catalog_table, read_catalog
+    from dpmagic.gate.policy import SparkConfig
+
+    tables = [str(f) for f in files if is_catalog_table(str(f))]
+    spark = args.spark_master or args.spark_remote
+    if not tables:
+        if spark or args.spark_conf:
+            raise InitError("--spark-master, --spark-remote and --spark-conf read table:NAME data")
+        return read_data(files)
+    if len(tables) != len(files):
+        raise InitError("give catalog tables (table:NAME) or files, not both: a dataset reads one")
+    if (args.spark_master is None) == (args.spark_remote is None):
+        raise InitError("table:NAME is read through Spark: give --spark-master or --spark-remote")
+    conf = []
+    for item in args.spark_conf:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise InitError(f"--spark-conf {item}: write KEY=VALUE")
+        conf.append((key.strip(), value.strip()))
+    return read_catalog(tables, SparkConfig(args.spark_master, args.spark_remote, tuple(conf)))
 
 
 def _budget_show(args: argparse.Namespace) -> int:

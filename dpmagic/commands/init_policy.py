@@ -40,12 +40,19 @@ import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import duckdb
 
+from dpmagic.commands.init_keys import found_keys
 from dpmagic.gate.engine import count_error_of
-from dpmagic.gate.policy import DEFAULT_QUANTUM_MS, PolicyError, parse_policy
+from dpmagic.gate.policy import (
+    CATALOG_PREFIX,
+    DEFAULT_QUANTUM_MS,
+    PolicyError,
+    SparkConfig,
+    parse_policy,
+)
 
 # DuckDB type names (without precision) -> the policy's column types.
 _TYPES: dict[str, str] = {
@@ -74,6 +81,10 @@ SUGGEST_QUANTILE = 0.99
 _DB = "__init_db"
 
 
+if TYPE_CHECKING:
+    from dpmagic.commands.init_spark import SparkSource
+
+
 class InitError(ValueError):
     """The skeleton cannot be written; the message says why in one line."""
 
@@ -83,19 +94,29 @@ class InitError(ValueError):
 
 @dataclass(frozen=True)
 class ForeignKey:
-    """A foreign key a DuckDB table declares: ``columns`` reference ``target``'s
-    ``target_columns`` (schema, not data: the database states it)."""
+    """A foreign key: ``columns`` reference ``target``'s ``target_columns``. Declared
+    by a DuckDB database (schema, not data: the database states it), or ``found`` in
+    the data of sources that declare none (``init_keys.py``), which goes into the
+    policy only with the owner's yes."""
 
     table: str
     columns: tuple[str, ...]
     target: str
     target_columns: tuple[str, ...]
+    found: bool = False
 
     def __str__(self) -> str:
         return (
             f"{self.table}.{', '.join(self.columns)} → "
             f"{self.target}.{', '.join(self.target_columns)}"
         )
+
+    @property
+    def note(self) -> str:
+        """What the owner reads of where the key comes from."""
+        if self.found:
+            return f"found in the data: {self} (every value one of a unique column's)"
+        return f"declared foreign key {self}"
 
 
 @dataclass
@@ -118,13 +139,36 @@ class Table:
         return ", ".join(c for c, _ in self.columns)
 
 
+class ReadFailed(Exception):
+    """The data could not be read; the message is the engine's first line."""
+
+
 @dataclass
 class Data:
-    """The tables of a dataset: files (``sources``) or a DuckDB ``database``."""
+    """The tables of a dataset: files (``sources``), a DuckDB ``database``, or tables of
+    a Spark ``catalog`` (table to its catalog name), read through ``spark``."""
 
     tables: dict[str, Table]
     sources: dict[str, Path] = field(default_factory=dict)
     database: Path | None = None
+    catalog: dict[str, str] = field(default_factory=dict)
+    spark: SparkSource | None = None
+
+    def row(self, sql: str) -> tuple | None:
+        """The first row of ``sql`` (DuckDB's dialect) over the tables' relations: by
+        DuckDB (the database attached read-only), or by Spark for a catalog's tables
+        (the SQL rendered in Spark's dialect by sqlglot)."""
+        if self.spark is not None:
+            return self.spark.row(sql)
+        con = duckdb.connect()
+        try:
+            if self.database is not None:  # read-only: init changes nothing in it
+                con.execute(f"ATTACH {_sql_string(str(self.database))} AS {_DB} (READ_ONLY)")
+            return con.execute(sql).fetchone()
+        except duckdb.Error as exc:
+            raise ReadFailed(str(exc).splitlines()[0]) from None
+        finally:
+            con.close()
 
 
 def is_database(path: Path) -> bool:
@@ -150,7 +194,7 @@ def read_data(files: list[Path]) -> Data:
             "(a policy's dataset reads one database or files, not both)"
         )
     if databases:
-        return _read_database(databases[0])
+        return with_found_keys(_read_database(databases[0]))
     data = Data(tables={})
     for path in files:
         name = _table_name(path)
@@ -158,6 +202,16 @@ def read_data(files: list[Path]) -> Data:
             raise InitError(f"two files would both become table {name!r}: rename one")
         data.tables[name] = Table(name, describe(path), _reader(path), origin=path.name)
         data.sources[name] = path
+    return with_found_keys(data)
+
+
+def with_found_keys(data: Data) -> Data:
+    """``data`` with the links its tables' data shows (``init_keys.py``), where it
+    declares none."""
+    try:
+        found_keys(data)
+    except ReadFailed as exc:
+        raise InitError(f"cannot read the data to find its keys: {exc}") from None
     return data
 
 
@@ -547,24 +601,28 @@ def _settle_unit(result: Plan, table: Table, answers: Answers, ask: Prompter | N
         return
     usable, unusable = _keys(result, table)
     by_name = table.column(unit)
-    same = [fk for fk in usable if fk.columns[0].lower() == (by_name or "").lower()]
-    if by_name and (same or not usable):
+    # A key the data shows is written without a question only with the owner's --yes.
+    trusted = [fk for fk in usable if answers.yes or not fk.found]
+    same = [fk for fk in trusted if fk.columns[0].lower() == (by_name or "").lower()]
+    if by_name and (same or not trusted):
         # The column named for the unit holds it; a declared key from it is its link.
         fk = same[0] if same else None
         result.choices[name] = Choice(
             by_name,
             f"{fk.target}.{fk.target_columns[0]}" if fk else None,
-            f"declared foreign key {fk}" if fk else "",
+            fk.note if fk else "",
         )
         return
     default = None
     if not by_name and len(usable) == 1:
         default = f"{usable[0].columns[0]}={usable[0].target}.{usable[0].target_columns[0]}"
-    if ask is None and default is not None:  # the database declares it: schema, not data
+    if ask is None and default is not None and (answers.yes or not usable[0].found):
+        # The database declares it (schema, not data), or the owner said yes to what
+        # the data shows.
         fk = usable[0]
         target = f"{fk.target}.{fk.target_columns[0]}"
         result.choices[name] = Choice(
-            fk.columns[0], target, f"declared foreign key {fk}", key=_names_a_key(result, target)
+            fk.columns[0], target, fk.note, key=_names_a_key(result, target)
         )
         return
     if ask is None:
@@ -628,10 +686,10 @@ def _keys(result: Plan, table: Table) -> tuple[list[ForeignKey], list[tuple[Fore
             if len(fk.columns) != 1
             else _link_problem(result, f"{fk.target}.{fk.target_columns[0]}")
         )
-        if why:
-            unusable.append((fk, why))
-        else:
+        if not why:
             usable.append(fk)
+        elif not fk.found:  # a key the data shows to a table of no person: not one to offer
+            unusable.append((fk, why))
     return usable, unusable
 
 
@@ -671,20 +729,13 @@ def _names_a_key(result: Plan, target: str) -> bool:
 def _unique(data: Data, table: Table, column: str) -> bool:
     """Whether no value of ``column`` repeats in the data (the owner's own, read to
     check a link; no value goes anywhere)."""
-    con = duckdb.connect()
     try:
-        if data.database is not None:
-            con.execute(f"ATTACH {_sql_string(str(data.database))} AS {_DB} (READ_ONLY)")
-        row = con.execute(
+        row = data.row(
             f"SELECT count({_ident(column)}) = count(DISTINCT {_ident(column)}) "
             f"FROM {table.relation}"
-        ).fetchone()
-    except duckdb.Error as exc:
-        raise InitError(
-            f"{table.origin}: cannot read its column {column}: {str(exc).splitlines()[0]}"
-        ) from None
-    finally:
-        con.close()
+        )
+    except ReadFailed as exc:
+        raise InitError(f"{table.origin}: cannot read its column {column}: {exc}") from None
     return bool(row and row[0])
 
 
@@ -726,9 +777,9 @@ def _unit_question(
     else:
         lines = ["", f"{table.name} has no column {unit!r} (it has {table.names()})."]
     for fk in usable:
-        lines.append(f"  declared foreign key {fk}: a link the policy can say")
+        lines.append(f"  {fk.note}: a link the policy can say")
     for fk, why in unusable:
-        lines.append(f"  declared foreign key {fk}: cannot be a link yet: {why}")
+        lines.append(f"  {fk.note}: cannot be a link yet: {why}")
     lines.append(
         "  Answer COLUMN (this table's column naming the person), COLUMN=TABLE.COLUMN "
         "(a link to another table's unit column), or skip (leave the table out)."
@@ -768,7 +819,7 @@ def _take_unit_answer(result: Plan, table: Table, answer: str) -> str | None:
         ),
         None,
     )
-    note = f"declared foreign key {declared}" if declared else "the owner's answer"
+    note = declared.note if declared else "the owner's answer"
     result.choices[table.name] = Choice(column, target, note, key=_names_a_key(result, target))
     return None
 
@@ -821,21 +872,17 @@ def unit_counts(data: Data, table: Table, column: str, relation: str | None = No
     ``relation``, the table itself unless its person is read along a chain:
     ``person_of``; rows with none count for nobody): counted by DuckDB over the data,
     for the owner's eyes."""
-    con = duckdb.connect()
     try:
-        if data.database is not None:  # read-only: init changes nothing in it
-            con.execute(f"ATTACH {_sql_string(str(data.database))} AS {_DB} (READ_ONLY)")
-        row = con.execute(
-            f"SELECT count(*), max(n), quantile_disc(n, 0.5), quantile_disc(n, "
-            f"{SUGGEST_QUANTILE}) FROM (SELECT count(*) AS n FROM {relation or table.relation} "
+        row = data.row(
+            # The ordered-set form, which Spark reads too (sqlglot renders it there as
+            # ``percentile_approx``, a value of the data within 1/10,000 of the rank).
+            f"SELECT count(*), max(n), percentile_disc(0.5) WITHIN GROUP (ORDER BY n), "
+            f"percentile_disc({SUGGEST_QUANTILE}) WITHIN GROUP (ORDER BY n) "
+            f"FROM (SELECT count(*) AS n FROM {relation or table.relation} "
             f"WHERE {_ident(column)} IS NOT NULL GROUP BY {_ident(column)})"
-        ).fetchone()
-    except duckdb.Error as exc:
-        raise InitError(
-            f"{table.origin}: cannot count its rows per {column}: {str(exc).splitlines()[0]}"
-        ) from None
-    finally:
-        con.close()
+        )
+    except ReadFailed as exc:
+        raise InitError(f"{table.origin}: cannot count its rows per {column}: {exc}") from None
     assert row is not None
     units, most, median, high = row
     return UnitCounts(int(units), int(most or 0), int(median or 0), int(high or 0))
@@ -897,6 +944,16 @@ def skeleton(result: Plan, dataset: str, out: Path) -> str:
     base = out.resolve().parent
     if data.database is not None:
         where = f"database = {_string(os.path.relpath(data.database.resolve(), base))}"
+    elif data.spark is not None:
+        where = "\n".join([
+            'engine = "spark"',
+            f"spark = {{ {_spark_line(data.spark.config)} }}",
+            "sources = { " + ", ".join(
+                f"{_key(t)} = {_string(CATALOG_PREFIX + full)}"
+                for t, full in data.catalog.items()
+                if t in result.choices
+            ) + " }",
+        ])  # fmt: skip
     else:
         sources = ", ".join(
             f"{_key(t)} = {_string(os.path.relpath(p.resolve(), base))}"
@@ -1091,6 +1148,20 @@ def _unit_lines(privacy_unit: str | None, row_level: bool) -> list[str]:
     ]
 
 
+def _spark_line(config: SparkConfig) -> str:
+    """The ``spark`` table's keys: the master or Connect URL init read the catalog
+    through, and its settings."""
+    where = (
+        f"remote = {_string(config.remote)}"
+        if config.remote is not None
+        else f"master = {_string(config.master or '')}"
+    )
+    if not config.conf:
+        return where
+    conf = ", ".join(f"{_string(k)} = {_string(v)}" for k, v in config.conf)
+    return f"{where}, conf = {{ {conf} }}"
+
+
 def _column(name: str, dtype: str | None, privacy_unit: str) -> str:
     if dtype is None:  # a CSV's column: the owner chooses its type
         decl = f"{_key(name)} = {{ type = {_string('str')} }}  # {PLACEHOLDER}: type = ?"
@@ -1150,6 +1221,10 @@ def dataset_name(data: Data | list[Path]) -> str:
     """Named for the data, never for the policy file (``policy.toml`` would
     make it "policy"): the database's or one file's name, or the folder the
     files share."""
+    if isinstance(data, Data) and data.catalog:  # the catalog's schema the tables share
+        schemas = {full.rsplit(".", 1)[0] for full in data.catalog.values() if "." in full}
+        name = schemas.pop().rsplit(".", 1)[-1] if len(schemas) == 1 else "data"
+        return re.sub(r"[^a-z0-9_]+", "_", name.lower()).strip("_") or "data"
     if isinstance(data, Data):
         files = [data.database] if data.database is not None else list(data.sources.values())
     else:
