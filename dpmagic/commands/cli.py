@@ -495,6 +495,12 @@ def _init_data(files: list[Path], args: argparse.Namespace) -> Data:
 
     tables = [str(f) for f in files if is_catalog_table(str(f))]
     spark = args.spark_master or args.spark_remote
+    if len(files) > 1 and sys.stderr.isatty():  # finding keys reads the data: seconds
+        print(
+            f"dpmagic init: reading {len(files)} tables, and where they declare no foreign "
+            "keys, looking for them in the data …",
+            file=sys.stderr,
+        )
     if not tables:
         if spark or args.spark_conf:
             raise InitError("--spark-master, --spark-remote and --spark-conf read table:NAME data")

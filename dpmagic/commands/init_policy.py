@@ -115,7 +115,7 @@ class ForeignKey:
     def note(self) -> str:
         """What the owner reads of where the key comes from."""
         if self.found:
-            return f"found in the data: {self} (every value one of a unique column's)"
+            return f"found in the data: {self}, each value one of a unique column's"
         return f"declared foreign key {self}"
 
 
@@ -662,6 +662,11 @@ def _unit_error(
             f"{'foreign keys' if len(usable) > 1 else 'a foreign key'} to a person's table "
             f"({', '.join(str(fk) for fk in usable)}): say which holds the person: "
             f"--unit {name}.{by_name} or {' or '.join(links)}"
+        )
+    elif len(usable) == 1 and usable[0].found:
+        found = (
+            f"{table.origin}: has no privacy unit column {unit!r}; the data shows a key to a "
+            f"person's table ({usable[0]}): write it with {links[0]}, or take it with --yes"
         )
     else:
         found = f"{table.origin}: has no privacy unit column {unit!r} (it has {table.names()})" + (
