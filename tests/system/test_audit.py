@@ -334,3 +334,101 @@ def test_the_audit_flags_a_staged_release_charged_as_one(engines, monkeypatch, r
     result = _staged_audit(engines["correct"], STAGED_BROKEN_SAMPLES)
     _report(record_property, "staged (charged as one)", result)
     assert result.epsilon_lower_bound > EPSILON, str(result)
+
+
+# ``--clip`` choosing the rows each person brings: D holds CLIP_PEOPLE persons of one
+# row and the worst unit with the policy's CLIP_ROWS rows; the query's first release
+# chooses twice the persons' 90th percentile, 2 rows, and its count then keeps 2 of the
+# worst unit's 8. The claim covers both releases: the choice's share and the count's.
+CLIP_PEOPLE, CLIP_ROWS, CLIP_SHARE = 2000, 8, 0.5
+CLIP_SAMPLES, CLIP_BROKEN_SAMPLES = 400, 1000
+CLIP_POLICY = """
+[gate]
+state_dir = "state"
+response_quantum_ms = 0
+"""
+CLIP_DATASET = f"""
+[datasets.{{name}}]
+database = "{{name}}.duckdb"
+privacy_unit = "pid"
+max_partitions = 1
+max_rows_per_partition = {CLIP_ROWS}
+user_budget = {{{{ epsilon = 1e9 }}}}
+notebook_budget = {{{{ epsilon = 1e9 }}}}
+
+[datasets.{{name}}.tables.t.columns]
+pid = {{{{ type = "int" }}}}
+g = {{{{ type = "int", public_values = [0, 1, 2] }}}}
+x = {{{{ type = "float", lower = 0, upper = {UPPER} }}}}
+"""
+
+
+class ChosenRowsNotEnforced(Engine):
+    """Broken on purpose: the rows per person ``--clip`` chose calibrate the noise, but
+    the SQL keeps the policy's rows (the plan of the dataset before it was tightened,
+    with the tightened plan's noise)."""
+
+    def analyse(self, dataset: Dataset, request: QueryRequest) -> Plan:
+        chosen = super().analyse(dataset, request)
+        policy = self._dataset(request.dataset)
+        if dataset.max_rows_per_partition == policy.max_rows_per_partition:
+            return chosen
+        wide = super().analyse(policy, request)
+        return dataclasses.replace(
+            wide,
+            measurements=tuple(
+                dataclasses.replace(m, noise=c.noise)
+                for m, c in zip(wide.measurements, chosen.measurements, strict=True)
+            ),
+        )
+
+
+@pytest.fixture(scope="module")
+def clip_engines() -> Iterator[dict[str, Engine]]:
+    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    with tempfile.TemporaryDirectory(prefix="dpm-audit-clip-", dir=base) as folder:
+        root = Path(folder)
+        people = [(i, i % 3, VALUE) for i in range(CLIP_PEOPLE)]
+        _write_db(root / "c.duckdb", people + [(WORST, 0, UPPER)] * CLIP_ROWS)
+        _write_db(root / "cp.duckdb", people)
+        text = CLIP_POLICY + "".join(CLIP_DATASET.format(name=n) for n in ("c", "cp"))
+        (root / "policy.toml").write_text(text)
+        policy = load_policy(root / "policy.toml")
+        built = {"correct": Engine(policy), "unenforced": ChosenRowsNotEnforced(policy)}
+        yield built
+        for e in built.values():
+            e.close()
+
+
+def _clip_sample(engine: Engine, dataset: str, n: int) -> list[list[list[object]]]:
+    out = []
+    for i in range(n):
+        reply = engine.query(
+            f"auditor-clip-{dataset}-{i}",
+            {"sql": "SELECT COUNT(*) FROM t", "dataset": dataset, "epsilon": EPSILON,
+             "fresh": True, "clip": CLIP_SHARE},
+        )  # fmt: skip
+        assert reply["clip"]["rows"]["rows"] == 2, reply["clip"]  # the choice the audit is of
+        out.append(reply["rows"])
+    return out
+
+
+def _clip_audit(engine: Engine, n: int) -> AuditResult:
+    return epsilon_lower_bound(
+        _clip_sample(engine, "c", n),
+        _clip_sample(engine, "cp", n),
+        lambda rows: rows[0][0] >= CLIP_PEOPLE + 2,
+    )
+
+
+def test_rows_chosen_by_clip_spend_no_more_than_claimed(clip_engines, record_property):
+    result = _clip_audit(clip_engines["correct"], CLIP_SAMPLES)
+    _report(record_property, "clip rows", result)
+    assert result.epsilon_lower_bound < EPSILON, str(result)
+
+
+def test_the_audit_flags_clip_rows_the_sql_does_not_keep(clip_engines, record_property):
+    """The worst unit's 8 rows counted under noise for 2: about 4 × the count's share."""
+    result = _clip_audit(clip_engines["unenforced"], CLIP_BROKEN_SAMPLES)
+    _report(record_property, "clip rows (not enforced)", result)
+    assert result.epsilon_lower_bound > EPSILON, str(result)
