@@ -22,7 +22,7 @@ from dpmagic.gate.failures import OwnerError
 from dpmagic.gate.policy import Budget, Policy, PolicyError, load_policy
 
 if TYPE_CHECKING:
-    from dpmagic.commands.init_policy import Data
+    from dpmagic.commands.init_data import Data
     from dpmagic.gate.ledger.scopes import Scope
 
 USAGE_ERROR = 2
@@ -489,7 +489,8 @@ def _init(args: argparse.Namespace) -> int:
 def _init_data(files: list[Path], args: argparse.Namespace) -> Data:
     """The tables ``init`` reads: files or a DuckDB database, or (``table:NAME``) the
     tables of the Spark catalog ``--spark-master`` or ``--spark-remote`` reaches."""
-    from dpmagic.commands.init_policy import InitError, read_data
+    from dpmagic.commands.init_data import InitError
+    from dpmagic.commands.init_policy import read_data
     from dpmagic.commands.init_spark import is_catalog_table, read_catalog
     from dpmagic.gate.policy import SparkConfig
 

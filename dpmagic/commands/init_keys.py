@@ -15,21 +15,25 @@ that stops holding later is refused then, never served.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from dpmagic.commands.init_policy import Data, ForeignKey, Table
+from dpmagic.commands.init_data import Data, ForeignKey, InitError, ReadFailed, Table
 
 # Declared types a key can have (DuckDB's names, as ``init`` reads every source's).
 _KEY_TYPES = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT",
               "USMALLINT", "UINTEGER", "UBIGINT", "VARCHAR")  # fmt: skip
 
 
+def with_found_keys(data: Data) -> Data:
+    """``data`` with the links its tables' data shows, where it declares none."""
+    try:
+        found_keys(data)
+    except ReadFailed as exc:
+        raise InitError(f"cannot read the data to find its keys: {exc}") from None
+    return data
+
+
 def found_keys(data: Data) -> list[ForeignKey]:
     """The links the data shows between its tables, each added to its table's
     ``foreign_keys`` (marked ``found``); only where no table declares one."""
-    from dpmagic.commands.init_policy import ForeignKey
-
     if any(t.foreign_keys for t in data.tables.values()):
         return []
     out: list[ForeignKey] = []

@@ -40,11 +40,20 @@ import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import duckdb
 
-from dpmagic.commands.init_keys import found_keys
+from dpmagic.commands.init_data import (
+    DB,
+    Data,
+    ForeignKey,
+    InitError,
+    ReadFailed,
+    Table,
+    sql_string,
+)
+from dpmagic.commands.init_keys import with_found_keys
 from dpmagic.gate.engine import count_error_of
 from dpmagic.gate.policy import (
     CATALOG_PREFIX,
@@ -77,98 +86,6 @@ _GROUPS, _ROWS = 4, 4
 _DUCKDB_MAGIC, _DUCKDB_MAGIC_AT = b"DUCK", 8
 # The share of units a suggested max_rows_per_unit keeps all the rows of.
 SUGGEST_QUANTILE = 0.99
-# What a DuckDB database is attached as to count its rows per unit.
-_DB = "__init_db"
-
-
-if TYPE_CHECKING:
-    from dpmagic.commands.init_spark import SparkSource
-
-
-class InitError(ValueError):
-    """The skeleton cannot be written; the message says why in one line."""
-
-
-# --- What the data declares ----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ForeignKey:
-    """A foreign key: ``columns`` reference ``target``'s ``target_columns``. Declared
-    by a DuckDB database (schema, not data: the database states it), or ``found`` in
-    the data of sources that declare none (``init_keys.py``), which goes into the
-    policy only with the owner's yes."""
-
-    table: str
-    columns: tuple[str, ...]
-    target: str
-    target_columns: tuple[str, ...]
-    found: bool = False
-
-    def __str__(self) -> str:
-        return (
-            f"{self.table}.{', '.join(self.columns)} → "
-            f"{self.target}.{', '.join(self.target_columns)}"
-        )
-
-    @property
-    def note(self) -> str:
-        """What the owner reads of where the key comes from."""
-        if self.found:
-            return f"found in the data: {self}, each value one of a unique column's"
-        return f"declared foreign key {self}"
-
-
-@dataclass
-class Table:
-    """One table as ``init`` sees it: its columns (with their declared types, or
-    None for a CSV's), the SQL that reads it (to count its rows per unit, for the
-    owner's eyes) and the foreign keys it declares."""
-
-    name: str
-    columns: list[tuple[str, str | None]]
-    relation: str
-    foreign_keys: list[ForeignKey] = field(default_factory=list)
-    origin: str = ""  # how messages name it: a file's name, or the table's
-
-    def column(self, name: str) -> str | None:
-        """The column called ``name`` (as the gate compares names: case aside)."""
-        return next((c for c, _ in self.columns if c.lower() == name.lower()), None)
-
-    def names(self) -> str:
-        return ", ".join(c for c, _ in self.columns)
-
-
-class ReadFailed(Exception):
-    """The data could not be read; the message is the engine's first line."""
-
-
-@dataclass
-class Data:
-    """The tables of a dataset: files (``sources``), a DuckDB ``database``, or tables of
-    a Spark ``catalog`` (table to its catalog name), read through ``spark``."""
-
-    tables: dict[str, Table]
-    sources: dict[str, Path] = field(default_factory=dict)
-    database: Path | None = None
-    catalog: dict[str, str] = field(default_factory=dict)
-    spark: SparkSource | None = None
-
-    def row(self, sql: str) -> tuple | None:
-        """The first row of ``sql`` (DuckDB's dialect) over the tables' relations: by
-        DuckDB (the database attached read-only), or by Spark for a catalog's tables
-        (the SQL rendered in Spark's dialect by sqlglot)."""
-        if self.spark is not None:
-            return self.spark.row(sql)
-        con = duckdb.connect()
-        try:
-            if self.database is not None:  # read-only: init changes nothing in it
-                con.execute(f"ATTACH {_sql_string(str(self.database))} AS {_DB} (READ_ONLY)")
-            return con.execute(sql).fetchone()
-        except duckdb.Error as exc:
-            raise ReadFailed(str(exc).splitlines()[0]) from None
-        finally:
-            con.close()
 
 
 def is_database(path: Path) -> bool:
@@ -205,16 +122,6 @@ def read_data(files: list[Path]) -> Data:
     return with_found_keys(data)
 
 
-def with_found_keys(data: Data) -> Data:
-    """``data`` with the links its tables' data shows (``init_keys.py``), where it
-    declares none."""
-    try:
-        found_keys(data)
-    except ReadFailed as exc:
-        raise InitError(f"cannot read the data to find its keys: {exc}") from None
-    return data
-
-
 def describe(path: Path) -> list[tuple[str, str | None]]:
     """(column, DuckDB type) for a CSV or Parquet file, from its schema only: a
     Parquet file's declared types; a CSV declares none, so its types are None (the
@@ -233,7 +140,7 @@ def describe(path: Path) -> list[tuple[str, str | None]]:
 def _reader(path: Path) -> str:
     """The SQL that reads a data file, as the gate's load reads it."""
     reader = "read_parquet" if path.suffix.lower() == ".parquet" else "read_csv_auto"
-    return f"{reader}({_sql_string(str(path))})"
+    return f"{reader}({sql_string(str(path))})"
 
 
 def _read_database(path: Path) -> Data:
@@ -265,7 +172,7 @@ def _read_database(path: Path) -> Data:
             data.tables[name.lower()] = Table(
                 name.lower(),
                 [(str(c), str(t)) for c, t, *_ in columns],
-                f"{_DB}.{_ident(name)}",
+                f"{DB}.{_ident(name)}",
                 origin=name.lower(),
             )
     except duckdb.Error as exc:
@@ -952,7 +859,7 @@ def skeleton(result: Plan, dataset: str, out: Path) -> str:
     elif data.spark is not None:
         where = "\n".join([
             'engine = "spark"',
-            f"spark = {{ {_spark_line(data.spark.config)} }}",
+            f"spark = {{ {_spark_line(data.spark)} }}",
             "sources = { " + ", ".join(
                 f"{_key(t)} = {_string(CATALOG_PREFIX + full)}"
                 for t, full in data.catalog.items()
@@ -1255,8 +1162,3 @@ def _string(value: str) -> str:
 def _ident(name: str) -> str:
     """A SQL identifier, quoted."""
     return '"' + name.replace('"', '""') + '"'
-
-
-def _sql_string(text: str) -> str:
-    """A SQL string literal."""
-    return "'" + text.replace("'", "''") + "'"

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 
 import sqlglot
 
-from dpmagic.commands.init_policy import Data, InitError, ReadFailed, Table, with_found_keys
+from dpmagic.commands.init_data import Data, InitError, ReadFailed, Table
+from dpmagic.commands.init_keys import with_found_keys
 from dpmagic.gate.policy import CATALOG_PREFIX, SparkConfig
 
 if TYPE_CHECKING:
@@ -35,9 +36,8 @@ class SparkSource:
     """A Spark session over the catalog's tables, each a temporary view named as the
     policy's table (views of this session alone)."""
 
-    def __init__(self, spark: SparkSession, config: SparkConfig) -> None:
+    def __init__(self, spark: SparkSession) -> None:
         self.spark = spark
-        self.config = config
 
     def row(self, sql: str) -> tuple | None:
         try:
@@ -62,8 +62,7 @@ def read_catalog(names: list[str], config: SparkConfig) -> Data:
         spark = isolated(config)
     except SparkMissing as exc:
         raise InitError(str(exc)) from None
-    source = SparkSource(spark, config)
-    data = Data(tables={}, spark=source)
+    data = Data(tables={}, spark=config, reader=SparkSource(spark))
     for given in names:
         full = given.removeprefix(CATALOG_PREFIX)
         name = full.rsplit(".", 1)[-1].strip("`").lower()
