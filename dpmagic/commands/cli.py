@@ -197,6 +197,12 @@ def _parser() -> argparse.ArgumentParser:
         help="the same through Spark Connect (sc://host:15002)",
     )
     p.add_argument(
+        "--spark-prepared",
+        metavar="URI",
+        help="with --spark-remote: the folder or URI on the cluster's storage where the gate "
+        "keeps its prepared tables (readable by the gate alone)",
+    )
+    p.add_argument(
         "--spark-conf",
         action="append",
         default=[],
@@ -503,20 +509,26 @@ def _init_data(files: list[Path], args: argparse.Namespace) -> Data:
             file=sys.stderr,
         )
     if not tables:
-        if spark or args.spark_conf:
-            raise InitError("--spark-master, --spark-remote and --spark-conf read table:NAME data")
+        if spark or args.spark_conf or args.spark_prepared:
+            raise InitError("the --spark options read table:NAME data")
         return read_data(files)
     if len(tables) != len(files):
         raise InitError("give catalog tables (table:NAME) or files, not both: a dataset reads one")
     if (args.spark_master is None) == (args.spark_remote is None):
         raise InitError("table:NAME is read through Spark: give --spark-master or --spark-remote")
+    if args.spark_remote is not None and not args.spark_prepared:
+        raise InitError(
+            "--spark-remote needs --spark-prepared: the folder or URI on the cluster's "
+            "storage where the gate keeps its prepared tables"
+        )
     conf = []
     for item in args.spark_conf:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise InitError(f"--spark-conf {item}: write KEY=VALUE")
         conf.append((key.strip(), value.strip()))
-    return read_catalog(tables, SparkConfig(args.spark_master, args.spark_remote, tuple(conf)))
+    config = SparkConfig(args.spark_master, args.spark_remote, tuple(conf), args.spark_prepared)
+    return read_catalog(tables, config)
 
 
 def _budget_show(args: argparse.Namespace) -> int:

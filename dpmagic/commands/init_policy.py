@@ -1062,12 +1062,14 @@ def _unit_lines(privacy_unit: str | None, row_level: bool) -> list[str]:
 
 def _spark_line(config: SparkConfig) -> str:
     """The ``spark`` table's keys: the master or Connect URL init read the catalog
-    through, and its settings."""
+    through, where the gate keeps its prepared tables, and the session's settings."""
     where = (
         f"remote = {_string(config.remote)}"
         if config.remote is not None
         else f"master = {_string(config.master or '')}"
     )
+    if config.prepared is not None:
+        where += f", prepared = {_string(config.prepared)}"
     if not config.conf:
         return where
     conf = ", ".join(f"{_string(k)} = {_string(v)}" for k, v in config.conf)
