@@ -7,6 +7,7 @@ HTTP contract of docs/http-api.md rather than a stand-in for it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -41,6 +42,9 @@ sex = { type = "int", public_values = [0, 1] }
 """
 PEOPLE = 200
 START_TIMEOUT_S = 60.0
+# What a gate's log says when one of its processes died of a signal (faulthandler's
+# report, and the supervisor's line for a worker).
+CRASH_MARKS = ("Fatal Python error", "was killed by SIG")
 # sun_path holds 108 bytes; pytest's tmp_path can be longer than that.
 MAX_SOCKET_PATH = 100
 
@@ -159,10 +163,30 @@ class GateProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        self._report_crash()
         for stream in (self.proc.stdout, self.proc.stderr):
             if stream is not None:
                 stream.close()
         self.proc = None
+
+    def _report_crash(self) -> None:
+        """Print the gate's log if one of its processes died of a signal (the stacks
+        ``faulthandler`` wrote, the supervisor's line naming the signal): a test that
+        failed because the gate crashed then shows why, where the log would otherwise
+        be closed unread. Reads only what is there now, never waiting for it."""
+        assert self.proc is not None
+        stream = self.proc.stderr
+        if stream is None or stream.closed:
+            return
+        fd = stream.fileno()
+        os.set_blocking(fd, False)
+        chunks = []
+        with contextlib.suppress(BlockingIOError):
+            while chunk := os.read(fd, 1 << 16):
+                chunks.append(chunk)
+        log = b"".join(chunks).decode(errors="replace")
+        if any(mark in log for mark in CRASH_MARKS):
+            print(f"the gate's log (it crashed):\n{log}", file=sys.stderr)
 
     def restart(self) -> None:
         self.stop()

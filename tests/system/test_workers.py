@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -43,6 +44,13 @@ def _children(pid: int) -> set[int]:
         if int(fields[1]) == pid and fields[0] != "Z":
             found.add(int(entry.name))
     return found
+
+
+def _replaced(supervisor: int, gone: int) -> bool:
+    """Whether ``supervisor`` has two workers again, ``gone`` not among them: read once,
+    so that a worker still dying is not counted in one reading and missed in another."""
+    workers = _children(supervisor)
+    return len(workers) == 2 and gone not in workers
 
 
 def _until(condition, what: str) -> None:
@@ -185,12 +193,29 @@ def test_a_worker_that_dies_is_replaced(workers_gate: GateProcess) -> None:
     first = _children(supervisor)
     killed = min(first)
     os.kill(killed, signal.SIGKILL)
-    _until(lambda: len(_children(supervisor)) == 2 and killed not in _children(supervisor),
-           "no worker took the killed one's place")  # fmt: skip
+    _until(lambda: _replaced(supervisor, killed), "no worker took the killed one's place")
     client = Gate(workers_gate.address)
     for i in range(6):  # whichever worker accepts, each is answered, on the one ledger
         client.query("SELECT COUNT(*) FROM t", epsilon=0.25, notebook=f"nb{i}", fresh=True)
     assert client.budget()["user"]["spent"]["epsilon"] == pytest.approx(1.5)
+
+
+def test_a_worker_that_crashes_leaves_its_threads_stacks_in_the_log(
+    workers_gate: GateProcess,
+) -> None:
+    """A worker killed by SIGSEGV, as a crash in DuckDB, SQLite or Arrow would kill it:
+    before it dies it writes where each of its threads was (``faulthandler``), and the
+    supervisor names the signal; without them the log said ``exited (-11)`` and no
+    more, and the crash could not be told from its caller's side."""
+    supervisor = _supervisor(workers_gate)
+    crashed = min(_children(supervisor))
+    os.kill(crashed, signal.SIGSEGV)
+    _until(lambda: _replaced(supervisor, crashed), "no worker took the crashed one's place")
+    Gate(workers_gate.address).query("SELECT COUNT(*) FROM t", epsilon=0.25, fresh=True)
+    log = _stop_and_read_log(workers_gate)
+    assert "Fatal Python error: Segmentation fault" in log
+    assert "Current thread 0x" in log  # every thread's stack, the crashed one's first
+    assert re.search(r"dpmagic gate: worker [01] was killed by SIGSEGV; starting another", log)
 
 
 def test_sigterm_stops_every_worker_and_removes_the_socket(workers_gate: GateProcess) -> None:

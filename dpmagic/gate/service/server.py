@@ -55,6 +55,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import faulthandler
 import gc
 import logging
 import resource
@@ -454,10 +455,18 @@ def serve(
 
 def setup_logging(name: str = "dpmagic gate") -> None:
     """Our access log at INFO, each line after ``name``; libraries (tornado's,
-    jupyterhub's) only warnings; and the open-files limit lifted
-    (``raise_open_files_limit``)."""
+    jupyterhub's) only warnings; the open-files limit lifted
+    (``raise_open_files_limit``); and a crash in native code (DuckDB, SQLite, Arrow,
+    OpenDP's library) logged with every thread's Python stack before the process dies
+    (``faulthandler``), so a gate or worker that dies of a signal leaves in the log
+    where each thread was, not only its exit status. The stacks name files, functions
+    and lines, never a value."""
     logging.basicConfig(level=logging.WARNING, format=f"{name}: %(message)s")
     log.setLevel(logging.INFO)
+    # A standard error without a file descriptor (the gate run inside another program
+    # that replaced it) has nowhere a dying process could write: no report then.
+    with contextlib.suppress(AttributeError, ValueError, RuntimeError):
+        faulthandler.enable(file=sys.stderr, all_threads=True)
     raise_open_files_limit()
 
 

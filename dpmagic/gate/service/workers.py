@@ -166,11 +166,23 @@ def _watch(
             code = worker.proc.poll()
             if code is None:
                 continue
-            log.error("worker %d exited (%d); starting another", worker.index, code)
+            log.error("worker %d %s; starting another", worker.index, _exit_status(code))
             _close_pipes(worker)
             running[slot] = _start(worker.index, policy, listener, jupyterhub)
             if not _ready(running[slot], stop) and not stop.is_set():
                 raise OSError(f"worker {worker.index} exited and could not be started again")
+
+
+def _exit_status(code: int) -> str:
+    """How a worker ended, as the log says it: a signal by its name (``SIGSEGV``: a
+    crash in native code, whose stacks the worker wrote to the log just before), else
+    its exit status."""
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited ({code})"
 
 
 def _stop(running: list[Worker]) -> None:
