@@ -286,17 +286,34 @@ def _light(plan: Plan, reads: dict[str, RoomRead]) -> exp.Expression | None:
 def _row_filters(
     plan: Plan, row: _Rows, with_unit: bool
 ) -> tuple[list[exp.Expression], list[exp.Expression]]:
-    """Rows with a unit (where the unit is read); and only declared keys (those listed
-    value by value tested at fetch instead, where the plan says so:
-    ``Plan.listed_at_fetch``)."""
+    """Rows with a unit (where the unit is read and may be NULL); and only declared keys
+    (those listed value by value tested at fetch instead, where the plan says so:
+    ``Plan.listed_at_fetch``).
+
+    The unit is the first private scan's (``resolve._unit``, never a left join's). A
+    private table's stored rows all have one: both engines drop, as they prepare it, a
+    row whose unit is NULL or not of its type (``ranking.prepare_sql``, Spark's
+    ``prepare``). So the test is written only over a per-person subquery's rows, and a
+    scan of a stored table reads no unit it does not need (a filtered 10M-row sum read
+    every row's unit for it: 25 → 17 ms)."""
     resolved = plan.checked.resolved
-    units = [_not_null(row.total(resolved.unit))] if with_unit and resolved.unit else []
+    stored = resolved.unit is not None and _stored_unit(resolved)
+    units = (
+        [_not_null(row.total(resolved.unit))] if with_unit and resolved.unit and not stored else []
+    )
     keys = [
         _key_filter(row.total(k.expr), d, resolved.column(unparen(k.expr)))
         for k, d in zip(plan.keys, plan.domains, strict=True)
         if not (plan.listed_at_fetch and d.span is None and d.private is None)
     ]
     return units, keys
+
+
+def _stored_unit(resolved: Resolved) -> bool:
+    """Whether the unit is a column of a stored private table (never NULL there)."""
+    unit = resolved.unit
+    scan = next((s for s in resolved.scans if unit is not None and s.name == unit.table), None)
+    return scan is not None and scan.per_unit is None and not scan.table.public
 
 
 def left_out(plan: Plan, seed: int, dialect: Dialect = DUCKDB) -> Rewritten:
