@@ -297,9 +297,11 @@ def _row_filters(
     scan of a stored table reads no unit it does not need (a filtered 10M-row sum read
     every row's unit for it: 25 → 17 ms)."""
     resolved = plan.checked.resolved
-    stored = resolved.unit is not None and _stored_unit(resolved)
+    unit = resolved.unit
     units = (
-        [_not_null(row.total(resolved.unit))] if with_unit and resolved.unit and not stored else []
+        [_not_null(row.total(unit))]
+        if with_unit and unit is not None and not _stored_unit(resolved, unit)
+        else []
     )
     keys = [
         _key_filter(row.total(k.expr), d, resolved.column(unparen(k.expr)))
@@ -309,11 +311,14 @@ def _row_filters(
     return units, keys
 
 
-def _stored_unit(resolved: Resolved) -> bool:
-    """Whether the unit is a column of a stored private table (never NULL there)."""
-    unit = resolved.unit
-    scan = next((s for s in resolved.scans if unit is not None and s.name == unit.table), None)
-    return scan is not None and scan.per_unit is None and not scan.table.public
+def _stored_unit(resolved: Resolved, unit: exp.Column) -> bool:
+    """Whether ``unit`` is a column of a table stored ranked per unit (never NULL there)."""
+    scan = resolved.scan(unit.table)
+    return (
+        scan is not None
+        and scan.per_unit is None
+        and bounded_by_units(resolved.dataset, scan.table)
+    )
 
 
 def left_out(plan: Plan, seed: int, dialect: Dialect = DUCKDB) -> Rewritten:
