@@ -502,15 +502,10 @@ def _init_data(files: list[Path], args: argparse.Namespace) -> Data:
 
     tables = [str(f) for f in files if is_catalog_table(str(f))]
     spark = args.spark_master or args.spark_remote
-    if len(files) > 1 and sys.stderr.isatty():  # finding keys reads the data: seconds
-        print(
-            f"dpmagic init: reading {len(files)} tables, and where they declare no foreign "
-            "keys, looking for them in the data …",
-            file=sys.stderr,
-        )
     if not tables:
         if spark or args.spark_conf or args.spark_prepared:
             raise InitError("the --spark options read table:NAME data")
+        _reading(files)
         return read_data(files)
     if len(tables) != len(files):
         raise InitError("give catalog tables (table:NAME) or files, not both: a dataset reads one")
@@ -528,7 +523,18 @@ def _init_data(files: list[Path], args: argparse.Namespace) -> Data:
             raise InitError(f"--spark-conf {item}: write KEY=VALUE")
         conf.append((key.strip(), value.strip()))
     config = SparkConfig(args.spark_master, args.spark_remote, tuple(conf), args.spark_prepared)
+    _reading(files)
     return read_catalog(tables, config)
+
+
+def _reading(files: list[Path]) -> None:
+    """A line at a terminal before the data is read: finding keys takes seconds."""
+    if len(files) > 1 and sys.stderr.isatty():
+        print(
+            f"dpmagic init: reading {len(files)} tables, and where they declare no foreign "
+            "keys, looking for them in the data …",
+            file=sys.stderr,
+        )
 
 
 def _budget_show(args: argparse.Namespace) -> int:

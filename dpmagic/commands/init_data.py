@@ -107,6 +107,18 @@ class Data:
         finally:
             con.close()
 
+    def unique(self, table: Table, column: str) -> bool:
+        """Whether no value of ``column`` repeats in ``table`` (NULLs aside): the owner's
+        own data, read to check or find a key; no value goes anywhere."""
+        c = ident(column)
+        row = self.row(f"SELECT count({c}) = count(DISTINCT {c}) FROM {table.relation}")
+        return bool(row and row[0])
+
+
+def ident(name: str) -> str:
+    """A SQL identifier, quoted."""
+    return '"' + name.replace('"', '""') + '"'
+
 
 def sql_string(text: str) -> str:
     """A SQL string literal."""

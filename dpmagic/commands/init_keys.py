@@ -15,7 +15,7 @@ that stops holding later is refused then, never served.
 
 from __future__ import annotations
 
-from dpmagic.commands.init_data import Data, ForeignKey, InitError, ReadFailed, Table
+from dpmagic.commands.init_data import Data, ForeignKey, InitError, ReadFailed, Table, ident
 
 # Declared types a key can have (DuckDB's names, as ``init`` reads every source's).
 _KEY_TYPES = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT",
@@ -37,7 +37,13 @@ def found_keys(data: Data) -> list[ForeignKey]:
     if any(t.foreign_keys for t in data.tables.values()):
         return []
     out: list[ForeignKey] = []
-    unique: dict[tuple[str, str], bool] = {}
+    seen: dict[tuple[str, str], bool] = {}  # each column read for uniqueness once
+
+    def unique(table: Table, column: str) -> bool:
+        if (table.name, column) not in seen:
+            seen[(table.name, column)] = data.unique(table, column)
+        return seen[(table.name, column)]
+
     for table in data.tables.values():
         for column, ctype in table.columns:
             if not _key_type(ctype):
@@ -45,12 +51,10 @@ def found_keys(data: Data) -> list[ForeignKey]:
             targets = _named_targets(data, table, column)
             # A unique column is a table's own key: another table of one row per the
             # same key lists the same things, and no row reaches a person through it.
-            if not targets or _is_unique(data, table, column):
+            if not targets or unique(table, column):
                 continue
             for target, key in targets:
-                if (target.name, key) not in unique:
-                    unique[(target.name, key)] = _is_unique(data, target, key)
-                if unique[(target.name, key)] and _included(data, table, column, target, key):
+                if unique(target, key) and _included(data, table, column, target, key):
                     fk = ForeignKey(table.name, (column,), target.name, (key,), found=True)
                     table.foreign_keys.append(fk)
                     out.append(fk)
@@ -92,22 +96,12 @@ def _suffix(name: str) -> str | None:
     return tail if sep and 0 < len(head) <= 3 and tail else None
 
 
-def _is_unique(data: Data, table: Table, column: str) -> bool:
-    c = _quoted(column)
-    row = data.row(f"SELECT count({c}) = count(DISTINCT {c}), count({c}) > 0 FROM {table.relation}")
-    return bool(row and row[0] and row[1])
-
-
 def _included(data: Data, table: Table, column: str, target: Table, key: str) -> bool:
     """Whether every value of ``column`` (NULLs aside) is one of ``key``'s, and it has one."""
-    c, k = _quoted(column), _quoted(key)
+    c, k = ident(column), ident(key)
     row = data.row(
         f"SELECT count(__a.{c}), count(__a.{c}) FILTER (WHERE __b.{k} IS NULL) "
         f"FROM {table.relation} AS __a LEFT JOIN {target.relation} AS __b "
         f"ON CAST(__a.{c} AS VARCHAR) = CAST(__b.{k} AS VARCHAR)"
     )
     return bool(row and row[0] and row[1] == 0)
-
-
-def _quoted(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'

@@ -51,6 +51,7 @@ from dpmagic.commands.init_data import (
     InitError,
     ReadFailed,
     Table,
+    ident,
     sql_string,
 )
 from dpmagic.commands.init_keys import with_found_keys
@@ -168,11 +169,11 @@ def _read_database(path: Path) -> Data:
         for name in names:
             if name.lower() in data.tables:
                 raise InitError(f"{path}: tables {name!r} and another differ only in case")
-            columns = con.execute(f"DESCRIBE {_ident(name)}").fetchall()
+            columns = con.execute(f"DESCRIBE {ident(name)}").fetchall()
             data.tables[name.lower()] = Table(
                 name.lower(),
                 [(str(c), str(t)) for c, t, *_ in columns],
-                f"{DB}.{_ident(name)}",
+                f"{DB}.{ident(name)}",
                 origin=name.lower(),
             )
     except duckdb.Error as exc:
@@ -642,13 +643,9 @@ def _unique(data: Data, table: Table, column: str) -> bool:
     """Whether no value of ``column`` repeats in the data (the owner's own, read to
     check a link; no value goes anywhere)."""
     try:
-        row = data.row(
-            f"SELECT count({_ident(column)}) = count(DISTINCT {_ident(column)}) "
-            f"FROM {table.relation}"
-        )
+        return data.unique(table, column)
     except ReadFailed as exc:
         raise InitError(f"{table.origin}: cannot read its column {column}: {exc}") from None
-    return bool(row and row[0])
 
 
 def person_of(result: Plan, name: str) -> tuple[str, str]:
@@ -664,8 +661,8 @@ def person_of(result: Plan, name: str) -> tuple[str, str]:
     relation, person = person_of(result, other)
     return (
         f"(SELECT __t.*, __k.__person FROM {table.relation} AS __t JOIN (SELECT "
-        f"{_ident(key)} AS __key, {_ident(person)} AS __person FROM {relation}) AS __k "
-        f"ON __t.{_ident(choice.unit)} = __k.__key)",
+        f"{ident(key)} AS __key, {ident(person)} AS __person FROM {relation}) AS __k "
+        f"ON __t.{ident(choice.unit)} = __k.__key)",
         "__person",
     )
 
@@ -791,7 +788,7 @@ def unit_counts(data: Data, table: Table, column: str, relation: str | None = No
             f"SELECT count(*), max(n), percentile_disc(0.5) WITHIN GROUP (ORDER BY n), "
             f"percentile_disc({SUGGEST_QUANTILE}) WITHIN GROUP (ORDER BY n) "
             f"FROM (SELECT count(*) AS n FROM {relation or table.relation} "
-            f"WHERE {_ident(column)} IS NOT NULL GROUP BY {_ident(column)})"
+            f"WHERE {ident(column)} IS NOT NULL GROUP BY {ident(column)})"
         )
     except ReadFailed as exc:
         raise InitError(f"{table.origin}: cannot count its rows per {column}: {exc}") from None
@@ -1159,8 +1156,3 @@ def _key(name: str) -> str:
 def _string(value: str) -> str:
     # A JSON string with ASCII escapes is a valid TOML basic string.
     return json.dumps(value)
-
-
-def _ident(name: str) -> str:
-    """A SQL identifier, quoted."""
-    return '"' + name.replace('"', '""') + '"'
