@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import sqlglot
 
-from dpmagic.commands.init_data import Data, InitError, ReadFailed, Table
+from dpmagic.commands.init_data import Data, InitError, ReadFailed, Table, ident
 from dpmagic.commands.init_keys import with_found_keys
 from dpmagic.gate.policy import CATALOG_PREFIX, SparkConfig
 
@@ -77,7 +77,7 @@ def read_catalog(names: list[str], config: SparkConfig) -> Data:
         columns: list[tuple[str, str | None]] = [
             (f.name, _type(f.dataType)) for f in frame.schema.fields
         ]
-        data.tables[name] = Table(name, columns, _view(name), origin=full)
+        data.tables[name] = Table(name, columns, ident(name), origin=full)
         data.catalog[name] = full
     return with_found_keys(data)
 
@@ -89,7 +89,3 @@ def _type(kind: DataType) -> str:
     if name.startswith("decimal"):
         return "DECIMAL"
     return _TYPES.get(name.split("(")[0], name)
-
-
-def _view(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
