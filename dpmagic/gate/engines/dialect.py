@@ -31,10 +31,6 @@ class Dialect:
     # holds it (``engines/duckdb/database.py``), so that a unit's first ``k`` ranks
     # are the rows before a row id (``first_ranks``).
     rank_prefixes: bool = False
-    # Whether the rows a query keeps from one scan are read inline wherever they are
-    # used (``AS NOT MATERIALIZED``): DuckDB would otherwise write ``kept_rows`` out
-    # once it is read twice (``rewrite._joined_light``), 2-3x a filtered sum's time.
-    inline_kept_rows: bool = False
     # Whether the engine has ``TRY(…)``, which makes a row expression that raises on a
     # row NULL there: which rule keeps its row expressions from raising
     # (``sql/engine_rows.total_on``: DuckDB's proof else TRY, or Spark's proof alone).
@@ -113,4 +109,4 @@ def fits_64_bits(widest: float, rows: int) -> bool:
     return math.ceil(widest) * rows < 2**63
 
 
-DUCKDB = Dialect("duckdb", inline_kept_rows=True)
+DUCKDB = Dialect("duckdb")
