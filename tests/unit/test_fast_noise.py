@@ -104,6 +104,35 @@ def test_uniform_integers_have_no_modulo_bias():
     assert stats.chisquare(np.bincount(small.astype(np.int64), minlength=3)).pvalue > SIGNIFICANCE
 
 
+def _thirds_even(draws: np.ndarray, bound: int) -> bool:
+    """Whether the draws fall in the three thirds of ``[0, bound)`` evenly (chi-square
+    at ``SIGNIFICANCE``), and all below ``bound``."""
+    if not (draws.astype(np.uint64) < np.uint64(bound)).all():
+        return False
+    thirds = np.minimum(draws.astype(np.uint64) // np.uint64(-(-bound // 3)), np.uint64(2))
+    counts = np.bincount(thirds.astype(np.int64), minlength=3)
+    return bool(stats.chisquare(counts).pvalue > SIGNIFICANCE)
+
+
+# Each word width's largest bound, its next, and a bound rejecting a quarter of the
+# words: 3·2**14 in 16 bits, 3·2**30 in 32.
+NARROW_BOUNDS = [3, 2**16 - 1, 2**16, 3 * 2**14, 3 * 2**30, 2**32 - 1, 2**32]
+
+
+@pytest.mark.parametrize("bound", NARROW_BOUNDS)
+def test_uniform_integers_from_narrow_words_are_uniform(bound):
+    """Bounds below 2**16 and 2**32 are drawn from 16- and 32-bit words, each with its
+    own rejection floor."""
+    assert _thirds_even(fast_noise._uniform(bound, 60_000), bound)
+
+
+def test_the_thirds_catch_narrow_words_without_their_rejection():
+    """The broken version: 16-bit words taken modulo 3·2**14 unrejected put half the
+    mass on the lowest third."""
+    words = fast_noise._words(60_000, np.uint16)
+    assert not _thirds_even(words % np.uint16(3 * 2**14), 3 * 2**14)
+
+
 def test_long_vectors_take_the_fast_path_and_short_ones_opendps(monkeypatch):
     calls = []
 

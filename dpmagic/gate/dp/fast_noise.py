@@ -45,6 +45,7 @@ FIRST_ACCEPTANCE = 0.55
 MIN_ACCEPTANCE = 0.05
 SPARE_TRIES = 16
 _U64 = np.uint64
+_WORDS: dict[int, type[np.unsignedinteger]] = {16: np.uint16, 32: np.uint32, 64: _U64}
 
 
 def exact_scale(scale: float) -> tuple[int, int] | None:
@@ -103,7 +104,7 @@ def _attempt(t: int, s: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         while _scalar_bernoulli_exp(1, 1):
             count += 1
         y[i] = (int(u[i]) + t * count) // s  # beyond int64 only with probability < e**-2**62
-    sign = _bits(n) & _U64(1)
+    sign = _words(n, np.uint8) & np.uint8(1)
     ok &= ~((sign == 1) & (y == 0))
     return np.where(sign == 1, -y, y), ok
 
@@ -115,18 +116,21 @@ def _bernoulli_exp(num: np.ndarray, den: int, block: int) -> np.ndarray:
     decides; draws after it are discarded unseen."""
     result = np.empty(num.size, dtype=bool)
     idx = np.arange(num.size)
+    live = num  # the numerators of the slots still going, in ``idx``'s order
     k = 1
     while idx.size and k + block - 1 <= STEPS:
-        if block == 1:  # one shared bound: the cheaper uniform
-            draws = _uniform(den * k, idx.size).reshape(-1, 1)
+        if block == 1:  # one shared bound: the cheaper uniform; the draw that fails is k
+            ended = _uniform(den * k, idx.size) >= live
+            result[idx[ended]] = k % 2 == 1
         else:
             bounds = _U64(den) * np.arange(k, k + block, dtype=_U64)
             draws = _uniform_each(np.tile(bounds, idx.size)).reshape(-1, block)
-        failed = draws >= num[idx][:, None]
-        ended = failed.any(axis=1)
-        first = k + failed[ended].argmax(axis=1)
-        result[idx[ended]] = first % 2 == 1
-        idx = idx[~ended]
+            failed = draws >= live[:, None]
+            ended = failed.any(axis=1)
+            first = k + failed[ended].argmax(axis=1)
+            result[idx[ended]] = first % 2 == 1
+        going = ~ended
+        idx, live = idx[going], live[going]
         k += block
     for i in idx:  # k reached STEPS: the same draw, in Python integers
         result[i] = _scalar_bernoulli_exp(int(num[i]), den, k)
@@ -140,13 +144,19 @@ def _scalar_bernoulli_exp(num: int, den: int, k: int = 1) -> bool:
 
 
 def _uniform(bound: int, n: int) -> np.ndarray:
-    """``n`` uniform integers in ``[0, bound)``, without modulo bias."""
-    m = _U64(bound)
-    floor = _U64(2**64 % bound)  # below it, r % m would be biased
-    out = _bits(n)
+    """``n`` uniform integers in ``[0, bound)``, without modulo bias, from words of the
+    fewest of 16, 32 or 64 bits that hold ``bound`` (the trials of ``_bernoulli_exp``
+    mostly compare with numbers below ``2**16``: a quarter of the random bytes)."""
+    width = next(w for w in (16, 32) if bound < 2**w) if bound < 2**32 else 64
+    kind = _WORDS[width]
+    m = kind(bound)
+    floor = kind(2**width % bound)  # below it, r % m would be biased
+    out = _words(n, kind)
     bad = np.flatnonzero(out < floor)
+    if bad.size:  # only then a writable copy
+        out = out.copy()
     while bad.size:
-        out[bad] = _bits(bad.size)
+        out[bad] = _words(bad.size, kind)
         bad = bad[out[bad] < floor]
     return out % m
 
@@ -163,5 +173,11 @@ def _uniform_each(bound: np.ndarray) -> np.ndarray:
 
 
 def _bits(n: int) -> np.ndarray:
-    """Random words from OpenSSL's CSPRNG: secure, and three times the speed of urandom."""
-    return np.frombuffer(ssl.RAND_bytes(8 * n), dtype=_U64).copy()
+    """Random 64-bit words from OpenSSL's CSPRNG: secure, and three times the speed of
+    urandom."""
+    return _words(n, _U64).copy()
+
+
+def _words(n: int, kind: type[np.unsignedinteger]) -> np.ndarray:
+    """``n`` random words of ``kind``, read-only (over the bytes OpenSSL returned)."""
+    return np.frombuffer(ssl.RAND_bytes(np.dtype(kind).itemsize * n), dtype=kind)
