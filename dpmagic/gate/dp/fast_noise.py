@@ -120,13 +120,13 @@ def _bernoulli_exp(num: np.ndarray, den: int, block: int) -> np.ndarray:
     k = 1
     while idx.size and k + block - 1 <= STEPS:
         if block == 1:  # one shared bound: the cheaper uniform; the draw that fails is k
-            ended = _uniform(den * k, idx.size) >= live
+            ended: np.ndarray = _uniform(den * k, idx.size) >= live
             result[idx[ended]] = k % 2 == 1
         else:
             bounds = _U64(den) * np.arange(k, k + block, dtype=_U64)
             draws = _uniform_each(np.tile(bounds, idx.size)).reshape(-1, block)
             failed = draws >= live[:, None]
-            ended = failed.any(axis=1)
+            ended = np.asarray(failed.any(axis=1))
             first = k + failed[ended].argmax(axis=1)
             result[idx[ended]] = first % 2 == 1
         going = ~ended
