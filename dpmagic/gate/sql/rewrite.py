@@ -333,7 +333,8 @@ def _rank_split(
 
 
 def _light(plan: Plan, reads: dict[str, RoomRead]) -> exp.Expression | None:
-    """Whether a joined row's unit has so few rows that the window keeps them all: the
+    """For a join (one table: ``_rank_split``), whether a joined row's unit has so few
+    rows that the window keeps them all: the
     product over the join's private scans of its unit's rows in each (stored with
     every row at load, ``ranking.ROWS``) is at most the rows the window keeps per unit
     and partition, and at most its groups (a unit has no more keys than rows). Such a
@@ -348,7 +349,8 @@ def _light(plan: Plan, reads: dict[str, RoomRead]) -> exp.Expression | None:
     count against a number is what DuckDB checks against each row group's smallest
     and largest counts (its zone maps): where no unit of a row group has more rows than
     the window keeps, the window's branch skips the row group instead of testing each
-    of its rows (a filtered 1M-row sum whose units are all light: 11 → 6.6 ms). One
+    of its rows (measured on one table, before ``_rank_split``: a filtered 1M-row sum
+    whose units are all light, 11 → 6.6 ms). One
     unit's count keeps at most the row groups its own rows lie in from being skipped,
     as any filter's zone maps do (docs/security.md, "Per-unit work")."""
     scans = plan.checked.resolved.scans
