@@ -14,6 +14,8 @@ skips the row groups where no unit is heavy."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import duckdb
 import pytest
@@ -22,6 +24,7 @@ from hypothesis import strategies as st
 from sqlglot import exp
 
 from dpmagic.gate.sql import rewrite as rewrite_module
+from dpmagic.gate.sql.plan_types import Plan
 from dpmagic.gate.sql.ranks import Window
 from tests.gate_helpers import dataset, load_table, make_plan, run_rewritten
 
@@ -50,16 +53,26 @@ def _rows(sizes: list[int]) -> list[tuple]:
 SIZES = [1, 2, 3, 4, 5, 9, 3, 1, 12, 4, 2, 3, 30]
 
 
-def _answer(sql: str, rows: list[tuple], seed: int = 11) -> list[tuple]:
-    ds = dataset(COLUMNS, max_partitions=2, max_rows=MAX_ROWS)
-    p = make_plan(sql, ds)
+def _windowed(sql: str) -> Plan:
+    p = make_plan(sql, dataset(COLUMNS, max_partitions=2, max_rows=MAX_ROWS))
     assert isinstance(p.bounding, Window), sql
+    return p
+
+
+@contextmanager
+def _loaded(rows: list[tuple]) -> Iterator[duckdb.DuckDBPyConnection]:
     con = duckdb.connect()
     try:
         load_table(con, "t", ORDER, rows)
-        return sorted(run_rewritten(p, con, seed)[1].rows)
+        yield con
     finally:
         con.close()
+
+
+def _answer(sql: str, rows: list[tuple], seed: int = 11) -> list[tuple]:
+    p = _windowed(sql)
+    with _loaded(rows) as con:
+        return sorted(run_rewritten(p, con, seed)[1].rows)
 
 
 def _one_table(sql: str) -> bool:
@@ -129,11 +142,8 @@ def test_row_groups_without_a_heavy_unit_are_skipped_by_the_window() -> None:
     as the light test once was), the window's scan reads them all."""
     sizes = [2] * 300_000
     sizes[150_000] = MAX_ROWS + 2
-    ds = dataset(COLUMNS, max_partitions=2, max_rows=MAX_ROWS)
-    p = make_plan("SELECT COUNT(*) FROM t WHERE x > 3", ds)
-    con = duckdb.connect()
-    try:
-        load_table(con, "t", ORDER, _rows(sizes))
+    p = _windowed("SELECT COUNT(*) FROM t WHERE x > 3")
+    with _loaded(_rows(sizes)) as con:
         rw, _ = run_rewritten(p, con, 5)
         con.execute("SET schema = 'prepared'")
         scanned = _row_groups_scanned(con, rw.sql)
@@ -141,8 +151,6 @@ def test_row_groups_without_a_heavy_unit_are_skipped_by_the_window() -> None:
         wrapped = rw.sql.replace(heavy, f"COALESCE({heavy}, FALSE)")
         assert wrapped != rw.sql
         scanned_wrapped = _row_groups_scanned(con, wrapped)
-    finally:
-        con.close()
     assert len(scanned) == 2, scanned  # the first ranks' scan and the window's
     total = scanned[0][1]
     assert total >= 3
@@ -162,12 +170,8 @@ GROUPED = [
 def _contributions(sql: str, rows: list[tuple]) -> list[tuple[int, int, int]]:
     """Per unit and group of the query's bounded rows (``bounded_rows``): the unit, its
     number of groups, and its most rows in one group."""
-    ds = dataset(COLUMNS, max_partitions=2, max_rows=MAX_ROWS)
-    p = make_plan(sql, ds)
-    assert isinstance(p.bounding, Window), sql
-    con = duckdb.connect()
-    try:
-        load_table(con, "t", ORDER, rows)
+    p = _windowed(sql)
+    with _loaded(rows) as con:
         rw, _ = run_rewritten(p, con, 3)
         key = p.keys[0].name
         per_group = (
@@ -179,8 +183,6 @@ def _contributions(sql: str, rows: list[tuple]) -> list[tuple[int, int, int]]:
         outer = exp.select("__unit", "COUNT(*)", "MAX(n)").from_(per_group.subquery("c"))
         con.execute("SET schema = 'prepared'")
         return con.execute(outer.group_by("__unit").sql("duckdb")).fetchall()
-    finally:
-        con.close()
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
