@@ -133,6 +133,41 @@ def test_the_thirds_catch_narrow_words_without_their_rejection():
     assert not _thirds_even(words % np.uint16(3 * 2**14), 3 * 2**14)
 
 
+def _exp_minus_one(draws: np.ndarray) -> bool:
+    """Whether the share of successes is exp(-1), within 4.5 standard deviations
+    (a correct sampler fails about once in 150,000 runs)."""
+    n, p = draws.size, math.exp(-1)
+    return abs(int(draws.sum()) - n * p) < 4.5 * math.sqrt(n * p * (1 - p))
+
+
+def test_bernoulli_exp_one_from_one_word_succeeds_with_exp_minus_one():
+    assert _exp_minus_one(fast_noise._bernoulli_exp_one(200_000))
+
+
+def test_the_count_catches_thresholds_one_trial_off(monkeypatch):
+    """The broken versions: the thresholds of ``k + 1`` read for ``k`` (every draw's
+    parity flipped: 1 − e⁻¹), and a word taken modulo 20! unrejected (its low 58%
+    more likely than the rest, 8 words to 7: 0.388 rather than 0.368)."""
+    off = np.concatenate([fast_noise.ALL_SUCCEED[1:], [fast_noise.FACTORIAL]]).astype(np.uint64)
+    monkeypatch.setattr(fast_noise, "ALL_SUCCEED", off)
+    assert not _exp_minus_one(fast_noise._bernoulli_exp_one(200_000))
+    monkeypatch.undo()
+
+    def unrejected(bound: int, n: int) -> np.ndarray:
+        return fast_noise._words(n, np.uint64) % np.uint64(bound)
+
+    monkeypatch.setattr(fast_noise, "_uniform", unrejected)
+    assert not _exp_minus_one(fast_noise._bernoulli_exp_one(1_000_000))
+
+
+def test_bernoulli_exp_one_goes_on_exactly_past_its_table(monkeypatch):
+    """With the table cut to 3! (``A_2``, ``A_3``), one draw in six has all its
+    trials succeed and goes on from ``A_4`` in Python integers: still exp(-1)."""
+    monkeypatch.setattr(fast_noise, "FACTORIAL", 6)
+    monkeypatch.setattr(fast_noise, "ALL_SUCCEED", np.array([1, 3], dtype=np.uint64))
+    assert _exp_minus_one(fast_noise._bernoulli_exp_one(60_000))
+
+
 def test_long_vectors_take_the_fast_path_and_short_ones_opendps(monkeypatch):
     calls = []
 
