@@ -98,7 +98,8 @@ def rewrite(plan: Plan, seed: int | None = None, dialect: Dialect = DUCKDB) -> R
     resolved = plan.checked.resolved
     keys = [k.name for k in plan.keys]
     row = _Rows(resolved, dialect, plan.work.keyed)
-    ctes, final = _bounded(plan, row, seed)
+    columns = _value_columns(plan)
+    ctes, final = _bounded(plan, row, seed, columns)
     trimmed = [m for m in plan.measurements if m.trim]
     if trimmed:
         ctes = [*ctes, (TRIMMED_ROWS, _ranked(keys, final, trimmed))]
@@ -113,7 +114,6 @@ def rewrite(plan: Plan, seed: int | None = None, dialect: Dialect = DUCKDB) -> R
     rows = plan.partition_rows
     outputs += [_as(_aggregate(m, dialect, rows), m.name) for m in plan.measurements]
     if not apart:
-        columns = _value_columns(plan)
         outputs += [_as(_histogram(s, columns[s.name], dialect), s.name) for s in plan.selections]
     if plan.key_selection is not None:
         units = (
@@ -128,7 +128,7 @@ def rewrite(plan: Plan, seed: int | None = None, dialect: Dialect = DUCKDB) -> R
     if keys:
         tree = tree.group_by(*(_col(k) for k in keys))
     if apart:
-        tree, more = _histograms_apart(tree, plan, final)
+        tree, more = _histograms_apart(tree, plan, final, columns)
         ctes = ctes + more
     # Without copies: the tree is this function's, and each CTE's tree was built for its
     # place alone (copying them was a third of the rewrite's time).
@@ -146,7 +146,10 @@ def rewrite(plan: Plan, seed: int | None = None, dialect: Dialect = DUCKDB) -> R
 
 
 def _histograms_apart(
-    main: exp.Select, plan: Plan, final: tuple[str, exp.Expression | None]
+    main: exp.Select,
+    plan: Plan,
+    final: tuple[str, exp.Expression | None],
+    columns: dict[str, str],
 ) -> tuple[exp.Select, Ctes]:
     """For an engine without a histogram aggregate (Spark): each quantile's rows per
     candidate counted by ``GROUP BY`` the keys and the candidate index in a CTE of its
@@ -160,7 +163,6 @@ def _histograms_apart(
     outer = exp.select(*(_col_of("__main", k) for k in keys))
     outer = outer.select(*(_col_of("__main", m.name) for m in plan.measurements))
     outer = outer.from_(exp.alias_(exp.Subquery(this=main), "__main", quoted=True))
-    columns = _value_columns(plan)
     joined: set[str] = set()
     for s in plan.selections:
         name = "__candidates_" + columns[s.name]
@@ -194,9 +196,12 @@ def _histograms_apart(
     return outer, ctes
 
 
-def _bounded(plan: Plan, row: _Rows, seed: int) -> tuple[Ctes, tuple[str, exp.Expression | None]]:
+def _bounded(
+    plan: Plan, row: _Rows, seed: int, columns: dict[str, str]
+) -> tuple[Ctes, tuple[str, exp.Expression | None]]:
     """The CTEs of the query's rows, each unit's bounded as the plan decided, and the
-    table and condition that select them."""
+    table and condition that select them; ``columns``: each selection's column of
+    candidate indices (``_value_columns``)."""
     resolved = plan.checked.resolved
     keys = [k.name for k in plan.keys]
     args = {
@@ -205,7 +210,6 @@ def _bounded(plan: Plan, row: _Rows, seed: int) -> tuple[Ctes, tuple[str, exp.Ex
         if m.arg is not None and not unit_rows.is_marker(m.arg)
     }
     values = list(args)
-    columns = _value_columns(plan)
     snapped = [
         s
         for s in plan.selections
@@ -424,7 +428,7 @@ def left_out(plan: Plan, seed: int, dialect: Dialect = DUCKDB) -> Rewritten:
     resolved = plan.checked.resolved
     unit_column = required(resolved.unit, "the privacy unit the report counts by")
     row = _Rows(resolved, dialect, plan.work.keyed)
-    ctes, (table, condition) = _bounded(plan, row, seed)
+    ctes, (table, condition) = _bounded(plan, row, seed, _value_columns(plan))
     caps = _scan_reads(
         resolved, resolved.scans, load_cap(resolved.dataset), dialect, _where(plan), row.keyed
     )
