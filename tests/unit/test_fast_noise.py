@@ -146,16 +146,24 @@ def test_bernoulli_exp_one_from_one_word_succeeds_with_exp_minus_one():
 
 def test_the_count_catches_thresholds_one_trial_off(monkeypatch):
     """The broken versions: the thresholds of ``k + 1`` read for ``k`` (every draw's
-    parity flipped: 1 − e⁻¹), and a word taken modulo 20! unrejected (its low 58%
-    more likely than the rest, 8 words to 7: 0.388 rather than 0.368)."""
-    off = np.concatenate([fast_noise.ALL_SUCCEED[1:], [fast_noise.FACTORIAL]]).astype(np.uint64)
+    parity flipped: 1 − e⁻¹), and a table over 20! whose words are taken modulo 20!
+    unrejected (its low 58% more likely than the rest, 8 words to 7: 0.388 rather
+    than 0.368; below the multiple of 15! in use a word is rejected once in 6·10⁷)."""
+    room, table = fast_noise.ROOM, fast_noise.ALL_SUCCEED
+    off = np.concatenate([table[1:], [room]]).astype(np.uint64)
     monkeypatch.setattr(fast_noise, "ALL_SUCCEED", off)
     assert not _exp_minus_one(fast_noise._bernoulli_exp_one(200_000))
     monkeypatch.undo()
 
+    twenty = math.factorial(20)
+    thresholds = [twenty // math.factorial(k) for k in range(20, 1, -1)]
+    monkeypatch.setattr(fast_noise, "ROOM", twenty)
+    monkeypatch.setattr(fast_noise, "ALL_SUCCEED", np.array(thresholds, dtype=np.uint64))
+
     def unrejected(bound: int, n: int) -> np.ndarray:
         return fast_noise._words(n, np.uint64) % np.uint64(bound)
 
+    assert _exp_minus_one(fast_noise._bernoulli_exp_one(200_000))  # rejected: right
     monkeypatch.setattr(fast_noise, "_uniform", unrejected)
     assert not _exp_minus_one(fast_noise._bernoulli_exp_one(1_000_000))
 
@@ -163,8 +171,9 @@ def test_the_count_catches_thresholds_one_trial_off(monkeypatch):
 def test_bernoulli_exp_one_goes_on_exactly_past_its_table(monkeypatch):
     """With the table cut to 3! (``A_2``, ``A_3``), one draw in six has all its
     trials succeed and goes on from ``A_4`` in Python integers: still exp(-1)."""
-    monkeypatch.setattr(fast_noise, "FACTORIAL", 6)
+    monkeypatch.setattr(fast_noise, "ROOM", 6)
     monkeypatch.setattr(fast_noise, "ALL_SUCCEED", np.array([1, 3], dtype=np.uint64))
+    monkeypatch.setattr(fast_noise, "COMPARED", 1)
     assert _exp_minus_one(fast_noise._bernoulli_exp_one(60_000))
 
 

@@ -16,9 +16,10 @@ Kamath and Steinke 2020, Algorithms 1-2):
   ``A_k ~ Bernoulli(γ/k)`` for ``k = 1, 2, …`` until one fails; succeed iff
   the failing ``k`` is odd. Each ``A_k`` compares a uniform integer below
   ``d·k`` with ``n``: integers only, no floating point anywhere. For ``γ = 1``
-  (``V``'s trials) the failing ``k`` is read from one uniform integer below
-  ``20!`` against the thresholds ``20!/k!`` (``_bernoulli_exp_one``): the same
-  events, with the same probabilities, from one word instead of about three.
+  (``V``'s trials) the failing ``k`` is read from one uniform integer below a
+  multiple ``M`` of ``15!`` against the thresholds ``M/k!``
+  (``_bernoulli_exp_one``): the same events, with the same probabilities, from one
+  word instead of about three.
 - Uniform integers below ``m`` come from 64 random bits, rejected below
   ``2**64 mod m`` so that the rest divides evenly (no modulo bias).
 
@@ -49,10 +50,15 @@ FIRST_ACCEPTANCE = 0.55
 MIN_ACCEPTANCE = 0.05
 SPARE_TRIES = 16
 _U64 = np.uint64
-# 20!, the largest factorial below 2**64, and the thresholds 20!/k! for k = 20 … 2
-# (ascending): a uniform integer below 20! is below 20!/k! with probability 1/k!.
-FACTORIAL = math.factorial(20)
-ALL_SUCCEED = np.array([FACTORIAL // math.factorial(k) for k in range(20, 1, -1)], dtype=_U64)
+# The most multiples of 15! below 2**64 (a word is rejected with probability 2e-8;
+# below 20! it was 8%), and the thresholds ROOM/k! for k = 15 … 2 (ascending): a
+# uniform integer below ROOM is below ROOM/k! with probability 1/k!.
+TABLE = 15
+ROOM = 2**64 // math.factorial(TABLE) * math.factorial(TABLE)
+ALL_SUCCEED = np.array([ROOM // math.factorial(k) for k in range(TABLE, 1, -1)], dtype=_U64)
+# Draws below ROOM/5! (one in 120) count their successes by search; the rest by three
+# comparisons.
+COMPARED = 3
 _WORDS: dict[int, type[np.unsignedinteger]] = {16: np.uint16, 32: np.uint32, 64: _U64}
 
 
@@ -152,18 +158,23 @@ def _bernoulli_exp(num: np.ndarray, den: int, block: int) -> np.ndarray:
 def _bernoulli_exp_one(n: int) -> np.ndarray:
     """``n`` draws of Bernoulli(exp(-1)): the trials ``A_k ~ Bernoulli(1/k)`` of
     ``_bernoulli_exp`` with ``γ = 1``, drawn together from one uniform integer ``R``
-    below ``20!`` a slot. ``A_1`` always succeeds, and ``A_2 … A_k`` all succeed with
-    probability ``1/k!``, which is exactly the probability that ``R < 20!/k!`` (an
-    integer for ``k <= 20``). So the first failing trial is the least ``k`` with
-    ``R >= 20!/k!``, and the draw succeeds iff it is odd: the same events with the
-    same probabilities as ``_bernoulli_exp`` (V's trials took two thirds of a draw's
-    time there, nearly three uniform integers each). Where ``R`` is below every
-    threshold (``R = 0``: ``A_2 … A_20`` all succeeded, probability ``1/20!``), the
-    same draw goes on from ``A_21`` in Python integers."""
-    draws = _uniform(FACTORIAL, n)
-    succeeded = ALL_SUCCEED.size - np.searchsorted(ALL_SUCCEED, draws, side="right")
+    below ``ROOM`` (a multiple of 15!) a slot. ``A_1`` always succeeds, and
+    ``A_2 … A_k`` all succeed with probability ``1/k!``, which is exactly the
+    probability that ``R < ROOM/k!`` (an integer for ``k <= 15``). So the first
+    failing trial is the least ``k`` with ``R >= ROOM/k!``, and the draw succeeds iff
+    it is odd: the same events with the same probabilities as ``_bernoulli_exp``
+    (V's trials took two thirds of a draw's time there, nearly three uniform integers
+    each). Where ``R`` is below every threshold (``A_2 … A_15`` all succeeded,
+    probability ``1/15!``), the same draw goes on from ``A_16`` in Python integers."""
+    draws = _uniform(ROOM, n)
+    succeeded = np.zeros(n, dtype=np.intp)  # of A_2 … A_k, before the first failure
+    for threshold in ALL_SUCCEED[: -COMPARED - 1 : -1]:
+        succeeded += draws < threshold
+    deep = np.flatnonzero(draws < ALL_SUCCEED[-COMPARED - 1])
+    found = np.searchsorted(ALL_SUCCEED, draws[deep], side="right")
+    succeeded[deep] = ALL_SUCCEED.size - found
     result = succeeded % 2 == 1  # the first failure is A_(succeeded + 2)
-    for i in np.flatnonzero(succeeded == ALL_SUCCEED.size):
+    for i in deep[found == 0]:
         result[i] = _scalar_bernoulli_exp(1, 1, ALL_SUCCEED.size + 2)
     return result
 
