@@ -29,12 +29,11 @@ of distinct units) is bounded after its joins:
 3. each unit keeps at most ``max_partitions`` partitions, chosen by a keyed
    hash of the unit and the key under the same seed; of one table, those whose
    first row in rank order comes first.
-Each choice is a function of one unit's own rows and the seed (the rank's, drawn
-at load), never of row
-positions or of other units, so for any seed, adding, removing or replacing
-a unit changes only that unit's kept rows: this is what ``sensitivity``
-assumes, and what the brute-force tests check seed by seed. Rows with equal
-content are interchangeable, so ties cannot matter.
+Each choice is a function of one unit's own rows and the seed (for the rank, the
+seed drawn at load), never of row positions or of other units, so for any seed,
+adding, removing or replacing a unit changes only that unit's kept rows: this is
+what ``sensitivity`` assumes, and what the brute-force tests check seed by seed.
+Rows with equal content are interchangeable, so ties cannot matter.
 
 Sums are exact: each clamped value is rounded to its integer grid and summed
 in 64 bits where the plan proves no partial sum can pass ``2^63`` (DuckDB's
@@ -338,10 +337,10 @@ def _rank_split(
 
 def _light(plan: Plan, reads: dict[str, RoomRead]) -> exp.Expression | None:
     """For a join (one table: ``_rank_split``), whether a joined row's unit has so few
-    rows that the window keeps them all: the
-    product over the join's private scans of its unit's rows in each (stored with
-    every row at load, ``ranking.ROWS``) is at most the rows the window keeps per unit
-    and partition, and at most its groups (a unit has no more keys than rows). Such a
+    rows that the window keeps them all: the product over the join's private scans of
+    its unit's rows in each (stored with every row at load, ``ranking.ROWS``) is at
+    most the rows the window keeps per unit and partition, and at most its groups (a
+    unit has no more keys than rows). Such a
     unit's rows need no sort; only the others' go through the window
     (``bound_contributions``), which keeps exactly the same rows, so the answer is the
     window's whatever the split. ``None`` where a scan is public (its fan-out is not
