@@ -44,7 +44,7 @@ from scipy.stats import ks_2samp
 
 from dpmagic.client.errors import BudgetExhausted, DPError, QueryRefused
 from dpmagic.client.http_gate import Gate
-from dpmagic.gate.service.server import USER_REQUESTS
+from dpmagic.gate.service.process import USER_REQUESTS
 from tests.conftest import GateProcess
 
 ALPHA = 1e-3

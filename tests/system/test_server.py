@@ -21,7 +21,8 @@ import pytest
 
 from dpmagic.commands.init_policy import write_skeleton
 from dpmagic.gate.policy import DEFAULT_QUANTUM_MS, load_policy
-from dpmagic.gate.service.server import ANONYMOUS_CONNECTIONS, HEADER_DEADLINE_S, USER_CONNECTIONS
+from dpmagic.gate.service.exchange import HEADER_DEADLINE_S
+from dpmagic.gate.service.process import ANONYMOUS_CONNECTIONS, USER_CONNECTIONS
 from tests.server_gate import (  # noqa: F401 - shared_gate is a fixture
     ALICE_TOKEN,
     BOB_TOKEN,

@@ -53,7 +53,8 @@ from pathlib import Path
 import pytest
 
 from dpmagic.client.http_gate import Gate
-from dpmagic.gate.service.server import ANONYMOUS_CONNECTIONS, REQUEST_DEADLINE_S, USER_CONNECTIONS
+from dpmagic.gate.service.exchange import REQUEST_DEADLINE_S
+from dpmagic.gate.service.process import ANONYMOUS_CONNECTIONS, USER_CONNECTIONS
 from tests.conftest import GateProcess, free_port, write_dataset
 
 pytestmark = pytest.mark.flood

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from dpmagic.client.http_gate import _decode, collector_paused
-from dpmagic.gate.service.server import GC_YOUNG, tune_collector
+from dpmagic.gate.service.process import GC_YOUNG, tune_collector
 
 CELLS = 100_000
 

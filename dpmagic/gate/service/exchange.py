@@ -1,6 +1,6 @@
 """One request on one connection: its route, its caller, its bounded body, its answer
 computed in an engine thread, and the reply held to the padding quantum when its
-computation read private data (the rules are in ``server.py``'s docstring)."""
+computation read private data (the rules are in ``process.py``'s docstring)."""
 
 from __future__ import annotations
 

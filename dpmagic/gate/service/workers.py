@@ -55,7 +55,7 @@ from typing import IO
 from dpmagic.gate.policy import Policy, PolicyError, check_workers, load_policy
 from dpmagic.gate.service.auth import HubConfigError, TokenFileError
 from dpmagic.gate.service.listen import Listener, ListenError, private_dir
-from dpmagic.gate.service.server import (
+from dpmagic.gate.service.process import (
     LISTENING,
     USAGE_ERROR,
     authenticator,

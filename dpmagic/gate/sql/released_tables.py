@@ -37,7 +37,7 @@ from sqlglot import exp
 from dpmagic.gate.failures import Refused
 from dpmagic.gate.policy import Dataset
 from dpmagic.gate.sql.parse import DIALECT
-from dpmagic.gate.sql.staged import MAX_STAGES, WITH, _is_value, _literal, cell, with_needed
+from dpmagic.gate.sql.stage_sql import MAX_STAGES, WITH, cell, is_value, literal_value, with_needed
 
 # The name of a value release's table in the rest of the query, and its columns.
 TABLE = "__dpmagic_release_"
@@ -76,7 +76,7 @@ class Tabled:
             mark = marks[f"{MARK}{i}"]
             if release.name is None:
                 cell = rows[0][0] if rows and rows[0] else None
-                mark.replace(_literal(None if cell is None else float(cell)))  # type: ignore[arg-type]
+                mark.replace(literal_value(None if cell is None else float(cell)))  # type: ignore[arg-type]
             else:
                 mark.replace(_rows_table(release.columns, rows or []))
         return tree
@@ -161,7 +161,7 @@ def _value_release(
         select = select.this
     if not isinstance(select, exp.Select) or len(select.expressions) != 1:
         raise Refused("a subquery used as a value must be one SELECT of one value")
-    if any(_is_value(s) for s in select.find_all(exp.Subquery)):
+    if any(is_value(s) for s in select.find_all(exp.Subquery)):
         raise Refused(
             "a subquery used as a value holds another one: release the inner value "
             "in a query of its own, then write it as a number"
@@ -412,12 +412,12 @@ def _values(node: exp.Expression) -> list[exp.Subquery]:
     """The subqueries used as values in ``node``, outermost only."""
     out = []
     for sub in node.find_all(exp.Subquery):
-        if not _is_value(sub):
+        if not is_value(sub):
             continue
         parent = sub.parent
         nested = False
         while parent is not None and parent is not node:
-            if isinstance(parent, exp.Subquery) and _is_value(parent):
+            if isinstance(parent, exp.Subquery) and is_value(parent):
                 nested = True
                 break
             parent = parent.parent

@@ -37,12 +37,11 @@ from sqlglot import exp
 from dpmagic.gate.failures import Refused
 from dpmagic.gate.policy import Dataset
 from dpmagic.gate.sql.parse import DIALECT
+from dpmagic.gate.sql.released_tables import per_key
+from dpmagic.gate.sql.stage_sql import MAX_STAGES, WITH, cell, is_value, literal_value, with_needed
 
-WITH = "with_" if "with_" in exp.Select.arg_types else "with"
 # The value the last stage is analysed with before the stages run.
 STAND_IN = 0.5
-# The most subqueries one query may release before its own release.
-MAX_STAGES = 8
 # The most keys a correlated subquery's release may hold for the query to read (its
 # CASE, one WHEN a key, stays within the gate's limit on a query's length).
 MAX_KEYS = 250
@@ -75,7 +74,7 @@ class Staged:
         tree = self.tree.copy()
         marks = sorted(tree.find_all(exp.Placeholder), key=lambda m: int(m.name[len(MARK) :]))
         for mark, value, by in zip(marks, values, keys, strict=True):
-            mark.replace(_by_key(by, value) if by else _literal(value))  # type: ignore[arg-type]
+            mark.replace(_by_key(by, value) if by else literal_value(value))  # type: ignore[arg-type]
         return tree.sql(dialect=DIALECT)
 
     def stand_ins(self) -> list[Released]:
@@ -99,7 +98,7 @@ def split(tree: exp.Select, dataset: Dataset | None = None) -> Staged | None:
     """``tree``'s stages, or None when it uses no subquery as a value. With ``dataset``,
     an unqualified column that none of a subquery's own tables declares is taken for
     the query around it (a correlated subquery), and refused as one."""
-    found = [s for s in tree.find_all(exp.Subquery) if _is_value(s)]
+    found = [s for s in tree.find_all(exp.Subquery) if is_value(s)]
     if not found:
         return None
     if len(found) > MAX_STAGES:
@@ -109,7 +108,7 @@ def split(tree: exp.Select, dataset: Dataset | None = None) -> Staged | None:
         )
     ctes = _ctes(tree)
     out = tree.copy()
-    copies = [s for s in out.find_all(exp.Subquery) if _is_value(s)]
+    copies = [s for s in out.find_all(exp.Subquery) if is_value(s)]
     stages = []
     keyed: list[tuple[exp.Column, ...]] = []
     kinds: list[tuple[str, ...]] = []
@@ -124,15 +123,13 @@ def split(tree: exp.Select, dataset: Dataset | None = None) -> Staged | None:
                 "a subquery's value is released with noise, so = or <> with it would pick "
                 "rows by the noise: compare with <, <=, >, >= or BETWEEN"
             )
-        if any(_is_value(s) for s in select.find_all(exp.Subquery)):
+        if any(is_value(s) for s in select.find_all(exp.Subquery)):
             raise Refused(
                 "a subquery used as a value holds another one: release the inner value "
                 "in a query of its own, then write it as a number"
             )
         by: tuple[exp.Column, ...] = ()
         if dataset is not None:
-            from dpmagic.gate.sql.released_tables import per_key  # it builds on this module
-
             keyed_stage = per_key(select, ctes, dataset)
             if keyed_stage is not None:
                 stage, by, types = keyed_stage
@@ -147,19 +144,6 @@ def split(tree: exp.Select, dataset: Dataset | None = None) -> Staged | None:
         kinds.append(())
         sub.replace(exp.Placeholder(this=f"{MARK}{i}"))
     return Staged(out, tuple(stages), tuple(keyed), tuple(kinds))
-
-
-def _is_value(node: exp.Subquery) -> bool:
-    """A subquery read as a value: not a table of ``FROM``/``JOIN``, not the set of an
-    ``IN`` or the rows of an ``EXISTS``, ``ANY`` or ``ALL``."""
-    parent = node.parent
-    if isinstance(parent, exp.Subquery):  # ((SELECT …)): the outer one is the value
-        return False
-    if isinstance(parent, exp.From | exp.Join | exp.Exists | exp.Any | exp.All | exp.Lateral):
-        return False
-    if isinstance(parent, exp.In) and parent.args.get("query") is node:
-        return False
-    return not isinstance(parent, exp.Union)
 
 
 def _context(node: exp.Expression) -> exp.Expr | None:
@@ -197,23 +181,6 @@ def _stage_sql(select: exp.Select, ctes: dict[str, exp.CTE]) -> str:
     return with_needed(stage, ctes)
 
 
-def with_needed(select: exp.Select, ctes: dict[str, exp.CTE]) -> str:
-    """``select`` as a query of its own, with the query's CTEs it reads (and those they
-    read), in the order the query defines them."""
-    stage = select.copy()
-    needed: list[str] = []
-    todo = [t.name.lower() for t in stage.find_all(exp.Table)]
-    while todo:
-        name = todo.pop()
-        if name in ctes and name not in needed:
-            needed.append(name)
-            todo += [t.name.lower() for t in ctes[name].this.find_all(exp.Table)]
-    if needed:
-        order = [n for n in ctes if n in needed]
-        stage.set(WITH, exp.With(expressions=[ctes[n].copy() for n in order]))
-    return stage.sql(dialect=DIALECT)
-
-
 def _own_columns(select: exp.Select, dataset: Dataset) -> None:
     """Refuse a subquery whose unqualified column none of its own declared tables has
     (``l_partkey = p_partkey``, ``p_partkey`` the query around it's): correlated."""
@@ -241,31 +208,11 @@ def _by_key(keys: tuple[exp.Column, ...], rows: list[list[object]]) -> exp.Expre
     for row in rows:
         ties = [exp.EQ(this=k.copy(), expression=cell(v)) for k, v in zip(keys, row, strict=False)]
         value = row[-1]
-        then = _literal(None if value is None else float(value))  # type: ignore[arg-type]
+        then = literal_value(None if value is None else float(value))  # type: ignore[arg-type]
         ifs.append(exp.If(this=exp.and_(*ties, copy=False), true=then))
     return exp.Case(ifs=ifs)  # built at once: ``Case.when`` copies the CASE at each WHEN
-
-
-def cell(value: object) -> exp.Expression:
-    """A released cell as a literal: numbers, text, truth values, NULL; a float with an
-    exponent, so that it is a DOUBLE, not a DECIMAL."""
-    if value is None:
-        return exp.Null()
-    if isinstance(value, bool):
-        return exp.Boolean(this=value)
-    if isinstance(value, int):
-        return exp.Literal.number(value)
-    if isinstance(value, float):
-        return exp.Literal.number(f"{value:.17e}")
-    return exp.Literal.string(str(value))
 
 
 def _stand_in_key(kind: str, i: int) -> object:
     """A stand-in key of a column's type: the same literal shape a real one will have."""
     return str(i) if kind == "str" else i
-
-
-def _literal(value: float | None) -> exp.Expression:
-    if value is None:
-        return exp.Null()
-    return exp.Literal.number(repr(float(value)))

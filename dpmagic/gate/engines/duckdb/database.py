@@ -265,17 +265,18 @@ class Database:
     def read_public(self, read: PublicRead) -> tuple[list[str], list[tuple], bool]:
         """A query over public tables only, vetted on its tree already
         (``public_reads.py``): walked again as DuckDB parses it with the public tables
-        as the only tables (``_walk``), run under the time limit, at most its limit of
-        rows fetched. The columns, the rows, and whether there were more."""
+        as the only tables (``_walked``), that parse run under the time limit, at most
+        its limit of rows fetched. The columns, the rows, and whether there were more."""
         sql, limit = read.sql("duckdb"), read.limit
         con = self._db.cursor()
         con.execute(f"USE {PLAIN_CATALOG}")
 
         def work() -> tuple[list[str], list[tuple], bool]:
-            if self._walk(con, sql, self.public):
+            vetted = self._walked(con, sql, self.public)
+            if vetted.names:
                 raise UnsafeSQL()  # a parameter: none is a public read's
             try:
-                cursor = con.execute(sql)
+                cursor = con.execute(vetted.statement)
                 columns = [d[0] for d in cursor.description or []]
                 rows = cursor.fetchmany(limit + 1)
             except duckdb.Error as exc:
@@ -421,18 +422,13 @@ class Database:
             self._vetted.clear()
         self._vetted[sql] = vetted
 
-    def _walk(
-        self, con: duckdb.DuckDBPyConnection, sql: str, tables: frozenset[str] | None = None
-    ) -> tuple[str, ...]:
-        """The guard's walk of DuckDB's own parse of ``sql``, reading only ``tables`` (the
-        declared ones unless given); the parameters it names, each of them where a
-        ranked table's first ranks end (nothing else may be one)."""
-        return self._walked(con, sql, tables).names
-
     def _walked(
         self, con: duckdb.DuckDBPyConnection, sql: str, tables: frozenset[str] | None = None
     ) -> Vetted:
-        """``_walk``, and the one statement DuckDB parsed ``sql`` to, ready to run."""
+        """The guard's walk of DuckDB's own parse of ``sql``, reading only ``tables`` (the
+        declared ones unless given): the one statement DuckDB parsed it to, ready to run,
+        and the parameters it names, each of them where a ranked table's first ranks end
+        (nothing else may be one)."""
         tables = self.tables if tables is None else tables
         statements = con.extract_statements(sql)
         if len(statements) != 1 or statements[0].type != duckdb.StatementType.SELECT:
