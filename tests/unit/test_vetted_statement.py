@@ -1,8 +1,8 @@
 """A DuckDB store runs on the data the very statement its guard walked (``Vetted``):
 DuckDB parses a generated text once, for the guard's walk, and the empty copy's run and
-the data's run both execute that parse; a text the guard has not seen (its verdict
-evicted) is walked again before it runs. Caught: a run that executes the text, which
-DuckDB would parse a second time."""
+the data's run both execute that parse, as a plain read of public tables does; a text
+the guard has not seen (its verdict evicted) is walked again before it runs. Caught: a
+run that executes the text, which DuckDB would parse a second time."""
 
 from __future__ import annotations
 
@@ -19,11 +19,17 @@ POLICY = """
 state_dir = "{state}"
 
 [datasets.d]
-sources = {{ t = "t.csv" }}
+sources = {{ t = "t.csv", p = "p.csv" }}
 privacy_unit = "pid"
 max_partitions = 2
 max_rows_per_partition = 2
 user_budget = {{ epsilon = 100 }}
+public_tables_readable = true
+
+[datasets.d.tables.p]
+public = true
+[datasets.d.tables.p.columns]
+k = {{ type = "int" }}
 
 [datasets.d.tables.t.columns]
 pid = {{ type = "int" }}
@@ -58,9 +64,8 @@ def _runs(store: Database, seen: list[object]) -> list[object]:
 
 @pytest.fixture
 def engine(tmp_path: Path):  # type: ignore[no-untyped-def]
-    with running_engine(
-        tmp_path, POLICY.format(state=tmp_path / "state"), {"t": ("pid,x", TABLE)}
-    ) as e:
+    tables = {"t": ("pid,x", TABLE), "p": ("k", [(k,) for k in range(5)])}
+    with running_engine(tmp_path, POLICY.format(state=tmp_path / "state"), tables) as e:
         yield e
 
 
@@ -125,3 +130,19 @@ def test_a_run_of_the_text_is_caught(engine: object, monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(Database, "_guard", text)
     ran, walked = _ran(engine)
     assert not (isinstance(ran, duckdb.Statement) and ran is walked)
+
+
+def test_a_public_read_runs_the_statement_the_guard_walked(engine: object) -> None:
+    store, seen, _ = _recorded(engine)
+    walked: list[Vetted] = []
+    walk = store._walked
+
+    def walking(con: duckdb.DuckDBPyConnection, text: str, *args: object) -> Vetted:
+        walked.append(walk(con, text, *args))  # type: ignore[arg-type]
+        return walked[-1]
+
+    store._walked = walking  # type: ignore[method-assign,assignment]
+    reply = engine.query("alice", {"sql": "SELECT COUNT(*) AS n FROM p"})  # type: ignore[attr-defined]
+    assert reply["rows"] == [[5]]
+    (vetted,) = walked
+    assert _runs(store, seen)[-1] is vetted.statement
