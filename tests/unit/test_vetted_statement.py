@@ -1,8 +1,9 @@
-"""A DuckDB store runs on the data the very statement its guard walked (``Vetted``):
-DuckDB parses a generated text once, for the guard's walk, and the empty copy's run and
-the data's run both execute that parse, as a plain read of public tables does; a text
-the guard has not seen (its verdict evicted) is walked again before it runs. Caught: a
-run that executes the text, which DuckDB would parse a second time."""
+"""A DuckDB store runs on the data the very statement its guard parsed (``Vetted``):
+DuckDB parses a generated text for the guard (its statement, and the JSON it walks),
+and the empty copy's run and the data's run both execute that statement, as a plain
+read of public tables does; a text the guard has not seen (its verdict evicted) is
+walked again before it runs. Caught: a run that executes the text, which DuckDB would
+parse a third time."""
 
 from __future__ import annotations
 
