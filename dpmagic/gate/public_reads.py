@@ -14,8 +14,7 @@ decides what runs, twice:
    path, where it is planned with noise or refused.
 2. **In the engine**, rendered in its dialect from the vetted tree: on DuckDB
    (``Database.read_public``) the same walk of DuckDB's own parse as every generated
-   query's (``_walked``), with the public tables as the only tables, and that parse
-   is what runs; on Spark
+   query's (``_walk``), with the public tables as the only tables; on Spark
    (``SparkDatabase.read_public``) its guard, with the public tables as the only
    tables and the functions this allow-list names. Under the gate's time limit, at
    most ``public_row_limit`` rows fetched; the reply says when it cut.

@@ -89,8 +89,9 @@ def test_the_count_is_bound_not_written(tmp_path: Path) -> None:
         e.query("alice", {"sql": "SELECT COUNT(*) FROM t", "epsilon": 50, "fresh": True})
         (sql,) = seen
         assert "rowid < $__dpmagic_end_" in sql and str(kept) not in sql
-        names = store._guard(store._db.cursor(), sql).names
-        assert store._parameters(names) == {name: kept for name in names}
+        assert store._parameters(store._guard(store._db.cursor(), sql)) == {
+            name: kept for name in store._guard(store._db.cursor(), sql)
+        }
         assert store.run(sql).rows == [(kept,)]
 
 

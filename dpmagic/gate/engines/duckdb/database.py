@@ -34,7 +34,7 @@ import tempfile
 import threading
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -78,15 +78,6 @@ class CannotRun(Refused):
         # The copy holds no row, so the message can quote the query, never data.
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         super().__init__(f"DuckDB cannot run this query: {first}")
-
-
-@dataclass(frozen=True)
-class Vetted:
-    """A text the guard passed: the one statement DuckDB parsed it to (what runs, on
-    the empty copy and on the data), and the parameters it names."""
-
-    statement: duckdb.Statement
-    names: tuple[str, ...]
 
 
 # Table functions the generated SQL may use: they produce numbers, never read state.
@@ -174,9 +165,8 @@ class Database:
         self._working = threading.Condition()
         self._runs = 0
         # The guard's verdict, and the parameters a text names, are functions of the SQL
-        # text and ``tables`` alone; kept with the statement DuckDB parsed the text to,
-        # which is the one the run executes (``_guard``).
-        self._vetted: dict[str, Vetted] = {}
+        # text and ``tables`` alone.
+        self._vetted: dict[str, tuple[str, ...]] = {}
         # One DuckDB instance holds the file, so that the policy's ``memory_limit`` (one
         # buffer pool per instance) bounds all of it: a second, which planned from the
         # statistics and answered the start's own reads, held 25 MB more at rest.
@@ -213,16 +203,16 @@ class Database:
         text would show in its time (docs/security.md, "Which replies are padded")."""
         con = self._empty.cursor()
         try:
-            vetted = self._walked(con, sql)
+            statement, names = self._walked(con, sql)
             # The copy has no rows: every table's first ranks end at row 0. The statement
             # the walk had DuckDB parse is the one run (0.6 ms rather than 1 ms for the
-            # text, which DuckDB would parse and prepare again), here and on the data.
-            con.execute(vetted.statement, dict.fromkeys(vetted.names, 0) or None).fetchall()
+            # text, which DuckDB would parse and prepare again).
+            con.execute(statement, dict.fromkeys(names, 0) or None).fetchall()
         except duckdb.Error as exc:
             raise CannotRun(exc) from None
         finally:
             con.close()
-        self._remember(sql, vetted)
+        self._remember(sql, names)
 
     def run(
         self,
@@ -265,18 +255,17 @@ class Database:
     def read_public(self, read: PublicRead) -> tuple[list[str], list[tuple], bool]:
         """A query over public tables only, vetted on its tree already
         (``public_reads.py``): walked again as DuckDB parses it with the public tables
-        as the only tables (``_walked``), that parse run under the time limit, at most
-        its limit of rows fetched. The columns, the rows, and whether there were more."""
+        as the only tables (``_walk``), run under the time limit, at most its limit of
+        rows fetched. The columns, the rows, and whether there were more."""
         sql, limit = read.sql("duckdb"), read.limit
         con = self._db.cursor()
         con.execute(f"USE {PLAIN_CATALOG}")
 
         def work() -> tuple[list[str], list[tuple], bool]:
-            vetted = self._walked(con, sql, self.public)
-            if vetted.names:
+            if self._walk(con, sql, self.public):
                 raise UnsafeSQL()  # a parameter: none is a public read's
             try:
-                cursor = con.execute(vetted.statement)
+                cursor = con.execute(sql)
                 columns = [d[0] for d in cursor.description or []]
                 rows = cursor.fetchmany(limit + 1)
             except duckdb.Error as exc:
@@ -302,8 +291,8 @@ class Database:
             con.execute(f"USE {catalog}")
 
         def work() -> ExactResult:
-            vetted = self._guard(con, sql)
-            cursor = con.execute(vetted.statement, self._parameters(vetted.names))
+            names = self._guard(con, sql)
+            cursor = con.execute(sql, self._parameters(names))
             if batches is not None:
                 reader = required(cursor.to_arrow_reader(BATCH_ROWS), "the result's batches")
                 kept = [batches(batch) for batch in reader]
@@ -404,31 +393,34 @@ class Database:
         self._empty.close()
         shutil.rmtree(self._spill, ignore_errors=True)
 
-    def _guard(self, con: duckdb.DuckDBPyConnection, sql: str) -> Vetted:
+    def _guard(self, con: duckdb.DuckDBPyConnection, sql: str) -> tuple[str, ...]:
         """Raise ``UnsafeSQL`` unless ``sql`` passes (see the module's docstring); the
-        statement DuckDB parsed it to, which is what runs, and the names of the
-        parameters it takes. Parsing and walking DuckDB's tree takes about 2 ms, as long
-        as the rest of a small query, so a text that passed once is not walked again, nor
-        parsed again to run (a statement is a parse tree, copied by each execution: 0.3
-        ms of a 9 ms grouped count over 1M rows)."""
-        vetted = self._vetted.get(sql)
-        if vetted is None:
-            vetted = self._walked(con, sql)
-            self._remember(sql, vetted)
-        return vetted
+        names of the parameters it takes. Parsing and walking DuckDB's tree takes about
+        2 ms, as long as the rest of a small query, so a text that passed once is not
+        walked again."""
+        names = self._vetted.get(sql)
+        if names is None:
+            names = self._walk(con, sql)
+            self._remember(sql, names)
+        return names
 
-    def _remember(self, sql: str, vetted: Vetted) -> None:
+    def _remember(self, sql: str, names: tuple[str, ...]) -> None:
         if len(self._vetted) >= VETTED_CACHE_SIZE:
             self._vetted.clear()
-        self._vetted[sql] = vetted
+        self._vetted[sql] = names
+
+    def _walk(
+        self, con: duckdb.DuckDBPyConnection, sql: str, tables: frozenset[str] | None = None
+    ) -> tuple[str, ...]:
+        """The guard's walk of DuckDB's own parse of ``sql``, reading only ``tables`` (the
+        declared ones unless given); the parameters it names, each of them where a
+        ranked table's first ranks end (nothing else may be one)."""
+        return self._walked(con, sql, tables)[1]
 
     def _walked(
         self, con: duckdb.DuckDBPyConnection, sql: str, tables: frozenset[str] | None = None
-    ) -> Vetted:
-        """The guard's walk of DuckDB's own parse of ``sql``, reading only ``tables`` (the
-        declared ones unless given): the one statement DuckDB parsed it to, ready to run,
-        and the parameters it names, each of them where a ranked table's first ranks end
-        (nothing else may be one)."""
+    ) -> tuple[duckdb.Statement, tuple[str, ...]]:
+        """``_walk``, and the one statement DuckDB parsed ``sql`` to, ready to run."""
         tables = self.tables if tables is None else tables
         statements = con.extract_statements(sql)
         if len(statements) != 1 or statements[0].type != duckdb.StatementType.SELECT:
@@ -447,14 +439,14 @@ class Database:
         names = tuple(sorted(_values(nodes, "key", "named_param_map")))
         if any(name not in (self._ends or {}) for name in names):
             raise UnsafeSQL()
-        return Vetted(statements[0], names)
+        return statements[0], names
 
     def parameters(self, sql: str) -> dict[str, int] | None:
         """The values ``run`` binds to ``sql``'s parameters, for running it elsewhere on
         the same prepared file (``benchmarks/per_pass.py`` times the SQL alone)."""
         con = self._cursor()
         try:
-            return self._parameters(self._guard(con, sql).names)
+            return self._parameters(self._guard(con, sql))
         finally:
             con.close()
 
